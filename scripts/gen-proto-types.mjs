@@ -1,0 +1,21 @@
+// Generate TypeScript declarations for proto/api.proto into src/generated/ (git-ignored).
+// The options must match PROTO_LOADER_OPTIONS in src/runtime/cri/proto.ts, because the
+// declarations describe the objects that loader produces at run time.
+import { spawnSync } from 'node:child_process';
+import { existsSync, rmSync } from 'node:fs';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
+const out = path.join(root, 'src/generated');
+const proto = path.join(root, 'proto/api.proto');
+if (!existsSync(proto)) {
+  console.error(`gen: ${proto} is missing`);
+  process.exit(1);
+}
+rmSync(out, { recursive: true, force: true });
+const bin = path.join(root, 'node_modules/.bin/proto-loader-gen-types');
+const args = ['--keepCase', '--longs=String', '--enums=String', '--defaults', '--oneofs',
+  '--grpcLib=@grpc/grpc-js', `--outDir=${out}`, `-I=${path.join(root, 'proto')}`, 'api.proto'];
+const res = spawnSync(bin, args, { stdio: 'inherit', cwd: root });
+process.exit(res.status ?? 1);

@@ -1,0 +1,80 @@
+/**
+ * The one error type kata-ts raises on purpose.
+ *
+ * Every error carries a `kind` (what class of failure it is, which decides the gRPC status in
+ * exactly one place: src/runtime/cri/status.ts) and a stable `reason` code that tests and
+ * operators can match on without parsing prose. The message is one short sentence naming the
+ * field or object concerned; it does not repeat the `cause`.
+ */
+export type ErrorKind =
+  | 'invalid' // the request itself is wrong: INVALID_ARGUMENT
+  | 'not_found' // a named object does not exist: NOT_FOUND
+  | 'exists' // an object with that identity already exists: ALREADY_EXISTS
+  | 'precondition' // the request is well formed but the system is not in a state to accept it: FAILED_PRECONDITION
+  | 'exhausted' // a size, count or budget is exceeded: RESOURCE_EXHAUSTED
+  | 'unimplemented' // this runtime does not offer that operation (yet): UNIMPLEMENTED
+  | 'unavailable' // a dependency (QEMU, systemd, a registry) could not be reached: UNAVAILABLE
+  | 'timeout' // something did not happen in time: DEADLINE_EXCEEDED
+  | 'cancelled' // the caller went away: CANCELLED
+  | 'unauthenticated' // credentials missing or refused: UNAUTHENTICATED
+  | 'internal'; // a bug or an unexpected host failure: INTERNAL
+
+export interface KataErrorOptions {
+  /** The lower-level error this one explains. */
+  cause?: unknown;
+  /** Structured facts for logs and verbose output (numbers, paths, ids). */
+  details?: Record<string, unknown>;
+}
+
+export class KataError extends Error {
+  override readonly name = 'KataError';
+  readonly details: Record<string, unknown> | undefined;
+
+  constructor(
+    readonly kind: ErrorKind,
+    /** Stable, upper-snake code such as `SIZING_LIMIT_BELOW_REQUEST`. */
+    readonly reason: string,
+    message: string,
+    options: KataErrorOptions = {},
+  ) {
+    super(message, options.cause === undefined ? undefined : { cause: options.cause });
+    this.details = options.details;
+  }
+}
+
+type Factory = (reason: string, message: string, options?: KataErrorOptions) => KataError;
+const make =
+  (kind: ErrorKind): Factory =>
+  (reason, message, options) =>
+    new KataError(kind, reason, message, options);
+
+export const invalid = make('invalid');
+export const notFound = make('not_found');
+export const alreadyExists = make('exists');
+export const precondition = make('precondition');
+export const exhausted = make('exhausted');
+export const unimplemented = make('unimplemented');
+export const unavailable = make('unavailable');
+export const timedOut = make('timeout');
+export const cancelled = make('cancelled');
+export const unauthenticated = make('unauthenticated');
+export const internal = make('internal');
+
+export function isKataError(err: unknown): err is KataError {
+  return err instanceof KataError;
+}
+
+/** Best-effort message of anything thrown, for logs. */
+export function errorMessage(err: unknown): string {
+  if (err instanceof Error) return err.message;
+  return String(err);
+}
+
+/** The errno code of a Node system error (`ENOENT`, ...), or undefined. */
+export function errnoCode(err: unknown): string | undefined {
+  if (typeof err === 'object' && err !== null && 'code' in err) {
+    const code = (err as { code: unknown }).code;
+    return typeof code === 'string' ? code : undefined;
+  }
+  return undefined;
+}

@@ -1,0 +1,83 @@
+import type { HandlerProfile, KataConfig } from './types.js';
+
+export const DEFAULT_CONFIG_PATH = '/etc/kata-ts/config.json';
+export const DEFAULT_SOCKET_PATH = '/run/kata-ts/kata-ts.sock';
+export const DEFAULT_STATE_DIR = '/var/lib/kata-ts';
+/** Where `scripts/setup.sh` puts the guest kernel and initramfs it builds. */
+export const DEFAULT_GUEST_DIR = '/usr/local/share/kata-ts/guest';
+export const DEFAULT_HANDLER = 'kata-ts';
+export const CONFIDENTIAL_HANDLER = 'kata-ts-cvm';
+
+/** The general-purpose profile: grows by CPU and memory hot-plug, VFIO devices hot-plugged. */
+export function defaultHandlerProfile(): HandlerProfile {
+  return {
+    confidential: false,
+    description: 'General-purpose VM: hot-plug capable, grows within planned headroom',
+    vm: {
+      defaultVcpus: 1,
+      defaultMemoryMiB: 512,
+      minMemoryMiB: 256,
+      maxVcpus: 32,
+      maxMemoryMiB: 65536,
+      hotplugVcpus: 4,
+      hotplugMemoryMiB: 4096,
+    },
+    guestOverhead: { cpuMillicores: 250, memoryMiB: 160 },
+    vmmOverhead: { cpuMillicores: 100, memoryMiB: 96 },
+    pcie: {
+      vfioPolicy: 'hot-plug',
+      portType: 'root-port',
+      sparePorts: 2,
+      pref64ReserveFloorMiB: 256,
+      memReserveFloorMiB: 16,
+    },
+  };
+}
+
+/** The confidential profile: sized once at boot, devices cold-plugged, never reconfigured. */
+export function confidentialHandlerProfile(): HandlerProfile {
+  const base = defaultHandlerProfile();
+  return {
+    ...base,
+    confidential: true,
+    description: 'Confidential VM: static size, cold-plug only, no reconfiguration after boot',
+    vm: { ...base.vm, hotplugVcpus: 0, hotplugMemoryMiB: 0 },
+    pcie: { ...base.pcie, vfioPolicy: 'cold-plug', sparePorts: 0 },
+  };
+}
+
+/** Built-in defaults: `kata-ts serve` runs with no config file at all. */
+export function defaultConfig(): KataConfig {
+  return {
+    socketPath: DEFAULT_SOCKET_PATH,
+    stateDir: DEFAULT_STATE_DIR,
+    logLevel: 'info',
+    metricsAddress: '127.0.0.1:9464',
+    cgroupDriver: 'auto',
+    cgroupRoot: '/sys/fs/cgroup',
+    dbusAddress: null,
+    systemdRuntimeDir: '/run/systemd/system',
+    hypervisor: {
+      qemuBinary: 'qemu-system-x86_64',
+      acceleration: 'auto',
+      kernelPath: `${DEFAULT_GUEST_DIR}/vmlinuz`,
+      initrdPath: `${DEFAULT_GUEST_DIR}/initramfs.cpio.gz`,
+      kernelParams: [],
+      readyTimeoutMs: 90_000,
+      stopTimeoutMs: 10_000,
+      qmpTimeoutMs: 10_000,
+    },
+    pcie: {
+      sysfsRoot: '/sys',
+      devRoot: '/dev',
+      cdiSpecDirs: ['/etc/cdi', '/var/run/cdi'],
+      podResourcesSocket: null,
+    },
+    images: { registriesConfigPath: null },
+    defaultHandler: DEFAULT_HANDLER,
+    handlers: {
+      [DEFAULT_HANDLER]: defaultHandlerProfile(),
+      [CONFIDENTIAL_HANDLER]: confidentialHandlerProfile(),
+    },
+  };
+}

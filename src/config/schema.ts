@@ -1,0 +1,102 @@
+/**
+ * The JSON Schema of the config file. Every key is optional (built-in defaults fill the rest) and
+ * every unknown key is an error, so a typo never silently falls back to a default.
+ */
+const positiveInt = { type: 'integer', minimum: 1 } as const;
+const nonNegativeInt = { type: 'integer', minimum: 0 } as const;
+const absolutePath = { type: 'string', pattern: '^/' } as const;
+const nonEmptyString = { type: 'string', minLength: 1 } as const;
+
+const cpuMemory = {
+  type: 'object',
+  additionalProperties: false,
+  properties: { cpuMillicores: nonNegativeInt, memoryMiB: nonNegativeInt },
+} as const;
+
+const handlerProfile = {
+  type: 'object',
+  additionalProperties: false,
+  properties: {
+    confidential: { type: 'boolean' },
+    description: { type: 'string' },
+    vm: {
+      type: 'object',
+      additionalProperties: false,
+      properties: {
+        defaultVcpus: positiveInt,
+        defaultMemoryMiB: positiveInt,
+        minMemoryMiB: positiveInt,
+        maxVcpus: { type: 'integer', minimum: 1, maximum: 288 },
+        maxMemoryMiB: positiveInt,
+        hotplugVcpus: nonNegativeInt,
+        hotplugMemoryMiB: nonNegativeInt,
+      },
+    },
+    guestOverhead: cpuMemory,
+    vmmOverhead: cpuMemory,
+    pcie: {
+      type: 'object',
+      additionalProperties: false,
+      properties: {
+        vfioPolicy: { enum: ['cold-plug', 'hot-plug'] },
+        portType: { enum: ['root-port', 'switch-port'] },
+        sparePorts: nonNegativeInt,
+        pref64ReserveFloorMiB: nonNegativeInt,
+        memReserveFloorMiB: nonNegativeInt,
+      },
+    },
+  },
+} as const;
+
+export const configFileSchema = {
+  $id: 'https://kata-ts.dev/schemas/config.json',
+  type: 'object',
+  additionalProperties: false,
+  properties: {
+    socketPath: absolutePath,
+    stateDir: absolutePath,
+    logLevel: { enum: ['trace', 'debug', 'info', 'warn', 'error', 'fatal', 'silent'] },
+    metricsAddress: { type: ['string', 'null'], pattern: '^[^:\\s]+:[0-9]{1,5}$' },
+    cgroupDriver: { enum: ['auto', 'systemd', 'cgroupfs'] },
+    cgroupRoot: absolutePath,
+    dbusAddress: { type: ['string', 'null'], minLength: 1 },
+    systemdRuntimeDir: absolutePath,
+    hypervisor: {
+      type: 'object',
+      additionalProperties: false,
+      properties: {
+        qemuBinary: nonEmptyString,
+        acceleration: { enum: ['auto', 'kvm', 'tcg'] },
+        kernelPath: absolutePath,
+        initrdPath: absolutePath,
+        kernelParams: { type: 'array', items: nonEmptyString },
+        readyTimeoutMs: positiveInt,
+        stopTimeoutMs: positiveInt,
+        qmpTimeoutMs: positiveInt,
+      },
+    },
+    pcie: {
+      type: 'object',
+      additionalProperties: false,
+      properties: {
+        sysfsRoot: absolutePath,
+        devRoot: absolutePath,
+        cdiSpecDirs: { type: 'array', items: absolutePath },
+        podResourcesSocket: { type: ['string', 'null'], pattern: '^/' },
+      },
+    },
+    images: {
+      type: 'object',
+      additionalProperties: false,
+      properties: {
+        registriesConfigPath: { type: ['string', 'null'], pattern: '^/' },
+      },
+    },
+    defaultHandler: nonEmptyString,
+    handlers: {
+      type: 'object',
+      propertyNames: { pattern: '^[a-z0-9]([-a-z0-9]*[a-z0-9])?$', maxLength: 63 },
+      additionalProperties: handlerProfile,
+    },
+  },
+} as const;

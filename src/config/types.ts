@@ -1,0 +1,105 @@
+import type { LogLevel } from '../common/logger.js';
+
+/** How the VMM's cgroup is managed; `auto` detects (systemd when /run/systemd/system exists). */
+export type CgroupDriverSetting = 'auto' | 'systemd' | 'cgroupfs';
+export type CgroupDriverName = 'systemd' | 'cgroupfs';
+export type AccelerationSetting = 'auto' | 'kvm' | 'tcg';
+
+/** Where VFIO devices go: attached at boot, or onto ports reserved at boot and attached later. */
+export type VfioPlugPolicy = 'cold-plug' | 'hot-plug';
+/** PCIe port flavour: a pcie-root-port on the root bus, or a downstream port behind an x3130 switch. */
+export type PciePortType = 'root-port' | 'switch-port';
+
+export interface CpuMemory {
+  cpuMillicores: number;
+  memoryMiB: number;
+}
+
+export interface HandlerVmConfig {
+  /** vCPUs of a pod that asks for nothing. */
+  defaultVcpus: number;
+  /** Memory of a pod that asks for nothing. */
+  defaultMemoryMiB: number;
+  /** No VM boots with less, whatever the pod asks. */
+  minMemoryMiB: number;
+  /** The handler's ceiling for one VM (further bounded by the host). */
+  maxVcpus: number;
+  maxMemoryMiB: number;
+  /** Room planned at boot for later growth (CPU hot-plug, virtio-mem); 0 for static VMs. */
+  hotplugVcpus: number;
+  hotplugMemoryMiB: number;
+}
+
+export interface HandlerPcieConfig {
+  vfioPolicy: VfioPlugPolicy;
+  portType: PciePortType;
+  /** Hot-plug ports reserved beyond those of the announced devices. */
+  sparePorts: number;
+  /** Lower bound for a hot-plug port's 64-bit prefetchable window. */
+  pref64ReserveFloorMiB: number;
+  /** Lower bound for a hot-plug port's 32-bit memory window. */
+  memReserveFloorMiB: number;
+}
+
+export interface HandlerProfile {
+  /** Confidential VMs are sized once and never reconfigured after boot. */
+  confidential: boolean;
+  description: string;
+  vm: HandlerVmConfig;
+  /** What the guest kernel and agent consume inside the VM, added to the workload. */
+  guestOverhead: CpuMemory;
+  /** What QEMU itself consumes on the host, added to the VMM's cgroup budget. */
+  vmmOverhead: CpuMemory;
+  pcie: HandlerPcieConfig;
+}
+
+export interface HypervisorConfig {
+  qemuBinary: string;
+  acceleration: AccelerationSetting;
+  kernelPath: string;
+  initrdPath: string;
+  /** Extra guest kernel command-line parameters. */
+  kernelParams: string[];
+  readyTimeoutMs: number;
+  stopTimeoutMs: number;
+  qmpTimeoutMs: number;
+}
+
+export interface PcieHostConfig {
+  sysfsRoot: string;
+  devRoot: string;
+  cdiSpecDirs: string[];
+  /** The kubelet PodResources API socket, consulted when a pod brings no pod_resources; null = off. */
+  podResourcesSocket: string | null;
+}
+
+export interface ImageConfig {
+  /** Registry settings file (mirrors, plain-HTTP registries); null = none. */
+  registriesConfigPath: string | null;
+}
+
+export interface KataConfig {
+  socketPath: string;
+  stateDir: string;
+  logLevel: LogLevel;
+  /** `host:port` for the Prometheus endpoint, loopback by default; null disables it. */
+  metricsAddress: string | null;
+  cgroupDriver: CgroupDriverSetting;
+  cgroupRoot: string;
+  /** D-Bus address of the systemd manager; null means the system bus. */
+  dbusAddress: string | null;
+  /** The directory whose presence means "systemd runs this host" (for driver detection). */
+  systemdRuntimeDir: string;
+  hypervisor: HypervisorConfig;
+  pcie: PcieHostConfig;
+  images: ImageConfig;
+  defaultHandler: string;
+  handlers: Record<string, HandlerProfile>;
+}
+
+/** A config together with where it came from, as reported by Status and `doctor`. */
+export interface LoadedConfig {
+  config: KataConfig;
+  /** The file read, or null when only built-in defaults apply. */
+  path: string | null;
+}

@@ -1,0 +1,39 @@
+import type { KataConfig } from './types.js';
+
+/**
+ * Cross-field rules that a JSON Schema cannot say well. Pure: returns every problem found, each a
+ * sentence starting with the path of the offending key, so an operator fixes them all in one go.
+ */
+export function crossFieldProblems(config: KataConfig): string[] {
+  const problems: string[] = [];
+  const names = Object.keys(config.handlers);
+  if (names.length === 0) problems.push('/handlers must define at least one handler');
+  if (!(config.defaultHandler in config.handlers)) {
+    problems.push(`/defaultHandler "${config.defaultHandler}" is not one of the handlers (${names.join(', ')})`);
+  }
+  for (const [name, h] of Object.entries(config.handlers)) {
+    const at = `/handlers/${name}`;
+    const vm = h.vm;
+    if (vm.minMemoryMiB > vm.maxMemoryMiB) {
+      problems.push(`${at}/vm/minMemoryMiB ${vm.minMemoryMiB} exceeds maxMemoryMiB ${vm.maxMemoryMiB}`);
+    }
+    if (vm.defaultMemoryMiB > vm.maxMemoryMiB) {
+      problems.push(`${at}/vm/defaultMemoryMiB ${vm.defaultMemoryMiB} exceeds maxMemoryMiB ${vm.maxMemoryMiB}`);
+    }
+    if (vm.defaultVcpus > vm.maxVcpus) {
+      problems.push(`${at}/vm/defaultVcpus ${vm.defaultVcpus} exceeds maxVcpus ${vm.maxVcpus}`);
+    }
+    if (h.confidential) {
+      if (vm.hotplugVcpus !== 0 || vm.hotplugMemoryMiB !== 0) {
+        problems.push(`${at}/vm/hotplugVcpus and hotplugMemoryMiB must be 0 for a confidential handler, which is never resized`);
+      }
+      if (h.pcie.vfioPolicy !== 'cold-plug') {
+        problems.push(`${at}/pcie/vfioPolicy must be "cold-plug" for a confidential handler, which is never reconfigured`);
+      }
+      if (h.pcie.sparePorts !== 0) {
+        problems.push(`${at}/pcie/sparePorts must be 0 for a confidential handler, which never hot-plugs`);
+      }
+    }
+  }
+  return problems;
+}
