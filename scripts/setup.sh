@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Install everything kata-ts needs on a Debian 12 machine and start the runtime on its default
+# socket (/run/kata-ts/kata-ts.sock). Idempotent: re-running only does what is missing or changed.
+#
+#   bash scripts/setup.sh             install, build, build guest assets, (re)start the daemon
+#   bash scripts/setup.sh --no-start  the same without starting the daemon (used by scripts/test.sh)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+START=1
+for arg in "$@"; do
+  case "$arg" in
+    --no-start) START=0 ;;
+    -h|--help) sed -n '2,7p' "$0"; exit 0 ;;
+    *) echo "setup: unknown option $arg" >&2; exit 2 ;;
+  esac
+done
+step() { printf '\n==> %s\n' "$*"; }
+[ "$(id -u)" = 0 ] || { echo "setup: run as root (it installs packages and writes /usr/local, /run, /var/lib)" >&2; exit 1; }
+
+# System packages: QEMU and guest-image tools for the runtime; the registry, image tools and
+# systemd/dbus for the integration tests (real parts, see README "Tests").
+APT_PACKAGES=(
+  qemu-system-x86 busybox-static cpio kmod zstd xz-utils
+  docker-registry skopeo umoci apache2-utils
+  systemd dbus util-linux iproute2 procps
+  protobuf-compiler ca-certificates
+)
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  step "installing Debian packages: ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  # docker-registry's package starts a system service when systemd runs; tests start their own.
+else
+  step "Debian packages already installed"
+fi
+
+command -v node >/dev/null || { echo "setup: Node.js 20 is required (node not found)" >&2; exit 1; }
+node -e 'process.exit(Number(process.versions.node.split(".")[0]) >= 20 ? 0 : 1)' \
+  || { echo "setup: Node.js >= 20 is required, found $(node -v)" >&2; exit 1; }
+
+# npm packages: only when the lock file changed since the last install.
+stamp=node_modules/.kata-ts-lock.sha256
+want=$(sha256sum package-lock.json | cut -d' ' -f1)
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  step "installing npm packages (npm ci)"
+  npm ci --no-audit --no-fund
+  echo "$want" > "$stamp"
+else
+  step "npm packages up to date"
+fi
+
+step "building kata-ts (proto types, TypeScript)"
+npm run --silent build
+
+step "building guest kernel and initramfs"
+bash scripts/build-guest.sh
+
+if [ "$START" = 1 ]; then
+  step "starting kata-ts on its default socket"
+  bash scripts/start-daemon.sh
+fi

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh clone: installs what setup installs (without starting the
+# daemon), type-checks, then runs the unit tests and the integration tests (real QEMU under TCG
+# or KVM, real cgroupfs in a private subtree, a confined systemd user manager, a loopback registry).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh --no-start
+printf '\n==> type-checking\n'
+npx tsc -p tsconfig.json --noEmit
+printf '\n==> unit tests\n'
+npx vitest run --project unit
+printf '\n==> integration tests\n'
+npx vitest run --project integration

@@ -1,0 +1,52 @@
+import path from 'node:path';
+import { createLogger } from '../common/logger.js';
+import { loadConfig } from '../config/load.js';
+import type { LoadedConfig } from '../config/types.js';
+import { startDaemon } from '../runtime/daemon.js';
+import { parseCommandArgs, UsageError, type CliIo } from './args.js';
+
+const HELP = `Usage: kata-ts serve [--config FILE] [--socket PATH] [--state-dir DIR]
+
+Runs the CRI daemon. Without --config, /etc/kata-ts/config.json is read when it exists, else the
+built-in defaults apply. --socket and --state-dir override the config file. SIGTERM or SIGINT stop
+the daemon gracefully; pod VMs keep running and are found again at the next start.
+`;
+
+/** Load the config and apply command-line overrides (absolute paths only). */
+export async function loadWithOverrides(values: { config?: string; socket?: string; 'state-dir'?: string }): Promise<LoadedConfig> {
+  const loaded = await loadConfig(values.config);
+  for (const [flag, value] of [['--socket', values.socket], ['--state-dir', values['state-dir']]] as const) {
+    if (value !== undefined && !path.isAbsolute(value)) throw new UsageError(`${flag} must be an absolute path, got "${value}"`);
+  }
+  if (values.socket !== undefined) loaded.config.socketPath = values.socket;
+  if (values['state-dir'] !== undefined) loaded.config.stateDir = values['state-dir'];
+  return loaded;
+}
+
+export async function runServeCommand(argv: string[], io: CliIo): Promise<number> {
+  const { values } = parseCommandArgs(argv, {
+    config: { type: 'string' },
+    socket: { type: 'string' },
+    'state-dir': { type: 'string' },
+    help: { type: 'boolean', short: 'h' },
+  });
+  if (values.help === true) {
+    io.stdout.write(HELP);
+    return 0;
+  }
+  const loaded = await loadWithOverrides(values);
+  const logger = createLogger({ level: loaded.config.logLevel });
+  const daemon = await startDaemon({ loaded, logger });
+  await new Promise<void>((resolve) => {
+    const stop = (signal: NodeJS.Signals): void => {
+      logger.info({ signal }, 'shutting down');
+      process.off('SIGTERM', stop);
+      process.off('SIGINT', stop);
+      resolve();
+    };
+    process.on('SIGTERM', stop);
+    process.on('SIGINT', stop);
+  });
+  await daemon.close();
+  return 0;
+}

@@ -1,0 +1,94 @@
+import { packageVersion } from '../../common/paths.js';
+import type { KataConfig } from '../../config/types.js';
+import type { RuntimeConfigResponse } from '../../generated/runtime/v1/RuntimeConfigResponse.js';
+import type { StatusRequest__Output } from '../../generated/runtime/v1/StatusRequest.js';
+import type { StatusResponse } from '../../generated/runtime/v1/StatusResponse.js';
+import type { UpdateRuntimeConfigRequest__Output } from '../../generated/runtime/v1/UpdateRuntimeConfigRequest.js';
+import type { VersionResponse } from '../../generated/runtime/v1/VersionResponse.js';
+import type { RuntimeFacts } from '../facts.js';
+import type { CallContext } from './server.js';
+
+/** The CRI API version this runtime speaks. */
+export const CRI_API_VERSION = 'v1';
+export const RUNTIME_NAME = 'kata-ts';
+
+export function versionResponse(): VersionResponse {
+  return {
+    // The kubelet sends its own API version; upstream runtimes answer with a fixed "0.1.0" here.
+    version: '0.1.0',
+    runtime_name: RUNTIME_NAME,
+    runtime_version: packageVersion(),
+    runtime_api_version: CRI_API_VERSION,
+  };
+}
+
+/**
+ * Status: RuntimeReady reflects whether a pod VM can be started at all (QEMU and the guest kernel
+ * and initramfs are present); NetworkReady is reported false because kata-ts does not wire pod
+ * networking yet, and saying otherwise would let the kubelet schedule pods that expect a network.
+ */
+export function statusResponse(config: KataConfig, facts: RuntimeFacts, request: StatusRequest__Output): StatusResponse {
+  const runtimeProblems = [facts.qemu, facts.guestAssets].filter((c) => !c.ok).map((c) => c.message);
+  const handlerNames = Object.keys(config.handlers).sort();
+  // The kubelet looks the pod's RuntimeClass handler up in this list; "" is how it names the
+  // default handler (a pod without a RuntimeClass), so the default appears again under "".
+  const handlerFeatures = { recursive_read_only_mounts: false, user_namespaces: false };
+  const runtimeHandlers = [
+    { name: '', features: handlerFeatures },
+    ...handlerNames.map((name) => ({ name, features: handlerFeatures })),
+  ];
+  const response: StatusResponse = {
+    status: {
+      conditions: [
+        {
+          type: 'RuntimeReady',
+          status: runtimeProblems.length === 0,
+          reason: runtimeProblems.length === 0 ? '' : 'VmPrerequisitesMissing',
+          message: runtimeProblems.join('; '),
+        },
+        {
+          type: 'NetworkReady',
+          status: false,
+          reason: 'NetworkNotImplemented',
+          message: 'kata-ts does not set up pod networking yet: pod VMs get no network interface',
+        },
+      ],
+    },
+    runtime_handlers: runtimeHandlers,
+    features: { supplemental_groups_policy: false },
+    info: {},
+  };
+  if (request.verbose) {
+    response.info = {
+      config: JSON.stringify({ path: facts.configPath, socketPath: config.socketPath, stateDir: config.stateDir }),
+      handlers: JSON.stringify(
+        Object.fromEntries(
+          handlerNames.map((n) => {
+            const h = config.handlers[n]!;
+            return [n, { default: n === config.defaultHandler, confidential: h.confidential, description: h.description }];
+          }),
+        ),
+      ),
+      acceleration: JSON.stringify(facts.acceleration),
+      cgroupDriver: JSON.stringify(facts.cgroupDriver),
+      qemu: JSON.stringify(facts.qemu),
+      guestAssets: JSON.stringify(facts.guestAssets),
+    };
+  }
+  return response;
+}
+
+/**
+ * RuntimeConfig (KEP-4033): the kubelet adopts the cgroup driver named here, so it must be the
+ * very driver the runtime places VMMs with. CGROUPFS is always written explicitly, because the
+ * enum's zero value is SYSTEMD and an omitted field would read as systemd.
+ */
+export function runtimeConfigResponse(facts: RuntimeFacts): RuntimeConfigResponse {
+  return { linux: { cgroup_driver: facts.cgroupDriver.name === 'systemd' ? 'SYSTEMD' : 'CGROUPFS' } };
+}
+
+/** UpdateRuntimeConfig only carries the pod CIDR, which kata-ts has no use for yet: logged, accepted. */
+export function updateRuntimeConfig(request: UpdateRuntimeConfigRequest__Output, ctx: CallContext): Record<string, never> {
+  ctx.logger.info({ podCidr: request.runtime_config?.network_config?.pod_cidr ?? '' }, 'runtime config update received');
+  return {};
+}

@@ -1,0 +1,214 @@
+import { promises as fsp } from 'node:fs';
+import {
+  Server,
+  ServerCredentials,
+  status as GrpcStatus,
+  type MethodDefinition,
+  type ServiceDefinition,
+  type UntypedServiceImplementation,
+  type ServerUnaryCall,
+  type sendUnaryData,
+  type ServerWritableStream,
+} from '@grpc/grpc-js';
+import { cancelled, invalid, unimplemented, isKataError } from '../../common/errors.js';
+import type { Logger } from '../../common/logger.js';
+import type { RuntimeMetrics } from '../metrics.js';
+import { prepareSocketPath } from './socket.js';
+import { statusName, toServiceError } from './status.js';
+
+/** What a handler learns about the call besides the request. */
+export interface CallContext {
+  /** The rpc name, e.g. `RunPodSandbox`. */
+  method: string;
+  logger: Logger;
+  /** Aborted when the client cancels or its deadline passes. */
+  signal: AbortSignal;
+  /** Absolute deadline in epoch milliseconds, or undefined when the client set none. */
+  deadlineMs: number | undefined;
+  /** Add fields (such as the sandbox id) to the request's completion log line. */
+  annotate(fields: Record<string, unknown>): void;
+}
+
+export type UnaryHandler = (request: never, ctx: CallContext) => Promise<unknown>;
+/** Implemented rpcs by name; every other rpc of the service answers UNIMPLEMENTED. */
+export type HandlerMap = Partial<Record<string, UnaryHandler>>;
+
+export interface ServiceBinding {
+  /** `runtime.v1.RuntimeService` */
+  name: string;
+  definition: ServiceDefinition;
+  handlers: HandlerMap;
+}
+
+export interface CriServerOptions {
+  socketPath: string;
+  services: ServiceBinding[];
+  logger: Logger;
+  metrics: RuntimeMetrics;
+}
+
+export interface CriServer {
+  socketPath: string;
+  /** Stop accepting calls, let running ones finish for up to `graceMs`, then cut them. */
+  close(graceMs?: number): Promise<void>;
+}
+
+/** Marks a request body that protobuf could not decode, so the handler layer can answer precisely. */
+const UNDECODABLE = Symbol('undecodable');
+interface Undecodable {
+  [UNDECODABLE]: string;
+}
+function isUndecodable(v: unknown): v is Undecodable {
+  return typeof v === 'object' && v !== null && UNDECODABLE in v;
+}
+
+/**
+ * grpc-js answers an undecodable body with a bare INTERNAL. Wrapping the deserializer lets us
+ * answer INVALID_ARGUMENT with the message type and protobuf's own explanation instead.
+ */
+function withTolerantDecoding(definition: ServiceDefinition): ServiceDefinition {
+  const out: Record<string, MethodDefinition<unknown, unknown>> = {};
+  for (const [name, method] of Object.entries(definition)) {
+    const decode = method.requestDeserialize;
+    out[name] = {
+      ...method,
+      requestDeserialize: (bytes: Buffer): unknown => {
+        try {
+          return decode(bytes);
+        } catch (err) {
+          return { [UNDECODABLE]: err instanceof Error ? err.message : String(err) } satisfies Undecodable;
+        }
+      },
+    };
+  }
+  return out as ServiceDefinition;
+}
+
+/** The sandbox or container a request or response names, for the request log line. */
+function objectIds(value: unknown): Record<string, string> {
+  const ids: Record<string, string> = {};
+  if (typeof value !== 'object' || value === null) return ids;
+  const v = value as Record<string, unknown>;
+  for (const key of ['pod_sandbox_id', 'container_id'] as const) {
+    if (typeof v[key] === 'string' && v[key] !== '') ids[key === 'pod_sandbox_id' ? 'sandboxId' : 'containerId'] = v[key];
+  }
+  return ids;
+}
+
+function deadlineOf(call: { getDeadline(): Date | number }): number | undefined {
+  const d = call.getDeadline();
+  const ms = d instanceof Date ? d.getTime() : d;
+  return Number.isFinite(ms) ? ms : undefined;
+}
+
+function unaryImplementation(
+  method: string,
+  typeName: string,
+  handler: UnaryHandler | undefined,
+  opts: CriServerOptions,
+): (call: ServerUnaryCall<unknown, unknown>, callback: sendUnaryData<unknown>) => void {
+  return (call, callback) => {
+    const started = process.hrtime.bigint();
+    const fields: Record<string, unknown> = { rpc: method, ...objectIds(call.request) };
+    const logger = opts.logger.child({ rpc: method });
+    const controller = new AbortController();
+    const deadlineMs = deadlineOf(call);
+    call.on('cancelled', () => controller.abort(cancelled('CALL_CANCELLED', `${method} was cancelled by the client`)));
+    const ctx: CallContext = {
+      method,
+      logger,
+      signal: controller.signal,
+      deadlineMs,
+      annotate: (extra) => Object.assign(fields, extra),
+    };
+    const run = async (): Promise<unknown> => {
+      if (isUndecodable(call.request)) {
+        throw invalid('REQUEST_UNDECODABLE', `request body is not a valid ${typeName}: ${call.request[UNDECODABLE]}`);
+      }
+      if (handler === undefined) {
+        throw unimplemented('RPC_UNIMPLEMENTED', `${method} is not implemented by kata-ts yet`);
+      }
+      return handler(call.request as never, ctx);
+    };
+    run().then(
+      (response) => {
+        Object.assign(fields, objectIds(response));
+        finish(GrpcStatus.OK);
+        callback(null, response);
+      },
+      (err: unknown) => {
+        const se = toServiceError(err);
+        finish(se.code, err);
+        callback(se);
+      },
+    );
+    function finish(code: GrpcStatus, err?: unknown): void {
+      const seconds = Number(process.hrtime.bigint() - started) / 1e9;
+      const codeName = statusName(code);
+      opts.metrics.observe(method, codeName, seconds);
+      const line = { ...fields, code: codeName, durationMs: Math.round(seconds * 1e6) / 1e3 };
+      if (err === undefined) logger.info(line, 'request done');
+      else if (isKataError(err) && err.kind !== 'internal') logger.warn({ ...line, reason: err.reason, err: err.message }, 'request refused');
+      else logger.error({ ...line, err }, 'request failed');
+    }
+  };
+}
+
+/** Streaming rpcs are registered too, so a client gets a clear UNIMPLEMENTED rather than a 404-like error. */
+function streamingImplementation(method: string, opts: CriServerOptions): (call: ServerWritableStream<unknown, unknown>) => void {
+  return (call) => {
+    opts.metrics.observe(method, 'UNIMPLEMENTED', 0);
+    opts.logger.info({ rpc: method, code: 'UNIMPLEMENTED' }, 'request done');
+    call.emit('error', toServiceError(unimplemented('RPC_UNIMPLEMENTED', `${method} is not implemented by kata-ts yet`)));
+  };
+}
+
+function implementService(binding: ServiceBinding, opts: CriServerOptions): UntypedServiceImplementation {
+  const impl: UntypedServiceImplementation = {};
+  for (const [name, method] of Object.entries(binding.definition)) {
+    const typeName = (method as { requestType?: { type?: { name?: string } } }).requestType?.type?.name ?? `${name}Request`;
+    if (method.requestStream || method.responseStream) {
+      impl[name] = streamingImplementation(name, opts) as never;
+    } else {
+      impl[name] = unaryImplementation(name, typeName, binding.handlers[name], opts) as never;
+    }
+  }
+  return impl;
+}
+
+/**
+ * Start the CRI gRPC server on a unix socket (mode 0660). Every rpc of every bound service is
+ * registered: implemented ones run their handler, the rest answer UNIMPLEMENTED with a sentence.
+ */
+export async function startCriServer(opts: CriServerOptions): Promise<CriServer> {
+  await prepareSocketPath(opts.socketPath, opts.logger);
+  const server = new Server({
+    // The kubelet's CRI client allows 16 MiB messages; match it so large ListContainers answers pass.
+    'grpc.max_receive_message_length': 16 * 1024 * 1024,
+    'grpc.max_send_message_length': 16 * 1024 * 1024,
+  });
+  for (const binding of opts.services) {
+    server.addService(withTolerantDecoding(binding.definition), implementService(binding, opts));
+  }
+  await new Promise<void>((resolve, reject) => {
+    server.bindAsync(`unix:${opts.socketPath}`, ServerCredentials.createInsecure(), (err) => (err ? reject(err) : resolve()));
+  });
+  await fsp.chmod(opts.socketPath, 0o660);
+  opts.logger.info({ socketPath: opts.socketPath }, 'CRI server listening');
+  return {
+    socketPath: opts.socketPath,
+    close: async (graceMs = 5000) => {
+      await new Promise<void>((resolve) => {
+        const timer = setTimeout(() => {
+          server.forceShutdown();
+          resolve();
+        }, graceMs);
+        server.tryShutdown(() => {
+          clearTimeout(timer);
+          resolve();
+        });
+      });
+      await fsp.rm(opts.socketPath, { force: true });
+    },
+  };
+}

@@ -1,0 +1,55 @@
+import { credentials, Metadata, type CallOptions, type Client, type ServiceError } from '@grpc/grpc-js';
+import { expect } from 'vitest';
+import { loadCriPackage } from '../../src/runtime/cri/proto.js';
+import { REASON_METADATA_KEY } from '../../src/runtime/cri/status.js';
+
+/** grpc-js clients for both CRI services on a unix socket, built from proto/ like crictl's. */
+export interface CriClients {
+  runtime: Client;
+  image: Client;
+  close(): void;
+}
+
+export function criClients(socketPath: string): CriClients {
+  const { v1 } = loadCriPackage();
+  const target = `unix://${socketPath}`;
+  const runtime = new v1.RuntimeService(target, credentials.createInsecure());
+  const image = new v1.ImageService(target, credentials.createInsecure());
+  return {
+    runtime,
+    image,
+    close: () => {
+      runtime.close();
+      image.close();
+    },
+  };
+}
+
+/** Call a unary rpc by name and resolve with its (decoded) response. */
+export function rpc<T = Record<string, unknown>>(
+  client: Client,
+  method: string,
+  request: object,
+  options: CallOptions = { deadline: Date.now() + 120_000 },
+): Promise<T> {
+  const fn = (client as unknown as Record<string, (...args: unknown[]) => unknown>)[method];
+  if (typeof fn !== 'function') throw new Error(`no rpc ${method} on this client`);
+  return new Promise<T>((resolve, reject) => {
+    fn.call(client, request, new Metadata(), options, (err: ServiceError | null, res: T) => (err ? reject(err) : resolve(res)));
+  });
+}
+
+/** Expect a call to fail with the given gRPC status (and, when given, kata-ts reason code). */
+export async function expectGrpcError(call: Promise<unknown>, code: number, reason?: string): Promise<ServiceError> {
+  let caught: unknown;
+  try {
+    await call;
+  } catch (err) {
+    caught = err;
+  }
+  expect(caught, 'the call was expected to fail').toBeDefined();
+  const se = caught as ServiceError;
+  expect({ code: se.code, details: se.details }).toMatchObject({ code });
+  if (reason !== undefined) expect(se.metadata?.get(REASON_METADATA_KEY)?.[0]).toBe(reason);
+  return se;
+}

@@ -1,0 +1,119 @@
+import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import { KataError } from '../../../src/common/errors.js';
+import { defaultConfig } from '../../../src/config/defaults.js';
+import { resolveHandler } from '../../../src/config/handlers.js';
+import { loadConfig, parseConfigDocument } from '../../../src/config/load.js';
+
+function problemsOf(fn: () => unknown): string[] {
+  try {
+    fn();
+  } catch (err) {
+    expect(err).toBeInstanceOf(KataError);
+    const e = err as KataError;
+    expect(e.kind).toBe('invalid');
+    expect(e.reason).toBe('CONFIG_INVALID');
+    return (e.details?.problems as string[]) ?? [];
+  }
+  throw new Error('expected the config to be refused');
+}
+
+describe('config file', () => {
+  it('an empty document gives the built-in defaults', () => {
+    expect(parseConfigDocument({}, 'test')).toEqual(defaultConfig());
+  });
+
+  it('rejects unknown keys with the JSON pointer of each', () => {
+    const problems = problemsOf(() =>
+      parseConfigDocument({ socketpath: '/x', hypervisor: { qemuBin: 'q' }, handlers: { 'kata-ts': { vm: { cpus: 2 } } } }, 'test'),
+    );
+    expect(problems).toEqual(
+      expect.arrayContaining(['/socketpath is not a known key', '/hypervisor/qemuBin is not a known key', '/handlers/kata-ts/vm/cpus is not a known key']),
+    );
+  });
+
+  it('rejects wrong types and enum values, naming the key', () => {
+    const problems = problemsOf(() =>
+      parseConfigDocument({ cgroupDriver: 'cgroupv2', stateDir: 'relative/dir', hypervisor: { readyTimeoutMs: -5 } }, 'test'),
+    );
+    expect(problems.some((p) => p.startsWith('/cgroupDriver must be one of "auto", "systemd", "cgroupfs"'))).toBe(true);
+    expect(problems.some((p) => p.startsWith('/stateDir '))).toBe(true);
+    expect(problems.some((p) => p.startsWith('/hypervisor/readyTimeoutMs '))).toBe(true);
+  });
+
+  it('a handler entry overlays the built-in profile of its name; a new name starts from kata-ts', () => {
+    const config = parseConfigDocument(
+      { handlers: { 'kata-ts': { vm: { maxVcpus: 8 } }, 'kata-ts-gpu': { pcie: { portType: 'switch-port' } } } },
+      'test',
+    );
+    const base = defaultConfig().handlers['kata-ts']!;
+    expect(config.handlers['kata-ts']!.vm).toEqual({ ...base.vm, maxVcpus: 8 });
+    expect(config.handlers['kata-ts-gpu']!.pcie).toEqual({ ...base.pcie, portType: 'switch-port' });
+    expect(config.handlers['kata-ts-cvm']!.confidential).toBe(true);
+  });
+
+  it('cross-field rules report every problem at once', () => {
+    const problems = problemsOf(() =>
+      parseConfigDocument(
+        {
+          defaultHandler: 'nope',
+          handlers: {
+            'kata-ts': { vm: { minMemoryMiB: 4096, maxMemoryMiB: 1024, defaultMemoryMiB: 512 } },
+            'kata-ts-cvm': { vm: { hotplugVcpus: 2 }, pcie: { vfioPolicy: 'hot-plug' } },
+          },
+        },
+        'test',
+      ),
+    );
+    expect(problems).toHaveLength(4);
+    expect(problems.join('\n')).toMatch(/defaultHandler "nope"/);
+    expect(problems.join('\n')).toMatch(/\/handlers\/kata-ts\/vm\/minMemoryMiB 4096 exceeds maxMemoryMiB 1024/);
+    expect(problems.join('\n')).toMatch(/\/handlers\/kata-ts-cvm\/vm\/hotplugVcpus/);
+    expect(problems.join('\n')).toMatch(/\/handlers\/kata-ts-cvm\/pcie\/vfioPolicy/);
+  });
+});
+
+describe('loadConfig', () => {
+  let dir: string;
+  beforeEach(async () => {
+    dir = await mkdtemp(path.join(os.tmpdir(), 'kata-ts-config-'));
+  });
+  afterEach(async () => {
+    await rm(dir, { recursive: true, force: true });
+  });
+
+  it('reads a file and reports its path', async () => {
+    const file = path.join(dir, 'config.json');
+    await writeFile(file, JSON.stringify({ logLevel: 'debug' }));
+    const loaded = await loadConfig(file);
+    expect(loaded.path).toBe(file);
+    expect(loaded.config.logLevel).toBe('debug');
+  });
+
+  it('a named file that does not exist is NOT_FOUND; bad JSON is INVALID', async () => {
+    await expect(loadConfig(path.join(dir, 'missing.json'))).rejects.toMatchObject({ kind: 'not_found', reason: 'CONFIG_NOT_FOUND' });
+    const bad = path.join(dir, 'bad.json');
+    await writeFile(bad, '{ "logLevel": ');
+    await expect(loadConfig(bad)).rejects.toMatchObject({ kind: 'invalid', reason: 'CONFIG_INVALID' });
+  });
+});
+
+describe('handler lookup', () => {
+  const config = defaultConfig();
+  it('"" selects the default handler', () => {
+    expect(resolveHandler(config, '').name).toBe('kata-ts');
+    expect(resolveHandler(config, 'kata-ts-cvm').profile.confidential).toBe(true);
+  });
+  it('an unknown handler is NOT_FOUND and names the known ones', () => {
+    let caught: unknown;
+    try {
+      resolveHandler(config, 'runc');
+    } catch (err) {
+      caught = err;
+    }
+    expect(caught).toMatchObject({ kind: 'not_found', reason: 'HANDLER_UNKNOWN' });
+    expect((caught as Error).message).toContain('kata-ts, kata-ts-cvm');
+  });
+});
