@@ -42,3 +42,65 @@ export type SizingSource =
   | 'containerd_annotations' // io.kubernetes.cri.sandbox-* annotations
   | 'crio_annotations' // io.kubernetes.cri-o.PodLinuxResources / PodLinuxOverhead
   | 'handler_defaults'; // nothing given
+
+/** What the host offers (read once by the caller: os.cpus(), os.totalmem()); the planner does no I/O. */
+export interface HostCapacity {
+  cpus: number;
+  memoryMiB: number;
+}
+
+/** KEP-4112 container types, spelled as in the CRI enum. */
+export type SizingContainerType = 'INIT_CONTAINER' | 'SIDECAR_CONTAINER' | 'REGULAR_CONTAINER';
+
+/** The pod's demand after aggregation (Kubernetes' sidecar-aware rules, pod-level overrides). */
+export interface WorkloadResources {
+  cpuRequestMillicores: number;
+  /** Sum of limits, where a container without a limit counts with its request. */
+  cpuLimitMillicores: number;
+  memoryRequestBytes: number;
+  /** Sum of limits, where a container without a limit counts with its request. */
+  memoryLimitBytes: number;
+  /** Page size as in the resource name ("2Mi", "1Gi") -> bytes. */
+  hugepages: Record<string, number>;
+  /** Extended resources (e.g. "nvidia.com/gpu") -> whole count, as a decimal string. */
+  extended: Record<string, string>;
+}
+
+/** One container's resolved resources, as announced in pod_resources (for admission later). */
+export interface ContainerResourcesPlan {
+  name: string;
+  type: SizingContainerType;
+  cpuRequestMillicores: number;
+  /** null: no limit given (sizing counts the request). */
+  cpuLimitMillicores: number | null;
+  memoryRequestBytes: number;
+  /** null: no limit given (sizing counts the request). */
+  memoryLimitBytes: number | null;
+  hugepages: Record<string, number>;
+  extended: Record<string, string>;
+}
+
+/** Where the VMM overhead in the host budget came from. */
+export type VmmOverheadSource =
+  | 'pod_overhead' // LinuxPodSandboxConfig.overhead (RuntimeClass overhead, kubelet >= 1.23)
+  | 'crio_annotations' // io.kubernetes.cri-o.PodLinuxOverhead
+  | 'handler'; // the handler profile's vmmOverhead
+
+export interface VmmOverheadPlan {
+  /** Per resource: a RuntimeClass overhead naming only memory still takes CPU from the handler. */
+  cpuSource: VmmOverheadSource;
+  memorySource: VmmOverheadSource;
+  cpuMillicores: number;
+  memoryBytes: number;
+}
+
+/** The sizing planner's answer for one pod. */
+export interface SizingPlan {
+  source: SizingSource;
+  workload: WorkloadResources;
+  vm: VmShape;
+  host: HostBudget;
+  vmmOverhead: VmmOverheadPlan;
+  /** Per container, in pod order; empty when the source is not pod_resources. */
+  containers: ContainerResourcesPlan[];
+}
