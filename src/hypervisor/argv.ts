@@ -1,0 +1,241 @@
+import path from 'node:path';
+import { invalid } from '../common/errors.js';
+import type { VmShape } from '../sizing/types.js';
+import type { Accelerator } from './accel.js';
+import { READY_PORT_NAME } from './guest-protocol.js';
+
+/** The unix sockets and the console log one VM uses. */
+export interface VmSocketPaths {
+  qmpSocket: string;
+  readySocket: string;
+  consoleLog: string;
+}
+
+export interface QemuArgvSpec {
+  /** Shown in `ps` (QEMU `-name guest=`); letters, digits, `.`, `_`, `-`. */
+  name: string;
+  shape: VmShape;
+  accel: Accelerator;
+  kernelPath: string;
+  initrdPath: string;
+  /** Extra guest kernel parameters (the config's), appended last so that they can override. */
+  kernelParams: string[];
+  paths: VmSocketPaths;
+  /** `-device` arguments of the PCIe topology (src/pcie pcieQemuArgs), on slots 0x08-0x1e. */
+  pcieArgs: string[];
+  /** Confidential VMs are static: no CPU hot-plug headroom, no virtio-mem. */
+  confidential: boolean;
+}
+
+/**
+ * Root-bus (pcie.0) slots of the hypervisor's own devices. Agreed with src/pcie: slot 0 is the
+ * host bridge, 0x01-0x07 are ours (0x01 stays free, it is where a VGA would go), 0x08-0x1e hold
+ * the PCIe ports, 0x1f is ICH9 (LPC, SATA, SMBus).
+ */
+export const ROOT_SLOTS = {
+  virtioSerial: 0x02,
+  virtioMem: 0x03,
+} as const;
+export const OWN_SLOT_FIRST = 0x01;
+export const OWN_SLOT_LAST = 0x07;
+export const PCIE_PORT_SLOT_FIRST = 0x08;
+export const PCIE_PORT_SLOT_LAST = 0x1e;
+export const ICH9_SLOT = 0x1f;
+
+/** QOM ids of the devices the runtime talks to later over QMP. */
+export const VIRTIO_MEM_ID = 'vmem0';
+export const VIRTIO_MEM_QOM_PATH = `/machine/peripheral/${VIRTIO_MEM_ID}`;
+const VIRTIO_MEM_BACKEND_ID = 'vmem0-mem';
+const VIRTIO_SERIAL_ID = 'vser0';
+const READY_CHARDEV_ID = 'ready';
+const READY_PORT_ID = 'readyport';
+const QMP_CHARDEV_ID = 'qmp';
+const CONSOLE_CHARDEV_ID = 'console';
+const RESERVED_IDS = new Set([VIRTIO_MEM_ID, VIRTIO_MEM_BACKEND_ID, VIRTIO_SERIAL_ID, READY_CHARDEV_ID, READY_PORT_ID, QMP_CHARDEV_ID, CONSOLE_CHARDEV_ID]);
+
+/**
+ * virtio-mem's block size (QEMU's default on x86: the THP size). Hot-plug headroom and every
+ * `requested-size` must be a multiple of it.
+ */
+export const VIRTIO_MEM_BLOCK_MIB = 2;
+/** q35's limit in QEMU 7.2. */
+export const Q35_MAX_CPUS = 288;
+/** sockaddr_un.sun_path holds 108 bytes including the terminating NUL. */
+export const SUN_PATH_MAX_BYTES = 107;
+
+/** Kernel parameters every guest gets; the shape's and the config's come after them. */
+export const BASE_KERNEL_PARAMS = ['console=ttyS0', 'panic=-1', 'quiet'] as const;
+
+const NAME_PATTERN = /^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$/;
+
+/**
+ * Pure: the QEMU argv (without the binary) for one VM. Always starts paused (`-S`): the runtime
+ * places the VMM in its cgroup and connects the ready port before `cont`. Deterministic: the
+ * same spec gives the same argv (goldens in fixtures/argv/). Throws `invalid` naming the field.
+ */
+export function buildQemuArgv(spec: QemuArgvSpec): string[] {
+  validateSpec(spec);
+  const { shape } = spec;
+  const headroomMiB = shape.maxMemoryMiB - shape.memoryMiB;
+  const args: string[] = [];
+  const add = (...items: string[]): void => {
+    args.push(...items);
+  };
+
+  add('-name', `guest=${spec.name},debug-threads=on`);
+  add('-machine', 'q35');
+  add('-accel', spec.accel);
+  // TCG emulates any model; `max` gives the guest every feature TCG implements. Under KVM the
+  // host's own model avoids emulating what the hardware has.
+  add('-cpu', spec.accel === 'kvm' ? 'host' : 'max');
+  // One socket of maxVcpus cores: the hot-pluggable slots are the cores beyond `cpus`.
+  add('-smp', `cpus=${shape.vcpus},maxcpus=${shape.maxVcpus},sockets=1,cores=${shape.maxVcpus},threads=1`);
+  add('-m', headroomMiB > 0 ? `size=${shape.memoryMiB}M,maxmem=${shape.maxMemoryMiB}M` : `size=${shape.memoryMiB}M`);
+  add('-nodefaults', '-no-user-config', '-display', 'none');
+  add('-S', '-no-reboot');
+  add('-msg', 'timestamp=on');
+
+  add('-chardev', `socket,id=${QMP_CHARDEV_ID},path=${optionValue(spec.paths.qmpSocket)},server=on,wait=off`);
+  add('-mon', `chardev=${QMP_CHARDEV_ID},mode=control`);
+  add('-chardev', `file,id=${CONSOLE_CHARDEV_ID},path=${optionValue(spec.paths.consoleLog)}`);
+  add('-device', `isa-serial,chardev=${CONSOLE_CHARDEV_ID}`);
+
+  add('-device', `virtio-serial-pci,id=${VIRTIO_SERIAL_ID},bus=pcie.0,addr=${slotAddr(ROOT_SLOTS.virtioSerial)}`);
+  add('-chardev', `socket,id=${READY_CHARDEV_ID},path=${optionValue(spec.paths.readySocket)},server=on,wait=off`);
+  add('-device', `virtserialport,id=${READY_PORT_ID},bus=${VIRTIO_SERIAL_ID}.0,chardev=${READY_CHARDEV_ID},name=${READY_PORT_NAME}`);
+
+  if (headroomMiB > 0) {
+    // The backend spans the whole headroom; the guest sees none of it until qom-set requested-size.
+    add('-object', `memory-backend-ram,id=${VIRTIO_MEM_BACKEND_ID},size=${headroomMiB}M`);
+    add(
+      '-device',
+      `virtio-mem-pci,id=${VIRTIO_MEM_ID},memdev=${VIRTIO_MEM_BACKEND_ID},requested-size=0,bus=pcie.0,addr=${slotAddr(ROOT_SLOTS.virtioMem)}`,
+    );
+  }
+
+  const params: string[] = [...BASE_KERNEL_PARAMS, ...shape.kernelParams];
+  // virtio-mem memory is onlined by the kernel itself (no udev in the guest); movable so that it
+  // can be unplugged again when the VM shrinks.
+  if (headroomMiB > 0) params.push('memhp_default_state=online_movable');
+  params.push(...spec.kernelParams);
+  add('-kernel', spec.kernelPath, '-initrd', spec.initrdPath, '-append', params.join(' '));
+
+  add(...spec.pcieArgs);
+  return args;
+}
+
+/** `02.0`: the spelling src/pcie uses for `addr=`. */
+function slotAddr(slot: number): string {
+  return `${slot.toString(16).padStart(2, '0')}.0`;
+}
+
+/** QEMU option values treat `,` as a separator; a literal comma is written twice. */
+function optionValue(value: string): string {
+  return value.replaceAll(',', ',,');
+}
+
+function validateSpec(spec: QemuArgvSpec): void {
+  if (!NAME_PATTERN.test(spec.name)) {
+    throw invalid('QEMU_NAME_INVALID', `VM name ${JSON.stringify(spec.name)} must be 1-64 letters, digits, '.', '_' or '-' starting with a letter or digit.`);
+  }
+  validateShape(spec.shape, spec.confidential);
+  for (const [field, value] of [
+    ['kernelPath', spec.kernelPath],
+    ['initrdPath', spec.initrdPath],
+    ['paths.consoleLog', spec.paths.consoleLog],
+  ] as const) {
+    requireAbsolute(field, value);
+  }
+  for (const [field, value] of [
+    ['paths.qmpSocket', spec.paths.qmpSocket],
+    ['paths.readySocket', spec.paths.readySocket],
+  ] as const) {
+    requireAbsolute(field, value);
+    const bytes = Buffer.byteLength(value, 'utf8');
+    if (bytes > SUN_PATH_MAX_BYTES) {
+      throw invalid(
+        'UNIX_SOCKET_PATH_TOO_LONG',
+        `${field} ${value} is ${bytes} bytes long but a unix socket path must fit in ${SUN_PATH_MAX_BYTES} bytes.`,
+        { details: { field, path: value, bytes, maxBytes: SUN_PATH_MAX_BYTES } },
+      );
+    }
+  }
+  spec.kernelParams.forEach((param, i) => {
+    if (param === '' || /[\s"]/.test(param)) {
+      throw invalid('KERNEL_PARAM_INVALID', `kernelParams[${i}] ${JSON.stringify(param)} must be non-empty without spaces or quotes.`);
+    }
+  });
+  validatePcieArgs(spec.pcieArgs);
+}
+
+function validateShape(shape: VmShape, confidential: boolean): void {
+  const positive = (field: keyof VmShape, value: number): void => {
+    if (!Number.isSafeInteger(value) || value < 1) {
+      throw invalid('VM_SHAPE_INVALID', `shape.${field} must be a positive whole number, not ${value}.`);
+    }
+  };
+  positive('vcpus', shape.vcpus);
+  positive('maxVcpus', shape.maxVcpus);
+  positive('memoryMiB', shape.memoryMiB);
+  positive('maxMemoryMiB', shape.maxMemoryMiB);
+  if (shape.maxVcpus < shape.vcpus) {
+    throw invalid('VM_SHAPE_INVALID', `shape.maxVcpus ${shape.maxVcpus} is below shape.vcpus ${shape.vcpus}.`);
+  }
+  if (shape.maxVcpus > Q35_MAX_CPUS) {
+    throw invalid('VM_SHAPE_INVALID', `shape.maxVcpus ${shape.maxVcpus} exceeds the ${Q35_MAX_CPUS} vCPUs a q35 machine supports.`);
+  }
+  if (shape.maxMemoryMiB < shape.memoryMiB) {
+    throw invalid('VM_SHAPE_INVALID', `shape.maxMemoryMiB ${shape.maxMemoryMiB} is below shape.memoryMiB ${shape.memoryMiB}.`);
+  }
+  const headroomMiB = shape.maxMemoryMiB - shape.memoryMiB;
+  if (headroomMiB % VIRTIO_MEM_BLOCK_MIB !== 0) {
+    throw invalid(
+      'VM_SHAPE_INVALID',
+      `shape memory headroom ${headroomMiB} MiB (maxMemoryMiB - memoryMiB) must be a multiple of the ${VIRTIO_MEM_BLOCK_MIB} MiB virtio-mem block.`,
+    );
+  }
+  if (confidential && (shape.maxVcpus !== shape.vcpus || headroomMiB !== 0)) {
+    throw invalid(
+      'CONFIDENTIAL_VM_NOT_STATIC',
+      `a confidential VM must be static but its shape plans ${shape.vcpus}->${shape.maxVcpus} vCPUs and ${shape.memoryMiB}->${shape.maxMemoryMiB} MiB.`,
+    );
+  }
+  shape.kernelParams.forEach((param, i) => {
+    if (param === '' || /[\s"]/.test(param)) {
+      throw invalid('KERNEL_PARAM_INVALID', `shape.kernelParams[${i}] ${JSON.stringify(param)} must be non-empty without spaces or quotes.`);
+    }
+  });
+}
+
+function requireAbsolute(field: string, value: string): void {
+  if (!path.isAbsolute(value) || value.includes('\n') || value.includes('\0')) {
+    throw invalid('VM_PATH_INVALID', `${field} ${JSON.stringify(value)} must be an absolute path.`);
+  }
+}
+
+/**
+ * The PCIe arguments come from another planner; refuse ones that would collide with our devices
+ * (a root-bus slot outside 0x08-0x1e, or one of our ids) instead of letting QEMU fail at start.
+ */
+function validatePcieArgs(pcieArgs: string[]): void {
+  pcieArgs.forEach((arg, i) => {
+    const props = new Map<string, string>();
+    for (const part of arg.split(',')) {
+      const eq = part.indexOf('=');
+      if (eq > 0) props.set(part.slice(0, eq), part.slice(eq + 1));
+    }
+    const id = props.get('id');
+    if (id !== undefined && RESERVED_IDS.has(id)) {
+      throw invalid('PCIE_ARGS_CONFLICT', `pcieArgs[${i}] uses id ${id}, which the hypervisor's own devices use.`);
+    }
+    const addr = props.get('addr');
+    if (props.get('bus') !== 'pcie.0' || addr === undefined) return;
+    const slot = Number.parseInt(addr.split('.')[0] ?? '', 16);
+    if (!Number.isInteger(slot) || slot < PCIE_PORT_SLOT_FIRST || slot > PCIE_PORT_SLOT_LAST) {
+      throw invalid(
+        'PCIE_ARGS_CONFLICT',
+        `pcieArgs[${i}] puts a device on pcie.0 slot ${addr}, outside the 0x08-0x1e range reserved for PCIe ports.`,
+      );
+    }
+  });
+}

@@ -1,0 +1,136 @@
+import { readdirSync, readFileSync, writeFileSync } from 'node:fs';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { describe, expect, it } from 'vitest';
+import { KataError } from '../../../src/common/errors.js';
+import { buildQemuArgv, type QemuArgvSpec } from '../../../src/hypervisor/argv.js';
+
+const goldenDir = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../../fixtures/argv');
+const cases = readdirSync(goldenDir)
+  .filter((f) => f.endsWith('.spec.json'))
+  .map((f) => f.slice(0, -'.spec.json'.length))
+  .sort();
+
+function loadSpec(name: string): QemuArgvSpec {
+  return JSON.parse(readFileSync(path.join(goldenDir, `${name}.spec.json`), 'utf8')) as QemuArgvSpec;
+}
+
+/** One argument per line: a golden reads as the command line, reviewable as data. */
+function render(argv: string[]): string {
+  return argv.join('\n') + '\n';
+}
+
+function thrown(fn: () => unknown): KataError {
+  try {
+    fn();
+  } catch (err) {
+    expect(err).toBeInstanceOf(KataError);
+    return err as KataError;
+  }
+  throw new Error('expected buildQemuArgv to throw');
+}
+
+describe('buildQemuArgv goldens (fixtures/argv, UPDATE_GOLDENS=1 rewrites them)', () => {
+  it('has golden cases', () => {
+    expect(cases.length).toBeGreaterThanOrEqual(3);
+  });
+
+  it.each(cases)('%s', (name) => {
+    const argv = buildQemuArgv(loadSpec(name));
+    const goldenPath = path.join(goldenDir, `${name}.argv`);
+    if (process.env['UPDATE_GOLDENS'] === '1') writeFileSync(goldenPath, render(argv));
+    expect(render(argv)).toBe(readFileSync(goldenPath, 'utf8'));
+    // Deterministic: a second build of the same spec is identical.
+    expect(buildQemuArgv(loadSpec(name))).toEqual(argv);
+  });
+});
+
+describe('buildQemuArgv properties', () => {
+  const base = (): QemuArgvSpec => loadSpec('tcg-hotplug');
+  const valueOf = (argv: string[], flag: string): string[] =>
+    argv.flatMap((a, i) => (a === flag && argv[i + 1] !== undefined ? [argv[i + 1]!] : []));
+
+  it('always starts paused, never reboots, and keeps the PCIe arguments last and intact', () => {
+    const spec = base();
+    const argv = buildQemuArgv(spec);
+    expect(argv).toContain('-S');
+    expect(argv).toContain('-no-reboot');
+    expect(argv).not.toContain('-no-shutdown');
+    expect(argv.slice(-spec.pcieArgs.length)).toEqual(spec.pcieArgs);
+  });
+
+  it('sizes virtio-mem to the headroom and plans CPU hot-plug slots', () => {
+    const argv = buildQemuArgv(base());
+    expect(valueOf(argv, '-smp')).toEqual(['cpus=2,maxcpus=6,sockets=1,cores=6,threads=1']);
+    expect(valueOf(argv, '-m')).toEqual(['size=672M,maxmem=4768M']);
+    expect(valueOf(argv, '-object')).toEqual(['memory-backend-ram,id=vmem0-mem,size=4096M']);
+    expect(valueOf(argv, '-device').filter((d) => d.startsWith('virtio-mem-pci'))).toHaveLength(1);
+    expect(valueOf(argv, '-append')[0]).toContain('memhp_default_state=online_movable');
+  });
+
+  it('has no virtio-mem and no movable-memory parameter for a static shape', () => {
+    const argv = buildQemuArgv(loadSpec('tcg-static-extra-params'));
+    expect(argv.some((a) => a.includes('virtio-mem'))).toBe(false);
+    expect(valueOf(argv, '-m')).toEqual(['size=512M']);
+    expect(valueOf(argv, '-append')[0]).not.toContain('memhp_default_state');
+  });
+
+  it('uses -cpu host under KVM and max under TCG', () => {
+    expect(valueOf(buildQemuArgv(base()), '-cpu')).toEqual(['max']);
+    expect(valueOf(buildQemuArgv({ ...base(), accel: 'kvm' }), '-cpu')).toEqual(['host']);
+  });
+
+  it('escapes commas in paths given to QEMU options', () => {
+    const argv = buildQemuArgv(loadSpec('tcg-static-extra-params'));
+    expect(valueOf(argv, '-chardev')).toContain('file,id=console,path=/var/lib/kata-ts/sandboxes/with,,comma/console.log');
+  });
+
+  it('refuses a unix socket path longer than sun_path, naming the field and the length', () => {
+    const long = '/run/' + 'x'.repeat(100) + '/qmp.sock';
+    const err = thrown(() => buildQemuArgv({ ...base(), paths: { ...base().paths, qmpSocket: long } }));
+    expect(err).toMatchObject({ kind: 'invalid', reason: 'UNIX_SOCKET_PATH_TOO_LONG' });
+    expect(err.message).toContain('paths.qmpSocket');
+    expect(err.message).toContain(`${Buffer.byteLength(long)} bytes`);
+    // Exactly 107 bytes still fits.
+    const fits = '/run/' + 'y'.repeat(107 - '/run/'.length - '/r.sock'.length) + '/r.sock';
+    expect(Buffer.byteLength(fits)).toBe(107);
+    expect(() => buildQemuArgv({ ...base(), paths: { ...base().paths, readySocket: fits } })).not.toThrow();
+  });
+
+  it('refuses a confidential shape with hot-plug headroom', () => {
+    const err = thrown(() => buildQemuArgv({ ...base(), confidential: true }));
+    expect(err).toMatchObject({ kind: 'invalid', reason: 'CONFIDENTIAL_VM_NOT_STATIC' });
+  });
+
+  it.each([
+    [{ vcpus: 0 }, 'shape.vcpus'],
+    [{ maxVcpus: 1 }, 'shape.maxVcpus 1 is below'],
+    [{ maxVcpus: 300 }, 'exceeds the 288'],
+    [{ maxMemoryMiB: 100 }, 'shape.maxMemoryMiB 100 is below'],
+    [{ maxMemoryMiB: 673 }, 'headroom 1 MiB'],
+    [{ memoryMiB: 1.5 }, 'shape.memoryMiB'],
+  ])('refuses a bad shape %j', (patch, text) => {
+    const spec = base();
+    const err = thrown(() => buildQemuArgv({ ...spec, shape: { ...spec.shape, ...patch } }));
+    expect(err).toMatchObject({ kind: 'invalid', reason: 'VM_SHAPE_INVALID' });
+    expect(err.message).toContain(text);
+  });
+
+  it('refuses PCIe arguments that collide with the hypervisor devices', () => {
+    const onOurSlot = thrown(() => buildQemuArgv({ ...base(), pcieArgs: ['-device', 'pcie-root-port,id=rp0,bus=pcie.0,addr=03.0,chassis=1,slot=1'] }));
+    expect(onOurSlot).toMatchObject({ reason: 'PCIE_ARGS_CONFLICT' });
+    expect(onOurSlot.message).toContain('pcieArgs[1]');
+    const onIch9 = thrown(() => buildQemuArgv({ ...base(), pcieArgs: ['-device', 'pcie-root-port,id=rp0,bus=pcie.0,addr=0x1f'] }));
+    expect(onIch9).toMatchObject({ reason: 'PCIE_ARGS_CONFLICT' });
+    const ourId = thrown(() => buildQemuArgv({ ...base(), pcieArgs: ['-device', 'pcie-root-port,id=vmem0,bus=pcie.0,addr=08.0'] }));
+    expect(ourId).toMatchObject({ reason: 'PCIE_ARGS_CONFLICT' });
+  });
+
+  it('refuses bad names, relative paths and kernel parameters with spaces', () => {
+    expect(thrown(() => buildQemuArgv({ ...base(), name: 'a b' }))).toMatchObject({ reason: 'QEMU_NAME_INVALID' });
+    expect(thrown(() => buildQemuArgv({ ...base(), kernelPath: 'vmlinuz' }))).toMatchObject({ reason: 'VM_PATH_INVALID' });
+    const param = thrown(() => buildQemuArgv({ ...base(), kernelParams: ['ok=1', 'two words'] }));
+    expect(param).toMatchObject({ reason: 'KERNEL_PARAM_INVALID' });
+    expect(param.message).toContain('kernelParams[1]');
+  });
+});
