@@ -1,0 +1,297 @@
+/**
+ * The cgroupfs driver: `<cgroup_parent>/kata-ts-<sandbox id>` in each hierarchy the VMM needs,
+ * limits written before the VMM joins, everything created removed again on failure or teardown.
+ */
+import path from 'node:path';
+import { alreadyExists, errnoCode, invalid, precondition } from '../common/errors.js';
+import type { Logger } from '../common/logger.js';
+import { detectCgroupMode } from './detect.js';
+import { realCgroupFs } from './fsops.js';
+import { cgroupIoError, keyHolding, resolveHierarchies, V2_OPTIONAL, V2_REQUIRED, type Hierarchy } from './hierarchies.js';
+import { cgroupFileWrites, planLimits, type CgroupFileWrite } from './limits.js';
+import { parseCgroupfsParent, validateParentFor, vmmCgroupName } from './parent.js';
+import { cgroupDirOf, findProcEntry, readCgroupMounts, readProcCgroup, type ProcCgroupEntry } from './procfs.js';
+import { describeRecord } from './describe.js';
+import type { CgroupDriver, CgroupDriverOptions, CgroupFs, CgroupMode, PlacementRecord, PlaceRequest, VmmLimits } from './types.js';
+
+/** How often, and how far apart, rmdir is retried while a just-killed VMM finishes exiting. */
+const RMDIR_ATTEMPTS = 40;
+const RMDIR_RETRY_MS = 25;
+
+const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
+
+export class CgroupfsDriver implements CgroupDriver {
+  readonly name = 'cgroupfs' as const;
+  private readonly fs: CgroupFs;
+  private readonly logger: Logger;
+  private modeCache: CgroupMode | undefined;
+
+  constructor(private readonly opts: CgroupDriverOptions) {
+    this.fs = opts.fs ?? realCgroupFs;
+    this.logger = opts.logger.child({ component: 'cgroupfs' });
+    this.modeCache = opts.mode;
+  }
+
+  validateParent(cgroupParent: string): void {
+    validateParentFor('cgroupfs', cgroupParent);
+  }
+
+  private async mode(): Promise<CgroupMode> {
+    this.modeCache ??= await detectCgroupMode(this.opts.cgroupRoot, this.fs);
+    return this.modeCache;
+  }
+
+  private async read(file: string): Promise<string> {
+    try {
+      return (await this.fs.readFile(file)).trim();
+    } catch (err) {
+      throw cgroupIoError(err, 'read', file);
+    }
+  }
+
+  private async write(file: string, value: string): Promise<void> {
+    try {
+      await this.fs.writeFile(file, value);
+    } catch (err) {
+      throw cgroupIoError(err, 'write', file, value);
+    }
+  }
+
+  /** mkdir one level; true when created, false when it already existed. */
+  private async mkdirOnce(dir: string): Promise<boolean> {
+    try {
+      await this.fs.mkdir(dir);
+      return true;
+    } catch (err) {
+      if (errnoCode(err) === 'EEXIST') return false;
+      throw cgroupIoError(err, 'mkdir', dir);
+    }
+  }
+
+  async place(req: PlaceRequest): Promise<PlacementRecord> {
+    const plan = planLimits(req.limits);
+    const parent = parseCgroupfsParent(req.cgroupParent);
+    const leafName = vmmCgroupName(req.sandboxId);
+    if (!Number.isSafeInteger(req.pid) || req.pid <= 0) {
+      throw invalid('CGROUP_PID_INVALID', `pid ${req.pid} is not a process id.`, { details: { pid: req.pid } });
+    }
+    const mode = await this.mode();
+    const hierarchies = await resolveHierarchies(this.fs, this.opts.cgroupRoot, mode);
+    // Where the VMM is now, to put it back should joining fail half-way.
+    const original = await readProcCgroup(req.pid);
+    if (original === undefined) {
+      throw precondition('CGROUP_PID_GONE', `the VMM process ${req.pid} exited before it could be placed.`, { details: { pid: req.pid } });
+    }
+    const created: string[] = [];
+    const createdParents: string[] = [];
+    const joined: Hierarchy[] = [];
+    const paths: Record<string, string> = {};
+    try {
+      for (const h of hierarchies) {
+        let dir = h.base;
+        let dirIsMine = false;
+        for (const component of parent.components) {
+          if (!dirIsMine) await this.checkHandsDown(h, dir, mode);
+          const child = path.join(dir, component);
+          dirIsMine = await this.mkdirOnce(child);
+          if (dirIsMine) {
+            created.push(child);
+            createdParents.push(child);
+            await this.prepareNew(h, dir, child, mode);
+          }
+          dir = child;
+        }
+        if (!dirIsMine) await this.checkHandsDown(h, dir, mode);
+        const leaf = path.join(dir, leafName);
+        if (await this.mkdirOnce(leaf)) {
+          created.push(leaf);
+        } else {
+          await this.adoptStale(leaf);
+          created.push(leaf);
+        }
+        await this.prepareNew(h, dir, leaf, mode, true);
+        paths[h.key] = leaf;
+      }
+      for (const w of cgroupFileWrites(plan, mode)) {
+        const key = keyHolding(paths, mode, w.controller);
+        if (key === undefined) continue;
+        await this.write(path.join(paths[key] as string, w.file), w.value);
+      }
+      for (const h of hierarchies) {
+        await this.write(path.join(paths[h.key] as string, 'cgroup.procs'), String(req.pid));
+        joined.push(h);
+      }
+    } catch (err) {
+      await this.rollback(req.pid, joined, original, created);
+      throw err;
+    }
+    this.logger.info({ sandboxId: req.sandboxId, pid: req.pid, paths, mode }, 'VMM placed in cgroupfs');
+    return {
+      driver: 'cgroupfs',
+      cgroupParent: req.cgroupParent,
+      mode,
+      paths,
+      createdParents,
+      limits: { ...req.limits },
+    };
+  }
+
+  /**
+   * Makes a directory kata-ts just created usable. v1 cpuset: a new cpuset has no CPUs or memory
+   * nodes, and no process can join it until cpuset.cpus/mems are copied from its parent. v2: the
+   * directory's children get only the controllers enabled in its subtree_control; the VMM's own
+   * (leaf) directory enables nothing, because a cgroup2 with processes may not have children
+   * with controllers ("no internal processes").
+   */
+  private async prepareNew(h: Hierarchy, parentDir: string, dir: string, mode: CgroupMode, leaf = false): Promise<void> {
+    if (h.kind === 'v1' && h.controllers.includes('cpuset')) {
+      for (const file of ['cpuset.cpus', 'cpuset.mems']) {
+        const value = await this.read(path.join(parentDir, file));
+        if (value === '') {
+          throw precondition('CGROUP_CPUSET_EMPTY', `cgroup ${parentDir} has an empty ${file}, so no process can join a cgroup below it.`, {
+            details: { dir: parentDir, file },
+          });
+        }
+        await this.write(path.join(dir, file), value);
+      }
+    }
+    if (mode === 'v2' && !leaf) {
+      const available = (await this.read(path.join(dir, 'cgroup.controllers'))).split(/\s+/);
+      const wanted = [...V2_REQUIRED, ...V2_OPTIONAL].filter((c) => available.includes(c));
+      if (wanted.length > 0) await this.write(path.join(dir, 'cgroup.subtree_control'), wanted.map((c) => `+${c}`).join(' '));
+    }
+  }
+
+  /**
+   * cgroup2 only: an ancestor kata-ts did not create must already enable cpu and memory for its
+   * children. kata-ts never writes the subtree_control of a cgroup it did not create: that would
+   * change every sibling (the kubelet's or systemd's tree), and the kernel refuses it anyway while
+   * that cgroup holds processes. The kubelet enables these controllers along its kubepods tree.
+   */
+  private async checkHandsDown(h: Hierarchy, dir: string, mode: CgroupMode): Promise<void> {
+    if (mode !== 'v2' || h.kind !== 'unified') return;
+    const enabled = (await this.read(path.join(dir, 'cgroup.subtree_control'))).split(/\s+/);
+    const missing = V2_REQUIRED.filter((c) => !enabled.includes(c));
+    if (missing.length > 0) {
+      throw precondition(
+        'CGROUP_CONTROLLERS_NOT_DELEGATED',
+        `cgroup ${dir} does not enable the ${missing.join(' and ')} controller(s) for its children, and kata-ts does not change cgroups it did not create.`,
+        { details: { dir, missing } },
+      );
+    }
+  }
+
+  /** A directory with this sandbox's name left by a crash: reuse it when empty, refuse otherwise. */
+  private async adoptStale(leaf: string): Promise<void> {
+    const procs = await this.read(path.join(leaf, 'cgroup.procs'));
+    if (procs !== '') {
+      throw alreadyExists('CGROUP_EXISTS', `cgroup ${leaf} already exists and holds processes ${procs.split('\n').join(', ')}.`, {
+        details: { dir: leaf },
+      });
+    }
+    this.logger.warn({ dir: leaf }, 'reusing an empty cgroup left by an earlier attempt');
+  }
+
+  /** Undo a failed placement: move the VMM back where it was, then remove what was created. */
+  private async rollback(pid: number, joined: Hierarchy[], original: ProcCgroupEntry[], created: string[]): Promise<void> {
+    if (joined.length > 0) {
+      const mounts = await readCgroupMounts().catch(() => []);
+      for (const h of joined) {
+        const entry = findProcEntry(original, h.kind === 'unified' ? '' : (h.controllers[0] as string));
+        const dir = entry === undefined ? undefined : cgroupDirOf(mounts, entry);
+        if (dir === undefined) {
+          this.logger.error({ pid, hierarchy: h.key }, 'cannot find the original cgroup of the VMM to move it back');
+          continue;
+        }
+        await this.fs.writeFile(path.join(dir, 'cgroup.procs'), String(pid)).catch((err: unknown) => {
+          // ESRCH: the VMM is gone, which empties our directory just as well.
+          if (errnoCode(err) !== 'ESRCH') this.logger.error({ err, pid, dir }, 'could not move the VMM back');
+        });
+      }
+    }
+    for (const dir of [...created].reverse()) {
+      await this.rmdirWhenEmpty(dir).catch((err: unknown) => this.logger.error({ err, dir }, 'rollback could not remove a cgroup'));
+    }
+  }
+
+  private async rmdirWhenEmpty(dir: string): Promise<void> {
+    for (let attempt = 1; ; attempt++) {
+      try {
+        await this.fs.rmdir(dir);
+        return;
+      } catch (err) {
+        const code = errnoCode(err);
+        if (code === 'ENOENT') return;
+        if (code !== 'EBUSY' || attempt >= RMDIR_ATTEMPTS) throw cgroupIoError(err, 'rmdir', dir);
+        // A VMM that was just killed leaves the cgroup only when its exit completes.
+        await sleep(RMDIR_RETRY_MS);
+      }
+    }
+  }
+
+  async update(record: PlacementRecord, limits: VmmLimits): Promise<PlacementRecord> {
+    const next = planLimits(limits);
+    const previous = planLimits(record.limits);
+    // Memory first: shrinking it is what the kernel may refuse (usage above the new limit).
+    const order = (ws: CgroupFileWrite[]) => [...ws.filter((w) => w.controller === 'memory'), ...ws.filter((w) => w.controller === 'cpu')];
+    const writes = order(cgroupFileWrites(next, record.mode));
+    const undo = order(cgroupFileWrites(previous, record.mode));
+    const done: CgroupFileWrite[] = [];
+    try {
+      for (const w of writes) {
+        const key = keyHolding(record.paths, record.mode, w.controller);
+        if (key === undefined) continue;
+        await this.write(path.join(record.paths[key] as string, w.file), w.value);
+        done.push(w);
+      }
+    } catch (err) {
+      for (const w of undo.filter((u) => done.some((d) => d.file === u.file)).reverse()) {
+        const key = keyHolding(record.paths, record.mode, w.controller);
+        if (key === undefined) continue;
+        await this.fs.writeFile(path.join(record.paths[key] as string, w.file), w.value).catch((e: unknown) => {
+          this.logger.error({ err: e, file: w.file }, 'could not restore a cgroup limit');
+        });
+      }
+      throw err;
+    }
+    this.logger.info({ paths: record.paths, limits }, 'VMM cgroup limits updated');
+    return { ...record, limits: { ...limits } };
+  }
+
+  async remove(record: PlacementRecord): Promise<void> {
+    for (const leaf of Object.values(record.paths)) {
+      let procs: string | undefined;
+      try {
+        procs = (await this.fs.readFile(path.join(leaf, 'cgroup.procs'))).trim();
+      } catch (err) {
+        if (errnoCode(err) === 'ENOENT') continue; // already removed
+        throw cgroupIoError(err, 'read', path.join(leaf, 'cgroup.procs'));
+      }
+      if (procs !== '') {
+        throw precondition('CGROUP_BUSY', `cgroup ${leaf} still holds processes ${procs.split('\n').join(', ')}; the VMM must be gone first.`, {
+          details: { dir: leaf },
+        });
+      }
+      await this.rmdirWhenEmpty(leaf);
+    }
+    for (const dir of [...(record.createdParents ?? [])].reverse()) {
+      try {
+        await this.fs.rmdir(dir);
+      } catch (err) {
+        const code = errnoCode(err);
+        if (code === 'ENOENT') continue;
+        // Another sandbox of the same pod still lives below it: it stays for that one.
+        if (code === 'EBUSY' || code === 'ENOTEMPTY') {
+          this.logger.debug({ dir }, 'created parent cgroup still in use; left in place');
+          continue;
+        }
+        throw cgroupIoError(err, 'rmdir', dir);
+      }
+    }
+    this.logger.info({ paths: record.paths }, 'VMM cgroups removed');
+  }
+
+  describe(record: PlacementRecord): Record<string, string> {
+    return describeRecord(record);
+  }
+}

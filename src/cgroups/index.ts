@@ -1,0 +1,19 @@
+/**
+ * Placing the VMM per the advertised cgroup driver. The runtime creates the driver named by
+ * RuntimeConfig (detectCgroupDriver) and never falls back to the other one: a request that
+ * cannot be honoured under it is refused.
+ */
+import { CgroupfsDriver } from './cgroupfs.js';
+import { SystemdDriver } from './systemd.js';
+import type { CgroupDriver, CgroupDriverName, CgroupDriverOptions } from './types.js';
+
+export function createCgroupDriver(name: CgroupDriverName, opts: CgroupDriverOptions): CgroupDriver {
+  return name === 'systemd' ? new SystemdDriver(opts) : new CgroupfsDriver(opts);
+}
+
+export { detectCgroupDriver, detectCgroupMode } from './detect.js';
+export { describeRecord } from './describe.js';
+export { planLimits, cgroupFileWrites, systemdLimitProperties, milliCpuToQuotaUs, milliCpuToShares, sharesToWeight } from './limits.js';
+export { expandSlice, isSystemdStyleParent, parseCgroupfsParent, parseSystemdParent, vmmCgroupName } from './parent.js';
+export { probeSystemdManager, type SystemdManagerInfo } from './systemd.js';
+export type { CgroupDriver, CgroupDriverName, CgroupDriverOptions, CgroupFs, CgroupMode, PlacementRecord, PlaceRequest, VmmLimits } from './types.js';

@@ -1,0 +1,55 @@
+/**
+ * Machine-level checks shared by the cgroup integration tests: PID 1 untouched, no test cgroup
+ * and no process in one left behind. Read-only.
+ */
+import { promises as fsp } from 'node:fs';
+import path from 'node:path';
+
+const CGROUP_MOUNT_ROOT = '/sys/fs/cgroup';
+const TEST_PREFIX = 'kata-ts-test-';
+
+async function walk(dir: string, depth: number, out: string[]): Promise<void> {
+  if (depth < 0) return;
+  const entries = await fsp.readdir(dir, { withFileTypes: true }).catch(() => []);
+  for (const e of entries) {
+    if (!e.isDirectory()) continue;
+    const child = path.join(dir, e.name);
+    if (e.name.startsWith(TEST_PREFIX)) out.push(child);
+    else await walk(child, depth - 1, out);
+  }
+}
+
+/** Every `kata-ts-test-*` cgroup directory on the machine (searched a few levels deep). */
+export async function kataTestCgroupsOnMachine(): Promise<string[]> {
+  const out: string[] = [];
+  for (const h of await fsp.readdir(CGROUP_MOUNT_ROOT)) await walk(path.join(CGROUP_MOUNT_ROOT, h), 5, out);
+  return out;
+}
+
+/** `pid: line` of processes whose cgroups lie below a kata-ts-test-* cgroup. */
+export async function processesInTestCgroups(): Promise<string[]> {
+  const out: string[] = [];
+  for (const entry of await fsp.readdir('/proc')) {
+    if (!/^[0-9]+$/.test(entry)) continue;
+    const text = await fsp.readFile(`/proc/${entry}/cgroup`, 'utf8').catch(() => '');
+    const line = text.split('\n').find((l) => l.includes(`/${TEST_PREFIX}`));
+    if (line !== undefined) out.push(`${entry}: ${line}`);
+  }
+  return out;
+}
+
+/** PID 1 at '/' in every hierarchy (these machines' control plane), as text lines that are not. */
+export async function pid1OffRoot(): Promise<string[]> {
+  const text = await fsp.readFile('/proc/1/cgroup', 'utf8');
+  return text.split('\n').filter((l) => l !== '' && !l.endsWith(':/'));
+}
+
+/** Throws, listing everything out of place, unless the machine is as the tests found it. */
+export async function assertMachineClean(): Promise<void> {
+  const problems = [
+    ...(await pid1OffRoot()).map((l) => `PID 1 not at the root: ${l}`),
+    ...(await kataTestCgroupsOnMachine()).map((d) => `test cgroup left: ${d}`),
+    ...(await processesInTestCgroups()).map((p) => `process left in a test cgroup: ${p}`),
+  ];
+  if (problems.length > 0) throw new Error(`machine not left as found:\n${problems.join('\n')}`);
+}
