@@ -1,0 +1,364 @@
+import { createHash } from 'node:crypto';
+import { promises as fsp } from 'node:fs';
+import path from 'node:path';
+import { invalid, precondition } from '../common/errors.js';
+import type { Logger } from '../common/logger.js';
+import { operationScope, raceAbort } from './abort.js';
+import { filterImages, lookupImage, namesFromPull, toImageMessage } from './catalog.js';
+import type {
+  CallOptions,
+  ImageFsInfoResponseMessage,
+  ImageSpecInput,
+  ImageStatusRequestInput,
+  ImageStatusResponseMessage,
+  ListImagesRequestInput,
+  ListImagesResponseMessage,
+  PullImageRequestInput,
+  PullImageResponseMessage,
+  RemoveImageRequestInput,
+  RemoveImageResponseMessage,
+} from './cri-types.js';
+import { digestHex, type Digest } from './digest.js';
+import { fetchImage, type FetchedImage, type PullContext } from './pull.js';
+import { formatReference, parseReference } from './reference.js';
+import { credentialsFromAuthConfig, type Credentials } from './registry/auth.js';
+import { RegistryClient } from './registry/client.js';
+import { loadRegistriesConfig } from './registry/config.js';
+import type { Platform } from './registry/manifests.js';
+import { BlobStore } from './store/blobs.js';
+import { collectGarbage } from './store/gc.js';
+import { LeaseSet, Mutex } from './store/mutex.js';
+import { ImageRecordFile, referencedBlobs, type ImageRecord } from './store/records.js';
+import { diskUsage } from './store/usage.js';
+
+export interface ImageServiceOptions {
+  /** kata-ts's state directory; images live in `<stateDir>/images`. */
+  stateDir: string;
+  /** `images.registriesConfigPath`: mirrors and plain-HTTP registries; null = none. */
+  registriesConfigPath: string | null;
+  logger: Logger;
+  /** True while a container uses the image (RemoveImage then answers FAILED_PRECONDITION). */
+  isImageInUse: (imageId: string) => boolean;
+  /** The platform picked from multi-arch indexes; linux/amd64 by default. */
+  platform?: Platform;
+  /** References whose images are reported pinned (kept by the kubelet's image GC), e.g. the pause image. */
+  pinnedImages?: string[];
+  /** How often a running pull logs its progress; 10 s by default. */
+  progressIntervalMs?: number;
+  /** Layers downloaded at once per pull; 3 by default, as containerd. */
+  maxConcurrentDownloads?: number;
+}
+
+interface SharedPull {
+  promise: Promise<ImageRecord>;
+  controller: AbortController;
+  waiters: number;
+  settled: boolean;
+}
+
+function specImage(spec: ImageSpecInput | null | undefined, field: string): string {
+  const image = (spec?.image ?? '').trim();
+  if (image === '') throw invalid('IMAGE_SPEC_EMPTY', `${field} is empty`);
+  return image;
+}
+
+function credentialsKey(c: Credentials | undefined): string {
+  return c === undefined ? 'anonymous' : createHash('sha256').update(JSON.stringify(c)).digest('hex');
+}
+
+/**
+ * The CRI ImageService's logic over a content-addressed store in `<stateDir>/images`:
+ * `blobs/sha256/<hex>` (verified content), `rootfs/<image id hex>` (unpacked trees), `ingest/`
+ * (transfers in progress) and `index.json` (the images, written atomically).
+ *
+ * Methods take the decoded CRI request and `{ signal, deadlineMs }` and return the CRI response
+ * object, so gRPC handlers are one-liners. Errors are KataErrors.
+ */
+export class ImageService {
+  readonly root: string;
+  readonly rootfsDir: string;
+  private readonly blobs: BlobStore;
+  private readonly recordFile: ImageRecordFile;
+  private readonly leases = new LeaseSet();
+  private readonly mutex = new Mutex();
+  private readonly pulls = new Map<string, SharedPull>();
+  private readonly inflightBlobs = new Map<Digest, Promise<void>>();
+  private records: ImageRecord[] = [];
+  private client: RegistryClient | undefined;
+  private pinned = new Set<string>();
+  private usageRun: Promise<ImageFsInfoResponseMessage> | undefined;
+
+  constructor(private readonly opts: ImageServiceOptions) {
+    this.root = path.join(opts.stateDir, 'images');
+    this.rootfsDir = path.join(this.root, 'rootfs');
+    this.blobs = new BlobStore(this.root);
+    this.recordFile = new ImageRecordFile(this.root);
+  }
+
+  /**
+   * Create the store, read the registries file and the index, and clean what a crash left:
+   * temp files, unpacks in progress, records whose files are gone, and every blob and root
+   * filesystem no record references.
+   */
+  async init(): Promise<void> {
+    await fsp.mkdir(this.root, { recursive: true, mode: 0o700 });
+    await this.blobs.init();
+    await fsp.mkdir(this.rootfsDir, { recursive: true, mode: 0o700 });
+    const registries = await loadRegistriesConfig(this.opts.registriesConfigPath);
+    this.client = new RegistryClient({ registries, logger: this.opts.logger.child({ component: 'registry' }) });
+    this.pinned = new Set();
+    for (const ref of this.opts.pinnedImages ?? []) {
+      const parsed = parseReference(ref, 'pinnedImages entry');
+      this.pinned.add(formatReference(parsed));
+    }
+    const loaded = await this.recordFile.load();
+    const intact: ImageRecord[] = [];
+    for (const record of loaded) {
+      if (await this.isIntact(record)) intact.push(record);
+      else this.opts.logger.warn({ image: record.id, repoTags: record.repoTags }, 'image record dropped: its blobs or root filesystem are missing');
+    }
+    this.records = intact;
+    if (intact.length !== loaded.length) await this.recordFile.save(this.records);
+    await collectGarbage({ blobs: this.blobs, rootfsDir: this.rootfsDir, records: this.records, leases: this.leases, includeTemp: true, logger: this.opts.logger });
+    this.opts.logger.info({ images: this.records.length, root: this.root }, 'image store ready');
+  }
+
+  /** Close registry connections. Pulls still running are not waited for. */
+  close(): void {
+    this.client?.close();
+  }
+
+  private async isIntact(record: ImageRecord): Promise<boolean> {
+    try {
+      await fsp.access(path.join(this.rootfsDir, digestHex(record.id)));
+      for (const d of [record.id, record.manifestDigest, ...record.layers.map((l) => l.digest)]) {
+        if (!(await this.blobs.has(d))) return false;
+      }
+      return true;
+    } catch {
+      return false;
+    }
+  }
+
+  private context(): PullContext {
+    if (this.client === undefined) throw new Error('ImageService.init() was not called');
+    return {
+      client: this.client,
+      blobs: this.blobs,
+      rootfsDir: this.rootfsDir,
+      leases: this.leases,
+      platform: this.opts.platform ?? { os: 'linux', architecture: 'amd64' },
+      logger: this.opts.logger,
+      progressIntervalMs: this.opts.progressIntervalMs ?? 10_000,
+      maxConcurrentDownloads: this.opts.maxConcurrentDownloads ?? 3,
+      inflightBlobs: this.inflightBlobs,
+    };
+  }
+
+  /**
+   * PullImage. Concurrent pulls of the same reference with the same credentials share one
+   * download; each caller waits with its own cancellation and deadline, and the shared pull is
+   * cancelled only when every caller has gone.
+   */
+  async pullImage(request: PullImageRequestInput, call: CallOptions = {}): Promise<PullImageResponseMessage> {
+    const ref = parseReference(specImage(request.image, 'image.image'), 'image.image');
+    const credentials = credentialsFromAuthConfig(request.auth);
+    const name = formatReference(ref);
+    const key = `${name}|${credentialsKey(credentials)}`;
+    const scope = operationScope(call, `PullImage of ${name}`);
+    let shared = this.pulls.get(key);
+    if (shared === undefined) {
+      const controller = new AbortController();
+      const annotations = { ...(request.image?.annotations ?? {}) };
+      const entry: SharedPull = { controller, waiters: 0, settled: false, promise: Promise.resolve() as never };
+      entry.promise = this.runPull(ref, credentials, annotations, controller.signal).finally(() => {
+        entry.settled = true;
+        this.pulls.delete(key);
+      });
+      entry.promise.catch(() => undefined);
+      this.pulls.set(key, entry);
+      shared = entry;
+    } else {
+      this.opts.logger.info({ image: name }, 'joining a pull of the same image already running');
+    }
+    shared.waiters++;
+    try {
+      const record = await raceAbort(shared.promise, scope.signal);
+      return { image_ref: record.id };
+    } finally {
+      shared.waiters--;
+      if (shared.waiters === 0 && !shared.settled && scope.signal.aborted) shared.controller.abort(scope.signal.reason);
+      scope.dispose();
+    }
+  }
+
+  private async runPull(ref: ReturnType<typeof parseReference>, credentials: Credentials | undefined, annotations: Record<string, string>, signal: AbortSignal): Promise<ImageRecord> {
+    const started = Date.now();
+    const fetched = await fetchImage(ref, credentials, this.context(), signal);
+    try {
+      const record = await this.mutex.run(() => this.commit(ref, fetched, annotations));
+      this.opts.logger.info({ image: formatReference(ref), id: record.id, sizeBytes: record.sizeBytes, durationMs: Date.now() - started }, 'image pulled');
+      return record;
+    } finally {
+      fetched.release();
+    }
+  }
+
+  /** Make a fetched image visible: add or update its record, move the tag to it, save atomically. */
+  private async commit(ref: ReturnType<typeof parseReference>, fetched: FetchedImage, annotations: Record<string, string>): Promise<ImageRecord> {
+    const names = namesFromPull(ref, fetched.topDigest);
+    const next = this.records.map((r) => ({ ...r, repoTags: [...r.repoTags], repoDigests: [...r.repoDigests] }));
+    let record = next.find((r) => r.id === fetched.id);
+    if (record === undefined) {
+      record = {
+        id: fetched.id,
+        repoTags: [],
+        repoDigests: [],
+        manifestDigest: fetched.manifestDigest,
+        manifestMediaType: fetched.manifestMediaType,
+        layers: fetched.layers,
+        sizeBytes: fetched.sizeBytes,
+        uid: fetched.uid,
+        username: fetched.username,
+        pinned: false,
+        annotations,
+        pulledAt: new Date().toISOString(),
+      };
+      next.push(record);
+    } else if (Object.keys(annotations).length > 0) {
+      record.annotations = annotations;
+    }
+    if (names.tag !== undefined) {
+      // A tag names one image: pulling a moved tag takes it from the image it named before.
+      for (const other of next) if (other !== record) other.repoTags = other.repoTags.filter((t) => t !== names.tag);
+      if (!record.repoTags.includes(names.tag)) record.repoTags.push(names.tag);
+    }
+    if (!record.repoDigests.includes(names.digest)) record.repoDigests.push(names.digest);
+    for (const r of next) r.pinned = r.repoTags.some((t) => this.pinned.has(t)) || r.repoDigests.some((d) => this.pinned.has(d));
+    await this.recordFile.save(next);
+    this.records = next;
+    return record;
+  }
+
+  /** The stored image a reference, id, digest or id prefix names (for CreateContainer). */
+  resolveImage(ref: string): ImageRecord | undefined {
+    return lookupImage(this.records, ref)?.record;
+  }
+
+  /** The unpacked root filesystem of an image (read-only for callers: snapshot it per container). */
+  rootfsFor(imageId: string): string {
+    return path.join(this.rootfsDir, digestHex(imageId as Digest));
+  }
+
+  /** Every stored image record (a copy). */
+  listRecords(): ImageRecord[] {
+    return this.records.map((r) => ({ ...r }));
+  }
+
+  /** ImageStatus: a missing image is `{ image: null }`, not an error (CRI). Verbose adds the config. */
+  async imageStatus(request: ImageStatusRequestInput, _call: CallOptions = {}): Promise<ImageStatusResponseMessage> {
+    const match = lookupImage(this.records, specImage(request.image, 'image.image'));
+    if (match === undefined) return { image: null, info: {} };
+    const record = match.record;
+    const info: Record<string, string> = {};
+    if (request.verbose === true) {
+      const config = JSON.parse((await this.blobs.read(record.id)).toString('utf8')) as unknown;
+      info['info'] = JSON.stringify({
+        id: record.id,
+        manifestDigest: record.manifestDigest,
+        manifestMediaType: record.manifestMediaType,
+        layers: record.layers,
+        rootfs: this.rootfsFor(record.id),
+        pulledAt: record.pulledAt,
+        imageSpec: config,
+      });
+    }
+    return { image: toImageMessage(record), info };
+  }
+
+  /** ListImages with the optional filter.image.image. */
+  async listImages(request: ListImagesRequestInput = {}, _call: CallOptions = {}): Promise<ListImagesResponseMessage> {
+    const filter = request.filter?.image?.image ?? '';
+    return { images: filterImages(this.records, filter).map(toImageMessage) };
+  }
+
+  /**
+   * RemoveImage, as the CRI defines it: the image the reference names goes with all its tags
+   * and digests (removing `repo:v1` also removes `other:latest` of the same image); a missing
+   * image is success (idempotent); an image a container uses is FAILED_PRECONDITION. Blobs and
+   * the root filesystem no other image needs are deleted before answering.
+   */
+  async removeImage(request: RemoveImageRequestInput, _call: CallOptions = {}): Promise<RemoveImageResponseMessage> {
+    const input = specImage(request.image, 'image.image');
+    await this.mutex.run(async () => {
+      const match = lookupImage(this.records, input);
+      if (match === undefined) return;
+      await this.dropRecord(match.record);
+    });
+    return {};
+  }
+
+  /**
+   * Remove one name (repo tag or repo digest) from an image and keep the image while other tags
+   * remain: docker's `rmi <tag>` behaviour, which CRI RemoveImage does not have. The image itself
+   * goes (with the in-use check) when its last tag goes. Returns false when nothing matched.
+   */
+  async untagImage(ref: string): Promise<boolean> {
+    return this.mutex.run(async () => {
+      const match = lookupImage(this.records, ref);
+      if (match === undefined) return false;
+      if (match.by === 'id') {
+        await this.dropRecord(match.record);
+        return true;
+      }
+      const repoTags = match.record.repoTags.filter((t) => !(match.by === 'tag' && t === match.name));
+      const repoDigests = match.record.repoDigests.filter((d) => !(match.by === 'digest' && d === match.name));
+      if (repoTags.length === 0 && (match.by === 'tag' || repoDigests.length === 0)) {
+        await this.dropRecord(match.record);
+        return true;
+      }
+      const next = this.records.map((r) => (r.id === match.record.id ? { ...r, repoTags, repoDigests } : r));
+      await this.recordFile.save(next);
+      this.records = next;
+      // A dropped repo digest may have been the only reference to its index blob.
+      await collectGarbage({ blobs: this.blobs, rootfsDir: this.rootfsDir, records: next, leases: this.leases, includeTemp: false, logger: this.opts.logger });
+      return true;
+    });
+  }
+
+  /** Must run under the mutex. */
+  private async dropRecord(record: ImageRecord): Promise<void> {
+    if (this.opts.isImageInUse(record.id)) {
+      throw precondition('IMAGE_IN_USE', `image ${record.id} (${record.repoTags.join(', ') || 'untagged'}) is used by a container`);
+    }
+    const next = this.records.filter((r) => r.id !== record.id);
+    await this.recordFile.save(next);
+    this.records = next;
+    this.opts.logger.info({ id: record.id, repoTags: record.repoTags, blobs: referencedBlobs(record).length }, 'image removed');
+    await collectGarbage({ blobs: this.blobs, rootfsDir: this.rootfsDir, records: next, leases: this.leases, includeTemp: false, logger: this.opts.logger });
+  }
+
+  /** ImageFsInfo: allocated bytes and inodes of `<stateDir>/images` (blobs and unpacked trees). */
+  async imageFsInfo(_request: unknown = {}, _call: CallOptions = {}): Promise<ImageFsInfoResponseMessage> {
+    // Concurrent callers share one walk of the tree.
+    this.usageRun ??= (async () => {
+      try {
+        const usage = await diskUsage(this.root);
+        return {
+          image_filesystems: [
+            {
+              timestamp: (BigInt(Date.now()) * 1_000_000n).toString(),
+              fs_id: { mountpoint: this.root },
+              used_bytes: { value: String(usage.usedBytes) },
+              inodes_used: { value: String(usage.inodesUsed) },
+            },
+          ],
+          container_filesystems: [],
+        };
+      } finally {
+        this.usageRun = undefined;
+      }
+    })();
+    return this.usageRun;
+  }
+}

@@ -1,0 +1,60 @@
+import { spawn } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import { promises as fsp } from 'node:fs';
+import path from 'node:path';
+import { alreadyExists, internal } from '../common/errors.js';
+import { pathExists } from '../common/fsutil.js';
+import { abortReason, throwIfAborted } from './abort.js';
+
+/**
+ * Make a container's private root filesystem from an image's unpacked rootfs.
+ *
+ * Why a copy (`cp -a --reflink=auto`) and not hard links or an overlay mount:
+ * - hard links share inodes, so a container writing a file in place (O_RDWR, O_TRUNC, chmod,
+ *   chown through 9p from the guest) would change the image for every other container;
+ * - an overlayfs mount on the host would work but adds mount state that must be torn down on
+ *   every failure path and after a crash, and 9p would re-export it;
+ * - `cp -a` keeps everything the image had (modes, owners, mtimes, symlinks, hard links within
+ *   the tree, device nodes, xattrs, which node's fs API cannot all reproduce), and with
+ *   `--reflink=auto` it is a constant-time copy-on-write clone on btrfs/XFS, a plain copy elsewhere.
+ *
+ * The copy goes to a temporary sibling and is renamed into place, so `dest` either does not
+ * exist or is complete. ALREADY_EXISTS when `dest` exists.
+ */
+export async function createContainerSnapshot(imageRootfs: string, dest: string, opts: { signal?: AbortSignal } = {}): Promise<void> {
+  if (await pathExists(dest)) throw alreadyExists('SNAPSHOT_EXISTS', `container root filesystem ${dest} already exists`);
+  throwIfAborted(opts.signal);
+  await fsp.mkdir(path.dirname(dest), { recursive: true, mode: 0o700 });
+  const tmp = path.join(path.dirname(dest), `.tmp-${path.basename(dest)}-${randomBytes(6).toString('hex')}`);
+  try {
+    await runCp(['-a', '--reflink=auto', '--', imageRootfs, tmp], opts.signal);
+    await fsp.rename(tmp, dest);
+  } catch (err) {
+    await fsp.rm(tmp, { recursive: true, force: true });
+    throw err;
+  }
+}
+
+/** Remove a container snapshot; a missing one is fine (removal is idempotent). */
+export async function removeContainerSnapshot(dest: string): Promise<void> {
+  await fsp.rm(dest, { recursive: true, force: true });
+}
+
+function runCp(args: string[], signal: AbortSignal | undefined): Promise<void> {
+  return new Promise((resolve, reject) => {
+    const child = spawn('cp', args, { stdio: ['ignore', 'ignore', 'pipe'], signal });
+    let stderr = '';
+    child.stderr.on('data', (c: Buffer) => {
+      if (stderr.length < 4096) stderr += c.toString();
+    });
+    child.on('error', (err) => {
+      if (signal?.aborted === true) reject(abortReason(signal, 'copying the container root filesystem'));
+      else reject(internal('SNAPSHOT_COPY_FAILED', 'cp could not be started to copy the container root filesystem', { cause: err }));
+    });
+    child.on('close', (code) => {
+      if (signal?.aborted === true) reject(abortReason(signal, 'copying the container root filesystem'));
+      else if (code === 0) resolve();
+      else reject(internal('SNAPSHOT_COPY_FAILED', `cp exited ${code} copying the container root filesystem: ${stderr.trim()}`));
+    });
+  });
+}

@@ -1,0 +1,44 @@
+import { promises as fsp } from 'node:fs';
+import path from 'node:path';
+import { errnoCode } from '../../common/errors.js';
+
+export interface DiskUsage {
+  /** Allocated bytes (st_blocks * 512), each inode counted once. */
+  usedBytes: number;
+  inodesUsed: number;
+}
+
+/**
+ * What `du` would say for `root`: allocated blocks rather than apparent sizes (sparse files,
+ * small-file overhead), hard-linked inodes counted once. Files vanishing during the walk
+ * (a concurrent GC) are skipped.
+ */
+export async function diskUsage(root: string): Promise<DiskUsage> {
+  const seen = new Set<string>();
+  let usedBytes = 0;
+  const stack = [root];
+  while (stack.length > 0) {
+    const p = stack.pop() as string;
+    let st;
+    try {
+      st = await fsp.lstat(p, { bigint: true });
+    } catch (err) {
+      if (errnoCode(err) === 'ENOENT') continue;
+      throw err;
+    }
+    const key = `${st.dev}:${st.ino}`;
+    if (seen.has(key)) continue;
+    seen.add(key);
+    usedBytes += Number(st.blocks) * 512;
+    if (st.isDirectory()) {
+      let names: string[] = [];
+      try {
+        names = await fsp.readdir(p);
+      } catch (err) {
+        if (errnoCode(err) !== 'ENOENT') throw err;
+      }
+      for (const n of names) stack.push(path.join(p, n));
+    }
+  }
+  return { usedBytes, inodesUsed: seen.size };
+}
