@@ -193,3 +193,17 @@ export function compareQuantities(a: Quantity, b: Quantity): -1 | 0 | 1 {
 export function quantityTextsEqual(a: string, b: string, field: string): boolean {
   return quantityEquals(parseQuantity(a, field, { allowNegative: true }), parseQuantity(b, field, { allowNegative: true }));
 }
+
+/**
+ * An exact quantity text for an amount in nanos, with the largest decimal suffix (none, m, u, n)
+ * that keeps it whole: parseQuantity(formatNanos(x)).nanos === x. (Not Kubernetes' canonical
+ * form, which also picks binary suffixes; only used for values kata-ts computes itself.)
+ */
+export function formatNanos(nanos: bigint): string {
+  const sign = nanos < 0n ? '-' : '';
+  const magnitude = nanos < 0n ? -nanos : nanos;
+  for (const [suffix, scale] of [['', NANOS_PER_UNIT], ['m', 1_000_000n], ['u', 1000n]] as const) {
+    if (magnitude % scale === 0n) return `${sign}${magnitude / scale}${suffix}`;
+  }
+  return `${sign}${magnitude}n`;
+}

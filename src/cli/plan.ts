@@ -1,0 +1,103 @@
+import { readFile } from 'node:fs/promises';
+import os from 'node:os';
+import { errnoCode, errorMessage, isKataError } from '../common/errors.js';
+import { loadConfig } from '../config/load.js';
+import type { HostCapacity } from '../sizing/types.js';
+import { parseCommandArgs, UsageError, type CliIo } from './args.js';
+import { loadPlanRequest } from './plan/load.js';
+import { planJson, planText } from './plan/output.js';
+import { buildPlanReport } from './plan/report.js';
+
+export const PLAN_USAGE = `Usage: kata-ts plan --request FILE [--config FILE] [--handler NAME] [--format text|json]
+                    [--host-cpus N] [--host-memory-mib N]
+
+Shows how kata-ts would shape a pod's VM, without starting anything.
+
+  --request FILE        a Kubernetes Pod manifest (YAML or JSON; kind: Pod) or a
+                        RunPodSandboxRequest in proto3 JSON
+  --config FILE         kata-ts config file (default: /etc/kata-ts/config.json if present)
+  --handler NAME        runtime handler to plan for (default: the request's runtime_handler,
+                        the manifest's runtimeClassName, else the default handler)
+  --format text|json    output format (default: text)
+  --host-cpus N         plan for a host with N CPUs instead of this one
+  --host-memory-mib N   plan for a host with N MiB of memory instead of this one
+
+Exit status: 0 planned; 1 the pod does not fit (handler ceiling or host); 2 bad usage, an
+unreadable or invalid request file or config, or an unknown handler.
+`;
+
+const MiB = 1024 * 1024;
+
+const OPTIONS = {
+  request: { type: 'string', short: 'r' },
+  config: { type: 'string', short: 'c' },
+  handler: { type: 'string' },
+  format: { type: 'string', short: 'f' },
+  'host-cpus': { type: 'string' },
+  'host-memory-mib': { type: 'string' },
+  help: { type: 'boolean', short: 'h' },
+} as const;
+
+function positiveInteger(text: string | undefined, flag: string): number | undefined {
+  if (text === undefined) return undefined;
+  if (!/^[1-9]\d{0,8}$/.test(text)) throw new UsageError(`${flag} must be a positive integer, got "${text}"`);
+  return Number(text);
+}
+
+/** The host this runs on: read here, in the CLI layer, and handed to the pure planner. */
+function hostCapacity(cpus: number | undefined, memoryMiB: number | undefined): HostCapacity {
+  return {
+    cpus: cpus ?? Math.max(1, os.cpus().length),
+    memoryMiB: memoryMiB ?? Math.floor(os.totalmem() / MiB),
+  };
+}
+
+function oneLine(text: string): string {
+  return text.replace(/\s*\n\s*/g, ' ').trim();
+}
+
+/**
+ * `kata-ts plan`: returns the exit code. Every failure is one line on stderr: exit 2 for usage
+ * mistakes and bad input (invalid/not-found errors), 1 for a pod that does not fit or any other
+ * failure.
+ */
+export async function runPlanCommand(argv: string[], io: CliIo): Promise<number> {
+  const fail = (code: number, message: string): number => {
+    io.stderr.write(`kata-ts plan: ${oneLine(message)}\n`);
+    return code;
+  };
+  let file = '';
+  try {
+    const { values } = parseCommandArgs(argv, OPTIONS);
+    if (values.help === true) {
+      io.stdout.write(PLAN_USAGE);
+      return 0;
+    }
+    if (values.request === undefined) throw new UsageError('--request FILE is required (see kata-ts plan --help)');
+    const format = values.format ?? 'text';
+    if (format !== 'text' && format !== 'json') throw new UsageError(`--format must be text or json, got "${format}"`);
+    const cpus = positiveInteger(values['host-cpus'], '--host-cpus');
+    const memoryMiB = positiveInteger(values['host-memory-mib'], '--host-memory-mib');
+    file = values.request;
+
+    let text: string;
+    try {
+      text = await readFile(file, 'utf8');
+    } catch (err) {
+      const code = errnoCode(err);
+      return fail(2, `cannot read ${file}: ${code === 'ENOENT' ? 'no such file' : code === 'EISDIR' ? 'it is a directory' : errorMessage(err)}`);
+    }
+    const { request } = loadPlanRequest(text, file);
+    const { config } = await loadConfig(values.config);
+    const report = buildPlanReport(request, config, hostCapacity(cpus, memoryMiB), values.handler);
+    io.stdout.write(format === 'json' ? `${JSON.stringify(planJson(report), null, 2)}\n` : planText(report));
+    return 0;
+  } catch (err) {
+    if (err instanceof UsageError) return fail(2, err.message);
+    if (isKataError(err)) {
+      const where = file !== '' && err.kind === 'invalid' && !err.message.includes(file) ? `${file}: ` : '';
+      return fail(err.kind === 'invalid' || err.kind === 'not_found' ? 2 : 1, `${where}${err.message} [${err.reason}]`);
+    }
+    return fail(1, errorMessage(err));
+  }
+}

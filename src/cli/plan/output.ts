@@ -1,0 +1,174 @@
+import type { HostCapacity, SizingPlan, VmmOverheadSource } from '../../sizing/types.js';
+
+/**
+ * What `kata-ts plan` prints, built from sections. Each section contributes one JSON key and a
+ * block of the text report; a later planner (the PCIe topology, the QEMU argv) adds its result to
+ * PlanReport and one entry to PLAN_SECTIONS.
+ */
+export interface PlanReport {
+  handler: string;
+  pod: { name: string; namespace: string; uid: string };
+  hostCapacity: HostCapacity;
+  sizing: SizingPlan;
+}
+
+export interface PlanSection {
+  key: string;
+  json: (report: PlanReport) => unknown;
+  text: (report: PlanReport) => string[];
+}
+
+const MiB = 1024 * 1024;
+
+function bytes(n: number): string {
+  for (const [suffix, size] of [['Gi', 1024 * MiB], ['Mi', MiB], ['Ki', 1024]] as const) {
+    if (n !== 0 && n % size === 0) return `${n / size}${suffix}`;
+  }
+  return String(n);
+}
+
+function cpu(millis: number): string {
+  return millis % 1000 === 0 ? String(millis / 1000) : `${millis}m`;
+}
+
+function overheadSource(s: VmmOverheadSource): string {
+  return s === 'pod_overhead' ? 'RuntimeClass overhead' : s === 'crio_annotations' ? 'CRI-O annotation' : 'handler';
+}
+
+const SOURCE_NOTES: Record<string, string> = {
+  pod_resources: 'KEP-4112 pod_resources',
+  linux_resources: 'LinuxPodSandboxConfig.resources',
+  containerd_annotations: 'containerd sandbox annotations',
+  crio_annotations: 'CRI-O PodLinuxResources annotation',
+  handler_defaults: 'nothing given: handler defaults',
+};
+
+/** Rows padded into columns. */
+export function table(rows: string[][], indent = '  '): string[] {
+  const widths = rows.reduce<number[]>((w, row) => row.map((cell, i) => Math.max(w[i] ?? 0, cell.length)), []);
+  return rows.map((row) => indent + row.map((cell, i) => (i === row.length - 1 ? cell : cell.padEnd(widths[i]!))).join('  ').trimEnd());
+}
+
+const summary: PlanSection = {
+  key: 'summary',
+  json: () => undefined,
+  text: (r) =>
+    table(
+      [
+        ['pod', `${r.pod.namespace}/${r.pod.name}`],
+        ['handler', r.handler],
+        ['source', `${r.sizing.source} (${SOURCE_NOTES[r.sizing.source] ?? ''})`],
+        ['host', `${r.hostCapacity.cpus} CPUs, ${r.hostCapacity.memoryMiB} MiB`],
+      ],
+      '',
+    ),
+};
+
+const vm: PlanSection = {
+  key: 'vm',
+  json: (r) => r.sizing.vm,
+  text: (r) => {
+    const v = r.sizing.vm;
+    const pages = v.hugepages.map((h) => `${h.count} x ${h.pageSize}`).join(', ');
+    return [
+      'VM',
+      ...table([
+        ['vCPUs', `${v.vcpus}${v.maxVcpus > v.vcpus ? ` (hot-plug up to ${v.maxVcpus})` : ' (static)'}`],
+        ['memory', `${v.memoryMiB} MiB${v.maxMemoryMiB > v.memoryMiB ? ` (hot-plug up to ${v.maxMemoryMiB} MiB)` : ' (static)'}`],
+        ['hugepages', pages === '' ? 'none' : pages],
+        ['kernel params', v.kernelParams.length === 0 ? '-' : v.kernelParams.join(' ')],
+      ]),
+    ];
+  },
+};
+
+const host: PlanSection = {
+  key: 'host',
+  json: (r) => r.sizing.host,
+  text: (r) => {
+    const h = r.sizing.host;
+    const o = r.sizing.vmmOverhead;
+    return [
+      'Host budget (VMM cgroup)',
+      ...table([
+        ['memory limit', `${bytes(h.memoryLimitBytes)} (VM ${r.sizing.vm.memoryMiB}Mi + VMM ${bytes(o.memoryBytes)} from ${overheadSource(o.memorySource)})`],
+        ['CPU quota', `${cpu(h.cpuQuotaMillicores)} (${r.sizing.vm.vcpus} vCPU${r.sizing.vm.vcpus === 1 ? '' : 's'} + VMM ${cpu(o.cpuMillicores)} from ${overheadSource(o.cpuSource)})`],
+        ['CPU request', cpu(h.cpuRequestMillicores)],
+      ]),
+    ];
+  },
+};
+
+const vmmOverhead: PlanSection = { key: 'vmmOverhead', json: (r) => r.sizing.vmmOverhead, text: () => [] };
+
+function others(hugepages: Record<string, number>, extended: Record<string, string>): string {
+  const parts = [
+    ...Object.entries(hugepages).map(([size, n]) => `hugepages-${size}=${bytes(n)}`),
+    ...Object.entries(extended).map(([name, n]) => `${name}=${n}`),
+  ];
+  return parts.length === 0 ? '-' : parts.join(' ');
+}
+
+const workload: PlanSection = {
+  key: 'workload',
+  json: (r) => r.sizing.workload,
+  text: (r) => {
+    const w = r.sizing.workload;
+    return [
+      'Workload',
+      ...table([
+        ['CPU', `request ${cpu(w.cpuRequestMillicores)}, limit ${cpu(w.cpuLimitMillicores)}`],
+        ['memory', `request ${bytes(w.memoryRequestBytes)}, limit ${bytes(w.memoryLimitBytes)}`],
+        ['other', others(w.hugepages, w.extended)],
+      ]),
+    ];
+  },
+};
+
+const TYPE_NAMES: Record<string, string> = { INIT_CONTAINER: 'init', SIDECAR_CONTAINER: 'sidecar', REGULAR_CONTAINER: 'regular' };
+
+const containers: PlanSection = {
+  key: 'containers',
+  json: (r) => r.sizing.containers,
+  text: (r) => {
+    if (r.sizing.containers.length === 0) return [];
+    const rows = r.sizing.containers.map((c) => [
+      c.name,
+      TYPE_NAMES[c.type] ?? c.type,
+      cpu(c.cpuRequestMillicores),
+      c.cpuLimitMillicores === null ? '-' : cpu(c.cpuLimitMillicores),
+      bytes(c.memoryRequestBytes),
+      c.memoryLimitBytes === null ? '-' : bytes(c.memoryLimitBytes),
+      others(c.hugepages, c.extended),
+    ]);
+    return ['Containers', ...table([['NAME', 'TYPE', 'CPU REQ', 'CPU LIM', 'MEM REQ', 'MEM LIM', 'OTHER'], ...rows])];
+  },
+};
+
+/** Sections in output order. Add `pcie` and `qemu` here when their planners land. */
+export const PLAN_SECTIONS: PlanSection[] = [summary, vm, host, vmmOverhead, workload, containers];
+
+/** The JSON document: identity keys first, then one key per section. */
+export function planJson(report: PlanReport): Record<string, unknown> {
+  const out: Record<string, unknown> = {
+    handler: report.handler,
+    source: report.sizing.source,
+    pod: report.pod,
+    hostCapacity: report.hostCapacity,
+  };
+  for (const section of PLAN_SECTIONS) {
+    const value = section.json(report);
+    if (value !== undefined) out[section.key] = value;
+  }
+  return out;
+}
+
+/** The human-readable report: one block per section, blank lines between. */
+export function planText(report: PlanReport): string {
+  return (
+    PLAN_SECTIONS.map((s) => s.text(report))
+      .filter((lines) => lines.length > 0)
+      .map((lines) => lines.join('\n'))
+      .join('\n\n') + '\n'
+  );
+}

@@ -1,0 +1,65 @@
+import { existsSync, readFileSync, writeFileSync } from 'node:fs';
+import path from 'node:path';
+import { describe, expect, it } from 'vitest';
+import { loadPlanRequest } from '../../../src/cli/plan/load.js';
+import { planJson } from '../../../src/cli/plan/output.js';
+import { buildPlanReport } from '../../../src/cli/plan/report.js';
+import { packageRoot } from '../../../src/common/paths.js';
+import { defaultConfig } from '../../../src/config/defaults.js';
+import { encodeProtoJson } from '../../helpers/sizing-protojson.js';
+import { BIG_HOST } from '../../helpers/sizing-pods.js';
+
+/**
+ * fixtures/pods/: each pod as a Kubernetes manifest (<pod>.pod.yaml), as the RunPodSandboxRequest
+ * a KEP-4112 kubelet would send (<pod>.request.json, proto3 JSON) and its expected plan
+ * (<pod>.plan.json) for the built-in config on a 64-CPU, 256 GiB host. The README there explains
+ * every number. Both request forms must give exactly the golden plan.
+ *
+ * KATA_UPDATE_FIXTURES=1 rewrites the .request.json and .plan.json files from the manifests, for
+ * review in the diff; without it the files are only read and compared.
+ */
+const DIR = path.join(packageRoot(), 'fixtures', 'pods');
+const PODS = ['web-sidecar', 'migration', 'hugepages-db', 'gpu-inference', 'besteffort', 'pod-level'];
+const UPDATE = process.env.KATA_UPDATE_FIXTURES === '1';
+
+function plan(text: string, file: string) {
+  const { form, request } = loadPlanRequest(text, file);
+  return { form, request, json: planJson(buildPlanReport(request, defaultConfig(), { ...BIG_HOST })) };
+}
+
+function readOrWrite(file: string, produce: () => unknown): unknown {
+  const full = path.join(DIR, file);
+  if (UPDATE) writeFileSync(full, `${JSON.stringify(produce(), null, 2)}\n`);
+  if (!existsSync(full)) throw new Error(`${full} is missing: run KATA_UPDATE_FIXTURES=1 npx vitest run ${path.relative(packageRoot(), import.meta.filename)}`);
+  return JSON.parse(readFileSync(full, 'utf8')) as unknown;
+}
+
+describe('fixtures/pods: both forms of each pod plan exactly as the golden', () => {
+  it.each(PODS)('%s', (pod) => {
+    const manifestFile = path.join(DIR, `${pod}.pod.yaml`);
+    const fromManifest = plan(readFileSync(manifestFile, 'utf8'), manifestFile);
+    expect(fromManifest.form).toBe('manifest');
+
+    const requestJson = readOrWrite(`${pod}.request.json`, () => encodeProtoJson('runtime.v1.RunPodSandboxRequest', fromManifest.request));
+    const requestFile = path.join(DIR, `${pod}.request.json`);
+    const fromRequest = plan(JSON.stringify(requestJson), requestFile);
+    expect(fromRequest.form).toBe('protojson');
+
+    const golden = readOrWrite(`${pod}.plan.json`, () => fromManifest.json);
+    expect(fromManifest.json).toEqual(golden);
+    expect(fromRequest.json).toEqual(golden);
+  });
+
+  it('covers every source of the issue: sidecars, init peak, hugepages, extended resources, BestEffort, pod-level', () => {
+    const goldens = PODS.map((pod) => JSON.parse(readFileSync(path.join(DIR, `${pod}.plan.json`), 'utf8')) as {
+      vm: { hugepages: unknown[] };
+      workload: { extended: Record<string, string>; cpuLimitMillicores: number };
+      containers: Array<{ type: string }>;
+    });
+    expect(goldens.some((g) => g.containers.some((c) => c.type === 'SIDECAR_CONTAINER'))).toBe(true);
+    expect(goldens.some((g) => g.containers.some((c) => c.type === 'INIT_CONTAINER'))).toBe(true);
+    expect(goldens.some((g) => g.vm.hugepages.length === 2)).toBe(true);
+    expect(goldens.some((g) => Object.keys(g.workload.extended).includes('nvidia.com/gpu'))).toBe(true);
+    expect(goldens.some((g) => g.workload.cpuLimitMillicores === 0)).toBe(true);
+  });
+});
