@@ -1,0 +1,190 @@
+import { existsSync } from 'node:fs';
+import { afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { KataError } from '../../../src/common/errors.js';
+import { silentLogger } from '../../../src/common/logger.js';
+import { chooseAcceleration } from '../../../src/hypervisor/accel.js';
+import { buildQemuArgv, VIRTIO_MEM_QOM_PATH } from '../../../src/hypervisor/argv.js';
+import { attachVm, startVm, vmPaths, type VmProcess } from '../../../src/hypervisor/launcher.js';
+import { isSameLiveProcess } from '../../../src/hypervisor/procfs.js';
+import type { VmShape } from '../../../src/sizing/types.js';
+import { ensureGuestAssets, processesMentioning, QemuTracker, type GuestAssets } from '../../helpers/hypervisor-guest.js';
+
+const MiB = 1024 * 1024;
+const logger = silentLogger();
+const tracker = new QemuTracker();
+let assets: GuestAssets;
+
+beforeAll(async () => {
+  assets = await ensureGuestAssets();
+});
+afterEach(async () => {
+  await tracker.cleanup();
+});
+
+function shape(overrides: Partial<VmShape> = {}): VmShape {
+  return { vcpus: 2, maxVcpus: 4, memoryMiB: 512, maxMemoryMiB: 1536, hugepages: [], kernelParams: [], ...overrides };
+}
+
+function argvFor(workDir: string, vmShape: VmShape, extra: string[] = []): string[] {
+  const paths = vmPaths(workDir);
+  return [
+    ...buildQemuArgv({
+      name: 'kata-ts-test',
+      shape: vmShape,
+      accel: chooseAcceleration('auto').accel,
+      kernelPath: assets.kernelPath,
+      initrdPath: assets.initrdPath,
+      kernelParams: [],
+      paths,
+      // One PCIe root port as src/pcie would plan it, to prove the slot agreement holds in QEMU.
+      pcieArgs: ['-device', 'pcie-root-port,id=rp0,bus=pcie.0,addr=08.0,chassis=1,slot=1,port=1,io-reserve=0'],
+      confidential: false,
+    }),
+    ...extra,
+  ];
+}
+
+async function start(vmShape = shape(), extra: string[] = []): Promise<{ vm: VmProcess; workDir: string }> {
+  const workDir = tracker.workDir();
+  const vm = await startVm({ qemuBinary: 'qemu-system-x86_64', argv: argvFor(workDir, vmShape, extra), workDir, logger });
+  tracker.track(vm);
+  return { vm, workDir };
+}
+
+async function rejection(p: Promise<unknown>): Promise<KataError> {
+  try {
+    await p;
+  } catch (err) {
+    expect(err).toBeInstanceOf(KataError);
+    return err as KataError;
+  }
+  throw new Error('expected a rejection');
+}
+
+describe('startVm with the real guest under QEMU (one boot)', () => {
+  it('starts paused, boots to ready with the planned size, hot-plugs a vCPU, virtio-mem and a PCIe device, powers off gracefully', async () => {
+    const { vm } = await start();
+    expect(await vm.qmp.queryStatus()).toMatchObject({ status: 'prelaunch', running: false });
+    expect(vm.guestReport).toBeUndefined();
+
+    await vm.resume();
+    const ready = await vm.waitForReady(120_000);
+    expect(ready.kind).toBe('ready');
+    expect(ready.vcpus).toBe(2);
+    expect(ready.onlineMemoryKiB).toBe(512 * 1024);
+    expect(ready.memoryKiB).toBeLessThanOrEqual(512 * 1024);
+    expect(ready.memoryKiB).toBeGreaterThan(256 * 1024);
+
+    // QMP agrees with the guest.
+    expect(await vm.qmp.queryCpusFast()).toHaveLength(2);
+    expect(await vm.qmp.queryMemorySizeSummary()).toEqual({ 'base-memory': 512 * MiB, 'plugged-memory': 0 });
+
+    // CPU hot-plug: fill the first free slot QEMU offers; the guest init onlines it.
+    const slots = await vm.qmp.queryHotpluggableCpus();
+    expect(slots).toHaveLength(4);
+    const free = slots.filter((s) => s['qom-path'] === undefined).sort((a, b) => (a.props['core-id'] ?? 0) - (b.props['core-id'] ?? 0))[0]!;
+    await vm.qmp.deviceAdd({ driver: free.type, id: 'cpu-hot-1', ...free.props });
+    expect(await vm.qmp.queryCpusFast()).toHaveLength(3);
+
+    // virtio-mem growth by 256 MiB.
+    await vm.qmp.qomSet(VIRTIO_MEM_QOM_PATH, 'requested-size', 256 * MiB);
+    const grown = await vm.waitForGuestReport((r) => r.vcpus === 3 && r.onlineMemoryKiB === 768 * 1024, 60_000);
+    expect(grown.kind).toBe('update');
+    expect(grown.memoryKiB).toBeGreaterThan(ready.memoryKiB + 200 * 1024);
+    expect(await vm.qmp.queryMemorySizeSummary()).toEqual({ 'base-memory': 512 * MiB, 'plugged-memory': 256 * MiB });
+
+    // PCIe hot-plug onto the planned root port and removal with the guest's cooperation
+    // (what CreateContainer/RemoveContainer do with VFIO devices; an emulated NIC stands in here).
+    await vm.qmp.deviceAdd({ driver: 'virtio-net-pci', id: 'hotnet0', bus: 'rp0', addr: '00.0' });
+    const underPort = async (): Promise<string[]> => {
+      const bus0 = (await vm.qmp.queryPci())[0]!;
+      const port = bus0.devices.find((d) => d.qdev_id === 'rp0');
+      return (port?.pci_bridge?.devices ?? []).map((d) => d.qdev_id);
+    };
+    expect(await underPort()).toEqual(['hotnet0']);
+    const deleted = await vm.qmp.deviceDelAndWait('hotnet0', 60_000);
+    expect(deleted.data?.['device']).toBe('hotnet0');
+    expect(await underPort()).toEqual([]);
+
+    const result = await vm.shutdown({ timeoutMs: 30_000 });
+    expect(result.how).toBe('powerdown');
+    expect(result.exit).toEqual({ code: 0, signal: null, shutdownReason: 'guest-shutdown' });
+    expect(isSameLiveProcess(vm.pid, vm.startTimeTicks)).toBe(false);
+    expect(await vm.consoleTail(50)).toContain('power button pressed');
+    // Idempotent.
+    expect((await vm.shutdown({ timeoutMs: 1000 })).how).toBe('powerdown');
+  });
+});
+
+describe('startVm and attachVm without booting (QEMU stays paused)', () => {
+  it('rejects a QEMU that exits at start with its log tail, leaving no process', async () => {
+    const workDir = tracker.workDir();
+    const argv = argvFor(workDir, shape(), ['-device', 'no-such-device-model']);
+    const err = await rejection(startVm({ qemuBinary: 'qemu-system-x86_64', argv, workDir, logger }));
+    expect(err).toMatchObject({ kind: 'internal', reason: 'QEMU_EXITED_AT_START' });
+    expect(err.message).toContain("'no-such-device-model' is not a valid device model name");
+    expect(err.details?.['code']).toBe(1);
+    expect(processesMentioning(workDir)).toEqual([]);
+  });
+
+  it('rejects a missing QEMU binary', async () => {
+    const workDir = tracker.workDir();
+    const err = await rejection(startVm({ qemuBinary: '/nonexistent/qemu-system-x86_64', argv: argvFor(workDir, shape()), workDir, logger }));
+    expect(err).toMatchObject({ kind: 'unavailable', reason: 'QEMU_SPAWN_FAILED' });
+  });
+
+  it('detects kill -9 of QEMU and reports the signal', async () => {
+    const { vm } = await start();
+    expect(vm.exitInfo).toBeUndefined();
+    process.kill(vm.pid, 'SIGKILL');
+    const exit = await vm.exited;
+    expect(exit).toEqual({ code: null, signal: 'SIGKILL', shutdownReason: null });
+    expect(vm.qmp.isClosed).toBe(true);
+    expect(await rejection(vm.waitForReady(60_000))).toMatchObject({ kind: 'internal', reason: 'QEMU_EXITED' });
+  });
+
+  it('times out waiting for a guest that never signals ready, and stops a paused VM with quit', async () => {
+    const { vm } = await start();
+    // Never resumed: the guest cannot report.
+    expect(await rejection(vm.waitForReady(200))).toMatchObject({ kind: 'timeout', reason: 'GUEST_READY_TIMEOUT' });
+    const result = await vm.shutdown({ timeoutMs: 10_000 });
+    expect(result.how).toBe('quit');
+    expect(result.exit).toEqual({ code: 0, signal: null, shutdownReason: 'host-qmp-quit' });
+  });
+
+  it('re-attaches to a running QEMU after the original handle is released, and notices its death', async () => {
+    const { vm, workDir } = await start();
+    const paths = vmPaths(workDir);
+    const { pid, startTimeTicks } = vm;
+    vm.release();
+
+    const wrongStart = await rejection(attachVm({ pid, startTimeTicks: startTimeTicks - 1, qmpSocket: paths.qmpSocket, logger }));
+    expect(wrongStart).toMatchObject({ kind: 'not_found', reason: 'VM_PROCESS_GONE' });
+    const wrongSocket = await rejection(attachVm({ pid, startTimeTicks, qmpSocket: '/tmp/other/qmp.sock', logger }));
+    expect(wrongSocket).toMatchObject({ kind: 'precondition', reason: 'VM_PROCESS_MISMATCH' });
+
+    const attached = await attachVm({ pid, startTimeTicks, qmpSocket: paths.qmpSocket, readySocket: paths.readySocket, qemuLog: paths.qemuLog, logger });
+    tracker.track(attached);
+    expect(attached.pid).toBe(pid);
+    expect((await attached.qmp.queryStatus()).status).toBe('prelaunch');
+    expect(await attached.qmp.queryCpusFast()).toHaveLength(2);
+
+    process.kill(pid, 'SIGKILL');
+    const exit = await attached.exited;
+    expect(exit).toEqual({ code: null, signal: null, shutdownReason: null });
+    expect(isSameLiveProcess(pid, startTimeTicks)).toBe(false);
+    expect(await rejection(attachVm({ pid, startTimeTicks, qmpSocket: paths.qmpSocket, logger }))).toMatchObject({
+      reason: 'VM_PROCESS_GONE',
+    });
+  });
+
+  it('removes a stale socket file before starting', async () => {
+    const { vm, workDir } = await start();
+    expect(existsSync(vmPaths(workDir).qmpSocket)).toBe(true);
+    await vm.kill();
+    // The dead QEMU left its socket files behind; a new start in the same directory must work.
+    const again = tracker.track(await startVm({ qemuBinary: 'qemu-system-x86_64', argv: argvFor(workDir, shape()), workDir, logger }));
+    expect((await again.qmp.queryStatus()).status).toBe('prelaunch');
+    await again.kill();
+  });
+});
