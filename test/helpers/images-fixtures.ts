@@ -130,7 +130,13 @@ export async function startImageService(
     services.push(svc);
     return svc;
   };
-  const service = await make();
+  let service: ImageService;
+  try {
+    service = await make();
+  } catch (err) {
+    await fsp.rm(stateDir, { recursive: true, force: true });
+    throw err;
+  }
   return {
     service,
     stateDir,
