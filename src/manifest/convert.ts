@@ -6,7 +6,8 @@ import type {
   MountInput,
   PodResourceConfigInput,
 } from '../sizing/input.js';
-import { applyApiDefaults, podContainers } from './defaults.js';
+import { parseRequirements } from '../sizing/resources.js';
+import { applyApiDefaults, manifestPaths, podContainers } from './defaults.js';
 import {
   overheadLinuxResources,
   podCgroupParent,
@@ -100,6 +101,10 @@ function portMappings(pod: PodManifest): ConvertedPortMapping[] {
 
 /** Convert a validated Pod model. */
 export function podToRunPodSandboxRequest(manifest: PodManifest, options: ConvertOptions = {}): ConvertedRunPodSandboxRequest {
+  // Check what the user wrote before defaulting copies limits into requests, so errors name
+  // the field as written.
+  for (const { c } of podContainers(manifest)) parseRequirements(c.resources, manifestPaths(`${c.at}.resources`));
+  if (manifest.resources !== null) parseRequirements(manifest.resources, manifestPaths('spec.resources'));
   const pod = applyApiDefaults(manifest);
   const uid = pod.uid !== '' ? pod.uid : synthesizedUid(pod.namespace, pod.name);
   const kubeletRoot = options.kubeletRoot ?? '/var/lib/kubelet';

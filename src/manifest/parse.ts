@@ -7,7 +7,7 @@ import { invalid } from '../common/errors.js';
  * Exactly one document is expected. Errors: invalid/MANIFEST_SYNTAX with the line and column.
  */
 export function parseYamlDocument(text: string, source: string): unknown {
-  const documents = parseAllDocuments(text, { intAsBigInt: true, prettyErrors: false });
+  const documents = parseAllDocuments(text, { intAsBigInt: true, prettyErrors: true });
   if (!Array.isArray(documents)) {
     // An empty stream parses to an empty-list-like value.
     throw invalid('MANIFEST_SYNTAX', `${source} holds no document`);
@@ -19,7 +19,8 @@ export function parseYamlDocument(text: string, source: string): unknown {
   const error = doc.errors[0];
   if (error !== undefined) {
     const where = error.linePos?.[0] !== undefined ? ` at line ${error.linePos[0].line}, column ${error.linePos[0].col}` : '';
-    throw invalid('MANIFEST_SYNTAX', `${source} is not valid YAML or JSON${where}: ${error.message.split('\n')[0]}`);
+    const message = (error.message.split('\n')[0] ?? '').replace(/ at line \d+, column \d+:?$/, '');
+    throw invalid('MANIFEST_SYNTAX', `${source} is not valid YAML or JSON${where}: ${message}`);
   }
   return doc.toJS({ maxAliasCount: 100 });
 }
