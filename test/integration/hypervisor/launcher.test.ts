@@ -1,15 +1,20 @@
+import { execFile } from 'node:child_process';
 import { existsSync } from 'node:fs';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { promisify } from 'node:util';
 import { afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { KataError } from '../../../src/common/errors.js';
 import { silentLogger } from '../../../src/common/logger.js';
 import { chooseAcceleration } from '../../../src/hypervisor/accel.js';
 import { buildQemuArgv, VIRTIO_MEM_QOM_PATH } from '../../../src/hypervisor/argv.js';
 import { attachVm, startVm, vmPaths, type VmProcess } from '../../../src/hypervisor/launcher.js';
-import { isSameLiveProcess } from '../../../src/hypervisor/procfs.js';
+import { isSameLiveProcess, readProcStat } from '../../../src/hypervisor/procfs.js';
 import type { VmShape } from '../../../src/sizing/types.js';
 import { ensureGuestAssets, processesMentioning, QemuTracker, type GuestAssets } from '../../helpers/hypervisor-guest.js';
 
 const MiB = 1024 * 1024;
+const run = promisify(execFile);
 const logger = silentLogger();
 const tracker = new QemuTracker();
 let assets: GuestAssets;
@@ -176,6 +181,24 @@ describe('startVm and attachVm without booting (QEMU stays paused)', () => {
     expect(await rejection(attachVm({ pid, startTimeTicks, qmpSocket: paths.qmpSocket, logger }))).toMatchObject({
       reason: 'VM_PROCESS_GONE',
     });
+  });
+
+  it('keeps QEMU running when the daemon that started it dies, and lets a new daemon attach', async () => {
+    const workDir = tracker.workDir();
+    const paths = vmPaths(workDir);
+    const helper = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../helpers/hypervisor-start-detached.ts');
+    const spec = JSON.stringify({ qemuBinary: 'qemu-system-x86_64', argv: argvFor(workDir, shape()), workDir });
+    const { stdout } = await run(process.execPath, ['--import', 'tsx', helper, spec], { timeout: 60_000 });
+    const started = tracker.track(JSON.parse(stdout) as { pid: number; startTimeTicks: number });
+    // The "daemon" exited; its QEMU lives on in its own session.
+    expect(isSameLiveProcess(started.pid, started.startTimeTicks)).toBe(true);
+    expect(readProcStat(started.pid)?.state).not.toBe('Z');
+
+    const attached = await attachVm({ ...started, qmpSocket: paths.qmpSocket, qemuLog: paths.qemuLog, logger });
+    expect((await attached.qmp.queryStatus()).status).toBe('prelaunch');
+    const result = await attached.shutdown({ timeoutMs: 10_000 });
+    expect(result).toEqual({ how: 'quit', exit: { code: null, signal: null, shutdownReason: 'host-qmp-quit' } });
+    expect(isSameLiveProcess(started.pid, started.startTimeTicks)).toBe(false);
   });
 
   it('removes a stale socket file before starting', async () => {
