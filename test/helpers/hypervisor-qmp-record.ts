@@ -2,7 +2,7 @@
  * Records real QMP conversations with the installed QEMU into fixtures/qmp/*.qmp, the transcripts
  * the QMP client's unit tests replay. Run by hand when QEMU changes:
  *
- *     npx tsx test/helpers/hypervisor-qmp-record.ts
+ *     npx tsx test/helpers/hypervisor-qmp-record.ts [scenario...]
  *
  * Transcript format (one message per line, in wire order):
  *     # comment
@@ -159,6 +159,26 @@ const scenarios: Scenario[] = [
     ],
   },
   {
+    name: 'resize',
+    comment: 'what src/hypervisor/resize.ts sends: plug two vCPUs into free slots, a full slot list, virtio-mem requested-size',
+    qemuArgs: [
+      '-cpu', 'max',
+      '-smp', 'cpus=2,maxcpus=4,sockets=1,cores=4,threads=1',
+      '-m', 'size=256M,maxmem=1280M',
+      '-object', 'memory-backend-ram,id=vmem0-mem,size=1024M',
+      '-device', 'virtio-mem-pci,id=vmem0,memdev=vmem0-mem,requested-size=0,bus=pcie.0,addr=03.0',
+    ],
+    steps: [
+      { execute: 'query-hotpluggable-cpus' },
+      { execute: 'device_add', arguments: { driver: 'max-x86_64-cpu', id: 'vcpu-s0-c2-t0', 'core-id': 2, 'thread-id': 0, 'node-id': 0, 'socket-id': 0 } },
+      { execute: 'device_add', arguments: { driver: 'max-x86_64-cpu', id: 'vcpu-s0-c3-t0', 'core-id': 3, 'thread-id': 0, 'node-id': 0, 'socket-id': 0 } },
+      { execute: 'query-hotpluggable-cpus' },
+      { execute: 'qom-set', arguments: { path: '/machine/peripheral/vmem0', property: 'requested-size', value: 268435456 } },
+      { execute: 'qom-get', arguments: { path: '/machine/peripheral/vmem0', property: 'size' } },
+      { execute: 'quit', settleMs: 500 },
+    ],
+  },
+  {
     name: 'errors',
     comment: 'QEMU error replies: GenericError, DeviceNotFound, CommandNotFound, bad arguments',
     qemuArgs: ['-m', '256'],
@@ -173,4 +193,5 @@ const scenarios: Scenario[] = [
   },
 ];
 
-for (const scenario of scenarios) await record(scenario);
+const wanted = process.argv.slice(2);
+for (const scenario of scenarios) if (wanted.length === 0 || wanted.includes(scenario.name)) await record(scenario);

@@ -7,9 +7,10 @@ import { afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { KataError } from '../../../src/common/errors.js';
 import { silentLogger } from '../../../src/common/logger.js';
 import { chooseAcceleration } from '../../../src/hypervisor/accel.js';
-import { buildQemuArgv, VIRTIO_MEM_QOM_PATH } from '../../../src/hypervisor/argv.js';
+import { buildQemuArgv } from '../../../src/hypervisor/argv.js';
 import { attachVm, startVm, vmPaths, type VmProcess } from '../../../src/hypervisor/launcher.js';
 import { isSameLiveProcess, readProcStat } from '../../../src/hypervisor/procfs.js';
+import { plugVcpus, setVirtioMemSize, virtioMemPluggedMiB } from '../../../src/hypervisor/resize.js';
 import type { VmShape } from '../../../src/sizing/types.js';
 import { ensureGuestAssets, processesMentioning, QemuTracker, type GuestAssets } from '../../helpers/hypervisor-guest.js';
 
@@ -67,7 +68,7 @@ async function rejection(p: Promise<unknown>): Promise<KataError> {
 }
 
 describe('startVm with the real guest under QEMU (one boot)', () => {
-  it('starts paused, boots to ready with the planned size, hot-plugs a vCPU, virtio-mem and a PCIe device, powers off gracefully', async () => {
+  it('starts paused, boots to ready with the planned size, hot-plugs a vCPU, grows and shrinks virtio-mem, hot-plugs a PCIe device, powers off gracefully', async () => {
     const { vm } = await start();
     expect(await vm.qmp.queryStatus()).toMatchObject({ status: 'prelaunch', running: false });
     expect(vm.guestReport).toBeUndefined();
@@ -84,19 +85,24 @@ describe('startVm with the real guest under QEMU (one boot)', () => {
     expect(await vm.qmp.queryCpusFast()).toHaveLength(2);
     expect(await vm.qmp.queryMemorySizeSummary()).toEqual({ 'base-memory': 512 * MiB, 'plugged-memory': 0 });
 
-    // CPU hot-plug: fill the first free slot QEMU offers; the guest init onlines it.
-    const slots = await vm.qmp.queryHotpluggableCpus();
-    expect(slots).toHaveLength(4);
-    const free = slots.filter((s) => s['qom-path'] === undefined).sort((a, b) => (a.props['core-id'] ?? 0) - (b.props['core-id'] ?? 0))[0]!;
-    await vm.qmp.deviceAdd({ driver: free.type, id: 'cpu-hot-1', ...free.props });
+    // CPU hot-plug into the first free slot; the guest init onlines it.
+    expect(await vm.qmp.queryHotpluggableCpus()).toHaveLength(4);
+    expect(await plugVcpus(vm.qmp, 1)).toEqual(['vcpu-s0-c2-t0']);
     expect(await vm.qmp.queryCpusFast()).toHaveLength(3);
 
-    // virtio-mem growth by 256 MiB.
-    await vm.qmp.qomSet(VIRTIO_MEM_QOM_PATH, 'requested-size', 256 * MiB);
+    // virtio-mem growth by 256 MiB, seen by QMP and by the guest.
+    await setVirtioMemSize(vm.qmp, 256, 1024);
     const grown = await vm.waitForGuestReport((r) => r.vcpus === 3 && r.onlineMemoryKiB === 768 * 1024, 60_000);
     expect(grown.kind).toBe('update');
     expect(grown.memoryKiB).toBeGreaterThan(ready.memoryKiB + 200 * 1024);
     expect(await vm.qmp.queryMemorySizeSummary()).toEqual({ 'base-memory': 512 * MiB, 'plugged-memory': 256 * MiB });
+    expect(await virtioMemPluggedMiB(vm.qmp)).toBe(256);
+
+    // ... and shrinking back: the movable memory is unplugged by the guest.
+    await setVirtioMemSize(vm.qmp, 0, 1024);
+    const shrunk = await vm.waitForGuestReport((r) => r.onlineMemoryKiB === 512 * 1024, 60_000);
+    expect(shrunk.memoryKiB).toBeLessThan(grown.memoryKiB);
+    expect(await virtioMemPluggedMiB(vm.qmp)).toBe(0);
 
     // PCIe hot-plug onto the planned root port and removal with the guest's cooperation
     // (what CreateContainer/RemoveContainer do with VFIO devices; an emulated NIC stands in here).
