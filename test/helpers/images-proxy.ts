@@ -6,6 +6,12 @@ export interface ProxyOptions {
   corruptBlob?: string;
   /** Send only this many bytes of this blob, then hang: an interrupted transfer. */
   stallBlob?: { digest: string; afterBytes: number };
+  /**
+   * Answer blob GETs with a 307 to a second origin (as registries backed by object storage do);
+   * that origin fetches the blob from the registry with `authorization` and records the headers
+   * it was sent.
+   */
+  redirectBlobs?: { authorization: string | undefined };
 }
 
 export interface ProxyHandle {
@@ -15,6 +21,8 @@ export interface ProxyHandle {
   blobGets: Map<string, number>;
   /** Resolves once the stalled blob has sent its bytes and hangs. */
   stalled: Promise<void>;
+  /** Requests the redirect target received (with redirectBlobs). */
+  storageRequests: Array<{ url: string; authorization: string | undefined }>;
   stop(): Promise<void>;
 }
 
@@ -28,9 +36,31 @@ export async function startProxy(targetUrl: string, opts: ProxyOptions = {}): Pr
   let markStalled: () => void = () => undefined;
   const stalled = new Promise<void>((resolve) => (markStalled = resolve));
   const port = await freePort();
+  const storageRequests: ProxyHandle['storageRequests'] = [];
+  const storagePort = await freePort();
+  const storage =
+    opts.redirectBlobs === undefined
+      ? undefined
+      : http.createServer((req, res) => {
+          storageRequests.push({ url: req.url ?? '', authorization: req.headers.authorization });
+          const upstreamPath = (req.url ?? '').replace(/^\/storage/, '').replace(/\?.*$/, '');
+          const headers: Record<string, string> = {};
+          if (opts.redirectBlobs?.authorization !== undefined) headers['authorization'] = opts.redirectBlobs.authorization;
+          const up = http.request({ host: target.hostname, port: target.port, path: upstreamPath, headers }, (u) => {
+            res.writeHead(u.statusCode ?? 502, { 'content-length': u.headers['content-length'] ?? '' });
+            u.pipe(res);
+          });
+          up.on('error', () => res.destroy());
+          up.end();
+        });
+  if (storage !== undefined) await new Promise<void>((resolve) => storage.listen(storagePort, '127.0.0.1', resolve));
   const server = http.createServer((req, res) => {
     const blob = /\/blobs\/(sha256:[a-f0-9]{64})$/.exec(req.url ?? '')?.[1];
     if (blob !== undefined && req.method === 'GET') blobGets.set(blob, (blobGets.get(blob) ?? 0) + 1);
+    if (blob !== undefined && req.method === 'GET' && storage !== undefined) {
+      res.writeHead(307, { Location: `http://127.0.0.1:${storagePort}/storage${req.url ?? ''}?signature=abc` }).end();
+      return;
+    }
     const upstream = http.request(
       { host: target.hostname, port: target.port, path: req.url, method: req.method, headers: { ...req.headers, host: target.host } },
       (up) => {
@@ -72,10 +102,18 @@ export async function startProxy(targetUrl: string, opts: ProxyOptions = {}): Pr
     host: `127.0.0.1:${port}`,
     blobGets,
     stalled,
-    stop: () =>
-      new Promise<void>((resolve) => {
+    storageRequests,
+    stop: async () => {
+      await new Promise<void>((resolve) => {
         server.closeAllConnections();
         server.close(() => resolve());
-      }),
+      });
+      if (storage !== undefined) {
+        await new Promise<void>((resolve) => {
+          storage.closeAllConnections();
+          storage.close(() => resolve());
+        });
+      }
+    },
   };
 }

@@ -62,7 +62,12 @@ const validateRegistries = compileOnce<RegistriesConfig>(registriesConfigSchema)
 export function parseRegistriesConfig(doc: unknown, source: string): RegistriesConfig {
   const validate = validateRegistries();
   if (!validate(doc)) {
-    const problems = describeSchemaErrors(validate.errors);
+    // ajv reports a bad key through `propertyName`, which the generic describer does not name.
+    const errors = validate.errors ?? [];
+    const badKeys = errors
+      .filter((e) => e.propertyName !== undefined && e.keyword !== 'propertyNames')
+      .map((e) => `${e.instancePath} key ${JSON.stringify(e.propertyName)} is not a host pattern (host[:port], host:* or *.domain)`);
+    const problems = [...new Set(badKeys), ...describeSchemaErrors(errors.filter((e) => e.propertyName === undefined && e.keyword !== 'propertyNames'))];
     throw invalid('REGISTRIES_CONFIG_INVALID', `registries config ${source} is invalid: ${problems.join('; ')}`, {
       details: { problems },
     });

@@ -1,6 +1,7 @@
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { buildImage, busyboxBaseEntries, RegistryPusher, type BuiltImage } from '../../helpers/images-builder.js';
 import { startImageService, type ServiceHarness } from '../../helpers/images-fixtures.js';
+import { startProxy } from '../../helpers/images-proxy.js';
 import { startRegistry, type RegistryHandle } from '../../helpers/images-registry.js';
 
 // A real docker-registry that requires credentials: htpasswd (HTTP Basic) and Docker token auth
@@ -58,6 +59,20 @@ describe('registry with htpasswd (Basic) auth', () => {
     await service.removeImage({ image: { image: ref } });
     const auth = Buffer.from(`${user.username}:${user.password}`).toString('base64');
     expect((await service.pullImage({ image: { image: ref }, auth: { auth } })).image_ref).toBe(image.id);
+  });
+
+  it('follows blob redirects to another origin without forwarding the credentials there', async () => {
+    const proxy = await startProxy(basicRegistry.url, { redirectBlobs: { authorization: await basicRegistry.pushAuthorization('kata/private') } });
+    try {
+      const { service } = await fresh();
+      const res = await service.pullImage({ image: { image: `${proxy.host}/kata/private:1` }, auth: { username: user.username, password: user.password } });
+      expect(res.image_ref).toBe(image.id);
+      // Config and the one layer came through the redirect, and no Authorization header went along.
+      expect(proxy.storageRequests.map((r) => r.url.split('/blobs/')[1]?.split('?')[0]).sort()).toEqual([image.config.digest, image.layers[0]?.digest].sort());
+      expect(proxy.storageRequests.every((r) => r.authorization === undefined)).toBe(true);
+    } finally {
+      await proxy.stop();
+    }
   });
 
   it('does not send credentials issued for another registry', async () => {
