@@ -148,11 +148,15 @@ function applyPodLevel(
  */
 export function demandFromPodResources(podResources: PodResourceConfigInput, at = 'config.pod_resources'): PodDemand {
   const containers = checkContainers(podResources, at);
+  if (containers.length === 0) {
+    throw invalid('SIZING_POD_RESOURCES_EMPTY', `${at}.containers is empty; pod_resources must list every container of the pod`);
+  }
   const requests = aggregatePodAmounts(containers.map((c) => ({ type: c.type, amounts: c.requests })));
   const effectiveLimits = aggregatePodAmounts(containers.map((c) => ({ type: c.type, amounts: c.effectiveLimits })));
   const podLevel = applyPodLevel(podResources, at, containers, requests, effectiveLimits);
-  const unbounded = (key: string): boolean =>
-    !podLevel.has(key) && (containers.length === 0 || containers.some((c) => !c.requests.has(key)));
+  // A container with no non-zero request or limit for a resource may use any amount of it (a
+  // zero limit means "no limit" to the kubelet too).
+  const unbounded = (key: string): boolean => !podLevel.has(key) && containers.some((c) => (c.effectiveLimits.get(key) ?? 0n) === 0n);
   const req = splitAmounts(requests);
   const lim = splitAmounts(effectiveLimits);
   return {

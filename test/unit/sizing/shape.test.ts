@@ -165,6 +165,15 @@ describe('planSizing: refusals', () => {
     expect(failureOf(() => planOf(containers))).toBe(expected);
   });
 
+  it('refuses pod_resources without containers', () => {
+    expect(failureOf(() => planOf([]))).toBe('invalid/SIZING_POD_RESOURCES_EMPTY');
+  });
+
+  it('treats a zero limit as no limit, like the kubelet', () => {
+    expect(planOf([{ name: 'a', limits: { cpu: '1', memory: '0' } }]).vm.memoryMiB).toBe(512);
+    expect(planOf([{ name: 'a', limits: { cpu: '1', memory: '64Mi' } }]).vm.memoryMiB).toBe(256);
+  });
+
   it.each<[string, { requests?: Record<string, string>; limits?: Record<string, string> }, string]>([
     ['pod-level extended resource', { limits: { 'nvidia.com/gpu': '1' } }, 'invalid/SIZING_POD_LEVEL_RESOURCE_UNSUPPORTED'],
     ['pod-level request below the containers', { requests: { cpu: '500m' } }, 'invalid/SIZING_POD_REQUEST_BELOW_CONTAINERS'],
