@@ -94,6 +94,10 @@ export async function readCgroupMounts(procRoot = '/proc'): Promise<CgroupMount[
   return parseCgroupMounts(await fsp.readFile(path.join(procRoot, 'self', 'mountinfo'), 'utf8'));
 }
 
+function below(dir: string, rel: string): string {
+  return rel === '/' || rel === '' ? dir : path.join(dir, rel);
+}
+
 /**
  * The directory of a /proc/<pid>/cgroup entry through the mounts, or undefined when no mount of
  * that hierarchy shows that cgroup (the path lies outside every mount's root).
@@ -105,9 +109,9 @@ export function cgroupDirOf(mounts: CgroupMount[], entry: ProcCgroupEntry): stri
         ? m.fsType === 'cgroup2'
         : m.fsType === 'cgroup' && entry.controllers.every((c) => m.controllers.includes(c)) && m.controllers.length === entry.controllers.length;
     if (!sameHierarchy) continue;
-    if (m.root === '/') return path.join(m.mountPoint, entry.path);
+    if (m.root === '/') return below(m.mountPoint, entry.path);
     if (entry.path === m.root) return m.mountPoint;
-    if (entry.path.startsWith(`${m.root}/`)) return path.join(m.mountPoint, entry.path.slice(m.root.length));
+    if (entry.path.startsWith(`${m.root}/`)) return below(m.mountPoint, entry.path.slice(m.root.length));
   }
   return undefined;
 }

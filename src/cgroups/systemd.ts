@@ -38,7 +38,8 @@ function systemdError(err: unknown, what: string, address: string): KataError {
   if (err instanceof KataError) return err;
   const name = dbusErrorName(err);
   const details = { dbusError: name, address };
-  if (name !== undefined && UNREACHABLE.has(name)) {
+  // Spawn.*: the bus tried to activate a systemd1 service file instead - no manager on that bus.
+  if (name !== undefined && (UNREACHABLE.has(name) || name.startsWith('org.freedesktop.DBus.Error.Spawn.'))) {
     return unavailable('SYSTEMD_UNAVAILABLE', `the systemd manager on ${address} did not answer ${what}.`, { cause: err, details });
   }
   switch (name) {

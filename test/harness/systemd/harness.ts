@@ -7,12 +7,12 @@
  * cgroups are checked to be exactly what they were.
  */
 import { spawn } from 'node:child_process';
-import { randomBytes } from 'node:crypto';
 import { promises as fsp } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { cgroupDirOf, parseCgroupMounts, parseProcCgroup, type CgroupMount } from '../../../src/cgroups/procfs.js';
+import { parseProcCgroup, type CgroupMount } from '../../../src/cgroups/procfs.js';
+import { createPrivateCgroups, removePrivateCgroups } from '../../helpers/cgroups-private.js';
 
 const HERE = path.dirname(fileURLToPath(import.meta.url));
 const REPO = path.resolve(HERE, '../../..');
@@ -51,16 +51,12 @@ export async function assertPid1AtRoot(): Promise<string> {
   return text;
 }
 
-/** The hierarchies mounted under /sys/fs/cgroup, with how to mount each again inside. */
-function mountSpecs(mounts: CgroupMount[]): { name: string; mount: CgroupMount; fsType: string; options: string }[] {
-  return mounts
-    .filter((m) => path.dirname(m.mountPoint) === '/sys/fs/cgroup')
-    .map((m) => {
-      const named = m.controllers.filter((c) => c.startsWith('name='));
-      const real = m.controllers.filter((c) => !c.startsWith('name='));
-      const options = m.fsType === 'cgroup2' ? '-' : real.length > 0 ? [...real, ...named].join(',') : ['none', ...named].join(',');
-      return { name: path.basename(m.mountPoint), mount: m, fsType: m.fsType, options };
-    });
+/** How to mount a hierarchy again inside the namespaces: fstype and -o options ('-' for none). */
+function mountOptions(m: CgroupMount): string {
+  if (m.fsType === 'cgroup2') return '-';
+  const named = m.controllers.filter((c) => c.startsWith('name='));
+  const real = m.controllers.filter((c) => !c.startsWith('name='));
+  return real.length > 0 ? [...real, ...named].join(',') : ['none', ...named].join(',');
 }
 
 /** `pid: cgroup line` of every process whose cgroups mention `name` (scans /proc). */
@@ -73,51 +69,6 @@ export async function processesInCgroupsNamed(name: string): Promise<string[]> {
     if (line !== undefined) out.push(`${entry}: ${line}`);
   }
   return out;
-}
-
-/** Every directory below `dir`, deepest first, then `dir` itself. */
-async function treeDeepestFirst(dir: string): Promise<string[]> {
-  const out: string[] = [];
-  const entries = await fsp.readdir(dir, { withFileTypes: true }).catch(() => []);
-  for (const e of entries) if (e.isDirectory()) out.push(...(await treeDeepestFirst(path.join(dir, e.name))));
-  out.push(dir);
-  return out;
-}
-
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
-
-/** Removes a private cgroup tree deepest first; processes still inside are ours (they live in it) and are killed by pid. */
-export async function removePrivateTree(root: string): Promise<string[]> {
-  if (!path.basename(root).startsWith('kata-ts-test-')) throw new HarnessRefused(`refusing to remove ${root}: not a kata-ts-test-* cgroup`);
-  for (let attempt = 0; attempt < 100; attempt++) {
-    if ((await fsp.stat(root).catch(() => null)) === null) return [];
-    const dirs = await treeDeepestFirst(root);
-    let busy = false;
-    for (const dir of dirs) {
-      try {
-        await fsp.rmdir(dir);
-      } catch (err) {
-        const code = (err as NodeJS.ErrnoException).code;
-        if (code === 'ENOENT') continue;
-        busy = true;
-        if (attempt >= 40) {
-          const procs = (await readText(path.join(dir, 'cgroup.procs')).catch(() => '')).split('\n').filter((p) => p !== '');
-          for (const pid of procs) {
-            try {
-              process.kill(Number(pid), 'SIGKILL');
-            } catch {
-              /* already gone */
-            }
-          }
-        }
-      }
-    }
-    if (!busy) return [];
-    await sleep(50);
-  }
-  const left: string[] = [];
-  for (const d of await treeDeepestFirst(root)) if ((await fsp.stat(d).catch(() => null)) !== null) left.push(d);
-  return left;
 }
 
 export interface HarnessOptions {
@@ -136,32 +87,15 @@ export interface HarnessOptions {
 export async function runConfinedSystemd<T>(opts: HarnessOptions): Promise<HarnessRun<T>> {
   const pid1Before = await assertPid1AtRoot();
   const own = parseProcCgroup(await readText('/proc/self/cgroup'));
-  const specs = mountSpecs(parseCgroupMounts(await readText('/proc/self/mountinfo')));
-  const name = `kata-ts-test-${randomBytes(6).toString('hex')}`;
+  const pc = await createPrivateCgroups();
+  const name = pc.name;
   const work = await fsp.mkdtemp(path.join(os.tmpdir(), `${name}-`));
-  const privateRoots: string[] = [];
-  const expectedLines: string[] = [];
-  const inodes: string[] = [];
   let run: Omit<HarnessRun<T>, 'pid1After' | 'leftoverCgroups' | 'leftoverProcesses' | 'pid1Before'> | undefined;
   try {
-    for (const spec of specs) {
-      const entry = own.find((e) =>
-        spec.mount.fsType === 'cgroup2'
-          ? e.hierarchyId === 0
-          : e.controllers.length === spec.mount.controllers.length && e.controllers.every((c) => spec.mount.controllers.includes(c)),
-      );
-      if (entry === undefined) throw new HarnessRefused(`no /proc/self/cgroup entry for ${spec.name}`);
-      const ownDir = cgroupDirOf([spec.mount], entry);
-      if (ownDir === undefined) throw new HarnessRefused(`own cgroup of ${spec.name} is not visible at ${spec.mount.mountPoint}`);
-      const dir = path.join(ownDir, name);
-      await fsp.mkdir(dir);
-      privateRoots.push(dir);
-      if (spec.mount.controllers.includes('cpuset')) {
-        for (const f of ['cpuset.cpus', 'cpuset.mems']) await fsp.writeFile(path.join(dir, f), (await readText(path.join(ownDir, f))).trim());
-      }
-      inodes.push(`${spec.name} ${(await fsp.stat(dir)).ino}`);
-    }
-    for (const e of own) expectedLines.push(`${e.hierarchyId}:${e.controllers.join(',')}:${path.posix.join(e.path, name)}`);
+    // What /proc/self/cgroup must show once the shell has moved: every line with the private name appended.
+    const expectedLines = own.map((e) => `${e.hierarchyId}:${e.controllers.join(',')}:${path.posix.join(e.path, name)}`);
+    const inodes: string[] = [];
+    for (const h of pc.hierarchies) inodes.push(`${h.name} ${(await fsp.stat(h.dir)).ino}`);
     const resultFile = path.join(work, 'result.json');
     const child = spawn('bash', [path.join(HERE, 'confine.sh')], {
       cwd: REPO,
@@ -169,10 +103,10 @@ export async function runConfinedSystemd<T>(opts: HarnessOptions): Promise<Harne
       env: {
         ...process.env,
         ...opts.env,
-        KATA_TS_PRIVATE_DIRS: privateRoots.join('\n'),
+        KATA_TS_PRIVATE_DIRS: pc.hierarchies.map((h) => h.dir).join('\n'),
         KATA_TS_EXPECTED_CGROUP: opts.expectedCgroupOverride ?? expectedLines.join('\n'),
         KATA_TS_HARNESS_DIR: HERE,
-        KATA_TS_CGROUP_MOUNTS: specs.map((s) => `${s.name} ${s.fsType} ${s.options}`).join('\n'),
+        KATA_TS_CGROUP_MOUNTS: pc.hierarchies.map((h) => `${h.name} ${h.mount.fsType} ${mountOptions(h.mount)}`).join('\n'),
         KATA_TS_PRIVATE_INODES: inodes.join('\n'),
         KATA_TS_WORK_DIR: work,
         KATA_TS_SCENARIO: opts.scenario,
@@ -201,8 +135,7 @@ export async function runConfinedSystemd<T>(opts: HarnessOptions): Promise<Harne
     // The pid namespace's init has exited, so the kernel has killed everything inside; a process
     // still in the private tree would mean the confinement leaked.
     const leftoverProcesses = await processesInCgroupsNamed(name);
-    const leftovers: string[] = [];
-    for (const root of privateRoots) leftovers.push(...(await removePrivateTree(root)));
+    const leftovers = await removePrivateCgroups(pc);
     await fsp.rm(work, { recursive: true, force: true });
     const pid1After = await readText('/proc/1/cgroup');
     if (pid1After !== pid1Before) {
