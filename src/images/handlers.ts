@@ -1,0 +1,29 @@
+import type { CallOptions } from './cri-types.js';
+import type { ImageService } from './service.js';
+
+/** What a gRPC handler knows about its call (a structural subset of the CRI server's CallContext). */
+export interface ImageCallContext {
+  signal: AbortSignal;
+  deadlineMs: number | undefined;
+}
+
+type Handler = (request: never, ctx: ImageCallContext) => Promise<unknown>;
+
+function call(ctx: ImageCallContext): CallOptions {
+  return ctx.deadlineMs === undefined ? { signal: ctx.signal } : { signal: ctx.signal, deadlineMs: ctx.deadlineMs };
+}
+
+/**
+ * The unary rpcs of `runtime.v1.ImageService`, by method name, bound to `service`: ready to pass
+ * as the `handlers` of the CRI server's ImageService binding. StreamImages is left to the
+ * server's UNIMPLEMENTED answer.
+ */
+export function imageServiceHandlers(service: ImageService): Record<string, Handler> {
+  return {
+    PullImage: (req: Parameters<ImageService['pullImage']>[0], ctx: ImageCallContext) => service.pullImage(req, call(ctx)),
+    ImageStatus: (req: Parameters<ImageService['imageStatus']>[0], ctx: ImageCallContext) => service.imageStatus(req, call(ctx)),
+    ListImages: (req: Parameters<ImageService['listImages']>[0], ctx: ImageCallContext) => service.listImages(req, call(ctx)),
+    RemoveImage: (req: Parameters<ImageService['removeImage']>[0], ctx: ImageCallContext) => service.removeImage(req, call(ctx)),
+    ImageFsInfo: (req: unknown, ctx: ImageCallContext) => service.imageFsInfo(req, call(ctx)),
+  };
+}
