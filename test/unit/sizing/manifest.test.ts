@@ -157,7 +157,7 @@ describe('manifest -> RunPodSandboxRequest', () => {
 
   it('keeps big integer quantities exact (YAML integers beyond 2^53)', () => {
     const r = convert(pod(`  containers:\n  - name: a\n    resources: {limits: {memory: 9007199254740993}}\n`));
-    expect(r.config.pod_resources.containers[0]!.kubernetes_resources.limits).toEqual({ memory: { string: '9007199254740993' } });
+    expect(r.config.pod_resources.containers[0]!.kubernetes_resources?.limits).toEqual({ memory: { string: '9007199254740993' } });
   });
 
   it.each([
