@@ -3,6 +3,7 @@ import { promises as fsp } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { createLogger } from '../../../src/common/logger.js';
 import { buildTestImages, listFiles, publishTestImages, startImageService, type ServiceHarness, type TestImages } from '../../helpers/images-fixtures.js';
 import { startProxy, type ProxyHandle } from '../../helpers/images-proxy.js';
 import { freePort, startRegistry, type RegistryHandle } from '../../helpers/images-registry.js';
@@ -26,8 +27,8 @@ afterAll(async () => {
   await registry?.stop();
 });
 
-async function harness(): Promise<ServiceHarness> {
-  const h = await startImageService();
+async function harness(extra: Parameters<typeof startImageService>[0] = {}): Promise<ServiceHarness> {
+  const h = await startImageService(extra);
   cleanups.push(h.cleanup);
   return h;
 }
@@ -132,6 +133,25 @@ describe('registry faults', () => {
     await eventually(async () => (await listFiles(dirs.ingest)).length === 0);
     expect(p.blobGets.get(layer?.digest ?? '')).toBe(1);
     expect((await h.service.listImages({})).images).toEqual([]);
+  });
+
+  it('logs progress (bytes and layers done) while a long pull runs', async () => {
+    const layer = images.layered.layers[2];
+    const p = await proxy({ stallBlob: { digest: layer?.digest ?? '', afterBytes: 100 } });
+    const lines: Array<Record<string, unknown>> = [];
+    const logger = createLogger({ level: 'info', destination: { write: (line: string) => void lines.push(JSON.parse(line) as Record<string, unknown>) } });
+    const h = await harness({ logger, progressIntervalMs: 20 });
+    const controller = new AbortController();
+    const pull = h.service.pullImage({ image: { image: `${p.host}/kata/layered:latest` } }, { signal: controller.signal });
+    pull.catch(() => undefined);
+    await p.stalled;
+    const done = (images.layered.layers.reduce((n, l) => n + l.size, 0) - (layer?.size ?? 0)) + 100;
+    // Every other layer completes; the stalled one has sent 100 bytes.
+    await eventually(async () => lines.some((l) => l['msg'] === 'pull progress' && l['bytesDone'] === done && l['layersDone'] === 3));
+    const line = lines.find((l) => l['msg'] === 'pull progress' && l['bytesDone'] === done);
+    expect(line).toMatchObject({ image: `${p.host}/kata/layered:latest`, layersTotal: 4, bytesTotal: images.layered.layers.reduce((n, l) => n + l.size, 0) });
+    controller.abort();
+    await expect(pull).rejects.toMatchObject({ kind: 'cancelled' });
   });
 
   it('after a crash halfway through a pull, the next start shows no image and removes every leftover', async () => {

@@ -159,6 +159,22 @@ describe('PullImage from a real registry', () => {
     expect((err as Error).message).toContain('image.image');
   });
 
+  it('reports images named in pinnedImages as pinned', async () => {
+    const pinnedRef = `${registry.host}/kata/sibling:latest`;
+    const other = await startImageService({ pinnedImages: [pinnedRef] });
+    try {
+      await other.service.pullImage({ image: { image: pinnedRef } });
+      await other.service.pullImage({ image: { image: `${registry.host}/kata/nonroot:latest` } });
+      const pinned = (await other.service.listImages({})).images.map((i) => [i.id, i.pinned]);
+      expect(pinned).toEqual([
+        [images.sibling.id, true],
+        [images.nonroot.id, false],
+      ]);
+    } finally {
+      await other.cleanup();
+    }
+  });
+
   it('reports bytes and inodes used by the store in ImageFsInfo', async () => {
     const info = await svc.imageFsInfo();
     expect(info.container_filesystems).toEqual([]);
