@@ -34,3 +34,4 @@ export {
   type HotplugPlan,
   type QmpCommandPlan,
 } from './hotplug.js';
+export { planPodPcie, readPcieHostFacts, inventoryOptionsForRoot, type PcieHostFacts, type PodPcieInput, type PodPciePlan } from './plan.js';
