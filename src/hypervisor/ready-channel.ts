@@ -1,8 +1,8 @@
 import net from 'node:net';
-import { StringDecoder } from 'node:string_decoder';
 import { unavailable } from '../common/errors.js';
 import type { Logger } from '../common/logger.js';
 import { parseGuestLine, type GuestReport } from './guest-protocol.js';
+import { LineSplitter } from './line-splitter.js';
 
 export type GuestReportListener = (report: GuestReport) => void;
 
@@ -11,8 +11,7 @@ export type GuestReportListener = (report: GuestReport) => void;
  * connect). Keeps the first ready report and the latest report, and tells subscribers of each.
  */
 export class ReadyChannel {
-  private readonly decoder = new StringDecoder('utf8');
-  private buffer = '';
+  private readonly lines = new LineSplitter((line) => this.onLine(line));
   private readonly listeners = new Set<GuestReportListener>();
   private readyValue: GuestReport | undefined;
   private latestValue: GuestReport | undefined;
@@ -26,7 +25,7 @@ export class ReadyChannel {
   ) {
     this.closed = new Promise((resolve) => socket.once('close', () => resolve()));
     socket.on('error', (err) => this.logger.debug({ err: err.message }, 'ready channel error'));
-    socket.on('data', (chunk: Buffer) => this.onData(chunk));
+    socket.on('data', (chunk: Buffer) => this.lines.push(chunk));
   }
 
   /** Connect to the ready socket QEMU listens on. */
@@ -67,17 +66,6 @@ export class ReadyChannel {
 
   close(): void {
     this.socket.destroy();
-  }
-
-  private onData(chunk: Buffer): void {
-    this.buffer += this.decoder.write(chunk);
-    let nl = this.buffer.indexOf('\n');
-    while (nl >= 0) {
-      const line = this.buffer.slice(0, nl);
-      this.buffer = this.buffer.slice(nl + 1);
-      this.onLine(line);
-      nl = this.buffer.indexOf('\n');
-    }
   }
 
   private onLine(line: string): void {
