@@ -36,8 +36,8 @@ function overheadSource(s: VmmOverheadSource): string {
 }
 
 const SOURCE_NOTES: Record<string, string> = {
-  pod_resources: 'KEP-4112 pod_resources',
-  linux_resources: 'LinuxPodSandboxConfig.resources',
+  pod_resources: 'every container announced, KEP-4112',
+  linux_resources: 'summed cgroup numbers from the kubelet',
   containerd_annotations: 'containerd sandbox annotations',
   crio_annotations: 'CRI-O PodLinuxResources annotation',
   handler_defaults: 'nothing given: handler defaults',
