@@ -80,6 +80,9 @@ function targetOf(inventory: HostInventory, r: VfioDeviceRequest): Target {
   if (byName !== null && inventory.groups.some((g) => g.id === Number(byName[1]))) {
     return { group: Number(byName[1]), via: hostPath };
   }
+  // Likewise an iommufd node is named in sysfs (<bdf>/vfio-dev/vfioN) even when /dev was not read.
+  const cdevOwner = inventory.functions.find((f) => f.vfioCdevPath === hostPath);
+  if (cdevOwner !== undefined && cdevOwner.iommuGroup !== null) return { group: cdevOwner.iommuGroup, via: hostPath };
   throw notFound('VFIO_NODE_UNKNOWN', `VFIO node ${describeRequest(r)} does not exist on this host or is not a VFIO device`, {
     details: { request: r, node },
   });

@@ -9,6 +9,7 @@ import {
   pcieQemuArgs,
   pcieQemuArgsWithoutVfio,
   planPcieTopology,
+  readHostInventory,
   type HostInventory,
   type PcieTopology,
   type VfioDeviceRequest,
@@ -16,6 +17,7 @@ import {
 import { GiB, MiB } from '../../../src/pcie/pci.js';
 import { PCIE_CASES } from '../../helpers/pcie-cases.js';
 import { argvToGolden, fixtureInventory, golden } from '../../helpers/pcie-golden.js';
+import { fixtureInventoryOptions } from '../../helpers/pcie-sysfs.js';
 
 type Profile = HandlerPcieConfig & { confidential: boolean };
 const profile = (over: Partial<Profile> = {}): Profile => ({ ...defaultHandlerProfile().pcie, confidential: false, ...over });
@@ -68,6 +70,15 @@ describe('planPcieTopology: expansion to IOMMU groups', () => {
   it('naming one function by its iommufd node still brings the whole group', async () => {
     const t = planPcieTopology({ inventory: await fixtureInventory('gpu-audio'), devices: [dev('/dev/vfio/devices/vfio1')], profile: profile({ sparePorts: 0 }) });
     expect(t.functions.map((f) => f.bdf)).toEqual(['0000:01:00.0', '0000:01:00.1']);
+  });
+
+  it('without /dev nodes (no device-number file), group and iommufd paths still resolve through sysfs names', async () => {
+    const o = fixtureInventoryOptions('gpu-audio');
+    const inv = await readHostInventory({ sysfsRoot: o.sysfsRoot, devRoot: o.devRoot });
+    expect(inv.vfioNodes).toEqual([]);
+    for (const p of ['/dev/vfio/12', '/dev/vfio/devices/vfio1']) {
+      expect(planPcieTopology({ inventory: inv, devices: [dev(p)], profile: profile({ sparePorts: 0 }) }).functions).toHaveLength(2);
+    }
   });
 
   it('two requests for the same group merge, keeping both origins; the VFIO container node is ignored', async () => {
