@@ -259,8 +259,10 @@ export class CgroupfsDriver implements CgroupDriver {
   }
 
   async remove(record: PlacementRecord): Promise<void> {
+    // Check every hierarchy before removing anything, so that a refusal changes nothing.
+    const leaves: string[] = [];
     for (const leaf of Object.values(record.paths)) {
-      let procs: string | undefined;
+      let procs: string;
       try {
         procs = (await this.fs.readFile(path.join(leaf, 'cgroup.procs'))).trim();
       } catch (err) {
@@ -272,8 +274,9 @@ export class CgroupfsDriver implements CgroupDriver {
           details: { dir: leaf },
         });
       }
-      await this.rmdirWhenEmpty(leaf);
+      leaves.push(leaf);
     }
+    for (const leaf of leaves) await this.rmdirWhenEmpty(leaf);
     for (const dir of [...(record.createdParents ?? [])].reverse()) {
       try {
         await this.fs.rmdir(dir);

@@ -6,7 +6,8 @@
  * bus restarts, and systemd drops the connection's job subscription with it.
  */
 import dbus from 'dbus-next';
-import { alreadyExists, internal, invalid, KataError, notFound, precondition, timedOut, unavailable } from '../common/errors.js';
+import { internal, invalid, KataError, precondition, timedOut, unavailable } from '../common/errors.js';
+import { dbusErrorName, systemdError, withTimeout } from './systemd-errors.js';
 import type { Logger } from '../common/logger.js';
 import { detectCgroupMode } from './detect.js';
 import { describeRecord } from './describe.js';
@@ -19,59 +20,6 @@ const SYSTEMD = 'org.freedesktop.systemd1';
 const MANAGER_PATH = '/org/freedesktop/systemd1';
 const MANAGER = 'org.freedesktop.systemd1.Manager';
 const DEFAULT_TIMEOUT_MS = 30_000;
-
-/** D-Bus error names that mean "nobody to talk to". */
-const UNREACHABLE = new Set([
-  'org.freedesktop.DBus.Error.ServiceUnknown',
-  'org.freedesktop.DBus.Error.NameHasNoOwner',
-  'org.freedesktop.DBus.Error.NoReply',
-  'org.freedesktop.DBus.Error.Disconnected',
-  'org.freedesktop.DBus.Error.NoServer',
-]);
-
-function dbusErrorName(err: unknown): string | undefined {
-  return err instanceof dbus.DBusError ? err.type : undefined;
-}
-
-/** A failed manager call as a KataError; `what` names the call and its object. */
-function systemdError(err: unknown, what: string, address: string): KataError {
-  if (err instanceof KataError) return err;
-  const name = dbusErrorName(err);
-  const details = { dbusError: name, address };
-  // Spawn.*: the bus tried to activate a systemd1 service file instead - no manager on that bus.
-  if (name !== undefined && (UNREACHABLE.has(name) || name.startsWith('org.freedesktop.DBus.Error.Spawn.'))) {
-    return unavailable('SYSTEMD_UNAVAILABLE', `the systemd manager on ${address} did not answer ${what}.`, { cause: err, details });
-  }
-  switch (name) {
-    case 'org.freedesktop.systemd1.NoSuchUnit':
-      return notFound('SYSTEMD_NO_SUCH_UNIT', `systemd has no unit for ${what}.`, { cause: err, details });
-    case 'org.freedesktop.systemd1.UnitExists':
-      return alreadyExists('SYSTEMD_UNIT_EXISTS', `systemd already has the unit of ${what}.`, { cause: err, details });
-    case 'org.freedesktop.DBus.Error.UnixProcessIdUnknown':
-      // Also what a caller in another pid namespace than systemd's gets: PIDs resolve in systemd's.
-      return precondition('CGROUP_PID_GONE', `the process to place with ${what} does not exist in systemd's pid namespace.`, {
-        cause: err,
-        details,
-      });
-    case 'org.freedesktop.DBus.Error.AccessDenied':
-    case 'org.freedesktop.DBus.Error.InteractiveAuthorizationRequired':
-      return precondition('SYSTEMD_ACCESS_DENIED', `systemd denied ${what}.`, { cause: err, details });
-    case 'org.freedesktop.DBus.Error.InvalidArgs':
-    case 'org.freedesktop.DBus.Error.PropertyReadOnly':
-    case 'org.freedesktop.DBus.Error.UnknownProperty':
-      return precondition('SYSTEMD_REFUSED', `systemd refused the arguments of ${what}.`, { cause: err, details });
-    default:
-      return internal('SYSTEMD_CALL_FAILED', `systemd failed ${what}.`, { cause: err, details });
-  }
-}
-
-function withTimeout<T>(promise: Promise<T>, timeoutMs: number, onTimeout: () => KataError): Promise<T> {
-  let timer: NodeJS.Timeout | undefined;
-  const deadline = new Promise<never>((_resolve, reject) => {
-    timer = setTimeout(() => reject(onTimeout()), timeoutMs);
-  });
-  return Promise.race([promise, deadline]).finally(() => clearTimeout(timer));
-}
 
 /** One connection to the manager: method calls with a deadline, and JobRemoved results by job path. */
 class ManagerConnection {
@@ -165,6 +113,12 @@ class ManagerConnection {
     this.closed = true;
     this.bus.disconnect();
   }
+}
+
+/** Hierarchies holding the limits that the VMM is not in (by record key). */
+export function missingLimitHierarchies(paths: Record<string, string>, mode: CgroupMode): string[] {
+  if (mode === 'v2') return paths.unified === undefined ? ['unified'] : [];
+  return ['cpu', 'memory'].filter((c) => !Object.keys(paths).some((k) => k.split(',').includes(c)));
 }
 
 function toDbusProperties(props: SystemdProperty[]): [string, dbus.Variant][] {
@@ -292,6 +246,17 @@ export class SystemdDriver implements CgroupDriver {
         throw internal('SYSTEMD_PID_NOT_PLACED', `systemd started ${unit} but pid ${req.pid} is not in its cgroup ${controlGroup}.`, {
           details: { unit, controlGroup, pid: req.pid },
         });
+      }
+      // The budget holds only if the VMM sits in the scope where the limits live: cgroup2, or
+      // the v1 cpu and memory hierarchies. A manager that does not realise them there (it
+      // cannot write them) would leave the VMM unlimited: refused rather than placed anyway.
+      const missing = missingLimitHierarchies(paths, mode);
+      if (missing.length > 0) {
+        throw precondition(
+          'SYSTEMD_LIMITS_NOT_APPLIED',
+          `systemd placed pid ${req.pid} in ${unit} but not in its ${missing.join(' and ')} cgroup, so the limits would not apply.`,
+          { details: { unit, controlGroup, paths } },
+        );
       }
       this.logger.info({ sandboxId: req.sandboxId, unit, slice, controlGroup, paths }, 'VMM placed in a systemd scope');
       return { driver: 'systemd', cgroupParent: req.cgroupParent, mode, unit, slice, paths, limits: { ...req.limits } };

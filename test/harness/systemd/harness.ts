@@ -114,6 +114,10 @@ export async function runConfinedSystemd<T>(opts: HarnessOptions): Promise<Harne
         KATA_TS_RESULT: resultFile,
       },
     });
+    // Should this process exit early, do not leave the confined tree running (SIGKILL to the
+    // shell's exec'd unshare makes it SIGKILL the namespace's init, which takes everything along).
+    const killOnExit = () => child.kill('SIGKILL');
+    process.once('exit', killOnExit);
     let stderr = '';
     child.stdout.on('data', (d: Buffer) => (stderr += d.toString()));
     child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
@@ -122,6 +126,7 @@ export async function runConfinedSystemd<T>(opts: HarnessOptions): Promise<Harne
       child.on('exit', (code, sig) => resolve([code, sig])),
     );
     clearTimeout(timer);
+    process.off('exit', killOnExit);
     const resultText = await readText(resultFile).catch(() => undefined);
     run = {
       exitCode,
