@@ -55,7 +55,7 @@ export function statusResponse(config: KataConfig, facts: RuntimeFacts, request:
       ],
     },
     runtime_handlers: runtimeHandlers,
-    features: { supplemental_groups_policy: false },
+    features: { supplemental_groups_policy: false, user_namespaces_host_network: false },
     info: {},
   };
   if (request.verbose) {

@@ -117,3 +117,11 @@ describe('handler lookup', () => {
     expect((caught as Error).message).toContain('kata-ts, kata-ts-cvm');
   });
 });
+
+describe('shipped example config', () => {
+  it('deploy/config.example.json is valid', async () => {
+    const file = path.join(__dirname, '../../../deploy/config.example.json');
+    const loaded = await loadConfig(file);
+    expect(loaded.config.handlers['kata-ts']!.vm.maxVcpus).toBe(16);
+  });
+});

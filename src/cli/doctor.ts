@@ -1,0 +1,99 @@
+import { errorMessage } from '../common/errors.js';
+import { createLogger } from '../common/logger.js';
+import { detectCgroupMode, probeSystemdManager } from '../cgroups/index.js';
+import type { KataConfig } from '../config/types.js';
+import { readHostInventory } from '../pcie/index.js';
+import { gatherFacts } from '../runtime/gather-facts.js';
+import { parseCommandArgs, UsageError, type CliIo } from './args.js';
+import { loadWithOverrides } from './serve.js';
+
+const HELP = `Usage: kata-ts doctor [--config FILE] [--format text|json]
+
+Checks this host the way the daemon will use it and prints one line per check with ok, warn or
+fail: QEMU binary, acceleration (KVM or TCG, and why), guest kernel and initramfs, cgroup mode
+(v1, v2 or hybrid), the cgroup driver RuntimeConfig will advertise, systemd reachability, and
+IOMMU groups for VFIO. Exits 1 when any check fails.
+`;
+
+export type Verdict = 'ok' | 'warn' | 'fail';
+export interface DoctorCheck {
+  name: string;
+  verdict: Verdict;
+  message: string;
+}
+
+/** Run every check; never throws for a host problem (that is what the report is for). */
+export async function runDoctorChecks(config: KataConfig, configPath: string | null): Promise<DoctorCheck[]> {
+  const checks: DoctorCheck[] = [];
+  checks.push({ name: 'config', verdict: 'ok', message: configPath ?? 'no config file: built-in defaults' });
+  const facts = await gatherFacts({ config, path: configPath });
+  checks.push({ name: 'qemu', verdict: facts.qemu.ok ? 'ok' : 'fail', message: facts.qemu.message });
+  checks.push({
+    name: 'acceleration',
+    // TCG works everywhere but boots take seconds instead of a fraction of one: worth a warning.
+    verdict: facts.acceleration.accel === 'kvm' ? 'ok' : 'warn',
+    message: `${facts.acceleration.accel}: ${facts.acceleration.reason}`,
+  });
+  checks.push({ name: 'guest-assets', verdict: facts.guestAssets.ok ? 'ok' : 'fail', message: facts.guestAssets.message });
+
+  try {
+    const mode = await detectCgroupMode(config.cgroupRoot);
+    checks.push({ name: 'cgroup-mode', verdict: 'ok', message: `${mode} (${config.cgroupRoot})` });
+  } catch (err) {
+    checks.push({ name: 'cgroup-mode', verdict: 'fail', message: errorMessage(err) });
+  }
+  const driver = facts.cgroupDriver;
+  checks.push({
+    name: 'cgroup-driver',
+    verdict: 'ok',
+    message: `${driver.name} (${driver.source === 'config' ? 'set in the config file' : `detected: ${config.systemdRuntimeDir} ${driver.name === 'systemd' ? 'exists' : 'does not exist'}`}); RuntimeConfig advertises the same`,
+  });
+
+  const quiet = createLogger({ level: 'silent' });
+  try {
+    const info = await probeSystemdManager(config.dbusAddress, quiet, 3000);
+    checks.push({ name: 'systemd', verdict: 'ok', message: `systemd ${info.version} reachable at ${info.address}` });
+  } catch (err) {
+    // Unreachable systemd only matters when the systemd driver is the one in use.
+    checks.push({
+      name: 'systemd',
+      verdict: driver.name === 'systemd' ? 'fail' : 'warn',
+      message: `${errorMessage(err).replace(/\.$/, '')}${driver.name === 'systemd' ? '' : ' (not needed: the cgroupfs driver is in use)'}`,
+    });
+  }
+
+  try {
+    const inventory = await readHostInventory({ sysfsRoot: config.pcie.sysfsRoot, devRoot: config.pcie.devRoot });
+    const vfio = inventory.functions.filter((f) => f.driver === 'vfio-pci').length;
+    checks.push(
+      inventory.iommuEnabled
+        ? { name: 'iommu', verdict: 'ok', message: `${inventory.groups.length} IOMMU groups, ${vfio} functions bound to vfio-pci` }
+        : { name: 'iommu', verdict: 'warn', message: `no IOMMU groups under ${config.pcie.sysfsRoot}/kernel/iommu_groups: VFIO devices cannot be passed to pods` },
+    );
+  } catch (err) {
+    checks.push({ name: 'iommu', verdict: 'fail', message: errorMessage(err) });
+  }
+  return checks;
+}
+
+export async function runDoctorCommand(argv: string[], io: CliIo): Promise<number> {
+  const { values } = parseCommandArgs(argv, {
+    config: { type: 'string' },
+    format: { type: 'string', default: 'text' },
+    help: { type: 'boolean', short: 'h' },
+  });
+  if (values.help === true) {
+    io.stdout.write(HELP);
+    return 0;
+  }
+  if (values.format !== 'text' && values.format !== 'json') throw new UsageError(`--format must be text or json, got "${values.format}"`);
+  const loaded = await loadWithOverrides(values);
+  const checks = await runDoctorChecks(loaded.config, loaded.path);
+  if (values.format === 'json') {
+    io.stdout.write(JSON.stringify({ checks }, null, 2) + '\n');
+  } else {
+    const width = Math.max(...checks.map((c) => c.name.length));
+    for (const c of checks) io.stdout.write(`${c.verdict.padEnd(4)}  ${c.name.padEnd(width)}  ${c.message}\n`);
+  }
+  return checks.some((c) => c.verdict === 'fail') ? 1 : 0;
+}
