@@ -171,18 +171,25 @@ async function ensureBlob(
   signal: AbortSignal,
   progress: PullProgress | undefined,
 ): Promise<void> {
-  const running = ctx.inflightBlobs.get(desc.digest);
-  if (running !== undefined) {
-    try {
-      await raceAbort(running, signal);
-    } catch (err) {
-      throwIfAborted(signal);
-      ctx.logger.debug({ digest: desc.digest, err: (err as Error).message }, 'shared blob download failed; downloading it here');
+  let othersFailed = false;
+  for (;;) {
+    const running = ctx.inflightBlobs.get(desc.digest);
+    if (running !== undefined && !othersFailed) {
+      try {
+        await raceAbort(running, signal);
+      } catch (err) {
+        throwIfAborted(signal);
+        othersFailed = true;
+        ctx.logger.debug({ digest: desc.digest, err: (err as Error).message }, 'shared blob download failed; downloading it here');
+      }
     }
-  }
-  if (await ctx.blobs.has(desc.digest, desc.size)) {
-    if (progress !== undefined) progress.bytesDone += desc.size;
-    return;
+    if (await ctx.blobs.has(desc.digest, desc.size)) {
+      if (progress !== undefined) progress.bytesDone += desc.size;
+      return;
+    }
+    // has() yielded: another pull may have started this very blob meanwhile. Checking and
+    // registering below happen in one synchronous step, so at most one download starts.
+    if (ctx.inflightBlobs.get(desc.digest) === undefined || othersFailed) break;
   }
   const download = (async () => {
     const res = await session.openBlob(desc.digest, signal);
