@@ -143,11 +143,13 @@ export async function runConfinedSystemd<T>(opts: HarnessOptions): Promise<Harne
     const leftovers = await removePrivateCgroups(pc);
     await fsp.rm(work, { recursive: true, force: true });
     const pid1After = await readText('/proc/1/cgroup');
+    if (run !== undefined) Object.assign(run, { pid1Before, pid1After, leftoverCgroups: leftovers, leftoverProcesses });
     if (pid1After !== pid1Before) {
       // Loud on purpose: this is the one thing that must never happen.
-      console.error(`!!! PID 1's cgroups changed during the systemd harness run:\nbefore:\n${pid1Before}\nafter:\n${pid1After}`);
+      const message = `PID 1's cgroups changed during the systemd harness run:\nbefore:\n${pid1Before}\nafter:\n${pid1After}`;
+      console.error(`!!! ${message}`);
+      throw new Error(message);
     }
-    if (run !== undefined) Object.assign(run, { pid1Before, pid1After, leftoverCgroups: leftovers, leftoverProcesses });
   }
   return run as HarnessRun<T>;
 }

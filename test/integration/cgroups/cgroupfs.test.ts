@@ -215,13 +215,13 @@ describe('cgroupfs driver on real cgroup v1 hybrid', () => {
   });
 
   it('moves the VMM back and removes everything when joining fails half-way (join failure injected)', async () => {
-    // The real kernel interface, except that joining the pids hierarchy fails after the cpu,
-    // cpuacct, cpuset and memory joins succeeded.
-    const pidsDir = hierarchy(pc, 'pids').dir;
+    // The real kernel interface, except that joining cgroup2 - the last hierarchy joined - fails
+    // after every v1 join and the named systemd one succeeded.
+    const unifiedDir = hierarchy(pc, 'unified').dir;
     const failing: CgroupFs = {
       ...realCgroupFs,
       async writeFile(file, value) {
-        if (file.startsWith(pidsDir) && file.endsWith(path.join(leafName, 'cgroup.procs'))) {
+        if (file.startsWith(unifiedDir) && file.endsWith(path.join(leafName, 'cgroup.procs'))) {
           throw Object.assign(new Error('injected'), { code: 'EIO' });
         }
         return realCgroupFs.writeFile(file, value);
@@ -230,6 +230,7 @@ describe('cgroupfs driver on real cgroup v1 hybrid', () => {
     const vmm = await sleeper();
     const err = await errorOf(makeDriver(failing).place({ sandboxId, cgroupParent: `/${podRel}`, pid: vmm.pid as number, limits }));
     expect([err.kind, err.reason]).toEqual(['internal', 'CGROUP_IO_FAILED']);
+    expect(err.message).toContain(path.join(leafName, 'cgroup.procs'));
     await expectAllHome(vmm.pid as number);
     expect(await createdDirs()).toEqual([]);
   });
