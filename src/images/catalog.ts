@@ -2,7 +2,7 @@ import { resolveIdPrefix } from '../common/ids.js';
 import type { ImageMessage } from './cri-types.js';
 import { isDigest } from './digest.js';
 import { isBareRepository, parseReference, repoDigestOf, repoTagOf, repositoryOf, type ImageReference } from './reference.js';
-import type { ImageRecord } from './store/records.js';
+import type { ImageRecord, LayerRecord } from './store/records.js';
 
 /** How a lookup string matched, for logs and for untagging. */
 export type ImageMatch =
@@ -90,4 +90,59 @@ export function toImageMessage(record: ImageRecord): ImageMessage {
 /** The names a pull of `ref` adds: its repo tag (unless pulled by digest) and its repo digest. */
 export function namesFromPull(ref: ImageReference, topDigest: string): { tag: string | undefined; digest: string } {
   return { tag: repoTagOf(ref), digest: repoDigestOf(ref, topDigest as `sha256:${string}`) };
+}
+
+/** What a finished fetch contributes to the index (a subset of the pull's FetchedImage). */
+export interface PulledImageFacts {
+  id: `sha256:${string}`;
+  manifestDigest: `sha256:${string}`;
+  manifestMediaType: string;
+  layers: LayerRecord[];
+  sizeBytes: number;
+  uid: number | null;
+  username: string;
+}
+
+/**
+ * The image list after a pull (pure): the image's record is added or updated, the pulled tag
+ * moves to it from whichever image held it (a tag names one image), its repo digest is added,
+ * and `pinned` is recomputed from the pinned references.
+ */
+export function recordsAfterPull(
+  current: readonly ImageRecord[],
+  pulled: PulledImageFacts,
+  names: { tag: string | undefined; digest: string },
+  annotations: Record<string, string>,
+  pinnedRefs: ReadonlySet<string>,
+  now: Date,
+): { records: ImageRecord[]; record: ImageRecord } {
+  const records = current.map((r) => ({ ...r, repoTags: [...r.repoTags], repoDigests: [...r.repoDigests] }));
+  let record = records.find((r) => r.id === pulled.id);
+  if (record === undefined) {
+    record = {
+      id: pulled.id,
+      repoTags: [],
+      repoDigests: [],
+      manifestDigest: pulled.manifestDigest,
+      manifestMediaType: pulled.manifestMediaType,
+      layers: pulled.layers,
+      sizeBytes: pulled.sizeBytes,
+      uid: pulled.uid,
+      username: pulled.username,
+      pinned: false,
+      annotations,
+      pulledAt: now.toISOString(),
+    };
+    records.push(record);
+  } else if (Object.keys(annotations).length > 0) {
+    record.annotations = annotations;
+  }
+  const tag = names.tag;
+  if (tag !== undefined) {
+    for (const other of records) if (other !== record) other.repoTags = other.repoTags.filter((t) => t !== tag);
+    if (!record.repoTags.includes(tag)) record.repoTags.push(tag);
+  }
+  if (!record.repoDigests.includes(names.digest)) record.repoDigests.push(names.digest);
+  for (const r of records) r.pinned = r.repoTags.some((t) => pinnedRefs.has(t)) || r.repoDigests.some((d) => pinnedRefs.has(d));
+  return { records, record };
 }

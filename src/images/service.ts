@@ -4,7 +4,7 @@ import path from 'node:path';
 import { invalid, precondition } from '../common/errors.js';
 import type { Logger } from '../common/logger.js';
 import { operationScope, raceAbort } from './abort.js';
-import { filterImages, lookupImage, namesFromPull, toImageMessage } from './catalog.js';
+import { filterImages, lookupImage, namesFromPull, recordsAfterPull, toImageMessage } from './catalog.js';
 import type {
   CallOptions,
   ImageFsInfoResponseMessage,
@@ -29,7 +29,7 @@ import { BlobStore } from './store/blobs.js';
 import { collectGarbage } from './store/gc.js';
 import { LeaseSet, Mutex } from './store/mutex.js';
 import { ImageRecordFile, referencedBlobs, type ImageRecord } from './store/records.js';
-import { diskUsage } from './store/usage.js';
+import { imageFsUsage } from './store/usage.js';
 
 export interface ImageServiceOptions {
   /** kata-ts's state directory; images live in `<stateDir>/images`. */
@@ -206,37 +206,9 @@ export class ImageService {
 
   /** Make a fetched image visible: add or update its record, move the tag to it, save atomically. */
   private async commit(ref: ReturnType<typeof parseReference>, fetched: FetchedImage, annotations: Record<string, string>): Promise<ImageRecord> {
-    const names = namesFromPull(ref, fetched.topDigest);
-    const next = this.records.map((r) => ({ ...r, repoTags: [...r.repoTags], repoDigests: [...r.repoDigests] }));
-    let record = next.find((r) => r.id === fetched.id);
-    if (record === undefined) {
-      record = {
-        id: fetched.id,
-        repoTags: [],
-        repoDigests: [],
-        manifestDigest: fetched.manifestDigest,
-        manifestMediaType: fetched.manifestMediaType,
-        layers: fetched.layers,
-        sizeBytes: fetched.sizeBytes,
-        uid: fetched.uid,
-        username: fetched.username,
-        pinned: false,
-        annotations,
-        pulledAt: new Date().toISOString(),
-      };
-      next.push(record);
-    } else if (Object.keys(annotations).length > 0) {
-      record.annotations = annotations;
-    }
-    if (names.tag !== undefined) {
-      // A tag names one image: pulling a moved tag takes it from the image it named before.
-      for (const other of next) if (other !== record) other.repoTags = other.repoTags.filter((t) => t !== names.tag);
-      if (!record.repoTags.includes(names.tag)) record.repoTags.push(names.tag);
-    }
-    if (!record.repoDigests.includes(names.digest)) record.repoDigests.push(names.digest);
-    for (const r of next) r.pinned = r.repoTags.some((t) => this.pinned.has(t)) || r.repoDigests.some((d) => this.pinned.has(d));
-    await this.recordFile.save(next);
-    this.records = next;
+    const { records, record } = recordsAfterPull(this.records, fetched, namesFromPull(ref, fetched.topDigest), annotations, this.pinned, new Date());
+    await this.recordFile.save(records);
+    this.records = records;
     return record;
   }
 
@@ -343,18 +315,7 @@ export class ImageService {
     // Concurrent callers share one walk of the tree.
     this.usageRun ??= (async () => {
       try {
-        const usage = await diskUsage(this.root);
-        return {
-          image_filesystems: [
-            {
-              timestamp: (BigInt(Date.now()) * 1_000_000n).toString(),
-              fs_id: { mountpoint: this.root },
-              used_bytes: { value: String(usage.usedBytes) },
-              inodes_used: { value: String(usage.inodesUsed) },
-            },
-          ],
-          container_filesystems: [],
-        };
+        return await imageFsUsage(this.root);
       } finally {
         this.usageRun = undefined;
       }

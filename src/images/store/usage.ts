@@ -1,6 +1,7 @@
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
 import { errnoCode } from '../../common/errors.js';
+import type { ImageFsInfoResponseMessage } from '../cri-types.js';
 
 export interface DiskUsage {
   /** Allocated bytes (st_blocks * 512), each inode counted once. */
@@ -41,4 +42,20 @@ export async function diskUsage(root: string): Promise<DiskUsage> {
     }
   }
   return { usedBytes, inodesUsed: seen.size };
+}
+
+/** The ImageFsInfo answer for a store rooted at `root` (its own mountpoint id; containers share it). */
+export async function imageFsUsage(root: string): Promise<ImageFsInfoResponseMessage> {
+  const usage = await diskUsage(root);
+  return {
+    image_filesystems: [
+      {
+        timestamp: (BigInt(Date.now()) * 1_000_000n).toString(),
+        fs_id: { mountpoint: root },
+        used_bytes: { value: String(usage.usedBytes) },
+        inodes_used: { value: String(usage.inodesUsed) },
+      },
+    ],
+    container_filesystems: [],
+  };
 }

@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { filterImages, lookupImage, toImageMessage } from '../../../src/images/catalog.js';
+import { filterImages, lookupImage, recordsAfterPull, toImageMessage } from '../../../src/images/catalog.js';
 import type { Digest } from '../../../src/images/digest.js';
 import type { ImageRecord } from '../../../src/images/store/records.js';
 
@@ -76,5 +76,32 @@ describe('toImageMessage', () => {
       pinned: false,
     });
     expect(toImageMessage(busybox).uid).toBeNull();
+  });
+});
+
+describe('recordsAfterPull', () => {
+  const facts = { id: id('c'), manifestDigest: id('d'), manifestMediaType: 'm', layers: [], sizeBytes: 9, uid: 0, username: '' };
+  const now = new Date('2024-02-02T00:00:00Z');
+
+  it('adds a new image, moving the tag away from the image that held it', () => {
+    const { records: next, record } = recordsAfterPull(
+      records,
+      facts,
+      { tag: 'docker.io/library/busybox:latest', digest: `docker.io/library/busybox@${id('3')}` },
+      { a: 'b' },
+      new Set(['docker.io/library/busybox:latest']),
+      now,
+    );
+    expect(record).toMatchObject({ id: id('c'), repoTags: ['docker.io/library/busybox:latest'], pinned: true, annotations: { a: 'b' }, pulledAt: now.toISOString() });
+    expect(next.find((r) => r.id === id('a'))?.repoTags).toEqual(['docker.io/library/busybox:1.36']);
+    expect(records[0]?.repoTags).toHaveLength(2); // the input is not mutated
+  });
+
+  it('adds names to an existing image without duplicates', () => {
+    const again = recordsAfterPull(records, { ...facts, id: id('a') }, { tag: 'docker.io/library/busybox:1.36', digest: `docker.io/library/busybox@${id('1')}` }, {}, new Set(), now);
+    expect(again.records).toHaveLength(3);
+    expect(again.record.repoTags).toEqual(busybox.repoTags);
+    expect(again.record.repoDigests).toEqual(busybox.repoDigests);
+    expect(again.record.pulledAt).toBe(busybox.pulledAt);
   });
 });
