@@ -89,6 +89,24 @@ async function startTokenServer(dir: string, users: RegistryUser[], anonymousPul
     return `${signingInput}.${b64url(signature)}`;
   };
   const server = http.createServer((req, res) => {
+    if (req.method === 'POST') {
+      // OAuth2 refresh-token grant (docker's identity token): the token `refresh-<user>` is valid.
+      let body = '';
+      req.on('data', (c: Buffer) => (body += c.toString()));
+      req.on('end', () => {
+        const form = new URLSearchParams(body);
+        const scope = form.get('scope') ?? '';
+        const name = (form.get('refresh_token') ?? '').replace(/^refresh-/, '');
+        const known = form.get('grant_type') === 'refresh_token' && users.some((u) => u.username === name);
+        requests.push({ scope, user: known ? `oauth:${name}` : 'refused:oauth' });
+        if (!known) {
+          res.writeHead(401, { 'Content-Type': 'application/json' }).end('{"error":"invalid_grant"}');
+          return;
+        }
+        res.writeHead(200, { 'Content-Type': 'application/json' }).end(JSON.stringify({ access_token: sign(scope, name), expires_in: 600 }));
+      });
+      return;
+    }
     const url = new URL(req.url ?? '/', 'http://x');
     const scope = url.searchParams.get('scope') ?? '';
     let user: string | undefined;

@@ -118,6 +118,18 @@ describe('registry with Docker token (Bearer) auth', () => {
     ).rejects.toMatchObject({ kind: 'unauthenticated', reason: 'IMAGE_REGISTRY_UNAUTHORIZED' });
   });
 
+  it('exchanges an identity_token at the token service (OAuth2 refresh-token grant)', async () => {
+    const { service } = await fresh();
+    tokenRegistry.tokenRequests.length = 0;
+    const res = await service.pullImage({ image: { image: `${tokenRegistry.host}/kata/private:1` }, auth: { identity_token: `refresh-${user.username}` } });
+    expect(res.image_ref).toBe(image.id);
+    expect(tokenRegistry.tokenRequests).toEqual([{ scope: 'repository:kata/private:pull', user: `oauth:${user.username}` }]);
+    await service.removeImage({ image: { image: image.id } });
+    await expect(
+      service.pullImage({ image: { image: `${tokenRegistry.host}/kata/private:1` }, auth: { identity_token: 'refresh-nobody' } }),
+    ).rejects.toMatchObject({ kind: 'unauthenticated', reason: 'IMAGE_REGISTRY_UNAUTHORIZED' });
+  });
+
   it('sends a registry_token as the bearer token without asking the token service', async () => {
     const { service } = await fresh();
     const bearer = (await tokenRegistry.pushAuthorization('kata/private'))?.slice('Bearer '.length) ?? '';
