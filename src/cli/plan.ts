@@ -2,6 +2,8 @@ import { readFile } from 'node:fs/promises';
 import os from 'node:os';
 import { errnoCode, errorMessage, isKataError } from '../common/errors.js';
 import { loadConfig } from '../config/load.js';
+import { chooseAcceleration } from '../hypervisor/index.js';
+import { inventoryOptionsForRoot, readPcieHostFacts } from '../pcie/index.js';
 import type { HostCapacity } from '../sizing/types.js';
 import { parseCommandArgs, UsageError, type CliIo } from './args.js';
 import { loadPlanRequest } from './plan/load.js';
@@ -9,7 +11,7 @@ import { planJson, planText } from './plan/output.js';
 import { buildPlanReport } from './plan/report.js';
 
 export const PLAN_USAGE = `Usage: kata-ts plan --request FILE [--config FILE] [--handler NAME] [--format text|json]
-                    [--host-cpus N] [--host-memory-mib N]
+                    [--host-cpus N] [--host-memory-mib N] [--sysfs-root DIR] [--cdi-dir DIR]...
 
 Shows how kata-ts would shape a pod's VM, without starting anything.
 
@@ -21,6 +23,10 @@ Shows how kata-ts would shape a pod's VM, without starting anything.
   --format text|json    output format (default: text)
   --host-cpus N         plan for a host with N CPUs instead of this one
   --host-memory-mib N   plan for a host with N MiB of memory instead of this one
+  --sysfs-root DIR      read PCI devices and IOMMU groups from DIR instead of the config's sysfs
+                        root (a fixtures/sysfs/<name> tree carries its own dev/ and device numbers)
+  --cdi-dir DIR         read CDI specs from DIR instead of the config's CDI dirs (repeatable,
+                        lowest priority first)
 
 Exit status: 0 planned; 1 the pod does not fit (handler ceiling or host); 2 bad usage, an
 unreadable or invalid request file or config, or an unknown handler.
@@ -35,6 +41,8 @@ const OPTIONS = {
   format: { type: 'string', short: 'f' },
   'host-cpus': { type: 'string' },
   'host-memory-mib': { type: 'string' },
+  'sysfs-root': { type: 'string' },
+  'cdi-dir': { type: 'string', multiple: true },
   help: { type: 'boolean', short: 'h' },
 } as const;
 
@@ -89,7 +97,11 @@ export async function runPlanCommand(argv: string[], io: CliIo): Promise<number>
     }
     const { request } = loadPlanRequest(text, file);
     const { config } = await loadConfig(values.config);
-    const report = buildPlanReport(request, config, hostCapacity(cpus, memoryMiB), values.handler);
+    const sysfsRoot = values['sysfs-root'];
+    const pcieConfig = { ...config.pcie, ...(values['cdi-dir'] === undefined ? {} : { cdiSpecDirs: values['cdi-dir'] }) };
+    const pcieFacts = await readPcieHostFacts(pcieConfig, sysfsRoot === undefined ? undefined : await inventoryOptionsForRoot(sysfsRoot, config.pcie.devRoot));
+    const env = { config, host: hostCapacity(cpus, memoryMiB), pcieFacts, accel: chooseAcceleration(config.hypervisor.acceleration) };
+    const report = buildPlanReport(request, env, values.handler);
     io.stdout.write(format === 'json' ? `${JSON.stringify(planJson(report), null, 2)}\n` : planText(report));
     return 0;
   } catch (err) {

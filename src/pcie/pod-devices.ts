@@ -7,7 +7,7 @@ import type { VfioDeviceRequest } from './types.js';
 export interface PodResourceConfigLike {
   containers?: Array<{
     name?: string;
-    type?: string;
+    type?: string | number;
     devices?: Array<{ container_path?: string; host_path?: string; permissions?: string }> | null;
     CDI_devices?: Array<{ name?: string }> | null;
   }> | null;

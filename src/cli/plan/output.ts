@@ -1,3 +1,5 @@
+import type { AccelerationChoice } from '../../hypervisor/index.js';
+import type { PodPciePlan } from '../../pcie/index.js';
 import type { HostCapacity, SizingPlan, VmmOverheadSource } from '../../sizing/types.js';
 
 /**
@@ -10,6 +12,8 @@ export interface PlanReport {
   pod: { name: string; namespace: string; uid: string };
   hostCapacity: HostCapacity;
   sizing: SizingPlan;
+  pcie: PodPciePlan;
+  qemu: { binary: string; accel: AccelerationChoice; argv: string[]; workDir: string };
 }
 
 export interface PlanSection {
@@ -145,8 +149,34 @@ const containers: PlanSection = {
   },
 };
 
-/** Sections in output order. Add `pcie` and `qemu` here when their planners land. */
-export const PLAN_SECTIONS: PlanSection[] = [summary, vm, host, vmmOverhead, workload, containers];
+const pcie: PlanSection = {
+  key: 'pcie',
+  json: (r) => ({ ...r.pcie.description, sources: r.pcie.devices.sources, warnings: r.pcie.warnings }),
+  text: (r) => ['PCIe', ...r.pcie.text.map((l) => `  ${l}`), ...r.pcie.warnings.map((w) => `  warning: ${w}`)],
+};
+
+/** QEMU arguments printed one option per line, values joined to their flag, as a reviewer reads them. */
+function argvLines(argv: string[]): string[] {
+  const lines: string[] = [];
+  for (let i = 0; i < argv.length; i++) {
+    const arg = argv[i]!;
+    const next = argv[i + 1];
+    if (arg.startsWith('-') && next !== undefined && !next.startsWith('-')) {
+      lines.push(`  ${arg} ${next}`);
+      i++;
+    } else lines.push(`  ${arg}`);
+  }
+  return lines;
+}
+
+const qemu: PlanSection = {
+  key: 'qemu',
+  json: (r) => r.qemu,
+  text: (r) => [`QEMU (${r.qemu.accel.accel}: ${r.qemu.accel.reason})`, `  ${r.qemu.binary}`, ...argvLines(r.qemu.argv)],
+};
+
+/** Sections in output order. */
+export const PLAN_SECTIONS: PlanSection[] = [summary, vm, host, vmmOverhead, workload, containers, pcie, qemu];
 
 /** The JSON document: identity keys first, then one key per section. */
 export function planJson(report: PlanReport): Record<string, unknown> {

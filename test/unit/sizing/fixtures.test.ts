@@ -1,13 +1,19 @@
 import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
-import { describe, expect, it } from 'vitest';
+import { beforeAll, describe, expect, it } from 'vitest';
+import type { PlanEnvironment } from '../../../src/cli/plan/report.js';
+import { fixturePlanEnvironment } from '../../helpers/plan-env.js';
 import { loadPlanRequest } from '../../../src/cli/plan/load.js';
 import { planJson } from '../../../src/cli/plan/output.js';
 import { buildPlanReport } from '../../../src/cli/plan/report.js';
 import { packageRoot } from '../../../src/common/paths.js';
-import { defaultConfig } from '../../../src/config/defaults.js';
 import { encodeProtoJson } from '../../helpers/sizing-protojson.js';
 import { BIG_HOST } from '../../helpers/sizing-pods.js';
+
+let env: PlanEnvironment;
+beforeAll(async () => {
+  env = await fixturePlanEnvironment({ ...BIG_HOST });
+});
 
 /**
  * fixtures/pods/: each pod as a Kubernetes manifest (<pod>.pod.yaml), as the RunPodSandboxRequest
@@ -24,7 +30,7 @@ const UPDATE = process.env.KATA_UPDATE_FIXTURES === '1';
 
 function plan(text: string, file: string) {
   const { form, request } = loadPlanRequest(text, file);
-  return { form, request, json: planJson(buildPlanReport(request, defaultConfig(), { ...BIG_HOST })) };
+  return { form, request, json: planJson(buildPlanReport(request, env)) };
 }
 
 function readOrWrite(file: string, produce: () => unknown): unknown {

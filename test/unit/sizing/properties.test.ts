@@ -1,13 +1,19 @@
 import fc from 'fast-check';
 import { stringify } from 'yaml';
-import { describe, expect, it } from 'vitest';
+import { beforeAll, describe, expect, it } from 'vitest';
+import type { PlanEnvironment } from '../../../src/cli/plan/report.js';
+import { fixturePlanEnvironment } from '../../helpers/plan-env.js';
 import { loadPlanRequest } from '../../../src/cli/plan/load.js';
 import { planJson } from '../../../src/cli/plan/output.js';
 import { buildPlanReport } from '../../../src/cli/plan/report.js';
-import { defaultConfig } from '../../../src/config/defaults.js';
 import { planSizing } from '../../../src/sizing/shape.js';
 import type { SizingPlan } from '../../../src/sizing/types.js';
 import { BIG_HOST, handlerNamed, podWith, type ContainerSpec } from '../../helpers/sizing-pods.js';
+
+let env: PlanEnvironment;
+beforeAll(async () => {
+  env = await fixturePlanEnvironment({ ...BIG_HOST });
+});
 
 /**
  * An abstract pod, rendered two independent ways: as a Kubernetes manifest (converted by
@@ -174,7 +180,7 @@ function requestJson(pod: ModelPod): string {
 
 function planText(text: string, file: string): unknown {
   const { request } = loadPlanRequest(text, file);
-  return planJson(buildPlanReport(request, defaultConfig(), { ...BIG_HOST }));
+  return planJson(buildPlanReport(request, env));
 }
 
 describe('sizing properties (fast-check)', () => {
