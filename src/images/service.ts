@@ -260,42 +260,27 @@ export class ImageService {
    * image is success (idempotent); an image a container uses is FAILED_PRECONDITION. Blobs and
    * the root filesystem no other image needs are deleted before answering.
    */
+  /**
+   * RemoveImage. By id or repo digest the whole image goes, with every name (what the kubelet's
+   * garbage collector asks, by id). By a tag while the image has other tags, only that tag goes and
+   * the image stays (CRI-O's behaviour, and what `crictl rmi <tag>` users expect); by its last
+   * tag, the image goes. Idempotent: a name that matches nothing is success.
+   */
   async removeImage(request: RemoveImageRequestInput, _call: CallOptions = {}): Promise<RemoveImageResponseMessage> {
     const input = specImage(request.image, 'image.image');
     await this.mutex.run(async () => {
       const match = lookupImage(this.records, input);
       if (match === undefined) return;
-      await this.dropRecord(match.record);
-    });
-    return {};
-  }
-
-  /**
-   * Remove one name (repo tag or repo digest) from an image and keep the image while other tags
-   * remain: docker's `rmi <tag>` behaviour, which CRI RemoveImage does not have. The image itself
-   * goes (with the in-use check) when its last tag goes. Returns false when nothing matched.
-   */
-  async untagImage(ref: string): Promise<boolean> {
-    return this.mutex.run(async () => {
-      const match = lookupImage(this.records, ref);
-      if (match === undefined) return false;
-      if (match.by === 'id') {
+      if (match.by !== 'tag' || match.record.repoTags.length <= 1) {
         await this.dropRecord(match.record);
-        return true;
+        return;
       }
-      const repoTags = match.record.repoTags.filter((t) => !(match.by === 'tag' && t === match.name));
-      const repoDigests = match.record.repoDigests.filter((d) => !(match.by === 'digest' && d === match.name));
-      if (repoTags.length === 0 && (match.by === 'tag' || repoDigests.length === 0)) {
-        await this.dropRecord(match.record);
-        return true;
-      }
-      const next = this.records.map((r) => (r.id === match.record.id ? { ...r, repoTags, repoDigests } : r));
+      const repoTags = match.record.repoTags.filter((t) => t !== match.name);
+      const next = this.records.map((r) => (r.id === match.record.id ? { ...r, repoTags } : r));
       await this.recordFile.save(next);
       this.records = next;
-      // A dropped repo digest may have been the only reference to its index blob.
-      await collectGarbage({ blobs: this.blobs, rootfsDir: this.rootfsDir, records: next, leases: this.leases, includeTemp: false, logger: this.opts.logger });
-      return true;
     });
+    return {};
   }
 
   /** Must run under the mutex. */

@@ -39,7 +39,7 @@ describe('RemoveImage and restart', () => {
   it('refuses to remove an image a container uses, with FAILED_PRECONDITION, and changes nothing', async () => {
     h.inUse.add(images.busybox.id);
     try {
-      await expect(h.service.removeImage({ image: { image: `${registry.host}/kata/busybox:1.0` } })).rejects.toMatchObject({
+      await expect(h.service.removeImage({ image: { image: images.busybox.id } })).rejects.toMatchObject({
         kind: 'precondition',
         reason: 'IMAGE_IN_USE',
       });
@@ -49,16 +49,15 @@ describe('RemoveImage and restart', () => {
     expect((await h.service.imageStatus({ image: { image: images.busybox.id } })).image?.repo_tags).toHaveLength(2);
   });
 
-  it('untagImage removes one tag of several and keeps the image', async () => {
-    expect(await h.service.untagImage(`${registry.host}/kata/busybox:1.1-alias`)).toBe(true);
+  it('RemoveImage by one tag of several removes only that tag and keeps the image', async () => {
+    await h.service.removeImage({ image: { image: `${registry.host}/kata/busybox:1.1-alias` } });
     const st = await h.service.imageStatus({ image: { image: images.busybox.id } });
     expect(st.image?.repo_tags).toEqual([`${registry.host}/kata/busybox:1.0`]);
-    expect(await h.service.untagImage(`${registry.host}/kata/busybox:never`)).toBe(false);
+    expect(await fsp.readFile(path.join(h.service.rootfsFor(images.busybox.id), 'app/hello.txt'), 'utf8')).toBe('hello from a zstd layer\n');
   });
 
-  it('removes by tag the whole image (every name, as the CRI says), keeping layers other images share', async () => {
-    await h.service.pullImage({ image: { image: `${registry.host}/kata/busybox:1.1-alias` } });
-    await h.service.removeImage({ image: { image: `${registry.host}/kata/busybox:1.1-alias` } });
+  it('RemoveImage by the last tag removes the whole image, keeping layers other images share', async () => {
+    await h.service.removeImage({ image: { image: `${registry.host}/kata/busybox:1.0` } });
     expect((await h.service.imageStatus({ image: { image: `${registry.host}/kata/busybox:1.0` } })).image).toBeNull();
     expect(h.service.resolveImage(images.busybox.id)).toBeUndefined();
     const blobs = await listFiles(blobsDir());
@@ -66,6 +65,14 @@ describe('RemoveImage and restart', () => {
     expect(blobs).not.toContain(hex(images.busybox.layers[1]?.digest ?? ''));
     expect(blobs).not.toContain(hex(images.busybox.config.digest));
     expect(await listFiles(path.join(h.stateDir, 'images', 'rootfs'))).toEqual([hex(images.sibling.id)]);
+  });
+
+  it('RemoveImage by id removes every name at once', async () => {
+    await h.service.pullImage({ image: { image: `${registry.host}/kata/busybox:1.0` } });
+    await h.service.pullImage({ image: { image: `${registry.host}/kata/busybox:1.1-alias` } });
+    await h.service.removeImage({ image: { image: images.busybox.id } });
+    expect(h.service.resolveImage(`${registry.host}/kata/busybox:1.0`)).toBeUndefined();
+    expect(h.service.resolveImage(`${registry.host}/kata/busybox:1.1-alias`)).toBeUndefined();
   });
 
   it('is idempotent: removing a missing or already removed image succeeds', async () => {
