@@ -2,6 +2,7 @@
  * The cgroupfs driver: `<cgroup_parent>/kata-ts-<sandbox id>` in each hierarchy the VMM needs,
  * limits written before the VMM joins, everything created removed again on failure or teardown.
  */
+import { promises as fsp } from 'node:fs';
 import path from 'node:path';
 import { alreadyExists, errnoCode, invalid, precondition } from '../common/errors.js';
 import type { Logger } from '../common/logger.js';
@@ -264,7 +265,7 @@ export class CgroupfsDriver implements CgroupDriver {
     for (const leaf of Object.values(record.paths)) {
       let procs: string;
       try {
-        procs = (await this.fs.readFile(path.join(leaf, 'cgroup.procs'))).trim();
+        procs = await this.procsOnceReaped(leaf);
       } catch (err) {
         if (errnoCode(err) === 'ENOENT') continue; // already removed
         throw cgroupIoError(err, 'read', path.join(leaf, 'cgroup.procs'));
@@ -296,5 +297,35 @@ export class CgroupfsDriver implements CgroupDriver {
 
   describe(record: PlacementRecord): Record<string, string> {
     return describeRecord(record);
+  }
+
+  /**
+   * The processes in a leaf cgroup, waiting briefly while they are only zombies: a VMM that just
+   * exited stays listed until its parent reaps it, and after a daemon restart that parent is init,
+   * which may take a moment. A live process is never waited for.
+   */
+  private async procsOnceReaped(leaf: string): Promise<string> {
+    const deadline = Date.now() + ZOMBIE_REAP_WAIT_MS;
+    for (;;) {
+      const procs = (await this.fs.readFile(path.join(leaf, 'cgroup.procs'))).trim();
+      if (procs === '' || Date.now() > deadline) return procs;
+      const states = await Promise.all(procs.split('\n').map((pid) => processState(pid)));
+      if (!states.every((s) => s === 'Z')) return procs;
+      await new Promise((r) => setTimeout(r, 50));
+    }
+  }
+}
+
+/** How long teardown waits for an exited VMM to be reaped before calling its cgroup busy. */
+const ZOMBIE_REAP_WAIT_MS = 10_000;
+
+/** The state letter of /proc/<pid>/stat (R, S, Z, ...), or undefined when there is no such process. */
+async function processState(pid: string): Promise<string | undefined> {
+  try {
+    const stat = await fsp.readFile(`/proc/${pid}/stat`, 'utf8');
+    // The command name may contain spaces and parentheses: the state follows the last ')'.
+    return stat.slice(stat.lastIndexOf(')') + 2, stat.lastIndexOf(')') + 3);
+  } catch {
+    return undefined;
   }
 }

@@ -1,4 +1,9 @@
+import os from 'node:os';
+import { createCgroupDriver } from '../cgroups/index.js';
 import type { Logger } from '../common/logger.js';
+import { ImageService } from '../images/service.js';
+import { imageServiceHandlers } from '../images/handlers.js';
+import { readPcieHostFacts } from '../pcie/index.js';
 import type { KataConfig, LoadedConfig } from '../config/types.js';
 import type { StatusRequest__Output } from '../generated/runtime/v1/StatusRequest.js';
 import type { UpdateRuntimeConfigRequest__Output } from '../generated/runtime/v1/UpdateRuntimeConfigRequest.js';
@@ -8,6 +13,10 @@ import { startCriServer, type CriServer, type HandlerMap } from './cri/server.js
 import type { RuntimeFacts } from './facts.js';
 import { gatherFacts } from './gather-facts.js';
 import { RuntimeMetrics, serveMetrics, type MetricsEndpoint } from './metrics.js';
+import { sandboxHandlers } from './cri/sandbox-handlers.js';
+import { SandboxManager } from './sandbox/manager.js';
+import { SANDBOX_RECORD_KIND, type SandboxRecord } from './sandbox/record.js';
+import { RecordStore } from './store.js';
 
 export interface DaemonOptions {
   loaded: LoadedConfig;
@@ -39,13 +48,35 @@ export async function startDaemon(options: DaemonOptions): Promise<Daemon> {
   const metrics = new RuntimeMetrics();
   const cri = loadCriPackage();
 
+  // The driver RuntimeConfig advertises is the one every VMM is placed with: never another.
+  const cgroups = createCgroupDriver(facts.cgroupDriver.name, { cgroupRoot: config.cgroupRoot, dbusAddress: config.dbusAddress, logger });
+  const sandboxes = new SandboxManager({
+    config,
+    facts,
+    logger,
+    metrics,
+    cgroups,
+    store: new RecordStore<SandboxRecord>(config.stateDir, SANDBOX_RECORD_KIND, logger),
+    host: { cpus: Math.max(1, os.cpus().length), memoryMiB: Math.floor(os.totalmem() / (1024 * 1024)) },
+    readPcieFacts: () => readPcieHostFacts(config.pcie),
+  });
+  await sandboxes.recover();
+  const images = new ImageService({
+    stateDir: config.stateDir,
+    registriesConfigPath: config.images.registriesConfigPath,
+    logger,
+    isImageInUse: () => false,
+  });
+  await images.init();
+
   const runtimeHandlers: HandlerMap = {
     Version: async () => versionResponse(),
     Status: async (req: StatusRequest__Output) => statusResponse(config, facts, req),
     RuntimeConfig: async () => runtimeConfigResponse(facts),
     UpdateRuntimeConfig: async (req: UpdateRuntimeConfigRequest__Output, ctx) => updateRuntimeConfig(req, ctx),
+    ...sandboxHandlers(sandboxes),
   };
-  const imageHandlers: HandlerMap = {};
+  const imageHandlers: HandlerMap = imageServiceHandlers(images) as HandlerMap;
 
   let endpoint: MetricsEndpoint | undefined;
   let server: CriServer | undefined;
@@ -62,6 +93,8 @@ export async function startDaemon(options: DaemonOptions): Promise<Daemon> {
     });
   } catch (err) {
     await endpoint?.close();
+    sandboxes.close();
+    images.close();
     throw err;
   }
   const started = server;
@@ -74,6 +107,8 @@ export async function startDaemon(options: DaemonOptions): Promise<Daemon> {
     close: async () => {
       await started.close();
       await endpoint?.close();
+      sandboxes.close();
+      images.close();
       logger.info('kata-ts stopped');
     },
   };

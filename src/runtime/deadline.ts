@@ -1,0 +1,40 @@
+import { cancelled, isKataError, timedOut } from '../common/errors.js';
+import type { CallContext } from './cri/server.js';
+
+/**
+ * How long an operation may wait: its configured timeout, cut to what is left of the caller's
+ * gRPC deadline minus `reserveMs` (kept for rolling back cleanly), and never below 1 ms.
+ */
+export function boundedTimeoutMs(configuredMs: number, ctx: Pick<CallContext, 'deadlineMs'>, reserveMs = 3000): number {
+  if (ctx.deadlineMs === undefined) return configuredMs;
+  return Math.max(1, Math.min(configuredMs, ctx.deadlineMs - Date.now() - reserveMs));
+}
+
+/**
+ * Resolve as `promise` does, unless `signal` aborts first: then reject with the abort reason
+ * (CANCELLED when the client went away). The promise keeps running; callers roll back after.
+ */
+export function withSignal<T>(promise: Promise<T>, signal: AbortSignal): Promise<T> {
+  if (signal.aborted) return Promise.reject(abortError(signal));
+  return new Promise<T>((resolve, reject) => {
+    const onAbort = (): void => reject(abortError(signal));
+    signal.addEventListener('abort', onAbort, { once: true });
+    promise.then(
+      (v) => {
+        signal.removeEventListener('abort', onAbort);
+        resolve(v);
+      },
+      (e: unknown) => {
+        signal.removeEventListener('abort', onAbort);
+        reject(e);
+      },
+    );
+  });
+}
+
+function abortError(signal: AbortSignal): Error {
+  const reason: unknown = signal.reason;
+  if (isKataError(reason)) return reason;
+  if (reason instanceof Error && reason.name === 'TimeoutError') return timedOut('DEADLINE_PASSED', 'the request deadline passed');
+  return cancelled('CALL_CANCELLED', 'the request was cancelled');
+}

@@ -1,0 +1,146 @@
+import { promises as fsp } from 'node:fs';
+import path from 'node:path';
+import type { CgroupDriver, PlacementRecord } from '../../cgroups/index.js';
+import { errnoCode, errorMessage, internal, precondition } from '../../common/errors.js';
+import type { Logger } from '../../common/logger.js';
+import type { ResolvedHandler } from '../../config/handlers.js';
+import type { KataConfig } from '../../config/types.js';
+import type { PodSandboxConfig__Output } from '../../generated/runtime/v1/PodSandboxConfig.js';
+import { checkGuestAssets, startVm, vmPaths, type VmProcess } from '../../hypervisor/index.js';
+import type { PcieHostFacts } from '../../pcie/index.js';
+import type { HostCapacity } from '../../sizing/types.js';
+import { withSignal } from '../deadline.js';
+import type { RuntimeFacts } from '../facts.js';
+import { planSandbox } from '../plan.js';
+import type { RecordStore } from '../store.js';
+import { sandboxWorkDir, vmNameFor } from './paths.js';
+import { nowNs, type SandboxRecord } from './record.js';
+
+export interface CreateDeps {
+  config: KataConfig;
+  facts: RuntimeFacts;
+  store: RecordStore<SandboxRecord>;
+  cgroups: CgroupDriver;
+  host: HostCapacity;
+  readPcieFacts(): Promise<PcieHostFacts>;
+}
+
+export interface CreateRequest {
+  id: string;
+  podConfig: PodSandboxConfig__Output;
+  metadata: SandboxRecord['metadata'];
+  runtimeHandler: string;
+  handler: ResolvedHandler;
+  logger: Logger;
+  signal: AbortSignal;
+  /** How long the guest may take to signal ready (already bounded by the caller's deadline). */
+  readyTimeoutMs: number;
+}
+
+/**
+ * RunPodSandbox, executed: plan, then start QEMU paused, place it in the pod's cgroup, resume,
+ * wait for the guest, persist. The record is written before QEMU starts (phase `creating`) so a
+ * daemon crash at any point is rolled back by the next start. Any failure here rolls back what
+ * was done (QEMU killed, cgroup removed, record and work dir deleted) and rethrows.
+ */
+export async function createSandbox(deps: CreateDeps, req: CreateRequest): Promise<{ record: SandboxRecord; vm: VmProcess }> {
+  const { config } = deps;
+  const log = req.logger;
+  const cgroupParent = req.podConfig.linux?.cgroup_parent ?? '';
+  deps.cgroups.validateParent(cgroupParent);
+  const assets = await checkGuestAssets({ kernelPath: config.hypervisor.kernelPath, initrdPath: config.hypervisor.initrdPath });
+  if (!assets.ok) throw precondition('GUEST_ASSETS_MISSING', assets.message);
+
+  const workDir = sandboxWorkDir(config.stateDir, req.id);
+  const paths = vmPaths(workDir);
+  const plan = planSandbox({
+    config: req.podConfig,
+    handler: req.handler,
+    host: deps.host,
+    pcieFacts: await deps.readPcieFacts(),
+    accel: deps.facts.acceleration,
+    hypervisor: config.hypervisor,
+    vmName: vmNameFor(req.id),
+    paths,
+  });
+  log.info({ handler: plan.handler, source: plan.sizing.source, vm: plan.sizing.vm, pcie: plan.pcie.description }, 'sandbox planned');
+
+  const record: SandboxRecord = {
+    id: req.id,
+    phase: 'creating',
+    state: 'SANDBOX_NOTREADY',
+    createdAtNs: nowNs(),
+    metadata: req.metadata,
+    labels: req.podConfig.labels,
+    annotations: req.podConfig.annotations,
+    runtimeHandler: req.runtimeHandler,
+    handler: plan.handler,
+    podConfig: req.podConfig as unknown as Record<string, unknown>,
+    plan,
+    shape: plan.sizing.vm,
+    topology: plan.pcie.topology,
+    vmm: null,
+    placement: null,
+    guest: null,
+    exit: null,
+  };
+
+  let dirCreated = false;
+  let recordWritten = false;
+  let vm: VmProcess | undefined;
+  let placement: PlacementRecord | undefined;
+  const started = Date.now();
+  try {
+    await fsp.mkdir(path.dirname(workDir), { recursive: true, mode: 0o700 });
+    try {
+      await fsp.mkdir(workDir, { mode: 0o700 });
+    } catch (err) {
+      if (errnoCode(err) === 'EEXIST') throw internal('SANDBOX_WORKDIR_EXISTS', `work directory ${workDir} already exists`);
+      throw err;
+    }
+    dirCreated = true;
+    await deps.store.put(record);
+    recordWritten = true;
+    req.signal.throwIfAborted();
+
+    vm = await startVm({ qemuBinary: plan.qemu.binary, argv: plan.qemu.argv, workDir, paths, logger: log, qmpTimeoutMs: config.hypervisor.qmpTimeoutMs });
+    record.vmm = { pid: vm.pid, startTimeTicks: vm.startTimeTicks, workDir, ...paths };
+    await deps.store.put(record);
+    req.signal.throwIfAborted();
+
+    // Placed while still paused (-S): no guest instruction runs outside the pod's budget.
+    placement = await deps.cgroups.place({ sandboxId: req.id, cgroupParent, pid: vm.pid, limits: plan.sizing.host });
+    record.placement = placement;
+    await deps.store.put(record);
+    log.info({ pid: vm.pid, placement: deps.cgroups.describe(placement) }, 'VMM placed; resuming the VM');
+
+    await vm.resume();
+    const report = await withSignal(vm.waitForReady(req.readyTimeoutMs), req.signal);
+    record.guest = { vcpus: report.vcpus, memoryKiB: report.memoryKiB };
+    record.phase = 'running';
+    record.state = 'SANDBOX_READY';
+    await deps.store.put(record);
+    log.info({ pid: vm.pid, guest: record.guest, bootMs: Date.now() - started }, 'sandbox ready');
+    return { record, vm };
+  } catch (err) {
+    log.warn({ err: errorMessage(err) }, 'sandbox creation failed; rolling back');
+    await rollback();
+    throw err;
+  }
+
+  async function rollback(): Promise<void> {
+    const steps: Array<[string, () => Promise<unknown>]> = [];
+    // Order matters: the VMM must be gone before its cgroup can be removed.
+    if (vm !== undefined) steps.push(['kill QEMU', () => vm!.kill()]);
+    if (placement !== undefined) steps.push(['remove cgroup', () => deps.cgroups.remove(placement!)]);
+    if (recordWritten) steps.push(['delete record', () => deps.store.delete(req.id)]);
+    if (dirCreated) steps.push(['remove work dir', () => fsp.rm(workDir, { recursive: true, force: true })]);
+    for (const [what, step] of steps) {
+      try {
+        await step();
+      } catch (err) {
+        log.error({ err: errorMessage(err), step: what }, 'rollback step failed');
+      }
+    }
+  }
+}

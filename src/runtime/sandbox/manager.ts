@@ -1,0 +1,239 @@
+import { promises as fsp } from 'node:fs';
+import type { CgroupDriver } from '../../cgroups/index.js';
+import { alreadyExists, errorMessage, notFound } from '../../common/errors.js';
+import { newObjectId, resolveIdPrefix } from '../../common/ids.js';
+import type { Logger } from '../../common/logger.js';
+import { resolveHandler } from '../../config/handlers.js';
+import type { PodSandboxFilter__Output } from '../../generated/runtime/v1/PodSandboxFilter.js';
+import type { RunPodSandboxRequest__Output } from '../../generated/runtime/v1/RunPodSandboxRequest.js';
+import { isSameLiveProcess, type ExitInfo, type VmProcess } from '../../hypervisor/index.js';
+import type { CallContext } from '../cri/server.js';
+import { boundedTimeoutMs } from '../deadline.js';
+import { KeyedMutex } from '../locks.js';
+import type { RuntimeMetrics } from '../metrics.js';
+import { createSandbox, type CreateDeps } from './create.js';
+import { killAndWait } from './orphans.js';
+import { sandboxWorkDir } from './paths.js';
+import { identityKey, type SandboxExitRecord, type SandboxRecord } from './record.js';
+import { recoverSandboxes } from './recover.js';
+import { validateRunRequest } from './validate.js';
+import { sandboxMatches } from './views.js';
+
+export interface SandboxManagerDeps extends CreateDeps {
+  logger: Logger;
+  metrics: RuntimeMetrics;
+}
+
+/** A sandbox as the daemon holds it: its persisted record and, while it runs, its QEMU handle. */
+export interface LiveSandbox {
+  record: SandboxRecord;
+  vm: VmProcess | undefined;
+  /** Set while StopPodSandbox brings the VM down, so its exit is not mistaken for a crash. */
+  stopping: boolean;
+}
+
+/** Hooks later layers (containers) attach to the sandbox lifecycle. */
+export interface SandboxHooks {
+  /** Called under the sandbox's lock after its VM is gone (stop, or death). */
+  onStopped?(live: LiveSandbox): Promise<void>;
+  /** Called under the sandbox's lock before its record is deleted. */
+  onRemoving?(live: LiveSandbox): Promise<void>;
+}
+
+/**
+ * Owns every pod sandbox: RunPodSandbox, Stop, Remove, Status, List, recovery after a restart,
+ * and noticing a VM that dies on its own. Rpcs on one sandbox are serialised by its id; rpcs on
+ * different sandboxes run in parallel.
+ */
+export class SandboxManager {
+  private readonly sandboxes = new Map<string, LiveSandbox>();
+  /** Pod identity (namespace, name, uid, attempt) -> sandbox id, including creations in flight. */
+  private readonly identities = new Map<string, string>();
+  readonly locks = new KeyedMutex();
+  hooks: SandboxHooks = {};
+
+  constructor(private readonly deps: SandboxManagerDeps) {}
+
+  /** Find sandboxes again from their records (see recover.ts). */
+  async recover(): Promise<void> {
+    const recovered = await recoverSandboxes(this.deps);
+    for (const live of recovered) {
+      this.sandboxes.set(live.record.id, live);
+      this.identities.set(identityKey(live.record.metadata), live.record.id);
+      if (live.vm !== undefined) this.watchExit(live, live.vm);
+    }
+    this.updateGauge();
+  }
+
+  async run(request: RunPodSandboxRequest__Output, ctx: CallContext): Promise<string> {
+    const { config: podConfig, metadata } = validateRunRequest(request.config);
+    const handler = resolveHandler(this.deps.config, request.runtime_handler);
+    const key = identityKey(metadata);
+    const existing = this.identities.get(key);
+    if (existing !== undefined) {
+      throw alreadyExists(
+        'SANDBOX_EXISTS',
+        `a sandbox for pod ${metadata.namespace}/${metadata.name} (uid ${metadata.uid}, attempt ${metadata.attempt}) already exists: ${existing}`,
+      );
+    }
+    const id = newObjectId();
+    this.identities.set(key, id);
+    ctx.annotate({ sandboxId: id });
+    try {
+      const { record, vm } = await this.locks.run(id, () =>
+        createSandbox(this.deps, {
+          id,
+          podConfig,
+          metadata,
+          runtimeHandler: request.runtime_handler,
+          handler,
+          logger: ctx.logger.child({ sandboxId: id }),
+          signal: ctx.signal,
+          readyTimeoutMs: boundedTimeoutMs(this.deps.config.hypervisor.readyTimeoutMs, ctx),
+        }),
+      );
+      const live: LiveSandbox = { record, vm, stopping: false };
+      this.sandboxes.set(id, live);
+      this.watchExit(live, vm);
+      this.updateGauge();
+      return id;
+    } catch (err) {
+      this.identities.delete(key);
+      throw err;
+    }
+  }
+
+  /** Resolve a full id or unique prefix of a visible sandbox, or throw NOT_FOUND. */
+  resolve(idOrPrefix: string): LiveSandbox {
+    const id = resolveIdPrefix(idOrPrefix, this.visibleIds());
+    const live = id === undefined ? undefined : this.sandboxes.get(id);
+    if (live === undefined) throw notFound('SANDBOX_NOT_FOUND', `pod sandbox "${idOrPrefix}" does not exist`);
+    return live;
+  }
+
+  /** Same as resolve(), but undefined instead of NOT_FOUND. */
+  find(idOrPrefix: string): LiveSandbox | undefined {
+    const id = resolveIdPrefix(idOrPrefix, this.visibleIds());
+    return id === undefined ? undefined : this.sandboxes.get(id);
+  }
+
+  private *visibleIds(): Iterable<string> {
+    for (const [id, live] of this.sandboxes) if (live.record.phase !== 'creating') yield id;
+  }
+
+  /** StopPodSandbox: graceful guest shutdown, then quit, then SIGKILL; cgroup removed. Idempotent. */
+  async stop(idOrPrefix: string, ctx: CallContext): Promise<void> {
+    const live = this.resolve(idOrPrefix);
+    ctx.annotate({ sandboxId: live.record.id });
+    await this.locks.run(live.record.id, () => this.stopLocked(live, boundedTimeoutMs(this.deps.config.hypervisor.stopTimeoutMs, ctx, 1000)));
+  }
+
+  private async stopLocked(live: LiveSandbox, timeoutMs: number): Promise<void> {
+    const { record } = live;
+    const log = this.deps.logger.child({ sandboxId: record.id });
+    let exit: SandboxExitRecord | null = record.exit;
+    if (live.vm !== undefined && live.vm.exitInfo === undefined) {
+      live.stopping = true;
+      const result = await live.vm.shutdown({ timeoutMs });
+      log.info({ how: result.how, exit: result.exit }, 'VM stopped');
+      exit = await this.exitRecord(live.vm, result.exit, 'stopped');
+    } else if (live.vm === undefined && record.vmm !== null && isSameLiveProcess(record.vmm.pid, record.vmm.startTimeTicks)) {
+      // A QEMU we could not re-attach to after a restart: still ours (pid + start time), so end it.
+      log.warn({ pid: record.vmm.pid }, 'killing a VM that could not be re-attached');
+      await killAndWait(record.vmm.pid);
+      exit ??= { at: new Date().toISOString(), code: null, signal: 'SIGKILL', reason: 'stopped', logTail: '' };
+    }
+    live.vm?.release();
+    live.vm = undefined;
+    if (record.placement !== null) {
+      await this.deps.cgroups.remove(record.placement);
+      record.placement = null;
+    }
+    const changed = record.state !== 'SANDBOX_NOTREADY' || record.phase !== 'stopped' || record.exit !== exit;
+    record.state = 'SANDBOX_NOTREADY';
+    record.phase = 'stopped';
+    record.exit = exit;
+    await this.hooks.onStopped?.(live);
+    if (changed) await this.deps.store.put(record);
+    this.updateGauge();
+  }
+
+  /** RemovePodSandbox: stops if needed, removes every trace. Unknown ids succeed (CRI: idempotent). */
+  async remove(idOrPrefix: string, ctx: CallContext): Promise<void> {
+    const live = this.find(idOrPrefix);
+    if (live === undefined) return;
+    const { record } = live;
+    ctx.annotate({ sandboxId: record.id });
+    await this.locks.run(record.id, async () => {
+      if (!this.sandboxes.has(record.id)) return; // removed while we waited for the lock
+      await this.stopLocked(live, boundedTimeoutMs(this.deps.config.hypervisor.stopTimeoutMs, ctx, 1000));
+      await this.hooks.onRemoving?.(live);
+      await this.deps.store.delete(record.id);
+      await fsp.rm(sandboxWorkDir(this.deps.config.stateDir, record.id), { recursive: true, force: true });
+      this.sandboxes.delete(record.id);
+      this.identities.delete(identityKey(record.metadata));
+      this.updateGauge();
+    });
+  }
+
+  list(filter: PodSandboxFilter__Output | null): SandboxRecord[] {
+    const out: SandboxRecord[] = [];
+    for (const live of this.sandboxes.values()) {
+      if (live.record.phase !== 'creating' && sandboxMatches(live.record, filter)) out.push(live.record);
+    }
+    return out.sort((a, b) => (a.createdAtNs < b.createdAtNs ? -1 : a.createdAtNs > b.createdAtNs ? 1 : 0));
+  }
+
+  /** Stop serving: drop connections to the VMs, which keep running for the next start. */
+  close(): void {
+    for (const live of this.sandboxes.values()) live.vm?.release();
+  }
+
+  /** A VM that exits without StopPodSandbox makes its sandbox NOTREADY at once, with why. */
+  private watchExit(live: LiveSandbox, vm: VmProcess): void {
+    void vm.exited.then(async (exit) => {
+      if (live.vm !== vm || live.stopping) return;
+      // Visible to List/Status immediately; the record follows under the lock.
+      live.record.state = 'SANDBOX_NOTREADY';
+      this.updateGauge();
+      const record = await this.exitRecord(vm, exit, exit.shutdownReason ?? 'unexpected');
+      this.deps.logger.error({ sandboxId: live.record.id, pid: vm.pid, exit: record }, 'VM exited on its own; sandbox is NOTREADY');
+      await this.locks.run(live.record.id, async () => {
+        if (live.vm !== vm || !this.sandboxes.has(live.record.id)) return;
+        live.vm = undefined;
+        live.record.phase = 'stopped';
+        live.record.exit = record;
+        await this.hooks.onStopped?.(live);
+        await this.deps.store.put(live.record);
+      });
+    }).catch((err: unknown) => this.deps.logger.error({ err: errorMessage(err), sandboxId: live.record.id }, 'recording a VM exit failed'));
+  }
+
+  private async exitRecord(vm: VmProcess, exit: ExitInfo, reason: string): Promise<SandboxExitRecord> {
+    const [log, consoleText] = await Promise.all([vm.logTail(10).catch(() => ''), vm.consoleTail(10).catch(() => '')]);
+    return {
+      at: new Date().toISOString(),
+      code: exit.code,
+      signal: exit.signal,
+      reason,
+      logTail: [log.trim(), consoleText.trim()].filter((s) => s !== '').join('\n--- console ---\n'),
+    };
+  }
+
+  private updateGauge(): void {
+    let ready = 0;
+    let notReady = 0;
+    for (const live of this.sandboxes.values()) {
+      if (live.record.phase === 'creating') continue;
+      if (live.record.state === 'SANDBOX_READY') ready++;
+      else notReady++;
+    }
+    this.deps.metrics.sandboxes.set({ state: 'ready' }, ready);
+    this.deps.metrics.sandboxes.set({ state: 'notready' }, notReady);
+  }
+
+  /** For the container layer and status: the cgroup driver in use. */
+  get cgroups(): CgroupDriver {
+    return this.deps.cgroups;
+  }
+}

@@ -1,0 +1,190 @@
+import type { PlacementRecord } from '../../cgroups/index.js';
+import type { PcieTopology } from '../../pcie/index.js';
+import type { VmShape } from '../../sizing/types.js';
+import type { RecordKind } from '../store.js';
+import type { SandboxPlan } from '../plan.js';
+
+/** CRI sandbox states, spelled as the proto enum. */
+export type SandboxState = 'SANDBOX_READY' | 'SANDBOX_NOTREADY';
+
+/**
+ * `creating`: RunPodSandbox is still running (the record exists so that a crash mid-way can be
+ * rolled back at the next start; such sandboxes are invisible to List/Status). `running`: the VM
+ * answered ready. `stopped`: StopPodSandbox finished, or the VM ended on its own.
+ */
+export type SandboxPhase = 'creating' | 'running' | 'stopped';
+
+export interface VmmRecord {
+  pid: number;
+  /** From /proc/<pid>/stat, so that a reused pid is never mistaken for our QEMU. */
+  startTimeTicks: number;
+  workDir: string;
+  qmpSocket: string;
+  readySocket: string;
+  consoleLog: string;
+  qemuLog: string;
+}
+
+export interface SandboxExitRecord {
+  /** ISO time the exit was noticed. */
+  at: string;
+  code: number | null;
+  signal: string | null;
+  /** QEMU's SHUTDOWN reason, `stopped` for StopPodSandbox, `gone-while-down` when found dead at start. */
+  reason: string;
+  logTail: string;
+}
+
+export interface SandboxRecord {
+  id: string;
+  phase: SandboxPhase;
+  state: SandboxState;
+  /** Nanoseconds since the epoch, as a decimal string (CRI int64). */
+  createdAtNs: string;
+  metadata: { name: string; uid: string; namespace: string; attempt: number };
+  labels: Record<string, string>;
+  annotations: Record<string, string>;
+  /** The handler as the kubelet named it ("" for the default), echoed in status. */
+  runtimeHandler: string;
+  /** The configured handler that "" or the name resolved to. */
+  handler: string;
+  /** The decoded PodSandboxConfig as received: echoed in status, compared at CreateContainer. */
+  podConfig: Record<string, unknown>;
+  plan: SandboxPlan;
+  /** The VM's current shape: the plan's at boot, updated by resizes. */
+  shape: VmShape;
+  /** The PCIe topology as it is now: the plan's at boot, updated after each confirmed hot-plug. */
+  topology: PcieTopology;
+  vmm: VmmRecord | null;
+  placement: PlacementRecord | null;
+  /** What the guest kernel reported when it came up. */
+  guest: { vcpus: number; memoryKiB: number } | null;
+  exit: SandboxExitRecord | null;
+}
+
+const stringMap = { type: 'object', additionalProperties: { type: 'string' } } as const;
+const anyObject = { type: 'object' } as const;
+const nullable = (schema: object): object => ({ anyOf: [{ type: 'null' }, schema] });
+
+export const SANDBOX_RECORD_KIND: RecordKind = {
+  kind: 'sandbox',
+  dir: 'sandboxes',
+  version: 1,
+  schema: {
+    type: 'object',
+    additionalProperties: false,
+    required: [
+      'id', 'phase', 'state', 'createdAtNs', 'metadata', 'labels', 'annotations', 'runtimeHandler', 'handler',
+      'podConfig', 'plan', 'shape', 'topology', 'vmm', 'placement', 'guest', 'exit',
+    ],
+    properties: {
+      id: { type: 'string', pattern: '^[0-9a-f]{64}$' },
+      phase: { enum: ['creating', 'running', 'stopped'] },
+      state: { enum: ['SANDBOX_READY', 'SANDBOX_NOTREADY'] },
+      createdAtNs: { type: 'string', pattern: '^[0-9]+$' },
+      metadata: {
+        type: 'object',
+        additionalProperties: false,
+        required: ['name', 'uid', 'namespace', 'attempt'],
+        properties: { name: { type: 'string' }, uid: { type: 'string' }, namespace: { type: 'string' }, attempt: { type: 'integer', minimum: 0 } },
+      },
+      labels: stringMap,
+      annotations: stringMap,
+      runtimeHandler: { type: 'string' },
+      handler: { type: 'string', minLength: 1 },
+      podConfig: anyObject,
+      plan: {
+        type: 'object',
+        required: ['handler', 'confidential', 'sizing', 'pcie', 'qemu'],
+        properties: {
+          handler: { type: 'string' },
+          confidential: { type: 'boolean' },
+          sizing: anyObject,
+          pcie: anyObject,
+          qemu: {
+            type: 'object',
+            required: ['binary', 'accel', 'argv'],
+            properties: { binary: { type: 'string' }, accel: anyObject, argv: { type: 'array', items: { type: 'string' } } },
+          },
+        },
+      },
+      shape: {
+        type: 'object',
+        required: ['vcpus', 'maxVcpus', 'memoryMiB', 'maxMemoryMiB', 'hugepages', 'kernelParams'],
+        properties: {
+          vcpus: { type: 'integer', minimum: 1 },
+          maxVcpus: { type: 'integer', minimum: 1 },
+          memoryMiB: { type: 'integer', minimum: 1 },
+          maxMemoryMiB: { type: 'integer', minimum: 1 },
+          hugepages: { type: 'array' },
+          kernelParams: { type: 'array', items: { type: 'string' } },
+        },
+      },
+      topology: anyObject,
+      vmm: nullable({
+        type: 'object',
+        additionalProperties: false,
+        required: ['pid', 'startTimeTicks', 'workDir', 'qmpSocket', 'readySocket', 'consoleLog', 'qemuLog'],
+        properties: {
+          pid: { type: 'integer', minimum: 1 },
+          startTimeTicks: { type: 'integer', minimum: 0 },
+          workDir: { type: 'string' },
+          qmpSocket: { type: 'string' },
+          readySocket: { type: 'string' },
+          consoleLog: { type: 'string' },
+          qemuLog: { type: 'string' },
+        },
+      }),
+      placement: nullable({
+        type: 'object',
+        required: ['driver', 'cgroupParent', 'mode', 'paths', 'limits'],
+        properties: {
+          driver: { enum: ['systemd', 'cgroupfs'] },
+          cgroupParent: { type: 'string' },
+          mode: { enum: ['v1', 'v2', 'hybrid'] },
+          unit: { type: 'string' },
+          slice: { type: 'string' },
+          paths: stringMap,
+          createdParents: { type: 'array', items: { type: 'string' } },
+          limits: {
+            type: 'object',
+            required: ['cpuQuotaMillicores', 'cpuRequestMillicores', 'memoryLimitBytes'],
+            properties: {
+              cpuQuotaMillicores: { type: 'integer', minimum: 0 },
+              cpuRequestMillicores: { type: 'integer', minimum: 0 },
+              memoryLimitBytes: { type: 'integer', minimum: 0 },
+            },
+          },
+        },
+      }),
+      guest: nullable({
+        type: 'object',
+        additionalProperties: false,
+        required: ['vcpus', 'memoryKiB'],
+        properties: { vcpus: { type: 'integer' }, memoryKiB: { type: 'integer' } },
+      }),
+      exit: nullable({
+        type: 'object',
+        additionalProperties: false,
+        required: ['at', 'code', 'signal', 'reason', 'logTail'],
+        properties: {
+          at: { type: 'string' },
+          code: { type: ['integer', 'null'] },
+          signal: { type: ['string', 'null'] },
+          reason: { type: 'string' },
+          logTail: { type: 'string' },
+        },
+      }),
+    },
+  },
+};
+
+/** The key that makes two RunPodSandbox requests "the same pod attempt" (ALREADY_EXISTS). */
+export function identityKey(m: SandboxRecord['metadata']): string {
+  return JSON.stringify([m.namespace, m.name, m.uid, m.attempt]);
+}
+
+/** Epoch nanoseconds now, as the decimal string CRI int64 timestamps use. */
+export function nowNs(): string {
+  return (BigInt(Date.now()) * 1_000_000n).toString();
+}

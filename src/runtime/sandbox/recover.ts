@@ -1,0 +1,114 @@
+import { promises as fsp } from 'node:fs';
+import path from 'node:path';
+import { errorMessage, isKataError } from '../../common/errors.js';
+import type { Logger } from '../../common/logger.js';
+import { attachVm, isSameLiveProcess, type VmProcess } from '../../hypervisor/index.js';
+import type { RuntimeMetrics } from '../metrics.js';
+import type { CreateDeps } from './create.js';
+import type { LiveSandbox } from './manager.js';
+import { killAndWait, qemuPidsUsing } from './orphans.js';
+import { sandboxWorkDir } from './paths.js';
+import type { SandboxRecord } from './record.js';
+
+type RecoverDeps = CreateDeps & { logger: Logger; metrics: RuntimeMetrics };
+
+/**
+ * At daemon start: load every sandbox record and reconcile it with the host. A running VM is
+ * re-attached (same pid, same start time, its QMP socket) and stays READY; a VM that is gone makes
+ * its sandbox NOTREADY. A creation cut short by a crash is rolled back completely. No VM is ever
+ * started, restarted or duplicated here.
+ */
+export async function recoverSandboxes(deps: RecoverDeps): Promise<LiveSandbox[]> {
+  const log = deps.logger.child({ component: 'recovery' });
+  const { records } = await deps.store.load();
+  const out: LiveSandbox[] = [];
+  for (const record of records) {
+    const slog = log.child({ sandboxId: record.id });
+    try {
+      if (record.phase === 'creating') {
+        await rollBackInterruptedCreate(deps, record, slog);
+        continue;
+      }
+      out.push({ record, vm: record.state === 'SANDBOX_READY' ? await reattach(deps, record, slog) : undefined, stopping: false });
+    } catch (err) {
+      // A sandbox that cannot be reconciled is kept, NOTREADY, so Stop/Remove can still clean it.
+      slog.error({ err: errorMessage(err) }, 'sandbox could not be recovered; marked NOTREADY');
+      record.state = 'SANDBOX_NOTREADY';
+      out.push({ record, vm: undefined, stopping: false });
+    }
+  }
+  await removeStrayWorkDirs(deps, new Set(records.map((r) => r.id)), log);
+  log.info({ sandboxes: out.length, ready: out.filter((s) => s.record.state === 'SANDBOX_READY').length }, 'sandboxes recovered');
+  return out;
+}
+
+async function reattach(deps: RecoverDeps, record: SandboxRecord, log: Logger): Promise<VmProcess | undefined> {
+  const vmm = record.vmm;
+  if (vmm === null) throw new Error('a READY sandbox record without a VMM');
+  let vm: VmProcess;
+  try {
+    vm = await attachVm({
+      pid: vmm.pid,
+      startTimeTicks: vmm.startTimeTicks,
+      qmpSocket: vmm.qmpSocket,
+      readySocket: vmm.readySocket,
+      qemuLog: vmm.qemuLog,
+      consoleLog: vmm.consoleLog,
+      logger: log,
+      qmpTimeoutMs: deps.config.hypervisor.qmpTimeoutMs,
+    });
+  } catch (err) {
+    if (isKataError(err) && err.reason === 'VM_PROCESS_GONE') {
+      log.warn({ pid: vmm.pid }, 'VM ended while kata-ts was down; sandbox is NOTREADY');
+      record.state = 'SANDBOX_NOTREADY';
+      record.phase = 'stopped';
+      record.exit = { at: new Date().toISOString(), code: null, signal: null, reason: 'gone-while-down', logTail: '' };
+      await deps.store.put(record);
+      return undefined;
+    }
+    throw err;
+  }
+  const status = await vm.qmp.queryStatus();
+  if (status.status !== 'running') {
+    // Paused, shut down or panicked: not a pod that serves; StopPodSandbox will end it.
+    log.warn({ pid: vm.pid, status: status.status }, 're-attached VM is not running; sandbox is NOTREADY');
+    record.state = 'SANDBOX_NOTREADY';
+    await deps.store.put(record);
+  } else {
+    log.info({ pid: vm.pid }, 'VM re-attached');
+  }
+  return vm;
+}
+
+async function rollBackInterruptedCreate(deps: RecoverDeps, record: SandboxRecord, log: Logger): Promise<void> {
+  const workDir = sandboxWorkDir(deps.config.stateDir, record.id);
+  log.warn('RunPodSandbox was interrupted by a restart; rolling it back');
+  if (record.vmm !== null) {
+    if (isSameLiveProcess(record.vmm.pid, record.vmm.startTimeTicks)) await killAndWait(record.vmm.pid);
+  } else {
+    // The crash came between spawning QEMU and recording its pid: find it by its work dir.
+    for (const pid of await qemuPidsUsing(workDir)) await killAndWait(pid);
+  }
+  if (record.placement !== null) await deps.cgroups.remove(record.placement);
+  await fsp.rm(workDir, { recursive: true, force: true });
+  await deps.store.delete(record.id);
+}
+
+/** Work dirs without a record are leftovers of a crash before the first write: remove them. */
+async function removeStrayWorkDirs(deps: RecoverDeps, known: Set<string>, log: Logger): Promise<void> {
+  const vmRoot = path.join(deps.config.stateDir, 'vm');
+  let entries: string[];
+  try {
+    entries = await fsp.readdir(vmRoot);
+  } catch {
+    return;
+  }
+  const knownPrefixes = new Set([...known].map((id) => path.basename(sandboxWorkDir(deps.config.stateDir, id))));
+  for (const entry of entries) {
+    if (knownPrefixes.has(entry)) continue;
+    const dir = path.join(vmRoot, entry);
+    for (const pid of await qemuPidsUsing(dir)) await killAndWait(pid);
+    await fsp.rm(dir, { recursive: true, force: true });
+    log.warn({ dir }, 'removed a work directory without a sandbox record');
+  }
+}
