@@ -72,6 +72,8 @@ export function defaultConfig(): KataConfig {
       devRoot: '/dev',
       cdiSpecDirs: ['/etc/cdi', '/var/run/cdi'],
       podResourcesSocket: null,
+      devNumbersFile: null,
+      simulateVfioWith: null,
     },
     images: { registriesConfigPath: null },
     defaultHandler: DEFAULT_HANDLER,

@@ -83,6 +83,8 @@ export const configFileSchema = {
         devRoot: absolutePath,
         cdiSpecDirs: { type: 'array', items: absolutePath },
         podResourcesSocket: { type: ['string', 'null'], pattern: '^/' },
+        devNumbersFile: { type: ['string', 'null'], pattern: '^/' },
+        simulateVfioWith: { type: ['string', 'null'], pattern: '^[a-z0-9][a-z0-9-]*$' },
       },
     },
     images: {

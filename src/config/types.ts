@@ -71,6 +71,17 @@ export interface PcieHostConfig {
   cdiSpecDirs: string[];
   /** The kubelet PodResources API socket, consulted when a pod brings no pod_resources; null = off. */
   podResourcesSocket: string | null;
+  /**
+   * Device numbers of the nodes under devRoot, as a JSON file, for a devRoot that is not a real
+   * /dev (a fixture tree); null = stat the nodes.
+   */
+  devNumbersFile: string | null;
+  /**
+   * For hosts without VFIO hardware only: attach this emulated PCIe device model (e.g. `e1000e`)
+   * wherever a vfio-pci function would go, at boot and by hot-plug, so that planning, ports and
+   * QMP commands run unchanged. null (the default) = real vfio-pci.
+   */
+  simulateVfioWith: string | null;
 }
 
 export interface ImageConfig {

@@ -32,7 +32,13 @@ export async function inventoryOptionsForRoot(dir: string, devRoot = '/dev'): Pr
 /** The one read: sysfs/dev inventory and the CDI specs of the configured directories. */
 export async function readPcieHostFacts(config: PcieHostConfig, inventoryOptions?: HostInventoryOptions): Promise<PcieHostFacts> {
   const [inventory, cdi] = await Promise.all([
-    readHostInventory(inventoryOptions ?? { sysfsRoot: config.sysfsRoot, devRoot: config.devRoot }),
+    readHostInventory(
+      inventoryOptions ?? {
+        sysfsRoot: config.sysfsRoot,
+        devRoot: config.devRoot,
+        ...(config.devNumbersFile === null ? {} : { devNumbersFile: config.devNumbersFile }),
+      },
+    ),
     loadCdiSpecs(config.cdiSpecDirs),
   ]);
   return { inventory, cdi };
@@ -41,6 +47,8 @@ export async function readPcieHostFacts(config: PcieHostConfig, inventoryOptions
 export interface PodPcieInput extends Omit<PodDeviceInputs, 'cdi'> {
   facts: PcieHostFacts;
   profile: HandlerPcieConfig & { confidential: boolean };
+  /** See PcieHostConfig.simulateVfioWith. */
+  simulateVfioWith?: string | null;
 }
 
 /** The `pcie` part of a sandbox plan: devices found, topology, QEMU arguments, description. */
@@ -62,7 +70,7 @@ export function planPodPcie(input: PodPcieInput): PodPciePlan {
   return {
     devices,
     topology,
-    qemuArgs: pcieQemuArgs(topology),
+    qemuArgs: pcieQemuArgs(topology, { simulateVfioWith: input.simulateVfioWith ?? null }),
     description: describeTopology(topology),
     text: describeTopologyText(topology),
     warnings: [

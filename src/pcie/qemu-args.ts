@@ -18,9 +18,15 @@ function portArg(p: PciePort): string {
   return props.join(',');
 }
 
-/** The vfio-pci argument of a function attached at boot. */
-export function coldPlugArg(bdf: string, port: PciePort, qemuId: string): string {
+/** The vfio-pci argument of a function attached at boot (or its emulated stand-in, see PcieArgsOptions). */
+export function coldPlugArg(bdf: string, port: PciePort, qemuId: string, options: PcieArgsOptions = {}): string {
+  if (options.simulateVfioWith) return [options.simulateVfioWith, `bus=${port.id}`, `id=${qemuId}`].join(',');
   return ['vfio-pci', `host=${bdf}`, `bus=${port.id}`, `id=${qemuId}`].join(',');
+}
+
+export interface PcieArgsOptions {
+  /** Hosts without VFIO hardware: this emulated model stands where each vfio-pci function would. */
+  simulateVfioWith?: string | null;
 }
 
 /**
@@ -28,7 +34,7 @@ export function coldPlugArg(bdf: string, port: PciePort, qemuId: string): string
  * names it): root ports by address, switch upstreams, downstream ports, then the vfio-pci
  * devices attached at boot. Deterministic: the same topology gives byte-identical arguments.
  */
-export function pcieQemuArgs(t: PcieTopology): string[] {
+export function pcieQemuArgs(t: PcieTopology, options: PcieArgsOptions = {}): string[] {
   const args: string[] = [];
   const device = (arg: string): void => {
     args.push('-device', arg);
@@ -40,7 +46,7 @@ export function pcieQemuArgs(t: PcieTopology): string[] {
     for (const id of sw.downstreamPortIds) device(portArg(byId.get(id)!));
   }
   for (const p of t.ports) {
-    if (p.occupant?.attached === 'boot' && p.occupant.bdf !== null) device(coldPlugArg(p.occupant.bdf, p, p.occupant.qemuId));
+    if (p.occupant?.attached === 'boot' && p.occupant.bdf !== null) device(coldPlugArg(p.occupant.bdf, p, p.occupant.qemuId, options));
   }
   return args;
 }

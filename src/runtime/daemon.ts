@@ -14,6 +14,11 @@ import type { RuntimeFacts } from './facts.js';
 import { gatherFacts } from './gather-facts.js';
 import { RuntimeMetrics, serveMetrics, type MetricsEndpoint } from './metrics.js';
 import { sandboxHandlers } from './cri/sandbox-handlers.js';
+import { containerHandlers } from './cri/container-handlers.js';
+import { ContainerManager } from './container/manager.js';
+import { CONTAINER_RECORD_KIND, type ContainerRecord } from './container/record.js';
+import { ResizeService } from './container/resources.js';
+import { containerStatusView } from './container/views.js';
 import { SandboxManager } from './sandbox/manager.js';
 import { SANDBOX_RECORD_KIND, type SandboxRecord } from './sandbox/record.js';
 import { RecordStore } from './store.js';
@@ -50,6 +55,8 @@ export async function startDaemon(options: DaemonOptions): Promise<Daemon> {
 
   // The driver RuntimeConfig advertises is the one every VMM is placed with: never another.
   const cgroups = createCgroupDriver(facts.cgroupDriver.name, { cgroupRoot: config.cgroupRoot, dbusAddress: config.dbusAddress, logger });
+  const host = { cpus: Math.max(1, os.cpus().length), memoryMiB: Math.floor(os.totalmem() / (1024 * 1024)) };
+  const readPcieFacts = () => readPcieHostFacts(config.pcie);
   const sandboxes = new SandboxManager({
     config,
     facts,
@@ -57,24 +64,39 @@ export async function startDaemon(options: DaemonOptions): Promise<Daemon> {
     metrics,
     cgroups,
     store: new RecordStore<SandboxRecord>(config.stateDir, SANDBOX_RECORD_KIND, logger),
-    host: { cpus: Math.max(1, os.cpus().length), memoryMiB: Math.floor(os.totalmem() / (1024 * 1024)) },
-    readPcieFacts: () => readPcieHostFacts(config.pcie),
+    host,
+    readPcieFacts,
   });
-  await sandboxes.recover();
+  const containerStore = new RecordStore<ContainerRecord>(config.stateDir, CONTAINER_RECORD_KIND, logger);
+  // Containers look images up; the image store asks containers whether an image is in use.
+  const containers = new ContainerManager({
+    config,
+    logger,
+    store: containerStore,
+    sandboxes,
+    images: { resolveImage: (ref) => images.resolveImage(ref), rootfsFor: (id) => images.rootfsFor(id) },
+    host,
+    readPcieFacts,
+  });
   const images = new ImageService({
     stateDir: config.stateDir,
     registriesConfigPath: config.images.registriesConfigPath,
     logger,
-    isImageInUse: () => false,
+    isImageInUse: (imageId) => containers.isImageInUse(imageId),
   });
+  const resize = new ResizeService({ config, host, sandboxes, containers, store: containerStore });
+  await sandboxes.recover();
+  await containers.recover();
   await images.init();
+  const containerStatuses = (sandboxId: string) => containers.inSandbox(sandboxId).map(containerStatusView);
 
   const runtimeHandlers: HandlerMap = {
     Version: async () => versionResponse(),
     Status: async (req: StatusRequest__Output) => statusResponse(config, facts, req),
     RuntimeConfig: async () => runtimeConfigResponse(facts),
     UpdateRuntimeConfig: async (req: UpdateRuntimeConfigRequest__Output, ctx) => updateRuntimeConfig(req, ctx),
-    ...sandboxHandlers(sandboxes),
+    ...sandboxHandlers(sandboxes, (live) => containerStatuses(live.record.id)),
+    ...containerHandlers(containers, resize),
   };
   const imageHandlers: HandlerMap = imageServiceHandlers(images) as HandlerMap;
 

@@ -16,6 +16,8 @@ export interface SandboxPlanInput {
   kubelet?: KubeletPodResources;
   accel: AccelerationChoice;
   hypervisor: HypervisorConfig;
+  /** Hosts without VFIO hardware: the emulated model standing in for vfio-pci (config pcie.simulateVfioWith). */
+  simulateVfioWith?: string | null;
   /** QEMU `-name`: shown in ps, unique per sandbox. */
   vmName: string;
   paths: VmSocketPaths;
@@ -44,6 +46,7 @@ export function planSandbox(input: SandboxPlanInput): SandboxPlan {
     annotations: input.config.annotations ?? {},
     ...(input.kubelet === undefined ? {} : { kubelet: input.kubelet }),
     profile: { ...profile.pcie, confidential: profile.confidential },
+    simulateVfioWith: input.simulateVfioWith ?? null,
   });
   const argv = buildQemuArgv({
     name: input.vmName,

@@ -37,6 +37,7 @@ export function buildPlanReport(request: RunPodSandboxRequestInput, env: PlanEnv
     hypervisor: env.config.hypervisor,
     vmName: vmNameFor(DRY_RUN_SANDBOX_ID),
     paths: vmPaths(workDir),
+    simulateVfioWith: env.config.pcie.simulateVfioWith,
   });
   const metadata = sandbox.metadata;
   return {

@@ -62,6 +62,7 @@ export async function createSandbox(deps: CreateDeps, req: CreateRequest): Promi
     hypervisor: config.hypervisor,
     vmName: vmNameFor(req.id),
     paths,
+    simulateVfioWith: config.pcie.simulateVfioWith,
   });
   log.info({ handler: plan.handler, source: plan.sizing.source, vm: plan.sizing.vm, pcie: plan.pcie.description }, 'sandbox planned');
 

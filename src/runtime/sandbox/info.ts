@@ -1,6 +1,6 @@
 import type { CgroupDriver } from '../../cgroups/index.js';
 import { errorMessage } from '../../common/errors.js';
-import type { VmProcess } from '../../hypervisor/index.js';
+import type { QmpPciBus, QmpPciDevice, VmProcess } from '../../hypervisor/index.js';
 import type { LiveSandbox } from './manager.js';
 
 /** Sizes as QEMU itself reports them (not as planned): what the VM really has right now. */
@@ -24,6 +24,26 @@ export async function qmpSizes(vm: VmProcess, timeoutMs = 3000): Promise<QmpSize
   };
 }
 
+/** What sits behind each PCIe port (bridge) as QEMU reports it: endpoint qdev ids per port id. */
+export interface PortOccupancy {
+  port: string;
+  devices: string[];
+}
+
+export function portOccupancy(buses: QmpPciBus[]): PortOccupancy[] {
+  const out: PortOccupancy[] = [];
+  const walk = (devices: QmpPciDevice[]): void => {
+    for (const d of devices) {
+      if (d.pci_bridge === undefined) continue;
+      const children = d.pci_bridge.devices ?? [];
+      out.push({ port: d.qdev_id, devices: children.filter((c) => c.pci_bridge === undefined).map((c) => c.qdev_id) });
+      walk(children);
+    }
+  };
+  for (const bus of buses) walk(bus.devices);
+  return out;
+}
+
 /**
  * PodSandboxStatus verbose info (the JSON string under "info", as containerd and CRI-O do): the
  * plan, the VMM's pid and acceleration, where it was placed, what QMP and the guest report.
@@ -31,8 +51,12 @@ export async function qmpSizes(vm: VmProcess, timeoutMs = 3000): Promise<QmpSize
 export async function sandboxVerboseInfo(live: LiveSandbox, cgroups: CgroupDriver): Promise<Record<string, string>> {
   const { record, vm } = live;
   let qmp: QmpSizes | { error: string } | null = null;
+  let pci: PortOccupancy[] | { error: string } | null = null;
   if (vm !== undefined && vm.exitInfo === undefined) {
-    qmp = await qmpSizes(vm).catch((err: unknown) => ({ error: errorMessage(err) }));
+    [qmp, pci] = await Promise.all([
+      qmpSizes(vm).catch((err: unknown) => ({ error: errorMessage(err) })),
+      vm.qmp.queryPci({ timeoutMs: 3000 }).then(portOccupancy, (err: unknown) => ({ error: errorMessage(err) })),
+    ]);
   }
   const info = {
     handler: record.handler,
@@ -44,6 +68,8 @@ export async function sandboxVerboseInfo(live: LiveSandbox, cgroups: CgroupDrive
     cgroup: record.placement === null ? { driver: cgroups.name, placed: false } : cgroups.describe(record.placement),
     shape: record.shape,
     qmp,
+    pci,
+    topology: record.topology.ports.map((p) => ({ id: p.id, use: p.use, reservedFor: p.reservedFor, occupant: p.occupant?.qemuId ?? null })),
     guest: record.guest,
     exit: record.exit,
     plan: {

@@ -176,6 +176,11 @@ export class SandboxManager {
     });
   }
 
+  /** Persist a sandbox's record after a change made under its lock (hot-plug, resize). */
+  async save(live: LiveSandbox): Promise<void> {
+    await this.deps.store.put(live.record);
+  }
+
   list(filter: PodSandboxFilter__Output | null): SandboxRecord[] {
     const out: SandboxRecord[] = [];
     for (const live of this.sandboxes.values()) {

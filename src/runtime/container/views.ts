@@ -1,0 +1,52 @@
+import type { Container } from '../../generated/runtime/v1/Container.js';
+import type { ContainerFilter__Output } from '../../generated/runtime/v1/ContainerFilter.js';
+import type { ContainerStatus } from '../../generated/runtime/v1/ContainerStatus.js';
+import type { ContainerConfig__Output } from '../../generated/runtime/v1/ContainerConfig.js';
+import { matchesLabels } from '../sandbox/views.js';
+import type { ContainerRecord } from './record.js';
+
+function configOf(r: ContainerRecord): ContainerConfig__Output {
+  return r.config as unknown as ContainerConfig__Output;
+}
+
+/** ListContainers' view of one container. */
+export function containerView(r: ContainerRecord): Container {
+  return {
+    id: r.id,
+    pod_sandbox_id: r.sandboxId,
+    metadata: r.metadata,
+    image: { image: r.image.requested, annotations: configOf(r).image?.annotations ?? {}, user_specified_image: configOf(r).image?.user_specified_image ?? '' },
+    image_ref: r.image.ref,
+    state: r.state,
+    created_at: r.createdAtNs,
+    labels: r.labels,
+    annotations: r.annotations,
+    image_id: r.image.id,
+  };
+}
+
+/** ContainerStatus' view: the list view plus times, exit, mounts, log path and resources. */
+export function containerStatusView(r: ContainerRecord): ContainerStatus {
+  const config = configOf(r);
+  return {
+    ...containerView(r),
+    started_at: '0',
+    finished_at: r.finishedAtNs,
+    exit_code: r.exitCode,
+    reason: r.reason,
+    message: r.message,
+    mounts: config.mounts ?? [],
+    log_path: r.logPath,
+    resources: config.linux?.resources ? { linux: config.linux.resources } : null,
+    stop_signal: config.stop_signal ?? 'RUNTIME_DEFAULT',
+  };
+}
+
+/** ListContainers filtering: id (or unique prefix), state, sandbox id (or prefix), labels. */
+export function containerMatches(r: ContainerRecord, filter: ContainerFilter__Output | null): boolean {
+  if (filter === null) return true;
+  if (filter.id !== '' && !r.id.startsWith(filter.id)) return false;
+  if (filter.pod_sandbox_id !== '' && !r.sandboxId.startsWith(filter.pod_sandbox_id)) return false;
+  if (filter.state !== null && filter.state.state !== r.state) return false;
+  return matchesLabels(r.labels, filter.label_selector ?? {});
+}
