@@ -1,11 +1,11 @@
 import { cancelled, isKataError, timedOut } from '../common/errors.js';
-import type { CallContext } from './cri/server.js';
+import type { RequestContext } from './context.js';
 
 /**
  * How long an operation may wait: its configured timeout, cut to what is left of the caller's
  * gRPC deadline minus `reserveMs` (kept for rolling back cleanly), and never below 1 ms.
  */
-export function boundedTimeoutMs(configuredMs: number, ctx: Pick<CallContext, 'deadlineMs'>, reserveMs = 3000): number {
+export function boundedTimeoutMs(configuredMs: number, ctx: Pick<RequestContext, 'deadlineMs'>, reserveMs = 3000): number {
   if (ctx.deadlineMs === undefined) return configuredMs;
   return Math.max(1, Math.min(configuredMs, ctx.deadlineMs - Date.now() - reserveMs));
 }

@@ -11,7 +11,7 @@ import { createContainerSnapshot, removeContainerSnapshot } from '../../images/s
 import type { PcieHostFacts } from '../../pcie/index.js';
 import type { HostCapacity } from '../../sizing/types.js';
 import { admissionError, admitAnnounced, containerDemand, fitBudget } from '../admission/index.js';
-import type { CallContext } from '../cri/server.js';
+import type { RequestContext } from '../context.js';
 import type { LiveSandbox, SandboxManager } from '../sandbox/manager.js';
 import { nowNs } from '../sandbox/record.js';
 import { applyResize, planResize, type ResizePlan } from '../sandbox/resize.js';
@@ -94,7 +94,7 @@ export class ContainerManager {
     return [...this.containers.values()].filter((c) => c.sandboxId === sandboxId);
   }
 
-  async create(req: CreateContainerRequest__Output, ctx: CallContext): Promise<string> {
+  async create(req: CreateContainerRequest__Output, ctx: RequestContext): Promise<string> {
     const live = this.deps.sandboxes.resolve(req.pod_sandbox_id);
     const sandboxId = live.record.id;
     ctx.annotate({ sandboxId });
@@ -198,7 +198,7 @@ export class ContainerManager {
   }
 
   /** StopContainer: containers never run yet (StartContainer is not implemented), so this records the exit. */
-  async stop(idOrPrefix: string, ctx: CallContext): Promise<void> {
+  async stop(idOrPrefix: string, ctx: RequestContext): Promise<void> {
     const record = this.resolve(idOrPrefix);
     ctx.annotate({ containerId: record.id, sandboxId: record.sandboxId });
     await this.deps.sandboxes.locks.run(record.sandboxId, async () => {
@@ -207,7 +207,7 @@ export class ContainerManager {
   }
 
   /** RemoveContainer: hot-plugged devices leave the VM first, then the root filesystem and record. Idempotent. */
-  async remove(idOrPrefix: string, ctx: CallContext): Promise<void> {
+  async remove(idOrPrefix: string, ctx: RequestContext): Promise<void> {
     const id = resolveIdPrefix(idOrPrefix, this.containers.keys());
     const record = id === undefined ? undefined : this.containers.get(id);
     if (record === undefined) return;

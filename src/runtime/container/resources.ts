@@ -8,7 +8,7 @@ import type { PodSandboxConfigInput } from '../../sizing/input.js';
 import { planSizing } from '../../sizing/shape.js';
 import type { HostCapacity } from '../../sizing/types.js';
 import { containerDemand, type AnnouncedPodResources } from '../admission/index.js';
-import type { CallContext } from '../cri/server.js';
+import type { RequestContext } from '../context.js';
 import type { LiveSandbox, SandboxManager } from '../sandbox/manager.js';
 import { applyResize, planResize, type ResizePlan } from '../sandbox/resize.js';
 import type { RecordStore } from '../store.js';
@@ -33,7 +33,7 @@ export interface ResizeDeps {
 export class ResizeService {
   constructor(private readonly deps: ResizeDeps) {}
 
-  async updateContainer(req: UpdateContainerResourcesRequest__Output, ctx: CallContext): Promise<void> {
+  async updateContainer(req: UpdateContainerResourcesRequest__Output, ctx: RequestContext): Promise<void> {
     const container = this.deps.containers.resolve(req.container_id);
     const live = this.deps.sandboxes.resolve(container.sandboxId);
     ctx.annotate({ containerId: container.id, sandboxId: live.record.id });
@@ -63,7 +63,7 @@ export class ResizeService {
     });
   }
 
-  async updatePodSandbox(req: UpdatePodSandboxResourcesRequest__Output, ctx: CallContext): Promise<void> {
+  async updatePodSandbox(req: UpdatePodSandboxResourcesRequest__Output, ctx: RequestContext): Promise<void> {
     const live = this.deps.sandboxes.resolve(req.pod_sandbox_id);
     ctx.annotate({ sandboxId: live.record.id });
     await this.deps.sandboxes.locks.run(live.record.id, async () => {

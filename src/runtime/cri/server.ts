@@ -12,22 +12,13 @@ import {
 } from '@grpc/grpc-js';
 import { cancelled, invalid, unimplemented, isKataError } from '../../common/errors.js';
 import type { Logger } from '../../common/logger.js';
+import type { RequestContext } from '../context.js';
 import type { RuntimeMetrics } from '../metrics.js';
 import { prepareSocketPath } from './socket.js';
 import { statusName, toServiceError } from './status.js';
 
-/** What a handler learns about the call besides the request. */
-export interface CallContext {
-  /** The rpc name, e.g. `RunPodSandbox`. */
-  method: string;
-  logger: Logger;
-  /** Aborted when the client cancels or its deadline passes. */
-  signal: AbortSignal;
-  /** Absolute deadline in epoch milliseconds, or undefined when the client set none. */
-  deadlineMs: number | undefined;
-  /** Add fields (such as the sandbox id) to the request's completion log line. */
-  annotate(fields: Record<string, unknown>): void;
-}
+/** What a handler learns about the call besides the request (the runtime's RequestContext). */
+export type CallContext = RequestContext;
 
 export type UnaryHandler = (request: never, ctx: CallContext) => Promise<unknown>;
 /** Implemented rpcs by name; every other rpc of the service answers UNIMPLEMENTED. */

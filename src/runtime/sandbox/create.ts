@@ -7,7 +7,7 @@ import type { ResolvedHandler } from '../../config/handlers.js';
 import type { KataConfig } from '../../config/types.js';
 import type { PodSandboxConfig__Output } from '../../generated/runtime/v1/PodSandboxConfig.js';
 import { checkGuestAssets, startVm, vmPaths, type VmProcess } from '../../hypervisor/index.js';
-import type { PcieHostFacts } from '../../pcie/index.js';
+import { getKubeletPodResources, type KubeletPodResources, type PcieHostFacts } from '../../pcie/index.js';
 import type { HostCapacity } from '../../sizing/types.js';
 import { withSignal } from '../deadline.js';
 import type { RuntimeFacts } from '../facts.js';
@@ -53,11 +53,13 @@ export async function createSandbox(deps: CreateDeps, req: CreateRequest): Promi
 
   const workDir = sandboxWorkDir(config.stateDir, req.id);
   const paths = vmPaths(workDir);
+  const kubelet = await askKubelet(config, req);
   const plan = planSandbox({
     config: req.podConfig,
     handler: req.handler,
     host: deps.host,
     pcieFacts: await deps.readPcieFacts(),
+    ...(kubelet === null ? {} : { kubelet }),
     accel: deps.facts.acceleration,
     hypervisor: config.hypervisor,
     vmName: vmNameFor(req.id),
@@ -144,4 +146,14 @@ export async function createSandbox(deps: CreateDeps, req: CreateRequest): Promi
       }
     }
   }
+}
+
+/**
+ * Where a kubelet sends no pod_resources (all released kubelets), the devices assigned to the pod
+ * can be asked of the kubelet's PodResources API, as Kata does; off unless a socket is configured.
+ */
+async function askKubelet(config: KataConfig, req: CreateRequest): Promise<KubeletPodResources | null> {
+  const socket = config.pcie.podResourcesSocket;
+  if (socket === null || (req.podConfig.pod_resources?.containers.length ?? 0) > 0) return null;
+  return getKubeletPodResources(socket, req.metadata.namespace, req.metadata.name, { timeoutMs: 5000 });
 }

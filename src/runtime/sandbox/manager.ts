@@ -7,7 +7,7 @@ import { resolveHandler } from '../../config/handlers.js';
 import type { PodSandboxFilter__Output } from '../../generated/runtime/v1/PodSandboxFilter.js';
 import type { RunPodSandboxRequest__Output } from '../../generated/runtime/v1/RunPodSandboxRequest.js';
 import { isSameLiveProcess, type ExitInfo, type VmProcess } from '../../hypervisor/index.js';
-import type { CallContext } from '../cri/server.js';
+import type { RequestContext } from '../context.js';
 import { boundedTimeoutMs } from '../deadline.js';
 import { KeyedMutex } from '../locks.js';
 import type { RuntimeMetrics } from '../metrics.js';
@@ -65,7 +65,7 @@ export class SandboxManager {
     this.updateGauge();
   }
 
-  async run(request: RunPodSandboxRequest__Output, ctx: CallContext): Promise<string> {
+  async run(request: RunPodSandboxRequest__Output, ctx: RequestContext): Promise<string> {
     const { config: podConfig, metadata } = validateRunRequest(request.config);
     const handler = resolveHandler(this.deps.config, request.runtime_handler);
     const key = identityKey(metadata);
@@ -122,7 +122,7 @@ export class SandboxManager {
   }
 
   /** StopPodSandbox: graceful guest shutdown, then quit, then SIGKILL; cgroup removed. Idempotent. */
-  async stop(idOrPrefix: string, ctx: CallContext): Promise<void> {
+  async stop(idOrPrefix: string, ctx: RequestContext): Promise<void> {
     const live = this.resolve(idOrPrefix);
     ctx.annotate({ sandboxId: live.record.id });
     await this.locks.run(live.record.id, () => this.stopLocked(live, boundedTimeoutMs(this.deps.config.hypervisor.stopTimeoutMs, ctx, 1000)));
@@ -159,7 +159,7 @@ export class SandboxManager {
   }
 
   /** RemovePodSandbox: stops if needed, removes every trace. Unknown ids succeed (CRI: idempotent). */
-  async remove(idOrPrefix: string, ctx: CallContext): Promise<void> {
+  async remove(idOrPrefix: string, ctx: RequestContext): Promise<void> {
     const live = this.find(idOrPrefix);
     if (live === undefined) return;
     const { record } = live;
