@@ -1,4 +1,5 @@
 import { cancelled, isKataError, timedOut, type KataError } from '../common/errors.js';
+import { raceAbort as raceWith } from '../common/abort.js';
 import type { CallOptions } from './cri-types.js';
 
 /** One signal for an operation: the caller's cancellation and its deadline folded together. */
@@ -55,19 +56,5 @@ export function throwIfAborted(signal: AbortSignal | undefined): void {
 
 /** Settle with `promise`, or reject with the abort reason as soon as `signal` fires. */
 export function raceAbort<T>(promise: Promise<T>, signal: AbortSignal): Promise<T> {
-  if (signal.aborted) return Promise.reject(abortReason(signal));
-  return new Promise<T>((resolve, reject) => {
-    const onAbort = (): void => reject(abortReason(signal));
-    signal.addEventListener('abort', onAbort, { once: true });
-    promise.then(
-      (v) => {
-        signal.removeEventListener('abort', onAbort);
-        resolve(v);
-      },
-      (e: unknown) => {
-        signal.removeEventListener('abort', onAbort);
-        reject(e);
-      },
-    );
-  });
+  return raceWith(promise, signal, (s) => abortReason(s));
 }

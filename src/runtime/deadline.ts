@@ -1,3 +1,4 @@
+import { raceAbort } from '../common/abort.js';
 import { cancelled, isKataError, timedOut } from '../common/errors.js';
 import type { RequestContext } from './context.js';
 
@@ -15,21 +16,7 @@ export function boundedTimeoutMs(configuredMs: number, ctx: Pick<RequestContext,
  * (CANCELLED when the client went away). The promise keeps running; callers roll back after.
  */
 export function withSignal<T>(promise: Promise<T>, signal: AbortSignal): Promise<T> {
-  if (signal.aborted) return Promise.reject(abortError(signal));
-  return new Promise<T>((resolve, reject) => {
-    const onAbort = (): void => reject(abortError(signal));
-    signal.addEventListener('abort', onAbort, { once: true });
-    promise.then(
-      (v) => {
-        signal.removeEventListener('abort', onAbort);
-        resolve(v);
-      },
-      (e: unknown) => {
-        signal.removeEventListener('abort', onAbort);
-        reject(e);
-      },
-    );
-  });
+  return raceAbort(promise, signal, abortError);
 }
 
 function abortError(signal: AbortSignal): Error {
