@@ -130,7 +130,7 @@ export class ContainerManager {
           // QEMU confirmed every device_add: only now does the topology record change.
           live.record.topology = hotplug.topology;
         }
-        if (resize?.changed) await applyResize(live, resize, this.deps.sandboxes.cgroups, ctx.logger);
+        if (resize?.changed) await applyResize(live, resize, (p) => this.deps.sandboxes.cgroupsFor(p), ctx.logger);
         const record: ContainerRecord = {
           id,
           sandboxId,

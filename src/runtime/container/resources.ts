@@ -54,7 +54,7 @@ export class ResizeService {
         const others = this.deps.containers.inSandbox(live.record.id).filter((c) => c.id !== container.id && c.state === 'CONTAINER_CREATED');
         plan = this.deps.containers.growthFor(live, containerDemand(config as never), others.map((c) => c.demand), container.metadata.name);
       }
-      if (plan?.changed) await applyResize(live, plan, this.deps.sandboxes.cgroups, ctx.logger);
+      if (plan?.changed) await applyResize(live, plan, (p) => this.deps.sandboxes.cgroupsFor(p), ctx.logger);
       if (nextPodConfig !== undefined) live.record.podConfig = nextPodConfig;
       container.config = config;
       container.demand = containerDemand(config as never);
@@ -80,7 +80,7 @@ export class ResizeService {
         ...(req.pod_resources !== null && req.pod_resources.containers.length > 0 ? { pod_resources: req.pod_resources } : {}),
       };
       const plan = this.replan(live, next);
-      if (plan.changed) await applyResize(live, plan, this.deps.sandboxes.cgroups, ctx.logger);
+      if (plan.changed) await applyResize(live, plan, (p) => this.deps.sandboxes.cgroupsFor(p), ctx.logger);
       live.record.podConfig = next;
       await this.deps.sandboxes.save(live);
     });

@@ -54,7 +54,8 @@ export async function startDaemon(options: DaemonOptions): Promise<Daemon> {
   const cri = loadCriPackage();
 
   // The driver RuntimeConfig advertises is the one every VMM is placed with: never another.
-  const cgroups = createCgroupDriver(facts.cgroupDriver.name, { cgroupRoot: config.cgroupRoot, dbusAddress: config.dbusAddress, logger });
+  const driverOptions = { cgroupRoot: config.cgroupRoot, dbusAddress: config.dbusAddress, logger };
+  const cgroups = createCgroupDriver(facts.cgroupDriver.name, driverOptions);
   const host = { cpus: Math.max(1, os.cpus().length), memoryMiB: Math.floor(os.totalmem() / (1024 * 1024)) };
   const readPcieFacts = () => readPcieHostFacts(config.pcie);
   const sandboxes = new SandboxManager({
@@ -66,6 +67,7 @@ export async function startDaemon(options: DaemonOptions): Promise<Daemon> {
     store: new RecordStore<SandboxRecord>(config.stateDir, SANDBOX_RECORD_KIND, logger),
     host,
     readPcieFacts,
+    cgroupDriverNamed: (name) => createCgroupDriver(name, driverOptions),
   });
   const containerStore = new RecordStore<ContainerRecord>(config.stateDir, CONTAINER_RECORD_KIND, logger);
   // Containers look images up; the image store asks containers whether an image is in use.

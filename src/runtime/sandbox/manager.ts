@@ -1,5 +1,5 @@
 import { promises as fsp } from 'node:fs';
-import type { CgroupDriver } from '../../cgroups/index.js';
+import type { CgroupDriver, CgroupDriverName, PlacementRecord } from '../../cgroups/index.js';
 import { alreadyExists, errorMessage, notFound } from '../../common/errors.js';
 import { newObjectId, resolveIdPrefix } from '../../common/ids.js';
 import type { Logger } from '../../common/logger.js';
@@ -22,6 +22,8 @@ import { sandboxMatches } from './views.js';
 export interface SandboxManagerDeps extends CreateDeps {
   logger: Logger;
   metrics: RuntimeMetrics;
+  /** A driver of the given name (for placements made under an earlier config); see cgroupsFor. */
+  cgroupDriverNamed(name: CgroupDriverName): CgroupDriver;
 }
 
 /** A sandbox as the daemon holds it: its persisted record and, while it runs, its QEMU handle. */
@@ -145,16 +147,20 @@ export class SandboxManager {
     }
     live.vm?.release();
     live.vm = undefined;
-    if (record.placement !== null) {
-      await this.deps.cgroups.remove(record.placement);
-      record.placement = null;
-    }
+    // The VM is gone: say so durably before touching cgroups, so that a teardown failure below
+    // leaves an honest NOTREADY sandbox whose Stop can simply be retried.
     const changed = record.state !== 'SANDBOX_NOTREADY' || record.phase !== 'stopped' || record.exit !== exit;
     record.state = 'SANDBOX_NOTREADY';
     record.phase = 'stopped';
     record.exit = exit;
     await this.hooks.onStopped?.(live);
     if (changed) await this.deps.store.put(record);
+    this.updateGauge();
+    if (record.placement !== null) {
+      await this.cgroupsFor(record.placement).remove(record.placement);
+      record.placement = null;
+      await this.deps.store.put(record);
+    }
     this.updateGauge();
   }
 
@@ -237,8 +243,16 @@ export class SandboxManager {
     this.deps.metrics.sandboxes.set({ state: 'notready' }, notReady);
   }
 
-  /** For the container layer and status: the cgroup driver in use. */
+  /** For the container layer and status: the cgroup driver in use (the one RuntimeConfig advertises). */
   get cgroups(): CgroupDriver {
     return this.deps.cgroups;
+  }
+
+  /**
+   * The driver that made a placement. New placements always use the advertised driver, but a
+   * record made before the config changed driver must be resized and torn down by its own.
+   */
+  cgroupsFor(placement: PlacementRecord): CgroupDriver {
+    return placement.driver === this.deps.cgroups.name ? this.deps.cgroups : this.deps.cgroupDriverNamed(placement.driver);
   }
 }

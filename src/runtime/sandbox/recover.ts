@@ -3,14 +3,12 @@ import path from 'node:path';
 import { errorMessage, isKataError } from '../../common/errors.js';
 import type { Logger } from '../../common/logger.js';
 import { attachVm, isSameLiveProcess, type VmProcess } from '../../hypervisor/index.js';
-import type { RuntimeMetrics } from '../metrics.js';
-import type { CreateDeps } from './create.js';
-import type { LiveSandbox } from './manager.js';
+import type { LiveSandbox, SandboxManagerDeps } from './manager.js';
 import { killAndWait, qemuPidsUsing } from './orphans.js';
 import { sandboxWorkDir } from './paths.js';
 import type { SandboxRecord } from './record.js';
 
-type RecoverDeps = CreateDeps & { logger: Logger; metrics: RuntimeMetrics };
+type RecoverDeps = SandboxManagerDeps;
 
 /**
  * At daemon start: load every sandbox record and reconcile it with the host. A running VM is
@@ -89,7 +87,10 @@ async function rollBackInterruptedCreate(deps: RecoverDeps, record: SandboxRecor
     // The crash came between spawning QEMU and recording its pid: find it by its work dir.
     for (const pid of await qemuPidsUsing(workDir)) await killAndWait(pid);
   }
-  if (record.placement !== null) await deps.cgroups.remove(record.placement);
+  if (record.placement !== null) {
+    const driver = record.placement.driver === deps.cgroups.name ? deps.cgroups : deps.cgroupDriverNamed(record.placement.driver);
+    await driver.remove(record.placement);
+  }
   await fsp.rm(workDir, { recursive: true, force: true });
   await deps.store.delete(record.id);
 }

@@ -1,4 +1,4 @@
-import type { CgroupDriver } from '../../cgroups/index.js';
+import type { CgroupDriver, PlacementRecord } from '../../cgroups/index.js';
 import { exhausted, precondition } from '../../common/errors.js';
 import type { Logger } from '../../common/logger.js';
 import { plugVcpus, setVirtioMemSize, VIRTIO_MEM_BLOCK_MIB } from '../../hypervisor/index.js';
@@ -58,12 +58,17 @@ export function planResize(record: SandboxRecord, target: ResizeTarget): ResizeP
  * and lowered after it shrinks, so the VMM never runs over its budget. The record's shape and
  * placement are updated as each step lands; the caller persists.
  */
-export async function applyResize(live: LiveSandbox, plan: ResizePlan, cgroups: CgroupDriver, logger: Logger): Promise<void> {
+export async function applyResize(
+  live: LiveSandbox,
+  plan: ResizePlan,
+  cgroupsFor: (placement: PlacementRecord) => CgroupDriver,
+  logger: Logger,
+): Promise<void> {
   const { record, vm } = live;
   if (vm === undefined) throw precondition('SANDBOX_NOT_RUNNING', `sandbox ${record.id} has no running VM to resize`);
   const growing = plan.shape.memoryMiB >= record.shape.memoryMiB;
   const updateLimits = async (): Promise<void> => {
-    if (record.placement !== null) record.placement = await cgroups.update(record.placement, plan.budget);
+    if (record.placement !== null) record.placement = await cgroupsFor(record.placement).update(record.placement, plan.budget);
   };
   if (growing) await updateLimits();
   if (plan.shape.memoryMiB !== record.shape.memoryMiB) {

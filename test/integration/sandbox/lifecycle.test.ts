@@ -142,4 +142,25 @@ describe('pod sandbox lifecycle with real QEMU', () => {
     await rpc(rt.cri.runtime, 'RemovePodSandbox', { pod_sandbox_id: id });
     expect(await leftovers(rt)).toEqual({ processes: [], workDirs: [], records: [], cgroups: [] });
   });
+
+  it('a sandbox placed under cgroupfs is still torn down by cgroupfs after the config switches the daemon to systemd', async () => {
+    const config = podConfig(rt, 'switch');
+    const { pod_sandbox_id: id } = await rpc<{ pod_sandbox_id: string }>(rt.cri.runtime, 'RunPodSandbox', { config });
+    const { info } = await sandboxStatus(rt, id);
+    const cfg = JSON.parse(await fsp.readFile(rt.configPath, 'utf8')) as Record<string, unknown>;
+    await fsp.writeFile(rt.configPath, JSON.stringify({ ...cfg, cgroupDriver: 'systemd' }));
+    try {
+      await rt.restart();
+      // New placements would use systemd (and there is no systemd here); the existing one is cgroupfs's.
+      expect(await rpc(rt.cri.runtime, 'RuntimeConfig', {})).toEqual({ linux: { cgroup_driver: 'SYSTEMD' } });
+      expect((await sandboxStatus(rt, id)).info.pid).toBe(info.pid);
+      await rpc(rt.cri.runtime, 'StopPodSandbox', { pod_sandbox_id: id });
+      expect((await sandboxStatus(rt, id)).res.status.state).toBe('SANDBOX_NOTREADY');
+      await rpc(rt.cri.runtime, 'RemovePodSandbox', { pod_sandbox_id: id });
+      expect(await leftovers(rt)).toEqual({ processes: [], workDirs: [], records: [], cgroups: [] });
+    } finally {
+      await fsp.writeFile(rt.configPath, JSON.stringify(cfg));
+      await rt.restart();
+    }
+  });
 });
