@@ -111,6 +111,7 @@ export async function runBootBench(options: BootBenchOptions): Promise<BootBench
   process.once('SIGINT', onSignal);
   process.once('SIGTERM', onSignal);
   try {
+    const loadBefore = os.loadavg()[0]!;
     await daemon.start();
     const daemonPid = daemon.pid();
     const freshRssKiB = await sampledVmRssKiB(daemonPid);
@@ -192,7 +193,7 @@ export async function runBootBench(options: BootBenchOptions): Promise<BootBench
       bench: 'boot',
       date: new Date().toISOString(),
       commit: currentCommit(),
-      host: { cpus: os.cpus().length, accel: info.accel.accel },
+      host: { cpus: os.cpus().length, accel: info.accel.accel, loadavg1Before: loadBefore, loadavg1After: os.loadavg()[0]! },
       bareMode: options.bareMode,
       pod: { source: info.plan.source, vcpus: info.shape.vcpus, maxVcpus: info.shape.maxVcpus, memoryMiB: info.shape.memoryMiB, maxMemoryMiB: info.shape.maxMemoryMiB, guestVcpus: guest.vcpus, guestMemoryKiB: guest.memoryKiB },
       placement: {

@@ -18,7 +18,8 @@ export interface BootBenchResult {
   date: string;
   /** `git rev-parse --short=12 HEAD`, null outside a git checkout. */
   commit: string | null;
-  host: { cpus: number; accel: string };
+  /** 1-minute load average before and after: other work on the machine shows here. */
+  host: { cpus: number; accel: string; loadavg1Before: number; loadavg1After: number };
   bareMode: BareMode;
   pod: { source: string; vcpus: number; maxVcpus: number; memoryMiB: number; maxMemoryMiB: number; guestVcpus: number; guestMemoryKiB: number };
   /** The cgroup limits the runtime's QEMU ran under (the bare one runs in the bench's own cgroup). */
@@ -63,7 +64,7 @@ export function formatBootReport(r: BootBenchResult): string {
   const out: string[] = [];
   const how = r.bareMode === 'direct' ? 'direct: -S dropped, no QMP' : 'paused: -S kept, QMP cont sent at once';
   out.push(`boot: RunPodSandbox-to-ready vs bare QEMU to the same KATA_TS_READY line, ${r.rounds.length} alternating rounds`);
-  out.push(`  host: ${r.host.cpus} CPUs, accel ${r.host.accel}; bare mode ${how}; ${r.date}${r.commit === null ? '' : `, commit ${r.commit}`}`);
+  out.push(`  host: ${r.host.cpus} CPUs, accel ${r.host.accel}, load ${r.host.loadavg1Before.toFixed(2)} -> ${r.host.loadavg1After.toFixed(2)}; bare mode ${how}; ${r.date}${r.commit === null ? '' : `, commit ${r.commit}`}`);
   out.push(
     `  pod (${r.pod.source}): ${r.pod.vcpus} vCPU (max ${r.pod.maxVcpus}), ${r.pod.memoryMiB} MiB (max ${r.pod.maxMemoryMiB}); ` +
       `guest sees ${r.pod.guestVcpus} vCPU, ${r.pod.guestMemoryKiB} KiB`,
