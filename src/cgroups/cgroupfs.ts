@@ -299,6 +299,16 @@ export class CgroupfsDriver implements CgroupDriver {
     return describeRecord(record);
   }
 
+  async placementFor(sandboxId: string, cgroupParent: string): Promise<PlacementRecord> {
+    const parent = parseCgroupfsParent(cgroupParent);
+    const mode = await this.mode();
+    const paths: Record<string, string> = {};
+    for (const h of await resolveHierarchies(this.fs, this.opts.cgroupRoot, mode)) {
+      paths[h.key] = path.join(h.base, ...parent.components, vmmCgroupName(sandboxId));
+    }
+    return { driver: 'cgroupfs', cgroupParent, mode, paths, createdParents: [], limits: { cpuQuotaMillicores: 0, cpuRequestMillicores: 0, memoryLimitBytes: 0 } };
+  }
+
   /**
    * The processes in a leaf cgroup, waiting briefly while they are only zombies: a VMM that just
    * exited stays listed until its parent reaps it, and after a daemon restart that parent is init,

@@ -302,6 +302,19 @@ export class SystemdDriver implements CgroupDriver {
     return { ...record, limits: { ...limits } };
   }
 
+  async placementFor(sandboxId: string, cgroupParent: string): Promise<PlacementRecord> {
+    const parent = parseSystemdParent(cgroupParent);
+    return {
+      driver: 'systemd',
+      cgroupParent,
+      mode: await this.mode(),
+      unit: `${vmmCgroupName(sandboxId)}.scope`,
+      ...(parent.slice === null ? {} : { slice: parent.slice }),
+      paths: {},
+      limits: { cpuQuotaMillicores: 0, cpuRequestMillicores: 0, memoryLimitBytes: 0 },
+    };
+  }
+
   async remove(record: PlacementRecord): Promise<void> {
     const unit = record.unit;
     if (unit === undefined) throw invalid('CGROUP_RECORD_INVALID', 'placement record of the systemd driver has no unit.');

@@ -69,6 +69,12 @@ export interface CgroupDriver {
   update(record: PlacementRecord, limits: VmmLimits): Promise<PlacementRecord>;
   /** Idempotent; called after the VMM process is gone. */
   remove(record: PlacementRecord): Promise<void>;
+  /**
+   * The record a placement of this sandbox under this parent has (or would have), for cleaning up
+   * after a crash that came between placing the VMM and recording the placement: pass it to
+   * remove(). Parents are never listed as created here, since nothing proves who created them.
+   */
+  placementFor(sandboxId: string, cgroupParent: string): Promise<PlacementRecord>;
   /** Flat strings for PodSandboxStatus verbose info. */
   describe(record: PlacementRecord): Record<string, string>;
 }

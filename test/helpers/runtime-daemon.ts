@@ -3,19 +3,19 @@
  * cgroupfs driver placing VMMs under a private cgroup parent that the test owns, so tests can
  * restart it, kill its VMs, and check that nothing is left behind.
  */
-import { spawn, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { createWriteStream, promises as fsp } from 'node:fs';
-import net from 'node:net';
+import { promises as fsp } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { packageRoot } from '../../src/common/paths.js';
 import { criClients, type CriClients } from './cri-client.js';
+import { readLogLines, spawnDaemon, type SpawnedDaemon } from './daemon-process.js';
 import { mountedHierarchies, treeDeepestFirst } from './cgroups-private.js';
 import { processesMentioning } from './hypervisor-guest.js';
 
 export interface TestRuntime {
   dir: string;
+  /** Where the daemon's stderr (its JSON log) goes. */
+  logFile: string;
   stateDir: string;
   socketPath: string;
   configPath: string;
@@ -36,23 +36,33 @@ export interface TestRuntime {
   cleanup(): Promise<void>;
 }
 
-export async function createTestRuntime(configDoc: Record<string, unknown> = {}): Promise<TestRuntime> {
+export interface TestRuntimeOptions {
+  /** Name prefix of the private cgroup root (must start with `kata-ts-`); benches use their own. */
+  cgroupPrefix?: string;
+  /** Prefix of the temporary directory under /tmp. */
+  tmpPrefix?: string;
+}
+
+export async function createTestRuntime(configDoc: Record<string, unknown> = {}, options: TestRuntimeOptions = {}): Promise<TestRuntime> {
+  const cgroupPrefix = options.cgroupPrefix ?? 'kata-ts-test-';
+  if (!cgroupPrefix.startsWith('kata-ts-')) throw new Error(`cgroup prefix ${cgroupPrefix} must start with kata-ts-`);
   // Short: sockets live under it and a unix socket path must fit in 108 bytes.
-  const dir = await fsp.mkdtemp(path.join(os.tmpdir(), 'kts-'));
+  const dir = await fsp.mkdtemp(path.join(os.tmpdir(), options.tmpPrefix ?? 'kts-'));
   const stateDir = path.join(dir, 'state');
   const socketPath = path.join(dir, 'kata-ts.sock');
   const configPath = path.join(dir, 'config.json');
-  const cgroupRoot = `kata-ts-test-${randomBytes(5).toString('hex')}`;
+  const cgroupRoot = `${cgroupPrefix}${randomBytes(5).toString('hex')}`;
   await fsp.writeFile(
     configPath,
     JSON.stringify({ socketPath, stateDir, metricsAddress: null, cgroupDriver: 'cgroupfs', logLevel: 'debug', ...configDoc }, null, 2),
   );
-  let child: ChildProcess | undefined;
+  let daemon: SpawnedDaemon | undefined;
   let cri: CriClients | undefined;
   const logFile = path.join(dir, 'daemon.log');
 
   const runtime: TestRuntime = {
     dir,
+    logFile,
     stateDir,
     socketPath,
     configPath,
@@ -62,50 +72,21 @@ export async function createTestRuntime(configDoc: Record<string, unknown> = {})
       if (cri === undefined) throw new Error('daemon not started');
       return cri;
     },
-    pid: () => child?.pid ?? -1,
+    pid: () => daemon?.pid ?? -1,
     async start() {
-      const log = createWriteStream(logFile, { flags: 'a' });
-      child = spawn(process.execPath, ['--import', 'tsx', 'src/cli/entry.ts', 'serve', '--config', configPath], {
-        cwd: packageRoot(),
-        stdio: ['ignore', 'inherit', 'pipe'],
-      });
-      child.stderr!.pipe(log);
-      const exited = new Promise<number | null>((resolve) => child!.once('exit', (code) => resolve(code)));
-      // Wait until the socket accepts connections: a killed daemon's stale socket file may be there.
-      let up = false;
-      for (let i = 0; i < 300 && !up && child.exitCode === null; i++) {
-        up = await accepts(socketPath);
-        if (!up) await new Promise((r) => setTimeout(r, 100));
-      }
-      if (!up) {
-        child.kill('SIGKILL');
-        await exited;
-        throw new Error(`kata-ts did not start; log:\n${await fsp.readFile(logFile, 'utf8').catch(() => '')}`);
-      }
+      daemon = await spawnDaemon(configPath, socketPath, logFile);
       cri = criClients(socketPath);
     },
     async stop() {
       cri?.close();
       cri = undefined;
-      const c = child;
-      if (c === undefined || c.exitCode !== null || c.signalCode !== null) return;
-      const exited = new Promise((resolve) => c.once('exit', resolve));
-      c.kill('SIGTERM');
-      const timer = setTimeout(() => c.kill('SIGKILL'), 15_000);
-      await exited;
-      clearTimeout(timer);
+      await daemon?.stop();
     },
     async restart() {
       await runtime.stop();
       await runtime.start();
     },
-    async logLines() {
-      const text = await fsp.readFile(logFile, 'utf8').catch(() => '');
-      return text
-        .split('\n')
-        .filter((l) => l.startsWith('{'))
-        .map((l) => JSON.parse(l) as Record<string, unknown>);
-    },
+    logLines: () => readLogLines(logFile),
     async cleanup() {
       await runtime.stop();
       for (const pid of processesMentioning(dir)) {
@@ -115,22 +96,11 @@ export async function createTestRuntime(configDoc: Record<string, unknown> = {})
           // gone
         }
       }
-      await removeCgroupTree(cgroupRoot);
+      await removeCgroupTree(cgroupRoot, cgroupPrefix);
       await fsp.rm(dir, { recursive: true, force: true });
     },
   };
   return runtime;
-}
-
-function accepts(socketPath: string): Promise<boolean> {
-  return new Promise((resolve) => {
-    const sock = net.connect(socketPath);
-    sock.once('connect', () => {
-      sock.destroy();
-      resolve(true);
-    });
-    sock.once('error', () => resolve(false));
-  });
 }
 
 /** Directories named `name` at the top of each hierarchy, deepest first; our QEMUs inside are killed. */
@@ -143,8 +113,8 @@ export async function cgroupDirsUnder(name: string): Promise<string[]> {
   return out;
 }
 
-async function removeCgroupTree(name: string): Promise<void> {
-  if (!name.startsWith('kata-ts-test-')) throw new Error(`refusing to remove cgroup ${name}`);
+async function removeCgroupTree(name: string, prefix: string): Promise<void> {
+  if (!name.startsWith(prefix)) throw new Error(`refusing to remove cgroup ${name}`);
   for (let attempt = 0; attempt < 50; attempt++) {
     const dirs = await cgroupDirsUnder(name);
     if (dirs.length === 0) return;
@@ -164,13 +134,17 @@ async function removeCgroupTree(name: string): Promise<void> {
 }
 
 /** Everything a sandbox leaves on the host, to assert it is all gone. */
-export async function leftovers(runtime: TestRuntime): Promise<{ processes: number[]; workDirs: string[]; records: string[]; cgroups: string[] }> {
+export async function leftovers(
+  runtime: TestRuntime,
+  options: { vmmCgroupsOnly?: boolean } = {},
+): Promise<{ processes: number[]; workDirs: string[]; records: string[]; cgroups: string[] }> {
   const list = async (d: string): Promise<string[]> => (await fsp.readdir(d).catch(() => [] as string[])).filter((n) => !n.startsWith('.'));
   return {
     processes: processesMentioning(path.join(runtime.stateDir, 'vm')),
     workDirs: await list(path.join(runtime.stateDir, 'vm')),
     records: (await list(path.join(runtime.stateDir, 'sandboxes'))).filter((n) => n.endsWith('.json')),
-    cgroups: await cgroupDirsUnder(runtime.cgroupRoot),
+    // vmmCgroupsOnly: the VMMs' own `kata-ts-<sandbox id>` cgroups, not the pod parents above them.
+    cgroups: (await cgroupDirsUnder(runtime.cgroupRoot)).filter((d) => !options.vmmCgroupsOnly || /\/kata-ts-[0-9a-f]{64}$/.test(d)),
   };
 }
 

@@ -78,6 +78,7 @@ export async function createSandbox(deps: CreateDeps, req: CreateRequest): Promi
     annotations: req.podConfig.annotations,
     runtimeHandler: req.runtimeHandler,
     handler: plan.handler,
+    cgroupDriver: deps.cgroups.name,
     podConfig: req.podConfig as unknown as Record<string, unknown>,
     plan,
     shape: plan.sizing.vm,

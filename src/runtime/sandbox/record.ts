@@ -1,4 +1,4 @@
-import type { PlacementRecord } from '../../cgroups/index.js';
+import type { CgroupDriverName, PlacementRecord } from '../../cgroups/index.js';
 import type { PcieTopology } from '../../pcie/index.js';
 import type { VmShape } from '../../sizing/types.js';
 import type { RecordKind } from '../store.js';
@@ -48,6 +48,8 @@ export interface SandboxRecord {
   runtimeHandler: string;
   /** The configured handler that "" or the name resolved to. */
   handler: string;
+  /** The cgroup driver the VMM is (to be) placed with: the one advertised when the sandbox was created. */
+  cgroupDriver: CgroupDriverName;
   /** The decoded PodSandboxConfig as received: echoed in status, compared at CreateContainer. */
   podConfig: Record<string, unknown>;
   plan: SandboxPlan;
@@ -74,7 +76,7 @@ export const SANDBOX_RECORD_KIND: RecordKind = {
     type: 'object',
     additionalProperties: false,
     required: [
-      'id', 'phase', 'state', 'createdAtNs', 'metadata', 'labels', 'annotations', 'runtimeHandler', 'handler',
+      'id', 'phase', 'state', 'createdAtNs', 'metadata', 'labels', 'annotations', 'runtimeHandler', 'handler', 'cgroupDriver',
       'podConfig', 'plan', 'shape', 'topology', 'vmm', 'placement', 'guest', 'exit',
     ],
     properties: {
@@ -92,6 +94,7 @@ export const SANDBOX_RECORD_KIND: RecordKind = {
       annotations: stringMap,
       runtimeHandler: { type: 'string' },
       handler: { type: 'string', minLength: 1 },
+      cgroupDriver: { enum: ['systemd', 'cgroupfs'] },
       podConfig: anyObject,
       plan: {
         type: 'object',

@@ -87,9 +87,14 @@ async function rollBackInterruptedCreate(deps: RecoverDeps, record: SandboxRecor
     // The crash came between spawning QEMU and recording its pid: find it by its work dir.
     for (const pid of await qemuPidsUsing(workDir)) await killAndWait(pid);
   }
+  const driverName = record.placement?.driver ?? record.cgroupDriver;
+  const driver = driverName === deps.cgroups.name ? deps.cgroups : deps.cgroupDriverNamed(driverName);
   if (record.placement !== null) {
-    const driver = record.placement.driver === deps.cgroups.name ? deps.cgroups : deps.cgroupDriverNamed(record.placement.driver);
     await driver.remove(record.placement);
+  } else if (record.vmm !== null) {
+    // The crash may have come after the VMM was placed but before that was recorded.
+    const cgroupParent = (record.podConfig.linux as { cgroup_parent?: string } | null)?.cgroup_parent ?? '';
+    await driver.remove(await driver.placementFor(record.id, cgroupParent));
   }
   await fsp.rm(workDir, { recursive: true, force: true });
   await deps.store.delete(record.id);

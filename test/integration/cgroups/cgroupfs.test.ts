@@ -171,6 +171,22 @@ describe('cgroupfs driver on real cgroup v1 hybrid', () => {
     }
   });
 
+  it('placementFor finds a placement that was made but never recorded (crash recovery), without claiming the parents', async () => {
+    await mkdirEverywhere(pc, podRel);
+    const vmm = await sleeper();
+    const record = await driver.place({ sandboxId, cgroupParent: `/${podRel}`, pid: vmm.pid as number, limits });
+    const found = await driver.placementFor(sandboxId, `/${podRel}`);
+    expect(found.paths).toEqual(record.paths);
+    expect(found.createdParents).toEqual([]);
+    await killOwned(vmm);
+    await driver.remove(found);
+    for (const h of pc.hierarchies) {
+      expect(await fsp.stat(path.join(h.dir, podRel)).then(() => true)).toBe(true);
+      expect(await fsp.stat(path.join(h.dir, podRel, leafName)).then(() => true, () => false)).toBe(false);
+    }
+    await driver.remove(await driver.placementFor(sandboxId, `/${podRel}`)); // nothing there: fine
+  });
+
   it('places directly below the root for an empty cgroup_parent (crictl)', async () => {
     const vmm = await sleeper();
     const record = await driver.place({ sandboxId, cgroupParent: '', pid: vmm.pid as number, limits });
