@@ -18,7 +18,7 @@ import { packageRoot } from '../src/common/paths.js';
 import { ensureGuestAssets } from '../test/helpers/hypervisor-guest.js';
 import { bareArgv, bootBare, normalizedArgv, type BareMode } from './lib/bare-qemu.js';
 import { formatBootReport, type BootBenchResult, type RoundSample } from './lib/boot-report.js';
-import { rpc } from './lib/cri.js';
+import { rpc } from '../test/helpers/cri-client.js';
 import { createBenchDaemon, type BenchDaemon } from './lib/daemon.js';
 import { linearFit, median, readVmRssKiB, sampledVmRssKiB, sleep } from './lib/proc.js';
 

@@ -1,11 +1,11 @@
 /**
  * A CRI client for code that runs OUTSIDE vitest: the scenarios inside the confined systemd
  * harness (test/harness/systemd/) are plain `node --import tsx` processes, where importing vitest
- * (test/helpers/cri-client.ts does, for expectGrpcError) throws. Calls never throw: they resolve
+ * (cri-expect.ts does) throws. Calls never throw: they resolve
  * with what the server answered, so a scenario records every outcome for the outer test.
  */
-import { credentials, Metadata, status as GrpcStatus, type Client, type ServiceError } from '@grpc/grpc-js';
-import { loadCriPackage } from '../../src/runtime/cri/proto.js';
+import { status as GrpcStatus, type Client, type ServiceError } from '@grpc/grpc-js';
+import { criClients, rpc } from './cri-client.js';
 import { REASON_METADATA_KEY } from '../../src/runtime/cri/status.js';
 
 /** What one rpc came back with: the decoded response, or the gRPC status and kata-ts reason. */
@@ -20,32 +20,26 @@ export interface PlainCri {
   call<T = Record<string, unknown>>(method: string, request: object, timeoutMs?: number): Promise<RpcOutcome<T>>;
 }
 
-/** A RuntimeService client on a unix socket, built from proto/ as crictl's is. */
+/** A RuntimeService client on a unix socket, built on the shared CRI test client. */
 export function plainCri(socketPath: string): PlainCri {
-  const { v1 } = loadCriPackage();
-  const runtime = new v1.RuntimeService(`unix://${socketPath}`, credentials.createInsecure());
+  const clients = criClients(socketPath);
   return {
-    runtime,
-    close: () => runtime.close(),
+    runtime: clients.runtime,
+    close: () => clients.close(),
     call<T>(method: string, request: object, timeoutMs = 120_000): Promise<RpcOutcome<T>> {
-      const fn = (runtime as unknown as Record<string, (...args: unknown[]) => unknown>)[method];
-      if (typeof fn !== 'function') throw new Error(`no rpc ${method} on the RuntimeService client`);
-      return new Promise((resolve) => {
-        fn.call(runtime, request, new Metadata(), { deadline: Date.now() + timeoutMs }, (err: ServiceError | null, res: T) => {
-          if (err === null) {
-            resolve({ ok: true, value: res });
-            return;
-          }
+      return rpc<T>(clients.runtime, method, request, { deadline: Date.now() + timeoutMs }).then(
+        (value) => ({ ok: true, value }),
+        (err: ServiceError) => {
           const reason = err.metadata?.get(REASON_METADATA_KEY)?.[0];
-          resolve({
+          return {
             ok: false,
             code: err.code,
             codeName: GrpcStatus[err.code] ?? String(err.code),
             details: err.details,
             reason: typeof reason === 'string' ? reason : null,
-          });
-        });
-      });
+          };
+        },
+      );
     },
   };
 }

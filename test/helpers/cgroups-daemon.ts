@@ -3,12 +3,10 @@
  * systemd harness's, for the scenarios in test/harness/systemd/), with a config file of the
  * caller's choosing. vitest-free, like cgroups-cri.ts. Ended only by pid: SIGTERM, then SIGKILL.
  */
-import { spawn, type ChildProcess } from 'node:child_process';
-import { createWriteStream, promises as fsp } from 'node:fs';
-import net from 'node:net';
+import { promises as fsp } from 'node:fs';
 import path from 'node:path';
-import { packageRoot } from '../../src/common/paths.js';
 import { plainCri, type PlainCri } from './cgroups-cri.js';
+import { readLogLines, spawnDaemon } from './daemon-process.js';
 
 export interface DaemonProcess {
   dir: string;
@@ -23,17 +21,6 @@ export interface DaemonProcess {
   logLines(): Promise<Array<Record<string, unknown>>>;
 }
 
-function accepts(socketPath: string): Promise<boolean> {
-  return new Promise((resolve) => {
-    const sock = net.connect(socketPath);
-    sock.once('connect', () => {
-      sock.destroy();
-      resolve(true);
-    });
-    sock.once('error', () => resolve(false));
-  });
-}
-
 /**
  * Writes `<dir>/config.json` (socket, state dir, no metrics endpoint, debug log, then `config`)
  * and starts the daemon on it; resolves once its socket accepts connections. `dir` must be short:
@@ -46,46 +33,19 @@ export async function startDaemonProcess(dir: string, config: Record<string, unk
   const configPath = path.join(dir, 'config.json');
   const logFile = path.join(dir, 'daemon.log');
   await fsp.writeFile(configPath, JSON.stringify({ socketPath, stateDir, metricsAddress: null, logLevel: 'debug', ...config }, null, 2));
-  const log = createWriteStream(logFile, { flags: 'a' });
-  const child: ChildProcess = spawn(process.execPath, ['--import', 'tsx', 'src/cli/entry.ts', 'serve', '--config', configPath], {
-    cwd: packageRoot(),
-    stdio: ['ignore', 'ignore', 'pipe'],
-  });
-  child.stderr!.pipe(log);
-  const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()));
-  const logLines = async (): Promise<Array<Record<string, unknown>>> => {
-    const text = await fsp.readFile(logFile, 'utf8').catch(() => '');
-    return text
-      .split('\n')
-      .filter((l) => l.startsWith('{'))
-      .map((l) => JSON.parse(l) as Record<string, unknown>);
-  };
-  let up = false;
-  for (let i = 0; i < 300 && !up && child.exitCode === null; i++) {
-    up = await accepts(socketPath);
-    if (!up) await new Promise((r) => setTimeout(r, 100));
-  }
-  if (!up) {
-    if (child.exitCode === null) child.kill('SIGKILL');
-    await exited;
-    throw new Error(`kata-ts did not start (config ${configPath}); log:\n${await fsp.readFile(logFile, 'utf8').catch(() => '')}`);
-  }
+  const daemon = await spawnDaemon(configPath, socketPath, logFile);
   const cri = plainCri(socketPath);
   return {
     dir,
     stateDir,
     socketPath,
     configPath,
-    pid: child.pid as number,
+    pid: daemon.pid,
     cri,
-    logLines,
+    logLines: () => readLogLines(logFile),
     async stop() {
       cri.close();
-      if (child.exitCode !== null || child.signalCode !== null) return;
-      child.kill('SIGTERM');
-      const timer = setTimeout(() => child.kill('SIGKILL'), 15_000);
-      await exited;
-      clearTimeout(timer);
+      await daemon.stop();
     },
   };
 }

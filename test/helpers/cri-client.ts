@@ -1,7 +1,7 @@
 import { credentials, Metadata, type CallOptions, type Client, type ServiceError } from '@grpc/grpc-js';
-import { expect } from 'vitest';
 import { loadCriPackage } from '../../src/runtime/cri/proto.js';
-import { REASON_METADATA_KEY } from '../../src/runtime/cri/status.js';
+
+// No vitest import here: benches and the systemd harness scenarios use this outside the runner.
 
 /** grpc-js clients for both CRI services on a unix socket, built from proto/ like crictl's. */
 export interface CriClients {
@@ -37,19 +37,4 @@ export function rpc<T = Record<string, unknown>>(
   return new Promise<T>((resolve, reject) => {
     fn.call(client, request, new Metadata(), options, (err: ServiceError | null, res: T) => (err ? reject(err) : resolve(res)));
   });
-}
-
-/** Expect a call to fail with the given gRPC status (and, when given, kata-ts reason code). */
-export async function expectGrpcError(call: Promise<unknown>, code: number, reason?: string): Promise<ServiceError> {
-  let caught: unknown;
-  try {
-    await call;
-  } catch (err) {
-    caught = err;
-  }
-  expect(caught, 'the call was expected to fail').toBeDefined();
-  const se = caught as ServiceError;
-  expect({ code: se.code, details: se.details }).toMatchObject({ code });
-  if (reason !== undefined) expect(se.metadata?.get(REASON_METADATA_KEY)?.[0]).toBe(reason);
-  return se;
 }

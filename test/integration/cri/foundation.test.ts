@@ -7,7 +7,8 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { silentLogger } from '../../../src/common/logger.js';
 import { parseConfigDocument } from '../../../src/config/load.js';
 import { startDaemon, type Daemon } from '../../../src/runtime/cri/daemon.js';
-import { criClients, expectGrpcError, rpc, type CriClients } from '../../helpers/cri-client.js';
+import { criClients, rpc, type CriClients } from '../../helpers/cri-client.js';
+import { expectGrpcError } from '../../helpers/cri-expect.js';
 
 const pkg = JSON.parse(await readFile(new URL('../../../package.json', import.meta.url), 'utf8')) as { version: string };
 

@@ -9,7 +9,8 @@ import { status } from '@grpc/grpc-js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { readProcStat } from '../../../src/hypervisor/index.js';
 import { ensureGuestAssets } from '../../helpers/hypervisor-guest.js';
-import { expectGrpcError, rpc } from '../../helpers/cri-client.js';
+import { rpc } from '../../helpers/cri-client.js';
+import { expectGrpcError } from '../../helpers/cri-expect.js';
 import { createTestRuntime, leftovers, podConfig, type TestRuntime } from '../../helpers/runtime-daemon.js';
 
 interface Info {

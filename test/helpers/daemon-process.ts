@@ -1,0 +1,71 @@
+/**
+ * Starting a real `kata-ts serve` process on a config file and ending it by pid. vitest-free, so
+ * that benches and the confined systemd scenarios (plain node processes) share it with the tests.
+ */
+import { spawn, type ChildProcess } from 'node:child_process';
+import { createWriteStream, promises as fsp } from 'node:fs';
+import net from 'node:net';
+import { packageRoot } from '../../src/common/paths.js';
+
+export interface SpawnedDaemon {
+  pid: number;
+  child: ChildProcess;
+  /** SIGTERM and wait (SIGKILL after 15 s), what `systemctl stop` does. Pod VMs keep running. */
+  stop(): Promise<void>;
+}
+
+/** True when something accepts connections on the unix socket. */
+export function accepts(socketPath: string): Promise<boolean> {
+  return new Promise((resolve) => {
+    const sock = net.connect(socketPath);
+    sock.once('connect', () => {
+      sock.destroy();
+      resolve(true);
+    });
+    sock.once('error', () => resolve(false));
+  });
+}
+
+/** The JSON lines of a daemon's log file so far. */
+export async function readLogLines(logFile: string): Promise<Array<Record<string, unknown>>> {
+  const text = await fsp.readFile(logFile, 'utf8').catch(() => '');
+  return text
+    .split('\n')
+    .filter((l) => l.startsWith('{'))
+    .map((l) => JSON.parse(l) as Record<string, unknown>);
+}
+
+/**
+ * Start `kata-ts serve --config <configPath>` with its stderr appended to `logFile`, and resolve
+ * once `socketPath` accepts connections (a killed daemon's stale socket file may already exist).
+ */
+export async function spawnDaemon(configPath: string, socketPath: string, logFile: string): Promise<SpawnedDaemon> {
+  const log = createWriteStream(logFile, { flags: 'a' });
+  const child = spawn(process.execPath, ['--import', 'tsx', 'src/cli/entry.ts', 'serve', '--config', configPath], {
+    cwd: packageRoot(),
+    stdio: ['ignore', 'ignore', 'pipe'],
+  });
+  child.stderr!.pipe(log);
+  const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()));
+  let up = false;
+  for (let i = 0; i < 300 && !up && child.exitCode === null; i++) {
+    up = await accepts(socketPath);
+    if (!up) await new Promise((r) => setTimeout(r, 100));
+  }
+  if (!up) {
+    if (child.exitCode === null) child.kill('SIGKILL');
+    await exited;
+    throw new Error(`kata-ts did not start (config ${configPath}); log:\n${await fsp.readFile(logFile, 'utf8').catch(() => '')}`);
+  }
+  return {
+    pid: child.pid as number,
+    child,
+    async stop() {
+      if (child.exitCode !== null || child.signalCode !== null) return;
+      child.kill('SIGTERM');
+      const timer = setTimeout(() => child.kill('SIGKILL'), 15_000);
+      await exited;
+      clearTimeout(timer);
+    },
+  };
+}
