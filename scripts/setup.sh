@@ -43,12 +43,14 @@ command -v node >/dev/null || { echo "setup: Node.js 20 is required (node not fo
 node -e 'process.exit(Number(process.versions.node.split(".")[0]) >= 20 ? 0 : 1)' \
   || { echo "setup: Node.js >= 20 is required, found $(node -v)" >&2; exit 1; }
 
-# npm packages: only when the lock file changed since the last install.
+# npm packages: only when the lock file changed since the last install. `npm install` (which keeps
+# to the lock file's versions) rather than `npm ci`: npm 11 writes lock files without the other
+# platforms' optional packages (rollup's, esbuild's), and `npm ci` then refuses them as out of sync.
 stamp=node_modules/.kata-ts-lock.sha256
 want=$(sha256sum package-lock.json | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-  step "installing npm packages (npm ci)"
-  npm ci --no-audit --no-fund
+  step "installing npm packages"
+  npm install --no-audit --no-fund
   echo "$want" > "$stamp"
 else
   step "npm packages up to date"
