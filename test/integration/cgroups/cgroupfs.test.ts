@@ -8,7 +8,6 @@ import type { ChildProcess } from 'node:child_process';
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
 import { afterAll, afterEach, beforeEach, describe, expect, it } from 'vitest';
-import { KataError } from '../../../src/common/errors.js';
 import { silentLogger } from '../../../src/common/logger.js';
 import { createCgroupDriver, detectCgroupMode, type CgroupDriver, type CgroupFs, type PlacementRecord, type VmmLimits } from '../../../src/cgroups/index.js';
 import { realCgroupFs } from '../../../src/cgroups/fsops.js';
@@ -26,6 +25,7 @@ import {
   treeDeepestFirst,
   type PrivateCgroups,
 } from '../../helpers/cgroups-private.js';
+import { rejection } from '../../helpers/kata-error.js';
 
 const MiB = 1024 * 1024;
 const limits: VmmLimits = { cpuQuotaMillicores: 1500, cpuRequestMillicores: 750, memoryLimitBytes: 640 * MiB };
@@ -77,11 +77,6 @@ async function expectAllHome(pid: number): Promise<void> {
   for (const h of pc.hierarchies) expect(paths[h.name], h.name).toBe(`${h.procPath}/home`);
 }
 
-async function errorOf(p: Promise<unknown>): Promise<KataError> {
-  const err = await p.then(() => undefined, (e: unknown) => e);
-  expect(err).toBeInstanceOf(KataError);
-  return err as KataError;
-}
 
 beforeEach(async () => {
   owned = [];
@@ -200,7 +195,7 @@ describe('cgroupfs driver on real cgroup v1 hybrid', () => {
   it('refuses to remove while the VMM still runs, and changes nothing', async () => {
     const vmm = await sleeper();
     const record = await driver.place({ sandboxId, cgroupParent: `/${podRel}`, pid: vmm.pid as number, limits });
-    const err = await errorOf(driver.remove(record));
+    const err = await rejection(driver.remove(record));
     expect([err.kind, err.reason]).toEqual(['precondition', 'CGROUP_BUSY']);
     expect((await procPaths(vmm.pid as number)).memory).toBe(`${hierarchy(pc, 'memory').procPath}/${podRel}/${leafName}`);
     await killOwned(vmm);
@@ -212,7 +207,7 @@ describe('cgroupfs driver on real cgroup v1 hybrid', () => {
     await mkdirEverywhere(pc, podRel);
     await fsp.writeFile(path.join(hierarchy(pc, 'cpu').dir, podRel, 'cpu.cfs_quota_us'), '50000'); // the pod: 500m
     const vmm = await sleeper();
-    const err = await errorOf(driver.place({ sandboxId, cgroupParent: `/${podRel}`, pid: vmm.pid as number, limits }));
+    const err = await rejection(driver.place({ sandboxId, cgroupParent: `/${podRel}`, pid: vmm.pid as number, limits }));
     expect([err.kind, err.reason]).toEqual(['precondition', 'CGROUP_WRITE_REFUSED']);
     expect(err.message).toContain('cpu.cfs_quota_us');
     await expectAllHome(vmm.pid as number);
@@ -223,7 +218,7 @@ describe('cgroupfs driver on real cgroup v1 hybrid', () => {
     // A bare mkdir in v1 cpuset leaves cpuset.cpus empty: nothing could ever join below it.
     await fsp.mkdir(path.join(hierarchy(pc, 'cpuset').dir, 'kubepods'));
     const vmm = await sleeper();
-    const err = await errorOf(driver.place({ sandboxId, cgroupParent: `/${podRel}`, pid: vmm.pid as number, limits }));
+    const err = await rejection(driver.place({ sandboxId, cgroupParent: `/${podRel}`, pid: vmm.pid as number, limits }));
     expect([err.kind, err.reason]).toEqual(['precondition', 'CGROUP_CPUSET_EMPTY']);
     await expectAllHome(vmm.pid as number);
     // Only the test's own empty cpuset parent remains.
@@ -244,7 +239,7 @@ describe('cgroupfs driver on real cgroup v1 hybrid', () => {
       },
     };
     const vmm = await sleeper();
-    const err = await errorOf(makeDriver(failing).place({ sandboxId, cgroupParent: `/${podRel}`, pid: vmm.pid as number, limits }));
+    const err = await rejection(makeDriver(failing).place({ sandboxId, cgroupParent: `/${podRel}`, pid: vmm.pid as number, limits }));
     expect([err.kind, err.reason]).toEqual(['internal', 'CGROUP_IO_FAILED']);
     expect(err.message).toContain(path.join(leafName, 'cgroup.procs'));
     await expectAllHome(vmm.pid as number);
@@ -254,7 +249,7 @@ describe('cgroupfs driver on real cgroup v1 hybrid', () => {
   it('refuses a systemd slice, a dead pid, and a stale directory holding a process; creates nothing', async () => {
     const vmm = await sleeper();
     const pid = vmm.pid as number;
-    const slice = await errorOf(driver.place({ sandboxId, cgroupParent: '/kubepods.slice/kubepods-besteffort.slice', pid, limits }));
+    const slice = await rejection(driver.place({ sandboxId, cgroupParent: '/kubepods.slice/kubepods-besteffort.slice', pid, limits }));
     expect([slice.kind, slice.reason]).toEqual(['precondition', 'CGROUP_PARENT_STYLE_MISMATCH']);
     expect(slice.message).toMatch(/systemd slice.*cgroupfs.*path/);
     expect(() => driver.validateParent('kubepods-burstable-podx.slice')).toThrow(/cgroup driver is cgroupfs/);
@@ -262,14 +257,14 @@ describe('cgroupfs driver on real cgroup v1 hybrid', () => {
     const other = await sleeper();
     const otherPid = other.pid as number;
     await killOwned(other);
-    const dead = await errorOf(driver.place({ sandboxId, cgroupParent: `/${podRel}`, pid: otherPid, limits }));
+    const dead = await rejection(driver.place({ sandboxId, cgroupParent: `/${podRel}`, pid: otherPid, limits }));
     expect([dead.kind, dead.reason]).toEqual(['precondition', 'CGROUP_PID_GONE']);
     expect(await createdDirs()).toEqual([]);
 
     // A leftover leaf that still holds a process is not ours to reuse.
     const first = await driver.place({ sandboxId, cgroupParent: `/${podRel}`, pid, limits });
     const second = await sleeper();
-    const exists = await errorOf(driver.place({ sandboxId, cgroupParent: `/${podRel}`, pid: second.pid as number, limits }));
+    const exists = await rejection(driver.place({ sandboxId, cgroupParent: `/${podRel}`, pid: second.pid as number, limits }));
     expect([exists.kind, exists.reason]).toEqual(['exists', 'CGROUP_EXISTS']);
     await expectAllHome(second.pid as number);
     expect((await procPaths(pid)).cpu).toBe(`${hierarchy(pc, 'cpu').procPath}/${podRel}/${leafName}`);

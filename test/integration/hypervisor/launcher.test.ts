@@ -4,7 +4,6 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import { afterEach, beforeAll, describe, expect, it } from 'vitest';
-import { KataError } from '../../../src/common/errors.js';
 import { silentLogger } from '../../../src/common/logger.js';
 import { chooseAcceleration } from '../../../src/hypervisor/accel.js';
 import { buildQemuArgv } from '../../../src/hypervisor/argv.js';
@@ -13,6 +12,7 @@ import { isSameLiveProcess, readProcStat } from '../../../src/hypervisor/procfs.
 import { plugVcpus, setVirtioMemSize, virtioMemPluggedMiB } from '../../../src/hypervisor/resize.js';
 import type { VmShape } from '../../../src/sizing/types.js';
 import { ensureGuestAssets, processesMentioning, QemuTracker, type GuestAssets } from '../../helpers/hypervisor-guest.js';
+import { rejection } from '../../helpers/kata-error.js';
 
 const MiB = 1024 * 1024;
 const run = promisify(execFile);
@@ -55,16 +55,6 @@ async function start(vmShape = shape(), extra: string[] = []): Promise<{ vm: VmP
   const vm = await startVm({ qemuBinary: 'qemu-system-x86_64', argv: argvFor(workDir, vmShape, extra), workDir, logger });
   tracker.track(vm);
   return { vm, workDir };
-}
-
-async function rejection(p: Promise<unknown>): Promise<KataError> {
-  try {
-    await p;
-  } catch (err) {
-    expect(err).toBeInstanceOf(KataError);
-    return err as KataError;
-  }
-  throw new Error('expected a rejection');
 }
 
 describe('startVm with the real guest under QEMU (one boot)', () => {

@@ -1,19 +1,9 @@
 import { describe, expect, it } from 'vitest';
-import { KataError } from '../../../src/common/errors.js';
 import { QmpClient, QmpError, type QmpEvent } from '../../../src/hypervisor/qmp/client.js';
 import { loadTranscript, parseTranscript, TranscriptReplay, type Chunking } from '../../helpers/hypervisor-qmp-replay.js';
+import { rejection } from '../../helpers/kata-error.js';
 
 const chunkings: Chunking[] = ['lines', 'bytes', 'merged', 'odd'];
-
-async function rejection(p: Promise<unknown>): Promise<KataError> {
-  try {
-    await p;
-  } catch (err) {
-    expect(err).toBeInstanceOf(KataError);
-    return err as KataError;
-  }
-  throw new Error('expected a rejection');
-}
 
 describe('QmpClient replaying recorded QEMU 7.2 transcripts', () => {
   it.each(chunkings)('negotiates, queries and delivers events interleaved with replies (%s chunks)', async (chunking) => {

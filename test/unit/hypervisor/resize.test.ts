@@ -1,18 +1,8 @@
 import { describe, expect, it } from 'vitest';
-import { KataError } from '../../../src/common/errors.js';
 import { QmpClient } from '../../../src/hypervisor/qmp/client.js';
 import { plugVcpus, setVirtioMemSize, vcpuDeviceId, virtioMemPluggedMiB } from '../../../src/hypervisor/resize.js';
 import { loadTranscript, TranscriptReplay } from '../../helpers/hypervisor-qmp-replay.js';
-
-async function rejection(p: Promise<unknown>): Promise<KataError> {
-  try {
-    await p;
-  } catch (err) {
-    expect(err).toBeInstanceOf(KataError);
-    return err as KataError;
-  }
-  throw new Error('expected a rejection');
-}
+import { rejection } from '../../helpers/kata-error.js';
 
 describe('resize helpers replaying a QEMU 7.2 transcript', () => {
   it('plugs vCPUs into the free slots lowest core first, then refuses when none are left', async () => {
