@@ -20,9 +20,4 @@ export class KeyedMutex {
       if (this.tails.get(key) === tail) this.tails.delete(key);
     }
   }
-
-  /** True while some work for `key` runs or waits. */
-  busy(key: string): boolean {
-    return this.tails.has(key);
-  }
 }

@@ -115,7 +115,11 @@ export class ContainerManager {
       } else {
         resize = this.growthFor(live, demand, this.inSandbox(sandboxId).filter((c) => c.state === 'CONTAINER_CREATED').map((c) => c.demand), name);
       }
-      const hotplug = planContainerHotplug(live.record.topology, config, await this.deps.readPcieFacts(), this.deps.config.pcie.simulateVfioWith);
+      // The host inventory is read only for a container that brings devices at all.
+      const bringsDevices = config.devices.length > 0 || config.CDI_devices.length > 0;
+      const hotplug = bringsDevices
+        ? planContainerHotplug(live.record.topology, config, await this.deps.readPcieFacts(), this.deps.config.pcie.simulateVfioWith)
+        : undefined;
 
       const id = newObjectId();
       ctx.annotate({ containerId: id });

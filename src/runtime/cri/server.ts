@@ -100,7 +100,8 @@ function unaryImplementation(
 ): (call: ServerUnaryCall<unknown, unknown>, callback: sendUnaryData<unknown>) => void {
   return (call, callback) => {
     const started = process.hrtime.bigint();
-    const fields: Record<string, unknown> = { rpc: method, ...objectIds(call.request) };
+    // The child logger carries `rpc`; these fields join it on the completion line.
+    const fields: Record<string, unknown> = { ...objectIds(call.request) };
     const logger = opts.logger.child({ rpc: method });
     const controller = new AbortController();
     const deadlineMs = deadlineOf(call);
