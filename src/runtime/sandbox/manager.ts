@@ -123,9 +123,16 @@ export class SandboxManager {
     for (const [id, live] of this.sandboxes) if (live.record.phase !== 'creating') yield id;
   }
 
-  /** StopPodSandbox: graceful guest shutdown, then quit, then SIGKILL; cgroup removed. Idempotent. */
+  /**
+   * StopPodSandbox: graceful guest shutdown, then quit, then SIGKILL; cgroup removed. Idempotent,
+   * and, as the CRI asks, no error once everything is reclaimed: an unknown (removed) id succeeds.
+   */
   async stop(idOrPrefix: string, ctx: RequestContext): Promise<void> {
-    const live = this.resolve(idOrPrefix);
+    const live = this.find(idOrPrefix);
+    if (live === undefined) {
+      ctx.logger.info({ sandboxId: idOrPrefix }, 'StopPodSandbox for an unknown sandbox: nothing to stop');
+      return;
+    }
     ctx.annotate({ sandboxId: live.record.id });
     await this.locks.run(live.record.id, () => this.stopLocked(live, boundedTimeoutMs(this.deps.config.hypervisor.stopTimeoutMs, ctx, 1000)));
   }

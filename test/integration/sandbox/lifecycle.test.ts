@@ -121,6 +121,7 @@ describe('pod sandbox lifecycle with real QEMU', () => {
     await rpc(rt.cri.runtime, 'StopPodSandbox', { pod_sandbox_id: id }); // idempotent
     await rpc(rt.cri.runtime, 'RemovePodSandbox', { pod_sandbox_id: id });
     await rpc(rt.cri.runtime, 'RemovePodSandbox', { pod_sandbox_id: id }); // idempotent
+    await rpc(rt.cri.runtime, 'StopPodSandbox', { pod_sandbox_id: id }); // nothing left to reclaim: no error
     await expectGrpcError(rpc(rt.cri.runtime, 'PodSandboxStatus', { pod_sandbox_id: id }), status.NOT_FOUND, 'SANDBOX_NOT_FOUND');
     expect(await leftovers(rt)).toEqual({ processes: [], workDirs: [], records: [], cgroups: [] });
   });
