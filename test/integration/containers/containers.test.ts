@@ -217,6 +217,18 @@ describe('containers in pod VMs', () => {
     );
     expect(e.details).toMatch(/vCPU/);
     expect((await info(sid)).shape).toEqual(grown.shape);
+
+    // UpdatePodSandboxResources (KEP-1287) with a bigger pod memory limit: virtio-mem grows the VM,
+    // vCPUs stay (they never shrink), the VMM's memory limit follows.
+    await rpc(rt.cri.runtime, 'UpdatePodSandboxResources', {
+      pod_sandbox_id: sid,
+      resources: { cpu_period: '100000', cpu_quota: '50000', memory_limit_in_bytes: String(512 * 1024 * 1024) },
+    });
+    const resized = await info(sid);
+    expect(resized.shape.vcpus).toBe(2);
+    expect(resized.shape.memoryMiB).toBe(boot.shape.memoryMiB + 256);
+    const memLimit = Number((await fsp.readFile(path.join(resized.cgroup['cgroupPath.memory']!, 'memory.limit_in_bytes'), 'utf8')).trim());
+    expect(memLimit).toBeGreaterThan(resized.shape.memoryMiB * 1024 * 1024);
     await rpc(rt.cri.runtime, 'RemovePodSandbox', { pod_sandbox_id: sid });
     expect(await leftovers(rt)).toEqual(NOTHING);
   });
