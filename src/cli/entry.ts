@@ -2,6 +2,14 @@
 // from dist/: tests and development use this without a build step.
 import { main } from './main.js';
 
+// `kata-ts plan ... | head`: a closed pipe ends the output, not the process with a stack trace.
+for (const stream of [process.stdout, process.stderr]) {
+  stream.on('error', (err: NodeJS.ErrnoException) => {
+    if (err.code === 'EPIPE') process.exit(process.exitCode ?? 0);
+    throw err;
+  });
+}
+
 main(process.argv.slice(2)).then(
   (code) => {
     process.exitCode = code;
