@@ -127,6 +127,21 @@ async function bootAndTearDown(d: DaemonProcess, p: ReturnType<typeof pod>, obse
   return { run: ran, id, status, running, stop, afterStop, remove, afterRemove };
 }
 
+/**
+ * RunPodSandbox with a systemd-style parent under the cgroupfs driver, and what it left: neither
+ * the cgroupfs driver (mkdir) nor systemd (a slice) may have made the refused pod's cgroup.
+ */
+async function refuseSystemdStyle(d: DaemonProcess) {
+  const refused = pod('mismatch', 'systemd');
+  const mismatch = await d.cri.call('RunPodSandbox', { config: refused.config, runtime_handler: 'kata-ts' });
+  const afterMismatch = {
+    ...(await hostTraces(d)),
+    dirs: await dirsPresent(CGROUP_ROOT, refused.cgroupParent),
+    slice: await systemctlShow(path.basename(refused.cgroupParent), ['ActiveState']),
+  };
+  return { mismatch, afterMismatch };
+}
+
 async function waitForManager(): Promise<unknown> {
   let last: unknown;
   for (let i = 0; i < 300; i++) {
@@ -218,14 +233,7 @@ async function main(): Promise<void> {
   // cgroupfs set explicitly although systemd runs here: the setting wins, everywhere.
   {
     const d = await start('cgroupfs', { cgroupDriver: 'cgroupfs', systemdRuntimeDir: SYSTEMD_DIR, dbusAddress: address });
-    const refused = pod('mismatch', 'systemd');
-    const mismatch = await d.cri.call('RunPodSandbox', { config: refused.config, runtime_handler: 'kata-ts' });
-    const afterMismatch = {
-      ...(await hostTraces(d)),
-      // Neither the cgroupfs driver (mkdir) nor systemd (a slice) made the refused pod's cgroup.
-      dirs: await dirsPresent(CGROUP_ROOT, refused.cgroupParent),
-      slice: await systemctlShow(path.basename(refused.cgroupParent), ['ActiveState']),
-    };
+    const { mismatch, afterMismatch } = await refuseSystemdStyle(d);
     const p = pod('db', 'cgroupfs');
     const boot = await bootAndTearDown(d, p, async (id, pid) => ({
       unitsWhileRunning: await kataUnits(),
@@ -253,13 +261,7 @@ async function main(): Promise<void> {
       dbusAddress: address,
       hypervisor: { readyTimeoutMs: 1 },
     });
-    const refused = pod('mismatch', 'systemd');
-    const mismatch = await d.cri.call('RunPodSandbox', { config: refused.config, runtime_handler: 'kata-ts' });
-    const afterMismatch = {
-      ...(await hostTraces(d)),
-      dirs: await dirsPresent(CGROUP_ROOT, refused.cgroupParent),
-      slice: await systemctlShow(path.basename(refused.cgroupParent), ['ActiveState']),
-    };
+    const { mismatch, afterMismatch } = await refuseSystemdStyle(d);
     const p = pod('cut-short', 'cgroupfs');
     const attempt = await d.cri.call('RunPodSandbox', { config: p.config, runtime_handler: 'kata-ts' });
     out.autoNoSystemd = {
