@@ -7,6 +7,8 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh --no-start
 printf '\n==> type-checking\n'
 npx tsc -p tsconfig.json --noEmit
+printf '\n==> lint and format (biome ci: fails on any violation, fixes nothing)\n'
+npx biome ci .
 printf '\n==> unit tests\n'
 npx vitest run --project unit
 printf '\n==> integration tests\n'
