@@ -15,11 +15,11 @@ import { performance } from 'node:perf_hooks';
 import { pathToFileURL } from 'node:url';
 import { parseArgs } from 'node:util';
 import { packageRoot } from '../src/common/paths.js';
-import { ensureGuestAssets } from '../test/helpers/hypervisor-guest.js';
-import { bareArgv, bootBare, normalizedArgv, type BareMode } from './lib/bare-qemu.js';
-import { formatBootReport, type BootBenchResult, type RoundSample } from './lib/boot-report.js';
 import { rpc } from '../test/helpers/cri-client.js';
-import { createBenchDaemon, type BenchDaemon } from './lib/daemon.js';
+import { ensureGuestAssets } from '../test/helpers/hypervisor-guest.js';
+import { type BareMode, bareArgv, bootBare, normalizedArgv } from './lib/bare-qemu.js';
+import { type BootBenchResult, formatBootReport, type RoundSample } from './lib/boot-report.js';
+import { type BenchDaemon, createBenchDaemon } from './lib/daemon.js';
 import { linearFit, median, readVmRssKiB, sampledVmRssKiB, sleep } from './lib/proc.js';
 
 export interface BootBenchOptions {
@@ -70,7 +70,10 @@ function podConfig(daemon: BenchDaemon, name: string): Record<string, unknown> {
 async function runPod(daemon: BenchDaemon, live: Live, name: string): Promise<{ id: string; ms: number }> {
   const config = podConfig(daemon, name);
   const t0 = performance.now();
-  const { pod_sandbox_id: id } = await rpc<{ pod_sandbox_id: string }>(daemon.cri.runtime, 'RunPodSandbox', { config, runtime_handler: 'kata-ts' });
+  const { pod_sandbox_id: id } = await rpc<{ pod_sandbox_id: string }>(daemon.cri.runtime, 'RunPodSandbox', {
+    config,
+    runtime_handler: 'kata-ts',
+  });
   const ms = performance.now() - t0;
   live.sandboxes.add(id);
   return { id, ms };
@@ -97,13 +100,15 @@ export async function runBootBench(options: BootBenchOptions): Promise<BootBench
   // One teardown, shared by the normal path, a failure and a signal: whoever comes second waits
   // for the first instead of racing it (or letting the process exit half-way).
   let teardownPromise: Promise<void> | undefined;
-  const teardown = (): Promise<void> => (teardownPromise ??= (async () => {
-    for (const pid of live.barePids) killChild(pid);
-    for (const id of live.sandboxes) await removePod(daemon, live, id).catch((err: Error) => progress(`cleanup: sandbox ${id}: ${err.message}`));
-    // Also catches a sandbox or bare QEMU started while the lines above ran: everything this run
-    // started names a path inside daemon.dir or sits in its private cgroups.
-    await daemon.cleanup();
-  })());
+  const teardown = (): Promise<void> =>
+    (teardownPromise ??= (async () => {
+      for (const pid of live.barePids) killChild(pid);
+      for (const id of live.sandboxes)
+        await removePod(daemon, live, id).catch((err: Error) => progress(`cleanup: sandbox ${id}: ${err.message}`));
+      // Also catches a sandbox or bare QEMU started while the lines above ran: everything this run
+      // started names a path inside daemon.dir or sits in its private cgroups.
+      await daemon.cleanup();
+    })());
   const onSignal = (signal: NodeJS.Signals): void => {
     progress(`${signal}: cleaning up`);
     void teardown().finally(() => process.exit(130));
@@ -137,7 +142,8 @@ export async function runBootBench(options: BootBenchOptions): Promise<BootBench
         sample.runtimeMs = ms;
         sample.runtimeQemuRssKiB = readVmRssKiB(i.pid);
         // Same pod, same plan: only the identity parts of the argv may differ from the template.
-        if (JSON.stringify(normalizedArgv(i.plan.qemu.argv, i.workDir)) !== templateNorm) throw new Error(`round ${r + 1}: the runtime's argv differs from the template`);
+        if (JSON.stringify(normalizedArgv(i.plan.qemu.argv, i.workDir)) !== templateNorm)
+          throw new Error(`round ${r + 1}: the runtime's argv differs from the template`);
         await removePod(daemon, live, id);
       };
       const bare = async (): Promise<void> => {
@@ -156,7 +162,9 @@ export async function runBootBench(options: BootBenchOptions): Promise<BootBench
         sample.bareMs = boot.readyMs;
         sample.bareQemuRssKiB = boot.qemuRssKiB;
         if (boot.report.vcpus !== guest.vcpus || boot.report.memoryKiB !== guest.memoryKiB) {
-          throw new Error(`round ${r + 1}: the bare guest reports ${boot.report.vcpus} vCPUs / ${boot.report.memoryKiB} KiB, the runtime's ${guest.vcpus} / ${guest.memoryKiB}`);
+          throw new Error(
+            `round ${r + 1}: the bare guest reports ${boot.report.vcpus} vCPUs / ${boot.report.memoryKiB} KiB, the runtime's ${guest.vcpus} / ${guest.memoryKiB}`,
+          );
         }
         await boot.stop();
         live.barePids.delete(boot.pid);
@@ -164,7 +172,9 @@ export async function runBootBench(options: BootBenchOptions): Promise<BootBench
       for (const step of runtimeFirst ? [runtime, bare] : [bare, runtime]) await step();
       const done = sample as RoundSample;
       samples.push(done);
-      progress(`round ${done.round}/${options.rounds}: runtime ${done.runtimeMs.toFixed(0)} ms, bare ${done.bareMs.toFixed(0)} ms, ratio ${(done.runtimeMs / done.bareMs).toFixed(3)}`);
+      progress(
+        `round ${done.round}/${options.rounds}: runtime ${done.runtimeMs.toFixed(0)} ms, bare ${done.bareMs.toFixed(0)} ms, ratio ${(done.runtimeMs / done.bareMs).toFixed(3)}`,
+      );
     }
 
     // Memory: the daemon's RSS with 0..N sandboxes running, each reading after the boot settled.
@@ -195,7 +205,15 @@ export async function runBootBench(options: BootBenchOptions): Promise<BootBench
       commit: currentCommit(),
       host: { cpus: os.cpus().length, accel: info.accel.accel, loadavg1Before: loadBefore, loadavg1After: os.loadavg()[0]! },
       bareMode: options.bareMode,
-      pod: { source: info.plan.source, vcpus: info.shape.vcpus, maxVcpus: info.shape.maxVcpus, memoryMiB: info.shape.memoryMiB, maxMemoryMiB: info.shape.maxMemoryMiB, guestVcpus: guest.vcpus, guestMemoryKiB: guest.memoryKiB },
+      pod: {
+        source: info.plan.source,
+        vcpus: info.shape.vcpus,
+        maxVcpus: info.shape.maxVcpus,
+        memoryMiB: info.shape.memoryMiB,
+        maxMemoryMiB: info.shape.maxMemoryMiB,
+        guestVcpus: guest.vcpus,
+        guestMemoryKiB: guest.memoryKiB,
+      },
       placement: {
         cpuQuotaMillicores: Number(info.cgroup.cpuQuotaMillicores ?? 0),
         memoryLimitBytes: Number(info.cgroup.memoryLimitBytes ?? 0),
@@ -231,7 +249,11 @@ export async function runBootBench(options: BootBenchOptions): Promise<BootBench
 /** The checked-out commit, so that JSON lines from different commits can be told apart. */
 function currentCommit(): string | null {
   try {
-    return execFileSync('git', ['rev-parse', '--short=12', 'HEAD'], { cwd: packageRoot(), encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] }).trim();
+    return execFileSync('git', ['rev-parse', '--short=12', 'HEAD'], {
+      cwd: packageRoot(),
+      encoding: 'utf8',
+      stdio: ['ignore', 'pipe', 'ignore'],
+    }).trim();
   } catch {
     return null;
   }
@@ -255,7 +277,8 @@ if (import.meta.url === pathToFileURL(process.argv[1] ?? '').href) {
     },
   });
   const bareMode = values['bare-mode'] ?? 'direct';
-  if (bareMode !== 'direct' && bareMode !== 'paused') throw new Error(`--bare-mode must be direct or paused, not ${JSON.stringify(bareMode)}`);
+  if (bareMode !== 'direct' && bareMode !== 'paused')
+    throw new Error(`--bare-mode must be direct or paused, not ${JSON.stringify(bareMode)}`);
   let result: BootBenchResult;
   try {
     result = await runBootBench({

@@ -105,5 +105,7 @@ if (import.meta.url === pathToFileURL(process.argv[1] ?? '').href) {
   console.log(`sizing: planSizing() throughput, median of ${rounds} alternating rounds of ${roundMs} ms`);
   console.log(`  pod with 64 containers : ${fmt(r.plansPerSecond64)} plans/s`);
   console.log(`  pod with  1 container  : ${fmt(r.plansPerSecond1)} plans/s (baseline)`);
-  console.log(`  ratio                  : one 64-container plan costs ${r.ratio.toFixed(1)}x a 1-container plan (${(r.ratio / 64).toFixed(2)}x per container)`);
+  console.log(
+    `  ratio                  : one 64-container plan costs ${r.ratio.toFixed(1)}x a 1-container plan (${(r.ratio / 64).toFixed(2)}x per container)`,
+  );
 }

@@ -17,7 +17,17 @@ rmSync(out, { recursive: true, force: true });
 const bin = path.join(root, 'node_modules/.bin/proto-loader-gen-types');
 // The .proto file goes first: -I is an array option and would swallow a file named after it.
 // NodeNext resolution needs explicit `.js` suffixes on the generated relative imports.
-const args = ['api.proto', '--keepCase', '--longs=String', '--enums=String', '--defaults', '--oneofs',
-  '--grpcLib=@grpc/grpc-js', '--importFileExtension=.js', `--outDir=${out}`, `-I=${path.join(root, 'proto')}`];
+const args = [
+  'api.proto',
+  '--keepCase',
+  '--longs=String',
+  '--enums=String',
+  '--defaults',
+  '--oneofs',
+  '--grpcLib=@grpc/grpc-js',
+  '--importFileExtension=.js',
+  `--outDir=${out}`,
+  `-I=${path.join(root, 'proto')}`,
+];
 const res = spawnSync(bin, args, { stdio: 'inherit', cwd: root });
 process.exit(res.status ?? 1);

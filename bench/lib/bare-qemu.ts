@@ -3,12 +3,12 @@
  * (same kernel, initramfs, machine, sizes and devices), started directly with child_process and
  * timed from spawn to the guest's KATA_TS_READY line on its ready port, with no daemon involved.
  */
-import { spawn, type ChildProcess } from 'node:child_process';
-import { closeSync, openSync, promises as fsp } from 'node:fs';
+import { type ChildProcess, spawn } from 'node:child_process';
+import { closeSync, promises as fsp, openSync } from 'node:fs';
 import net from 'node:net';
 import { performance } from 'node:perf_hooks';
 import { silentLogger } from '../../src/common/logger.js';
-import { connectQmp, parseGuestLine, readProcStat, vmPaths, type GuestReport, type QmpClient } from '../../src/hypervisor/index.js';
+import { connectQmp, type GuestReport, parseGuestLine, type QmpClient, readProcStat, vmPaths } from '../../src/hypervisor/index.js';
 import { LineSplitter } from '../../src/hypervisor/line-splitter.js';
 import { readVmRssKiB } from './proc.js';
 
@@ -51,7 +51,12 @@ export function bareArgv(runtimeArgv: readonly string[], fromDir: string, toDir:
  */
 export function normalizedArgv(argv: readonly string[], workDir: string): string[] {
   const dir = optionValue(workDir);
-  return argv.map((arg) => arg.split(dir).join('<workdir>').replace(/^guest=[^,]*/, 'guest=<name>'));
+  return argv.map((arg) =>
+    arg
+      .split(dir)
+      .join('<workdir>')
+      .replace(/^guest=[^,]*/, 'guest=<name>'),
+  );
 }
 
 export interface BareBoot {
@@ -109,8 +114,17 @@ export async function bootBare(options: BareBootOptions): Promise<BareBoot> {
   let qmp: QmpClient | undefined;
   let ready: net.Socket | undefined;
   try {
-    if (options.mode === 'paused') qmp = await retry(() => connectQmp(paths.qmpSocket, { logger: silentLogger() }), deadline, () => exit);
-    ready = await retry(() => connectSocket(paths.readySocket), deadline, () => exit);
+    if (options.mode === 'paused')
+      qmp = await retry(
+        () => connectQmp(paths.qmpSocket, { logger: silentLogger() }),
+        deadline,
+        () => exit,
+      );
+    ready = await retry(
+      () => connectSocket(paths.readySocket),
+      deadline,
+      () => exit,
+    );
     const report = waitForReadyLine(ready, deadline, () => exit);
     // The guest's write blocks until a host end is connected, so nothing can be missed before this.
     if (qmp !== undefined) await qmp.cont();
@@ -210,6 +224,8 @@ function waitForReadyLine(socket: net.Socket, deadline: number, exitedWith: () =
     };
     socket.on('data', (chunk: Buffer) => lines.push(chunk));
     socket.on('error', () => undefined);
-    socket.once('close', () => fail(new Error(`ready socket closed${exitedWith() === undefined ? '' : ` (QEMU exited with ${exitedWith()})`}`)));
+    socket.once('close', () =>
+      fail(new Error(`ready socket closed${exitedWith() === undefined ? '' : ` (QEMU exited with ${exitedWith()})`}`)),
+    );
   });
 }

@@ -21,7 +21,15 @@ export interface BootBenchResult {
   /** 1-minute load average before and after: other work on the machine shows here. */
   host: { cpus: number; accel: string; loadavg1Before: number; loadavg1After: number };
   bareMode: BareMode;
-  pod: { source: string; vcpus: number; maxVcpus: number; memoryMiB: number; maxMemoryMiB: number; guestVcpus: number; guestMemoryKiB: number };
+  pod: {
+    source: string;
+    vcpus: number;
+    maxVcpus: number;
+    memoryMiB: number;
+    maxMemoryMiB: number;
+    guestVcpus: number;
+    guestMemoryKiB: number;
+  };
   /** The cgroup limits the runtime's QEMU ran under (the bare one runs in the bench's own cgroup). */
   placement: { cpuQuotaMillicores: number; memoryLimitBytes: number };
   warmupRuntimeMs: number;
@@ -64,20 +72,29 @@ export function formatBootReport(r: BootBenchResult): string {
   const out: string[] = [];
   const how = r.bareMode === 'direct' ? 'direct: -S dropped, no QMP' : 'paused: -S kept, QMP cont sent at once';
   out.push(`boot: RunPodSandbox-to-ready vs bare QEMU to the same KATA_TS_READY line, ${r.rounds.length} alternating rounds`);
-  out.push(`  host: ${r.host.cpus} CPUs, accel ${r.host.accel}, load ${r.host.loadavg1Before.toFixed(2)} -> ${r.host.loadavg1After.toFixed(2)}; bare mode ${how}; ${r.date}${r.commit === null ? '' : `, commit ${r.commit}`}`);
+  out.push(
+    `  host: ${r.host.cpus} CPUs, accel ${r.host.accel}, load ${r.host.loadavg1Before.toFixed(2)} -> ${r.host.loadavg1After.toFixed(2)}; bare mode ${how}; ${r.date}${r.commit === null ? '' : `, commit ${r.commit}`}`,
+  );
   out.push(
     `  pod (${r.pod.source}): ${r.pod.vcpus} vCPU (max ${r.pod.maxVcpus}), ${r.pod.memoryMiB} MiB (max ${r.pod.maxMemoryMiB}); ` +
       `guest sees ${r.pod.guestVcpus} vCPU, ${r.pod.guestMemoryKiB} KiB`,
   );
   const quota = r.placement.cpuQuotaMillicores === 0 ? 'no CPU quota' : `CPU quota ${r.placement.cpuQuotaMillicores}m`;
-  const memLimit = r.placement.memoryLimitBytes === 0 ? 'no memory limit' : `memory limit ${Math.round(r.placement.memoryLimitBytes / 2 ** 20)} MiB`;
-  out.push(`  runtime's QEMU cgroup: ${quota}, ${memLimit} (bare QEMU: none); warm-up boot ${r.warmupRuntimeMs.toFixed(0)} ms, not counted`);
+  const memLimit =
+    r.placement.memoryLimitBytes === 0 ? 'no memory limit' : `memory limit ${Math.round(r.placement.memoryLimitBytes / 2 ** 20)} MiB`;
+  out.push(
+    `  runtime's QEMU cgroup: ${quota}, ${memLimit} (bare QEMU: none); warm-up boot ${r.warmupRuntimeMs.toFixed(0)} ms, not counted`,
+  );
   out.push('');
   out.push(`  round  first    runtime ms   bare ms   ratio`);
   for (const s of r.rounds) {
-    out.push(`  ${pad(s.round, 5)}  ${s.first.padEnd(7)}  ${pad(s.runtimeMs.toFixed(0), 10)}  ${pad(s.bareMs.toFixed(0), 8)}  ${(s.runtimeMs / s.bareMs).toFixed(3)}`);
+    out.push(
+      `  ${pad(s.round, 5)}  ${s.first.padEnd(7)}  ${pad(s.runtimeMs.toFixed(0), 10)}  ${pad(s.bareMs.toFixed(0), 8)}  ${(s.runtimeMs / s.bareMs).toFixed(3)}`,
+    );
   }
-  out.push(`  median          ${pad(r.medianRuntimeMs.toFixed(0), 10)}  ${pad(r.medianBareMs.toFixed(0), 8)}  ${r.ratio.toFixed(3)}  (median of per-round ratios ${r.medianRoundRatio.toFixed(3)})`);
+  out.push(
+    `  median          ${pad(r.medianRuntimeMs.toFixed(0), 10)}  ${pad(r.medianBareMs.toFixed(0), 8)}  ${r.ratio.toFixed(3)}  (median of per-round ratios ${r.medianRoundRatio.toFixed(3)})`,
+  );
   out.push(
     `  overhead: ${r.overheadPct >= 0 ? '+' : ''}${r.overheadPct.toFixed(1)}% of bare (${(r.medianRuntimeMs - r.medianBareMs).toFixed(0)} ms); ` +
       `goal < 10%: ${r.goalMet ? 'met' : 'NOT met'}`,
@@ -86,7 +103,9 @@ export function formatBootReport(r: BootBenchResult): string {
   const m = r.memory;
   out.push(`memory: daemon VmRSS (median of 5 readings 200 ms apart)`);
   out.push(`  fresh daemon, before any rpc       : ${mib(m.daemonFreshRssKiB)} MiB`);
-  out.push(`  ${`with 0..${m.daemonRssBySandboxesKiB.length - 1} sandboxes running`.padEnd(35)}: ${m.daemonRssBySandboxesKiB.map(mib).join(' / ')} MiB`);
+  out.push(
+    `  ${`with 0..${m.daemonRssBySandboxesKiB.length - 1} sandboxes running`.padEnd(35)}: ${m.daemonRssBySandboxesKiB.map(mib).join(' / ')} MiB`,
+  );
   out.push(`  increments per added sandbox       : ${m.incrementsKiB.map(signedMib).join(', ')} MiB`);
   out.push(`  per sandbox (least-squares slope)  : ${signedMib(m.slopeKiBPerSandbox)} MiB; baseline (fit at 0) ${mib(m.baselineKiB)} MiB`);
   const q = m.qemuRssKiB;

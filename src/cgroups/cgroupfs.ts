@@ -6,13 +6,13 @@ import { promises as fsp } from 'node:fs';
 import path from 'node:path';
 import { alreadyExists, errnoCode, invalid, precondition } from '../common/errors.js';
 import type { Logger } from '../common/logger.js';
+import { describeRecord } from './describe.js';
 import { detectCgroupMode } from './detect.js';
 import { realCgroupFs } from './fsops.js';
-import { cgroupIoError, keyHolding, resolveHierarchies, V2_OPTIONAL, V2_REQUIRED, type Hierarchy } from './hierarchies.js';
-import { cgroupFileWrites, planLimits, type CgroupFileWrite } from './limits.js';
+import { cgroupIoError, type Hierarchy, keyHolding, resolveHierarchies, V2_OPTIONAL, V2_REQUIRED } from './hierarchies.js';
+import { type CgroupFileWrite, cgroupFileWrites, planLimits } from './limits.js';
 import { parseCgroupfsParent, validateParentFor, vmmCgroupName } from './parent.js';
-import { cgroupDirOf, findProcEntry, readCgroupMounts, readProcCgroup, type ProcCgroupEntry } from './procfs.js';
-import { describeRecord } from './describe.js';
+import { cgroupDirOf, findProcEntry, type ProcCgroupEntry, readCgroupMounts, readProcCgroup } from './procfs.js';
 import type { CgroupDriver, CgroupDriverOptions, CgroupFs, CgroupMode, PlacementRecord, PlaceRequest, VmmLimits } from './types.js';
 
 /** How often, and how far apart, rmdir is retried while a just-killed VMM finishes exiting. */
@@ -271,9 +271,13 @@ export class CgroupfsDriver implements CgroupDriver {
         throw cgroupIoError(err, 'read', path.join(leaf, 'cgroup.procs'));
       }
       if (procs !== '') {
-        throw precondition('CGROUP_BUSY', `cgroup ${leaf} still holds processes ${procs.split('\n').join(', ')}; the VMM must be gone first.`, {
-          details: { dir: leaf },
-        });
+        throw precondition(
+          'CGROUP_BUSY',
+          `cgroup ${leaf} still holds processes ${procs.split('\n').join(', ')}; the VMM must be gone first.`,
+          {
+            details: { dir: leaf },
+          },
+        );
       }
       leaves.push(leaf);
     }
@@ -306,7 +310,14 @@ export class CgroupfsDriver implements CgroupDriver {
     for (const h of await resolveHierarchies(this.fs, this.opts.cgroupRoot, mode)) {
       paths[h.key] = path.join(h.base, ...parent.components, vmmCgroupName(sandboxId));
     }
-    return { driver: 'cgroupfs', cgroupParent, mode, paths, createdParents: [], limits: { cpuQuotaMillicores: 0, cpuRequestMillicores: 0, memoryLimitBytes: 0 } };
+    return {
+      driver: 'cgroupfs',
+      cgroupParent,
+      mode,
+      paths,
+      createdParents: [],
+      limits: { cpuQuotaMillicores: 0, cpuRequestMillicores: 0, memoryLimitBytes: 0 },
+    };
   }
 
   /**

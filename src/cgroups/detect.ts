@@ -4,7 +4,7 @@ import path from 'node:path';
 import { errnoCode, precondition } from '../common/errors.js';
 import { isDirectory } from '../common/fsutil.js';
 import type { CgroupDriverSetting } from '../config/types.js';
-import { CGROUP2_SUPER_MAGIC, CGROUP_SUPER_MAGIC, realCgroupFs } from './fsops.js';
+import { CGROUP_SUPER_MAGIC, CGROUP2_SUPER_MAGIC, realCgroupFs } from './fsops.js';
 import type { CgroupDriverName, CgroupFs, CgroupMode } from './types.js';
 
 /**

@@ -4,7 +4,7 @@
  */
 import path from 'node:path';
 import { errnoCode, internal, KataError, precondition } from '../common/errors.js';
-import { CGROUP2_SUPER_MAGIC, CGROUP_SUPER_MAGIC } from './fsops.js';
+import { CGROUP_SUPER_MAGIC, CGROUP2_SUPER_MAGIC } from './fsops.js';
 import type { CgroupFs, CgroupMode } from './types.js';
 
 export interface Hierarchy {
@@ -70,7 +70,9 @@ export async function resolveHierarchies(fs: CgroupFs, cgroupRoot: string, mode:
     const unified = path.join(cgroupRoot, 'unified');
     const magic = await magicOf(fs, unified);
     if (magic !== CGROUP2_SUPER_MAGIC) {
-      throw precondition('CGROUP_UNIFIED_MISSING', `cgroup mode is hybrid but ${unified} is not a cgroup2 mount.`, { details: { cgroupRoot } });
+      throw precondition('CGROUP_UNIFIED_MISSING', `cgroup mode is hybrid but ${unified} is not a cgroup2 mount.`, {
+        details: { cgroupRoot },
+      });
     }
     out.push({ key: 'unified', kind: 'unified', controllers: [], base: await fs.realpath(unified) });
   }

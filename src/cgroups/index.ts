@@ -11,9 +11,18 @@ export function createCgroupDriver(name: CgroupDriverName, opts: CgroupDriverOpt
   return name === 'systemd' ? new SystemdDriver(opts) : new CgroupfsDriver(opts);
 }
 
-export { detectCgroupDriver, detectCgroupMode } from './detect.js';
 export { describeRecord } from './describe.js';
-export { planLimits, cgroupFileWrites, systemdLimitProperties, milliCpuToQuotaUs, milliCpuToShares, sharesToWeight } from './limits.js';
+export { detectCgroupDriver, detectCgroupMode } from './detect.js';
+export { cgroupFileWrites, milliCpuToQuotaUs, milliCpuToShares, planLimits, sharesToWeight, systemdLimitProperties } from './limits.js';
 export { expandSlice, isSystemdStyleParent, parseCgroupfsParent, parseSystemdParent, vmmCgroupName } from './parent.js';
 export { probeSystemdManager, type SystemdManagerInfo } from './systemd.js';
-export type { CgroupDriver, CgroupDriverName, CgroupDriverOptions, CgroupFs, CgroupMode, PlacementRecord, PlaceRequest, VmmLimits } from './types.js';
+export type {
+  CgroupDriver,
+  CgroupDriverName,
+  CgroupDriverOptions,
+  CgroupFs,
+  CgroupMode,
+  PlacementRecord,
+  PlaceRequest,
+  VmmLimits,
+} from './types.js';

@@ -21,6 +21,7 @@ const SLICE_SUFFIX = '.slice';
 /** The root slice, whose cgroup is the manager's root. */
 export const ROOT_SLICE = '-.slice';
 /** A cgroupfs path component: printable, no '/', not a dot entry (checked separately). */
+// biome-ignore lint/suspicious/noControlCharactersInRegex: control characters are exactly what this refuses.
 const CGROUPFS_COMPONENT = /^[^/\s\x00-\x1f\x7f]+$/;
 const CGROUPFS_COMPONENT_MAX = 255;
 

@@ -63,7 +63,17 @@ export interface CgroupMount {
 }
 
 /** Super options of a v1 cgroup mount that are not controllers. */
-const NON_CONTROLLER_OPTIONS = new Set(['rw', 'ro', 'noprefix', 'clone_children', 'xattr', 'cpuset_v2_mode', 'favordynmods', 'all', 'none']);
+const NON_CONTROLLER_OPTIONS = new Set([
+  'rw',
+  'ro',
+  'noprefix',
+  'clone_children',
+  'xattr',
+  'cpuset_v2_mode',
+  'favordynmods',
+  'all',
+  'none',
+]);
 
 function unescapeMountField(s: string): string {
   return s.replace(/\\([0-7]{3})/g, (_m, oct: string) => String.fromCharCode(parseInt(oct, 8)));
@@ -107,7 +117,9 @@ export function cgroupDirOf(mounts: CgroupMount[], entry: ProcCgroupEntry): stri
     const sameHierarchy =
       entry.controllers.length === 0
         ? m.fsType === 'cgroup2'
-        : m.fsType === 'cgroup' && entry.controllers.every((c) => m.controllers.includes(c)) && m.controllers.length === entry.controllers.length;
+        : m.fsType === 'cgroup' &&
+          entry.controllers.every((c) => m.controllers.includes(c)) &&
+          m.controllers.length === entry.controllers.length;
     if (!sameHierarchy) continue;
     if (m.root === '/') return below(m.mountPoint, entry.path);
     if (entry.path === m.root) return m.mountPoint;

@@ -7,13 +7,13 @@
  */
 import dbus from 'dbus-next';
 import { internal, invalid, KataError, precondition, timedOut, unavailable } from '../common/errors.js';
-import { dbusErrorName, systemdError, withTimeout } from './systemd-errors.js';
 import type { Logger } from '../common/logger.js';
-import { detectCgroupMode } from './detect.js';
 import { describeRecord } from './describe.js';
-import { planLimits, systemdLimitProperties, type SystemdProperty } from './limits.js';
+import { detectCgroupMode } from './detect.js';
+import { planLimits, type SystemdProperty, systemdLimitProperties } from './limits.js';
 import { parseSystemdParent, validateParentFor, vmmCgroupName } from './parent.js';
 import { cgroupDirOf, readCgroupMounts, readProcCgroup } from './procfs.js';
+import { dbusErrorName, systemdError, withTimeout } from './systemd-errors.js';
 import type { CgroupDriver, CgroupDriverOptions, CgroupMode, PlacementRecord, PlaceRequest, VmmLimits } from './types.js';
 
 const SYSTEMD = 'org.freedesktop.systemd1';
@@ -64,7 +64,12 @@ class ManagerConnection {
     return new ManagerConnection(bus, address, timeoutMs);
   }
 
-  async call(member: string, signature: string, body: unknown[], opts: { path?: string; iface?: string; dest?: string } = {}): Promise<unknown[]> {
+  async call(
+    member: string,
+    signature: string,
+    body: unknown[],
+    opts: { path?: string; iface?: string; dest?: string } = {},
+  ): Promise<unknown[]> {
     const msg = new dbus.Message({
       destination: opts.dest ?? SYSTEMD,
       path: opts.path ?? MANAGER_PATH,
@@ -82,7 +87,11 @@ class ManagerConnection {
   /** Asks for JobRemoved signals; must precede the call that creates the job. */
   async subscribeJobs(): Promise<void> {
     const rule = `type='signal',sender='${SYSTEMD}',path='${MANAGER_PATH}',interface='${MANAGER}',member='JobRemoved'`;
-    await this.call('AddMatch', 's', [rule], { dest: 'org.freedesktop.DBus', path: '/org/freedesktop/DBus', iface: 'org.freedesktop.DBus' });
+    await this.call('AddMatch', 's', [rule], {
+      dest: 'org.freedesktop.DBus',
+      path: '/org/freedesktop/DBus',
+      iface: 'org.freedesktop.DBus',
+    });
     try {
       await this.call('Subscribe', '', []);
     } catch (err) {
@@ -135,9 +144,11 @@ export interface SystemdManagerInfo {
 export async function probeSystemdManager(dbusAddress: string | null, logger: Logger, timeoutMs = 5_000): Promise<SystemdManagerInfo> {
   const conn = await ManagerConnection.open(dbusAddress, timeoutMs, logger);
   try {
-    const [variant] = (await conn.call('Get', 'ss', [MANAGER, 'Version'], { iface: 'org.freedesktop.DBus.Properties' }).catch((err: unknown) => {
-      throw systemdError(err, 'Get Version', conn.address);
-    })) as [dbus.Variant];
+    const [variant] = (await conn
+      .call('Get', 'ss', [MANAGER, 'Version'], { iface: 'org.freedesktop.DBus.Properties' })
+      .catch((err: unknown) => {
+        throw systemdError(err, 'Get Version', conn.address);
+      })) as [dbus.Variant];
     return { address: conn.address, version: String(variant.value) };
   } finally {
     conn.close();
@@ -237,7 +248,9 @@ export class SystemdDriver implements CgroupDriver {
       started = true;
       const result = await conn.waitJob(job, `starting ${unit}`);
       if (result !== 'done') {
-        throw precondition('SYSTEMD_JOB_FAILED', `systemd's job starting ${unit} finished with result "${result}".`, { details: { unit, job, result } });
+        throw precondition('SYSTEMD_JOB_FAILED', `systemd's job starting ${unit} finished with result "${result}".`, {
+          details: { unit, job, result },
+        });
       }
       const controlGroup = String(await conn.unitProperty(unit, 'org.freedesktop.systemd1.Scope', 'ControlGroup'));
       const slice = String(await conn.unitProperty(unit, 'org.freedesktop.systemd1.Scope', 'Slice'));
@@ -281,7 +294,11 @@ export class SystemdDriver implements CgroupDriver {
       const dir = cgroupDirOf(mounts, entry);
       if (dir === undefined) continue;
       const key =
-        entry.controllers.length === 0 ? 'unified' : entry.controllers.join(',') === 'name=systemd' ? 'systemd' : entry.controllers.join(',');
+        entry.controllers.length === 0
+          ? 'unified'
+          : entry.controllers.join(',') === 'name=systemd'
+            ? 'systemd'
+            : entry.controllers.join(',');
       paths[key] = dir;
     }
     return paths;
@@ -294,7 +311,13 @@ export class SystemdDriver implements CgroupDriver {
     const conn = await this.open();
     try {
       // runtime=true: the change lives as long as the transient scope, nothing written to /etc.
-      await this.managerCall(conn, 'SetUnitProperties', 'sba(sv)', [unit, true, toDbusProperties(systemdLimitProperties(plan, record.mode))], unit);
+      await this.managerCall(
+        conn,
+        'SetUnitProperties',
+        'sba(sv)',
+        [unit, true, toDbusProperties(systemdLimitProperties(plan, record.mode))],
+        unit,
+      );
     } finally {
       conn.close();
     }

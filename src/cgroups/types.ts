@@ -1,5 +1,5 @@
-import type { CgroupDriverName } from '../config/types.js';
 import type { Logger } from '../common/logger.js';
+import type { CgroupDriverName } from '../config/types.js';
 
 export type { CgroupDriverName };
 

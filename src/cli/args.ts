@@ -1,4 +1,4 @@
-import { parseArgs, type ParseArgsConfig } from 'node:util';
+import { type ParseArgsConfig, parseArgs } from 'node:util';
 
 /** A command-line mistake: printed as one line, exit code 2 (the usage-error convention). */
 export class UsageError extends Error {

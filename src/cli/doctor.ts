@@ -1,10 +1,10 @@
+import { detectCgroupMode, probeSystemdManager } from '../cgroups/index.js';
 import { errorMessage } from '../common/errors.js';
 import { createLogger } from '../common/logger.js';
-import { detectCgroupMode, probeSystemdManager } from '../cgroups/index.js';
 import type { KataConfig } from '../config/types.js';
 import { readHostInventory } from '../pcie/index.js';
 import { gatherFacts } from '../runtime/gather-facts.js';
-import { parseCommandArgs, UsageError, type CliIo } from './args.js';
+import { type CliIo, parseCommandArgs, UsageError } from './args.js';
 import { loadWithOverrides } from './serve.js';
 
 const HELP = `Usage: kata-ts doctor [--config FILE] [--format text|json]
@@ -68,7 +68,11 @@ export async function runDoctorChecks(config: KataConfig, configPath: string | n
     checks.push(
       inventory.iommuEnabled
         ? { name: 'iommu', verdict: 'ok', message: `${inventory.groups.length} IOMMU groups, ${vfio} functions bound to vfio-pci` }
-        : { name: 'iommu', verdict: 'warn', message: `no IOMMU groups under ${config.pcie.sysfsRoot}/kernel/iommu_groups: VFIO devices cannot be passed to pods` },
+        : {
+            name: 'iommu',
+            verdict: 'warn',
+            message: `no IOMMU groups under ${config.pcie.sysfsRoot}/kernel/iommu_groups: VFIO devices cannot be passed to pods`,
+          },
     );
   } catch (err) {
     checks.push({ name: 'iommu', verdict: 'fail', message: errorMessage(err) });
@@ -90,7 +94,7 @@ export async function runDoctorCommand(argv: string[], io: CliIo): Promise<numbe
   const loaded = await loadWithOverrides(values);
   const checks = await runDoctorChecks(loaded.config, loaded.path);
   if (values.format === 'json') {
-    io.stdout.write(JSON.stringify({ checks }, null, 2) + '\n');
+    io.stdout.write(`${JSON.stringify({ checks }, null, 2)}\n`);
   } else {
     const width = Math.max(...checks.map((c) => c.name.length));
     for (const c of checks) io.stdout.write(`${c.verdict.padEnd(4)}  ${c.name.padEnd(width)}  ${c.message}\n`);

@@ -1,8 +1,8 @@
-import { processIo, UsageError, type CliIo } from './args.js';
+import { packageVersion } from '../common/paths.js';
+import { type CliIo, processIo, UsageError } from './args.js';
 import { runDoctorCommand } from './doctor.js';
 import { runPlanCommand } from './plan.js';
 import { runServeCommand } from './serve.js';
-import { packageVersion } from '../common/paths.js';
 
 const USAGE = `kata-ts: a CRI runtime that runs every pod in its own QEMU virtual machine
 

@@ -5,7 +5,7 @@ import { loadConfig } from '../config/load.js';
 import { chooseAcceleration } from '../hypervisor/index.js';
 import { inventoryOptionsForRoot, readPcieHostFacts } from '../pcie/index.js';
 import type { HostCapacity } from '../sizing/types.js';
-import { parseCommandArgs, UsageError, type CliIo } from './args.js';
+import { type CliIo, parseCommandArgs, UsageError } from './args.js';
 import { loadPlanRequest } from './plan/load.js';
 import { planJson, planText } from './plan/output.js';
 import { buildPlanReport } from './plan/report.js';
@@ -93,13 +93,19 @@ export async function runPlanCommand(argv: string[], io: CliIo): Promise<number>
       text = await readFile(file, 'utf8');
     } catch (err) {
       const code = errnoCode(err);
-      return fail(2, `cannot read ${file}: ${code === 'ENOENT' ? 'no such file' : code === 'EISDIR' ? 'it is a directory' : errorMessage(err)}`);
+      return fail(
+        2,
+        `cannot read ${file}: ${code === 'ENOENT' ? 'no such file' : code === 'EISDIR' ? 'it is a directory' : errorMessage(err)}`,
+      );
     }
     const { request } = loadPlanRequest(text, file);
     const { config } = await loadConfig(values.config);
     const sysfsRoot = values['sysfs-root'];
     const pcieConfig = { ...config.pcie, ...(values['cdi-dir'] === undefined ? {} : { cdiSpecDirs: values['cdi-dir'] }) };
-    const pcieFacts = await readPcieHostFacts(pcieConfig, sysfsRoot === undefined ? undefined : await inventoryOptionsForRoot(sysfsRoot, config.pcie.devRoot));
+    const pcieFacts = await readPcieHostFacts(
+      pcieConfig,
+      sysfsRoot === undefined ? undefined : await inventoryOptionsForRoot(sysfsRoot, config.pcie.devRoot),
+    );
     const env = { config, host: hostCapacity(cpus, memoryMiB), pcieFacts, accel: chooseAcceleration(config.hypervisor.acceleration) };
     const report = buildPlanReport(request, env, values.handler);
     io.stdout.write(format === 'json' ? `${JSON.stringify(planJson(report), null, 2)}\n` : planText(report));

@@ -3,7 +3,7 @@ import { createLogger } from '../common/logger.js';
 import { loadConfig } from '../config/load.js';
 import type { LoadedConfig } from '../config/types.js';
 import { startDaemon } from '../runtime/cri/daemon.js';
-import { parseCommandArgs, UsageError, type CliIo } from './args.js';
+import { type CliIo, parseCommandArgs, UsageError } from './args.js';
 
 const HELP = `Usage: kata-ts serve [--config FILE] [--socket PATH] [--state-dir DIR]
 
@@ -15,7 +15,10 @@ the daemon gracefully; pod VMs keep running and are found again at the next star
 /** Load the config and apply command-line overrides (absolute paths only). */
 export async function loadWithOverrides(values: { config?: string; socket?: string; 'state-dir'?: string }): Promise<LoadedConfig> {
   const loaded = await loadConfig(values.config);
-  for (const [flag, value] of [['--socket', values.socket], ['--state-dir', values['state-dir']]] as const) {
+  for (const [flag, value] of [
+    ['--socket', values.socket],
+    ['--state-dir', values['state-dir']],
+  ] as const) {
     if (value !== undefined && !path.isAbsolute(value)) throw new UsageError(`${flag} must be an absolute path, got "${value}"`);
   }
   if (values.socket !== undefined) loaded.config.socketPath = values.socket;

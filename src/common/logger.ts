@@ -1,4 +1,4 @@
-import { pino, type Logger as PinoLogger, type DestinationStream } from 'pino';
+import { type DestinationStream, type Logger as PinoLogger, pino } from 'pino';
 
 /** Structured JSON logger used everywhere; child loggers carry rpc, sandbox id and so on. */
 export type Logger = PinoLogger;

@@ -18,7 +18,7 @@ export function packageRoot(): string {
       }
     }
     const parent = path.dirname(dir);
-    if (parent === dir) throw new Error('kata-ts package.json not found above ' + fileURLToPath(import.meta.url));
+    if (parent === dir) throw new Error(`kata-ts package.json not found above ${fileURLToPath(import.meta.url)}`);
     dir = parent;
   }
 }

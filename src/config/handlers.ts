@@ -16,11 +16,9 @@ export function resolveHandler(config: KataConfig, requested: string): ResolvedH
   const profile = config.handlers[name];
   if (profile === undefined) {
     const known = Object.keys(config.handlers).sort();
-    throw notFound(
-      'HANDLER_UNKNOWN',
-      `runtime_handler "${requested}" is not configured; known handlers: ${known.join(', ')}`,
-      { details: { requested, known } },
-    );
+    throw notFound('HANDLER_UNKNOWN', `runtime_handler "${requested}" is not configured; known handlers: ${known.join(', ')}`, {
+      details: { requested, known },
+    });
   }
   return { name, profile };
 }

@@ -51,7 +51,15 @@ const READY_CHARDEV_ID = 'ready';
 const READY_PORT_ID = 'readyport';
 const QMP_CHARDEV_ID = 'qmp';
 const CONSOLE_CHARDEV_ID = 'console';
-const RESERVED_IDS = new Set([VIRTIO_MEM_ID, VIRTIO_MEM_BACKEND_ID, VIRTIO_SERIAL_ID, READY_CHARDEV_ID, READY_PORT_ID, QMP_CHARDEV_ID, CONSOLE_CHARDEV_ID]);
+const RESERVED_IDS = new Set([
+  VIRTIO_MEM_ID,
+  VIRTIO_MEM_BACKEND_ID,
+  VIRTIO_SERIAL_ID,
+  READY_CHARDEV_ID,
+  READY_PORT_ID,
+  QMP_CHARDEV_ID,
+  CONSOLE_CHARDEV_ID,
+]);
 
 /**
  * virtio-mem's block size (QEMU's default on x86: the THP size). Hot-plug headroom and every
@@ -136,7 +144,10 @@ function optionValue(value: string): string {
 
 function validateSpec(spec: QemuArgvSpec): void {
   if (!NAME_PATTERN.test(spec.name)) {
-    throw invalid('QEMU_NAME_INVALID', `VM name ${JSON.stringify(spec.name)} must be 1-64 letters, digits, '.', '_' or '-' starting with a letter or digit.`);
+    throw invalid(
+      'QEMU_NAME_INVALID',
+      `VM name ${JSON.stringify(spec.name)} must be 1-64 letters, digits, '.', '_' or '-' starting with a letter or digit.`,
+    );
   }
   validateShape(spec.shape, spec.confidential);
   for (const [field, value] of [
@@ -202,7 +213,10 @@ function validateShape(shape: VmShape, confidential: boolean): void {
   }
   shape.kernelParams.forEach((param, i) => {
     if (param === '' || /[\s"]/.test(param)) {
-      throw invalid('KERNEL_PARAM_INVALID', `shape.kernelParams[${i}] ${JSON.stringify(param)} must be non-empty without spaces or quotes.`);
+      throw invalid(
+        'KERNEL_PARAM_INVALID',
+        `shape.kernelParams[${i}] ${JSON.stringify(param)} must be non-empty without spaces or quotes.`,
+      );
     }
   });
 }

@@ -1,30 +1,30 @@
 /** The hypervisor layer's public API: what src/runtime and src/cli import. */
-export { chooseAcceleration, type AccelerationChoice, type AccelerationRoots, type Accelerator } from './accel.js';
-export { checkGuestAssets, type GuestAssetCheck, type GuestAssetPaths } from './assets.js';
+export { type AccelerationChoice, type AccelerationRoots, type Accelerator, chooseAcceleration } from './accel.js';
 export {
-  buildQemuArgv,
   BASE_KERNEL_PARAMS,
+  buildQemuArgv,
+  type QemuArgvSpec,
   ROOT_SLOTS,
   SUN_PATH_MAX_BYTES,
   VIRTIO_MEM_BLOCK_MIB,
   VIRTIO_MEM_ID,
   VIRTIO_MEM_QOM_PATH,
-  type QemuArgvSpec,
   type VmSocketPaths,
 } from './argv.js';
-export { parseGuestLine, READY_PORT_NAME, type GuestMessage, type GuestReport } from './guest-protocol.js';
+export { checkGuestAssets, type GuestAssetCheck, type GuestAssetPaths } from './assets.js';
+export { type GuestMessage, type GuestReport, parseGuestLine, READY_PORT_NAME } from './guest-protocol.js';
 export {
-  attachVm,
-  startVm,
-  vmPaths,
   type AttachVmOptions,
+  attachVm,
   type ExitInfo,
   type ShutdownResult,
   type StartVmOptions,
+  startVm,
   type VmPaths,
   type VmProcess,
+  vmPaths,
 } from './launcher.js';
-export { isSameLiveProcess, readCmdline, readProcStat, type ProcStat } from './procfs.js';
-export { plugVcpus, setVirtioMemSize, vcpuDeviceId, virtioMemPluggedMiB } from './resize.js';
-export { ANY_EVENT, connectQmp, QmpClient, QmpError, type ExecuteOptions, type QmpClientOptions, type QmpCloseInfo } from './qmp/client.js';
+export { isSameLiveProcess, type ProcStat, readCmdline, readProcStat } from './procfs.js';
+export { ANY_EVENT, connectQmp, type ExecuteOptions, QmpClient, type QmpClientOptions, type QmpCloseInfo, QmpError } from './qmp/client.js';
 export type * from './qmp/types.js';
+export { plugVcpus, setVirtioMemSize, vcpuDeviceId, virtioMemPluggedMiB } from './resize.js';

@@ -1,15 +1,15 @@
-import { spawn, type ChildProcess } from 'node:child_process';
-import { closeSync, openSync, promises as fsp } from 'node:fs';
+import { type ChildProcess, spawn } from 'node:child_process';
+import { closeSync, promises as fsp, openSync } from 'node:fs';
 import path from 'node:path';
-import { KataError, errorMessage, internal, notFound, precondition, timedOut, unavailable } from '../common/errors.js';
+import { errorMessage, internal, KataError, notFound, precondition, timedOut, unavailable } from '../common/errors.js';
 import type { Logger } from '../common/logger.js';
 import { tailFile } from './log-tail.js';
 import { isSameLiveProcess, readCmdline, readProcStat } from './procfs.js';
 import { connectQmp, type QmpClient } from './qmp/client.js';
 import { ReadyChannel } from './ready-channel.js';
-import { VmHandle, vmPaths, type VmPaths, type VmProcess } from './vm-process.js';
+import { VmHandle, type VmPaths, type VmProcess, vmPaths } from './vm-process.js';
 
-export { vmPaths, type VmPaths, type VmProcess, type ExitInfo, type ShutdownResult } from './vm-process.js';
+export { type ExitInfo, type ShutdownResult, type VmPaths, type VmProcess, vmPaths } from './vm-process.js';
 
 export interface StartVmOptions {
   qemuBinary: string;
@@ -62,12 +62,20 @@ export async function startVm(options: StartVmOptions): Promise<VmProcess> {
   let ready: ReadyChannel | undefined;
   try {
     const deadline = Date.now() + startTimeoutMs;
-    qmp = await retryUntil(() => connectQmp(paths.qmpSocket, qmpOptions), deadline, () => exitedEarly !== undefined);
+    qmp = await retryUntil(
+      () => connectQmp(paths.qmpSocket, qmpOptions),
+      deadline,
+      () => exitedEarly !== undefined,
+    );
     if (qmp === undefined) throw await startFailure(pid, paths, exitedEarly, startTimeoutMs);
     const stat = readProcStat(pid);
     if (stat === undefined) throw await startFailure(pid, paths, await processExit, startTimeoutMs);
     // QEMU creates every chardev before it serves QMP, so the ready socket exists by now.
-    ready = await retryUntil(() => ReadyChannel.connect(paths.readySocket, logger), deadline, () => exitedEarly !== undefined);
+    ready = await retryUntil(
+      () => ReadyChannel.connect(paths.readySocket, logger),
+      deadline,
+      () => exitedEarly !== undefined,
+    );
     if (ready === undefined) throw await startFailure(pid, paths, exitedEarly, startTimeoutMs);
     child.unref();
     return new VmHandle({
@@ -106,9 +114,7 @@ async function spawnDetached(binary: string, argv: string[], logFile: string): P
     const child = spawn(binary, argv, { detached: true, stdio: ['ignore', logFd, logFd] });
     await new Promise<void>((resolve, reject) => {
       child.once('spawn', resolve);
-      child.once('error', (err) =>
-        reject(unavailable('QEMU_SPAWN_FAILED', `QEMU binary ${binary} could not be started.`, { cause: err })),
-      );
+      child.once('error', (err) => reject(unavailable('QEMU_SPAWN_FAILED', `QEMU binary ${binary} could not be started.`, { cause: err })));
     });
     return child;
   } finally {
@@ -140,9 +146,13 @@ async function startFailure(
   const logTail = await tailLog(paths.qemuLog);
   const log = logTail === '' ? '' : `; its log ends: ${logTail.split('\n').slice(-3).join(' | ')}`;
   if (exit === undefined) {
-    return timedOut('QEMU_START_TIMEOUT', `QEMU pid ${pid} did not open its QMP socket ${paths.qmpSocket} within ${startTimeoutMs} ms${log}.`, {
-      details: { pid, logTail },
-    });
+    return timedOut(
+      'QEMU_START_TIMEOUT',
+      `QEMU pid ${pid} did not open its QMP socket ${paths.qmpSocket} within ${startTimeoutMs} ms${log}.`,
+      {
+        details: { pid, logTail },
+      },
+    );
   }
   const status = exit.signal !== null ? `signal ${exit.signal}` : `code ${exit.code}`;
   return internal('QEMU_EXITED_AT_START', `QEMU pid ${pid} exited with ${status} during start${log}.`, {
@@ -190,7 +200,10 @@ export async function attachVm(options: AttachVmOptions): Promise<VmProcess> {
   if (!binary.startsWith('qemu-system') || !cmdline.some((arg) => arg.includes(`path=${options.qmpSocket.replaceAll(',', ',,')},`))) {
     throw precondition('VM_PROCESS_MISMATCH', `pid ${pid} (${binary || 'unknown'}) is not the QEMU serving ${options.qmpSocket}.`);
   }
-  const qmp = await connectQmp(options.qmpSocket, { logger, ...(options.qmpTimeoutMs === undefined ? {} : { timeoutMs: options.qmpTimeoutMs }) });
+  const qmp = await connectQmp(options.qmpSocket, {
+    logger,
+    ...(options.qmpTimeoutMs === undefined ? {} : { timeoutMs: options.qmpTimeoutMs }),
+  });
   let ready: ReadyChannel | undefined;
   if (options.readySocket !== undefined) {
     try {

@@ -1,7 +1,7 @@
 import net from 'node:net';
 import { unavailable } from '../common/errors.js';
 import type { Logger } from '../common/logger.js';
-import { parseGuestLine, type GuestReport } from './guest-protocol.js';
+import { type GuestReport, parseGuestLine } from './guest-protocol.js';
 import { LineSplitter } from './line-splitter.js';
 
 export type GuestReportListener = (report: GuestReport) => void;

@@ -15,7 +15,8 @@ export function vcpuDeviceId(props: QmpCpuInstanceProperties): string {
  * free (the VM's maxVcpus was planned at boot). Returns the new device ids.
  */
 export async function plugVcpus(qmp: QmpClient, count: number): Promise<string[]> {
-  if (!Number.isSafeInteger(count) || count < 1) throw invalid('VCPU_COUNT_INVALID', `vCPU count to plug must be a positive whole number, not ${count}.`);
+  if (!Number.isSafeInteger(count) || count < 1)
+    throw invalid('VCPU_COUNT_INVALID', `vCPU count to plug must be a positive whole number, not ${count}.`);
   const slots = await qmp.queryHotpluggableCpus();
   const free = slots.filter((s) => s['qom-path'] === undefined).sort(bySlot);
   if (free.length < count) {

@@ -1,5 +1,5 @@
 import path from 'node:path';
-import { KataError, errorMessage, internal, precondition, timedOut } from '../common/errors.js';
+import { errorMessage, internal, type KataError, precondition, timedOut } from '../common/errors.js';
 import type { Logger } from '../common/logger.js';
 import type { GuestReport } from './guest-protocol.js';
 import { tailFile } from './log-tail.js';
@@ -111,7 +111,7 @@ export class VmHandle implements VmProcess {
     this.logger = init.logger;
     this.stopWatching = init.stopWatching;
     this.qmp.on('SHUTDOWN', (e) => {
-      this.shutdownReason = typeof e.data?.['reason'] === 'string' ? e.data['reason'] : 'unknown';
+      this.shutdownReason = typeof e.data?.reason === 'string' ? e.data.reason : 'unknown';
     });
     this.exited = init.processExit.then(({ code, signal }) => {
       this.exitValue = { code, signal, shutdownReason: this.shutdownReason };

@@ -1,5 +1,5 @@
-import { cancelled, isKataError, timedOut, type KataError } from '../common/errors.js';
 import { raceAbort as raceWith } from '../common/abort.js';
+import { cancelled, isKataError, type KataError, timedOut } from '../common/errors.js';
 import type { CallOptions } from './cri-types.js';
 
 /** One signal for an operation: the caller's cancellation and its deadline folded together. */

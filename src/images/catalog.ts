@@ -1,7 +1,7 @@
 import { resolveIdPrefix } from '../common/ids.js';
 import type { ImageMessage } from './cri-types.js';
 import { isDigest } from './digest.js';
-import { isBareRepository, parseReference, repoDigestOf, repoTagOf, repositoryOf, type ImageReference } from './reference.js';
+import { type ImageReference, isBareRepository, parseReference, repoDigestOf, repositoryOf, repoTagOf } from './reference.js';
 import type { ImageRecord, LayerRecord } from './store/records.js';
 
 /** How a lookup string matched, for logs and for untagging. */
@@ -46,7 +46,10 @@ export function lookupImage(records: readonly ImageRecord[], input: string): Ima
   }
   const prefix = /^(?:sha256:)?([a-f0-9]{1,64})$/.exec(text)?.[1];
   if (prefix !== undefined) {
-    const id = resolveIdPrefix(prefix, records.map((r) => r.id.slice('sha256:'.length)));
+    const id = resolveIdPrefix(
+      prefix,
+      records.map((r) => r.id.slice('sha256:'.length)),
+    );
     const record = id === undefined ? undefined : records.find((r) => r.id === `sha256:${id}`);
     if (record !== undefined) return { by: 'id', record };
   }
@@ -65,7 +68,9 @@ export function filterImages(records: readonly ImageRecord[], filter: string): I
     const ref = tryParse(text);
     if (ref !== undefined) {
       const prefix = `${repositoryOf(ref)}:`;
-      const tagged = records.filter((r) => r.repoTags.some((t) => t.startsWith(prefix)) || r.repoDigests.some((d) => d.startsWith(`${repositoryOf(ref)}@`)));
+      const tagged = records.filter(
+        (r) => r.repoTags.some((t) => t.startsWith(prefix)) || r.repoDigests.some((d) => d.startsWith(`${repositoryOf(ref)}@`)),
+      );
       if (tagged.length > 0) return tagged;
     }
   }

@@ -1,16 +1,24 @@
 import path from 'node:path';
 import { invalid, isKataError } from '../common/errors.js';
+import { pathExists } from '../common/fsutil.js';
 import type { Logger } from '../common/logger.js';
 import { raceAbort, throwIfAborted } from './abort.js';
-import { digestHex, type Digest } from './digest.js';
-import { formatReference, manifestReferenceOf, type ImageReference } from './reference.js';
+import { type Digest, digestHex } from './digest.js';
+import { formatReference, type ImageReference, manifestReferenceOf } from './reference.js';
 import type { Credentials } from './registry/auth.js';
 import type { ImageSession, RegistryClient } from './registry/client.js';
-import { imageUser, parseImageConfig, parseManifestDocument, selectPlatform, type Descriptor, type ImageManifest, type Platform } from './registry/manifests.js';
+import {
+  type Descriptor,
+  type ImageManifest,
+  imageUser,
+  type Platform,
+  parseImageConfig,
+  parseManifestDocument,
+  selectPlatform,
+} from './registry/manifests.js';
 import type { BlobStore } from './store/blobs.js';
 import type { LeaseSet } from './store/mutex.js';
 import type { LayerRecord } from './store/records.js';
-import { pathExists } from '../common/fsutil.js';
 import { unpackImage } from './unpack.js';
 
 /** Everything a pull needs from the service. */
@@ -66,7 +74,13 @@ class PullProgress {
 
   report(msg: string): void {
     this.logger.info(
-      { bytesDone: this.bytesDone, bytesTotal: this.bytesTotal, layersDone: this.layersDone, layersTotal: this.layersTotal, elapsedMs: Date.now() - this.startedMs },
+      {
+        bytesDone: this.bytesDone,
+        bytesTotal: this.bytesTotal,
+        layersDone: this.layersDone,
+        layersTotal: this.layersTotal,
+        elapsedMs: Date.now() - this.startedMs,
+      },
       msg,
     );
   }
@@ -81,7 +95,12 @@ class PullProgress {
  * and unpack the root filesystem. Nothing becomes visible here: the caller commits the record
  * (and then calls `release`). On failure, whatever was stored is left for GC and leases are released.
  */
-export async function fetchImage(ref: ImageReference, credentials: Credentials | undefined, ctx: PullContext, signal: AbortSignal): Promise<FetchedImage> {
+export async function fetchImage(
+  ref: ImageReference,
+  credentials: Credentials | undefined,
+  ctx: PullContext,
+  signal: AbortSignal,
+): Promise<FetchedImage> {
   const name = formatReference(ref);
   const logger = ctx.logger.child({ image: name });
   const session = ctx.client.session(ref, credentials);
@@ -89,11 +108,15 @@ export async function fetchImage(ref: ImageReference, credentials: Credentials |
   const documents = [top];
   let doc = parseManifestDocument(top.bytes, top.contentType, `manifest of ${name}`);
   for (let depth = 0; doc.kind === 'index'; depth++) {
-    if (depth >= MAX_INDEX_DEPTH) throw invalid('IMAGE_MANIFEST_INVALID', `image index of ${name} nests more than ${MAX_INDEX_DEPTH} levels`);
+    if (depth >= MAX_INDEX_DEPTH)
+      throw invalid('IMAGE_MANIFEST_INVALID', `image index of ${name} nests more than ${MAX_INDEX_DEPTH} levels`);
     const chosen = selectPlatform(doc.index, ctx.platform, `image index of ${name}`);
     const fetched = await session.getManifest(chosen.digest, signal);
     if (fetched.bytes.length !== chosen.size) {
-      throw invalid('IMAGE_SIZE_MISMATCH', `manifest ${chosen.digest} of ${name} has ${fetched.bytes.length} bytes, the index says ${chosen.size}`);
+      throw invalid(
+        'IMAGE_SIZE_MISMATCH',
+        `manifest ${chosen.digest} of ${name} has ${fetched.bytes.length} bytes, the index says ${chosen.size}`,
+      );
     }
     documents.push(fetched);
     doc = parseManifestDocument(fetched.bytes, fetched.contentType || chosen.mediaType, `manifest ${chosen.digest} of ${name}`);
@@ -146,7 +169,12 @@ export async function fetchImage(ref: ImageReference, credentials: Credentials |
       topDigest: top.digest,
       manifestDigest: platformManifest.digest,
       manifestMediaType: manifest.mediaType,
-      layers: manifest.layers.map((l, i) => ({ digest: l.digest, sizeBytes: l.size, mediaType: l.mediaType, diffId: diffIds[i] as Digest })),
+      layers: manifest.layers.map((l, i) => ({
+        digest: l.digest,
+        sizeBytes: l.size,
+        mediaType: l.mediaType,
+        diffId: diffIds[i] as Digest,
+      })),
       sizeBytes: platformManifest.bytes.length + manifest.config.size + layersTotalBytes,
       uid: user.uid,
       username: user.username,
@@ -213,7 +241,12 @@ async function ensureBlob(
  * Run `fn` over `items` with at most `limit` at a time. The first failure aborts the others
  * (through the signal they get) and is the error reported.
  */
-async function forEachLimited<T>(items: T[], limit: number, signal: AbortSignal, fn: (item: T, signal: AbortSignal) => Promise<void>): Promise<void> {
+async function forEachLimited<T>(
+  items: T[],
+  limit: number,
+  signal: AbortSignal,
+  fn: (item: T, signal: AbortSignal) => Promise<void>,
+): Promise<void> {
   const controller = new AbortController();
   const onAbort = (): void => controller.abort(signal.reason);
   signal.addEventListener('abort', onAbort, { once: true });

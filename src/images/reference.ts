@@ -1,5 +1,5 @@
 import { invalid } from '../common/errors.js';
-import { parseDigest, type Digest } from './digest.js';
+import { type Digest, parseDigest } from './digest.js';
 
 /**
  * A parsed image reference, following the Docker/OCI distribution grammar:
@@ -26,7 +26,8 @@ export const DEFAULT_TAG = 'latest';
 const PATH_COMPONENT = /^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*$/;
 const TAG = /^[\w][\w.-]{0,127}$/;
 // A domain: DNS labels joined by dots (or a bracketed IPv6 address), with an optional port.
-const DOMAIN = /^(?:(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])(?:\.(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9]))*|\[[a-fA-F0-9:]+\])(?::[0-9]+)?$/;
+const DOMAIN =
+  /^(?:(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])(?:\.(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9]))*|\[[a-fA-F0-9:]+\])(?::[0-9]+)?$/;
 const MAX_NAME_LENGTH = 255;
 const HEX64 = /^[a-f0-9]{64}$/;
 
@@ -55,7 +56,11 @@ export function parseReference(input: string, field = 'image'): ImageReference {
     try {
       digest = parseDigest(digestText, `${field} digest`);
     } catch (err) {
-      throw invalid('IMAGE_REFERENCE_INVALID', `${field} ${JSON.stringify(input)} has an invalid digest ${JSON.stringify(digestText.slice(0, 80))}`, { cause: err });
+      throw invalid(
+        'IMAGE_REFERENCE_INVALID',
+        `${field} ${JSON.stringify(input)} has an invalid digest ${JSON.stringify(digestText.slice(0, 80))}`,
+        { cause: err },
+      );
     }
   }
 

@@ -18,17 +18,17 @@ import type {
   RemoveImageRequestInput,
   RemoveImageResponseMessage,
 } from './cri-types.js';
-import { digestHex, type Digest } from './digest.js';
-import { fetchImage, type FetchedImage, type PullContext } from './pull.js';
+import { type Digest, digestHex } from './digest.js';
+import { type FetchedImage, fetchImage, type PullContext } from './pull.js';
 import { formatReference, parseReference } from './reference.js';
-import { credentialsFromAuthConfig, type Credentials } from './registry/auth.js';
+import { type Credentials, credentialsFromAuthConfig } from './registry/auth.js';
 import { RegistryClient } from './registry/client.js';
 import { loadRegistriesConfig } from './registry/config.js';
 import type { Platform } from './registry/manifests.js';
 import { BlobStore } from './store/blobs.js';
 import { collectGarbage } from './store/gc.js';
 import { LeaseSet, Mutex } from './store/mutex.js';
-import { ImageRecordFile, referencedBlobs, type ImageRecord } from './store/records.js';
+import { type ImageRecord, ImageRecordFile, referencedBlobs } from './store/records.js';
 import { imageFsUsage } from './store/usage.js';
 
 export interface ImageServiceOptions {
@@ -115,11 +115,22 @@ export class ImageService {
     const intact: ImageRecord[] = [];
     for (const record of loaded) {
       if (await this.isIntact(record)) intact.push(record);
-      else this.opts.logger.warn({ image: record.id, repoTags: record.repoTags }, 'image record dropped: its blobs or root filesystem are missing');
+      else
+        this.opts.logger.warn(
+          { image: record.id, repoTags: record.repoTags },
+          'image record dropped: its blobs or root filesystem are missing',
+        );
     }
     this.records = intact;
     if (intact.length !== loaded.length) await this.recordFile.save(this.records);
-    await collectGarbage({ blobs: this.blobs, rootfsDir: this.rootfsDir, records: this.records, leases: this.leases, includeTemp: true, logger: this.opts.logger });
+    await collectGarbage({
+      blobs: this.blobs,
+      rootfsDir: this.rootfsDir,
+      records: this.records,
+      leases: this.leases,
+      includeTemp: true,
+      logger: this.opts.logger,
+    });
     this.opts.logger.info({ images: this.records.length, root: this.root }, 'image store ready');
   }
 
@@ -192,12 +203,20 @@ export class ImageService {
     }
   }
 
-  private async runPull(ref: ReturnType<typeof parseReference>, credentials: Credentials | undefined, annotations: Record<string, string>, signal: AbortSignal): Promise<ImageRecord> {
+  private async runPull(
+    ref: ReturnType<typeof parseReference>,
+    credentials: Credentials | undefined,
+    annotations: Record<string, string>,
+    signal: AbortSignal,
+  ): Promise<ImageRecord> {
     const started = Date.now();
     const fetched = await fetchImage(ref, credentials, this.context(), signal);
     try {
       const record = await this.mutex.run(() => this.commit(ref, fetched, annotations));
-      this.opts.logger.info({ image: formatReference(ref), id: record.id, sizeBytes: record.sizeBytes, durationMs: Date.now() - started }, 'image pulled');
+      this.opts.logger.info(
+        { image: formatReference(ref), id: record.id, sizeBytes: record.sizeBytes, durationMs: Date.now() - started },
+        'image pulled',
+      );
       return record;
     } finally {
       fetched.release();
@@ -205,8 +224,19 @@ export class ImageService {
   }
 
   /** Make a fetched image visible: add or update its record, move the tag to it, save atomically. */
-  private async commit(ref: ReturnType<typeof parseReference>, fetched: FetchedImage, annotations: Record<string, string>): Promise<ImageRecord> {
-    const { records, record } = recordsAfterPull(this.records, fetched, namesFromPull(ref, fetched.topDigest), annotations, this.pinned, new Date());
+  private async commit(
+    ref: ReturnType<typeof parseReference>,
+    fetched: FetchedImage,
+    annotations: Record<string, string>,
+  ): Promise<ImageRecord> {
+    const { records, record } = recordsAfterPull(
+      this.records,
+      fetched,
+      namesFromPull(ref, fetched.topDigest),
+      annotations,
+      this.pinned,
+      new Date(),
+    );
     await this.recordFile.save(records);
     this.records = records;
     return record;
@@ -235,7 +265,7 @@ export class ImageService {
     const info: Record<string, string> = {};
     if (request.verbose === true) {
       const config = JSON.parse((await this.blobs.read(record.id)).toString('utf8')) as unknown;
-      info['info'] = JSON.stringify({
+      info.info = JSON.stringify({
         id: record.id,
         manifestDigest: record.manifestDigest,
         manifestMediaType: record.manifestMediaType,
@@ -292,7 +322,14 @@ export class ImageService {
     await this.recordFile.save(next);
     this.records = next;
     this.opts.logger.info({ id: record.id, repoTags: record.repoTags, blobs: referencedBlobs(record).length }, 'image removed');
-    await collectGarbage({ blobs: this.blobs, rootfsDir: this.rootfsDir, records: next, leases: this.leases, includeTemp: false, logger: this.opts.logger });
+    await collectGarbage({
+      blobs: this.blobs,
+      rootfsDir: this.rootfsDir,
+      records: next,
+      leases: this.leases,
+      includeTemp: false,
+      logger: this.opts.logger,
+    });
   }
 
   /** ImageFsInfo: allocated bytes and inodes of `<stateDir>/images` (blobs and unpacked trees). */

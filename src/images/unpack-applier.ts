@@ -1,5 +1,5 @@
 import { execFile } from 'node:child_process';
-import { createWriteStream, promises as fsp } from 'node:fs';
+import { createWriteStream, promises as fsp, type Stats } from 'node:fs';
 import path from 'node:path';
 import { pipeline } from 'node:stream/promises';
 import { promisify } from 'node:util';
@@ -7,7 +7,7 @@ import type { Header } from 'tar-stream';
 import { errnoCode, invalid } from '../common/errors.js';
 import type { Logger } from '../common/logger.js';
 import type { Digest } from './digest.js';
-import { entryRelativePath, resolveInRoot, type EntryContext } from './unpack-paths.js';
+import { type EntryContext, entryRelativePath, resolveInRoot } from './unpack-paths.js';
 
 const execFileAsync = promisify(execFile);
 
@@ -65,7 +65,15 @@ export class LayerApplier {
   private readonly dirMeta = new Map<string, DirMeta>();
   private readonly isRoot = process.getuid?.() === 0;
   readonly stats: Omit<LayerStats, 'diffId' | 'tarBytes'> = {
-    entries: 0, files: 0, directories: 0, symlinks: 0, hardlinks: 0, whiteouts: 0, opaqueDirs: 0, specialFiles: 0, skipped: 0,
+    entries: 0,
+    files: 0,
+    directories: 0,
+    symlinks: 0,
+    hardlinks: 0,
+    whiteouts: 0,
+    opaqueDirs: 0,
+    specialFiles: 0,
+    skipped: 0,
   };
 
   constructor(
@@ -138,7 +146,7 @@ export class LayerApplier {
 
   /** Remove whatever is at `target` so a new entry replaces it (never writing through it). */
   private async replace(target: string, keepDirectory = false): Promise<void> {
-    let st;
+    let st: Stats;
     try {
       st = await fsp.lstat(target);
     } catch (err) {
@@ -175,16 +183,26 @@ export class LayerApplier {
 
   private async hardlink(target: string, header: Headers, entryName: string): Promise<void> {
     const linkRel = entryRelativePath(header.linkname ?? '', this.ctx, 'hard link target');
-    if (linkRel === '') throw invalid('IMAGE_LAYER_UNSAFE_ENTRY', `layer ${this.opts.layer} entry ${JSON.stringify(entryName)} is a hard link to the root directory`);
+    if (linkRel === '')
+      throw invalid(
+        'IMAGE_LAYER_UNSAFE_ENTRY',
+        `layer ${this.opts.layer} entry ${JSON.stringify(entryName)} is a hard link to the root directory`,
+      );
     const linkDir = path.posix.dirname(linkRel) === '.' ? '' : path.posix.dirname(linkRel);
     const parent = await resolveInRoot(this.root, linkDir, this.ctx, { createMissing: false, followLast: true, entry: entryName });
     const source = parent === undefined ? undefined : path.join(parent, path.posix.basename(linkRel));
     const st = source === undefined ? undefined : await fsp.lstat(source).catch(() => undefined);
     if (source === undefined || st === undefined) {
-      throw invalid('IMAGE_LAYER_INVALID_ENTRY', `layer ${this.opts.layer} entry ${JSON.stringify(entryName)} is a hard link to ${JSON.stringify(header.linkname)}, which does not exist`);
+      throw invalid(
+        'IMAGE_LAYER_INVALID_ENTRY',
+        `layer ${this.opts.layer} entry ${JSON.stringify(entryName)} is a hard link to ${JSON.stringify(header.linkname)}, which does not exist`,
+      );
     }
     if (st.isDirectory()) {
-      throw invalid('IMAGE_LAYER_INVALID_ENTRY', `layer ${this.opts.layer} entry ${JSON.stringify(entryName)} is a hard link to directory ${JSON.stringify(header.linkname)}`);
+      throw invalid(
+        'IMAGE_LAYER_INVALID_ENTRY',
+        `layer ${this.opts.layer} entry ${JSON.stringify(entryName)} is a hard link to directory ${JSON.stringify(header.linkname)}`,
+      );
     }
     if (source === target) return;
     await this.replace(target);
@@ -197,10 +215,20 @@ export class LayerApplier {
     try {
       // node has no mknod(2); coreutils does it (needs CAP_MKNOD, which a root daemon has).
       if (type === 'fifo') await execFileAsync('mkfifo', ['--', target]);
-      else await execFileAsync('mknod', ['--', target, type === 'character-device' ? 'c' : 'b', String(header.devmajor ?? 0), String(header.devminor ?? 0)]);
+      else
+        await execFileAsync('mknod', [
+          '--',
+          target,
+          type === 'character-device' ? 'c' : 'b',
+          String(header.devmajor ?? 0),
+          String(header.devminor ?? 0),
+        ]);
     } catch (err) {
       this.stats.skipped++;
-      this.opts.logger?.warn({ layer: this.opts.layer, entry: header.name, err: (err as Error).message }, 'device node or FIFO could not be made; skipped');
+      this.opts.logger?.warn(
+        { layer: this.opts.layer, entry: header.name, err: (err as Error).message },
+        'device node or FIFO could not be made; skipped',
+      );
       return;
     }
     await this.own(target, header);
@@ -220,7 +248,10 @@ export class LayerApplier {
 
   private async whiteout(dirRel: string, name: string, entryName: string): Promise<void> {
     if (name === '' || name === '.' || name === '..') {
-      throw invalid('IMAGE_LAYER_INVALID_ENTRY', `layer ${this.opts.layer} entry ${JSON.stringify(entryName)} is a whiteout without a name`);
+      throw invalid(
+        'IMAGE_LAYER_INVALID_ENTRY',
+        `layer ${this.opts.layer} entry ${JSON.stringify(entryName)} is a whiteout without a name`,
+      );
     }
     this.stats.whiteouts++;
     const parent = await resolveInRoot(this.root, dirRel, this.ctx, { createMissing: false, followLast: true, entry: entryName });

@@ -1,4 +1,4 @@
-import { promises as fsp } from 'node:fs';
+import { promises as fsp, type Stats } from 'node:fs';
 import path from 'node:path';
 import { errnoCode, invalid } from '../common/errors.js';
 
@@ -58,7 +58,7 @@ export async function resolveInRoot(
     }
     const isLast = queue.length === 0;
     const hostPath = path.join(root, ...stack, component);
-    let st;
+    let st: Stats;
     try {
       st = await fsp.lstat(hostPath);
     } catch (err) {

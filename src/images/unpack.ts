@@ -1,15 +1,15 @@
 import { createHash, randomBytes } from 'node:crypto';
 import { createReadStream, promises as fsp } from 'node:fs';
 import path from 'node:path';
-import { Transform, type Readable } from 'node:stream';
+import { type Readable, Transform } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import tarStream from 'tar-stream';
 import { errnoCode, exhausted, internal, invalid, isKataError } from '../common/errors.js';
 import type { Logger } from '../common/logger.js';
 import { abortReason, throwIfAborted } from './abort.js';
-import { decompressorFor, sniffFile, type Compression } from './decompress.js';
+import { type Compression, decompressorFor, sniffFile } from './decompress.js';
 import type { Digest } from './digest.js';
-import { LayerApplier, type ApplyLayerOptions, type LayerStats } from './unpack-applier.js';
+import { type ApplyLayerOptions, LayerApplier, type LayerStats } from './unpack-applier.js';
 
 export type { ApplyLayerOptions, LayerStats } from './unpack-applier.js';
 
@@ -65,9 +65,13 @@ export async function applyLayer(root: string, tar: Readable, opts: ApplyLayerOp
   }
   const diffId: Digest = `sha256:${hash.digest('hex')}`;
   if (opts.expectedDiffId !== undefined && diffId !== opts.expectedDiffId) {
-    throw invalid('IMAGE_LAYER_DIFF_ID_MISMATCH', `layer ${opts.layer} unpacks to ${diffId}, not the config's diff_id ${opts.expectedDiffId}`, {
-      details: { layer: opts.layer, expected: opts.expectedDiffId, actual: diffId },
-    });
+    throw invalid(
+      'IMAGE_LAYER_DIFF_ID_MISMATCH',
+      `layer ${opts.layer} unpacks to ${diffId}, not the config's diff_id ${opts.expectedDiffId}`,
+      {
+        details: { layer: opts.layer, expected: opts.expectedDiffId, actual: diffId },
+      },
+    );
   }
   return { ...applier.stats, tarBytes, diffId };
 }
@@ -76,14 +80,22 @@ function classifyUnpackError(err: unknown, opts: ApplyLayerOptions): Error {
   if (opts.signal?.aborted === true) return abortReason(opts.signal, `unpacking layer ${opts.layer}`);
   if (isKataError(err)) return err;
   if (err instanceof FsStepError) {
-    if (errnoCode(err.inner) === 'ENOSPC') return exhausted('IMAGE_STORE_FULL', `no space left to unpack layer ${opts.layer}`, { cause: err.inner });
+    if (errnoCode(err.inner) === 'ENOSPC')
+      return exhausted('IMAGE_STORE_FULL', `no space left to unpack layer ${opts.layer}`, { cause: err.inner });
     return internal('IMAGE_UNPACK_FAILED', `layer ${opts.layer} could not be unpacked`, { cause: err.inner });
   }
-  return invalid('IMAGE_LAYER_CORRUPT', `layer ${opts.layer} is not a readable (compressed) tar archive`, { cause: err, details: { layer: opts.layer } });
+  return invalid('IMAGE_LAYER_CORRUPT', `layer ${opts.layer} is not a readable (compressed) tar archive`, {
+    cause: err,
+    details: { layer: opts.layer },
+  });
 }
 
 /** Apply a stored layer blob (gzip, zstd or plain tar, told apart by its magic bytes). */
-export async function applyLayerFile(root: string, blobFile: string, opts: ApplyLayerOptions): Promise<LayerStats & { compression: Compression }> {
+export async function applyLayerFile(
+  root: string,
+  blobFile: string,
+  opts: ApplyLayerOptions,
+): Promise<LayerStats & { compression: Compression }> {
   const compression = await sniffFile(blobFile);
   const decompressor = decompressorFor(compression);
   const source = createReadStream(blobFile);
@@ -120,7 +132,12 @@ export async function unpackImage(
   try {
     for (const layer of layers) {
       throwIfAborted(opts.signal);
-      const s = await applyLayerFile(tmp, layer.file, { layer: layer.digest, expectedDiffId: layer.diffId, signal: opts.signal, logger: opts.logger });
+      const s = await applyLayerFile(tmp, layer.file, {
+        layer: layer.digest,
+        expectedDiffId: layer.diffId,
+        signal: opts.signal,
+        logger: opts.logger,
+      });
       stats.push(s);
       opts.logger?.debug({ layer: layer.digest, compression: s.compression, entries: s.entries, whiteouts: s.whiteouts }, 'layer unpacked');
     }

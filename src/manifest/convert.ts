@@ -8,15 +8,9 @@ import type {
 } from '../sizing/input.js';
 import { parseRequirements } from '../sizing/resources.js';
 import { applyApiDefaults, manifestPaths, podContainers } from './defaults.js';
-import {
-  overheadLinuxResources,
-  podCgroupParent,
-  qosClass,
-  sandboxLinuxResources,
-  type KubeletCgroupDriver,
-} from './kubelet.js';
+import { type KubeletCgroupDriver, overheadLinuxResources, podCgroupParent, qosClass, sandboxLinuxResources } from './kubelet.js';
 import { containerMounts } from './mounts.js';
-import { readPodManifest, type PodManifest, type ResourceRequirementsManifest } from './pod.js';
+import { type PodManifest, type ResourceRequirementsManifest, readPodManifest } from './pod.js';
 
 /**
  * Kubernetes Pod manifest -> RunPodSandboxRequest, in the shape proto-loader decodes requests

@@ -1,4 +1,4 @@
-import { aggregatePodAmounts, type AggregationEntry } from '../sizing/aggregate.js';
+import { type AggregationEntry, aggregatePodAmounts } from '../sizing/aggregate.js';
 import { formatNanos } from '../sizing/quantity.js';
 import { amountsOf, classifyResourceName, parseRequirements, type RequirementPaths } from '../sizing/resources.js';
 import type { SizingContainerType } from '../sizing/types.js';

@@ -31,7 +31,11 @@ export function milliCpuToQuota(milliCpu: bigint, period: bigint): bigint {
 }
 
 /** calculateLinuxResources(cpuRequest, cpuLimit, memoryLimit) with the CFS quota enabled. */
-function linuxResources(cpuRequestMillis: bigint | undefined, cpuLimitMillis: bigint, memoryLimitBytes: bigint): LinuxContainerResourcesInput {
+function linuxResources(
+  cpuRequestMillis: bigint | undefined,
+  cpuLimitMillis: bigint,
+  memoryLimitBytes: bigint,
+): LinuxContainerResourcesInput {
   // A missing request defaults to the limit (the API server does so for new pods; the kubelet repeats it).
   const shares = milliCpuToShares(cpuRequestMillis ?? cpuLimitMillis);
   return {
@@ -98,9 +102,11 @@ export type QosClass = 'Guaranteed' | 'Burstable' | 'BestEffort';
 
 /** ComputePodQOS: from pod-level cpu/memory when set, else from every container's. */
 export function qosClass(pod: PodManifest): QosClass {
-  const sources = pod.resources !== null && [...Object.keys(pod.resources.requests), ...Object.keys(pod.resources.limits)].some((n) => n === 'cpu' || n === 'memory')
-    ? [{ resources: pod.resources, at: 'spec.resources' }]
-    : podContainers(pod).map(({ c }) => ({ resources: c.resources, at: `${c.at}.resources` }));
+  const sources =
+    pod.resources !== null &&
+    [...Object.keys(pod.resources.requests), ...Object.keys(pod.resources.limits)].some((n) => n === 'cpu' || n === 'memory')
+      ? [{ resources: pod.resources, at: 'spec.resources' }]
+      : podContainers(pod).map(({ c }) => ({ resources: c.resources, at: `${c.at}.resources` }));
   const requests = new Map<string, bigint>();
   const limits = new Map<string, bigint>();
   let guaranteed = true;

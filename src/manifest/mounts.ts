@@ -70,8 +70,7 @@ export function containerMounts(pod: PodManifest, uid: string, container: Contai
       }
       return { ...base, host_path: '', readonly: true, image: { image: reference }, image_sub_path: m.subPath };
     }
-    const hostPath =
-      m.subPath === '' ? volumeHostPath(v, podDir, at) : `${podDir}/volume-subpaths/${m.name}/${container.name}/${index}`;
+    const hostPath = m.subPath === '' ? volumeHostPath(v, podDir, at) : `${podDir}/volume-subpaths/${m.name}/${container.name}/${index}`;
     return { ...base, host_path: hostPath, image: null, image_sub_path: '' };
   });
 }

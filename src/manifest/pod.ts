@@ -143,7 +143,14 @@ function volumeMount(v: unknown, path: string): VolumeMountManifest {
   return {
     name: nonEmpty(o.name, `${path}.name`),
     mountPath: nonEmpty(o.mountPath, `${path}.mountPath`),
-    readOnly: o.readOnly === undefined || o.readOnly === null ? false : o.readOnly === true ? true : o.readOnly === false ? false : fail(`${path}.readOnly`, 'must be true or false'),
+    readOnly:
+      o.readOnly === undefined || o.readOnly === null
+        ? false
+        : o.readOnly === true
+          ? true
+          : o.readOnly === false
+            ? false
+            : fail(`${path}.readOnly`, 'must be true or false'),
     subPath: string(o.subPath ?? o.subPathExpr, `${path}.subPath`, ''),
     mountPropagation: oneOf(o.mountPropagation, `${path}.mountPropagation`, ['None', 'HostToContainer', 'Bidirectional'], 'None'),
     recursiveReadOnly: oneOf(o.recursiveReadOnly, `${path}.recursiveReadOnly`, ['Disabled', 'IfPossible', 'Enabled'], 'Disabled'),
@@ -180,7 +187,8 @@ function volume(v: unknown, path: string): VolumeManifest {
   const o = object(v, path, false);
   const name = nonEmpty(o.name, `${path}.name`);
   const sources = Object.keys(o).filter((k) => k !== 'name');
-  if (sources.length !== 1) fail(path, `must have exactly one volume source beside its name, found ${sources.length === 0 ? 'none' : sources.join(', ')}`);
+  if (sources.length !== 1)
+    fail(path, `must have exactly one volume source beside its name, found ${sources.length === 0 ? 'none' : sources.join(', ')}`);
   const kind = sources[0]!;
   return { name, kind, source: object(o[kind], `${path}.${kind}`) };
 }
@@ -212,7 +220,8 @@ export function readPodManifest(doc: unknown): PodManifest {
     const paths = new Set<string>();
     c.volumeMounts.forEach((m, i) => {
       if (!volumeNames.has(m.name)) fail(`${c.at}.volumeMounts[${i}].name`, `"${m.name}" is not a volume of spec.volumes`);
-      if (paths.has(m.mountPath)) fail(`${c.at}.volumeMounts[${i}].mountPath`, `"${m.mountPath}" is mounted twice in container "${c.name}"`);
+      if (paths.has(m.mountPath))
+        fail(`${c.at}.volumeMounts[${i}].mountPath`, `"${m.mountPath}" is mounted twice in container "${c.name}"`);
       paths.add(m.mountPath);
     });
   }

@@ -51,7 +51,13 @@ const containerEdits = {
         type: 'object',
         additionalProperties: false,
         required: ['hookName', 'path'],
-        properties: { hookName: { type: 'string' }, path: { type: 'string' }, args: stringArray, env: stringArray, timeout: { type: 'integer', minimum: 1 } },
+        properties: {
+          hookName: { type: 'string' },
+          path: { type: 'string' },
+          args: stringArray,
+          env: stringArray,
+          timeout: { type: 'integer', minimum: 1 },
+        },
       },
     },
     netDevices: {

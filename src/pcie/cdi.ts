@@ -3,7 +3,7 @@ import path from 'node:path';
 import { parse as parseYaml } from 'yaml';
 import { errnoCode, invalid, notFound, precondition } from '../common/errors.js';
 import { compileOnce, describeSchemaErrors } from '../common/schema.js';
-import { CDI_DEVICE_NAME_PATTERN, CDI_KIND_PATTERN, cdiSpecSchema, type CdiDeviceNode, type CdiSpecDocument } from './cdi-schema.js';
+import { CDI_DEVICE_NAME_PATTERN, CDI_KIND_PATTERN, type CdiDeviceNode, type CdiSpecDocument, cdiSpecSchema } from './cdi-schema.js';
 import type { VfioDeviceRequest } from './types.js';
 
 const validateSpec = compileOnce<CdiSpecDocument>(cdiSpecSchema);
@@ -92,7 +92,10 @@ export async function loadCdiSpecs(dirs: readonly string[]): Promise<CdiRegistry
   for (const [prio, dir] of dirs.entries()) {
     let names: string[];
     try {
-      names = (await fsp.readdir(dir, { withFileTypes: true })).filter((e) => !e.isDirectory()).map((e) => e.name).sort();
+      names = (await fsp.readdir(dir, { withFileTypes: true }))
+        .filter((e) => !e.isDirectory())
+        .map((e) => e.name)
+        .sort();
     } catch (err) {
       if (errnoCode(err) === 'ENOENT' || errnoCode(err) === 'ENOTDIR') continue;
       registry.warnings.push({ path: dir, problems: [`cannot be listed (${errnoCode(err) ?? String(err)})`] });
@@ -119,7 +122,10 @@ export async function loadCdiSpecs(dirs: readonly string[]): Promise<CdiRegistry
         }
         if (old !== undefined && oldPrio === prio) {
           registry.conflicts[qualifiedName] = [old.specPath, file];
-          registry.warnings.push({ path: file, problems: [`device ${qualifiedName} is also defined by ${old.specPath} at the same priority; neither is used`] });
+          registry.warnings.push({
+            path: file,
+            problems: [`device ${qualifiedName} is also defined by ${old.specPath} at the same priority; neither is used`],
+          });
           delete registry.devices[qualifiedName];
           continue;
         }
@@ -164,13 +170,20 @@ export function resolveCdiDevices(registry: CdiRegistry, names: readonly CdiName
     }
     const conflict = registry.conflicts[name];
     if (conflict !== undefined) {
-      throw precondition('CDI_DEVICE_CONFLICT', `CDI device "${name}" (from ${origin}) is defined by both ${conflict.join(' and ')} at the same priority`);
+      throw precondition(
+        'CDI_DEVICE_CONFLICT',
+        `CDI device "${name}" (from ${origin}) is defined by both ${conflict.join(' and ')} at the same priority`,
+      );
     }
     const entry = registry.devices[name];
     if (entry === undefined) {
-      throw notFound('CDI_DEVICE_UNKNOWN', `CDI device "${name}" (from ${origin}) is not defined by any spec in ${registry.dirs.join(', ') || '(no CDI dirs)'}`, {
-        details: { name, dirs: registry.dirs, warnings: registry.warnings },
-      });
+      throw notFound(
+        'CDI_DEVICE_UNKNOWN',
+        `CDI device "${name}" (from ${origin}) is not defined by any spec in ${registry.dirs.join(', ') || '(no CDI dirs)'}`,
+        {
+          details: { name, dirs: registry.dirs, warnings: registry.warnings },
+        },
+      );
     }
     const hostPaths = entry.deviceNodes.map((n) => n.hostPath ?? n.path);
     const vfio = hostPaths.filter((p) => path.posix.normalize(p).startsWith('/dev/vfio/'));

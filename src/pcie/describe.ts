@@ -108,11 +108,14 @@ export function describeTopologyText(t: PcieTopology): string[] {
   const fnByBdf = new Map(d.functions.map((f) => [f.bdf, f]));
   const rows = d.ports.map((p) => {
     const f = p.function === null ? undefined : fnByBdf.get(p.function);
-    const what = f === undefined ? (p.function ?? '') : `${f.bdf} ${f.id} ${f.class} group ${f.group}${f.numaNode === null ? '' : ` numa ${f.numaNode}`}`;
+    const what =
+      f === undefined
+        ? (p.function ?? '')
+        : `${f.bdf} ${f.id} ${f.class} group ${f.group}${f.numaNode === null ? '' : ` numa ${f.numaNode}`}`;
     return [p.id, p.address, p.state, what, `io ${p.reserve.io}, mem ${p.reserve.mem}, pref64 ${p.reserve.pref64}`];
   });
   const widths = [0, 1, 2, 3].map((i) => Math.max(...rows.map((r) => r[i]!.length)));
-  for (const r of rows) lines.push('  ' + r.map((c, i) => (i < 4 ? c.padEnd(widths[i]!) : c)).join('  '));
+  for (const r of rows) lines.push(`  ${r.map((c, i) => (i < 4 ? c.padEnd(widths[i]!) : c)).join('  ')}`);
   for (const s of d.switches) lines.push(`  switch ${s.id} behind ${s.rootPort}: ${s.downstreamPorts.join(' ')}`);
   for (const l of d.leftOut) lines.push(`  left on the host: ${l.bdf} (group ${l.group}, ${l.reason})`);
   lines.push(

@@ -1,7 +1,7 @@
 import { alreadyExists, exhausted, invalid, notFound, precondition } from '../common/errors.js';
 import { formatBytes } from './pci.js';
 import { barNeeds, fitsCapacity } from './reserve.js';
-import { VFIO_PCI_DRIVER, findFunction, selectVfioGroups } from './resolve.js';
+import { findFunction, selectVfioGroups, VFIO_PCI_DRIVER } from './resolve.js';
 import type { BarNeeds, PciePort, PcieTopology } from './topology-types.js';
 import type { HostInventory, VfioDeviceRequest } from './types.js';
 
@@ -59,9 +59,7 @@ function choosePort(t: PcieTopology, d: HotplugDevice, taken: Set<string>): Pcie
     .filter((p) => p.reservedFor === null && fitsCapacity(d.needs, p.capacity))
     .sort(
       (a, b) =>
-        a.capacity.pref64Bytes - b.capacity.pref64Bytes ||
-        a.capacity.memBytes - b.capacity.memBytes ||
-        order.get(a.id)! - order.get(b.id)!,
+        a.capacity.pref64Bytes - b.capacity.pref64Bytes || a.capacity.memBytes - b.capacity.memBytes || order.get(a.id)! - order.get(b.id)!,
     )[0];
 }
 
@@ -101,7 +99,7 @@ export function planHotplug(topology: PcieTopology, request: HotplugRequest): Ho
     taken.add(port.id);
     if (d.bdf) attached.add(d.bdf);
     const args: Record<string, unknown> = { driver: d.driver, id: qemuId, bus: port.id };
-    if (d.driver === VFIO_PCI_DRIVER && d.bdf && d.properties?.['sysfsdev'] === undefined) args['host'] = d.bdf;
+    if (d.driver === VFIO_PCI_DRIVER && d.bdf && d.properties?.sysfsdev === undefined) args.host = d.bdf;
     Object.assign(args, d.properties ?? {});
     commands.push({ execute: 'device_add', arguments: args });
     placements.push({ qemuId, portId: port.id });
@@ -119,7 +117,8 @@ export function planHotUnplug(topology: PcieTopology, qemuIds: readonly string[]
   const placements: HotplugPlan['placements'] = [];
   for (const id of qemuIds) {
     const port = next.ports.find((p) => p.occupant?.qemuId === id);
-    if (port === undefined) throw notFound('PCIE_DEVICE_NOT_ATTACHED', `no device with QEMU id "${id}" is attached to this VM's PCIe ports`);
+    if (port === undefined)
+      throw notFound('PCIE_DEVICE_NOT_ATTACHED', `no device with QEMU id "${id}" is attached to this VM's PCIe ports`);
     port.occupant = null;
     commands.push({ execute: 'device_del', arguments: { id } });
     placements.push({ qemuId: id, portId: port.id });

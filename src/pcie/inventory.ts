@@ -2,14 +2,14 @@ import { promises as fsp } from 'node:fs';
 import path from 'node:path';
 import { errnoCode, internal, notFound } from '../common/errors.js';
 import { isDirectory } from '../common/fsutil.js';
-import { deviceNumbersFromFile, statDeviceNumbers, type DeviceNumberLookup } from './devnodes.js';
+import { type DeviceNumberLookup, deviceNumbersFromFile, statDeviceNumbers } from './devnodes.js';
 import {
   CONVENTIONAL_CONFIG_BYTES,
+  compareBdf,
   IORESOURCE_IO,
   IORESOURCE_MEM,
   IORESOURCE_MEM_64,
   IORESOURCE_PREFETCH,
-  compareBdf,
   isBdf,
 } from './pci.js';
 import type { HostInventory, IommuGroup, PciBar, PciFunction, VfioDevNode, VfioNodeTarget } from './types.js';
@@ -43,8 +43,7 @@ export async function readHostInventory(options: HostInventoryOptions = {}): Pro
     throw notFound('PCIE_SYSFS_ROOT_MISSING', `sysfs root ${sysfsRoot} is not a directory`);
   }
   const lookup =
-    options.deviceNumbers ??
-    (options.devNumbersFile ? await deviceNumbersFromFile(options.devNumbersFile) : statDeviceNumbers);
+    options.deviceNumbers ?? (options.devNumbersFile ? await deviceNumbersFromFile(options.devNumbersFile) : statDeviceNumbers);
   const warnings: string[] = [];
 
   const devicesDir = path.join(sysfsRoot, 'bus/pci/devices');
@@ -96,9 +95,7 @@ function parseHex(text: string | undefined): number | undefined {
 
 async function readFunction(devicesDir: string, bdf: string, warnings: string[]): Promise<PciFunction | undefined> {
   const dir = path.join(devicesDir, bdf);
-  const [classText, vendorText, deviceText] = await Promise.all(
-    ['class', 'vendor', 'device'].map((f) => readTrimmed(path.join(dir, f))),
-  );
+  const [classText, vendorText, deviceText] = await Promise.all(['class', 'vendor', 'device'].map((f) => readTrimmed(path.join(dir, f))));
   const classCode = parseHex(classText);
   const vendorId = parseHex(vendorText);
   const deviceId = parseHex(deviceText);
@@ -162,11 +159,7 @@ async function parentOf(dir: string): Promise<string | null> {
  * line 6 the expansion ROM, later lines bridge windows / SR-IOV BARs (not ours to size). The
  * addresses can exceed 2^53, so they are parsed as bigint; sizes always fit a number.
  */
-export function parseResource(
-  text: string,
-  bdf: string,
-  warnings: string[] = [],
-): { bars: PciBar[]; romBytes: number } {
+export function parseResource(text: string, bdf: string, warnings: string[] = []): { bars: PciBar[]; romBytes: number } {
   const bars: PciBar[] = [];
   let romBytes = 0;
   const lines = text.split('\n').filter((l) => l.trim() !== '');
@@ -213,12 +206,7 @@ async function readGroups(sysfsRoot: string): Promise<IommuGroup[]> {
   return groups.sort((a, b) => a.id - b.id);
 }
 
-async function readVfioNodes(
-  sysfsRoot: string,
-  devRoot: string,
-  lookup: DeviceNumberLookup,
-  warnings: string[],
-): Promise<VfioDevNode[]> {
+async function readVfioNodes(sysfsRoot: string, devRoot: string, lookup: DeviceNumberLookup, warnings: string[]): Promise<VfioDevNode[]> {
   const rels = [
     ...(await listDir(path.join(devRoot, 'vfio'))).filter((n) => n !== 'devices').map((n) => `vfio/${n}`),
     ...(await listDir(path.join(devRoot, 'vfio/devices'))).map((n) => `vfio/devices/${n}`),

@@ -113,21 +113,21 @@ export function formatBytes(bytes: number): string {
 /** `0x030200` -> a short name for plan output; unknown classes print as hex. */
 export function className(classCode: number): string {
   const names: Record<number, string> = {
-    0x0200: 'ethernet',
-    0x0207: 'infiniband',
-    0x0280: 'network',
-    0x0300: 'vga',
-    0x0302: '3d-controller',
-    0x0380: 'display',
-    0x0403: 'audio',
-    0x0480: 'multimedia',
-    0x0600: 'host-bridge',
-    0x0604: 'pci-bridge',
-    0x0680: 'bridge-other',
-    0x0108: 'nvme',
-    0x0106: 'sata',
-    0x0c03: 'usb',
-    0x1200: 'accelerator',
+    512: 'ethernet',
+    519: 'infiniband',
+    640: 'network',
+    768: 'vga',
+    770: '3d-controller',
+    896: 'display',
+    1027: 'audio',
+    1152: 'multimedia',
+    1536: 'host-bridge',
+    1540: 'pci-bridge',
+    1664: 'bridge-other',
+    264: 'nvme',
+    262: 'sata',
+    3075: 'usb',
+    4608: 'accelerator',
   };
   return names[classCode >> 8] ?? `class-0x${classCode.toString(16).padStart(6, '0')}`;
 }

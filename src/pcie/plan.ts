@@ -1,10 +1,10 @@
 import path from 'node:path';
 import { pathExists } from '../common/fsutil.js';
 import type { HandlerPcieConfig, PcieHostConfig } from '../config/types.js';
-import { loadCdiSpecs, type CdiRegistry } from './cdi.js';
+import { type CdiRegistry, loadCdiSpecs } from './cdi.js';
 import { describeTopology, describeTopologyText, type PcieDescription } from './describe.js';
-import { readHostInventory, type HostInventoryOptions } from './inventory.js';
-import { podVfioDevices, type PodDeviceInputs, type PodVfioDevices } from './pod-devices.js';
+import { type HostInventoryOptions, readHostInventory } from './inventory.js';
+import { type PodDeviceInputs, type PodVfioDevices, podVfioDevices } from './pod-devices.js';
 import { pcieQemuArgs } from './qemu-args.js';
 import { planPcieTopology } from './topology.js';
 import type { PcieTopology } from './topology-types.js';

@@ -1,5 +1,5 @@
 import path from 'node:path';
-import { cdiNamesFromAnnotations, parseQualifiedName, resolveCdiDevices, type CdiNameRequest, type CdiRegistry } from './cdi.js';
+import { type CdiNameRequest, type CdiRegistry, cdiNamesFromAnnotations, parseQualifiedName, resolveCdiDevices } from './cdi.js';
 import { getKubeletPodResources, type KubeletPodResources } from './podresources.js';
 import type { VfioDeviceRequest } from './types.js';
 
@@ -43,7 +43,11 @@ function isVfioPath(p: string): boolean {
 
 function dedupe(names: CdiNameRequest[]): CdiNameRequest[] {
   const seen = new Set<string>();
-  return names.filter((n) => (seen.has(n.name) ? false : (seen.add(n.name), true)));
+  return names.filter((n) => {
+    if (seen.has(n.name)) return false;
+    seen.add(n.name);
+    return true;
+  });
 }
 
 /**
@@ -56,11 +60,13 @@ export function cdiNamesFromKubelet(pod: KubeletPodResources): { explicit: CdiNa
   const guessed: CdiNameRequest[] = [];
   for (const c of pod.containers) {
     for (const d of c.devices) {
-      for (const id of d.device_ids) guessed.push({ name: `${d.resource_name}=${id}`, origin: `kubelet container "${c.name}" resource ${d.resource_name}` });
+      for (const id of d.device_ids)
+        guessed.push({ name: `${d.resource_name}=${id}`, origin: `kubelet container "${c.name}" resource ${d.resource_name}` });
     }
     for (const dr of c.dynamic_resources) {
       for (const cr of dr.claim_resources) {
-        for (const cdi of cr.cdi_devices) explicit.push({ name: cdi.name, origin: `kubelet container "${c.name}" claim ${dr.claim_namespace}/${dr.claim_name}` });
+        for (const cdi of cr.cdi_devices)
+          explicit.push({ name: cdi.name, origin: `kubelet container "${c.name}" claim ${dr.claim_namespace}/${dr.claim_name}` });
       }
     }
   }
@@ -79,7 +85,8 @@ export function podVfioDevices(input: PodDeviceInputs): PodVfioDevices {
     for (const c of input.podResources.containers ?? []) {
       const who = `container "${c.name ?? ''}"`;
       for (const d of c.devices ?? []) {
-        if (d.host_path !== undefined && isVfioPath(d.host_path)) out.requests.push({ hostPath: d.host_path, origin: `pod_resources ${who} device ${d.host_path}` });
+        if (d.host_path !== undefined && isVfioPath(d.host_path))
+          out.requests.push({ hostPath: d.host_path, origin: `pod_resources ${who} device ${d.host_path}` });
       }
       for (const cdi of c.CDI_devices ?? []) if (cdi.name) names.push({ name: cdi.name, origin: `pod_resources ${who}` });
     }
@@ -122,7 +129,9 @@ export interface DiscoverOptions extends Omit<PodDeviceInputs, 'kubelet'> {
 export async function discoverPodVfioDevices(options: DiscoverOptions): Promise<PodVfioDevices> {
   let kubelet: KubeletPodResources | null = null;
   if ((options.podResources === null || options.podResources === undefined) && options.podResourcesSocket !== null) {
-    kubelet = await getKubeletPodResources(options.podResourcesSocket, options.podNamespace, options.podName, { timeoutMs: options.timeoutMs });
+    kubelet = await getKubeletPodResources(options.podResourcesSocket, options.podNamespace, options.podName, {
+      timeoutMs: options.timeoutMs,
+    });
   }
   return podVfioDevices({ podResources: options.podResources, annotations: options.annotations, kubelet, cdi: options.cdi });
 }

@@ -26,7 +26,11 @@ export function podResourcesProtoPath(): string {
   return path.join(packageRoot(), 'proto', 'podresources.proto');
 }
 
-type Unary<Req, Res> = (req: Req, options: grpc.CallOptions, cb: (err: grpc.ServiceError | null, res?: Res) => void) => grpc.ClientUnaryCall;
+type Unary<Req, Res> = (
+  req: Req,
+  options: grpc.CallOptions,
+  cb: (err: grpc.ServiceError | null, res?: Res) => void,
+) => grpc.ClientUnaryCall;
 
 interface ListerClient extends grpc.Client {
   Get: Unary<{ pod_name: string; pod_namespace: string }, { pod_resources: KubeletPodResources | null }>;
@@ -63,7 +67,9 @@ function call<Req, Res>(client: ListerClient, method: Unary<Req, Res>, req: Req,
 function mapError(err: unknown, socketPath: string, timeoutMs: number): never {
   const e = err as grpc.ServiceError;
   if (e.code === grpc.status.DEADLINE_EXCEEDED) {
-    throw timedOut('KUBELET_PODRESOURCES_TIMEOUT', `kubelet PodResources API at ${socketPath} did not answer within ${timeoutMs} ms`, { cause: err });
+    throw timedOut('KUBELET_PODRESOURCES_TIMEOUT', `kubelet PodResources API at ${socketPath} did not answer within ${timeoutMs} ms`, {
+      cause: err,
+    });
   }
   throw unavailable('KUBELET_PODRESOURCES_UNAVAILABLE', `kubelet PodResources API at ${socketPath} could not be queried`, { cause: err });
 }

@@ -63,10 +63,6 @@ export function fitsCapacity(needs: BarNeeds, cap: PortCapacity): boolean {
   const mem = windowBytes(needs.mem32Bytes, needs.mem32LargestBytes, 0);
   const pref = windowBytes(needs.pref64Bytes, needs.pref64LargestBytes, 0);
   if (mem <= cap.memBytes && pref <= cap.pref64Bytes) return true;
-  const together = windowBytes(
-    needs.mem32Bytes + needs.pref64Bytes,
-    Math.max(needs.mem32LargestBytes, needs.pref64LargestBytes),
-    0,
-  );
+  const together = windowBytes(needs.mem32Bytes + needs.pref64Bytes, Math.max(needs.mem32LargestBytes, needs.pref64LargestBytes), 0);
   return together <= cap.memBytes;
 }

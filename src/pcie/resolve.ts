@@ -49,7 +49,8 @@ function notVfio(f: PciFunction, r: VfioDeviceRequest, group: number | null): ne
 function targetOf(inventory: HostInventory, r: VfioDeviceRequest): Target {
   if (r.bdf !== undefined) {
     const bdf = canonicalBdf(r.bdf);
-    if (bdf === undefined) throw invalid('PCI_ADDRESS_INVALID', `PCI address "${r.bdf}" (from ${r.origin}) is not of the form 0000:3b:00.0`);
+    if (bdf === undefined)
+      throw invalid('PCI_ADDRESS_INVALID', `PCI address "${r.bdf}" (from ${r.origin}) is not of the form 0000:3b:00.0`);
     const f = findFunction(inventory, bdf);
     if (f === undefined) throw notFound('PCI_DEVICE_UNKNOWN', `PCI function ${bdf} (from ${r.origin}) does not exist on this host`);
     if (f.driver !== VFIO_PCI_DRIVER) notVfio(f, r, f.iommuGroup);
@@ -68,7 +69,8 @@ function targetOf(inventory: HostInventory, r: VfioDeviceRequest): Target {
   if (target?.kind === 'group') return { group: target.group, via: hostPath };
   if (target?.kind === 'cdev') {
     const f = findFunction(inventory, target.bdf);
-    if (f === undefined) throw notFound('PCI_DEVICE_UNKNOWN', `PCI function ${target.bdf} behind ${describeRequest(r)} is not in the inventory`);
+    if (f === undefined)
+      throw notFound('PCI_DEVICE_UNKNOWN', `PCI function ${target.bdf} behind ${describeRequest(r)} is not in the inventory`);
     if (f.driver !== VFIO_PCI_DRIVER) notVfio(f, r, f.iommuGroup);
     if (f.iommuGroup === null) iommuMissing(inventory, r);
     return { group: f.iommuGroup, via: hostPath };

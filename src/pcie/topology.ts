@@ -1,7 +1,7 @@
 import { exhausted, precondition } from '../common/errors.js';
 import type { HandlerPcieConfig } from '../config/types.js';
-import { MiB, compareBdf, formatBytes, roundUpPow2 } from './pci.js';
-import { MEM_WINDOW_GRANULE_BYTES, NO_NEEDS, barNeeds, capacityFor, type WindowFloors } from './reserve.js';
+import { compareBdf, formatBytes, MiB, roundUpPow2 } from './pci.js';
+import { barNeeds, capacityFor, MEM_WINDOW_GRANULE_BYTES, NO_NEEDS, type WindowFloors } from './reserve.js';
 import { findFunction, selectVfioGroups } from './resolve.js';
 import type {
   BarNeeds,
@@ -90,8 +90,7 @@ export function planPcieTopology(input: PcieTopologyInput): PcieTopology {
     memFloorBytes: profile.memReserveFloorMiB * MiB,
     pref64FloorBytes: profile.pref64ReserveFloorMiB * MiB,
   };
-  const { ports, switches } =
-    profile.portType === 'switch-port' ? switchLayout(items, floors) : rootPortLayout(items, floors);
+  const { ports, switches } = profile.portType === 'switch-port' ? switchLayout(items, floors) : rootPortLayout(items, floors);
   const usage = measure(ports, switches);
   checkLimits(usage, profile.portType, items.length, switches.length);
   return {
@@ -129,7 +128,12 @@ function rootPort(i: number, total: number): Omit<PciePort, 'use' | 'reserve' | 
 }
 
 /** Attach an item to a port record: occupant for cold-plug, reservation for hot-plug. */
-function fill(base: Omit<PciePort, 'use' | 'reserve' | 'capacity' | 'reservedFor' | 'occupant'>, item: Item, capacity: PortCapacity, reserve: PortReserve): PciePort {
+function fill(
+  base: Omit<PciePort, 'use' | 'reserve' | 'capacity' | 'reservedFor' | 'occupant'>,
+  item: Item,
+  capacity: PortCapacity,
+  reserve: PortReserve,
+): PciePort {
   if (item.kind === 'spare') return { ...base, use: 'spare', reserve, capacity, reservedFor: null, occupant: null };
   item.fn.portId = base.id;
   if (item.fn.plug === 'cold-plug') {
@@ -203,7 +207,17 @@ function switchLayout(items: Item[], floors: WindowFloors): { ports: PciePort[];
       const id = `swdp${downs.length}`;
       sw.downstreamPortIds.push(id);
       const port = fill(
-        { id, driver: 'xio3130-downstream', bus: sw.id, slot: j, function: 0, multifunction: false, chassis: ROOT_PORT_CHASSIS + 1 + s, physicalSlot: j + 1, portNumber: j },
+        {
+          id,
+          driver: 'xio3130-downstream',
+          bus: sw.id,
+          slot: j,
+          function: 0,
+          multifunction: false,
+          chassis: ROOT_PORT_CHASSIS + 1 + s,
+          physicalSlot: j + 1,
+          portNumber: j,
+        },
         item,
         share,
         { ioBytes: null, memBytes: null, pref64Bytes: null },
@@ -274,7 +288,9 @@ function notesFor(u: PcieUsage, groups: PcieTopology['groups']): string[] {
     for (const l of g.leftOut) notes.push(`IOMMU group ${g.group}: ${l.bdf} stays on the host (${l.reason})`);
   }
   if (u.ioWindows > DEFAULT_IO_WINDOW_NOTE_LIMIT) {
-    notes.push(`${u.ioWindows} ports open 4 KiB I/O windows; past ~${DEFAULT_IO_WINDOW_NOTE_LIMIT} the firmware leaves some I/O BARs unassigned (drivers fall back to MMIO)`);
+    notes.push(
+      `${u.ioWindows} ports open 4 KiB I/O windows; past ~${DEFAULT_IO_WINDOW_NOTE_LIMIT} the firmware leaves some I/O BARs unassigned (drivers fall back to MMIO)`,
+    );
   }
   if (u.mmio64Bytes > 512 * 1024 * MiB) {
     notes.push(`64-bit windows total ${formatBytes(u.mmio64Bytes)}: the guest needs more than 40 physical address bits (host-phys-bits)`);

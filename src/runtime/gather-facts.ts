@@ -1,8 +1,8 @@
 import { execFile } from 'node:child_process';
 import { promisify } from 'node:util';
+import { detectCgroupDriver } from '../cgroups/detect.js';
 import { errorMessage } from '../common/errors.js';
 import type { LoadedConfig } from '../config/types.js';
-import { detectCgroupDriver } from '../cgroups/detect.js';
 import { chooseAcceleration } from '../hypervisor/accel.js';
 import { checkGuestAssets } from '../hypervisor/assets.js';
 import type { HostCheck, RuntimeFacts } from './facts.js';

@@ -1,7 +1,7 @@
 import type { ResolvedHandler } from '../config/handlers.js';
 import type { HypervisorConfig } from '../config/types.js';
-import { buildQemuArgv, type AccelerationChoice, type VmSocketPaths } from '../hypervisor/index.js';
-import { planPodPcie, type KubeletPodResources, type PcieHostFacts, type PodPciePlan } from '../pcie/index.js';
+import { type AccelerationChoice, buildQemuArgv, type VmSocketPaths } from '../hypervisor/index.js';
+import { type KubeletPodResources, type PcieHostFacts, type PodPciePlan, planPodPcie } from '../pcie/index.js';
 import type { PodSandboxConfigInput } from '../sizing/input.js';
 import { planSizing } from '../sizing/shape.js';
 import type { HostCapacity, SizingPlan } from '../sizing/types.js';

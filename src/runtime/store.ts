@@ -77,7 +77,7 @@ export class RecordStore<T extends { id: string }> {
       throw new Error(`refusing to persist an invalid ${this.kind.kind} record: ${describeSchemaErrors(validate.errors).join('; ')}`);
     }
     const envelope: Envelope = { kind: this.kind.kind, version: this.kind.version, record };
-    await writeFileAtomic(this.fileFor(record.id), JSON.stringify(envelope, null, 2) + '\n');
+    await writeFileAtomic(this.fileFor(record.id), `${JSON.stringify(envelope, null, 2)}\n`);
   }
 
   /** Remove a record; removing one that does not exist is fine. */

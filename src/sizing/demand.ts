@@ -1,6 +1,6 @@
-import type { SizingContainerType, SizingSource } from './types.js';
-import { HUGEPAGES_PREFIX } from './resources.js';
 import { nanosToMillis, nanosToUnits } from './quantity.js';
+import { HUGEPAGES_PREFIX } from './resources.js';
+import type { SizingContainerType, SizingSource } from './types.js';
 
 /**
  * What a pod asks for, whichever source it came from, in exact integers (BigInt) so that sums of

@@ -1,8 +1,8 @@
 import { invalid } from '../common/errors.js';
-import { ceilDiv } from './quantity.js';
-import type { LinuxContainerResourcesInput } from './input.js';
-import { HUGEPAGE_SIZES } from './resources.js';
 import { emptyDemand, type PodDemand } from './demand.js';
+import type { LinuxContainerResourcesInput } from './input.js';
+import { ceilDiv } from './quantity.js';
+import { HUGEPAGE_SIZES } from './resources.js';
 import type { SizingSource } from './types.js';
 
 /**
@@ -49,9 +49,13 @@ function pageSizeName(text: unknown, field: string): string {
   const bytes = match === null ? undefined : BigInt(match[1]!) * PAGE_UNITS[match[2]!]!;
   const size = bytes === undefined ? undefined : HUGEPAGE_SIZES.get(bytes);
   if (size === undefined) {
-    throw invalid('SIZING_HUGEPAGE_SIZE_UNSUPPORTED', `${field} ${JSON.stringify(text)} is not a hugepage size the guest offers (2MB or 1GB)`, {
-      details: { field },
-    });
+    throw invalid(
+      'SIZING_HUGEPAGE_SIZE_UNSUPPORTED',
+      `${field} ${JSON.stringify(text)} is not a hugepage size the guest offers (2MB or 1GB)`,
+      {
+        details: { field },
+      },
+    );
   }
   return size.name;
 }

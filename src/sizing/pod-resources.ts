@@ -1,15 +1,15 @@
 import { invalid } from '../common/errors.js';
 import { aggregatePodAmounts } from './aggregate.js';
-import { splitAmounts, type ContainerDemand, type PodDemand } from './demand.js';
+import { type ContainerDemand, type PodDemand, splitAmounts } from './demand.js';
 import type { PodResourceConfigInput } from './input.js';
 import {
   amountsOf,
   defaultRequestsToLimits,
   formatAmount,
   isOvercommitAllowed,
+  type ParsedRequirements,
   parseRequirements,
   protoPaths,
-  type ParsedRequirements,
 } from './resources.js';
 import type { SizingContainerType } from './types.js';
 
@@ -96,9 +96,13 @@ function applyPodLevel(
   for (const key of named) {
     const cls = (pod.requests.get(key) ?? pod.limits.get(key))!.cls;
     if (cls.kind !== 'cpu' && cls.kind !== 'memory' && cls.kind !== 'hugepages') {
-      throw invalid('SIZING_POD_LEVEL_RESOURCE_UNSUPPORTED', `${here} names "${key}"; pod-level resources may only set cpu, memory and hugepages-<size>`, {
-        details: { key },
-      });
+      throw invalid(
+        'SIZING_POD_LEVEL_RESOURCE_UNSUPPORTED',
+        `${here} names "${key}"; pod-level resources may only set cpu, memory and hugepages-<size>`,
+        {
+          details: { key },
+        },
+      );
     }
     const aggregatedRequest = requests.get(key);
     const podLimit = pod.limits.get(key)?.quantity.nanos;

@@ -131,11 +131,9 @@ export function parseQuantity(text: string, field: string, options: ParseQuantit
     );
   }
   if (suffix === 'exponent_range') {
-    throw invalid(
-      'QUANTITY_EXPONENT_OUT_OF_RANGE',
-      `${field} ${JSON.stringify(text)} has an exponent beyond ±2147483647`,
-      { details: { field, text } },
-    );
+    throw invalid('QUANTITY_EXPONENT_OUT_OF_RANGE', `${field} ${JSON.stringify(text)} has an exponent beyond ±2147483647`, {
+      details: { field, text },
+    });
   }
   const mantissa = BigInt((whole + fraction).replace(/^0+/, '') || '0');
   const magnitude = magnitudeInNanos(mantissa, fraction.length, suffix);
@@ -202,7 +200,11 @@ export function quantityTextsEqual(a: string, b: string, field: string): boolean
 export function formatNanos(nanos: bigint): string {
   const sign = nanos < 0n ? '-' : '';
   const magnitude = nanos < 0n ? -nanos : nanos;
-  for (const [suffix, scale] of [['', NANOS_PER_UNIT], ['m', 1_000_000n], ['u', 1000n]] as const) {
+  for (const [suffix, scale] of [
+    ['', NANOS_PER_UNIT],
+    ['m', 1_000_000n],
+    ['u', 1000n],
+  ] as const) {
     if (magnitude % scale === 0n) return `${sign}${magnitude / scale}${suffix}`;
   }
   return `${sign}${magnitude}n`;

@@ -114,7 +114,9 @@ function parseList(
     // `hugepages-2Mi` and `hugepages-2048Ki` are the same pool: add them up.
     out.set(
       cls.key,
-      previous === undefined ? { quantity, cls } : { quantity: { nanos: previous.quantity.nanos + quantity.nanos, text: `${previous.quantity.text}+${quantity.text}` }, cls },
+      previous === undefined
+        ? { quantity, cls }
+        : { quantity: { nanos: previous.quantity.nanos + quantity.nanos, text: `${previous.quantity.text}+${quantity.text}` }, cls },
     );
   }
   return out;
@@ -133,10 +135,14 @@ export function isOvercommitAllowed(cls: ResourceClass): boolean {
  * Does not default anything: callers decide (containers and pods default differently).
  */
 export function parseRequirements(
-  resources: {
-    requests?: Record<string, QuantityInput | string | number | null | undefined> | null;
-    limits?: Record<string, QuantityInput | string | number | null | undefined> | null;
-  } | KubernetesResourcesInput | null | undefined,
+  resources:
+    | {
+        requests?: Record<string, QuantityInput | string | number | null | undefined> | null;
+        limits?: Record<string, QuantityInput | string | number | null | undefined> | null;
+      }
+    | KubernetesResourcesInput
+    | null
+    | undefined,
   paths: RequirementPaths,
 ): ParsedRequirements {
   const requests = parseList(resources?.requests, 'requests', paths);
@@ -145,9 +151,13 @@ export function parseRequirements(
     for (const [key, { quantity, cls }] of map) {
       if (cls.kind === 'extended' && quantity.nanos % 1_000_000_000n !== 0n) {
         const which = map === requests ? 'requests' : 'limits';
-        throw invalid('SIZING_EXTENDED_NOT_INTEGER', `${paths.entry(which, key)} is ${quantity.text}; an extended resource is counted in whole units`, {
-          details: { key },
-        });
+        throw invalid(
+          'SIZING_EXTENDED_NOT_INTEGER',
+          `${paths.entry(which, key)} is ${quantity.text}; an extended resource is counted in whole units`,
+          {
+            details: { key },
+          },
+        );
       }
     }
   }
@@ -193,7 +203,11 @@ export function formatAmount(key: string, nanos: bigint): string {
     return millis % 1000n === 0n ? String(millis / 1000n) : `${millis}m`;
   }
   const units = (nanos + 999_999_999n) / 1_000_000_000n;
-  for (const [suffix, size] of [['Gi', 1n << 30n], ['Mi', 1n << 20n], ['Ki', 1n << 10n]] as const) {
+  for (const [suffix, size] of [
+    ['Gi', 1n << 30n],
+    ['Mi', 1n << 20n],
+    ['Ki', 1n << 10n],
+  ] as const) {
     if (units !== 0n && units % size === 0n) return `${units / size}${suffix}`;
   }
   return String(units);

@@ -45,10 +45,12 @@ function alignUp(value: bigint, to: bigint): bigint {
 }
 
 function min(...values: bigint[]): bigint {
+  // biome-ignore lint/complexity/useMathMinMax: Math.min does not take bigint.
   return values.reduce((a, b) => (b < a ? b : a));
 }
 
 function max(...values: bigint[]): bigint {
+  // biome-ignore lint/complexity/useMathMinMax: Math.max does not take bigint.
   return values.reduce((a, b) => (b > a ? b : a));
 }
 
@@ -96,11 +98,19 @@ function shapeVm(demand: PodDemand, input: PlanSizingInput, vmm: VmmOverhead): V
   const cpuNeed = demand.cpuLimitMillis + BigInt(guestOverhead.cpuMillicores);
   const vcpus = max(vcpuFloor, ceilDiv(cpuNeed, 1000n));
   const cpuWhy = `${demand.cpuLimitMillis}m workload + ${guestOverhead.cpuMillicores}m guest overhead`;
-  const cpuDetails = { vcpus: String(vcpus), workloadMillicores: String(demand.cpuLimitMillis), guestOverheadMillicores: guestOverhead.cpuMillicores };
+  const cpuDetails = {
+    vcpus: String(vcpus),
+    workloadMillicores: String(demand.cpuLimitMillis),
+    guestOverheadMillicores: guestOverhead.cpuMillicores,
+  };
   if (vcpus > BigInt(vm.maxVcpus)) {
-    throw exhausted('SIZING_VCPUS_EXCEED_HANDLER', `${who} needs ${vcpus} vCPUs (${cpuWhy}) but handler "${handlerName}" allows at most ${vm.maxVcpus}`, {
-      details: { ...cpuDetails, handlerMaxVcpus: vm.maxVcpus },
-    });
+    throw exhausted(
+      'SIZING_VCPUS_EXCEED_HANDLER',
+      `${who} needs ${vcpus} vCPUs (${cpuWhy}) but handler "${handlerName}" allows at most ${vm.maxVcpus}`,
+      {
+        details: { ...cpuDetails, handlerMaxVcpus: vm.maxVcpus },
+      },
+    );
   }
   if (vcpus > BigInt(input.host.cpus)) {
     throw exhausted('SIZING_VCPUS_EXCEED_HOST', `${who} needs ${vcpus} vCPUs (${cpuWhy}) but this host has ${input.host.cpus} CPUs`, {
@@ -117,9 +127,13 @@ function shapeVm(demand: PodDemand, input: PlanSizingInput, vmm: VmmOverhead): V
   const memWhy = `workload ${workloadMiB} MiB + guest overhead ${guestOverhead.memoryMiB} MiB + hugepages ${hugepagesMiB} MiB, floor ${memoryFloor} MiB`;
   const memDetails = { memoryMiB: String(memoryMiB), workloadMiB: String(workloadMiB), hugepagesMiB: String(hugepagesMiB) };
   if (memoryMiB > BigInt(vm.maxMemoryMiB)) {
-    throw exhausted('SIZING_MEMORY_EXCEEDS_HANDLER', `${who} needs ${memoryMiB} MiB of VM memory (${memWhy}) but handler "${handlerName}" allows at most ${vm.maxMemoryMiB} MiB`, {
-      details: { ...memDetails, handlerMaxMemoryMiB: vm.maxMemoryMiB },
-    });
+    throw exhausted(
+      'SIZING_MEMORY_EXCEEDS_HANDLER',
+      `${who} needs ${memoryMiB} MiB of VM memory (${memWhy}) but handler "${handlerName}" allows at most ${vm.maxMemoryMiB} MiB`,
+      {
+        details: { ...memDetails, handlerMaxMemoryMiB: vm.maxMemoryMiB },
+      },
+    );
   }
   const hostMiB = BigInt(Math.floor(input.host.memoryMiB));
   const budgetMiB = ceilDiv(memoryMiB * MIB + vmm.memoryBytes, MIB);

@@ -3,6 +3,7 @@ import type { HandlerProfile } from '../config/types.js';
 import { emptyDemand, type PodDemand } from './demand.js';
 import type { PodSandboxConfigInput } from './input.js';
 import {
+  type CgroupNumbers,
   cgroupNumbersOf,
   demandFromCgroupNumbers,
   parseInt64,
@@ -10,7 +11,6 @@ import {
   readCgroupNumbers,
   saysSomething,
   sharesMillis,
-  type CgroupNumbers,
 } from './linux-resources.js';
 import { demandFromPodResources } from './pod-resources.js';
 import type { VmmOverheadSource } from './types.js';

@@ -4,9 +4,9 @@
  * (cri-expect.ts does) throws. Calls never throw: they resolve
  * with what the server answered, so a scenario records every outcome for the outer test.
  */
-import { status as GrpcStatus, type Client, type ServiceError } from '@grpc/grpc-js';
-import { criClients, rpc } from './cri-client.js';
+import { type Client, status as GrpcStatus, type ServiceError } from '@grpc/grpc-js';
 import { REASON_METADATA_KEY } from '../../src/runtime/cri/status.js';
+import { criClients, rpc } from './cri-client.js';
 
 /** What one rpc came back with: the decoded response, or the gRPC status and kata-ts reason. */
 export type RpcOutcome<T = Record<string, unknown>> =

@@ -5,7 +5,7 @@
  */
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
-import { plainCri, type PlainCri } from './cgroups-cri.js';
+import { type PlainCri, plainCri } from './cgroups-cri.js';
 import { readLogLines, spawnDaemon } from './daemon-process.js';
 
 export interface DaemonProcess {

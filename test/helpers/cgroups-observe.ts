@@ -32,7 +32,10 @@ export async function kataUnits(): Promise<string> {
 }
 
 export async function readOr(file: string): Promise<string | null> {
-  return fsp.readFile(file, 'utf8').then((t) => t.trim(), () => null);
+  return fsp.readFile(file, 'utf8').then(
+    (t) => t.trim(),
+    () => null,
+  );
 }
 
 /** The v1 limit files (and pids.current) of one cgroup path, read in each hierarchy. */
@@ -51,7 +54,13 @@ export async function v1LimitFiles(cgroupRoot: string, cgroupPath: string): Prom
 export async function dirsPresent(cgroupRoot: string, cgroupPath: string): Promise<string[]> {
   const out: string[] = [];
   for (const h of (await fsp.readdir(cgroupRoot)).sort()) {
-    if (await fsp.stat(path.join(cgroupRoot, h, cgroupPath)).then((s) => s.isDirectory(), () => false)) out.push(h);
+    if (
+      await fsp.stat(path.join(cgroupRoot, h, cgroupPath)).then(
+        (s) => s.isDirectory(),
+        () => false,
+      )
+    )
+      out.push(h);
   }
   return out;
 }

@@ -4,12 +4,12 @@
  * machines; nesting below it keeps the machine's accounting in force). Only directories created
  * here are ever written; processes are only those the test started. See ENVIRONMENT.md.
  */
-import { spawn, type ChildProcess } from 'node:child_process';
+import { type ChildProcess, spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { promises as fsp } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { cgroupDirOf, parseCgroupMounts, parseProcCgroup, type CgroupMount, type ProcCgroupEntry } from '../../src/cgroups/procfs.js';
+import { type CgroupMount, cgroupDirOf, type ProcCgroupEntry, parseCgroupMounts, parseProcCgroup } from '../../src/cgroups/procfs.js';
 
 export const TEST_CGROUP_PREFIX = 'kata-ts-test-';
 

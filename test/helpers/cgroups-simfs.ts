@@ -60,7 +60,10 @@ export class SimulatedCgroup2Fs implements CgroupFs {
     for (const [controller, files] of Object.entries(CONTROLLER_FILES)) {
       for (const [file, initial] of Object.entries(files)) {
         const p = path.join(dir, file);
-        const exists = await fsp.stat(p).then(() => true, () => false);
+        const exists = await fsp.stat(p).then(
+          () => true,
+          () => false,
+        );
         if (available.includes(controller) && !exists) await fsp.writeFile(p, initial);
         if (!available.includes(controller) && exists) await fsp.rm(p);
       }
@@ -76,7 +79,13 @@ export class SimulatedCgroup2Fs implements CgroupFs {
   }
 
   async rmdir(dir: string): Promise<void> {
-    if (!(await fsp.stat(dir).then((s) => s.isDirectory(), () => false))) throw errno('ENOENT', dir);
+    if (
+      !(await fsp.stat(dir).then(
+        (s) => s.isDirectory(),
+        () => false,
+      ))
+    )
+      throw errno('ENOENT', dir);
     if ((await this.childDirs(dir)).length > 0) throw errno('EBUSY', `${dir} has children`);
     if ((await this.text(path.join(dir, 'cgroup.procs'))) !== '') throw errno('EBUSY', `${dir} has processes`);
     await fsp.rm(dir, { recursive: true });
@@ -87,7 +96,13 @@ export class SimulatedCgroup2Fs implements CgroupFs {
   }
 
   async writeFile(file: string, value: string): Promise<void> {
-    if (!(await fsp.stat(file).then(() => true, () => false))) throw errno('ENOENT', file);
+    if (
+      !(await fsp.stat(file).then(
+        () => true,
+        () => false,
+      ))
+    )
+      throw errno('ENOENT', file);
     this.writes.push(`${path.relative(this.root, file)}=${value}`);
     const dir = path.dirname(file);
     const isRoot = path.resolve(dir) === path.resolve(this.root);

@@ -1,4 +1,4 @@
-import { credentials, Metadata, type CallOptions, type Client, type ServiceError } from '@grpc/grpc-js';
+import { type CallOptions, type Client, credentials, Metadata, type ServiceError } from '@grpc/grpc-js';
 import { loadCriPackage } from '../../src/runtime/cri/proto.js';
 
 // No vitest import here: benches and the systemd harness scenarios use this outside the runner.

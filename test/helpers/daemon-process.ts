@@ -2,7 +2,7 @@
  * Starting a real `kata-ts serve` process on a config file and ending it by pid. vitest-free, so
  * that benches and the confined systemd scenarios (plain node processes) share it with the tests.
  */
-import { spawn, type ChildProcess } from 'node:child_process';
+import { type ChildProcess, spawn } from 'node:child_process';
 import { createWriteStream, promises as fsp } from 'node:fs';
 import net from 'node:net';
 import { packageRoot } from '../../src/common/paths.js';

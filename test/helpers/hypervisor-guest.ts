@@ -24,7 +24,7 @@ export interface GuestAssets {
  * there when missing (a fresh machine where the setup script has not built them yet).
  */
 export async function ensureGuestAssets(): Promise<GuestAssets> {
-  const dir = process.env['KATA_TS_GUEST_DIR'] ?? DEFAULT_GUEST_DIR;
+  const dir = process.env.KATA_TS_GUEST_DIR ?? DEFAULT_GUEST_DIR;
   const assets = { kernelPath: path.join(dir, 'vmlinuz'), initrdPath: path.join(dir, 'initramfs.cpio.gz') };
   if ((await checkGuestAssets(assets)).ok) return assets;
   execFileSync('bash', [path.join(repo, 'scripts/build-guest.sh'), '--out', dir], { stdio: ['ignore', 'inherit', 'inherit'] });

@@ -11,7 +11,7 @@
  *     <- CLOSE                 QEMU closed the connection
  */
 import { spawn } from 'node:child_process';
-import { mkdtempSync, rmSync, writeFileSync, existsSync } from 'node:fs';
+import { existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
@@ -39,7 +39,19 @@ async function record(scenario: Scenario): Promise<void> {
   const sock = path.join(dir, 'qmp.sock');
   const qemu = spawn(
     'qemu-system-x86_64',
-    ['-machine', 'q35', '-accel', 'tcg', '-nodefaults', '-display', 'none', '-S', '-qmp', `unix:${sock},server=on,wait=off`, ...scenario.qemuArgs],
+    [
+      '-machine',
+      'q35',
+      '-accel',
+      'tcg',
+      '-nodefaults',
+      '-display',
+      'none',
+      '-S',
+      '-qmp',
+      `unix:${sock},server=on,wait=off`,
+      ...scenario.qemuArgs,
+    ],
     { stdio: ['ignore', 'inherit', 'inherit'] },
   );
   const lines: string[] = [`# ${scenario.comment}`, `# recorded from ${await qemuVersion()}`];
@@ -78,12 +90,12 @@ async function record(scenario: Scenario): Promise<void> {
     for (const [index, step] of all.entries()) {
       const id = index + 1;
       const msg: Record<string, unknown> = { execute: step.execute };
-      if (step.arguments !== undefined) msg['arguments'] = step.arguments;
-      msg['id'] = id;
+      if (step.arguments !== undefined) msg.arguments = step.arguments;
+      msg.id = id;
       const text = JSON.stringify(msg);
       lines.push(`-> ${text}`);
-      socket.write(text + '\n');
-      await until(() => received.some((m) => m['id'] === id));
+      socket.write(`${text}\n`);
+      await until(() => received.some((m) => m.id === id));
       if (step.settleMs !== undefined) await sleep(step.settleMs);
     }
     await until(() => closed);
@@ -91,7 +103,7 @@ async function record(scenario: Scenario): Promise<void> {
     if (qemu.exitCode === null && qemu.pid !== undefined) process.kill(qemu.pid, 'SIGKILL');
     rmSync(dir, { recursive: true, force: true });
   }
-  writeFileSync(path.join(fixtureDir, `${scenario.name}.qmp`), lines.join('\n') + '\n');
+  writeFileSync(path.join(fixtureDir, `${scenario.name}.qmp`), `${lines.join('\n')}\n`);
   console.log(`wrote ${scenario.name}.qmp (${lines.length} lines)`);
 }
 
@@ -125,10 +137,14 @@ const scenarios: Scenario[] = [
     name: 'queries',
     comment: 'sizes and topology: -smp 2,maxcpus=4 and a virtio-mem device (0 plugged) on pcie.0',
     qemuArgs: [
-      '-smp', '2,maxcpus=4',
-      '-m', '256,maxmem=1280M',
-      '-object', 'memory-backend-ram,id=vmem0-mem,size=1024M',
-      '-device', 'virtio-mem-pci,id=vmem0,memdev=vmem0-mem,requested-size=0,bus=pcie.0,addr=0x3',
+      '-smp',
+      '2,maxcpus=4',
+      '-m',
+      '256,maxmem=1280M',
+      '-object',
+      'memory-backend-ram,id=vmem0-mem,size=1024M',
+      '-device',
+      'virtio-mem-pci,id=vmem0,memdev=vmem0-mem,requested-size=0,bus=pcie.0,addr=0x3',
     ],
     steps: [
       { execute: 'query-cpus-fast' },
@@ -162,16 +178,27 @@ const scenarios: Scenario[] = [
     name: 'resize',
     comment: 'what src/hypervisor/resize.ts sends: plug two vCPUs into free slots, a full slot list, virtio-mem requested-size',
     qemuArgs: [
-      '-cpu', 'max',
-      '-smp', 'cpus=2,maxcpus=4,sockets=1,cores=4,threads=1',
-      '-m', 'size=256M,maxmem=1280M',
-      '-object', 'memory-backend-ram,id=vmem0-mem,size=1024M',
-      '-device', 'virtio-mem-pci,id=vmem0,memdev=vmem0-mem,requested-size=0,bus=pcie.0,addr=03.0',
+      '-cpu',
+      'max',
+      '-smp',
+      'cpus=2,maxcpus=4,sockets=1,cores=4,threads=1',
+      '-m',
+      'size=256M,maxmem=1280M',
+      '-object',
+      'memory-backend-ram,id=vmem0-mem,size=1024M',
+      '-device',
+      'virtio-mem-pci,id=vmem0,memdev=vmem0-mem,requested-size=0,bus=pcie.0,addr=03.0',
     ],
     steps: [
       { execute: 'query-hotpluggable-cpus' },
-      { execute: 'device_add', arguments: { driver: 'max-x86_64-cpu', id: 'vcpu-s0-c2-t0', 'core-id': 2, 'thread-id': 0, 'node-id': 0, 'socket-id': 0 } },
-      { execute: 'device_add', arguments: { driver: 'max-x86_64-cpu', id: 'vcpu-s0-c3-t0', 'core-id': 3, 'thread-id': 0, 'node-id': 0, 'socket-id': 0 } },
+      {
+        execute: 'device_add',
+        arguments: { driver: 'max-x86_64-cpu', id: 'vcpu-s0-c2-t0', 'core-id': 2, 'thread-id': 0, 'node-id': 0, 'socket-id': 0 },
+      },
+      {
+        execute: 'device_add',
+        arguments: { driver: 'max-x86_64-cpu', id: 'vcpu-s0-c3-t0', 'core-id': 3, 'thread-id': 0, 'node-id': 0, 'socket-id': 0 },
+      },
       { execute: 'query-hotpluggable-cpus' },
       { execute: 'qom-set', arguments: { path: '/machine/peripheral/vmem0', property: 'requested-size', value: 268435456 } },
       { execute: 'qom-get', arguments: { path: '/machine/peripheral/vmem0', property: 'size' } },

@@ -7,8 +7,8 @@
 import { readFileSync } from 'node:fs';
 import path from 'node:path';
 import { Duplex } from 'node:stream';
-import { isDeepStrictEqual } from 'node:util';
 import { fileURLToPath } from 'node:url';
+import { isDeepStrictEqual } from 'node:util';
 
 export type TranscriptEntry = { dir: 'send'; line: string } | { dir: 'recv'; line: string } | { dir: 'close' };
 
@@ -48,7 +48,10 @@ export function duplexPair(): [Duplex, Duplex] {
         cb();
       },
     });
-  ends.push(make(() => ends[1]!), make(() => ends[0]!));
+  ends.push(
+    make(() => ends[1]!),
+    make(() => ends[0]!),
+  );
   return [ends[0]!, ends[1]!];
 }
 
@@ -117,7 +120,7 @@ export class TranscriptReplay {
         close = true;
         break;
       }
-      lines.push(entry.line + '\r\n');
+      lines.push(`${entry.line}\r\n`);
     }
     const chunks = cut(Buffer.from(lines.join(''), 'utf8'), this.options.chunking ?? 'lines', lines);
     // Deliver asynchronously, like a socket would, one chunk per macrotask.
@@ -150,7 +153,7 @@ function cut(data: Buffer, chunking: Chunking, lines: string[]): Buffer[] {
       while (offset < data.length) {
         out.push(data.subarray(offset, offset + size));
         offset += size;
-        size = (size * 7 + 3) % 13 + 1;
+        size = ((size * 7 + 3) % 13) + 1;
       }
       return out;
     }

@@ -9,5 +9,5 @@ import { startVm } from '../../src/hypervisor/launcher.js';
 
 const options = JSON.parse(process.argv[2] ?? '{}') as { qemuBinary: string; argv: string[]; workDir: string };
 const vm = await startVm({ ...options, logger: silentLogger() });
-process.stdout.write(JSON.stringify({ pid: vm.pid, startTimeTicks: vm.startTimeTicks }) + '\n');
+process.stdout.write(`${JSON.stringify({ pid: vm.pid, startTimeTicks: vm.startTimeTicks })}\n`);
 process.exit(0);

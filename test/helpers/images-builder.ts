@@ -1,6 +1,6 @@
 import { createHash } from 'node:crypto';
 import { readFileSync } from 'node:fs';
-import { buildTar, FIXED_MTIME, gzip, zstd, type TarEntrySpec } from './images-tar.js';
+import { buildTar, FIXED_MTIME, gzip, type TarEntrySpec, zstd } from './images-tar.js';
 
 /** A blob ready to push: its bytes, digest and media type. */
 export interface Blob {
@@ -86,7 +86,8 @@ export async function buildImage(spec: ImageSpecForBuild): Promise<BuiltImage> {
     Buffer.from(JSON.stringify(configDoc)),
     flavour === 'oci' ? 'application/vnd.oci.image.config.v1+json' : 'application/vnd.docker.container.image.v1+json',
   );
-  const manifestMediaType = flavour === 'oci' ? 'application/vnd.oci.image.manifest.v1+json' : 'application/vnd.docker.distribution.manifest.v2+json';
+  const manifestMediaType =
+    flavour === 'oci' ? 'application/vnd.oci.image.manifest.v1+json' : 'application/vnd.docker.distribution.manifest.v2+json';
   const manifestDoc = {
     schemaVersion: 2,
     mediaType: manifestMediaType,
@@ -98,8 +99,12 @@ export async function buildImage(spec: ImageSpecForBuild): Promise<BuiltImage> {
 }
 
 /** An OCI image index (or Docker manifest list) over already-built images. */
-export function buildIndex(entries: Array<{ image: BuiltImage; os: string; architecture: string; variant?: string }>, flavour: 'oci' | 'docker' = 'oci'): Blob {
-  const mediaType = flavour === 'oci' ? 'application/vnd.oci.image.index.v1+json' : 'application/vnd.docker.distribution.manifest.list.v2+json';
+export function buildIndex(
+  entries: Array<{ image: BuiltImage; os: string; architecture: string; variant?: string }>,
+  flavour: 'oci' | 'docker' = 'oci',
+): Blob {
+  const mediaType =
+    flavour === 'oci' ? 'application/vnd.oci.image.index.v1+json' : 'application/vnd.docker.distribution.manifest.list.v2+json';
   const doc = {
     schemaVersion: 2,
     mediaType,
@@ -144,9 +149,15 @@ export class RegistryPusher {
 
   /** Upload one blob: monolithic (POST + PUT with the body) or chunked (POST, PATCH per chunk, PUT). */
   async pushBlob(repository: string, blob: Blob, mode: 'monolithic' | 'chunked' = 'monolithic', chunkBytes = 64 * 1024): Promise<void> {
-    const head = await fetch(`${this.baseUrl}/v2/${repository}/blobs/${blob.digest}`, { method: 'HEAD', headers: await this.headers(repository) });
+    const head = await fetch(`${this.baseUrl}/v2/${repository}/blobs/${blob.digest}`, {
+      method: 'HEAD',
+      headers: await this.headers(repository),
+    });
     if (head.status === 200) return;
-    const start = await fetch(`${this.baseUrl}/v2/${repository}/blobs/uploads/`, { method: 'POST', headers: await this.headers(repository) });
+    const start = await fetch(`${this.baseUrl}/v2/${repository}/blobs/uploads/`, {
+      method: 'POST',
+      headers: await this.headers(repository),
+    });
     await start.arrayBuffer();
     if (start.status !== 202) throw new Error(`upload start for ${repository} answered ${start.status}`);
     let location = new URL(start.headers.get('location') ?? '', this.baseUrl);

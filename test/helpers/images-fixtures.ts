@@ -1,9 +1,9 @@
 import { promises as fsp } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { silentLogger, type Logger } from '../../src/common/logger.js';
+import { type Logger, silentLogger } from '../../src/common/logger.js';
 import { ImageService, type ImageServiceOptions } from '../../src/images/service.js';
-import { buildImage, buildIndex, busyboxBaseEntries, RegistryPusher, type Blob, type BuiltImage } from './images-builder.js';
+import { type Blob, type BuiltImage, buildImage, buildIndex, busyboxBaseEntries, RegistryPusher } from './images-builder.js';
 import type { RegistryHandle } from './images-registry.js';
 
 /** The test images every integration file can publish, by role. */
@@ -27,7 +27,16 @@ export interface TestImages {
 export async function buildTestImages(): Promise<TestImages> {
   const base = { entries: busyboxBaseEntries(), compression: 'gzip' as const };
   const busybox = await buildImage({
-    layers: [base, { entries: [{ name: 'app/', type: 'directory' }, { name: 'app/hello.txt', content: 'hello from a zstd layer\n' }], compression: 'zstd' }],
+    layers: [
+      base,
+      {
+        entries: [
+          { name: 'app/', type: 'directory' },
+          { name: 'app/hello.txt', content: 'hello from a zstd layer\n' },
+        ],
+        compression: 'zstd',
+      },
+    ],
     cmd: ['/bin/sh', '-c', 'cat /app/hello.txt'],
   });
   const layered = await buildImage({
@@ -73,7 +82,13 @@ export async function buildTestImages(): Promise<TestImages> {
       },
     ],
   });
-  const marker = (arch: string) => ({ entries: [{ name: 'etc/', type: 'directory' as const }, { name: 'etc/arch', content: `${arch}\n` }], compression: 'gzip' as const });
+  const marker = (arch: string) => ({
+    entries: [
+      { name: 'etc/', type: 'directory' as const },
+      { name: 'etc/arch', content: `${arch}\n` },
+    ],
+    compression: 'gzip' as const,
+  });
   const multiarchAmd64 = await buildImage({ layers: [base, marker('amd64')], architecture: 'amd64' });
   const multiarchArm64 = await buildImage({ layers: [marker('arm64')], architecture: 'arm64' });
   const multiarchIndex = buildIndex([

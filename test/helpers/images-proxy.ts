@@ -45,7 +45,7 @@ export async function startProxy(targetUrl: string, opts: ProxyOptions = {}): Pr
           storageRequests.push({ url: req.url ?? '', authorization: req.headers.authorization });
           const upstreamPath = (req.url ?? '').replace(/^\/storage/, '').replace(/\?.*$/, '');
           const headers: Record<string, string> = {};
-          if (opts.redirectBlobs?.authorization !== undefined) headers['authorization'] = opts.redirectBlobs.authorization;
+          if (opts.redirectBlobs?.authorization !== undefined) headers.authorization = opts.redirectBlobs.authorization;
           const up = http.request({ host: target.hostname, port: target.port, path: upstreamPath, headers }, (u) => {
             res.writeHead(u.statusCode ?? 502, { 'content-length': u.headers['content-length'] ?? '' });
             u.pipe(res);

@@ -1,4 +1,4 @@
-import { execFile, spawn, type ChildProcess } from 'node:child_process';
+import { type ChildProcess, execFile, spawn } from 'node:child_process';
 import { createSign, randomBytes, X509Certificate } from 'node:crypto';
 import { promises as fsp, readFileSync } from 'node:fs';
 import http from 'node:http';
@@ -71,10 +71,29 @@ interface TokenServer {
  * requested repository, and signs an RS256 JWT whose x5c header carries the certificate the
  * registry trusts (its `rootcertbundle`).
  */
-async function startTokenServer(dir: string, users: RegistryUser[], anonymousPull: boolean, requests: RegistryHandle['tokenRequests']): Promise<TokenServer & { certFile: string }> {
+async function startTokenServer(
+  dir: string,
+  users: RegistryUser[],
+  anonymousPull: boolean,
+  requests: RegistryHandle['tokenRequests'],
+): Promise<TokenServer & { certFile: string }> {
   const keyFile = path.join(dir, 'token.key');
   const certFile = path.join(dir, 'token.crt');
-  await execFileAsync('openssl', ['req', '-x509', '-newkey', 'rsa:2048', '-nodes', '-keyout', keyFile, '-out', certFile, '-days', '2', '-subj', '/CN=kata-ts test token issuer']);
+  await execFileAsync('openssl', [
+    'req',
+    '-x509',
+    '-newkey',
+    'rsa:2048',
+    '-nodes',
+    '-keyout',
+    keyFile,
+    '-out',
+    certFile,
+    '-days',
+    '2',
+    '-subj',
+    '/CN=kata-ts test token issuer',
+  ]);
   const key = readFileSync(keyFile, 'utf8');
   const certDer = new X509Certificate(readFileSync(certFile)).raw;
   const sign = (scope: string, user: string | undefined): string => {
@@ -83,7 +102,16 @@ async function startTokenServer(dir: string, users: RegistryUser[], anonymousPul
     if (m !== null) access.push({ type: 'repository', name: m[1], actions: user === undefined ? ['pull'] : (m[2] ?? '').split(',') });
     const now = Math.floor(Date.now() / 1000);
     const header = { typ: 'JWT', alg: 'RS256', x5c: [certDer.toString('base64')] };
-    const claims = { iss: 'kata-ts-test-issuer', sub: user ?? '', aud: 'kata-ts-test-registry', exp: now + 600, nbf: now - 60, iat: now, jti: randomBytes(8).toString('hex'), access };
+    const claims = {
+      iss: 'kata-ts-test-issuer',
+      sub: user ?? '',
+      aud: 'kata-ts-test-registry',
+      exp: now + 600,
+      nbf: now - 60,
+      iat: now,
+      jti: randomBytes(8).toString('hex'),
+      access,
+    };
     const signingInput = `${b64url(JSON.stringify(header))}.${b64url(JSON.stringify(claims))}`;
     const signature = createSign('RSA-SHA256').update(signingInput).sign(key);
     return `${signingInput}.${b64url(signature)}`;
@@ -103,7 +131,9 @@ async function startTokenServer(dir: string, users: RegistryUser[], anonymousPul
           res.writeHead(401, { 'Content-Type': 'application/json' }).end('{"error":"invalid_grant"}');
           return;
         }
-        res.writeHead(200, { 'Content-Type': 'application/json' }).end(JSON.stringify({ access_token: sign(scope, name), expires_in: 600 }));
+        res
+          .writeHead(200, { 'Content-Type': 'application/json' })
+          .end(JSON.stringify({ access_token: sign(scope, name), expires_in: 600 }));
       });
       return;
     }
@@ -168,16 +198,22 @@ export async function startRegistry(auth: RegistryAuth = { kind: 'none' }): Prom
     const config: Record<string, unknown> = {
       version: 0.1,
       log: { level: 'warn', accesslog: { disabled: true } },
-      storage: { filesystem: { rootdirectory: path.join(dir, 'data') }, delete: { enabled: true }, maintenance: { uploadpurging: { enabled: false } } },
+      storage: {
+        filesystem: { rootdirectory: path.join(dir, 'data') },
+        delete: { enabled: true },
+        maintenance: { uploadpurging: { enabled: false } },
+      },
       http: { addr: `127.0.0.1:${port}`, secret: randomBytes(16).toString('hex') },
     };
     if (auth.kind === 'htpasswd') {
       const file = path.join(dir, 'htpasswd');
-      await fsp.writeFile(file, (await Promise.all(auth.users.map(htpasswdLine))).join('\n') + '\n');
-      config['auth'] = { htpasswd: { realm: 'kata-ts-test', path: file } };
+      await fsp.writeFile(file, `${(await Promise.all(auth.users.map(htpasswdLine))).join('\n')}\n`);
+      config.auth = { htpasswd: { realm: 'kata-ts-test', path: file } };
     } else if (auth.kind === 'token') {
       token = await startTokenServer(dir, auth.users, auth.anonymousPull ?? false, tokenRequests);
-      config['auth'] = { token: { realm: token.realm, service: 'kata-ts-test-registry', issuer: 'kata-ts-test-issuer', rootcertbundle: token.certFile } };
+      config.auth = {
+        token: { realm: token.realm, service: 'kata-ts-test-registry', issuer: 'kata-ts-test-issuer', rootcertbundle: token.certFile },
+      };
     }
     const configFile = path.join(dir, 'config.yml');
     await fsp.writeFile(configFile, YAML.stringify(config));
@@ -201,7 +237,8 @@ export async function startRegistry(auth: RegistryAuth = { kind: 'none' }): Prom
         if (auth.kind === 'htpasswd' && pushUser !== undefined) {
           return `Basic ${Buffer.from(`${pushUser.username}:${pushUser.password}`).toString('base64')}`;
         }
-        if (tokenServer !== undefined && pushUser !== undefined) return `Bearer ${tokenServer.sign(`repository:${repository}:pull,push`, pushUser.username)}`;
+        if (tokenServer !== undefined && pushUser !== undefined)
+          return `Bearer ${tokenServer.sign(`repository:${repository}:pull,push`, pushUser.username)}`;
         return undefined;
       },
       stop: async () => {

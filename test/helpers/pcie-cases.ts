@@ -26,7 +26,12 @@ const hgx = [20, 21, 22, 23, 24, 25, 26, 27, 30, 31, 32, 33].map((g) => dev(`/de
 export const PCIE_CASES: PcieCase[] = [
   { name: 'gpu-audio-hotplug-root', tree: 'gpu-audio', devices: [dev('/dev/vfio/12')], profile: hotplug() },
   { name: 'gpu-audio-coldplug-confidential', tree: 'gpu-audio', devices: [dev('/dev/vfio/12')], profile: confidential() },
-  { name: 'bridge-group-coldplug-root', tree: 'bridge-group', devices: [dev('/dev/vfio/8')], profile: hotplug({ vfioPolicy: 'cold-plug', sparePorts: 1 }) },
+  {
+    name: 'bridge-group-coldplug-root',
+    tree: 'bridge-group',
+    devices: [dev('/dev/vfio/8')],
+    profile: hotplug({ vfioPolicy: 'cold-plug', sparePorts: 1 }),
+  },
   { name: 'hgx-8gpu-hotplug-root', tree: 'hgx-8gpu', devices: hgx, profile: hotplug() },
   { name: 'hgx-8gpu-hotplug-switch', tree: 'hgx-8gpu', devices: hgx, profile: hotplug({ portType: 'switch-port' }) },
   { name: 'hgx-8gpu-coldplug-confidential', tree: 'hgx-8gpu', devices: hgx, profile: confidential() },

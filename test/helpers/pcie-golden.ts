@@ -5,7 +5,7 @@
  */
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
-import { readHostInventory, type HostInventory } from '../../src/pcie/index.js';
+import { type HostInventory, readHostInventory } from '../../src/pcie/index.js';
 import { FIXTURES_DIR, fixtureInventoryOptions } from './pcie-sysfs.js';
 
 export const PCIE_GOLDEN_DIR = path.join(FIXTURES_DIR, 'pcie');
@@ -17,17 +17,20 @@ export function argvToGolden(argv: readonly string[]): string {
     if (argv[i] !== '-device') throw new Error(`unexpected ${argv[i]}`);
     lines.push(argv[i + 1]!);
   }
-  return lines.join('\n') + '\n';
+  return `${lines.join('\n')}\n`;
 }
 
 export function goldenToArgv(text: string): string[] {
-  return text.split('\n').filter((l) => l !== '').flatMap((l) => ['-device', l]);
+  return text
+    .split('\n')
+    .filter((l) => l !== '')
+    .flatMap((l) => ['-device', l]);
 }
 
 /** Compare (or with UPDATE_GOLDEN=1, write) a golden file; returns the expected text. */
 export async function golden(name: string, actual: string): Promise<string> {
   const file = path.join(PCIE_GOLDEN_DIR, name);
-  if (process.env['UPDATE_GOLDEN'] === '1') {
+  if (process.env.UPDATE_GOLDEN === '1') {
     await fsp.mkdir(PCIE_GOLDEN_DIR, { recursive: true });
     await fsp.writeFile(file, actual);
     return actual;

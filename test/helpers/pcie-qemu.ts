@@ -2,7 +2,7 @@
  * Starts a bare q35 QEMU (no guest kernel, no disk) with a planned PCIe topology, paused (-S),
  * with QMP on a unix socket in a private temporary directory; stops it by PID.
  */
-import { spawn, type ChildProcess } from 'node:child_process';
+import { type ChildProcess, spawn } from 'node:child_process';
 import { promises as fsp } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
@@ -23,7 +23,7 @@ export interface BareQemu {
   stop(): Promise<void>;
 }
 
-const QEMU = process.env['KATA_TS_QEMU'] ?? 'qemu-system-x86_64';
+const QEMU = process.env.KATA_TS_QEMU ?? 'qemu-system-x86_64';
 
 export async function startBareQemu(deviceArgs: readonly string[]): Promise<BareQemu> {
   const dir = await fsp.mkdtemp(path.join(os.tmpdir(), 'kpcie-'));
@@ -31,8 +31,25 @@ export async function startBareQemu(deviceArgs: readonly string[]): Promise<Bare
   const fwLog = path.join(dir, 'firmware.log');
   // SeaBIOS prints its progress on the debug port 0x402; that is how a test knows the firmware
   // has numbered the buses and programmed the windows (query-pci alone cannot tell).
-  const argv = ['-machine', 'q35', '-nodefaults', '-display', 'none', '-S', '-accel', 'tcg', '-m', '512',
-    '-qmp', `unix:${sock},server=on,wait=off`, '-debugcon', `file:${fwLog}`, '-global', 'isa-debugcon.iobase=0x402', ...deviceArgs];
+  const argv = [
+    '-machine',
+    'q35',
+    '-nodefaults',
+    '-display',
+    'none',
+    '-S',
+    '-accel',
+    'tcg',
+    '-m',
+    '512',
+    '-qmp',
+    `unix:${sock},server=on,wait=off`,
+    '-debugcon',
+    `file:${fwLog}`,
+    '-global',
+    'isa-debugcon.iobase=0x402',
+    ...deviceArgs,
+  ];
   const child: ChildProcess = spawn(QEMU, argv, { stdio: ['ignore', 'ignore', 'pipe'] });
   let err = '';
   child.stderr!.on('data', (c: Buffer) => (err += c.toString()));

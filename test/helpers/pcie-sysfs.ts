@@ -72,7 +72,7 @@ const VFIO_GROUP_MAJOR = 243;
 const VFIO_CDEV_MAJOR = 511;
 
 function hex(n: bigint | number, width = 16): string {
-  return '0x' + n.toString(16).padStart(width, '0');
+  return `0x${n.toString(16).padStart(width, '0')}`;
 }
 
 function parseBdf(bdf: string): { domain: number; bus: number; devfn: number } {
@@ -142,7 +142,7 @@ function resourceText(f: FixtureFunction, alloc: { mem32: bigint; mem64: bigint;
       lines.push(`${hex(0)} ${hex(0)} ${hex(0)}`);
     }
   }
-  return lines.join('\n') + '\n';
+  return `${lines.join('\n')}\n`;
 }
 
 function configBytes(f: FixtureFunction): Buffer {
@@ -249,7 +249,7 @@ export async function buildSysfsTree(spec: FixtureTreeSpec, out: string): Promis
     numbers[`vfio/noiommu-${g}`] = num;
   }
   const sorted = Object.fromEntries(Object.entries(numbers).sort(([a], [b]) => (a < b ? -1 : 1)));
-  await fsp.writeFile(path.join(out, 'dev-numbers.json'), JSON.stringify(sorted, null, 2) + '\n');
+  await fsp.writeFile(path.join(out, 'dev-numbers.json'), `${JSON.stringify(sorted, null, 2)}\n`);
 }
 
 export const FIXTURES_DIR = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../fixtures');
@@ -257,7 +257,10 @@ export const SYSFS_FIXTURES = path.join(FIXTURES_DIR, 'sysfs');
 
 /** Names of the committed trees (fixtures/sysfs/<name>.tree.json). */
 export async function fixtureTreeNames(): Promise<string[]> {
-  return (await fsp.readdir(SYSFS_FIXTURES)).filter((n) => n.endsWith('.tree.json')).map((n) => n.slice(0, -'.tree.json'.length)).sort();
+  return (await fsp.readdir(SYSFS_FIXTURES))
+    .filter((n) => n.endsWith('.tree.json'))
+    .map((n) => n.slice(0, -'.tree.json'.length))
+    .sort();
 }
 
 export async function readTreeSpec(name: string): Promise<FixtureTreeSpec> {

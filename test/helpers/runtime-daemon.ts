@@ -7,9 +7,9 @@ import { randomBytes } from 'node:crypto';
 import { promises as fsp } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { criClients, type CriClients } from './cri-client.js';
-import { readLogLines, spawnDaemon, type SpawnedDaemon } from './daemon-process.js';
 import { mountedHierarchies, treeDeepestFirst } from './cgroups-private.js';
+import { type CriClients, criClients } from './cri-client.js';
+import { readLogLines, type SpawnedDaemon, spawnDaemon } from './daemon-process.js';
 import { processesMentioning } from './hypervisor-guest.js';
 
 export interface TestRuntime {
@@ -108,7 +108,13 @@ export async function cgroupDirsUnder(name: string): Promise<string[]> {
   const out: string[] = [];
   for (const m of await mountedHierarchies()) {
     const top = path.join(m.mountPoint, name);
-    if (await fsp.stat(top).then(() => true, () => false)) out.push(...(await treeDeepestFirst(top)));
+    if (
+      await fsp.stat(top).then(
+        () => true,
+        () => false,
+      )
+    )
+      out.push(...(await treeDeepestFirst(top)));
   }
   return out;
 }

@@ -1,12 +1,8 @@
-import { defaultConfig } from '../../src/config/defaults.js';
-import { resolveHandler, type ResolvedHandler } from '../../src/config/handlers.js';
-import type { KataConfig } from '../../src/config/types.js';
 import { KataError } from '../../src/common/errors.js';
-import type {
-  ContainerResourceConfigInput,
-  ContainerTypeName,
-  PodSandboxConfigInput,
-} from '../../src/sizing/input.js';
+import { defaultConfig } from '../../src/config/defaults.js';
+import { type ResolvedHandler, resolveHandler } from '../../src/config/handlers.js';
+import type { KataConfig } from '../../src/config/types.js';
+import type { ContainerResourceConfigInput, ContainerTypeName, PodSandboxConfigInput } from '../../src/sizing/input.js';
 
 /** Helpers for building sizing inputs in the decoded CRI shape, tersely. */
 

@@ -1,5 +1,5 @@
 import { invalid } from '../../common/errors.js';
-import { manifestToRunPodSandboxRequest, type ConvertOptions } from '../../manifest/convert.js';
+import { type ConvertOptions, manifestToRunPodSandboxRequest } from '../../manifest/convert.js';
 import { parseYamlDocument } from '../../manifest/parse.js';
 import { looksLikeKubernetesObject } from '../../manifest/pod.js';
 import { parseProtoJson } from '../../runtime/cri/protojson.js';
@@ -28,7 +28,10 @@ export function loadPlanRequest(text: string, source: string, options: ConvertOp
   }
   const trimmed = text.trimStart();
   if (!trimmed.startsWith('{')) {
-    throw invalid('PLAN_REQUEST_UNRECOGNISED', `${source} has no kind/apiVersion, so it must be a RunPodSandboxRequest in proto3 JSON, not YAML`);
+    throw invalid(
+      'PLAN_REQUEST_UNRECOGNISED',
+      `${source} has no kind/apiVersion, so it must be a RunPodSandboxRequest in proto3 JSON, not YAML`,
+    );
   }
   const request = parseProtoJson<RunPodSandboxRequestInput>('runtime.v1.RunPodSandboxRequest', text, source);
   if (request.config === null || request.config === undefined) {

@@ -25,7 +25,11 @@ export interface PlanSection {
 const MiB = 1024 * 1024;
 
 function bytes(n: number): string {
-  for (const [suffix, size] of [['Gi', 1024 * MiB], ['Mi', MiB], ['Ki', 1024]] as const) {
+  for (const [suffix, size] of [
+    ['Gi', 1024 * MiB],
+    ['Mi', MiB],
+    ['Ki', 1024],
+  ] as const) {
     if (n !== 0 && n % size === 0) return `${n / size}${suffix}`;
   }
   return String(n);
@@ -50,7 +54,14 @@ const SOURCE_NOTES: Record<string, string> = {
 /** Rows padded into columns. */
 export function table(rows: string[][], indent = '  '): string[] {
   const widths = rows.reduce<number[]>((w, row) => row.map((cell, i) => Math.max(w[i] ?? 0, cell.length)), []);
-  return rows.map((row) => indent + row.map((cell, i) => (i === row.length - 1 ? cell : cell.padEnd(widths[i]!))).join('  ').trimEnd());
+  return rows.map(
+    (row) =>
+      indent +
+      row
+        .map((cell, i) => (i === row.length - 1 ? cell : cell.padEnd(widths[i]!)))
+        .join('  ')
+        .trimEnd(),
+  );
 }
 
 const summary: PlanSection = {
@@ -95,8 +106,14 @@ const host: PlanSection = {
     return [
       'Host budget (VMM cgroup)',
       ...table([
-        ['memory limit', `${bytes(h.memoryLimitBytes)} (VM ${r.sizing.vm.memoryMiB}Mi + VMM ${bytes(o.memoryBytes)} from ${overheadSource(o.memorySource)})`],
-        ['CPU quota', `${cpu(h.cpuQuotaMillicores)} (${r.sizing.vm.vcpus} vCPU${r.sizing.vm.vcpus === 1 ? '' : 's'} + VMM ${cpu(o.cpuMillicores)} from ${overheadSource(o.cpuSource)})`],
+        [
+          'memory limit',
+          `${bytes(h.memoryLimitBytes)} (VM ${r.sizing.vm.memoryMiB}Mi + VMM ${bytes(o.memoryBytes)} from ${overheadSource(o.memorySource)})`,
+        ],
+        [
+          'CPU quota',
+          `${cpu(h.cpuQuotaMillicores)} (${r.sizing.vm.vcpus} vCPU${r.sizing.vm.vcpus === 1 ? '' : 's'} + VMM ${cpu(o.cpuMillicores)} from ${overheadSource(o.cpuSource)})`,
+        ],
         ['CPU request', cpu(h.cpuRequestMillicores)],
       ]),
     ];
@@ -195,10 +212,8 @@ export function planJson(report: PlanReport): Record<string, unknown> {
 
 /** The human-readable report: one block per section, blank lines between. */
 export function planText(report: PlanReport): string {
-  return (
-    PLAN_SECTIONS.map((s) => s.text(report))
-      .filter((lines) => lines.length > 0)
-      .map((lines) => lines.join('\n'))
-      .join('\n\n') + '\n'
-  );
+  return `${PLAN_SECTIONS.map((s) => s.text(report))
+    .filter((lines) => lines.length > 0)
+    .map((lines) => lines.join('\n'))
+    .join('\n\n')}\n`;
 }

@@ -1,6 +1,6 @@
 import path from 'node:path';
-import type { KataConfig } from '../../config/types.js';
 import { resolveHandler } from '../../config/handlers.js';
+import type { KataConfig } from '../../config/types.js';
 import { type AccelerationChoice, vmPaths } from '../../hypervisor/index.js';
 import type { PcieHostFacts } from '../../pcie/index.js';
 import { planSandbox } from '../../runtime/plan.js';

@@ -1,6 +1,6 @@
 import net from 'node:net';
 import { KataError, unavailable } from '../../common/errors.js';
-import { QmpConnection, type ExecuteOptions, type QmpClientOptions } from './connection.js';
+import { type ExecuteOptions, type QmpClientOptions, QmpConnection } from './connection.js';
 import type {
   QmpCpuInfoFast,
   QmpDeviceAddArgs,
@@ -12,9 +12,9 @@ import type {
   QmpStatusInfo,
 } from './types.js';
 
-export type * from './types.js';
-export { QmpError } from './error.js';
 export { ANY_EVENT, type ExecuteOptions, type QmpClientOptions, type QmpCloseInfo, type QmpEventListener } from './connection.js';
+export { QmpError } from './error.js';
+export type * from './types.js';
 
 /**
  * A QMP client: the protocol (QmpConnection: negotiation, ids, timeouts, events, close) plus
@@ -80,7 +80,7 @@ export class QmpClient extends QmpConnection {
 
   /** `device_del` and wait for the DEVICE_DELETED event naming `id`. */
   async deviceDelAndWait(id: string, timeoutMs = this.defaultTimeoutMs): Promise<QmpEvent> {
-    const deleted = this.waitForEvent('DEVICE_DELETED', (e) => e.data?.['device'] === id, timeoutMs);
+    const deleted = this.waitForEvent('DEVICE_DELETED', (e) => e.data?.device === id, timeoutMs);
     // The wait rejects on its own if device_del fails; keep that rejection from going unhandled.
     deleted.catch(() => undefined);
     await this.deviceDel(id, { timeoutMs });

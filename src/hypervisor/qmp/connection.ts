@@ -1,10 +1,9 @@
 import type { Duplex } from 'node:stream';
-import { KataError, errorMessage, timedOut, unavailable } from '../../common/errors.js';
-import { silentLogger, type Logger } from '../../common/logger.js';
+import { errorMessage, type KataError, timedOut, unavailable } from '../../common/errors.js';
+import { type Logger, silentLogger } from '../../common/logger.js';
 import { LineSplitter } from '../line-splitter.js';
 import { QmpError } from './error.js';
 import type { QmpEvent, QmpGreeting } from './types.js';
-
 
 export interface QmpClientOptions {
   logger?: Logger;
@@ -76,7 +75,10 @@ export class QmpConnection {
    * capabilities-negotiation mode, without which QEMU refuses every other command).
    */
   static async open<T extends QmpConnection>(
-    this: new (stream: Duplex, options?: QmpClientOptions) => T,
+    this: new (
+      stream: Duplex,
+      options?: QmpClientOptions,
+    ) => T,
     stream: Duplex,
     options: QmpClientOptions = {},
   ): Promise<T> {
@@ -113,8 +115,8 @@ export class QmpConnection {
     const id = this.nextId++;
     const timeoutMs = options.timeoutMs ?? this.defaultTimeoutMs;
     const message: Record<string, unknown> = { execute: command };
-    if (args !== undefined) message['arguments'] = args;
-    message['id'] = id;
+    if (args !== undefined) message.arguments = args;
+    message.id = id;
     return new Promise<T>((resolve, reject) => {
       const timer = setTimeout(() => {
         this.pending.delete(id);
@@ -122,7 +124,7 @@ export class QmpConnection {
       }, timeoutMs);
       this.pending.set(id, { id, command, resolve: resolve as (v: unknown) => void, reject, timer });
       this.logger.debug({ qmp: message }, 'qmp send');
-      this.stream.write(JSON.stringify(message) + '\n');
+      this.stream.write(`${JSON.stringify(message)}\n`);
     });
   }
 
@@ -211,7 +213,7 @@ export class QmpConnection {
     }
     this.logger.debug({ qmp: message }, 'qmp recv');
     if ('QMP' in message) {
-      this.greetingValue = message['QMP'] as QmpGreeting;
+      this.greetingValue = message.QMP as QmpGreeting;
       const waiters = this.greetingWaiters;
       this.greetingWaiters = [];
       for (const w of waiters) w(this.greetingValue);
@@ -225,7 +227,7 @@ export class QmpConnection {
   }
 
   private onReply(message: Record<string, unknown>): void {
-    const id = message['id'];
+    const id = message.id;
     let entry = typeof id === 'number' ? this.pending.get(id) : undefined;
     if (entry === undefined && id === undefined && 'error' in message) {
       // QEMU answers a line it could not parse with an id-less error: it belongs to the oldest command.
@@ -238,10 +240,10 @@ export class QmpConnection {
     this.pending.delete(entry.id);
     clearTimeout(entry.timer);
     if ('error' in message) {
-      const error = (message['error'] ?? {}) as { class?: unknown; desc?: unknown };
+      const error = (message.error ?? {}) as { class?: unknown; desc?: unknown };
       entry.reject(new QmpError(entry.command, String(error.class ?? 'GenericError'), String(error.desc ?? '')));
     } else {
-      entry.resolve(message['return']);
+      entry.resolve(message.return);
     }
   }
 

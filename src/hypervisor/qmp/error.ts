@@ -1,4 +1,4 @@
-import { KataError, type ErrorKind } from '../../common/errors.js';
+import { type ErrorKind, KataError } from '../../common/errors.js';
 
 /**
  * QEMU answered a command with `{"error": {"class", "desc"}}`. `errorClass` is QEMU's class

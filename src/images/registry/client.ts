@@ -1,12 +1,12 @@
 import { invalid } from '../../common/errors.js';
 import type { Logger } from '../../common/logger.js';
-import { sha256Digest, type Digest } from '../digest.js';
-import { registryApiHost, repositoryOf, type ImageReference } from '../reference.js';
+import { type Digest, sha256Digest } from '../digest.js';
+import { type ImageReference, registryApiHost, repositoryOf } from '../reference.js';
 import type { Credentials } from './auth.js';
-import { settingsFor, type RegistriesConfig } from './config.js';
-import { AgentPool, readBody, type HttpResponse } from './http.js';
+import { type RegistriesConfig, settingsFor } from './config.js';
+import { AgentPool, type HttpResponse, readBody } from './http.js';
 import { MANIFEST_ACCEPT } from './manifests.js';
-import { RegistrySession, type Endpoint } from './session.js';
+import { type Endpoint, RegistrySession } from './session.js';
 
 /** containerd's limit: a manifest or index above 4 MiB is refused rather than buffered. */
 export const MANIFEST_LIMIT_BYTES = 4 * 1024 * 1024;
@@ -46,7 +46,11 @@ export class RegistryClient {
       return { origin, skipTlsVerify: own.skipTlsVerify, mirror: true };
     });
     const apiHost = registryApiHost(domain);
-    endpoints.push({ origin: new URL(`${settings.plainHttp ? 'http' : 'https'}://${apiHost}`), skipTlsVerify: settings.skipTlsVerify, mirror: false });
+    endpoints.push({
+      origin: new URL(`${settings.plainHttp ? 'http' : 'https'}://${apiHost}`),
+      skipTlsVerify: settings.skipTlsVerify,
+      mirror: false,
+    });
     return endpoints;
   }
 
@@ -84,18 +88,32 @@ export class ImageSession {
   /** Fetch a manifest or index by tag or digest; a digest reference is verified. */
   async getManifest(reference: string, signal: AbortSignal): Promise<FetchedManifest> {
     const what = `manifest ${reference} of ${this.repository}`;
-    const res = await this.session.get(`manifests/${reference}`, { accept: MANIFEST_ACCEPT, signal, what, notFoundReason: 'IMAGE_NOT_FOUND' });
+    const res = await this.session.get(`manifests/${reference}`, {
+      accept: MANIFEST_ACCEPT,
+      signal,
+      what,
+      notFoundReason: 'IMAGE_NOT_FOUND',
+    });
     const bytes = await readBody(res, MANIFEST_LIMIT_BYTES, what, signal);
     const digest = sha256Digest(bytes);
     if (reference.startsWith('sha256:') && digest !== reference) {
-      throw invalid('IMAGE_DIGEST_MISMATCH', `${what} has digest ${digest}, not the requested ${reference}`, { details: { expected: reference, actual: digest } });
+      throw invalid('IMAGE_DIGEST_MISMATCH', `${what} has digest ${digest}, not the requested ${reference}`, {
+        details: { expected: reference, actual: digest },
+      });
     }
-    const contentType = String(res.headers['content-type'] ?? '').split(';')[0]?.trim() ?? '';
+    const contentType =
+      String(res.headers['content-type'] ?? '')
+        .split(';')[0]
+        ?.trim() ?? '';
     return { bytes, digest, contentType };
   }
 
   /** Open a blob for streaming; the caller verifies its digest while reading. */
   async openBlob(digest: Digest, signal: AbortSignal): Promise<HttpResponse> {
-    return this.session.get(`blobs/${digest}`, { signal, what: `blob ${digest} of ${this.repository}`, notFoundReason: 'IMAGE_BLOB_NOT_FOUND' });
+    return this.session.get(`blobs/${digest}`, {
+      signal,
+      what: `blob ${digest} of ${this.repository}`,
+      notFoundReason: 'IMAGE_BLOB_NOT_FOUND',
+    });
   }
 }

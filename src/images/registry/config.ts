@@ -67,7 +67,10 @@ export function parseRegistriesConfig(doc: unknown, source: string): RegistriesC
     const badKeys = errors
       .filter((e) => e.propertyName !== undefined && e.keyword !== 'propertyNames')
       .map((e) => `${e.instancePath} key ${JSON.stringify(e.propertyName)} is not a host pattern (host[:port], host:* or *.domain)`);
-    const problems = [...new Set(badKeys), ...describeSchemaErrors(errors.filter((e) => e.propertyName === undefined && e.keyword !== 'propertyNames'))];
+    const problems = [
+      ...new Set(badKeys),
+      ...describeSchemaErrors(errors.filter((e) => e.propertyName === undefined && e.keyword !== 'propertyNames')),
+    ];
     throw invalid('REGISTRIES_CONFIG_INVALID', `registries config ${source} is invalid: ${problems.join('; ')}`, {
       details: { problems },
     });

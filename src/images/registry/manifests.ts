@@ -1,6 +1,6 @@
 import { invalid, notFound, unimplemented } from '../../common/errors.js';
 import { compileOnce } from '../../common/schema.js';
-import { parseDigest, type Digest } from '../digest.js';
+import { type Digest, parseDigest } from '../digest.js';
 
 /** Media types kata-ts understands, by role. */
 export const MEDIA_TYPES = {
@@ -26,7 +26,8 @@ const INDEX_TYPES = new Set<string>([MEDIA_TYPES.ociIndex, MEDIA_TYPES.dockerMan
 const MANIFEST_TYPES = new Set<string>([MEDIA_TYPES.ociManifest, MEDIA_TYPES.dockerManifest]);
 const CONFIG_TYPES = new Set<string>([MEDIA_TYPES.ociConfig, MEDIA_TYPES.dockerConfig]);
 /** Filesystem layer media types: tar, optionally gzip or zstd compressed (Docker's are gzip). */
-const LAYER_TYPE = /^application\/vnd\.(?:oci\.image\.layer(?:\.nondistributable)?\.v1\.tar(?:\+gzip|\+zstd)?|docker\.image\.rootfs\.(?:foreign\.)?diff\.tar(?:\.gzip)?)$/;
+const LAYER_TYPE =
+  /^application\/vnd\.(?:oci\.image\.layer(?:\.nondistributable)?\.v1\.tar(?:\+gzip|\+zstd)?|docker\.image\.rootfs\.(?:foreign\.)?diff\.tar(?:\.gzip)?)$/;
 
 export interface Platform {
   os: string;
@@ -120,14 +121,18 @@ function checkDescriptor(d: Descriptor, field: string): Descriptor {
  */
 export function parseManifestDocument(bytes: Uint8Array, contentType: string, what: string): ManifestDocument {
   const doc = parseJson(bytes, what);
-  const declared = typeof doc['mediaType'] === 'string' ? doc['mediaType'] : contentType.split(';')[0]?.trim() ?? '';
-  if (declared === MEDIA_TYPES.dockerSchema1 || declared === MEDIA_TYPES.dockerSchema1Signed || doc['schemaVersion'] === 1) {
+  const declared = typeof doc.mediaType === 'string' ? doc.mediaType : (contentType.split(';')[0]?.trim() ?? '');
+  if (declared === MEDIA_TYPES.dockerSchema1 || declared === MEDIA_TYPES.dockerSchema1Signed || doc.schemaVersion === 1) {
     throw unimplemented('IMAGE_MANIFEST_UNSUPPORTED', `${what} is a Docker schema 1 manifest, which kata-ts does not pull`);
   }
-  const looksLikeIndex = INDEX_TYPES.has(declared) || (declared === '' && Array.isArray(doc['manifests']));
+  const looksLikeIndex = INDEX_TYPES.has(declared) || (declared === '' && Array.isArray(doc.manifests));
   if (looksLikeIndex) {
     const validate = validateIndex();
-    if (!validate(doc)) throw invalid('IMAGE_MANIFEST_INVALID', `${what} is not a valid image index: ${validate.errors?.[0]?.instancePath ?? ''} ${validate.errors?.[0]?.message ?? ''}`);
+    if (!validate(doc))
+      throw invalid(
+        'IMAGE_MANIFEST_INVALID',
+        `${what} is not a valid image index: ${validate.errors?.[0]?.instancePath ?? ''} ${validate.errors?.[0]?.message ?? ''}`,
+      );
     return {
       kind: 'index',
       index: { mediaType: declared, manifests: doc.manifests.map((d, i) => checkDescriptor(d, `${what} manifests[${i}]`)) },
@@ -137,7 +142,11 @@ export function parseManifestDocument(bytes: Uint8Array, contentType: string, wh
     throw invalid('IMAGE_MANIFEST_UNSUPPORTED', `${what} has media type ${declared}, which is not an image manifest or index`);
   }
   const validate = validateManifest();
-  if (!validate(doc)) throw invalid('IMAGE_MANIFEST_INVALID', `${what} is not a valid image manifest: ${validate.errors?.[0]?.instancePath ?? ''} ${validate.errors?.[0]?.message ?? ''}`);
+  if (!validate(doc))
+    throw invalid(
+      'IMAGE_MANIFEST_INVALID',
+      `${what} is not a valid image manifest: ${validate.errors?.[0]?.instancePath ?? ''} ${validate.errors?.[0]?.message ?? ''}`,
+    );
   const config = checkDescriptor(doc.config, `${what} config`);
   if (config.mediaType !== '' && !CONFIG_TYPES.has(config.mediaType)) {
     throw invalid('IMAGE_NOT_A_CONTAINER_IMAGE', `${what} has config media type ${config.mediaType}, so it is not a container image`);
@@ -145,7 +154,10 @@ export function parseManifestDocument(bytes: Uint8Array, contentType: string, wh
   const layers = doc.layers.map((d, i) => {
     const layer = checkDescriptor(d, `${what} layers[${i}]`);
     if (!LAYER_TYPE.test(layer.mediaType)) {
-      throw invalid('IMAGE_LAYER_UNSUPPORTED', `${what} layers[${i}] has media type ${JSON.stringify(layer.mediaType)}, which is not a filesystem layer`);
+      throw invalid(
+        'IMAGE_LAYER_UNSUPPORTED',
+        `${what} layers[${i}] has media type ${JSON.stringify(layer.mediaType)}, which is not a filesystem layer`,
+      );
     }
     return layer;
   });
@@ -157,12 +169,17 @@ export function parseManifestDocument(bytes: Uint8Array, contentType: string, wh
  * `unknown/unknown` (build attestations) never match. NOT_FOUND lists what the index offers.
  */
 export function selectPlatform(index: ImageIndex, want: Platform, what: string): Descriptor {
-  const candidates = index.manifests.filter((d) => d.platform !== undefined && d.platform.os === want.os && d.platform.architecture === want.architecture);
+  const candidates = index.manifests.filter(
+    (d) => d.platform !== undefined && d.platform.os === want.os && d.platform.architecture === want.architecture,
+  );
   const exact = candidates.find((d) => want.variant === undefined || d.platform?.variant === want.variant);
   const chosen = exact ?? candidates[0];
   if (chosen === undefined) {
     const offered = index.manifests.map((d) => (d.platform === undefined ? '?' : `${d.platform.os}/${d.platform.architecture}`));
-    throw notFound('IMAGE_PLATFORM_NOT_FOUND', `${what} has no ${want.os}/${want.architecture} image (it offers ${offered.join(', ') || 'nothing'})`);
+    throw notFound(
+      'IMAGE_PLATFORM_NOT_FOUND',
+      `${what} has no ${want.os}/${want.architecture} image (it offers ${offered.join(', ') || 'nothing'})`,
+    );
   }
   return chosen;
 }
@@ -205,7 +222,10 @@ export function parseImageConfig(bytes: Uint8Array, layerCount: number, what: st
   const doc = parseJson(bytes, what);
   const validate = validateImageConfig();
   if (!validate(doc)) {
-    throw invalid('IMAGE_CONFIG_INVALID', `${what} is not a valid image config: ${validate.errors?.[0]?.instancePath ?? ''} ${validate.errors?.[0]?.message ?? ''}`);
+    throw invalid(
+      'IMAGE_CONFIG_INVALID',
+      `${what} is not a valid image config: ${validate.errors?.[0]?.instancePath ?? ''} ${validate.errors?.[0]?.message ?? ''}`,
+    );
   }
   const diffIds = doc.rootfs.diff_ids.map((d, i) => parseDigest(d, `${what} rootfs.diff_ids[${i}]`));
   if (diffIds.length !== layerCount) {

@@ -1,8 +1,8 @@
-import { isKataError, invalid, notFound, unauthenticated, unavailable, type KataError } from '../../common/errors.js';
+import { invalid, isKataError, type KataError, notFound, unauthenticated, unavailable } from '../../common/errors.js';
 import type { Logger } from '../../common/logger.js';
 import { abortReason } from '../abort.js';
-import { basicHeader, parseWwwAuthenticate, type AuthChallenge, type Credentials } from './auth.js';
-import { AgentPool, discardBody, readBody, sendRequest, type HttpResponse } from './http.js';
+import { type AuthChallenge, basicHeader, type Credentials, parseWwwAuthenticate } from './auth.js';
+import { type AgentPool, discardBody, type HttpResponse, readBody, sendRequest } from './http.js';
 
 /** One place a repository can be fetched from: a mirror or the registry itself. */
 export interface Endpoint {
@@ -100,7 +100,7 @@ export class RegistrySession {
   private async getFrom(endpoint: Endpoint, subpath: string, init: FetchInit): Promise<HttpResponse> {
     const url = new URL(`/v2/${this.opts.repository}/${subpath}`, endpoint.origin);
     const headers: Record<string, string> = { 'User-Agent': this.opts.userAgent };
-    if (init.accept !== undefined) headers['Accept'] = init.accept;
+    if (init.accept !== undefined) headers.Accept = init.accept;
     const creds = this.credentialsFor(endpoint);
     let auth = this.cachedAuth(endpoint);
     if (auth === undefined && creds?.registryToken !== undefined) auth = `Bearer ${creds.registryToken}`;
@@ -130,12 +130,18 @@ export class RegistrySession {
   }
 
   /** Send, following redirects; Authorization is dropped when a redirect leaves the origin. */
-  private async follow(start: URL, endpoint: Endpoint, auth: string | undefined, headers: Record<string, string>, signal: AbortSignal): Promise<HttpResponse> {
+  private async follow(
+    start: URL,
+    endpoint: Endpoint,
+    auth: string | undefined,
+    headers: Record<string, string>,
+    signal: AbortSignal,
+  ): Promise<HttpResponse> {
     let url = start;
     for (let hop = 0; hop <= MAX_REDIRECTS; hop++) {
       const sameOrigin = url.origin === endpoint.origin.origin;
       const h = { ...headers };
-      if (auth !== undefined && sameOrigin) h['Authorization'] = auth;
+      if (auth !== undefined && sameOrigin) h.Authorization = auth;
       const skipTlsVerify = sameOrigin ? endpoint.skipTlsVerify : this.opts.skipTlsVerifyFor(url.host);
       const res = await sendRequest(url, { headers: h, signal, skipTlsVerify }, this.opts.agents);
       const location = res.headers.location;
@@ -155,11 +161,15 @@ export class RegistrySession {
     creds: Credentials | undefined,
     init: FetchInit,
   ): Promise<{ header: string; expiresAtMs: number; withCredentials: boolean }> {
-    const bearer = challenges.find((c) => c.scheme === 'bearer' && c.params['realm'] !== undefined);
+    const bearer = challenges.find((c) => c.scheme === 'bearer' && c.params.realm !== undefined);
     if (bearer !== undefined) return this.fetchToken(endpoint, bearer, creds, init);
     const basic = challenges.find((c) => c.scheme === 'basic');
     if (basic !== undefined && creds?.basic !== undefined) {
-      return { header: basicHeader(creds.basic.username, creds.basic.password), expiresAtMs: Number.MAX_SAFE_INTEGER, withCredentials: true };
+      return {
+        header: basicHeader(creds.basic.username, creds.basic.password),
+        expiresAtMs: Number.MAX_SAFE_INTEGER,
+        withCredentials: true,
+      };
     }
     throw unauthenticated('IMAGE_REGISTRY_AUTH_REQUIRED', `registry ${endpoint.origin.host} requires credentials for ${init.what}`);
   }
@@ -173,12 +183,12 @@ export class RegistrySession {
   ): Promise<{ header: string; expiresAtMs: number; withCredentials: boolean }> {
     let realm: URL;
     try {
-      realm = new URL(challenge.params['realm'] ?? '');
+      realm = new URL(challenge.params.realm ?? '');
     } catch {
       throw unavailable('IMAGE_REGISTRY_AUTH_BROKEN', `registry ${endpoint.origin.host} announced an invalid token realm`);
     }
-    const service = challenge.params['service'];
-    const scope = challenge.params['scope'] ?? `repository:${this.opts.repository}:pull`;
+    const service = challenge.params.service;
+    const scope = challenge.params.scope ?? `repository:${this.opts.repository}:pull`;
     const headers: Record<string, string> = { 'User-Agent': this.opts.userAgent, Accept: 'application/json' };
     const withCredentials = creds?.identityToken !== undefined || creds?.basic !== undefined;
     let body: string | undefined;
@@ -190,11 +200,17 @@ export class RegistrySession {
     } else {
       if (service !== undefined) realm.searchParams.set('service', service);
       realm.searchParams.set('scope', scope);
-      if (creds?.basic !== undefined) headers['Authorization'] = basicHeader(creds.basic.username, creds.basic.password);
+      if (creds?.basic !== undefined) headers.Authorization = basicHeader(creds.basic.username, creds.basic.password);
     }
     const res = await sendRequest(
       realm,
-      { method: body === undefined ? 'GET' : 'POST', headers, body, signal: init.signal, skipTlsVerify: this.opts.skipTlsVerifyFor(realm.host) },
+      {
+        method: body === undefined ? 'GET' : 'POST',
+        headers,
+        body,
+        signal: init.signal,
+        skipTlsVerify: this.opts.skipTlsVerifyFor(realm.host),
+      },
       this.opts.agents,
     );
     if (res.status === 401 || res.status === 403) {

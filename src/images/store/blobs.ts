@@ -6,7 +6,7 @@ import { pipeline } from 'node:stream/promises';
 import { errnoCode, exhausted, internal, invalid, isKataError, unavailable } from '../../common/errors.js';
 import { fsyncDir } from '../../common/fsutil.js';
 import { abortReason } from '../abort.js';
-import { digestHex, isDigest, type Digest } from '../digest.js';
+import { type Digest, digestHex, isDigest } from '../digest.js';
 
 export interface IngestOptions {
   signal: AbortSignal;
@@ -88,7 +88,9 @@ export class BlobStore {
       transform(chunk: Buffer, _enc, done) {
         bytes += chunk.length;
         if (expectedSize !== undefined && bytes > expectedSize) {
-          done(invalid('IMAGE_SIZE_MISMATCH', `${opts.what} is longer than its descriptor's ${expectedSize} bytes`, { details: { digest } }));
+          done(
+            invalid('IMAGE_SIZE_MISMATCH', `${opts.what} is longer than its descriptor's ${expectedSize} bytes`, { details: { digest } }),
+          );
           return;
         }
         hash.update(chunk);
@@ -105,11 +107,15 @@ export class BlobStore {
     try {
       await pipeline(source, verifier, out, { signal: opts.signal });
       if (expectedSize !== undefined && bytes !== expectedSize) {
-        throw invalid('IMAGE_SIZE_MISMATCH', `${opts.what} has ${bytes} bytes, its descriptor says ${expectedSize}`, { details: { digest } });
+        throw invalid('IMAGE_SIZE_MISMATCH', `${opts.what} has ${bytes} bytes, its descriptor says ${expectedSize}`, {
+          details: { digest },
+        });
       }
       const actual = `sha256:${hash.digest('hex')}`;
       if (actual !== digest) {
-        throw invalid('IMAGE_DIGEST_MISMATCH', `${opts.what} has digest ${actual}, not the expected ${digest}`, { details: { expected: digest, actual } });
+        throw invalid('IMAGE_DIGEST_MISMATCH', `${opts.what} has digest ${actual}, not the expected ${digest}`, {
+          details: { expected: digest, actual },
+        });
       }
       const handle = await fsp.open(tmp, 'r');
       try {
@@ -124,7 +130,8 @@ export class BlobStore {
       await fsp.rm(tmp, { force: true });
       if (opts.signal.aborted) throw abortReason(opts.signal);
       if (isKataError(err)) throw err;
-      if (errnoCode(err) === 'ENOSPC') throw exhausted('IMAGE_STORE_FULL', `no space left in ${this.root} for ${opts.what}`, { cause: err });
+      if (errnoCode(err) === 'ENOSPC')
+        throw exhausted('IMAGE_STORE_FULL', `no space left in ${this.root} for ${opts.what}`, { cause: err });
       if (sourceFailed) {
         throw unavailable('IMAGE_REGISTRY_UNREACHABLE', `the transfer of ${opts.what} broke off after ${bytes} bytes`, { cause: err });
       }

@@ -5,7 +5,7 @@ import type { Logger } from '../../common/logger.js';
 import { digestHex } from '../digest.js';
 import type { BlobStore } from './blobs.js';
 import type { LeaseSet } from './mutex.js';
-import { referencedBlobs, type ImageRecord } from './records.js';
+import { type ImageRecord, referencedBlobs } from './records.js';
 
 export interface GcResult {
   blobsRemoved: number;

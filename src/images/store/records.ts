@@ -59,7 +59,20 @@ export const imageIndexSchema = {
       items: {
         type: 'object',
         additionalProperties: false,
-        required: ['id', 'repoTags', 'repoDigests', 'manifestDigest', 'manifestMediaType', 'layers', 'sizeBytes', 'uid', 'username', 'pinned', 'annotations', 'pulledAt'],
+        required: [
+          'id',
+          'repoTags',
+          'repoDigests',
+          'manifestDigest',
+          'manifestMediaType',
+          'layers',
+          'sizeBytes',
+          'uid',
+          'username',
+          'pinned',
+          'annotations',
+          'pulledAt',
+        ],
         properties: {
           id: digest,
           repoTags: { type: 'array', items: { type: 'string' } },

@@ -1,4 +1,4 @@
-import { promises as fsp } from 'node:fs';
+import { type BigIntStats, promises as fsp } from 'node:fs';
 import path from 'node:path';
 import { errnoCode } from '../../common/errors.js';
 import type { ImageFsInfoResponseMessage } from '../cri-types.js';
@@ -20,7 +20,7 @@ export async function diskUsage(root: string): Promise<DiskUsage> {
   const stack = [root];
   while (stack.length > 0) {
     const p = stack.pop() as string;
-    let st;
+    let st: BigIntStats;
     try {
       st = await fsp.lstat(p, { bigint: true });
     } catch (err) {

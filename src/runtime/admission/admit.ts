@@ -2,7 +2,7 @@ import { compareContainerType } from './container-type.js';
 import { compareCdiDevices, compareDevices } from './devices.js';
 import { compareMounts } from './mounts.js';
 import { compareKubernetesResources } from './resources.js';
-import { quoted, type AdmissionResult, type AnnouncedPodResources, type ContainerConfigInput, type Difference } from './types.js';
+import { type AdmissionResult, type AnnouncedPodResources, type ContainerConfigInput, type Difference, quoted } from './types.js';
 
 /**
  * KEP-4112 admission (pure): the VM was shaped for exactly the containers RunPodSandbox announced

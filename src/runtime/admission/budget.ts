@@ -124,7 +124,8 @@ export function fitBudget(input: FitBudgetInput): BudgetFit {
   const wantVcpus = ceilDiv(needCpu + overheadCpu, 1000n);
   const targetVcpus = wantVcpus > vcpus ? wantVcpus : vcpus;
   const wantMiB = ceilDiv(needMem, MIB) + overheadMiB + poolMiB;
-  const targetMiB = wantMiB > memoryMiB ? memoryMiB + ceilDiv(wantMiB - memoryMiB, HOTPLUG_MEMORY_ALIGN_MIB) * HOTPLUG_MEMORY_ALIGN_MIB : memoryMiB;
+  const targetMiB =
+    wantMiB > memoryMiB ? memoryMiB + ceilDiv(wantMiB - memoryMiB, HOTPLUG_MEMORY_ALIGN_MIB) * HOTPLUG_MEMORY_ALIGN_MIB : memoryMiB;
 
   const cpuLine = `cpu needs ${needCpu}m (${admittedCpu}m admitted + ${incoming.cpuMillicores}m incoming) with ${cpuAt(vcpus)}m available at ${vcpus} vCPUs`;
   const memLine = `memory needs ${mib(needMem)} (${mib(admittedMem)} admitted + ${mib(BigInt(incoming.memoryBytes))} incoming) with ${mib(memAt(memoryMiB))} available at ${memoryMiB} MiB`;
@@ -135,7 +136,8 @@ export function fitBudget(input: FitBudgetInput): BudgetFit {
     const need = sum(admitted.map((d) => d.hugepages[size] ?? 0)) + BigInt(incoming.hugepages[size] ?? 0);
     const have = pools.get(size) ?? 0n;
     hugepageDetails[size] = { neededBytes: Number(need), availableBytes: Number(have) };
-    if (need > have) hugepageLines.push(`hugepages-${size} needs ${mib(need)} with ${mib(have)} reserved at boot (hugepage pools never grow)`);
+    if (need > have)
+      hugepageLines.push(`hugepages-${size} needs ${mib(need)} with ${mib(have)} reserved at boot (hugepage pools never grow)`);
   }
 
   const cpuShort = targetVcpus > vcpus;
@@ -175,10 +177,14 @@ export function fitBudget(input: FitBudgetInput): BudgetFit {
   if (cpuBeyond || memBeyond || hugepageLines.length > 0) {
     const lines = [
       ...(cpuBeyond ? [`${cpuLine}, at most ${cpuAt(BigInt(shape.maxVcpus))}m at the planned maximum of ${shape.maxVcpus} vCPUs`] : []),
-      ...(memBeyond ? [`${memLine}, at most ${mib(memAt(BigInt(shape.maxMemoryMiB)))} at the planned maximum of ${shape.maxMemoryMiB} MiB`] : []),
+      ...(memBeyond
+        ? [`${memLine}, at most ${mib(memAt(BigInt(shape.maxMemoryMiB)))} at the planned maximum of ${shape.maxMemoryMiB} MiB`]
+        : []),
       ...hugepageLines,
     ];
-    throw exhausted('ADMISSION_BUDGET_EXCEEDED', `${who} does not fit its VM even grown to the planned maximum: ${lines.join('; ')}`, { details });
+    throw exhausted('ADMISSION_BUDGET_EXCEEDED', `${who} does not fit its VM even grown to the planned maximum: ${lines.join('; ')}`, {
+      details,
+    });
   }
   if (!cpuShort && !memShort) return { fits: true };
   return {

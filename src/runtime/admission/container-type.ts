@@ -42,7 +42,10 @@ export function containerTypeName(type: string | number | undefined | null): str
 }
 
 /** `type` differences between the announced type and the request's type annotations. */
-export function compareContainerType(announcedType: string | number | undefined | null, annotations: Readonly<Record<string, string>> | undefined): Difference[] {
+export function compareContainerType(
+  announcedType: string | number | undefined | null,
+  annotations: Readonly<Record<string, string>> | undefined,
+): Difference[] {
   const announced = containerTypeName(announcedType);
   const out: Difference[] = [];
   const kata = annotations?.[KATA_CONTAINER_TYPE_ANNOTATION];
@@ -50,7 +53,10 @@ export function compareContainerType(announcedType: string | number | undefined 
     out.push({ field: 'type', announced, received: `${JSON.stringify(kata)} (annotation ${KATA_CONTAINER_TYPE_ANNOTATION})` });
   }
   const kubelet = annotations?.[KUBELET_CONTAINER_TYPE_ANNOTATION];
-  if (kubelet !== undefined && !(Object.hasOwn(KUBELET_CONTAINER_TYPES, kubelet) && KUBELET_CONTAINER_TYPES[kubelet]!.includes(announced))) {
+  if (
+    kubelet !== undefined &&
+    !(Object.hasOwn(KUBELET_CONTAINER_TYPES, kubelet) && KUBELET_CONTAINER_TYPES[kubelet]!.includes(announced))
+  ) {
     out.push({ field: 'type', announced, received: `${JSON.stringify(kubelet)} (annotation ${KUBELET_CONTAINER_TYPE_ANNOTATION})` });
   }
   return out;

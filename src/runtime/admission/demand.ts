@@ -18,7 +18,9 @@ function hasEntries(map: Record<string, unknown> | null | undefined): boolean {
 
 function toNumber(value: bigint, field: string): number {
   if (value > BigInt(Number.MAX_SAFE_INTEGER)) {
-    throw invalid('ADMISSION_VALUE_TOO_LARGE', `${field} comes to ${value}, beyond what kata-ts can budget with (2^53)`, { details: { field } });
+    throw invalid('ADMISSION_VALUE_TOO_LARGE', `${field} comes to ${value}, beyond what kata-ts can budget with (2^53)`, {
+      details: { field },
+    });
   }
   return Number(value);
 }

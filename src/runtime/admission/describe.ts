@@ -1,4 +1,4 @@
-import { precondition, type KataError } from '../../common/errors.js';
+import { type KataError, precondition } from '../../common/errors.js';
 import type { Difference } from './types.js';
 
 /** Differences named in full before the rest is summarised as "and N more". */

@@ -1,5 +1,5 @@
 import type { CdiDeviceInput, DeviceInput } from '../../sizing/input.js';
-import { ABSENT, keyed, quoted, type Difference } from './types.js';
+import { ABSENT, type Difference, keyed, quoted } from './types.js';
 
 const CANONICAL_ORDER = 'rwm';
 
@@ -68,7 +68,8 @@ export function compareDevices(announced: readonly DeviceInput[] | undefined, re
     const va = view(la[0]!);
     const vr = view(lr[0]!);
     if (va.host_path !== vr.host_path) out.push({ field: `${prefix}.host_path`, announced: va.host_path, received: vr.host_path });
-    if (va.permissions !== vr.permissions) out.push({ field: `${prefix}.permissions`, announced: va.permissions, received: vr.permissions });
+    if (va.permissions !== vr.permissions)
+      out.push({ field: `${prefix}.permissions`, announced: va.permissions, received: vr.permissions });
   }
   return out;
 }
@@ -77,13 +78,20 @@ export function compareDevices(announced: readonly DeviceInput[] | undefined, re
  * Compare CDI devices as a set of fully qualified names (`vendor/class=name`): order and
  * repetition do not matter (a CDI device is injected once however often it is named).
  */
-export function compareCdiDevices(announced: readonly CdiDeviceInput[] | undefined, received: readonly CdiDeviceInput[] | undefined): Difference[] {
+export function compareCdiDevices(
+  announced: readonly CdiDeviceInput[] | undefined,
+  received: readonly CdiDeviceInput[] | undefined,
+): Difference[] {
   const a = new Set((announced ?? []).map((d) => d.name ?? ''));
   const r = new Set((received ?? []).map((d) => d.name ?? ''));
   const out: Difference[] = [];
   for (const name of [...new Set([...a, ...r])].sort()) {
     if (a.has(name) && r.has(name)) continue;
-    out.push({ field: keyed('CDI_devices', name), announced: a.has(name) ? 'present' : ABSENT, received: r.has(name) ? 'present' : ABSENT });
+    out.push({
+      field: keyed('CDI_devices', name),
+      announced: a.has(name) ? 'present' : ABSENT,
+      received: r.has(name) ? 'present' : ABSENT,
+    });
   }
   return out;
 }

@@ -5,16 +5,31 @@
  */
 export { admitAnnounced } from './admit.js';
 export {
+  type BudgetFit,
+  type FitBudgetInput,
+  fitBudget,
+  type GrowPlan,
+  type VmBudgetShape,
+  type WorkloadCapacity,
+  workloadCapacity,
+} from './budget.js';
+export {
   compareContainerType,
   containerTypeName,
   KATA_CONTAINER_TYPE_ANNOTATION,
   KATA_CONTAINER_TYPES,
   KUBELET_CONTAINER_TYPE_ANNOTATION,
 } from './container-type.js';
+export { type AdmissionDemand, containerDemand } from './demand.js';
 export { admissionError, describeDifferences, MAX_DESCRIBED_DIFFERENCES, MAX_VALUE_CHARS } from './describe.js';
-export { containerDemand, type AdmissionDemand } from './demand.js';
 export { compareCdiDevices, compareDevices, permissionSet } from './devices.js';
 export { compareMounts, propagationName } from './mounts.js';
 export { compareKubernetesResources, resourcePath } from './resources.js';
-export { fitBudget, workloadCapacity, type BudgetFit, type FitBudgetInput, type GrowPlan, type VmBudgetShape, type WorkloadCapacity } from './budget.js';
-export { ABSENT, type AdmissionResult, type AnnouncedContainer, type AnnouncedPodResources, type ContainerConfigInput, type Difference } from './types.js';
+export {
+  ABSENT,
+  type AdmissionResult,
+  type AnnouncedContainer,
+  type AnnouncedPodResources,
+  type ContainerConfigInput,
+  type Difference,
+} from './types.js';

@@ -1,5 +1,5 @@
 import type { MountInput } from '../../sizing/input.js';
-import { ABSENT, keyed, quoted, type Difference } from './types.js';
+import { ABSENT, type Difference, keyed, quoted } from './types.js';
 
 const PROPAGATION_BY_NUMBER = ['PROPAGATION_PRIVATE', 'PROPAGATION_HOST_TO_CONTAINER', 'PROPAGATION_BIDIRECTIONAL'];
 
@@ -102,14 +102,14 @@ function compareNestedOrder(announced: readonly MountInput[], received: readonly
   // Normalised path -> literal container paths, to find ancestors by walking up (O(n * depth)).
   const byNormal = new Map<string, string[]>();
   for (const p of common) {
-    const key = '/' + segments(p).join('/');
+    const key = `/${segments(p).join('/')}`;
     byNormal.set(key, [...(byNormal.get(key) ?? []), p]);
   }
   const involved = new Set<string>();
   for (const p of common) {
     const segs = segments(p);
     for (let depth = 0; depth < segs.length; depth++) {
-      for (const ancestor of byNormal.get('/' + segs.slice(0, depth).join('/')) ?? []) {
+      for (const ancestor of byNormal.get(`/${segs.slice(0, depth).join('/')}`) ?? []) {
         const announcedFirst = ai.get(ancestor)! < ai.get(p)!;
         const receivedFirst = ri.get(ancestor)! < ri.get(p)!;
         if (announcedFirst !== receivedFirst) {
@@ -120,7 +120,11 @@ function compareNestedOrder(announced: readonly MountInput[], received: readonly
     }
   }
   if (involved.size === 0) return [];
-  const ordered = (index: Map<string, number>): string => [...involved].sort((x, y) => index.get(x)! - index.get(y)!).map((p) => quoted(p)).join(', ');
+  const ordered = (index: Map<string, number>): string =>
+    [...involved]
+      .sort((x, y) => index.get(x)! - index.get(y)!)
+      .map((p) => quoted(p))
+      .join(', ');
   return [{ field: 'mounts order', announced: ordered(ai), received: ordered(ri) }];
 }
 

@@ -1,6 +1,6 @@
 import { isKataError } from '../../common/errors.js';
 import type { KubernetesResourcesInput, QuantityInput } from '../../sizing/input.js';
-import { parseQuantity, quantityEquals, type Quantity } from '../../sizing/quantity.js';
+import { parseQuantity, type Quantity, quantityEquals } from '../../sizing/quantity.js';
 import { ABSENT, type Difference } from './types.js';
 
 type QuantityMap = Record<string, QuantityInput | null | undefined> | null | undefined;

@@ -45,9 +45,7 @@ export interface Difference {
 }
 
 /** The answer of `admitAnnounced`. */
-export type AdmissionResult =
-  | { ok: true; announced: AnnouncedContainer }
-  | { ok: false; differences: Difference[] };
+export type AdmissionResult = { ok: true; announced: AnnouncedContainer } | { ok: false; differences: Difference[] };
 
 /** The display value for "this side has no such entry". */
 export const ABSENT = 'absent';

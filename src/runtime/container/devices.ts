@@ -4,14 +4,14 @@ import type { ContainerConfig__Output } from '../../generated/runtime/v1/Contain
 import type { VmProcess } from '../../hypervisor/index.js';
 import {
   announcedHotplugRequest,
+  type HotplugPlan,
   hotplugRequestForDevices,
+  type PcieHostFacts,
+  type PcieTopology,
   planHotplug,
   planHotUnplug,
   podVfioDevices,
   selectVfioGroups,
-  type HotplugPlan,
-  type PcieHostFacts,
-  type PcieTopology,
 } from '../../pcie/index.js';
 import type { AttachedDevice } from './record.js';
 
@@ -34,7 +34,9 @@ export function planContainerHotplug(
   });
   if (requests.length === 0) return undefined;
   const inVm = new Set(topology.ports.flatMap((p) => (p.occupant?.bdf ? [p.occupant.bdf] : [])));
-  const wanted = selectVfioGroups(facts.inventory, requests).flatMap((g) => g.functions).filter((bdf) => !inVm.has(bdf));
+  const wanted = selectVfioGroups(facts.inventory, requests)
+    .flatMap((g) => g.functions)
+    .filter((bdf) => !inVm.has(bdf));
   if (wanted.length === 0) return undefined;
   const announced = new Set(topology.functions.map((f) => f.bdf));
   const request = wanted.every((bdf) => announced.has(bdf))
@@ -62,9 +64,9 @@ export async function applyHotplug(vm: VmProcess, plan: HotplugPlan, logger: Log
     return added;
   } catch (err) {
     for (const d of added.reverse()) {
-      await vm.qmp.deviceDelAndWait(d.qemuId, unplugTimeoutMs).catch((e: unknown) =>
-        logger.error({ device: d.qemuId, err: errorMessage(e) }, 'rollback of a hot-plugged device failed'),
-      );
+      await vm.qmp
+        .deviceDelAndWait(d.qemuId, unplugTimeoutMs)
+        .catch((e: unknown) => logger.error({ device: d.qemuId, err: errorMessage(e) }, 'rollback of a hot-plugged device failed'));
     }
     throw err;
   }
@@ -75,8 +77,16 @@ function bdfOf(plan: HotplugPlan, qemuId: string): string | null {
 }
 
 /** Detach a container's devices (device_del + DEVICE_DELETED each) and return the topology after. */
-export async function detachDevices(vm: VmProcess, topology: PcieTopology, devices: AttachedDevice[], timeoutMs: number): Promise<PcieTopology> {
-  const plan = planHotUnplug(topology, devices.map((d) => d.qemuId));
+export async function detachDevices(
+  vm: VmProcess,
+  topology: PcieTopology,
+  devices: AttachedDevice[],
+  timeoutMs: number,
+): Promise<PcieTopology> {
+  const plan = planHotUnplug(
+    topology,
+    devices.map((d) => d.qemuId),
+  );
   for (const cmd of plan.commands) await vm.qmp.deviceDelAndWait((cmd.arguments as { id: string }).id, timeoutMs);
   return plan.topology;
 }

@@ -113,7 +113,14 @@ export class ContainerManager {
         const result = admitAnnounced(announced, config);
         if (!result.ok) throw admissionError(name, result.differences);
       } else {
-        resize = this.growthFor(live, demand, this.inSandbox(sandboxId).filter((c) => c.state === 'CONTAINER_CREATED').map((c) => c.demand), name);
+        resize = this.growthFor(
+          live,
+          demand,
+          this.inSandbox(sandboxId)
+            .filter((c) => c.state === 'CONTAINER_CREATED')
+            .map((c) => c.demand),
+          name,
+        );
       }
       // The host inventory is read only for a container that brings devices at all.
       const bringsDevices = config.devices.length > 0 || config.CDI_devices.length > 0;
@@ -162,7 +169,9 @@ export class ContainerManager {
       } catch (err) {
         ctx.logger.warn({ err: errorMessage(err), name }, 'container creation failed; rolling back');
         if (attached.length > 0 && live.vm !== undefined) {
-          live.record.topology = await detachDevices(live.vm, live.record.topology, attached, UNPLUG_TIMEOUT_MS).catch(() => live.record.topology);
+          live.record.topology = await detachDevices(live.vm, live.record.topology, attached, UNPLUG_TIMEOUT_MS).catch(
+            () => live.record.topology,
+          );
         }
         if (snapshotMade) await removeContainerSnapshot(rootfs);
         throw err;
@@ -173,27 +182,44 @@ export class ContainerManager {
   private validateCreate(req: CreateContainerRequest__Output, live: LiveSandbox): ContainerConfig__Output {
     const config = req.config;
     if (config === null) throw invalid('CONTAINER_CONFIG_MISSING', 'config is required in CreateContainerRequest');
-    if (config.metadata === null || config.metadata.name === '') throw invalid('CONTAINER_METADATA_INVALID', 'config.metadata.name must not be empty');
-    if (config.image === null || config.image.image === '') throw invalid('CONTAINER_IMAGE_MISSING', 'config.image.image must not be empty');
+    if (config.metadata === null || config.metadata.name === '')
+      throw invalid('CONTAINER_METADATA_INVALID', 'config.metadata.name must not be empty');
+    if (config.image === null || config.image.image === '')
+      throw invalid('CONTAINER_IMAGE_MISSING', 'config.image.image must not be empty');
     if (live.record.state !== 'SANDBOX_READY' || live.vm === undefined) {
-      throw precondition('SANDBOX_NOT_READY', `pod sandbox ${live.record.id} is not ready; containers can only be created in a running sandbox`);
+      throw precondition(
+        'SANDBOX_NOT_READY',
+        `pod sandbox ${live.record.id} is not ready; containers can only be created in a running sandbox`,
+      );
     }
     const { name, attempt } = config.metadata;
     const clash = this.inSandbox(live.record.id).find((c) => c.metadata.name === name && c.metadata.attempt === attempt);
     if (clash !== undefined) {
-      throw alreadyExists('CONTAINER_EXISTS', `container "${name}" (attempt ${attempt}) already exists in pod sandbox ${live.record.id}: ${clash.id}`);
+      throw alreadyExists(
+        'CONTAINER_EXISTS',
+        `container "${name}" (attempt ${attempt}) already exists in pod sandbox ${live.record.id}: ${clash.id}`,
+      );
     }
     return config;
   }
 
   /** For sandboxes sized without pod_resources: does the container fit, or how must the VM grow? */
-  growthFor(live: LiveSandbox, incoming: ContainerRecord['demand'], admitted: Array<ContainerRecord['demand']>, name: string): ResizePlan | undefined {
+  growthFor(
+    live: LiveSandbox,
+    incoming: ContainerRecord['demand'],
+    admitted: Array<ContainerRecord['demand']>,
+    name: string,
+  ): ResizePlan | undefined {
     const handler = resolveHandler(this.deps.config, live.record.handler);
     const fit = fitBudget({ containerName: name, shape: live.record.shape, handler: handler.profile, admitted, incoming });
     if (fit.fits) return undefined;
     const shape = { ...live.record.shape, vcpus: fit.grow.vcpus, memoryMiB: fit.grow.memoryMiB };
     const cpuRequest = [...admitted, incoming].reduce((sum, d) => sum + d.cpuMillicores, 0);
-    return planResize(live.record, { vcpus: shape.vcpus, memoryMiB: shape.memoryMiB, budget: budgetForShape(live.record, shape, cpuRequest) });
+    return planResize(live.record, {
+      vcpus: shape.vcpus,
+      memoryMiB: shape.memoryMiB,
+      budget: budgetForShape(live.record, shape, cpuRequest),
+    });
   }
 
   private requireVm(live: LiveSandbox): NonNullable<LiveSandbox['vm']> {

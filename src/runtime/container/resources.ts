@@ -7,7 +7,7 @@ import type { UpdatePodSandboxResourcesRequest__Output } from '../../generated/r
 import type { PodSandboxConfigInput } from '../../sizing/input.js';
 import { planSizing } from '../../sizing/shape.js';
 import type { HostCapacity } from '../../sizing/types.js';
-import { containerDemand, type AnnouncedPodResources } from '../admission/index.js';
+import { type AnnouncedPodResources, containerDemand } from '../admission/index.js';
 import type { RequestContext } from '../context.js';
 import type { LiveSandbox, SandboxManager } from '../sandbox/manager.js';
 import { applyResize, planResize, type ResizePlan } from '../sandbox/resize.js';
@@ -48,11 +48,21 @@ export class ResizeService {
       let nextPodConfig: Record<string, unknown> | undefined;
       let plan: ResizePlan | undefined;
       if (announced !== undefined && req.kubernetes_resources !== null) {
-        nextPodConfig = { ...live.record.podConfig, pod_resources: withContainerResources(announced, container.metadata.name, req.kubernetes_resources) };
+        nextPodConfig = {
+          ...live.record.podConfig,
+          pod_resources: withContainerResources(announced, container.metadata.name, req.kubernetes_resources),
+        };
         plan = this.replan(live, nextPodConfig);
       } else {
-        const others = this.deps.containers.inSandbox(live.record.id).filter((c) => c.id !== container.id && c.state === 'CONTAINER_CREATED');
-        plan = this.deps.containers.growthFor(live, containerDemand(config as never), others.map((c) => c.demand), container.metadata.name);
+        const others = this.deps.containers
+          .inSandbox(live.record.id)
+          .filter((c) => c.id !== container.id && c.state === 'CONTAINER_CREATED');
+        plan = this.deps.containers.growthFor(
+          live,
+          containerDemand(config as never),
+          others.map((c) => c.demand),
+          container.metadata.name,
+        );
       }
       if (plan?.changed) await applyResize(live, plan, (p) => this.deps.sandboxes.cgroupsFor(p), ctx.logger);
       if (nextPodConfig !== undefined) live.record.podConfig = nextPodConfig;
@@ -105,7 +115,11 @@ function requireRunning(live: LiveSandbox): void {
 }
 
 /** The announced pod resources with one container's Kubernetes resources replaced. */
-function withContainerResources(announced: AnnouncedPodResources, name: string, resources: KubernetesResources__Output): AnnouncedPodResources {
+function withContainerResources(
+  announced: AnnouncedPodResources,
+  name: string,
+  resources: KubernetesResources__Output,
+): AnnouncedPodResources {
   return {
     ...announced,
     containers: (announced.containers ?? []).map((c) => (c.name === name ? { ...c, kubernetes_resources: resources } : c)),

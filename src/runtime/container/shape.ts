@@ -1,6 +1,6 @@
+import type { HostBudget, VmShape } from '../../sizing/types.js';
 import type { AnnouncedPodResources } from '../admission/index.js';
 import type { SandboxRecord } from '../sandbox/record.js';
-import type { HostBudget, VmShape } from '../../sizing/types.js';
 
 const MiB = 1024 * 1024;
 
@@ -15,7 +15,11 @@ export function announcedOf(record: SandboxRecord): AnnouncedPodResources | unde
  * The VMM cgroup budget for a VM of `shape`, the same way the sizing planner builds it: VM memory
  * plus the VMM overhead, vCPUs plus the VMM overhead; `cpuRequestMillicores` is the workload's.
  */
-export function budgetForShape(record: SandboxRecord, shape: Pick<VmShape, 'vcpus' | 'memoryMiB'>, cpuRequestMillicores: number): HostBudget {
+export function budgetForShape(
+  record: SandboxRecord,
+  shape: Pick<VmShape, 'vcpus' | 'memoryMiB'>,
+  cpuRequestMillicores: number,
+): HostBudget {
   const overhead = record.plan.sizing.vmmOverhead;
   return {
     memoryLimitBytes: shape.memoryMiB * MiB + overhead.memoryBytes,

@@ -1,7 +1,7 @@
 import type { Container } from '../../generated/runtime/v1/Container.js';
+import type { ContainerConfig__Output } from '../../generated/runtime/v1/ContainerConfig.js';
 import type { ContainerFilter__Output } from '../../generated/runtime/v1/ContainerFilter.js';
 import type { ContainerStatus } from '../../generated/runtime/v1/ContainerStatus.js';
-import type { ContainerConfig__Output } from '../../generated/runtime/v1/ContainerConfig.js';
 import { matchesLabels } from '../sandbox/views.js';
 import type { ContainerRecord } from './record.js';
 
@@ -15,7 +15,11 @@ export function containerView(r: ContainerRecord): Container {
     id: r.id,
     pod_sandbox_id: r.sandboxId,
     metadata: r.metadata,
-    image: { image: r.image.requested, annotations: configOf(r).image?.annotations ?? {}, user_specified_image: configOf(r).image?.user_specified_image ?? '' },
+    image: {
+      image: r.image.requested,
+      annotations: configOf(r).image?.annotations ?? {},
+      user_specified_image: configOf(r).image?.user_specified_image ?? '',
+    },
     image_ref: r.image.ref,
     state: r.state,
     created_at: r.createdAtNs,

@@ -39,7 +39,17 @@ export function containerHandlers(containers: ContainerManager, resize: ResizeSe
       ctx.annotate({ containerId: record.id, sandboxId: record.sandboxId });
       return {
         status: containerStatusView(record),
-        info: req.verbose ? { info: JSON.stringify({ sandboxId: record.sandboxId, rootfs: record.rootfs, devices: record.devices, demand: record.demand, image: record.image }) } : {},
+        info: req.verbose
+          ? {
+              info: JSON.stringify({
+                sandboxId: record.sandboxId,
+                rootfs: record.rootfs,
+                devices: record.devices,
+                demand: record.demand,
+                image: record.image,
+              }),
+            }
+          : {},
       };
     },
     ListContainers: async (req: ListContainersRequest__Output): Promise<ListContainersResponse> => ({

@@ -1,27 +1,27 @@
 import os from 'node:os';
 import { createCgroupDriver } from '../../cgroups/index.js';
 import type { Logger } from '../../common/logger.js';
-import { ImageService } from '../../images/service.js';
-import { imageServiceHandlers } from '../../images/handlers.js';
-import { readPcieHostFacts } from '../../pcie/index.js';
 import type { KataConfig, LoadedConfig } from '../../config/types.js';
 import type { StatusRequest__Output } from '../../generated/runtime/v1/StatusRequest.js';
 import type { UpdateRuntimeConfigRequest__Output } from '../../generated/runtime/v1/UpdateRuntimeConfigRequest.js';
-import { loadCriPackage } from './proto.js';
-import { runtimeConfigResponse, statusResponse, updateRuntimeConfig, versionResponse } from './runtime-info.js';
-import { startCriServer, type CriServer, type HandlerMap } from './server.js';
-import type { RuntimeFacts } from '../facts.js';
-import { gatherFacts } from '../gather-facts.js';
-import { RuntimeMetrics, serveMetrics, type MetricsEndpoint } from '../metrics.js';
-import { sandboxHandlers } from './sandbox-handlers.js';
-import { containerHandlers } from './container-handlers.js';
+import { imageServiceHandlers } from '../../images/handlers.js';
+import { ImageService } from '../../images/service.js';
+import { readPcieHostFacts } from '../../pcie/index.js';
 import { ContainerManager } from '../container/manager.js';
 import { CONTAINER_RECORD_KIND, type ContainerRecord } from '../container/record.js';
 import { ResizeService } from '../container/resources.js';
 import { containerStatusView } from '../container/views.js';
+import type { RuntimeFacts } from '../facts.js';
+import { gatherFacts } from '../gather-facts.js';
+import { type MetricsEndpoint, RuntimeMetrics, serveMetrics } from '../metrics.js';
 import { SandboxManager } from '../sandbox/manager.js';
 import { SANDBOX_RECORD_KIND, type SandboxRecord } from '../sandbox/record.js';
 import { RecordStore } from '../store.js';
+import { containerHandlers } from './container-handlers.js';
+import { loadCriPackage } from './proto.js';
+import { runtimeConfigResponse, statusResponse, updateRuntimeConfig, versionResponse } from './runtime-info.js';
+import { sandboxHandlers } from './sandbox-handlers.js';
+import { type CriServer, type HandlerMap, startCriServer } from './server.js';
 
 export interface DaemonOptions {
   loaded: LoadedConfig;
@@ -47,7 +47,13 @@ export async function startDaemon(options: DaemonOptions): Promise<Daemon> {
   const logger = options.logger;
   const facts = options.facts ?? (await gatherFacts(options.loaded));
   logger.info(
-    { configPath: facts.configPath, accel: facts.acceleration, cgroupDriver: facts.cgroupDriver, qemu: facts.qemu, guestAssets: facts.guestAssets },
+    {
+      configPath: facts.configPath,
+      accel: facts.acceleration,
+      cgroupDriver: facts.cgroupDriver,
+      qemu: facts.qemu,
+      guestAssets: facts.guestAssets,
+    },
     'kata-ts starting',
   );
   const metrics = new RuntimeMetrics();

@@ -132,7 +132,18 @@ PodResourceConfig: KubernetesResources kubernetes_resources = 2
 
 const ENUM_VALUES: Record<string, Record<string, number>> = {
   CgroupDriver: { SYSTEMD: 0, CGROUPFS: 1 },
-  Signal: { RUNTIME_DEFAULT: 0, SIGABRT: 1, SIGHUP: 8, SIGKILL: 13, SIGQUIT: 18, SIGTERM: 23, SIGUSR1: 29, SIGRTMIN: 35, SIGRTMAXMINUS1: 64, SIGRTMAX: 65 },
+  Signal: {
+    RUNTIME_DEFAULT: 0,
+    SIGABRT: 1,
+    SIGHUP: 8,
+    SIGKILL: 13,
+    SIGQUIT: 18,
+    SIGTERM: 23,
+    SIGUSR1: 29,
+    SIGRTMIN: 35,
+    SIGRTMAXMINUS1: 64,
+    SIGRTMAX: 65,
+  },
   MountPropagation: { PROPAGATION_PRIVATE: 0, PROPAGATION_HOST_TO_CONTAINER: 1, PROPAGATION_BIDIRECTIONAL: 2 },
   NamespaceMode: { POD: 0, CONTAINER: 1, NODE: 2, TARGET: 3 },
   ContainerState: { CONTAINER_CREATED: 0, CONTAINER_RUNNING: 1, CONTAINER_EXITED: 2, CONTAINER_UNKNOWN: 3 },
@@ -237,7 +248,7 @@ function describeField(root: protobuf.Root, message: string, name: string): Fiel
   // From a descriptor set, protobufjs keeps a map as the repeated *Entry message protoc made of it.
   const entry = field.resolvedType;
   if (field.repeated && entry instanceof protobuf.Type && entry.getOption('map_entry') === true) {
-    const [key, value] = [entry.fields['key']!, entry.fields['value']!];
+    const [key, value] = [entry.fields.key!, entry.fields.value!];
     const valueType = value.resolvedType === null ? value.type : value.resolvedType.fullName.replace(/^\.runtime\.v1\./, '');
     return { message, rule: 'map', type: valueType, keyType: key.type, name, number: field.id };
   }
@@ -291,14 +302,20 @@ describe('proto/api.proto', () => {
 
   it('offers every upstream rpc of both services, with their types and streaming, and nothing else', () => {
     const { packageDefinition } = loadCriPackage();
-    for (const [service, rpcs] of [['RuntimeService', RUNTIME_RPCS], ['ImageService', IMAGE_RPCS]] as const) {
+    for (const [service, rpcs] of [
+      ['RuntimeService', RUNTIME_RPCS],
+      ['ImageService', IMAGE_RPCS],
+    ] as const) {
       const reflected = criReflectionRoot().lookupService(`runtime.v1.${service}`);
       expect(Object.keys(reflected.methods).sort()).toEqual(Object.keys(rpcs).sort());
       const definition = packageDefinition[`runtime.v1.${service}`] as Record<string, { path: string; responseStream: boolean }>;
       for (const [rpc, [request, response, streaming]] of Object.entries(rpcs)) {
         const method = reflected.methods[rpc]!;
         expect([method.requestType, method.responseType, method.responseStream === true, method.requestStream === true]).toEqual([
-          request, response, streaming, false,
+          request,
+          response,
+          streaming,
+          false,
         ]);
         expect(definition[rpc]?.path).toBe(`/runtime.v1.${service}/${rpc}`);
         expect(definition[rpc]?.responseStream).toBe(streaming);
@@ -316,7 +333,10 @@ describe('proto/api.proto', () => {
     expect(added.find((f) => f.message === 'ContainerConfig')?.number).not.toBe(18);
     // The four extended upstream messages hold exactly the upstream facts plus the additions.
     for (const message of ['PodSandboxConfig', 'ContainerConfig', 'UpdateContainerResourcesRequest', 'UpdatePodSandboxResourcesRequest']) {
-      const expected = [...upstream, ...added].filter((f) => f.message === message).map((f) => f.name).sort();
+      const expected = [...upstream, ...added]
+        .filter((f) => f.message === message)
+        .map((f) => f.name)
+        .sort();
       expect(Object.keys(criReflectionRoot().lookupType(`runtime.v1.${message}`).fields).sort(), message).toEqual(expected);
     }
   });
@@ -338,7 +358,9 @@ describe('proto/api.proto', () => {
     const root = criReflectionRoot();
     const quantity = root.lookupType('runtime.v1.Quantity');
     // Field 1, wire type 2 (0x0a), length 4, "500m": the bytes apimachinery's Quantity produces.
-    expect(Buffer.from(quantity.encode(quantity.fromObject({ string: '500m' })).finish())).toEqual(Buffer.from([0x0a, 0x04, ...Buffer.from('500m')]));
+    expect(Buffer.from(quantity.encode(quantity.fromObject({ string: '500m' })).finish())).toEqual(
+      Buffer.from([0x0a, 0x04, ...Buffer.from('500m')]),
+    );
     const config = root.lookupType('runtime.v1.ContainerConfig');
     const bytes = Buffer.from(config.encode(config.fromObject({ stop_signal: 'SIGTERM', kubernetes_resources: {} })).finish());
     // stop_signal: tag (18<<3|0) = 0x90 0x01, value 23; kubernetes_resources: tag (1001<<3|2) = 0xca 0x3e, length 0.
@@ -346,14 +368,22 @@ describe('proto/api.proto', () => {
   });
 
   it('round-trips a RunPodSandboxRequest with pod_resources through the grpc-js (de)serializers', () => {
-    const method = (loadCriPackage().packageDefinition['runtime.v1.RuntimeService'] as Record<string, {
-      requestSerialize(v: object): Buffer;
-      requestDeserialize(b: Buffer): object;
-    }>)['RunPodSandbox']!;
+    const method = (
+      loadCriPackage().packageDefinition['runtime.v1.RuntimeService'] as Record<
+        string,
+        {
+          requestSerialize(v: object): Buffer;
+          requestDeserialize(b: Buffer): object;
+        }
+      >
+    ).RunPodSandbox!;
     const request = {
       config: {
         metadata: { name: 'web', uid: 'u-1', namespace: 'default', attempt: 2 },
-        linux: { cgroup_parent: '/kubepods/pod-u-1', resources: { cpu_quota: '200000', cpu_period: '100000', memory_limit_in_bytes: '2147483648' } },
+        linux: {
+          cgroup_parent: '/kubepods/pod-u-1',
+          resources: { cpu_quota: '200000', cpu_period: '100000', memory_limit_in_bytes: '2147483648' },
+        },
         pod_resources: {
           containers: [
             {
@@ -374,13 +404,16 @@ describe('proto/api.proto', () => {
     const pod = decoded.config!.pod_resources!;
     expect(decoded.runtime_handler).toBe('kata-ts');
     expect(decoded.config!.linux!.resources!.memory_limit_in_bytes).toBe('2147483648');
-    expect(pod.containers.map((c) => [c.name, c.type])).toEqual([['app', 'REGULAR_CONTAINER'], ['init', 'INIT_CONTAINER']]);
-    expect(pod.containers[0]!.kubernetes_resources!.requests['memory']!.string).toBe('1Gi');
-    expect(pod.containers[0]!.kubernetes_resources!.limits['cpu']!.string).toBe('2');
+    expect(pod.containers.map((c) => [c.name, c.type])).toEqual([
+      ['app', 'REGULAR_CONTAINER'],
+      ['init', 'INIT_CONTAINER'],
+    ]);
+    expect(pod.containers[0]!.kubernetes_resources!.requests.memory!.string).toBe('1Gi');
+    expect(pod.containers[0]!.kubernetes_resources!.limits.cpu!.string).toBe('2');
     expect(pod.containers[0]!.mounts[0]!.image!.image).toBe('sha256:abc');
     expect(pod.containers[0]!.mounts[0]!.image_sub_path).toBe('sub');
     expect(pod.containers[0]!.CDI_devices[0]!.name).toBe('example.com/gpu=0');
     expect(pod.containers[1]!.kubernetes_resources).toBeNull();
-    expect(pod.kubernetes_resources!.limits['memory']!.string).toBe('3Gi');
+    expect(pod.kubernetes_resources!.limits.memory!.string).toBe('3Gi');
   });
 });

@@ -11,10 +11,15 @@ const RUN = 'runtime.v1.RunPodSandboxRequest';
 
 /** What grpc-js hands a RunPodSandbox handler for `request` (snake_case object) sent by a client. */
 function viaGrpc(request: object): unknown {
-  const method = (loadCriPackage().packageDefinition['runtime.v1.RuntimeService'] as Record<string, {
-    requestSerialize(v: object): Buffer;
-    requestDeserialize(b: Buffer): unknown;
-  }>)['RunPodSandbox']!;
+  const method = (
+    loadCriPackage().packageDefinition['runtime.v1.RuntimeService'] as Record<
+      string,
+      {
+        requestSerialize(v: object): Buffer;
+        requestDeserialize(b: Buffer): unknown;
+      }
+    >
+  ).RunPodSandbox!;
   return method.requestDeserialize(method.requestSerialize(request));
 }
 
@@ -28,7 +33,12 @@ const snake = {
     linux: {
       cgroup_parent: '/kubepods/burstable/podu-1',
       security_context: { namespace_options: { pid: 'CONTAINER' }, run_as_user: { value: '1000' } },
-      resources: { cpu_period: '100000', cpu_quota: '200000', memory_limit_in_bytes: '9223372036854775807', hugepage_limits: [{ page_size: '2MB', limit: '4194304' }] },
+      resources: {
+        cpu_period: '100000',
+        cpu_quota: '200000',
+        memory_limit_in_bytes: '9223372036854775807',
+        hugepage_limits: [{ page_size: '2MB', limit: '4194304' }],
+      },
     },
     pod_resources: {
       containers: [
@@ -36,7 +46,14 @@ const snake = {
           name: 'app',
           type: 'SIDECAR_CONTAINER',
           kubernetes_resources: { requests: { cpu: { string: '500m' } }, limits: { memory: { string: '1Gi' } } },
-          mounts: [{ container_path: '/img', image: { image: 'sha256:00', user_specified_image: 'reg/x:1' }, image_sub_path: 'a/b', uidMappings: [{ host_id: 1000, container_id: 0, length: 1 }] }],
+          mounts: [
+            {
+              container_path: '/img',
+              image: { image: 'sha256:00', user_specified_image: 'reg/x:1' },
+              image_sub_path: 'a/b',
+              uidMappings: [{ host_id: 1000, container_id: 0, length: 1 }],
+            },
+          ],
           devices: [{ container_path: '/dev/x', host_path: '/dev/x', permissions: 'rw' }],
           CDI_devices: [{ name: 'example.com/gpu=0' }],
         },
@@ -57,7 +74,12 @@ const camel = {
     linux: {
       cgroupParent: '/kubepods/burstable/podu-1',
       securityContext: { namespaceOptions: { pid: 1 }, runAsUser: { value: 1000 } },
-      resources: { cpuPeriod: 100000, cpuQuota: '200000', memoryLimitInBytes: '9223372036854775807', hugepageLimits: [{ pageSize: '2MB', limit: 4194304 }] },
+      resources: {
+        cpuPeriod: 100000,
+        cpuQuota: '200000',
+        memoryLimitInBytes: '9223372036854775807',
+        hugepageLimits: [{ pageSize: '2MB', limit: 4194304 }],
+      },
     },
     podResources: {
       containers: [
@@ -65,7 +87,14 @@ const camel = {
           name: 'app',
           type: 1,
           kubernetesResources: { requests: { cpu: { string: '500m' } }, limits: { memory: { string: '1Gi' } } },
-          mounts: [{ containerPath: '/img', image: { image: 'sha256:00', userSpecifiedImage: 'reg/x:1' }, imageSubPath: 'a/b', uidMappings: [{ hostId: 1000, containerId: 0, length: 1 }] }],
+          mounts: [
+            {
+              containerPath: '/img',
+              image: { image: 'sha256:00', userSpecifiedImage: 'reg/x:1' },
+              imageSubPath: 'a/b',
+              uidMappings: [{ hostId: 1000, containerId: 0, length: 1 }],
+            },
+          ],
           devices: [{ containerPath: '/dev/x', hostPath: '/dev/x', permissions: 'rw' }],
           CDIDevices: [{ name: 'example.com/gpu=0' }],
         },
@@ -92,7 +121,11 @@ function rejection(fn: () => unknown, reason = 'PROTOJSON_INVALID'): KataError {
 describe('decodeProtoJson', () => {
   it('maps field names to proto3 JSON names', () => {
     expect(['pod_sandbox_id', 'CDI_devices', 'uidMappings', 'Avg10', 'string'].map(jsonNameOf)).toEqual([
-      'podSandboxId', 'CDIDevices', 'uidMappings', 'Avg10', 'string',
+      'podSandboxId',
+      'CDIDevices',
+      'uidMappings',
+      'Avg10',
+      'string',
     ]);
   });
 
@@ -107,7 +140,7 @@ describe('decodeProtoJson', () => {
     expect(c.linux!.resources!.memory_limit_in_bytes).toBe('9223372036854775807');
     expect(c.linux!.resources!.hugepage_limits[0]!.limit).toBe('4194304');
     expect(c.pod_resources!.containers[0]!.type).toBe('SIDECAR_CONTAINER');
-    expect(c.pod_resources!.containers[0]!.kubernetes_resources!.requests['cpu']!.string).toBe('500m');
+    expect(c.pod_resources!.containers[0]!.kubernetes_resources!.requests.cpu!.string).toBe('500m');
     expect(c.pod_resources!.containers[0]!.CDI_devices[0]!.name).toBe('example.com/gpu=0');
     expect(c.pod_resources!.containers[0]!.mounts[0]!.uidMappings[0]!.host_id).toBe(1000);
   });
@@ -123,7 +156,11 @@ describe('decodeProtoJson', () => {
   });
 
   it('decodes bytes from base64 (standard and URL-safe)', () => {
-    const out = decodeProtoJson<ExecSyncResponse__Output>('runtime.v1.ExecSyncResponse', { stdout: 'aGVsbG8=', stderr: '_-8', exitCode: 3 });
+    const out = decodeProtoJson<ExecSyncResponse__Output>('runtime.v1.ExecSyncResponse', {
+      stdout: 'aGVsbG8=',
+      stderr: '_-8',
+      exitCode: 3,
+    });
     expect(Buffer.from(out.stdout).toString()).toBe('hello');
     expect([...out.stderr]).toEqual([0xff, 0xef]);
     expect(out.exit_code).toBe(3);
@@ -145,18 +182,43 @@ describe('decodeProtoJson', () => {
   });
 
   it.each([
-    ['unknown field', { config: { podResources: { containers: [{ name: 'a' }, { nmae: 'b' }] } } }, 'config.podResources.containers[1].nmae', 'is not a field of runtime.v1.ContainerResourceConfig'],
+    [
+      'unknown field',
+      { config: { podResources: { containers: [{ name: 'a' }, { nmae: 'b' }] } } },
+      'config.podResources.containers[1].nmae',
+      'is not a field of runtime.v1.ContainerResourceConfig',
+    ],
     ['string for int64', { config: { linux: { resources: { cpu_quota: 'lots' } } } }, 'config.linux.resources.cpu_quota', 'int64'],
     ['fraction for int32', { config: { port_mappings: [{ container_port: 1.5 }] } }, 'config.port_mappings[0].container_port', 'int32'],
     ['negative uint32', { config: { metadata: { attempt: -1 } } }, 'config.metadata.attempt', 'uint32'],
-    ['int64 overflow', { config: { linux: { resources: { cpu_shares: '9223372036854775808' } } } }, 'config.linux.resources.cpu_shares', 'int64'],
-    ['unknown enum name', { config: { pod_resources: { containers: [{ type: 'CONTAINER' }] } } }, 'config.pod_resources.containers[0].type', 'runtime.v1.ContainerType'],
+    [
+      'int64 overflow',
+      { config: { linux: { resources: { cpu_shares: '9223372036854775808' } } } },
+      'config.linux.resources.cpu_shares',
+      'int64',
+    ],
+    [
+      'unknown enum name',
+      { config: { pod_resources: { containers: [{ type: 'CONTAINER' }] } } },
+      'config.pod_resources.containers[0].type',
+      'runtime.v1.ContainerType',
+    ],
     ['unknown enum number', { config: { port_mappings: [{ protocol: 7 }] } }, 'config.port_mappings[0].protocol', 'runtime.v1.Protocol'],
     ['map value not a string', { config: { labels: { tier: 3 } } }, 'config.labels["tier"]', 'a string'],
-    ['Quantity given as plain string', { config: { podResources: { kubernetesResources: { limits: { cpu: '2' } } } } }, 'config.podResources.kubernetesResources.limits["cpu"]', 'runtime.v1.Quantity'],
+    [
+      'Quantity given as plain string',
+      { config: { podResources: { kubernetesResources: { limits: { cpu: '2' } } } } },
+      'config.podResources.kubernetesResources.limits["cpu"]',
+      'runtime.v1.Quantity',
+    ],
     ['object where repeated expected', { config: { dnsConfig: { servers: '8.8.8.8' } } }, 'config.dnsConfig.servers', 'array'],
     ['array where message expected', { config: [] }, 'config', 'runtime.v1.PodSandboxConfig'],
-    ['bool as string', { config: { linux: { securityContext: { privileged: 'true' } } } }, 'config.linux.securityContext.privileged', 'bool'],
+    [
+      'bool as string',
+      { config: { linux: { securityContext: { privileged: 'true' } } } },
+      'config.linux.securityContext.privileged',
+      'bool',
+    ],
     ['null inside an array', { config: { portMappings: [null] } }, 'config.portMappings[0]', 'an element'],
     ['same field twice', { runtime_handler: 'a', runtimeHandler: 'b' }, 'runtimeHandler', 'already set as runtime_handler'],
   ])('rejects %s naming the path', (_label, json, path, hint) => {
@@ -168,7 +230,9 @@ describe('decodeProtoJson', () => {
 
   it('rejects a document that is not an object, bad base64 and unknown type names', () => {
     expect(rejection(() => decodeProtoJson(RUN, 'x')).message).toContain('runtime.v1.RunPodSandboxRequest');
-    expect(rejection(() => decodeProtoJson('runtime.v1.ExecSyncResponse', { stdout: 'not base64!' })).message).toMatch(/^stdout must be base64/);
+    expect(rejection(() => decodeProtoJson('runtime.v1.ExecSyncResponse', { stdout: 'not base64!' })).message).toMatch(
+      /^stdout must be base64/,
+    );
     rejection(() => decodeProtoJson('runtime.v1.NoSuchMessage', {}), 'PROTOJSON_UNKNOWN_TYPE');
     rejection(() => decodeProtoJson('runtime.v1.CgroupDriver', {}), 'PROTOJSON_UNKNOWN_TYPE');
   });

@@ -39,7 +39,7 @@ function fieldIndex(type: protobuf.Type): Map<string, protobuf.Field> {
 function describeValue(value: unknown): string {
   if (value === null) return 'null';
   if (Array.isArray(value)) return 'an array';
-  if (typeof value === 'string') return `the string ${JSON.stringify(value.length > 40 ? value.slice(0, 40) + '…' : value)}`;
+  if (typeof value === 'string') return `the string ${JSON.stringify(value.length > 40 ? `${value.slice(0, 40)}…` : value)}`;
   if (typeof value === 'object') return 'an object';
   return `${typeof value} ${String(value)}`;
 }
@@ -99,9 +99,13 @@ function convertBytes(value: unknown, path: string): Buffer {
 }
 
 function convertEnum(enumType: protobuf.Enum, value: unknown, path: string): string | number {
-  if (typeof value === 'string' && Object.prototype.hasOwnProperty.call(enumType.values, value)) return value;
+  if (typeof value === 'string' && Object.hasOwn(enumType.values, value)) return value;
   if (typeof value === 'number' && Number.isInteger(value) && enumType.valuesById[value] !== undefined) return value;
-  return fail(path, `a value of enum ${enumType.fullName.slice(1)} (a name such as ${Object.keys(enumType.values)[0] ?? '?'}, or its number)`, value);
+  return fail(
+    path,
+    `a value of enum ${enumType.fullName.slice(1)} (a name such as ${Object.keys(enumType.values)[0] ?? '?'}, or its number)`,
+    value,
+  );
 }
 
 function convertScalar(scalar: string, value: unknown, path: string): unknown {

@@ -33,10 +33,7 @@ export function statusResponse(config: KataConfig, facts: RuntimeFacts, request:
   // The kubelet looks the pod's RuntimeClass handler up in this list; "" is how it names the
   // default handler (a pod without a RuntimeClass), so the default appears again under "".
   const handlerFeatures = { recursive_read_only_mounts: false, user_namespaces: false };
-  const runtimeHandlers = [
-    { name: '', features: handlerFeatures },
-    ...handlerNames.map((name) => ({ name, features: handlerFeatures })),
-  ];
+  const runtimeHandlers = [{ name: '', features: handlerFeatures }, ...handlerNames.map((name) => ({ name, features: handlerFeatures }))];
   const response: StatusResponse = {
     status: {
       conditions: [

@@ -1,3 +1,4 @@
+import type { ContainerStatus } from '../../generated/runtime/v1/ContainerStatus.js';
 import type { ListPodSandboxRequest__Output } from '../../generated/runtime/v1/ListPodSandboxRequest.js';
 import type { ListPodSandboxResponse } from '../../generated/runtime/v1/ListPodSandboxResponse.js';
 import type { PodSandboxStatusRequest__Output } from '../../generated/runtime/v1/PodSandboxStatusRequest.js';
@@ -6,7 +7,6 @@ import type { RemovePodSandboxRequest__Output } from '../../generated/runtime/v1
 import type { RunPodSandboxRequest__Output } from '../../generated/runtime/v1/RunPodSandboxRequest.js';
 import type { RunPodSandboxResponse } from '../../generated/runtime/v1/RunPodSandboxResponse.js';
 import type { StopPodSandboxRequest__Output } from '../../generated/runtime/v1/StopPodSandboxRequest.js';
-import type { ContainerStatus } from '../../generated/runtime/v1/ContainerStatus.js';
 import { sandboxVerboseInfo } from '../sandbox/info.js';
 import type { LiveSandbox, SandboxManager } from '../sandbox/manager.js';
 import { nowNs } from '../sandbox/record.js';

@@ -1,16 +1,16 @@
 import { promises as fsp } from 'node:fs';
 import {
-  Server,
-  ServerCredentials,
   status as GrpcStatus,
   type MethodDefinition,
-  type ServiceDefinition,
-  type UntypedServiceImplementation,
+  Server,
+  ServerCredentials,
   type ServerUnaryCall,
-  type sendUnaryData,
   type ServerWritableStream,
+  type ServiceDefinition,
+  type sendUnaryData,
+  type UntypedServiceImplementation,
 } from '@grpc/grpc-js';
-import { cancelled, invalid, unimplemented, isKataError } from '../../common/errors.js';
+import { cancelled, invalid, isKataError, unimplemented } from '../../common/errors.js';
 import type { Logger } from '../../common/logger.js';
 import type { RequestContext } from '../context.js';
 import type { RuntimeMetrics } from '../metrics.js';
@@ -140,7 +140,8 @@ function unaryImplementation(
       opts.metrics.observe(method, codeName, seconds);
       const line = { ...fields, code: codeName, durationMs: Math.round(seconds * 1e6) / 1e3 };
       if (err === undefined) logger.info(line, 'request done');
-      else if (isKataError(err) && err.kind !== 'internal') logger.warn({ ...line, reason: err.reason, err: err.message }, 'request refused');
+      else if (isKataError(err) && err.kind !== 'internal')
+        logger.warn({ ...line, reason: err.reason, err: err.message }, 'request refused');
       else logger.error({ ...line, err }, 'request failed');
     }
   };

@@ -1,4 +1,4 @@
-import { promises as fsp } from 'node:fs';
+import { promises as fsp, type Stats } from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
 import { errnoCode, precondition } from '../../common/errors.js';
@@ -26,7 +26,7 @@ function somethingListens(socketPath: string, timeoutMs = 1000): Promise<boolean
  */
 export async function prepareSocketPath(socketPath: string, logger: Logger): Promise<void> {
   await fsp.mkdir(path.dirname(socketPath), { recursive: true, mode: 0o750 });
-  let stat;
+  let stat: Stats;
   try {
     stat = await fsp.lstat(socketPath);
   } catch (err) {

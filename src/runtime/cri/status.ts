@@ -1,6 +1,5 @@
-import { status as GrpcStatus, type ServiceError } from '@grpc/grpc-js';
-import { Metadata } from '@grpc/grpc-js';
-import { isKataError, type ErrorKind } from '../../common/errors.js';
+import { status as GrpcStatus, Metadata, type ServiceError } from '@grpc/grpc-js';
+import { type ErrorKind, isKataError } from '../../common/errors.js';
 
 const KIND_TO_STATUS: Record<ErrorKind, GrpcStatus> = {
   invalid: GrpcStatus.INVALID_ARGUMENT,

@@ -6,7 +6,7 @@ import type { Logger } from '../../common/logger.js';
 import type { ResolvedHandler } from '../../config/handlers.js';
 import type { KataConfig } from '../../config/types.js';
 import type { PodSandboxConfig__Output } from '../../generated/runtime/v1/PodSandboxConfig.js';
-import { checkGuestAssets, startVm, vmPaths, type VmProcess } from '../../hypervisor/index.js';
+import { checkGuestAssets, startVm, type VmProcess, vmPaths } from '../../hypervisor/index.js';
 import { getKubeletPodResources, type KubeletPodResources, type PcieHostFacts } from '../../pcie/index.js';
 import type { HostCapacity } from '../../sizing/types.js';
 import { withSignal } from '../deadline.js';
@@ -107,7 +107,14 @@ export async function createSandbox(deps: CreateDeps, req: CreateRequest): Promi
     recordWritten = true;
     req.signal.throwIfAborted();
 
-    vm = await startVm({ qemuBinary: plan.qemu.binary, argv: plan.qemu.argv, workDir, paths, logger: log, qmpTimeoutMs: config.hypervisor.qmpTimeoutMs });
+    vm = await startVm({
+      qemuBinary: plan.qemu.binary,
+      argv: plan.qemu.argv,
+      workDir,
+      paths,
+      logger: log,
+      qmpTimeoutMs: config.hypervisor.qmpTimeoutMs,
+    });
     record.vmm = { pid: vm.pid, startTimeTicks: vm.startTimeTicks, workDir, ...paths };
     await deps.store.put(record);
     req.signal.throwIfAborted();

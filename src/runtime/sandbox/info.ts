@@ -13,10 +13,7 @@ export interface QmpSizes {
 const MiB = 1024 * 1024;
 
 export async function qmpSizes(vm: VmProcess, timeoutMs = 3000): Promise<QmpSizes> {
-  const [cpus, memory] = await Promise.all([
-    vm.qmp.queryCpusFast({ timeoutMs }),
-    vm.qmp.queryMemorySizeSummary({ timeoutMs }),
-  ]);
+  const [cpus, memory] = await Promise.all([vm.qmp.queryCpusFast({ timeoutMs }), vm.qmp.queryMemorySizeSummary({ timeoutMs })]);
   return {
     vcpus: cpus.length,
     baseMemoryMiB: Math.round(memory['base-memory'] / MiB),
@@ -69,7 +66,12 @@ export async function sandboxVerboseInfo(live: LiveSandbox, cgroups: CgroupDrive
     shape: record.shape,
     qmp,
     pci,
-    topology: record.topology.ports.map((p) => ({ id: p.id, use: p.use, reservedFor: p.reservedFor, occupant: p.occupant?.qemuId ?? null })),
+    topology: record.topology.ports.map((p) => ({
+      id: p.id,
+      use: p.use,
+      reservedFor: p.reservedFor,
+      occupant: p.occupant?.qemuId ?? null,
+    })),
     guest: record.guest,
     exit: record.exit,
     plan: {

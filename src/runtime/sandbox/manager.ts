@@ -6,12 +6,12 @@ import type { Logger } from '../../common/logger.js';
 import { resolveHandler } from '../../config/handlers.js';
 import type { PodSandboxFilter__Output } from '../../generated/runtime/v1/PodSandboxFilter.js';
 import type { RunPodSandboxRequest__Output } from '../../generated/runtime/v1/RunPodSandboxRequest.js';
-import { isSameLiveProcess, type ExitInfo, type VmProcess } from '../../hypervisor/index.js';
+import { type ExitInfo, isSameLiveProcess, type VmProcess } from '../../hypervisor/index.js';
 import type { RequestContext } from '../context.js';
 import { boundedTimeoutMs } from '../deadline.js';
 import { KeyedMutex } from '../locks.js';
 import type { RuntimeMetrics } from '../metrics.js';
-import { createSandbox, type CreateDeps } from './create.js';
+import { type CreateDeps, createSandbox } from './create.js';
 import { killAndWait } from './orphans.js';
 import { sandboxWorkDir } from './paths.js';
 import { identityKey, type SandboxExitRecord, type SandboxRecord } from './record.js';
@@ -134,7 +134,9 @@ export class SandboxManager {
       return;
     }
     ctx.annotate({ sandboxId: live.record.id });
-    await this.locks.run(live.record.id, () => this.stopLocked(live, boundedTimeoutMs(this.deps.config.hypervisor.stopTimeoutMs, ctx, 1000)));
+    await this.locks.run(live.record.id, () =>
+      this.stopLocked(live, boundedTimeoutMs(this.deps.config.hypervisor.stopTimeoutMs, ctx, 1000)),
+    );
   }
 
   private async stopLocked(live: LiveSandbox, timeoutMs: number): Promise<void> {
@@ -209,22 +211,24 @@ export class SandboxManager {
 
   /** A VM that exits without StopPodSandbox makes its sandbox NOTREADY at once, with why. */
   private watchExit(live: LiveSandbox, vm: VmProcess): void {
-    void vm.exited.then(async (exit) => {
-      if (live.vm !== vm || live.stopping) return;
-      // Visible to List/Status immediately; the record follows under the lock.
-      live.record.state = 'SANDBOX_NOTREADY';
-      this.updateGauge();
-      const record = await this.exitRecord(vm, exit, exit.shutdownReason ?? 'unexpected');
-      this.deps.logger.error({ sandboxId: live.record.id, pid: vm.pid, exit: record }, 'VM exited on its own; sandbox is NOTREADY');
-      await this.locks.run(live.record.id, async () => {
-        if (live.vm !== vm || !this.sandboxes.has(live.record.id)) return;
-        live.vm = undefined;
-        live.record.phase = 'stopped';
-        live.record.exit = record;
-        await this.hooks.onStopped?.(live);
-        await this.deps.store.put(live.record);
-      });
-    }).catch((err: unknown) => this.deps.logger.error({ err: errorMessage(err), sandboxId: live.record.id }, 'recording a VM exit failed'));
+    void vm.exited
+      .then(async (exit) => {
+        if (live.vm !== vm || live.stopping) return;
+        // Visible to List/Status immediately; the record follows under the lock.
+        live.record.state = 'SANDBOX_NOTREADY';
+        this.updateGauge();
+        const record = await this.exitRecord(vm, exit, exit.shutdownReason ?? 'unexpected');
+        this.deps.logger.error({ sandboxId: live.record.id, pid: vm.pid, exit: record }, 'VM exited on its own; sandbox is NOTREADY');
+        await this.locks.run(live.record.id, async () => {
+          if (live.vm !== vm || !this.sandboxes.has(live.record.id)) return;
+          live.vm = undefined;
+          live.record.phase = 'stopped';
+          live.record.exit = record;
+          await this.hooks.onStopped?.(live);
+          await this.deps.store.put(live.record);
+        });
+      })
+      .catch((err: unknown) => this.deps.logger.error({ err: errorMessage(err), sandboxId: live.record.id }, 'recording a VM exit failed'));
   }
 
   private async exitRecord(vm: VmProcess, exit: ExitInfo, reason: string): Promise<SandboxExitRecord> {

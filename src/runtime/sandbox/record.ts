@@ -1,8 +1,8 @@
 import type { CgroupDriverName, PlacementRecord } from '../../cgroups/index.js';
 import type { PcieTopology } from '../../pcie/index.js';
 import type { VmShape } from '../../sizing/types.js';
-import type { RecordKind } from '../store.js';
 import type { SandboxPlan } from '../plan.js';
+import type { RecordKind } from '../store.js';
 
 /** CRI sandbox states, spelled as the proto enum. */
 export type SandboxState = 'SANDBOX_READY' | 'SANDBOX_NOTREADY';
@@ -76,8 +76,24 @@ export const SANDBOX_RECORD_KIND: RecordKind = {
     type: 'object',
     additionalProperties: false,
     required: [
-      'id', 'phase', 'state', 'createdAtNs', 'metadata', 'labels', 'annotations', 'runtimeHandler', 'handler', 'cgroupDriver',
-      'podConfig', 'plan', 'shape', 'topology', 'vmm', 'placement', 'guest', 'exit',
+      'id',
+      'phase',
+      'state',
+      'createdAtNs',
+      'metadata',
+      'labels',
+      'annotations',
+      'runtimeHandler',
+      'handler',
+      'cgroupDriver',
+      'podConfig',
+      'plan',
+      'shape',
+      'topology',
+      'vmm',
+      'placement',
+      'guest',
+      'exit',
     ],
     properties: {
       id: { type: 'string', pattern: '^[0-9a-f]{64}$' },
@@ -88,7 +104,12 @@ export const SANDBOX_RECORD_KIND: RecordKind = {
         type: 'object',
         additionalProperties: false,
         required: ['name', 'uid', 'namespace', 'attempt'],
-        properties: { name: { type: 'string' }, uid: { type: 'string' }, namespace: { type: 'string' }, attempt: { type: 'integer', minimum: 0 } },
+        properties: {
+          name: { type: 'string' },
+          uid: { type: 'string' },
+          namespace: { type: 'string' },
+          attempt: { type: 'integer', minimum: 0 },
+        },
       },
       labels: stringMap,
       annotations: stringMap,

@@ -44,10 +44,15 @@ export function planResize(record: SandboxRecord, target: ResizeTarget): ResizeP
   }
   const problems: string[] = [];
   if (target.vcpus > current.maxVcpus) problems.push(`${target.vcpus} vCPUs exceed the ${current.maxVcpus} planned at boot`);
-  if (target.memoryMiB > current.maxMemoryMiB) problems.push(`${target.memoryMiB} MiB exceed the ${current.maxMemoryMiB} MiB planned at boot`);
+  if (target.memoryMiB > current.maxMemoryMiB)
+    problems.push(`${target.memoryMiB} MiB exceed the ${current.maxMemoryMiB} MiB planned at boot`);
   if (problems.length > 0) {
     throw exhausted('RESIZE_BEYOND_HEADROOM', `sandbox ${record.id} cannot grow: ${problems.join(', ')}`, {
-      details: { current: { vcpus: current.vcpus, memoryMiB: current.memoryMiB }, target: { vcpus: target.vcpus, memoryMiB: target.memoryMiB }, max: { vcpus: current.maxVcpus, memoryMiB: current.maxMemoryMiB } },
+      details: {
+        current: { vcpus: current.vcpus, memoryMiB: current.memoryMiB },
+        target: { vcpus: target.vcpus, memoryMiB: target.memoryMiB },
+        max: { vcpus: current.maxVcpus, memoryMiB: current.maxMemoryMiB },
+      },
     });
   }
   return { shape: { ...current, vcpus, memoryMiB }, addVcpus: vcpus - current.vcpus, virtioMemMiB, budget: target.budget, changed };

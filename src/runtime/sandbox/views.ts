@@ -1,7 +1,7 @@
+import type { NamespaceOption } from '../../generated/runtime/v1/NamespaceOption.js';
 import type { PodSandbox } from '../../generated/runtime/v1/PodSandbox.js';
 import type { PodSandboxFilter__Output } from '../../generated/runtime/v1/PodSandboxFilter.js';
 import type { PodSandboxStatus } from '../../generated/runtime/v1/PodSandboxStatus.js';
-import type { NamespaceOption } from '../../generated/runtime/v1/NamespaceOption.js';
 import type { SandboxRecord } from './record.js';
 
 /** What ListPodSandbox returns for one sandbox. */

@@ -11,7 +11,7 @@ import { promises as fsp } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { parseProcCgroup, type CgroupMount } from '../../../src/cgroups/procfs.js';
+import { type CgroupMount, parseProcCgroup } from '../../../src/cgroups/procfs.js';
 import { createPrivateCgroups, removePrivateCgroups } from '../../helpers/cgroups-private.js';
 
 const HERE = path.dirname(fileURLToPath(import.meta.url));
@@ -46,7 +46,9 @@ export async function assertPid1AtRoot(): Promise<string> {
   const text = await readText('/proc/1/cgroup');
   const bad = parseProcCgroup(text).filter((e) => e.path !== '/');
   if (bad.length > 0) {
-    throw new HarnessRefused(`PID 1 is not at the root cgroup (${bad.map((e) => `${e.controllers.join(',')}:${e.path}`).join(' ')}); refusing to run systemd.`);
+    throw new HarnessRefused(
+      `PID 1 is not at the root cgroup (${bad.map((e) => `${e.controllers.join(',')}:${e.path}`).join(' ')}); refusing to run systemd.`,
+    );
   }
   return text;
 }
@@ -134,7 +136,10 @@ export async function runConfinedSystemd<T>(opts: HarnessOptions): Promise<Harne
       stderr,
       result: resultText === undefined ? undefined : (JSON.parse(resultText) as T),
       systemdLog: await readText(path.join(work, 'systemd.log')).catch(() => ''),
-      systemdStarted: await fsp.stat(path.join(work, 'systemd.pid')).then(() => true, () => false),
+      systemdStarted: await fsp.stat(path.join(work, 'systemd.pid')).then(
+        () => true,
+        () => false,
+      ),
     };
   } finally {
     // The pid namespace's init has exited, so the kernel has killed everything inside; a process
@@ -148,6 +153,7 @@ export async function runConfinedSystemd<T>(opts: HarnessOptions): Promise<Harne
       // Loud on purpose: this is the one thing that must never happen.
       const message = `PID 1's cgroups changed during the systemd harness run:\nbefore:\n${pid1Before}\nafter:\n${pid1After}`;
       console.error(`!!! ${message}`);
+      // biome-ignore lint/correctness/noUnsafeFinally: a changed PID 1 must win over any other outcome of the run.
       throw new Error(message);
     }
   }

@@ -5,13 +5,19 @@
  * test (test/integration/cgroups/systemd.test.ts) asserts on it. Nothing here asserts, so that
  * every observation reaches the outer test even when one step misbehaves.
  */
-import { execFile, spawn, type ChildProcess } from 'node:child_process';
+import { type ChildProcess, execFile, spawn } from 'node:child_process';
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
 import { promisify } from 'node:util';
+import {
+  type CgroupDriver,
+  createCgroupDriver,
+  type PlacementRecord,
+  probeSystemdManager,
+  type VmmLimits,
+} from '../../../src/cgroups/index.js';
 import { KataError } from '../../../src/common/errors.js';
 import { silentLogger } from '../../../src/common/logger.js';
-import { createCgroupDriver, probeSystemdManager, type CgroupDriver, type PlacementRecord, type VmmLimits } from '../../../src/cgroups/index.js';
 
 const run = promisify(execFile);
 const address = process.env.DBUS_SESSION_BUS_ADDRESS as string;
@@ -56,7 +62,10 @@ async function show(unit: string, props: string[]): Promise<Record<string, strin
 }
 
 async function readOr(file: string): Promise<string | null> {
-  return fsp.readFile(file, 'utf8').then((t) => t.trim(), () => null);
+  return fsp.readFile(file, 'utf8').then(
+    (t) => t.trim(),
+    () => null,
+  );
 }
 
 /** The limit files of the scope, read from the hierarchies the user manager realises. */
@@ -71,8 +80,23 @@ async function limitFiles(controlGroup: string): Promise<Record<string, string |
   };
 }
 
-const UNIT_PROPS = ['LoadState', 'ActiveState', 'ControlGroup', 'Slice', 'Delegate', 'Description', 'DefaultDependencies',
-  'CPUAccounting', 'MemoryAccounting', 'TasksAccounting', 'MemoryLimit', 'MemoryMax', 'CPUShares', 'CPUWeight', 'CPUQuotaPerSecUSec'];
+const UNIT_PROPS = [
+  'LoadState',
+  'ActiveState',
+  'ControlGroup',
+  'Slice',
+  'Delegate',
+  'Description',
+  'DefaultDependencies',
+  'CPUAccounting',
+  'MemoryAccounting',
+  'TasksAccounting',
+  'MemoryLimit',
+  'MemoryMax',
+  'CPUShares',
+  'CPUWeight',
+  'CPUQuotaPerSecUSec',
+];
 
 async function observePlacement(driver: CgroupDriver, record: PlacementRecord, pid: number) {
   const unit = record.unit as string;
@@ -111,7 +135,9 @@ async function main(): Promise<void> {
 
   // 1. Placement in the pod slice, then resize, then teardown after the process is gone.
   const a = startSleep();
-  const placed = await attempt(() => driver.place({ sandboxId: sid(1), cgroupParent: podSlicePath, pid: a.pid as number, limits: limitsA }));
+  const placed = await attempt(() =>
+    driver.place({ sandboxId: sid(1), cgroupParent: podSlicePath, pid: a.pid as number, limits: limitsA }),
+  );
   out.place = placed.ok ? await observePlacement(driver, placed.value, a.pid as number) : placed;
   if (placed.ok) {
     const updated = await attempt(() => driver.update(placed.value, limitsB));
@@ -120,7 +146,17 @@ async function main(): Promise<void> {
     out.remove = await attempt(() => driver.remove(updated.ok ? updated.value : placed.value));
     out.afterRemove = {
       props: await show(placed.value.unit as string, ['LoadState', 'ActiveState']),
-      dirs: Object.fromEntries(await Promise.all(Object.entries(placed.value.paths).map(async ([k, d]) => [k, await fsp.stat(d).then(() => true, () => false)]))),
+      dirs: Object.fromEntries(
+        await Promise.all(
+          Object.entries(placed.value.paths).map(async ([k, d]) => [
+            k,
+            await fsp.stat(d).then(
+              () => true,
+              () => false,
+            ),
+          ]),
+        ),
+      ),
     };
     out.removeAgain = await attempt(() => driver.remove(placed.value));
   }
@@ -137,7 +173,9 @@ async function main(): Promise<void> {
   }
   const staleExit = new Promise<string>((resolve) => stale.once('exit', (code, sig) => resolve(`${code}/${sig}`)));
   const c = startSleep();
-  const retried = await attempt(() => driver.place({ sandboxId: sid(2), cgroupParent: podSlicePath, pid: c.pid as number, limits: limitsA }));
+  const retried = await attempt(() =>
+    driver.place({ sandboxId: sid(2), cgroupParent: podSlicePath, pid: c.pid as number, limits: limitsA }),
+  );
   out.unitExists = {
     staleActiveBefore: staleActive,
     stalePid: stale.pid,
@@ -148,7 +186,10 @@ async function main(): Promise<void> {
   if (retried.ok) await driver.remove(retried.value);
 
   // 3. Empty parent (crictl): the manager's default slice. A bare slice name.
-  for (const [key, parent, n] of [['emptyParent', '', 3], ['bareSlice', 'kata-test-bare.slice', 4]] as const) {
+  for (const [key, parent, n] of [
+    ['emptyParent', '', 3],
+    ['bareSlice', 'kata-test-bare.slice', 4],
+  ] as const) {
     const p = startSleep();
     const r = await attempt(() => driver.place({ sandboxId: sid(n), cgroupParent: parent, pid: p.pid as number, limits: limitsA }));
     out[key] = r.ok ? await observePlacement(driver, r.value, p.pid as number) : r;
@@ -159,14 +200,33 @@ async function main(): Promise<void> {
   // 4. Refusals: nothing may be left behind by any of them.
   const d = startSleep();
   out.refusals = {
-    cgroupfsStyle: await attempt(() => driver.place({ sandboxId: sid(5), cgroupParent: '/kubepods/burstable/pod123', pid: d.pid as number, limits: limitsA })),
-    invalidSlice: await attempt(() => driver.place({ sandboxId: sid(6), cgroupParent: 'kubepods--x.slice', pid: d.pid as number, limits: limitsA })),
-    mismatchedPath: await attempt(() => driver.place({ sandboxId: sid(7), cgroupParent: '/a.slice/b.slice', pid: d.pid as number, limits: limitsA })),
+    cgroupfsStyle: await attempt(() =>
+      driver.place({ sandboxId: sid(5), cgroupParent: '/kubepods/burstable/pod123', pid: d.pid as number, limits: limitsA }),
+    ),
+    invalidSlice: await attempt(() =>
+      driver.place({ sandboxId: sid(6), cgroupParent: 'kubepods--x.slice', pid: d.pid as number, limits: limitsA }),
+    ),
+    mismatchedPath: await attempt(() =>
+      driver.place({ sandboxId: sid(7), cgroupParent: '/a.slice/b.slice', pid: d.pid as number, limits: limitsA }),
+    ),
     deadPid: await attempt(() => driver.place({ sandboxId: sid(8), cgroupParent: podSlicePath, pid: 4_000_000, limits: limitsA })),
-    updateMissing: await attempt(() => driver.update({ driver: 'systemd', cgroupParent: '', mode: 'hybrid', unit: `kata-ts-${sid(9)}.scope`, paths: {}, limits: limitsA }, limitsB)),
+    updateMissing: await attempt(() =>
+      driver.update(
+        { driver: 'systemd', cgroupParent: '', mode: 'hybrid', unit: `kata-ts-${sid(9)}.scope`, paths: {}, limits: limitsA },
+        limitsB,
+      ),
+    ),
     unreachable: await attempt(() =>
-      createCgroupDriver('systemd', { cgroupRoot: '/sys/fs/cgroup', dbusAddress: 'unix:path=/nonexistent/kata-ts-bus', logger, timeoutMs: 5_000 }).place({
-        sandboxId: sid(10), cgroupParent: podSlicePath, pid: d.pid as number, limits: limitsA,
+      createCgroupDriver('systemd', {
+        cgroupRoot: '/sys/fs/cgroup',
+        dbusAddress: 'unix:path=/nonexistent/kata-ts-bus',
+        logger,
+        timeoutMs: 5_000,
+      }).place({
+        sandboxId: sid(10),
+        cgroupParent: podSlicePath,
+        pid: d.pid as number,
+        limits: limitsA,
       }),
     ),
     dProcCgroup: await readOr(`/proc/${d.pid}/cgroup`),

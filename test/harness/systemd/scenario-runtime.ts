@@ -18,17 +18,17 @@
 import { randomUUID } from 'node:crypto';
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
-import { silentLogger } from '../../../src/common/logger.js';
 import { probeSystemdManager } from '../../../src/cgroups/index.js';
+import { silentLogger } from '../../../src/common/logger.js';
 import { readProcStat } from '../../../src/hypervisor/index.js';
-import { startDaemonProcess, stateLeftovers, type DaemonProcess } from '../../helpers/cgroups-daemon.js';
+import { type DaemonProcess, startDaemonProcess, stateLeftovers } from '../../helpers/cgroups-daemon.js';
 import {
   carriesMarker,
   dirsPresent,
   kataUnits,
   pidsMentioning,
-  readOr,
   RUN_MARKER_VAR,
+  readOr,
   systemctlShow,
   v1LimitFiles,
 } from '../../helpers/cgroups-observe.js';
@@ -41,7 +41,17 @@ const SYSTEMD_DIR = '/run/systemd/system';
 const out: Record<string, unknown> = {};
 const daemons: DaemonProcess[] = [];
 
-const UNIT_PROPS = ['LoadState', 'ActiveState', 'ControlGroup', 'Slice', 'Delegate', 'DefaultDependencies', 'MemoryLimit', 'CPUShares', 'CPUQuotaPerSecUSec'];
+const UNIT_PROPS = [
+  'LoadState',
+  'ActiveState',
+  'ControlGroup',
+  'Slice',
+  'Delegate',
+  'DefaultDependencies',
+  'MemoryLimit',
+  'CPUShares',
+  'CPUQuotaPerSecUSec',
+];
 
 /** A pod as a kubelet describes it, with a cgroup_parent of the given style. */
 function pod(name: string, style: 'systemd' | 'cgroupfs') {
@@ -102,7 +112,10 @@ type SandboxView = { error: unknown } | { state: string; info: Record<string, un
 
 /** PodSandboxStatus, verbose: the state and the parsed `info` JSON (pid, cgroup, plan, ...). */
 async function sandboxInfo(d: DaemonProcess, id: string): Promise<SandboxView> {
-  const res = await d.cri.call<{ status: { state: string }; info: Record<string, string> }>('PodSandboxStatus', { pod_sandbox_id: id, verbose: true });
+  const res = await d.cri.call<{ status: { state: string }; info: Record<string, string> }>('PodSandboxStatus', {
+    pod_sandbox_id: id,
+    verbose: true,
+  });
   if (!res.ok) return { error: res };
   return { state: res.value.status.state, info: JSON.parse(res.value.info.info ?? 'null') as Record<string, unknown> & { pid: number } };
 }
@@ -123,7 +136,11 @@ async function bootAndTearDown(d: DaemonProcess, p: ReturnType<typeof pod>, obse
   const stop = await d.cri.call('StopPodSandbox', { pod_sandbox_id: id });
   const afterStop = { alive: alive(pid), units: await kataUnits(), status: await sandboxInfo(d, id) };
   const remove = await d.cri.call('RemovePodSandbox', { pod_sandbox_id: id });
-  const afterRemove = { alive: alive(pid), statusAfter: await d.cri.call('PodSandboxStatus', { pod_sandbox_id: id }), ...(await hostTraces(d)) };
+  const afterRemove = {
+    alive: alive(pid),
+    statusAfter: await d.cri.call('PodSandboxStatus', { pod_sandbox_id: id }),
+    ...(await hostTraces(d)),
+  };
   return { run: ran, id, status, running, stop, afterStop, remove, afterRemove };
 }
 
@@ -157,7 +174,10 @@ async function waitForManager(): Promise<unknown> {
 
 async function main(): Promise<void> {
   out.probe = await waitForManager();
-  out.systemdDirExists = await fsp.stat(SYSTEMD_DIR).then((s) => s.isDirectory(), () => false);
+  out.systemdDirExists = await fsp.stat(SYSTEMD_DIR).then(
+    (s) => s.isDirectory(),
+    () => false,
+  );
   // The processes the outer test looks for afterwards must really carry the marker.
   const sdPid = Number(await readOr(path.join(work, 'systemd.pid')));
   const busPid = Number((await systemctlShow('dbus.service', ['MainPID'])).MainPID);
@@ -247,7 +267,10 @@ async function main(): Promise<void> {
       mismatch,
       afterMismatch,
       boot,
-      afterRemoveDirs: { leaf: 'id' in boot ? await dirsPresent(CGROUP_ROOT, `${p.cgroupParent}/kata-ts-${boot.id}`) : null, kubepods: await dirsPresent(CGROUP_ROOT, 'kubepods') },
+      afterRemoveDirs: {
+        leaf: 'id' in boot ? await dirsPresent(CGROUP_ROOT, `${p.cgroupParent}/kata-ts-${boot.id}`) : null,
+        kubepods: await dirsPresent(CGROUP_ROOT, 'kubepods'),
+      },
       placements: await placementsLogged(d),
     };
     await d.stop();

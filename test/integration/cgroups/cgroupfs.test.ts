@@ -8,11 +8,18 @@ import type { ChildProcess } from 'node:child_process';
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
 import { afterAll, afterEach, beforeEach, describe, expect, it } from 'vitest';
-import { silentLogger } from '../../../src/common/logger.js';
-import { createCgroupDriver, detectCgroupMode, type CgroupDriver, type CgroupFs, type PlacementRecord, type VmmLimits } from '../../../src/cgroups/index.js';
 import { realCgroupFs } from '../../../src/cgroups/fsops.js';
+import {
+  type CgroupDriver,
+  type CgroupFs,
+  createCgroupDriver,
+  detectCgroupMode,
+  type PlacementRecord,
+  type VmmLimits,
+} from '../../../src/cgroups/index.js';
 import { planLimits } from '../../../src/cgroups/limits.js';
 import { parseProcCgroup } from '../../../src/cgroups/procfs.js';
+import { silentLogger } from '../../../src/common/logger.js';
 import { assertMachineClean } from '../../helpers/cgroups-machine.js';
 import {
   createPrivateCgroups,
@@ -20,10 +27,10 @@ import {
   killOwned,
   linkRoot,
   mkdirEverywhere,
+  type PrivateCgroups,
   removePrivateCgroups,
   startOwnedSleep,
   treeDeepestFirst,
-  type PrivateCgroups,
 } from '../../helpers/cgroups-private.js';
 import { rejection } from '../../helpers/kata-error.js';
 
@@ -76,7 +83,6 @@ async function expectAllHome(pid: number): Promise<void> {
   const paths = await procPaths(pid);
   for (const h of pc.hierarchies) expect(paths[h.name], h.name).toBe(`${h.procPath}/home`);
 }
-
 
 beforeEach(async () => {
   owned = [];
@@ -137,7 +143,11 @@ describe('cgroupfs driver on real cgroup v1 hybrid', () => {
       expect(await read(path.join(record.paths.cpuset as string, f))).toBe(await read(path.join(cpuset.dir, f)));
     }
     expect(await read(path.join(record.paths.pids as string, 'pids.current'))).toBe('1');
-    expect(driver.describe(record)).toMatchObject({ cgroupDriver: 'cgroupfs', cgroupMode: 'hybrid', 'cgroupPath.memory': record.paths.memory });
+    expect(driver.describe(record)).toMatchObject({
+      cgroupDriver: 'cgroupfs',
+      cgroupMode: 'hybrid',
+      'cgroupPath.memory': record.paths.memory,
+    });
 
     // Resize, including lifting the CPU quota.
     const resized = await driver.update(record, { cpuQuotaMillicores: 0, cpuRequestMillicores: 2000, memoryLimitBytes: 1024 * MiB });
@@ -162,7 +172,12 @@ describe('cgroupfs driver on real cgroup v1 hybrid', () => {
     await driver.remove(record);
     for (const h of pc.hierarchies) {
       expect(await fsp.stat(path.join(h.dir, podRel)).then(() => true)).toBe(true);
-      expect(await fsp.stat(path.join(h.dir, podRel, leafName)).then(() => true, () => false)).toBe(false);
+      expect(
+        await fsp.stat(path.join(h.dir, podRel, leafName)).then(
+          () => true,
+          () => false,
+        ),
+      ).toBe(false);
     }
   });
 
@@ -177,7 +192,12 @@ describe('cgroupfs driver on real cgroup v1 hybrid', () => {
     await driver.remove(found);
     for (const h of pc.hierarchies) {
       expect(await fsp.stat(path.join(h.dir, podRel)).then(() => true)).toBe(true);
-      expect(await fsp.stat(path.join(h.dir, podRel, leafName)).then(() => true, () => false)).toBe(false);
+      expect(
+        await fsp.stat(path.join(h.dir, podRel, leafName)).then(
+          () => true,
+          () => false,
+        ),
+      ).toBe(false);
     }
     await driver.remove(await driver.placementFor(sandboxId, `/${podRel}`)); // nothing there: fine
   });
@@ -281,7 +301,12 @@ describe('cgroupfs driver on real cgroup v1 hybrid', () => {
     await killOwned(vmm);
     await driver.remove(record);
     for (const h of pc.hierarchies.filter((x) => PLACED.includes(x.name))) {
-      expect(await fsp.stat(path.join(h.dir, podRel, leafName)).then(() => true, () => false)).toBe(false);
+      expect(
+        await fsp.stat(path.join(h.dir, podRel, leafName)).then(
+          () => true,
+          () => false,
+        ),
+      ).toBe(false);
     }
   });
 });

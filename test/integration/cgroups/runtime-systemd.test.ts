@@ -12,11 +12,11 @@ import { randomBytes } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { planLimits } from '../../../src/cgroups/limits.js';
-import { runConfinedSystemd, type HarnessRun } from '../../harness/systemd/harness.js';
+import { type HarnessRun, runConfinedSystemd } from '../../harness/systemd/harness.js';
+import type { RpcOutcome } from '../../helpers/cgroups-cri.js';
 import { assertMachineClean } from '../../helpers/cgroups-machine.js';
 import { processesCarryingMarker, RUN_MARKER_VAR } from '../../helpers/cgroups-observe.js';
 import { ensureGuestAssets } from '../../helpers/hypervisor-guest.js';
-import type { RpcOutcome } from '../../helpers/cgroups-cri.js';
 
 interface HostLimits {
   cpuQuotaMillicores: number;
@@ -69,7 +69,13 @@ interface Observations {
   markerSeen: { systemd: boolean; dbusDaemon: boolean };
   auto: Advertised & {
     afterMismatch: Refusal;
-    boot: Boot<{ unit: string; props: Record<string, string>; unitsWhileRunning: string; files: Record<string, string | null>; scopeProcs: string | null }>;
+    boot: Boot<{
+      unit: string;
+      props: Record<string, string>;
+      unitsWhileRunning: string;
+      files: Record<string, string | null>;
+      scopeProcs: string | null;
+    }>;
     afterRemoveScope: { props: Record<string, string>; dirs: string[] };
   };
   systemd: Advertised & {
@@ -182,7 +188,13 @@ describe('RuntimeConfig and the driver actually used agree, end to end in a conf
       expect(placedIn(boot.running.procCgroup, controlGroup)).toEqual(SYSTEMD_REALISED);
       expect(boot.running.scopeProcs?.split('\n')).toContain(String(info.pid));
       // PodSandboxStatus verbose info names the same driver, unit and slice.
-      expect(info.cgroup).toMatchObject({ cgroupDriver: 'systemd', cgroupMode: 'hybrid', systemdUnit: unit, systemdSlice: podSlice, cgroupParent });
+      expect(info.cgroup).toMatchObject({
+        cgroupDriver: 'systemd',
+        cgroupMode: 'hybrid',
+        systemdUnit: unit,
+        systemdSlice: podSlice,
+        cgroupParent,
+      });
     });
 
     it('the limits a v1 hybrid user manager applies (cpu quota and shares, memory) hold plan.host', () => {
@@ -213,7 +225,10 @@ describe('RuntimeConfig and the driver actually used agree, end to end in a conf
       expect(boot.stop).toEqual({ ok: true, value: {} });
       expect(boot.afterStop.alive).toBe(false);
       expect(boot.afterStop.units).toBe('');
-      expect(boot.afterStop.status).toMatchObject({ state: 'SANDBOX_NOTREADY', info: { exit: { reason: 'stopped' }, cgroup: { placed: false } } });
+      expect(boot.afterStop.status).toMatchObject({
+        state: 'SANDBOX_NOTREADY',
+        info: { exit: { reason: 'stopped' }, cgroup: { placed: false } },
+      });
       expect(boot.remove).toEqual({ ok: true, value: {} });
       expect(boot.afterRemove).toMatchObject({ alive: false, ...NOTHING_LEFT, statusAfter: { ok: false, codeName: 'NOT_FOUND' } });
       expect(afterRemoveScope.props).toEqual({ LoadState: 'not-found', ActiveState: 'inactive' });
@@ -233,7 +248,11 @@ describe('RuntimeConfig and the driver actually used agree, end to end in a conf
       expect(refusedWith(s.attempt)).toEqual({ codeName: 'DEADLINE_EXCEEDED', reason: 'GUEST_READY_TIMEOUT' });
       expect(s.placements).toHaveLength(1);
       const id = s.placements[0]!.sandboxId;
-      expect(s.placements[0]!.placement).toMatchObject({ cgroupDriver: 'systemd', systemdUnit: `kata-ts-${id}.scope`, cgroupParent: s.cgroupParent });
+      expect(s.placements[0]!.placement).toMatchObject({
+        cgroupDriver: 'systemd',
+        systemdUnit: `kata-ts-${id}.scope`,
+        cgroupParent: s.cgroupParent,
+      });
       // systemd itself made the pod's slice (only a scope placed in it could have), and the scope is gone.
       expect(s.after.podSlice).toEqual({ ActiveState: 'active', ControlGroup: s.cgroupParent });
       expect(s.after.scopeDirs).toEqual([]);
@@ -316,7 +335,12 @@ describe('RuntimeConfig and the driver actually used agree, end to end in a conf
 
   it('left PID 1, the private cgroups and the processes exactly as found', () => {
     expect(run?.pid1After).toBe(run?.pid1Before);
-    expect(run?.pid1After.trim().split('\n').every((l) => l.endsWith(':/'))).toBe(true);
+    expect(
+      run?.pid1After
+        .trim()
+        .split('\n')
+        .every((l) => l.endsWith(':/')),
+    ).toBe(true);
     expect(readFileSync('/proc/1/cgroup', 'utf8')).toBe(run?.pid1Before);
     expect(run?.leftoverCgroups).toEqual([]);
     expect(run?.leftoverProcesses).toEqual([]);

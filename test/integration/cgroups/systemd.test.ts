@@ -8,7 +8,7 @@
 import { readFileSync } from 'node:fs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { planLimits } from '../../../src/cgroups/limits.js';
-import { runConfinedSystemd, type HarnessRun } from '../../harness/systemd/harness.js';
+import { type HarnessRun, runConfinedSystemd } from '../../harness/systemd/harness.js';
 import { assertMachineClean } from '../../helpers/cgroups-machine.js';
 
 interface ErrorShape {
@@ -90,7 +90,13 @@ describe('systemd driver on a confined systemd --user (real systemd 252, cgroup 
   it('creates kata-ts-<id>.scope in the pod slice and moves the pid into it', () => {
     const p = obs.place;
     const controlGroup = `${podSlicePath}/kata-ts-${sid(1)}.scope`;
-    expect(p.record).toMatchObject({ driver: 'systemd', mode: 'hybrid', unit: `kata-ts-${sid(1)}.scope`, slice: podSlice, cgroupParent: podSlicePath });
+    expect(p.record).toMatchObject({
+      driver: 'systemd',
+      mode: 'hybrid',
+      unit: `kata-ts-${sid(1)}.scope`,
+      slice: podSlice,
+      cgroupParent: podSlicePath,
+    });
     expect(p.props).toMatchObject({ LoadState: 'loaded', ActiveState: 'active', Slice: podSlice, ControlGroup: controlGroup });
     // The user manager on hybrid moves the process in the named hierarchy, cgroup2 and the v1
     // controllers it realises (cpu, memory, pids); cpuset/cpuacct/blkio/devices/freezer it leaves.
@@ -179,7 +185,12 @@ describe('systemd driver on a confined systemd --user (real systemd 252, cgroup 
 
   it('left PID 1, the private cgroups and the processes exactly as found', () => {
     expect(run.pid1After).toBe(run.pid1Before);
-    expect(run.pid1After.trim().split('\n').every((l) => l.endsWith(':/'))).toBe(true);
+    expect(
+      run.pid1After
+        .trim()
+        .split('\n')
+        .every((l) => l.endsWith(':/')),
+    ).toBe(true);
     expect(readFileSync('/proc/1/cgroup', 'utf8')).toBe(run.pid1Before);
     expect(run.leftoverCgroups).toEqual([]);
     expect(run.leftoverProcesses).toEqual([]);

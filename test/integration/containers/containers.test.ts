@@ -17,7 +17,7 @@ import { rpc } from '../../helpers/cri-client.js';
 import { expectGrpcError } from '../../helpers/cri-expect.js';
 import { ensureGuestAssets } from '../../helpers/hypervisor-guest.js';
 import { buildImage, busyboxBaseEntries, RegistryPusher } from '../../helpers/images-builder.js';
-import { startRegistry, type RegistryHandle } from '../../helpers/images-registry.js';
+import { type RegistryHandle, startRegistry } from '../../helpers/images-registry.js';
 import { createTestRuntime, leftovers, podConfig, type TestRuntime } from '../../helpers/runtime-daemon.js';
 
 const FIXTURE = path.join(packageRoot(), 'fixtures', 'sysfs', 'gpu-audio');
@@ -84,7 +84,13 @@ describe('containers in pod VMs', () => {
     return { metadata: { name, attempt }, image: { image }, labels: { container: name }, log_path: `${name}/${attempt}.log`, ...extra };
   }
   async function create(sandboxId: string, sandboxConfig: object, config: object): Promise<string> {
-    return (await rpc<{ container_id: string }>(rt.cri.runtime, 'CreateContainer', { pod_sandbox_id: sandboxId, config, sandbox_config: sandboxConfig })).container_id;
+    return (
+      await rpc<{ container_id: string }>(rt.cri.runtime, 'CreateContainer', {
+        pod_sandbox_id: sandboxId,
+        config,
+        sandbox_config: sandboxConfig,
+      })
+    ).container_id;
   }
   async function occupancy(sid: string): Promise<Array<{ port: string; devices: string[] }>> {
     const r = await rpc<{ info: Record<string, string> }>(rt.cri.runtime, 'PodSandboxStatus', { pod_sandbox_id: sid, verbose: true });
@@ -109,47 +115,92 @@ describe('containers in pod VMs', () => {
     const boot = await info(sid);
     expect(boot.shape).toMatchObject({ vcpus: 1, maxVcpus: 2 });
     const reserved = boot.topology.filter((p) => p.reservedFor !== null).map((p) => [p.id, p.reservedFor]);
-    expect(reserved).toEqual([['rp0', '0000:01:00.0'], ['rp1', '0000:01:00.1']]);
+    expect(reserved).toEqual([
+      ['rp0', '0000:01:00.0'],
+      ['rp1', '0000:01:00.1'],
+    ]);
 
     // 1. The announced container, with its quantities spelled differently but equal in value.
-    const app = await create(sid, sandboxConfig, containerConfig('app', {
-      kubernetes_resources: res({ cpu: '0.25', memory: '134217728' }, { cpu: '500m', memory: '256Mi' }),
-      mounts: [{ container_path: '/data', host_path: '/var/lib/kubelet/pods/x/volumes/data', readonly: false }],
-    }));
-    const st = await rpc<{ status: { state: string; metadata: { name: string }; image_ref: string; log_path: string } }>(rt.cri.runtime, 'ContainerStatus', { container_id: app });
+    const app = await create(
+      sid,
+      sandboxConfig,
+      containerConfig('app', {
+        kubernetes_resources: res({ cpu: '0.25', memory: '134217728' }, { cpu: '500m', memory: '256Mi' }),
+        mounts: [{ container_path: '/data', host_path: '/var/lib/kubelet/pods/x/volumes/data', readonly: false }],
+      }),
+    );
+    const st = await rpc<{ status: { state: string; metadata: { name: string }; image_ref: string; log_path: string } }>(
+      rt.cri.runtime,
+      'ContainerStatus',
+      { container_id: app },
+    );
     expect(st.status).toMatchObject({ state: 'CONTAINER_CREATED', metadata: { name: 'app' } });
     expect(st.status.log_path).toMatch(/\/app\/0\.log$/);
-    const list = async (filter: object) => (await rpc<{ containers: Array<{ id: string }> }>(rt.cri.runtime, 'ListContainers', { filter })).containers.map((c) => c.id);
+    const list = async (filter: object) =>
+      (await rpc<{ containers: Array<{ id: string }> }>(rt.cri.runtime, 'ListContainers', { filter })).containers.map((c) => c.id);
     expect(await list({ pod_sandbox_id: sid })).toEqual([app]);
     expect(await list({ id: app.slice(0, 12), state: { state: 'CONTAINER_CREATED' } })).toEqual([app]);
     expect(await list({ label_selector: { container: 'nope' } })).toEqual([]);
-    await expectGrpcError(rpc(rt.cri.runtime, 'CreateContainer', { pod_sandbox_id: sid, config: containerConfig('app', {
-      kubernetes_resources: res({ cpu: '250m', memory: '128Mi' }, { cpu: '500m', memory: '256Mi' }),
-      mounts: [{ container_path: '/data', host_path: '/var/lib/kubelet/pods/x/volumes/data' }],
-    }) }), status.ALREADY_EXISTS, 'CONTAINER_EXISTS');
+    await expectGrpcError(
+      rpc(rt.cri.runtime, 'CreateContainer', {
+        pod_sandbox_id: sid,
+        config: containerConfig('app', {
+          kubernetes_resources: res({ cpu: '250m', memory: '128Mi' }, { cpu: '500m', memory: '256Mi' }),
+          mounts: [{ container_path: '/data', host_path: '/var/lib/kubelet/pods/x/volumes/data' }],
+        }),
+      }),
+      status.ALREADY_EXISTS,
+      'CONTAINER_EXISTS',
+    );
 
     // 2. A changed container: every difference named, and the VM untouched.
     const before = await info(sid);
-    const refused = await expectGrpcError(rpc(rt.cri.runtime, 'CreateContainer', { pod_sandbox_id: sid, config: containerConfig('app', {
-      kubernetes_resources: res({ cpu: '250m', memory: '128Mi' }, { cpu: '500m', memory: '1Gi' }),
-      mounts: [{ container_path: '/data', host_path: '/var/lib/kubelet/pods/x/volumes/data', readonly: true }],
-    }, 1) }), status.FAILED_PRECONDITION, 'ADMISSION_MISMATCH');
+    const refused = await expectGrpcError(
+      rpc(rt.cri.runtime, 'CreateContainer', {
+        pod_sandbox_id: sid,
+        config: containerConfig(
+          'app',
+          {
+            kubernetes_resources: res({ cpu: '250m', memory: '128Mi' }, { cpu: '500m', memory: '1Gi' }),
+            mounts: [{ container_path: '/data', host_path: '/var/lib/kubelet/pods/x/volumes/data', readonly: true }],
+          },
+          1,
+        ),
+      }),
+      status.FAILED_PRECONDITION,
+      'ADMISSION_MISMATCH',
+    );
     expect(refused.details).toContain('kubernetes_resources.limits.memory announced 256Mi, received 1Gi');
     expect(refused.details).toContain('mounts["/data"].readonly announced false, received true');
-    await expectGrpcError(rpc(rt.cri.runtime, 'CreateContainer', { pod_sandbox_id: sid, config: containerConfig('intruder') }), status.FAILED_PRECONDITION, 'ADMISSION_MISMATCH');
+    await expectGrpcError(
+      rpc(rt.cri.runtime, 'CreateContainer', { pod_sandbox_id: sid, config: containerConfig('intruder') }),
+      status.FAILED_PRECONDITION,
+      'ADMISSION_MISMATCH',
+    );
     const after = await info(sid);
     expect(after.qmp).toEqual(before.qmp);
     expect(after.shape).toEqual(before.shape);
     expect(await list({ pod_sandbox_id: sid })).toEqual([app]);
 
     // 3. The GPU container: its IOMMU group's two functions go onto the ports reserved for them.
-    const gpu = await create(sid, sandboxConfig, containerConfig('gpu', { kubernetes_resources: res({ cpu: '100m', memory: '64Mi' }), devices: [GPU_DEVICE] }));
+    const gpu = await create(
+      sid,
+      sandboxConfig,
+      containerConfig('gpu', { kubernetes_resources: res({ cpu: '100m', memory: '64Mi' }), devices: [GPU_DEVICE] }),
+    );
     const gpuInfo = await rpc<{ info: Record<string, string> }>(rt.cri.runtime, 'ContainerStatus', { container_id: gpu, verbose: true });
-    const attached = (JSON.parse(gpuInfo.info.info!) as { devices: Array<{ qemuId: string; portId: string; driver: string; bdf: string }> }).devices;
-    expect(attached.map((d) => [d.portId, d.driver, d.bdf])).toEqual([['rp0', 'e1000e', '0000:01:00.0'], ['rp1', 'e1000e', '0000:01:00.1']]);
+    const attached = (JSON.parse(gpuInfo.info.info!) as { devices: Array<{ qemuId: string; portId: string; driver: string; bdf: string }> })
+      .devices;
+    expect(attached.map((d) => [d.portId, d.driver, d.bdf])).toEqual([
+      ['rp0', 'e1000e', '0000:01:00.0'],
+      ['rp1', 'e1000e', '0000:01:00.1'],
+    ]);
     // QEMU's own query-pci: each function's stand-in sits behind the port reserved for it.
     const occupied = (await occupancy(sid)).filter((p) => p.devices.length > 0);
-    expect(occupied).toEqual([{ port: 'rp0', devices: [attached[0]!.qemuId] }, { port: 'rp1', devices: [attached[1]!.qemuId] }]);
+    expect(occupied).toEqual([
+      { port: 'rp0', devices: [attached[0]!.qemuId] },
+      { port: 'rp1', devices: [attached[1]!.qemuId] },
+    ]);
     await rpc(rt.cri.runtime, 'RemoveContainer', { container_id: gpu });
     expect((await occupancy(sid)).filter((p) => p.devices.length > 0)).toEqual([]);
     await rpc(rt.cri.runtime, 'RemoveContainer', { container_id: gpu }); // idempotent
@@ -170,25 +221,47 @@ describe('containers in pod VMs', () => {
     const quota = Number((await fsp.readFile(path.join(grown.cgroup['cgroupPath.cpu']!, 'cpu.cfs_quota_us'), 'utf8')).trim());
     expect(quota).toBeGreaterThanOrEqual(200_000);
     // The new announcement is the truth now: the old spelling of "app" would be refused.
-    await expectGrpcError(rpc(rt.cri.runtime, 'CreateContainer', { pod_sandbox_id: sid, config: containerConfig('app', {
-      kubernetes_resources: res({ cpu: '250m', memory: '128Mi' }, { cpu: '500m', memory: '256Mi' }),
-      mounts: [{ container_path: '/data', host_path: '/var/lib/kubelet/pods/x/volumes/data' }],
-    }, 2) }), status.FAILED_PRECONDITION, 'ADMISSION_MISMATCH');
+    await expectGrpcError(
+      rpc(rt.cri.runtime, 'CreateContainer', {
+        pod_sandbox_id: sid,
+        config: containerConfig(
+          'app',
+          {
+            kubernetes_resources: res({ cpu: '250m', memory: '128Mi' }, { cpu: '500m', memory: '256Mi' }),
+            mounts: [{ container_path: '/data', host_path: '/var/lib/kubelet/pods/x/volumes/data' }],
+          },
+          2,
+        ),
+      }),
+      status.FAILED_PRECONDITION,
+      'ADMISSION_MISMATCH',
+    );
 
     // 5. Beyond the headroom (memory) or the host (vCPUs): refused with the numbers, nothing changes.
-    const e = await expectGrpcError(rpc(rt.cri.runtime, 'UpdateContainerResources', {
-      container_id: app,
-      kubernetes_resources: res({ cpu: '250m', memory: '128Mi' }, { cpu: '1', memory: '8Gi' }),
-    }), status.RESOURCE_EXHAUSTED, 'RESIZE_BEYOND_HEADROOM');
+    const e = await expectGrpcError(
+      rpc(rt.cri.runtime, 'UpdateContainerResources', {
+        container_id: app,
+        kubernetes_resources: res({ cpu: '250m', memory: '128Mi' }, { cpu: '1', memory: '8Gi' }),
+      }),
+      status.RESOURCE_EXHAUSTED,
+      'RESIZE_BEYOND_HEADROOM',
+    );
     expect(e.details).toMatch(new RegExp(`MiB exceed the ${grown.shape.maxMemoryMiB} MiB planned at boot`));
-    const cpuErr = await expectGrpcError(rpc(rt.cri.runtime, 'UpdateContainerResources', {
-      container_id: app,
-      kubernetes_resources: res({ cpu: '250m', memory: '128Mi' }, { cpu: '8', memory: '512Mi' }),
-    }), status.RESOURCE_EXHAUSTED);
+    const cpuErr = await expectGrpcError(
+      rpc(rt.cri.runtime, 'UpdateContainerResources', {
+        container_id: app,
+        kubernetes_resources: res({ cpu: '250m', memory: '128Mi' }, { cpu: '8', memory: '512Mi' }),
+      }),
+      status.RESOURCE_EXHAUSTED,
+    );
     expect(cpuErr.details).toMatch(/vCPUs/);
     expect((await info(sid)).shape).toEqual(grown.shape);
 
-    await expectGrpcError(rpc(rt.cri.runtime, 'StartContainer', { container_id: app }), status.UNIMPLEMENTED, 'START_CONTAINER_UNIMPLEMENTED');
+    await expectGrpcError(
+      rpc(rt.cri.runtime, 'StartContainer', { container_id: app }),
+      status.UNIMPLEMENTED,
+      'START_CONTAINER_UNIMPLEMENTED',
+    );
     await rpc(rt.cri.runtime, 'StopPodSandbox', { pod_sandbox_id: sid });
     const exited = await rpc<{ status: { state: string } }>(rt.cri.runtime, 'ContainerStatus', { container_id: app });
     expect(exited.status.state).toBe('CONTAINER_EXITED');
@@ -200,7 +273,11 @@ describe('containers in pod VMs', () => {
 
   it('a pod sized from fallback sources admits what fits, grows within headroom, refuses beyond', async () => {
     const sandboxConfig = podConfig(rt, 'fallback', {});
-    (sandboxConfig.linux as Record<string, unknown>).resources = { cpu_period: '100000', cpu_quota: '50000', memory_limit_in_bytes: String(256 * 1024 * 1024) };
+    (sandboxConfig.linux as Record<string, unknown>).resources = {
+      cpu_period: '100000',
+      cpu_quota: '50000',
+      memory_limit_in_bytes: String(256 * 1024 * 1024),
+    };
     const { pod_sandbox_id: sid } = await rpc<{ pod_sandbox_id: string }>(rt.cri.runtime, 'RunPodSandbox', { config: sandboxConfig });
     const boot = await info(sid);
     expect(boot.shape).toMatchObject({ vcpus: 1, maxVcpus: 2 });
@@ -211,7 +288,10 @@ describe('containers in pod VMs', () => {
     expect(grown.shape.vcpus).toBe(2);
     expect(grown.qmp.vcpus).toBe(2);
     const e = await expectGrpcError(
-      rpc(rt.cri.runtime, 'CreateContainer', { pod_sandbox_id: sid, config: containerConfig('huge', { kubernetes_resources: res({}, { cpu: '2' }) }) }),
+      rpc(rt.cri.runtime, 'CreateContainer', {
+        pod_sandbox_id: sid,
+        config: containerConfig('huge', { kubernetes_resources: res({}, { cpu: '2' }) }),
+      }),
       status.RESOURCE_EXHAUSTED,
       'ADMISSION_BUDGET_EXCEEDED',
     );
@@ -235,17 +315,31 @@ describe('containers in pod VMs', () => {
 
   it('a confidential pod: devices cold-plugged at boot (vfio-pci simulated with e1000e: no VFIO hardware), never resized', async () => {
     const sandboxConfig = podConfig(rt, 'cvm', {
-      pod_resources: { containers: [{ name: 'gpu', type: 'REGULAR_CONTAINER', kubernetes_resources: res({ cpu: '100m', memory: '64Mi' }), devices: [GPU_DEVICE] }] },
+      pod_resources: {
+        containers: [
+          { name: 'gpu', type: 'REGULAR_CONTAINER', kubernetes_resources: res({ cpu: '100m', memory: '64Mi' }), devices: [GPU_DEVICE] },
+        ],
+      },
     });
-    const { pod_sandbox_id: sid } = await rpc<{ pod_sandbox_id: string }>(rt.cri.runtime, 'RunPodSandbox', { config: sandboxConfig, runtime_handler: 'kata-ts-cvm' });
+    const { pod_sandbox_id: sid } = await rpc<{ pod_sandbox_id: string }>(rt.cri.runtime, 'RunPodSandbox', {
+      config: sandboxConfig,
+      runtime_handler: 'kata-ts-cvm',
+    });
     const boot = await info(sid);
     expect(boot.shape.maxVcpus).toBe(boot.shape.vcpus);
     expect(boot.shape.maxMemoryMiB).toBe(boot.shape.memoryMiB);
     const pciAtBoot = (await occupancy(sid)).filter((p) => p.devices.length > 0);
     expect(pciAtBoot.map((p) => p.devices.length)).toEqual([1, 1]);
-    const gpu = await create(sid, sandboxConfig, containerConfig('gpu', { kubernetes_resources: res({ cpu: '100m', memory: '64Mi' }), devices: [GPU_DEVICE] }));
+    const gpu = await create(
+      sid,
+      sandboxConfig,
+      containerConfig('gpu', { kubernetes_resources: res({ cpu: '100m', memory: '64Mi' }), devices: [GPU_DEVICE] }),
+    );
     await expectGrpcError(
-      rpc(rt.cri.runtime, 'UpdateContainerResources', { container_id: gpu, kubernetes_resources: res({ cpu: '100m', memory: '64Mi' }, { cpu: '1', memory: '1Gi' }) }),
+      rpc(rt.cri.runtime, 'UpdateContainerResources', {
+        container_id: gpu,
+        kubernetes_resources: res({ cpu: '100m', memory: '64Mi' }, { cpu: '1', memory: '1Gi' }),
+      }),
       status.FAILED_PRECONDITION,
       'RESIZE_CONFIDENTIAL_STATIC',
     );

@@ -1,13 +1,13 @@
 import { spawn } from 'node:child_process';
-import { mkdtemp, mkdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
+import { mkdir, mkdtemp, readFile, rm, stat, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
-import { Metadata, status, type Client, type ServiceError } from '@grpc/grpc-js';
+import { type Client, Metadata, type ServiceError, status } from '@grpc/grpc-js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { silentLogger } from '../../../src/common/logger.js';
 import { parseConfigDocument } from '../../../src/config/load.js';
-import { startDaemon, type Daemon } from '../../../src/runtime/cri/daemon.js';
-import { criClients, rpc, type CriClients } from '../../helpers/cri-client.js';
+import { type Daemon, startDaemon } from '../../../src/runtime/cri/daemon.js';
+import { type CriClients, criClients, rpc } from '../../helpers/cri-client.js';
 import { expectGrpcError } from '../../helpers/cri-expect.js';
 
 const pkg = JSON.parse(await readFile(new URL('../../../package.json', import.meta.url), 'utf8')) as { version: string };
@@ -90,7 +90,9 @@ describe('CRI foundation over a real unix socket', () => {
   });
 
   it('UpdateRuntimeConfig is accepted', async () => {
-    await expect(rpc(cri.runtime, 'UpdateRuntimeConfig', { runtime_config: { network_config: { pod_cidr: '10.1.0.0/24' } } })).resolves.toEqual({});
+    await expect(
+      rpc(cri.runtime, 'UpdateRuntimeConfig', { runtime_config: { network_config: { pod_cidr: '10.1.0.0/24' } } }),
+    ).resolves.toEqual({});
   });
 
   it('rpcs not implemented yet answer UNIMPLEMENTED with a sentence, unary and streaming alike', async () => {
@@ -152,9 +154,13 @@ describe('socket handling', () => {
     const socketPath = path.join(dir, 'kata-ts.sock');
     // Another process serving on the path; SIGKILL later leaves its socket file behind, exactly
     // what a crashed daemon leaves.
-    const other = spawn(process.execPath, ['-e', `require('net').createServer().listen(${JSON.stringify(socketPath)}, () => console.log('up'))`], {
-      stdio: ['ignore', 'pipe', 'inherit'],
-    });
+    const other = spawn(
+      process.execPath,
+      ['-e', `require('net').createServer().listen(${JSON.stringify(socketPath)}, () => console.log('up'))`],
+      {
+        stdio: ['ignore', 'pipe', 'inherit'],
+      },
+    );
     try {
       await new Promise<void>((resolve) => other.stdout!.once('data', () => resolve()));
       await expect(daemonWith(dir, { metricsAddress: null })).rejects.toMatchObject({ reason: 'SOCKET_IN_USE' });
@@ -190,15 +196,25 @@ describe('kata-ts serve as a process', () => {
     const socketPath = path.join(dir, 'k.sock');
     const configPath = path.join(dir, 'config.json');
     await writeFile(configPath, JSON.stringify({ metricsAddress: null, stateDir: path.join(dir, 'state'), logLevel: 'info' }));
-    const child = spawn(process.execPath, ['--import', 'tsx', 'src/cli/entry.ts', 'serve', '--config', configPath, '--socket', socketPath], {
-      cwd: path.join(__dirname, '../../..'),
-      stdio: ['ignore', 'pipe', 'pipe'],
-    });
+    const child = spawn(
+      process.execPath,
+      ['--import', 'tsx', 'src/cli/entry.ts', 'serve', '--config', configPath, '--socket', socketPath],
+      {
+        cwd: path.join(__dirname, '../../..'),
+        stdio: ['ignore', 'pipe', 'pipe'],
+      },
+    );
     let stderr = '';
     child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
     try {
       for (let i = 0; i < 200; i++) {
-        if (await stat(socketPath).then(() => true, () => false)) break;
+        if (
+          await stat(socketPath).then(
+            () => true,
+            () => false,
+          )
+        )
+          break;
         await new Promise((r) => setTimeout(r, 100));
       }
       const cri = criClients(socketPath);

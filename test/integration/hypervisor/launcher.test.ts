@@ -7,11 +7,11 @@ import { afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { silentLogger } from '../../../src/common/logger.js';
 import { chooseAcceleration } from '../../../src/hypervisor/accel.js';
 import { buildQemuArgv } from '../../../src/hypervisor/argv.js';
-import { attachVm, startVm, vmPaths, type VmProcess } from '../../../src/hypervisor/launcher.js';
+import { attachVm, startVm, type VmProcess, vmPaths } from '../../../src/hypervisor/launcher.js';
 import { isSameLiveProcess, readProcStat } from '../../../src/hypervisor/procfs.js';
 import { plugVcpus, setVirtioMemSize, virtioMemPluggedMiB } from '../../../src/hypervisor/resize.js';
 import type { VmShape } from '../../../src/sizing/types.js';
-import { ensureGuestAssets, processesMentioning, QemuTracker, type GuestAssets } from '../../helpers/hypervisor-guest.js';
+import { ensureGuestAssets, type GuestAssets, processesMentioning, QemuTracker } from '../../helpers/hypervisor-guest.js';
 import { rejection } from '../../helpers/kata-error.js';
 
 const MiB = 1024 * 1024;
@@ -104,7 +104,7 @@ describe('startVm with the real guest under QEMU (one boot)', () => {
     };
     expect(await underPort()).toEqual(['hotnet0']);
     const deleted = await vm.qmp.deviceDelAndWait('hotnet0', 60_000);
-    expect(deleted.data?.['device']).toBe('hotnet0');
+    expect(deleted.data?.device).toBe('hotnet0');
     expect(await underPort()).toEqual([]);
 
     const result = await vm.shutdown({ timeoutMs: 30_000 });
@@ -124,13 +124,15 @@ describe('startVm and attachVm without booting (QEMU stays paused)', () => {
     const err = await rejection(startVm({ qemuBinary: 'qemu-system-x86_64', argv, workDir, logger }));
     expect(err).toMatchObject({ kind: 'internal', reason: 'QEMU_EXITED_AT_START' });
     expect(err.message).toContain("'no-such-device-model' is not a valid device model name");
-    expect(err.details?.['code']).toBe(1);
+    expect(err.details?.code).toBe(1);
     expect(processesMentioning(workDir)).toEqual([]);
   });
 
   it('rejects a missing QEMU binary', async () => {
     const workDir = tracker.workDir();
-    const err = await rejection(startVm({ qemuBinary: '/nonexistent/qemu-system-x86_64', argv: argvFor(workDir, shape()), workDir, logger }));
+    const err = await rejection(
+      startVm({ qemuBinary: '/nonexistent/qemu-system-x86_64', argv: argvFor(workDir, shape()), workDir, logger }),
+    );
     expect(err).toMatchObject({ kind: 'unavailable', reason: 'QEMU_SPAWN_FAILED' });
   });
 
@@ -164,7 +166,14 @@ describe('startVm and attachVm without booting (QEMU stays paused)', () => {
     const wrongSocket = await rejection(attachVm({ pid, startTimeTicks, qmpSocket: '/tmp/other/qmp.sock', logger }));
     expect(wrongSocket).toMatchObject({ kind: 'precondition', reason: 'VM_PROCESS_MISMATCH' });
 
-    const attached = await attachVm({ pid, startTimeTicks, qmpSocket: paths.qmpSocket, readySocket: paths.readySocket, qemuLog: paths.qemuLog, logger });
+    const attached = await attachVm({
+      pid,
+      startTimeTicks,
+      qmpSocket: paths.qmpSocket,
+      readySocket: paths.readySocket,
+      qemuLog: paths.qemuLog,
+      logger,
+    });
     tracker.track(attached);
     expect(attached.pid).toBe(pid);
     expect((await attached.qmp.queryStatus()).status).toBe('prelaunch');

@@ -1,8 +1,8 @@
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
-import { buildImage, busyboxBaseEntries, RegistryPusher, type BuiltImage } from '../../helpers/images-builder.js';
-import { startImageService, type ServiceHarness } from '../../helpers/images-fixtures.js';
+import { type BuiltImage, buildImage, busyboxBaseEntries, RegistryPusher } from '../../helpers/images-builder.js';
+import { type ServiceHarness, startImageService } from '../../helpers/images-fixtures.js';
 import { startProxy } from '../../helpers/images-proxy.js';
-import { startRegistry, type RegistryHandle } from '../../helpers/images-registry.js';
+import { type RegistryHandle, startRegistry } from '../../helpers/images-registry.js';
 
 // A real docker-registry that requires credentials: htpasswd (HTTP Basic) and Docker token auth
 // (Bearer JWTs from a token server the registry trusts).
@@ -54,7 +54,10 @@ describe('registry with htpasswd (Basic) auth', () => {
   it('pulls with username/password and with the base64 auth field', async () => {
     const { service } = await fresh();
     const ref = `${basicRegistry.host}/kata/private:1`;
-    const res = await service.pullImage({ image: { image: ref }, auth: { username: user.username, password: user.password, server_address: basicRegistry.host } });
+    const res = await service.pullImage({
+      image: { image: ref },
+      auth: { username: user.username, password: user.password, server_address: basicRegistry.host },
+    });
     expect(res.image_ref).toBe(image.id);
     await service.removeImage({ image: { image: ref } });
     const auth = Buffer.from(`${user.username}:${user.password}`).toString('base64');
@@ -62,13 +65,20 @@ describe('registry with htpasswd (Basic) auth', () => {
   });
 
   it('follows blob redirects to another origin without forwarding the credentials there', async () => {
-    const proxy = await startProxy(basicRegistry.url, { redirectBlobs: { authorization: await basicRegistry.pushAuthorization('kata/private') } });
+    const proxy = await startProxy(basicRegistry.url, {
+      redirectBlobs: { authorization: await basicRegistry.pushAuthorization('kata/private') },
+    });
     try {
       const { service } = await fresh();
-      const res = await service.pullImage({ image: { image: `${proxy.host}/kata/private:1` }, auth: { username: user.username, password: user.password } });
+      const res = await service.pullImage({
+        image: { image: `${proxy.host}/kata/private:1` },
+        auth: { username: user.username, password: user.password },
+      });
       expect(res.image_ref).toBe(image.id);
       // Config and the one layer came through the redirect, and no Authorization header went along.
-      expect(proxy.storageRequests.map((r) => r.url.split('/blobs/')[1]?.split('?')[0]).sort()).toEqual([image.config.digest, image.layers[0]?.digest].sort());
+      expect(proxy.storageRequests.map((r) => r.url.split('/blobs/')[1]?.split('?')[0]).sort()).toEqual(
+        [image.config.digest, image.layers[0]?.digest].sort(),
+      );
       expect(proxy.storageRequests.every((r) => r.authorization === undefined)).toBe(true);
     } finally {
       await proxy.stop();
@@ -87,7 +97,9 @@ describe('registry with htpasswd (Basic) auth', () => {
 
   it('refuses an auth field that is not base64 of user:password with INVALID naming auth.auth', async () => {
     const { service } = await fresh();
-    const err = await service.pullImage({ image: { image: `${basicRegistry.host}/kata/private:1` }, auth: { auth: 'bm9jb2xvbg==' } }).catch((e: unknown) => e);
+    const err = await service
+      .pullImage({ image: { image: `${basicRegistry.host}/kata/private:1` }, auth: { auth: 'bm9jb2xvbg==' } })
+      .catch((e: unknown) => e);
     expect(err).toMatchObject({ kind: 'invalid', reason: 'IMAGE_AUTH_INVALID' });
     expect((err as Error).message).toContain('auth.auth');
   });
@@ -105,7 +117,10 @@ describe('registry with Docker token (Bearer) auth', () => {
   it('gets a pull-scoped token with the credentials and pulls', async () => {
     const { service } = await fresh();
     tokenRegistry.tokenRequests.length = 0;
-    const res = await service.pullImage({ image: { image: `${tokenRegistry.host}/kata/private:1` }, auth: { username: user.username, password: user.password } });
+    const res = await service.pullImage({
+      image: { image: `${tokenRegistry.host}/kata/private:1` },
+      auth: { username: user.username, password: user.password },
+    });
     expect(res.image_ref).toBe(image.id);
     // One token for the whole pull (manifest, config, layer), scoped to pulling this repository.
     expect(tokenRegistry.tokenRequests).toEqual([{ scope: 'repository:kata/private:pull', user: user.username }]);
@@ -121,7 +136,10 @@ describe('registry with Docker token (Bearer) auth', () => {
   it('exchanges an identity_token at the token service (OAuth2 refresh-token grant)', async () => {
     const { service } = await fresh();
     tokenRegistry.tokenRequests.length = 0;
-    const res = await service.pullImage({ image: { image: `${tokenRegistry.host}/kata/private:1` }, auth: { identity_token: `refresh-${user.username}` } });
+    const res = await service.pullImage({
+      image: { image: `${tokenRegistry.host}/kata/private:1` },
+      auth: { identity_token: `refresh-${user.username}` },
+    });
     expect(res.image_ref).toBe(image.id);
     expect(tokenRegistry.tokenRequests).toEqual([{ scope: 'repository:kata/private:pull', user: `oauth:${user.username}` }]);
     await service.removeImage({ image: { image: image.id } });

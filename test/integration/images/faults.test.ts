@@ -4,9 +4,16 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { createLogger } from '../../../src/common/logger.js';
-import { buildTestImages, listFiles, publishTestImages, startImageService, type ServiceHarness, type TestImages } from '../../helpers/images-fixtures.js';
-import { startProxy, type ProxyHandle } from '../../helpers/images-proxy.js';
-import { freePort, startRegistry, type RegistryHandle } from '../../helpers/images-registry.js';
+import {
+  buildTestImages,
+  listFiles,
+  publishTestImages,
+  type ServiceHarness,
+  startImageService,
+  type TestImages,
+} from '../../helpers/images-fixtures.js';
+import { type ProxyHandle, startProxy } from '../../helpers/images-proxy.js';
+import { freePort, type RegistryHandle, startRegistry } from '../../helpers/images-registry.js';
 
 // Faults between a real docker-registry and the ImageService: a proxy corrupts or stalls one blob.
 let registry: RegistryHandle;
@@ -93,7 +100,7 @@ describe('registry faults', () => {
     expect((await h.service.listImages({})).images).toHaveLength(2);
   });
 
-  it('cancels a stalled pull on the caller\'s signal, removing its temp file and showing no image', async () => {
+  it("cancels a stalled pull on the caller's signal, removing its temp file and showing no image", async () => {
     const layer = images.busybox.layers[0];
     const p = await proxy({ stallBlob: { digest: layer?.digest ?? '', afterBytes: 4096 } });
     const h = await harness();
@@ -139,17 +146,24 @@ describe('registry faults', () => {
     const layer = images.layered.layers[2];
     const p = await proxy({ stallBlob: { digest: layer?.digest ?? '', afterBytes: 100 } });
     const lines: Array<Record<string, unknown>> = [];
-    const logger = createLogger({ level: 'info', destination: { write: (line: string) => void lines.push(JSON.parse(line) as Record<string, unknown>) } });
+    const logger = createLogger({
+      level: 'info',
+      destination: { write: (line: string) => void lines.push(JSON.parse(line) as Record<string, unknown>) },
+    });
     const h = await harness({ logger, progressIntervalMs: 20 });
     const controller = new AbortController();
     const pull = h.service.pullImage({ image: { image: `${p.host}/kata/layered:latest` } }, { signal: controller.signal });
     pull.catch(() => undefined);
     await p.stalled;
-    const done = (images.layered.layers.reduce((n, l) => n + l.size, 0) - (layer?.size ?? 0)) + 100;
+    const done = images.layered.layers.reduce((n, l) => n + l.size, 0) - (layer?.size ?? 0) + 100;
     // Every other layer completes; the stalled one has sent 100 bytes.
-    await eventually(async () => lines.some((l) => l['msg'] === 'pull progress' && l['bytesDone'] === done && l['layersDone'] === 3));
-    const line = lines.find((l) => l['msg'] === 'pull progress' && l['bytesDone'] === done);
-    expect(line).toMatchObject({ image: `${p.host}/kata/layered:latest`, layersTotal: 4, bytesTotal: images.layered.layers.reduce((n, l) => n + l.size, 0) });
+    await eventually(async () => lines.some((l) => l.msg === 'pull progress' && l.bytesDone === done && l.layersDone === 3));
+    const line = lines.find((l) => l.msg === 'pull progress' && l.bytesDone === done);
+    expect(line).toMatchObject({
+      image: `${p.host}/kata/layered:latest`,
+      layersTotal: 4,
+      bytesTotal: images.layered.layers.reduce((n, l) => n + l.size, 0),
+    });
     controller.abort();
     await expect(pull).rejects.toMatchObject({ kind: 'cancelled' });
   });
@@ -160,7 +174,14 @@ describe('registry faults', () => {
     const h = await harness();
     const child = spawn(
       process.execPath,
-      ['--import', 'tsx', fileURLToPath(new URL('../../helpers/images-pull-child.ts', import.meta.url)), h.stateDir, h.registriesFile, `${p.host}/kata/layered:latest`],
+      [
+        '--import',
+        'tsx',
+        fileURLToPath(new URL('../../helpers/images-pull-child.ts', import.meta.url)),
+        h.stateDir,
+        h.registriesFile,
+        `${p.host}/kata/layered:latest`,
+      ],
       { stdio: ['ignore', 'pipe', 'pipe'] },
     );
     let stderr = '';

@@ -5,13 +5,20 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { silentLogger } from '../../../src/common/logger.js';
 import { imageServiceHandlers } from '../../../src/images/handlers.js';
 import { loadCriPackage } from '../../../src/runtime/cri/proto.js';
-import { startCriServer, type CriServer } from '../../../src/runtime/cri/server.js';
+import { type CriServer, startCriServer } from '../../../src/runtime/cri/server.js';
 import { RuntimeMetrics } from '../../../src/runtime/metrics.js';
-import { criClients, rpc, type CriClients } from '../../helpers/cri-client.js';
+import { type CriClients, criClients, rpc } from '../../helpers/cri-client.js';
 import { expectGrpcError } from '../../helpers/cri-expect.js';
-import { buildTestImages, listFiles, publishTestImages, startImageService, type ServiceHarness, type TestImages } from '../../helpers/images-fixtures.js';
-import { startProxy, type ProxyHandle } from '../../helpers/images-proxy.js';
-import { startRegistry, type RegistryHandle } from '../../helpers/images-registry.js';
+import {
+  buildTestImages,
+  listFiles,
+  publishTestImages,
+  type ServiceHarness,
+  startImageService,
+  type TestImages,
+} from '../../helpers/images-fixtures.js';
+import { type ProxyHandle, startProxy } from '../../helpers/images-proxy.js';
+import { type RegistryHandle, startRegistry } from '../../helpers/images-registry.js';
 
 // The ImageService behind the real CRI gRPC server, driven by a grpc-js client over its unix socket,
 // pulling from a real docker-registry.
@@ -66,11 +73,18 @@ describe('ImageService over gRPC', () => {
     expect(listed.images[0]).toMatchObject({ id: images.nonroot.id, repo_tags: [ref], uid: { value: '1000' }, username: '' });
     expect(Number(listed.images[0]?.size)).toBeGreaterThan(0);
 
-    const status = await rpc<{ image: WireImage | null; info: Record<string, string> }>(clients.image, 'ImageStatus', { image: { image: ref }, verbose: true });
+    const status = await rpc<{ image: WireImage | null; info: Record<string, string> }>(clients.image, 'ImageStatus', {
+      image: { image: ref },
+      verbose: true,
+    });
     expect(status.image?.id).toBe(images.nonroot.id);
-    expect(JSON.parse(status.info['info'] ?? '{}')).toMatchObject({ imageSpec: { config: { User: '1000:1000' } } });
+    expect(JSON.parse(status.info.info ?? '{}')).toMatchObject({ imageSpec: { config: { User: '1000:1000' } } });
 
-    const fs = await rpc<{ image_filesystems: Array<{ used_bytes: { value: string }; inodes_used: { value: string } }> }>(clients.image, 'ImageFsInfo', {});
+    const fs = await rpc<{ image_filesystems: Array<{ used_bytes: { value: string }; inodes_used: { value: string } }> }>(
+      clients.image,
+      'ImageFsInfo',
+      {},
+    );
     expect(Number(fs.image_filesystems[0]?.used_bytes.value)).toBeGreaterThan(0);
 
     await rpc(clients.image, 'RemoveImage', { image: { image: ref } });
@@ -80,19 +94,36 @@ describe('ImageService over gRPC', () => {
   });
 
   it('maps errors to gRPC codes with the reason in metadata', async () => {
-    await expectGrpcError(rpc(clients.image, 'PullImage', { image: { image: `${registry.host}/kata/none:1` } }), GrpcStatus.NOT_FOUND, 'IMAGE_NOT_FOUND');
-    await expectGrpcError(rpc(clients.image, 'PullImage', { image: { image: 'kata/UPPER:1' } }), GrpcStatus.INVALID_ARGUMENT, 'IMAGE_REFERENCE_INVALID');
+    await expectGrpcError(
+      rpc(clients.image, 'PullImage', { image: { image: `${registry.host}/kata/none:1` } }),
+      GrpcStatus.NOT_FOUND,
+      'IMAGE_NOT_FOUND',
+    );
+    await expectGrpcError(
+      rpc(clients.image, 'PullImage', { image: { image: 'kata/UPPER:1' } }),
+      GrpcStatus.INVALID_ARGUMENT,
+      'IMAGE_REFERENCE_INVALID',
+    );
     await rpc(clients.image, 'PullImage', { image: { image: `${registry.host}/kata/busybox:1.0` } });
     h.inUse.add(images.busybox.id);
     try {
-      await expectGrpcError(rpc(clients.image, 'RemoveImage', { image: { image: images.busybox.id } }), GrpcStatus.FAILED_PRECONDITION, 'IMAGE_IN_USE');
+      await expectGrpcError(
+        rpc(clients.image, 'RemoveImage', { image: { image: images.busybox.id } }),
+        GrpcStatus.FAILED_PRECONDITION,
+        'IMAGE_IN_USE',
+      );
     } finally {
       h.inUse.delete(images.busybox.id);
     }
   });
 
-  it('stops a stalled pull when the client\'s deadline passes and leaves no temp file', async () => {
-    const call = rpc(clients.image, 'PullImage', { image: { image: `${stallProxy.host}/kata/layered:latest` } }, { deadline: Date.now() + 2_000 });
+  it("stops a stalled pull when the client's deadline passes and leaves no temp file", async () => {
+    const call = rpc(
+      clients.image,
+      'PullImage',
+      { image: { image: `${stallProxy.host}/kata/layered:latest` } },
+      { deadline: Date.now() + 2_000 },
+    );
     await expectGrpcError(call, GrpcStatus.DEADLINE_EXCEEDED);
     const ingest = path.join(h.stateDir, 'images', 'ingest');
     while ((await listFiles(ingest)).length > 0) await new Promise((r) => setTimeout(r, 50));

@@ -1,7 +1,7 @@
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
-import { buildImage, busyboxBaseEntries, RegistryPusher, type BuiltImage } from '../../helpers/images-builder.js';
-import { startImageService, type ServiceHarness } from '../../helpers/images-fixtures.js';
-import { freePort, startRegistry, type RegistryHandle } from '../../helpers/images-registry.js';
+import { type BuiltImage, buildImage, busyboxBaseEntries, RegistryPusher } from '../../helpers/images-builder.js';
+import { type ServiceHarness, startImageService } from '../../helpers/images-fixtures.js';
+import { freePort, type RegistryHandle, startRegistry } from '../../helpers/images-registry.js';
 
 // Mirrors from the registries file, with two real docker-registry instances: a mirror and an upstream.
 let mirror: RegistryHandle;
@@ -34,7 +34,9 @@ afterAll(async () => {
 
 describe('registry mirrors', () => {
   it('pulls through the mirror first, naming the image after the upstream registry', async () => {
-    h = await startImageService({ registries: { [upstream.host]: { plainHttp: true, mirrors: [mirror.host] }, '127.0.0.1:*': { plainHttp: true } } });
+    h = await startImageService({
+      registries: { [upstream.host]: { plainHttp: true, mirrors: [mirror.host] }, '127.0.0.1:*': { plainHttp: true } },
+    });
     const ref = `${upstream.host}/kata/mirrored:1`;
     expect((await h.service.pullImage({ image: { image: ref } })).image_ref).toBe(onlyInMirror.id);
     expect((await h.service.imageStatus({ image: { image: ref } })).image?.repo_tags).toEqual([ref]);
@@ -42,13 +44,20 @@ describe('registry mirrors', () => {
 
   it('falls back to the registry itself when the mirror lacks the image or is down', async () => {
     const dead = `127.0.0.1:${await freePort()}`;
-    h = await startImageService({ registries: { [upstream.host]: { plainHttp: true, mirrors: [dead, `http://${mirror.host}`] }, '127.0.0.1:*': { plainHttp: true } } });
+    h = await startImageService({
+      registries: { [upstream.host]: { plainHttp: true, mirrors: [dead, `http://${mirror.host}`] }, '127.0.0.1:*': { plainHttp: true } },
+    });
     expect((await h.service.pullImage({ image: { image: `${upstream.host}/kata/upstream-only:1` } })).image_ref).toBe(onlyUpstream.id);
   });
 
-  it('reports the registry\'s own answer when neither mirror nor registry has the image', async () => {
-    h = await startImageService({ registries: { [upstream.host]: { plainHttp: true, mirrors: [mirror.host] }, '127.0.0.1:*': { plainHttp: true } } });
-    await expect(h.service.pullImage({ image: { image: `${upstream.host}/kata/nowhere:1` } })).rejects.toMatchObject({ kind: 'not_found', reason: 'IMAGE_NOT_FOUND' });
+  it("reports the registry's own answer when neither mirror nor registry has the image", async () => {
+    h = await startImageService({
+      registries: { [upstream.host]: { plainHttp: true, mirrors: [mirror.host] }, '127.0.0.1:*': { plainHttp: true } },
+    });
+    await expect(h.service.pullImage({ image: { image: `${upstream.host}/kata/nowhere:1` } })).rejects.toMatchObject({
+      kind: 'not_found',
+      reason: 'IMAGE_NOT_FOUND',
+    });
   });
 
   it('serves docker.io short names from a configured mirror without contacting Docker Hub', async () => {

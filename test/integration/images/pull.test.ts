@@ -2,8 +2,15 @@ import { promises as fsp } from 'node:fs';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { ImageService } from '../../../src/images/service.js';
-import { listFiles, publishTestImages, buildTestImages, startImageService, type ServiceHarness, type TestImages } from '../../helpers/images-fixtures.js';
-import { startRegistry, type RegistryHandle } from '../../helpers/images-registry.js';
+import {
+  buildTestImages,
+  listFiles,
+  publishTestImages,
+  type ServiceHarness,
+  startImageService,
+  type TestImages,
+} from '../../helpers/images-fixtures.js';
+import { type RegistryHandle, startRegistry } from '../../helpers/images-registry.js';
 
 // Pulls from a real docker-registry (distribution 2.8) on 127.0.0.1, images built and pushed here.
 let registry: RegistryHandle;
@@ -58,13 +65,18 @@ describe('PullImage from a real registry', () => {
   });
 
   it('answers ImageStatus by tag, short name, id and id prefix, with the config when verbose', async () => {
-    for (const name of [`${registry.host}/kata/busybox:1.0`, images.busybox.id, hex(images.busybox.id), hex(images.busybox.id).slice(0, 12)]) {
+    for (const name of [
+      `${registry.host}/kata/busybox:1.0`,
+      images.busybox.id,
+      hex(images.busybox.id),
+      hex(images.busybox.id).slice(0, 12),
+    ]) {
       const st = await svc.imageStatus({ image: { image: name } });
       expect(st.image?.id, name).toBe(images.busybox.id);
       expect(st.info).toEqual({});
     }
     const verbose = await svc.imageStatus({ image: { image: images.busybox.id }, verbose: true });
-    const info = JSON.parse(verbose.info['info'] ?? '{}') as { imageSpec: { config: { Cmd: string[] } }; manifestDigest: string };
+    const info = JSON.parse(verbose.info.info ?? '{}') as { imageSpec: { config: { Cmd: string[] } }; manifestDigest: string };
     expect(info.imageSpec.config.Cmd).toEqual(['/bin/sh', '-c', 'cat /app/hello.txt']);
     expect(info.manifestDigest).toBe(images.busybox.manifest.digest);
     const missing = await svc.imageStatus({ image: { image: `${registry.host}/kata/busybox:nope` } });

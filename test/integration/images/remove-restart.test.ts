@@ -1,8 +1,15 @@
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { buildTestImages, listFiles, publishTestImages, startImageService, type ServiceHarness, type TestImages } from '../../helpers/images-fixtures.js';
-import { startRegistry, type RegistryHandle } from '../../helpers/images-registry.js';
+import {
+  buildTestImages,
+  listFiles,
+  publishTestImages,
+  type ServiceHarness,
+  startImageService,
+  type TestImages,
+} from '../../helpers/images-fixtures.js';
+import { type RegistryHandle, startRegistry } from '../../helpers/images-registry.js';
 
 // RemoveImage rules and daemon restarts, on images pulled from a real docker-registry.
 let registry: RegistryHandle;
@@ -32,7 +39,9 @@ describe('RemoveImage and restart', () => {
     const before = await h.service.listImages({});
     const restarted = await h.restart();
     expect(await restarted.listImages({})).toEqual(before);
-    expect(await fsp.readFile(path.join(restarted.rootfsFor(images.busybox.id), 'app/hello.txt'), 'utf8')).toBe('hello from a zstd layer\n');
+    expect(await fsp.readFile(path.join(restarted.rootfsFor(images.busybox.id), 'app/hello.txt'), 'utf8')).toBe(
+      'hello from a zstd layer\n',
+    );
     h.service = restarted;
   });
 
@@ -53,7 +62,9 @@ describe('RemoveImage and restart', () => {
     await h.service.removeImage({ image: { image: `${registry.host}/kata/busybox:1.1-alias` } });
     const st = await h.service.imageStatus({ image: { image: images.busybox.id } });
     expect(st.image?.repo_tags).toEqual([`${registry.host}/kata/busybox:1.0`]);
-    expect(await fsp.readFile(path.join(h.service.rootfsFor(images.busybox.id), 'app/hello.txt'), 'utf8')).toBe('hello from a zstd layer\n');
+    expect(await fsp.readFile(path.join(h.service.rootfsFor(images.busybox.id), 'app/hello.txt'), 'utf8')).toBe(
+      'hello from a zstd layer\n',
+    );
   });
 
   it('RemoveImage by the last tag removes the whole image, keeping layers other images share', async () => {
@@ -77,7 +88,7 @@ describe('RemoveImage and restart', () => {
 
   it('is idempotent: removing a missing or already removed image succeeds', async () => {
     await expect(h.service.removeImage({ image: { image: `${registry.host}/kata/busybox:1.0` } })).resolves.toEqual({});
-    await expect(h.service.removeImage({ image: { image: 'sha256:' + '0'.repeat(64) } })).resolves.toEqual({});
+    await expect(h.service.removeImage({ image: { image: `sha256:${'0'.repeat(64)}` } })).resolves.toEqual({});
     await expect(h.service.removeImage({ image: { image: '' } })).rejects.toMatchObject({ kind: 'invalid', reason: 'IMAGE_SPEC_EMPTY' });
   });
 

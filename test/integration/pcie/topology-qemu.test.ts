@@ -6,12 +6,19 @@
  * with device_add through the hot-plug planner must appear behind its reserved port.
  */
 import { afterEach, describe, expect, it } from 'vitest';
-import { announcedHotplugRequest, barNeeds, planHotplug, planPcieTopology, pcieQemuArgsWithoutVfio, type PcieTopology } from '../../../src/pcie/index.js';
-import { KiB } from '../../../src/pcie/pci.js';
 import type { QmpPciBus } from '../../../src/hypervisor/qmp/types.js';
+import {
+  announcedHotplugRequest,
+  barNeeds,
+  type PcieTopology,
+  pcieQemuArgsWithoutVfio,
+  planHotplug,
+  planPcieTopology,
+} from '../../../src/pcie/index.js';
+import { KiB } from '../../../src/pcie/pci.js';
 import { PCIE_CASES } from '../../helpers/pcie-cases.js';
 import { fixtureInventory } from '../../helpers/pcie-golden.js';
-import { flattenPci, startBareQemu, type BareQemu, type PciNode } from '../../helpers/pcie-qemu.js';
+import { type BareQemu, flattenPci, type PciNode, startBareQemu } from '../../helpers/pcie-qemu.js';
 
 /** e1000e as QEMU 7.2 exposes it (BAR0/1 128 KiB, BAR2 32 B I/O, BAR3 16 KiB, ROM 256 KiB). */
 const E1000E = barNeeds(
@@ -72,7 +79,10 @@ function expectWindows(t: PcieTopology, nodes: Map<string, PciNode>): void {
       const largest = fn?.needs.pref64LargestBytes ?? 0;
       if (largest > 0) {
         const aligned = Math.ceil(pref.base / largest) * largest;
-        expect(aligned + largest - 1, `${p.id}: aligned ${largest}-byte BAR inside [${pref.base.toString(16)}, ${pref.limit.toString(16)}]`).toBeLessThanOrEqual(pref.limit);
+        expect(
+          aligned + largest - 1,
+          `${p.id}: aligned ${largest}-byte BAR inside [${pref.base.toString(16)}, ${pref.limit.toString(16)}]`,
+        ).toBeLessThanOrEqual(pref.limit);
       }
     }
   }
@@ -173,6 +183,10 @@ describe('planned PCIe topologies in real QEMU (vfio-pci not started: no VFIO ha
     expect(await vm.firmwarePciInit()).toBe('done');
     for (const cmd of plan.commands) await vm.qmp.deviceAdd(cmd.arguments as { driver: string; id: string });
     const dev = byId(await queryTree(vm)).get('dev-rp39');
-    expect({ parent: dev?.parent, slot: dev?.dev.slot, vendor: dev?.dev.id.vendor }).toEqual({ parent: 'rp39', slot: 0, vendor: E1000E_ID.vendor });
+    expect({ parent: dev?.parent, slot: dev?.dev.slot, vendor: dev?.dev.id.vendor }).toEqual({
+      parent: 'rp39',
+      slot: 0,
+      vendor: E1000E_ID.vendor,
+    });
   });
 });

@@ -39,14 +39,24 @@ describe('RunPodSandbox failures roll back completely', () => {
     await expectGrpcError(rpc(rt.cri.runtime, 'RunPodSandbox', { runtime_handler: '' }), status.INVALID_ARGUMENT, 'SANDBOX_CONFIG_MISSING');
     const noName = podConfig(rt, 'x');
     (noName.metadata as { name: string }).name = '';
-    const e2 = await expectGrpcError(rpc(rt.cri.runtime, 'RunPodSandbox', { config: noName }), status.INVALID_ARGUMENT, 'SANDBOX_METADATA_INVALID');
+    const e2 = await expectGrpcError(
+      rpc(rt.cri.runtime, 'RunPodSandbox', { config: noName }),
+      status.INVALID_ARGUMENT,
+      'SANDBOX_METADATA_INVALID',
+    );
     expect(e2.details).toContain('config.metadata.name');
     // A systemd-style parent under the cgroupfs driver the runtime advertises.
     const wrongStyle = podConfig(rt, 'x', { linux: { cgroup_parent: '/kubepods.slice/kubepods-besteffort.slice' } });
-    await expectGrpcError(rpc(rt.cri.runtime, 'RunPodSandbox', { config: wrongStyle }), status.FAILED_PRECONDITION, 'CGROUP_PARENT_STYLE_MISMATCH');
+    await expectGrpcError(
+      rpc(rt.cri.runtime, 'RunPodSandbox', { config: wrongStyle }),
+      status.FAILED_PRECONDITION,
+      'CGROUP_PARENT_STYLE_MISMATCH',
+    );
     // More vCPUs than this host has.
     const huge = podConfig(rt, 'x', {
-      pod_resources: { containers: [{ name: 'a', type: 'REGULAR_CONTAINER', kubernetes_resources: { requests: { cpu: { string: '500' } }, limits: {} } }] },
+      pod_resources: {
+        containers: [{ name: 'a', type: 'REGULAR_CONTAINER', kubernetes_resources: { requests: { cpu: { string: '500' } }, limits: {} } }],
+      },
     });
     await expectGrpcError(rpc(rt.cri.runtime, 'RunPodSandbox', { config: huge }), status.RESOURCE_EXHAUSTED);
     expect(await leftovers(rt)).toEqual(NOTHING);
@@ -54,7 +64,11 @@ describe('RunPodSandbox failures roll back completely', () => {
 
   it('a missing guest kernel is FAILED_PRECONDITION naming the path', async () => {
     const rt = await runtimeWith({ hypervisor: { kernelPath: '/nonexistent/vmlinuz' } });
-    const err = await expectGrpcError(rpc(rt.cri.runtime, 'RunPodSandbox', { config: podConfig(rt, 'nokernel') }), status.FAILED_PRECONDITION, 'GUEST_ASSETS_MISSING');
+    const err = await expectGrpcError(
+      rpc(rt.cri.runtime, 'RunPodSandbox', { config: podConfig(rt, 'nokernel') }),
+      status.FAILED_PRECONDITION,
+      'GUEST_ASSETS_MISSING',
+    );
     expect(err.details).toContain('/nonexistent/vmlinuz');
     expect(await leftovers(rt)).toEqual(NOTHING);
   });
@@ -70,7 +84,11 @@ describe('RunPodSandbox failures roll back completely', () => {
     const cfg = JSON.parse(await (await import('node:fs/promises')).readFile(rt.configPath, 'utf8')) as Record<string, unknown>;
     await writeFile(rt.configPath, JSON.stringify({ ...cfg, hypervisor: { qemuBinary: wrapper } }));
     await rt.start();
-    const err = await expectGrpcError(rpc(rt.cri.runtime, 'RunPodSandbox', { config: podConfig(rt, 'badqemu') }), status.INTERNAL, 'QEMU_EXITED_AT_START');
+    const err = await expectGrpcError(
+      rpc(rt.cri.runtime, 'RunPodSandbox', { config: podConfig(rt, 'badqemu') }),
+      status.INTERNAL,
+      'QEMU_EXITED_AT_START',
+    );
     expect(err.details).toMatch(/-no-such-option/);
     expect(await leftovers(rt)).toEqual(NOTHING);
   });
@@ -78,10 +96,18 @@ describe('RunPodSandbox failures roll back completely', () => {
   it('a guest that never signals ready times out with DEADLINE_EXCEEDED and is rolled back', async () => {
     // Too short for any boot: the guest is still in firmware when the wait ends.
     const rt = await runtimeWith({ hypervisor: { readyTimeoutMs: 300 } });
-    await expectGrpcError(rpc(rt.cri.runtime, 'RunPodSandbox', { config: podConfig(rt, 'slow') }), status.DEADLINE_EXCEEDED, 'GUEST_READY_TIMEOUT');
+    await expectGrpcError(
+      rpc(rt.cri.runtime, 'RunPodSandbox', { config: podConfig(rt, 'slow') }),
+      status.DEADLINE_EXCEEDED,
+      'GUEST_READY_TIMEOUT',
+    );
     expect(await leftovers(rt)).toEqual(NOTHING);
     // The same pod can be tried again: the failed attempt left no identity behind either.
-    await expectGrpcError(rpc(rt.cri.runtime, 'RunPodSandbox', { config: podConfig(rt, 'slow') }), status.DEADLINE_EXCEEDED, 'GUEST_READY_TIMEOUT');
+    await expectGrpcError(
+      rpc(rt.cri.runtime, 'RunPodSandbox', { config: podConfig(rt, 'slow') }),
+      status.DEADLINE_EXCEEDED,
+      'GUEST_READY_TIMEOUT',
+    );
   });
 
   it('a daemon killed in the middle of RunPodSandbox: the next start rolls the creation back', async () => {

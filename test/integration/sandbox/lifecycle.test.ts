@@ -8,9 +8,9 @@ import path from 'node:path';
 import { status } from '@grpc/grpc-js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { readProcStat } from '../../../src/hypervisor/index.js';
-import { ensureGuestAssets } from '../../helpers/hypervisor-guest.js';
 import { rpc } from '../../helpers/cri-client.js';
 import { expectGrpcError } from '../../helpers/cri-expect.js';
+import { ensureGuestAssets } from '../../helpers/hypervisor-guest.js';
 import { createTestRuntime, leftovers, podConfig, type TestRuntime } from '../../helpers/runtime-daemon.js';
 
 interface Info {
@@ -25,13 +25,26 @@ interface Info {
   plan: { source: string; vm: { vcpus: number; memoryMiB: number }; host: { memoryLimitBytes: number; cpuQuotaMillicores: number } };
 }
 interface StatusResponse {
-  status: { id: string; state: string; metadata: { name: string }; labels: Record<string, string>; runtime_handler: string; linux: { namespaces: { options: Record<string, unknown> } } };
+  status: {
+    id: string;
+    state: string;
+    metadata: { name: string };
+    labels: Record<string, string>;
+    runtime_handler: string;
+    linux: { namespaces: { options: Record<string, unknown> } };
+  };
   info: Record<string, string>;
 }
 
 const KEP4112 = (cpu: string, memory: string) => ({
   pod_resources: {
-    containers: [{ name: 'app', type: 'REGULAR_CONTAINER', kubernetes_resources: { requests: { cpu: { string: cpu }, memory: { string: memory } }, limits: {} } }],
+    containers: [
+      {
+        name: 'app',
+        type: 'REGULAR_CONTAINER',
+        kubernetes_resources: { requests: { cpu: { string: cpu }, memory: { string: memory } }, limits: {} },
+      },
+    ],
   },
 });
 
@@ -63,16 +76,26 @@ describe('pod sandbox lifecycle with real QEMU', () => {
     await rt.start();
   });
   afterAll(async () => {
-    if (process.env.KEEP_TEST_RUNTIME !== undefined) await rt?.stop(); else await rt?.cleanup();
+    if (process.env.KEEP_TEST_RUNTIME !== undefined) await rt?.stop();
+    else await rt?.cleanup();
   });
 
   it('run -> READY with QMP and guest agreeing with the plan -> list -> restart keeps it -> stop -> remove leaves nothing', async () => {
     const config = podConfig(rt, 'web', KEP4112('1500m', '300Mi'));
-    const { pod_sandbox_id: id } = await rpc<{ pod_sandbox_id: string }>(rt.cri.runtime, 'RunPodSandbox', { config, runtime_handler: 'kata-ts' });
+    const { pod_sandbox_id: id } = await rpc<{ pod_sandbox_id: string }>(rt.cri.runtime, 'RunPodSandbox', {
+      config,
+      runtime_handler: 'kata-ts',
+    });
     expect(id).toMatch(/^[0-9a-f]{64}$/);
 
     const { res, info } = await sandboxStatus(rt, id);
-    expect(res.status).toMatchObject({ id, state: 'SANDBOX_READY', metadata: { name: 'web' }, labels: { app: 'web' }, runtime_handler: 'kata-ts' });
+    expect(res.status).toMatchObject({
+      id,
+      state: 'SANDBOX_READY',
+      metadata: { name: 'web' },
+      labels: { app: 'web' },
+      runtime_handler: 'kata-ts',
+    });
     expect(res.status.linux.namespaces.options).toMatchObject({ network: 'POD', pid: 'CONTAINER', ipc: 'POD' });
     expect(info.plan.source).toBe('pod_resources');
     // 1500m of workload + 250m guest overhead -> 2 vCPUs; the plan, QEMU and the guest kernel agree.
@@ -92,7 +115,8 @@ describe('pod sandbox lifecycle with real QEMU', () => {
     expect(limit).toBe(Math.floor(info.plan.host.memoryLimitBytes / 4096) * 4096);
 
     // List with each CRI filter.
-    const list = async (filter: object) => (await rpc<{ items: Array<{ id: string }> }>(rt.cri.runtime, 'ListPodSandbox', { filter })).items.map((s) => s.id);
+    const list = async (filter: object) =>
+      (await rpc<{ items: Array<{ id: string }> }>(rt.cri.runtime, 'ListPodSandbox', { filter })).items.map((s) => s.id);
     expect(await list({})).toEqual([id]);
     expect(await list({ id: id.slice(0, 13) })).toEqual([id]);
     expect(await list({ state: { state: 'SANDBOX_READY' } })).toEqual([id]);
@@ -101,7 +125,11 @@ describe('pod sandbox lifecycle with real QEMU', () => {
     expect(await list({ label_selector: { app: 'db' } })).toEqual([]);
 
     // The same pod attempt again while it exists.
-    await expectGrpcError(rpc(rt.cri.runtime, 'RunPodSandbox', { config, runtime_handler: 'kata-ts' }), status.ALREADY_EXISTS, 'SANDBOX_EXISTS');
+    await expectGrpcError(
+      rpc(rt.cri.runtime, 'RunPodSandbox', { config, runtime_handler: 'kata-ts' }),
+      status.ALREADY_EXISTS,
+      'SANDBOX_EXISTS',
+    );
 
     // Restart the daemon: the sandbox is found again, same QEMU, still READY, nothing started twice.
     const daemonBefore = rt.pid();
@@ -133,11 +161,19 @@ describe('pod sandbox lifecycle with real QEMU', () => {
     expect(info.plan.source).toBe('handler_defaults');
     process.kill(info.pid, 'SIGKILL');
     const killedAt = Date.now();
-    const res = await waitFor(() => sandboxStatus(rt, id), (s) => s.res.status.state === 'SANDBOX_NOTREADY', 5000);
+    const res = await waitFor(
+      () => sandboxStatus(rt, id),
+      (s) => s.res.status.state === 'SANDBOX_NOTREADY',
+      5000,
+    );
     expect(res.res.status.state).toBe('SANDBOX_NOTREADY');
     // "within a second" is the requirement; the exact time is measured in bench/, not asserted here.
     void killedAt;
-    const persisted = await waitFor(() => sandboxStatus(rt, id), (s) => s.info.exit !== null, 5000);
+    const persisted = await waitFor(
+      () => sandboxStatus(rt, id),
+      (s) => s.info.exit !== null,
+      5000,
+    );
     expect(persisted.info.exit).toMatchObject({ reason: 'unexpected' });
     const logged = (await rt.logLines()).find((l) => l.msg === 'VM exited on its own; sandbox is NOTREADY');
     expect(logged).toMatchObject({ sandboxId: id, pid: info.pid });

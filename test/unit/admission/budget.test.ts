@@ -1,14 +1,14 @@
 import { describe, expect, it } from 'vitest';
 import { KataError } from '../../../src/common/errors.js';
-import { defaultHandlerProfile, confidentialHandlerProfile } from '../../../src/config/defaults.js';
+import { confidentialHandlerProfile, defaultHandlerProfile } from '../../../src/config/defaults.js';
 import {
-  containerDemand,
-  fitBudget,
-  workloadCapacity,
   type AdmissionDemand,
   type BudgetFit,
+  containerDemand,
   type FitBudgetInput,
+  fitBudget,
   type VmBudgetShape,
+  workloadCapacity,
 } from '../../../src/runtime/admission/index.js';
 import { planSizing } from '../../../src/sizing/shape.js';
 
@@ -51,7 +51,11 @@ describe('fitBudget: fits or grows', () => {
     ['nothing asked, nothing admitted', input(HOTPLUG, [], d(0, 0)), { fits: true }],
     ['within capacity', input(HOTPLUG, [d(500, 256)], d(1000, 512)), { fits: true }],
     ['exactly the capacity', input(HOTPLUG, [d(500, 256)], d(1250, 608)), { fits: true }],
-    ['one millicore over: one more vCPU', input(HOTPLUG, [d(500, 256)], d(1251, 0)), { fits: false, grow: { vcpus: 3, memoryMiB: 1024, addVcpus: 1, addMemoryMiB: 0 } }],
+    [
+      'one millicore over: one more vCPU',
+      input(HOTPLUG, [d(500, 256)], d(1251, 0)),
+      { fits: false, grow: { vcpus: 3, memoryMiB: 1024, addVcpus: 1, addMemoryMiB: 0 } },
+    ],
     [
       'one byte over: one 128 MiB block',
       input(HOTPLUG, [d(0, 864)], { cpuMillicores: 0, memoryBytes: 1, hugepages: {} }),
@@ -94,7 +98,14 @@ describe('fitBudget: refusals', () => {
     const err = refusal(input(HOTPLUG, [d(0, 4000)], d(0, 961)));
     expect(err.reason).toBe('ADMISSION_BUDGET_EXCEEDED');
     expect(err.details).toMatchObject({
-      memory: { neededBytes: 4961 * MiB, availableBytes: 864 * MiB, maxBytes: 4960 * MiB, memoryMiB: 1024, maxMemoryMiB: 5120, neededMemoryMiB: 5248 },
+      memory: {
+        neededBytes: 4961 * MiB,
+        availableBytes: 864 * MiB,
+        maxBytes: 4960 * MiB,
+        memoryMiB: 1024,
+        maxMemoryMiB: 5120,
+        neededMemoryMiB: 5248,
+      },
     });
     expect(err.message).toContain('4961 MiB');
     expect(err.message).not.toContain('cpu needs');
@@ -130,7 +141,9 @@ describe('fitBudget: refusals', () => {
   });
 
   it('refuses a confidential VM short only of hugepages as over budget (no handler could grow a pool)', () => {
-    expect(refusal(input({ ...WITH_POOL, maxVcpus: 2, maxMemoryMiB: 1024 }, [], d(0, 0, { '2Mi': 16 * MiB }), true)).reason).toBe('ADMISSION_BUDGET_EXCEEDED');
+    expect(refusal(input({ ...WITH_POOL, maxVcpus: 2, maxMemoryMiB: 1024 }, [], d(0, 0, { '2Mi': 16 * MiB }), true)).reason).toBe(
+      'ADMISSION_BUDGET_EXCEEDED',
+    );
   });
 });
 
@@ -145,12 +158,21 @@ describe('fitBudget against the sizing planner', () => {
     linux: { resources: { cpu_quota: '175000', cpu_period: '100000', memory_limit_in_bytes: String(1000 * MiB) } },
   };
 
-  for (const [name, profile] of [['kata-ts', defaultHandlerProfile()], ['kata-ts-cvm', confidentialHandlerProfile()]] as const) {
+  for (const [name, profile] of [
+    ['kata-ts', defaultHandlerProfile()],
+    ['kata-ts-cvm', confidentialHandlerProfile()],
+  ] as const) {
     it(`admits every container of the sized pod without growing (${name})`, () => {
       const plan = planSizing({ config: sandboxConfig, handler: { name, profile }, host: { cpus: 64, memoryMiB: 65536 } });
       expect(plan.source).toBe('linux_resources');
       const demands = containers.map((c) => containerDemand(c));
-      const result = fitBudget({ containerName: 'second', shape: plan.vm, handler: profile, admitted: demands.slice(0, 1), incoming: demands[1]! });
+      const result = fitBudget({
+        containerName: 'second',
+        shape: plan.vm,
+        handler: profile,
+        admitted: demands.slice(0, 1),
+        incoming: demands[1]!,
+      });
       expect(result).toEqual({ fits: true });
     });
   }

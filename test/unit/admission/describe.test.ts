@@ -3,10 +3,10 @@ import { isKataError } from '../../../src/common/errors.js';
 import {
   admissionError,
   admitAnnounced,
+  type Difference,
   describeDifferences,
   MAX_DESCRIBED_DIFFERENCES,
   MAX_VALUE_CHARS,
-  type Difference,
 } from '../../../src/runtime/admission/index.js';
 
 /** The `<field> announced <a>, received <r>` clauses of a message, split back apart. */
@@ -36,25 +36,35 @@ describe('describeDifferences', () => {
     const diffs = Array.from({ length: MAX_DESCRIBED_DIFFERENCES + 5 }, (_, i) => diff(i));
     const parts = clauses(describeDifferences('app', diffs));
     expect(parts).toHaveLength(MAX_DESCRIBED_DIFFERENCES + 1);
-    expect(parts.slice(0, MAX_DESCRIBED_DIFFERENCES).map((p) => p.split(' ')[0])).toEqual(diffs.slice(0, MAX_DESCRIBED_DIFFERENCES).map((d) => d.field));
+    expect(parts.slice(0, MAX_DESCRIBED_DIFFERENCES).map((p) => p.split(' ')[0])).toEqual(
+      diffs.slice(0, MAX_DESCRIBED_DIFFERENCES).map((d) => d.field),
+    );
     expect(parts.at(-1)).toBe('and 5 more');
   });
 
   it('names exactly 20 fields without a remainder', () => {
-    const parts = clauses(describeDifferences('app', Array.from({ length: MAX_DESCRIBED_DIFFERENCES }, (_, i) => diff(i))));
+    const parts = clauses(
+      describeDifferences(
+        'app',
+        Array.from({ length: MAX_DESCRIBED_DIFFERENCES }, (_, i) => diff(i)),
+      ),
+    );
     expect(parts).toHaveLength(MAX_DESCRIBED_DIFFERENCES);
     expect(parts.some((p) => p.startsWith('and '))).toBe(false);
   });
 
   it('cuts a huge value so that the message stays bounded', () => {
-    const huge = '"' + 'x'.repeat(10_000) + '"';
+    const huge = `"${'x'.repeat(10_000)}"`;
     const message = describeDifferences('app', [{ field: 'mounts["/a"].host_path', announced: huge, received: '"/b"' }]);
     expect(message.length).toBeLessThan(MAX_VALUE_CHARS + 200);
     expect(message).toContain('…, received "/b"');
   });
 
   it('bounds a thousand differences', () => {
-    const message = describeDifferences('app', Array.from({ length: 1000 }, (_, i) => diff(i)));
+    const message = describeDifferences(
+      'app',
+      Array.from({ length: 1000 }, (_, i) => diff(i)),
+    );
     expect(message.length).toBeLessThan(MAX_DESCRIBED_DIFFERENCES * (2 * MAX_VALUE_CHARS + 60) + 200);
     expect(message.endsWith('and 980 more')).toBe(true);
   });

@@ -15,9 +15,10 @@ const ALLOWED = [ADMISSION, path.join(SRC, 'common'), path.join(SRC, 'config'), 
 const FORBIDDEN = [path.join(SRC, 'common', 'fsutil.ts'), path.join(SRC, 'common', 'logger.ts'), path.join(SRC, 'config', 'load.ts')];
 
 function specifiers(source: string): string[] {
-  return [...source.matchAll(/(?:^|\n)\s*(?:import|export)[^'"]*?from\s+['"]([^'"]+)['"]/g), ...source.matchAll(/import\(\s*['"]([^'"]+)['"]\s*\)/g)].map(
-    (m) => m[1]!,
-  );
+  return [
+    ...source.matchAll(/(?:^|\n)\s*(?:import|export)[^'"]*?from\s+['"]([^'"]+)['"]/g),
+    ...source.matchAll(/import\(\s*['"]([^'"]+)['"]\s*\)/g),
+  ].map((m) => m[1]!);
 }
 
 describe('src/runtime/admission imports', () => {
@@ -33,7 +34,10 @@ describe('src/runtime/admission imports', () => {
     for (const spec of found) {
       expect(spec.startsWith('.'), `${file} imports "${spec}", not a relative path`).toBe(true);
       const target = path.resolve(ADMISSION, spec).replace(/\.js$/, '.ts');
-      expect(ALLOWED.some((dir) => target.startsWith(dir + path.sep)), `${file} imports ${spec}`).toBe(true);
+      expect(
+        ALLOWED.some((dir) => target.startsWith(dir + path.sep)),
+        `${file} imports ${spec}`,
+      ).toBe(true);
       expect(FORBIDDEN.includes(target), `${file} imports ${spec}, which does I/O`).toBe(false);
     }
   });

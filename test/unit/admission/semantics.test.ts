@@ -1,9 +1,9 @@
 import { describe, expect, it } from 'vitest';
 import type { ContainerConfig__Output } from '../../../src/generated/runtime/v1/ContainerConfig.js';
 import type { PodSandboxConfig__Output } from '../../../src/generated/runtime/v1/PodSandboxConfig.js';
-import { decodeProtoJson } from '../../../src/runtime/cri/protojson.js';
 import {
   admitAnnounced,
+  type ContainerConfigInput,
   compareCdiDevices,
   compareContainerType,
   compareDevices,
@@ -11,8 +11,8 @@ import {
   compareMounts,
   KATA_CONTAINER_TYPE_ANNOTATION,
   KUBELET_CONTAINER_TYPE_ANNOTATION,
-  type ContainerConfigInput,
 } from '../../../src/runtime/admission/index.js';
+import { decodeProtoJson } from '../../../src/runtime/cri/protojson.js';
 import type { MountInput } from '../../../src/sizing/input.js';
 
 describe('quantities are compared by value', () => {
@@ -55,34 +55,66 @@ describe('quantities are compared by value', () => {
   });
 
   it('reports announced values missing from a null request, one per resource', () => {
-    expect(compareKubernetesResources({ requests: { cpu: { string: '1' } }, limits: { 'example.com/foo': { string: '2' } } }, null)).toEqual([
+    expect(
+      compareKubernetesResources({ requests: { cpu: { string: '1' } }, limits: { 'example.com/foo': { string: '2' } } }, null),
+    ).toEqual([
       { field: 'kubernetes_resources.requests.cpu', announced: '1', received: 'absent' },
       { field: 'kubernetes_resources.limits["example.com/foo"]', announced: '2', received: 'absent' },
     ]);
   });
 
   it('does not default a missing request to its limit (compared as sent)', () => {
-    expect(compareKubernetesResources({ limits: { cpu: { string: '1' } } }, { requests: { cpu: { string: '1' } }, limits: { cpu: { string: '1' } } })).toEqual([
-      { field: 'kubernetes_resources.requests.cpu', announced: 'absent', received: '1' },
-    ]);
+    expect(
+      compareKubernetesResources(
+        { limits: { cpu: { string: '1' } } },
+        { requests: { cpu: { string: '1' } }, limits: { cpu: { string: '1' } } },
+      ),
+    ).toEqual([{ field: 'kubernetes_resources.requests.cpu', announced: 'absent', received: '1' }]);
   });
 });
 
-const m = (container_path: string, extra: Partial<MountInput> = {}): MountInput => ({ container_path, host_path: `/src${container_path}`, ...extra });
+const m = (container_path: string, extra: Partial<MountInput> = {}): MountInput => ({
+  container_path,
+  host_path: `/src${container_path}`,
+  ...extra,
+});
 
 describe('mount order matters only between nested mounts', () => {
   const ROWS: [string, string[], string[], { announced: string; received: string } | null][] = [
     ['unrelated mounts reordered', ['/a', '/b', '/c'], ['/c', '/a', '/b'], null],
     ['a sibling sharing a prefix is not nested', ['/data', '/database'], ['/database', '/data'], null],
     ['nested mounts in the same order among others', ['/x', '/data', '/y', '/data/cache'], ['/data', '/y', '/data/cache', '/x'], null],
-    ['nested mounts swapped', ['/data', '/data/cache'], ['/data/cache', '/data'], { announced: '"/data", "/data/cache"', received: '"/data/cache", "/data"' }],
-    ['a grandchild before its grandparent', ['/a', '/a/b', '/a/b/c'], ['/a/b/c', '/a', '/a/b'], { announced: '"/a", "/a/b", "/a/b/c"', received: '"/a/b/c", "/a", "/a/b"' }],
+    [
+      'nested mounts swapped',
+      ['/data', '/data/cache'],
+      ['/data/cache', '/data'],
+      { announced: '"/data", "/data/cache"', received: '"/data/cache", "/data"' },
+    ],
+    [
+      'a grandchild before its grandparent',
+      ['/a', '/a/b', '/a/b/c'],
+      ['/a/b/c', '/a', '/a/b'],
+      { announced: '"/a", "/a/b", "/a/b/c"', received: '"/a/b/c", "/a", "/a/b"' },
+    ],
     ['everything is under /', ['/', '/etc/hosts'], ['/etc/hosts', '/'], { announced: '"/", "/etc/hosts"', received: '"/etc/hosts", "/"' }],
-    ['trailing slashes still nest', ['/data/', '/data/cache'], ['/data/cache', '/data/'], { announced: '"/data/", "/data/cache"', received: '"/data/cache", "/data/"' }],
-    ['two separate nests, one swapped', ['/a', '/a/1', '/b', '/b/1'], ['/a', '/a/1', '/b/1', '/b'], { announced: '"/b", "/b/1"', received: '"/b/1", "/b"' }],
+    [
+      'trailing slashes still nest',
+      ['/data/', '/data/cache'],
+      ['/data/cache', '/data/'],
+      { announced: '"/data/", "/data/cache"', received: '"/data/cache", "/data/"' },
+    ],
+    [
+      'two separate nests, one swapped',
+      ['/a', '/a/1', '/b', '/b/1'],
+      ['/a', '/a/1', '/b/1', '/b'],
+      { announced: '"/b", "/b/1"', received: '"/b/1", "/b"' },
+    ],
   ];
   it.each(ROWS)('%s', (_name, announced, received, expected) => {
-    const diffs = compareMounts(announced.map((p) => m(p)), received.map((p) => m(p)));
+    const diffs = compareMounts(
+      announced.map((p) => m(p)),
+      received.map((p) => m(p)),
+    );
     expect(diffs).toEqual(expected === null ? [] : [{ field: 'mounts order', ...expected }]);
   });
 
@@ -109,7 +141,11 @@ describe('mount order matters only between nested mounts', () => {
 });
 
 describe('device permissions are compared as sets of letters', () => {
-  const dev = (permissions: string): { container_path: string; host_path: string; permissions: string } => ({ container_path: '/dev/x', host_path: '/dev/x', permissions });
+  const dev = (permissions: string): { container_path: string; host_path: string; permissions: string } => ({
+    container_path: '/dev/x',
+    host_path: '/dev/x',
+    permissions,
+  });
   const SAME: [string, string][] = [
     ['rw', 'wr'],
     ['rwm', 'mrw'],
@@ -139,7 +175,9 @@ describe('device permissions are compared as sets of letters', () => {
 describe('CDI devices are compared as a set of names', () => {
   const cdi = (...names: string[]): { name: string }[] => names.map((name) => ({ name }));
   it('ignores order and repetition', () => {
-    expect(compareCdiDevices(cdi('vendor.com/gpu=0', 'vendor.com/gpu=1'), cdi('vendor.com/gpu=1', 'vendor.com/gpu=0', 'vendor.com/gpu=1'))).toEqual([]);
+    expect(
+      compareCdiDevices(cdi('vendor.com/gpu=0', 'vendor.com/gpu=1'), cdi('vendor.com/gpu=1', 'vendor.com/gpu=0', 'vendor.com/gpu=1')),
+    ).toEqual([]);
   });
   it('names each name on one side only', () => {
     expect(compareCdiDevices(cdi('v.com/a=0', 'v.com/a=1'), cdi('v.com/a=1', 'v.com/a=2'))).toEqual([

@@ -80,7 +80,8 @@ describe('source layering', () => {
       const rel = path.relative(SRC, file);
       for (const spec of importsOf(file)) {
         if (spec === 'dbus-next' && rel !== 'cgroups/systemd.ts') offenders.push(`${rel} imports dbus-next`);
-        if (spec.startsWith('@grpc/') && !rel.startsWith('runtime/cri/') && rel !== 'pcie/podresources.ts') offenders.push(`${rel} imports ${spec}`);
+        if (spec.startsWith('@grpc/') && !rel.startsWith('runtime/cri/') && rel !== 'pcie/podresources.ts')
+          offenders.push(`${rel} imports ${spec}`);
       }
     }
     expect(offenders).toEqual([]);

@@ -8,9 +8,9 @@ import { promises as fsp } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import { type CgroupDriver, type CgroupFs, createCgroupDriver, type VmmLimits } from '../../../src/cgroups/index.js';
 import { KataError } from '../../../src/common/errors.js';
 import { silentLogger } from '../../../src/common/logger.js';
-import { createCgroupDriver, type CgroupDriver, type CgroupFs, type VmmLimits } from '../../../src/cgroups/index.js';
 import { SimulatedCgroup2Fs } from '../../helpers/cgroups-simfs.js';
 
 const FIXTURE = path.resolve('fixtures/cgroups/v2-kubelet-node');
@@ -27,10 +27,17 @@ let sim: SimulatedCgroup2Fs;
 let driver: CgroupDriver;
 
 const read = async (rel: string) => (await fsp.readFile(path.join(root, rel), 'utf8')).trim();
-const exists = async (rel: string) => fsp.stat(path.join(root, rel)).then(() => true, () => false);
+const exists = async (rel: string) =>
+  fsp.stat(path.join(root, rel)).then(
+    () => true,
+    () => false,
+  );
 
 async function errorOf(p: Promise<unknown>): Promise<KataError> {
-  const err = await p.then(() => undefined, (e: unknown) => e);
+  const err = await p.then(
+    () => undefined,
+    (e: unknown) => e,
+  );
   expect(err).toBeInstanceOf(KataError);
   return err as KataError;
 }

@@ -2,11 +2,11 @@ import { promises as fsp } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
-import { silentLogger } from '../../../src/common/logger.js';
-import { KataError } from '../../../src/common/errors.js';
 import { classifyCgroupMode, detectCgroupDriver, detectCgroupMode } from '../../../src/cgroups/detect.js';
-import { CGROUP2_SUPER_MAGIC, CGROUP_SUPER_MAGIC, TMPFS_MAGIC } from '../../../src/cgroups/fsops.js';
+import { CGROUP_SUPER_MAGIC, CGROUP2_SUPER_MAGIC, TMPFS_MAGIC } from '../../../src/cgroups/fsops.js';
 import { createCgroupDriver } from '../../../src/cgroups/index.js';
+import { KataError } from '../../../src/common/errors.js';
+import { silentLogger } from '../../../src/common/logger.js';
 import { SimulatedCgroup2Fs } from '../../helpers/cgroups-simfs.js';
 
 let tmp: string;
@@ -62,7 +62,10 @@ describe('detectCgroupMode', () => {
       [path.join(tmp, 'missing'), 'CGROUP_ROOT_MISSING'],
       [tmp, 'CGROUP_ROOT_NOT_CGROUP'],
     ] as const) {
-      const err = await detectCgroupMode(root).then(() => undefined, (e: unknown) => e);
+      const err = await detectCgroupMode(root).then(
+        () => undefined,
+        (e: unknown) => e,
+      );
       expect(err).toBeInstanceOf(KataError);
       expect([(err as KataError).kind, (err as KataError).reason]).toEqual(['precondition', reason]);
     }

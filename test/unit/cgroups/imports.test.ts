@@ -23,14 +23,16 @@ async function importsOf(file: string): Promise<string[]> {
 describe('cgroups import rules', () => {
   it('dbus-next is imported by src/cgroups/systemd.ts and nothing else in src/', async () => {
     const importers: string[] = [];
-    for (const f of await tsFiles('src')) if ((await importsOf(f)).some((i) => i === 'dbus-next' || i.startsWith('dbus-next/'))) importers.push(f);
+    for (const f of await tsFiles('src'))
+      if ((await importsOf(f)).some((i) => i === 'dbus-next' || i.startsWith('dbus-next/'))) importers.push(f);
     expect(importers).toEqual([path.join('src', 'cgroups', 'systemd.ts')]);
   });
 
   it('src/cgroups imports only node:, dbus-next, ../common and ../config, besides itself', async () => {
     for (const f of await tsFiles(path.join('src', 'cgroups'))) {
       for (const i of await importsOf(f)) {
-        const ok = i.startsWith('node:') || i === 'dbus-next' || i.startsWith('./') || i.startsWith('../common/') || i.startsWith('../config/');
+        const ok =
+          i.startsWith('node:') || i === 'dbus-next' || i.startsWith('./') || i.startsWith('../common/') || i.startsWith('../config/');
         expect(ok, `${f} imports ${i}`).toBe(true);
       }
     }

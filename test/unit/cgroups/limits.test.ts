@@ -1,17 +1,17 @@
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
-import { KataError } from '../../../src/common/errors.js';
 import {
   cgroupFileWrites,
   milliCpuToQuotaUs,
   milliCpuToShares,
   planLimits,
   quotaPerSecUSec,
-  sharesToWeight,
   SYSTEMD_INFINITY,
+  sharesToWeight,
   systemdLimitProperties,
   validateLimits,
 } from '../../../src/cgroups/limits.js';
+import { KataError } from '../../../src/common/errors.js';
 
 const MiB = 1024 * 1024;
 

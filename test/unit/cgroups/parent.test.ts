@@ -1,5 +1,4 @@
 import { describe, expect, it } from 'vitest';
-import { KataError } from '../../../src/common/errors.js';
 import {
   expandSlice,
   isSystemdStyleParent,
@@ -9,6 +8,7 @@ import {
   validateParentFor,
   vmmCgroupName,
 } from '../../../src/cgroups/parent.js';
+import { KataError } from '../../../src/common/errors.js';
 
 function caught(fn: () => unknown): KataError {
   try {

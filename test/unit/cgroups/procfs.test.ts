@@ -45,7 +45,9 @@ describe('/proc/<pid>/cgroup and mountinfo', () => {
   it('maps an entry to its directory through the first mount that shows it', () => {
     const mounts = parseCgroupMounts(mountinfo);
     const entries = parseProcCgroup(procCgroup);
-    expect(cgroupDirOf(mounts, findProcEntry(entries, 'memory')!)).toBe('/sys/fs/cgroup/memory/process_api/4413894fe8744b9df139ada32cc643fb');
+    expect(cgroupDirOf(mounts, findProcEntry(entries, 'memory')!)).toBe(
+      '/sys/fs/cgroup/memory/process_api/4413894fe8744b9df139ada32cc643fb',
+    );
     expect(cgroupDirOf(mounts, findProcEntry(entries, 'cpu')!)).toBe('/sys/fs/cgroup/cpu,cpuacct/kubepods/pod1');
     expect(cgroupDirOf(mounts, findProcEntry(entries, '')!)).toBe('/sys/fs/cgroup/unified');
     // Only the bind of /process_api shows this path: the mount root is stripped.

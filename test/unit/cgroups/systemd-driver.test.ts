@@ -1,10 +1,10 @@
 /** The systemd driver's refusals that need no manager; placement itself is tested for real in test/integration/cgroups/systemd.test.ts. */
 import { describe, expect, it } from 'vitest';
-import { KataError } from '../../../src/common/errors.js';
-import { silentLogger } from '../../../src/common/logger.js';
 import { createCgroupDriver, probeSystemdManager } from '../../../src/cgroups/index.js';
 import { missingLimitHierarchies } from '../../../src/cgroups/systemd.js';
 import { systemdError } from '../../../src/cgroups/systemd-errors.js';
+import { KataError } from '../../../src/common/errors.js';
+import { silentLogger } from '../../../src/common/logger.js';
 
 const limits = { cpuQuotaMillicores: 1000, cpuRequestMillicores: 500, memoryLimitBytes: 256 * 1024 * 1024 };
 const driver = createCgroupDriver('systemd', {
@@ -16,7 +16,10 @@ const driver = createCgroupDriver('systemd', {
 });
 
 async function errorOf(p: Promise<unknown>): Promise<KataError> {
-  const err = await p.then(() => undefined, (e: unknown) => e);
+  const err = await p.then(
+    () => undefined,
+    (e: unknown) => e,
+  );
   expect(err).toBeInstanceOf(KataError);
   return err as KataError;
 }
@@ -24,7 +27,9 @@ async function errorOf(p: Promise<unknown>): Promise<KataError> {
 describe('systemd driver without a reachable manager', () => {
   it('refuses a cgroupfs-style parent before talking to systemd', async () => {
     expect(() => driver.validateParent('/kubepods/burstable/pod1')).toThrow(/driver is systemd/);
-    const err = await errorOf(driver.place({ sandboxId: 'ef'.repeat(32), cgroupParent: '/kubepods/besteffort/pod1', pid: process.pid, limits }));
+    const err = await errorOf(
+      driver.place({ sandboxId: 'ef'.repeat(32), cgroupParent: '/kubepods/besteffort/pod1', pid: process.pid, limits }),
+    );
     expect([err.kind, err.reason]).toEqual(['precondition', 'CGROUP_PARENT_STYLE_MISMATCH']);
   });
 

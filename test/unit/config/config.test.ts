@@ -30,7 +30,11 @@ describe('config file', () => {
       parseConfigDocument({ socketpath: '/x', hypervisor: { qemuBin: 'q' }, handlers: { 'kata-ts': { vm: { cpus: 2 } } } }, 'test'),
     );
     expect(problems).toEqual(
-      expect.arrayContaining(['/socketpath is not a known key', '/hypervisor/qemuBin is not a known key', '/handlers/kata-ts/vm/cpus is not a known key']),
+      expect.arrayContaining([
+        '/socketpath is not a known key',
+        '/hypervisor/qemuBin is not a known key',
+        '/handlers/kata-ts/vm/cpus is not a known key',
+      ]),
     );
   });
 

@@ -17,7 +17,7 @@ function loadSpec(name: string): QemuArgvSpec {
 
 /** One argument per line: a golden reads as the command line, reviewable as data. */
 function render(argv: string[]): string {
-  return argv.join('\n') + '\n';
+  return `${argv.join('\n')}\n`;
 }
 
 function thrown(fn: () => unknown): KataError {
@@ -38,7 +38,7 @@ describe('buildQemuArgv goldens (fixtures/argv, UPDATE_GOLDENS=1 rewrites them)'
   it.each(cases)('%s', (name) => {
     const argv = buildQemuArgv(loadSpec(name));
     const goldenPath = path.join(goldenDir, `${name}.argv`);
-    if (process.env['UPDATE_GOLDENS'] === '1') writeFileSync(goldenPath, render(argv));
+    if (process.env.UPDATE_GOLDENS === '1') writeFileSync(goldenPath, render(argv));
     expect(render(argv)).toBe(readFileSync(goldenPath, 'utf8'));
     // Deterministic: a second build of the same spec is identical.
     expect(buildQemuArgv(loadSpec(name))).toEqual(argv);
@@ -47,7 +47,7 @@ describe('buildQemuArgv goldens (fixtures/argv, UPDATE_GOLDENS=1 rewrites them)'
 
 describe('buildQemuArgv properties', () => {
   const base = (): QemuArgvSpec => loadSpec('tcg-hotplug');
-  const valueOf = (argv: string[], flag: string): string[] =>
+  const flagValues = (argv: string[], flag: string): string[] =>
     argv.flatMap((a, i) => (a === flag && argv[i + 1] !== undefined ? [argv[i + 1]!] : []));
 
   it('always starts paused, never reboots, and keeps the PCIe arguments last and intact', () => {
@@ -61,38 +61,38 @@ describe('buildQemuArgv properties', () => {
 
   it('sizes virtio-mem to the headroom and plans CPU hot-plug slots', () => {
     const argv = buildQemuArgv(base());
-    expect(valueOf(argv, '-smp')).toEqual(['cpus=2,maxcpus=6,sockets=1,cores=6,threads=1']);
-    expect(valueOf(argv, '-m')).toEqual(['size=672M,maxmem=4768M']);
-    expect(valueOf(argv, '-object')).toEqual(['memory-backend-ram,id=vmem0-mem,size=4096M']);
-    expect(valueOf(argv, '-device').filter((d) => d.startsWith('virtio-mem-pci'))).toHaveLength(1);
-    expect(valueOf(argv, '-append')[0]).toContain('memhp_default_state=online_movable');
+    expect(flagValues(argv, '-smp')).toEqual(['cpus=2,maxcpus=6,sockets=1,cores=6,threads=1']);
+    expect(flagValues(argv, '-m')).toEqual(['size=672M,maxmem=4768M']);
+    expect(flagValues(argv, '-object')).toEqual(['memory-backend-ram,id=vmem0-mem,size=4096M']);
+    expect(flagValues(argv, '-device').filter((d) => d.startsWith('virtio-mem-pci'))).toHaveLength(1);
+    expect(flagValues(argv, '-append')[0]).toContain('memhp_default_state=online_movable');
   });
 
   it('has no virtio-mem and no movable-memory parameter for a static shape', () => {
     const argv = buildQemuArgv(loadSpec('tcg-static-extra-params'));
     expect(argv.some((a) => a.includes('virtio-mem'))).toBe(false);
-    expect(valueOf(argv, '-m')).toEqual(['size=512M']);
-    expect(valueOf(argv, '-append')[0]).not.toContain('memhp_default_state');
+    expect(flagValues(argv, '-m')).toEqual(['size=512M']);
+    expect(flagValues(argv, '-append')[0]).not.toContain('memhp_default_state');
   });
 
   it('uses -cpu host under KVM and max under TCG', () => {
-    expect(valueOf(buildQemuArgv(base()), '-cpu')).toEqual(['max']);
-    expect(valueOf(buildQemuArgv({ ...base(), accel: 'kvm' }), '-cpu')).toEqual(['host']);
+    expect(flagValues(buildQemuArgv(base()), '-cpu')).toEqual(['max']);
+    expect(flagValues(buildQemuArgv({ ...base(), accel: 'kvm' }), '-cpu')).toEqual(['host']);
   });
 
   it('escapes commas in paths given to QEMU options', () => {
     const argv = buildQemuArgv(loadSpec('tcg-static-extra-params'));
-    expect(valueOf(argv, '-chardev')).toContain('file,id=console,path=/var/lib/kata-ts/sandboxes/with,,comma/console.log');
+    expect(flagValues(argv, '-chardev')).toContain('file,id=console,path=/var/lib/kata-ts/sandboxes/with,,comma/console.log');
   });
 
   it('refuses a unix socket path longer than sun_path, naming the field and the length', () => {
-    const long = '/run/' + 'x'.repeat(100) + '/qmp.sock';
+    const long = `/run/${'x'.repeat(100)}/qmp.sock`;
     const err = thrown(() => buildQemuArgv({ ...base(), paths: { ...base().paths, qmpSocket: long } }));
     expect(err).toMatchObject({ kind: 'invalid', reason: 'UNIX_SOCKET_PATH_TOO_LONG' });
     expect(err.message).toContain('paths.qmpSocket');
     expect(err.message).toContain(`${Buffer.byteLength(long)} bytes`);
     // Exactly 107 bytes still fits.
-    const fits = '/run/' + 'y'.repeat(107 - '/run/'.length - '/r.sock'.length) + '/r.sock';
+    const fits = `/run/${'y'.repeat(107 - '/run/'.length - '/r.sock'.length)}/r.sock`;
     expect(Buffer.byteLength(fits)).toBe(107);
     expect(() => buildQemuArgv({ ...base(), paths: { ...base().paths, readySocket: fits } })).not.toThrow();
   });
@@ -117,7 +117,9 @@ describe('buildQemuArgv properties', () => {
   });
 
   it('refuses PCIe arguments that collide with the hypervisor devices', () => {
-    const onOurSlot = thrown(() => buildQemuArgv({ ...base(), pcieArgs: ['-device', 'pcie-root-port,id=rp0,bus=pcie.0,addr=03.0,chassis=1,slot=1'] }));
+    const onOurSlot = thrown(() =>
+      buildQemuArgv({ ...base(), pcieArgs: ['-device', 'pcie-root-port,id=rp0,bus=pcie.0,addr=03.0,chassis=1,slot=1'] }),
+    );
     expect(onOurSlot).toMatchObject({ reason: 'PCIE_ARGS_CONFLICT' });
     expect(onOurSlot.message).toContain('pcieArgs[1]');
     const onIch9 = thrown(() => buildQemuArgv({ ...base(), pcieArgs: ['-device', 'pcie-root-port,id=rp0,bus=pcie.0,addr=0x1f'] }));

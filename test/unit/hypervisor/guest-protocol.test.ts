@@ -22,10 +22,13 @@ describe('parseGuestLine', () => {
     expect(parseGuestLine('KATA_TS_POWEROFF')).toEqual({ kind: 'poweroff' });
   });
 
-  it.each(['', 'hello', 'KATA_TS_READY vcpus=2', 'KATA_TS_READY vcpus=-1 memory_kib=1 online_memory_kib=1', 'KATA_TS_UPDATE vcpus=x memory_kib=1 online_memory_kib=1'])(
-    'rejects %j',
-    (line) => {
-      expect(parseGuestLine(line)).toBeUndefined();
-    },
-  );
+  it.each([
+    '',
+    'hello',
+    'KATA_TS_READY vcpus=2',
+    'KATA_TS_READY vcpus=-1 memory_kib=1 online_memory_kib=1',
+    'KATA_TS_UPDATE vcpus=x memory_kib=1 online_memory_kib=1',
+  ])('rejects %j', (line) => {
+    expect(parseGuestLine(line)).toBeUndefined();
+  });
 });

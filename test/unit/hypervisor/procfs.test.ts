@@ -18,7 +18,7 @@ describe('procfs readers', () => {
     // utime, stime, cutime, cstime, priority, nice, num_threads, itrealvalue, starttime, then more.
     const rest = [state, 1, pid, pid, 0, -1, 4194560, 1, 0, 0, 0, 5, 3, 0, 0, 20, 0, 4, 0, startTime, 123456, 789];
     writeFileSync(path.join(root, String(pid), 'stat'), `${pid} (${comm}) ${rest.join(' ')}\n`);
-    writeFileSync(path.join(root, String(pid), 'cmdline'), cmdline.join('\0') + '\0');
+    writeFileSync(path.join(root, String(pid), 'cmdline'), `${cmdline.join('\0')}\0`);
   };
 
   it('reads state and start time even when comm contains spaces and parentheses', () => {
@@ -45,7 +45,7 @@ describe('procfs readers', () => {
 
   it('tails a log file', async () => {
     const file = path.join(root, 'log');
-    writeFileSync(file, Array.from({ length: 50 }, (_, i) => `line ${i}`).join('\r\n') + '\r\n');
+    writeFileSync(file, `${Array.from({ length: 50 }, (_, i) => `line ${i}`).join('\r\n')}\r\n`);
     expect(await tailFile(file, 3)).toBe('line 47\nline 48\nline 49');
     expect(await tailFile(path.join(root, 'missing'), 3)).toBe('');
   });

@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { QmpClient, QmpError, type QmpEvent } from '../../../src/hypervisor/qmp/client.js';
-import { loadTranscript, parseTranscript, TranscriptReplay, type Chunking } from '../../helpers/hypervisor-qmp-replay.js';
+import { type Chunking, loadTranscript, parseTranscript, TranscriptReplay } from '../../helpers/hypervisor-qmp-replay.js';
 import { rejection } from '../../helpers/kata-error.js';
 
 const chunkings: Chunking[] = ['lines', 'bytes', 'merged', 'odd'];
@@ -19,7 +19,7 @@ describe('QmpClient replaying recorded QEMU 7.2 transcripts', () => {
     expect(await qmp.queryStatus()).toMatchObject({ status: 'running', running: true });
     await qmp.stop().then(() => order.push('stop returned'));
     expect((await qmp.queryStatus()).status).toBe('paused');
-    const shutdown = qmp.waitForEvent('SHUTDOWN', (e) => e.data?.['reason'] === 'host-qmp-quit', 5000);
+    const shutdown = qmp.waitForEvent('SHUTDOWN', (e) => e.data?.reason === 'host-qmp-quit', 5000);
     await qmp.quit();
     expect((await shutdown).data).toEqual({ guest: false, reason: 'host-qmp-quit' });
     expect(await qmp.closed).toEqual({});
@@ -159,7 +159,7 @@ describe('QmpClient failure handling (hand-built from recorded lines)', () => {
     });
     const offOnce = qmp.once('X_NOTE', (e) => seen.push(e));
     expect((await qmp.queryStatus()).status).toBe('prelaunch');
-    expect(seen.map((e) => e.data?.['text'])).toEqual(['Größe ✓']);
+    expect(seen.map((e) => e.data?.text)).toEqual(['Größe ✓']);
     offOnce();
     qmp.close();
   });

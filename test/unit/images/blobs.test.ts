@@ -57,7 +57,9 @@ describe('BlobStore.ingest', () => {
     });
     await expect(store.ingest(digest, 11, endless, { signal, what: 'layer Y' })).rejects.toMatchObject({ reason: 'IMAGE_SIZE_MISMATCH' });
     expect(pulled).toBeLessThan(100);
-    await expect(store.ingest(digest, 12, chunks('hello world'), { signal, what: 'layer Z' })).rejects.toMatchObject({ reason: 'IMAGE_SIZE_MISMATCH' });
+    await expect(store.ingest(digest, 12, chunks('hello world'), { signal, what: 'layer Z' })).rejects.toMatchObject({
+      reason: 'IMAGE_SIZE_MISMATCH',
+    });
     expect(await store.list()).toEqual([]);
     expect(await fsp.readdir(store.ingestDir)).toEqual([]);
   });

@@ -23,7 +23,11 @@ function record(idChar: string, tags: string[], digests: string[], extra: Partia
   };
 }
 
-const busybox = record('a', ['docker.io/library/busybox:latest', 'docker.io/library/busybox:1.36'], [`docker.io/library/busybox@${id('1')}`]);
+const busybox = record(
+  'a',
+  ['docker.io/library/busybox:latest', 'docker.io/library/busybox:1.36'],
+  [`docker.io/library/busybox@${id('1')}`],
+);
 const app = record('b', ['localhost:5000/app:v1'], [`localhost:5000/app@${id('2')}`], { uid: 1000 });
 const alsoA = record('ab', [], []);
 const records = [busybox, app, alsoA];
@@ -92,13 +96,26 @@ describe('recordsAfterPull', () => {
       new Set(['docker.io/library/busybox:latest']),
       now,
     );
-    expect(record).toMatchObject({ id: id('c'), repoTags: ['docker.io/library/busybox:latest'], pinned: true, annotations: { a: 'b' }, pulledAt: now.toISOString() });
+    expect(record).toMatchObject({
+      id: id('c'),
+      repoTags: ['docker.io/library/busybox:latest'],
+      pinned: true,
+      annotations: { a: 'b' },
+      pulledAt: now.toISOString(),
+    });
     expect(next.find((r) => r.id === id('a'))?.repoTags).toEqual(['docker.io/library/busybox:1.36']);
     expect(records[0]?.repoTags).toHaveLength(2); // the input is not mutated
   });
 
   it('adds names to an existing image without duplicates', () => {
-    const again = recordsAfterPull(records, { ...facts, id: id('a') }, { tag: 'docker.io/library/busybox:1.36', digest: `docker.io/library/busybox@${id('1')}` }, {}, new Set(), now);
+    const again = recordsAfterPull(
+      records,
+      { ...facts, id: id('a') },
+      { tag: 'docker.io/library/busybox:1.36', digest: `docker.io/library/busybox@${id('1')}` },
+      {},
+      new Set(),
+      now,
+    );
     expect(again.records).toHaveLength(3);
     expect(again.record.repoTags).toEqual(busybox.repoTags);
     expect(again.record.repoDigests).toEqual(busybox.repoDigests);

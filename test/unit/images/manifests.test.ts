@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { imageUser, MEDIA_TYPES, parseImageConfig, parseManifestDocument, selectPlatform } from '../../../src/images/registry/manifests.js';
 
-const d = (c: string): string => 'sha256:' + c.repeat(64);
+const d = (c: string): string => `sha256:${c.repeat(64)}`;
 const json = (v: unknown): Buffer => Buffer.from(JSON.stringify(v));
 
 const manifest = {
@@ -17,11 +17,14 @@ describe('manifest documents', () => {
   it('classifies OCI and Docker manifests and indexes, by mediaType or Content-Type', () => {
     expect(parseManifestDocument(json(manifest), '', 'm')).toMatchObject({ kind: 'manifest', manifest: { layers: [{ digest: d('1') }] } });
     const { mediaType: _m, ...untyped } = manifest;
-    expect(parseManifestDocument(json(untyped), MEDIA_TYPES.dockerManifest + '; charset=utf-8', 'm')).toMatchObject({
+    expect(parseManifestDocument(json(untyped), `${MEDIA_TYPES.dockerManifest}; charset=utf-8`, 'm')).toMatchObject({
       kind: 'manifest',
       manifest: { mediaType: MEDIA_TYPES.dockerManifest },
     });
-    const index = { schemaVersion: 2, manifests: [{ mediaType: MEDIA_TYPES.ociManifest, digest: d('a'), size: 3, platform: { os: 'linux', architecture: 'amd64' } }] };
+    const index = {
+      schemaVersion: 2,
+      manifests: [{ mediaType: MEDIA_TYPES.ociManifest, digest: d('a'), size: 3, platform: { os: 'linux', architecture: 'amd64' } }],
+    };
     expect(parseManifestDocument(json(index), MEDIA_TYPES.dockerManifestList, 'i')).toMatchObject({ kind: 'index' });
     expect(parseManifestDocument(json(index), '', 'i')).toMatchObject({ kind: 'index' });
   });
@@ -31,27 +34,53 @@ describe('manifest documents', () => {
       expect.objectContaining({ kind: 'unimplemented', reason: 'IMAGE_MANIFEST_UNSUPPORTED' }),
     );
     const artifact = { ...manifest, config: { ...manifest.config, mediaType: 'application/vnd.cncf.helm.config.v1+json' } };
-    expect(() => parseManifestDocument(json(artifact), '', 'm')).toThrow(expect.objectContaining({ reason: 'IMAGE_NOT_A_CONTAINER_IMAGE' }));
-    const helmLayer = { ...manifest, layers: [{ mediaType: 'application/vnd.cncf.helm.chart.content.v1.tar+gzip', digest: d('1'), size: 1 }] };
+    expect(() => parseManifestDocument(json(artifact), '', 'm')).toThrow(
+      expect.objectContaining({ reason: 'IMAGE_NOT_A_CONTAINER_IMAGE' }),
+    );
+    const helmLayer = {
+      ...manifest,
+      layers: [{ mediaType: 'application/vnd.cncf.helm.chart.content.v1.tar+gzip', digest: d('1'), size: 1 }],
+    };
     expect(() => parseManifestDocument(json(helmLayer), '', 'm')).toThrow(expect.objectContaining({ reason: 'IMAGE_LAYER_UNSUPPORTED' }));
-    const sha512 = { ...manifest, layers: [{ ...manifest.layers[0], digest: 'sha512:' + 'a'.repeat(128) }] };
+    const sha512 = { ...manifest, layers: [{ ...manifest.layers[0], digest: `sha512:${'a'.repeat(128)}` }] };
     expect(() => parseManifestDocument(json(sha512), '', 'm')).toThrow(expect.objectContaining({ reason: 'IMAGE_DIGEST_UNSUPPORTED' }));
-    expect(() => parseManifestDocument(Buffer.from('<html>'), 'text/html', 'm')).toThrow(expect.objectContaining({ reason: 'IMAGE_MANIFEST_INVALID' }));
-    expect(() => parseManifestDocument(json({ ...manifest, layers: 'x' }), '', 'm')).toThrow(expect.objectContaining({ reason: 'IMAGE_MANIFEST_INVALID' }));
+    expect(() => parseManifestDocument(Buffer.from('<html>'), 'text/html', 'm')).toThrow(
+      expect.objectContaining({ reason: 'IMAGE_MANIFEST_INVALID' }),
+    );
+    expect(() => parseManifestDocument(json({ ...manifest, layers: 'x' }), '', 'm')).toThrow(
+      expect.objectContaining({ reason: 'IMAGE_MANIFEST_INVALID' }),
+    );
   });
 
   it('selects linux/amd64 from an index, skipping attestations, and says what is offered otherwise', () => {
     const index = {
       mediaType: MEDIA_TYPES.ociIndex,
       manifests: [
-        { mediaType: MEDIA_TYPES.ociManifest, digest: d('0') as `sha256:${string}`, size: 1, platform: { os: 'unknown', architecture: 'unknown' } },
-        { mediaType: MEDIA_TYPES.ociManifest, digest: d('1') as `sha256:${string}`, size: 1, platform: { os: 'linux', architecture: 'arm64', variant: 'v8' } },
-        { mediaType: MEDIA_TYPES.ociManifest, digest: d('2') as `sha256:${string}`, size: 1, platform: { os: 'linux', architecture: 'amd64' } },
+        {
+          mediaType: MEDIA_TYPES.ociManifest,
+          digest: d('0') as `sha256:${string}`,
+          size: 1,
+          platform: { os: 'unknown', architecture: 'unknown' },
+        },
+        {
+          mediaType: MEDIA_TYPES.ociManifest,
+          digest: d('1') as `sha256:${string}`,
+          size: 1,
+          platform: { os: 'linux', architecture: 'arm64', variant: 'v8' },
+        },
+        {
+          mediaType: MEDIA_TYPES.ociManifest,
+          digest: d('2') as `sha256:${string}`,
+          size: 1,
+          platform: { os: 'linux', architecture: 'amd64' },
+        },
       ],
     };
     expect(selectPlatform(index, { os: 'linux', architecture: 'amd64' }, 'idx').digest).toBe(d('2'));
     expect(selectPlatform(index, { os: 'linux', architecture: 'arm64', variant: 'v8' }, 'idx').digest).toBe(d('1'));
-    expect(() => selectPlatform(index, { os: 'linux', architecture: 's390x' }, 'idx')).toThrow(/unknown\/unknown, linux\/arm64, linux\/amd64/);
+    expect(() => selectPlatform(index, { os: 'linux', architecture: 's390x' }, 'idx')).toThrow(
+      /unknown\/unknown, linux\/arm64, linux\/amd64/,
+    );
   });
 });
 

@@ -1,8 +1,15 @@
 import { describe, expect, it } from 'vitest';
 import type { Digest } from '../../../src/images/digest.js';
-import { formatReference, isBareRepository, parseReference, registryApiHost, repoDigestOf, repoTagOf } from '../../../src/images/reference.js';
+import {
+  formatReference,
+  isBareRepository,
+  parseReference,
+  registryApiHost,
+  repoDigestOf,
+  repoTagOf,
+} from '../../../src/images/reference.js';
 
-const D = ('sha256:' + 'a'.repeat(64)) as Digest;
+const D = `sha256:${'a'.repeat(64)}` as Digest;
 
 describe('parseReference (Docker normalisation, as containerd and CRI-O report names)', () => {
   it.each([
@@ -33,12 +40,12 @@ describe('parseReference (Docker normalisation, as containerd and CRI-O report n
     ['busybox:-bad', 'tag'],
     ['a'.repeat(64), 'image id'],
     ['busybox@sha256:short', 'digest'],
-    ['busybox@md5:' + 'a'.repeat(32), 'digest'],
+    [`busybox@md5:${'a'.repeat(32)}`, 'digest'],
     ['host:port:bad/x', 'registry'],
     ['a//b', 'path component'],
     ['a/b_/c', 'path component'],
     [' busybox', 'whitespace'],
-    ['x/' + 'a'.repeat(260), 'longer than'],
+    [`x/${'a'.repeat(260)}`, 'longer than'],
   ])('refuses %j with INVALID IMAGE_REFERENCE_INVALID naming the field', (input, fragment) => {
     try {
       parseReference(input, 'image.image');

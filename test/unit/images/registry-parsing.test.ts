@@ -9,8 +9,15 @@ import { loadRegistriesConfig, parseRegistriesConfig, settingsFor } from '../../
 
 describe('WWW-Authenticate parsing', () => {
   it('reads a Docker Hub bearer challenge', () => {
-    expect(parseWwwAuthenticate('Bearer realm="https://auth.docker.io/token",service="registry.docker.io",scope="repository:library/busybox:pull"')).toEqual([
-      { scheme: 'bearer', params: { realm: 'https://auth.docker.io/token', service: 'registry.docker.io', scope: 'repository:library/busybox:pull' } },
+    expect(
+      parseWwwAuthenticate(
+        'Bearer realm="https://auth.docker.io/token",service="registry.docker.io",scope="repository:library/busybox:pull"',
+      ),
+    ).toEqual([
+      {
+        scheme: 'bearer',
+        params: { realm: 'https://auth.docker.io/token', service: 'registry.docker.io', scope: 'repository:library/busybox:pull' },
+      },
     ]);
   });
 
@@ -26,7 +33,10 @@ describe('WWW-Authenticate parsing', () => {
 describe('AuthConfig decoding', () => {
   it('prefers username/password, else decodes auth, and keeps tokens', () => {
     expect(credentialsFromAuthConfig({ username: 'u', password: 'p', auth: 'ignored' })?.basic).toEqual({ username: 'u', password: 'p' });
-    expect(credentialsFromAuthConfig({ auth: Buffer.from('me:pa:ss').toString('base64') })?.basic).toEqual({ username: 'me', password: 'pa:ss' });
+    expect(credentialsFromAuthConfig({ auth: Buffer.from('me:pa:ss').toString('base64') })?.basic).toEqual({
+      username: 'me',
+      password: 'pa:ss',
+    });
     expect(credentialsFromAuthConfig({ identity_token: 'refresh', server_address: 'https://index.docker.io/v1/' })).toEqual({
       basic: undefined,
       identityToken: 'refresh',
@@ -104,7 +114,10 @@ describe('registries file', () => {
       const file = path.join(dir, 'r.json');
       await fsp.writeFile(file, JSON.stringify({ registries: { 'localhost:5000': { plainHttp: true } } }));
       expect(settingsFor(await loadRegistriesConfig(file), 'localhost:5000').plainHttp).toBe(true);
-      await expect(loadRegistriesConfig(path.join(dir, 'missing.json'))).rejects.toMatchObject({ kind: 'not_found', reason: 'REGISTRIES_CONFIG_NOT_FOUND' });
+      await expect(loadRegistriesConfig(path.join(dir, 'missing.json'))).rejects.toMatchObject({
+        kind: 'not_found',
+        reason: 'REGISTRIES_CONFIG_NOT_FOUND',
+      });
       await fsp.writeFile(file, '{not json');
       await expect(loadRegistriesConfig(file)).rejects.toMatchObject({ kind: 'invalid', reason: 'REGISTRIES_CONFIG_INVALID' });
     } finally {

@@ -61,7 +61,10 @@ describe('createContainerSnapshot', () => {
 
   it('leaves nothing behind when the copy fails', async () => {
     const dest = path.join(work, 'rootfs');
-    await expect(createContainerSnapshot(path.join(work, 'missing-image'), dest)).rejects.toMatchObject({ kind: 'internal', reason: 'SNAPSHOT_COPY_FAILED' });
+    await expect(createContainerSnapshot(path.join(work, 'missing-image'), dest)).rejects.toMatchObject({
+      kind: 'internal',
+      reason: 'SNAPSHOT_COPY_FAILED',
+    });
     expect(await fsp.readdir(work)).toEqual([]);
   });
 });

@@ -4,9 +4,9 @@ import path from 'node:path';
 import { Readable } from 'node:stream';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { KataError } from '../../../src/common/errors.js';
-import { sha256Digest, type Digest } from '../../../src/images/digest.js';
+import { type Digest, sha256Digest } from '../../../src/images/digest.js';
 import { applyLayer, applyLayerFile, unpackImage } from '../../../src/images/unpack.js';
-import { buildTar, FIXED_MTIME, gzip, zstd, type TarEntrySpec } from '../../helpers/images-tar.js';
+import { buildTar, FIXED_MTIME, gzip, type TarEntrySpec, zstd } from '../../helpers/images-tar.js';
 
 let work: string;
 let root: string;
@@ -24,7 +24,7 @@ afterEach(async () => {
   await fsp.rm(work, { recursive: true, force: true });
 });
 
-const LAYER = ('sha256:' + 'ab'.repeat(32)) as Digest;
+const LAYER = `sha256:${'ab'.repeat(32)}` as Digest;
 
 async function apply(entries: TarEntrySpec[], layer = LAYER) {
   const tar = await buildTar(entries);
@@ -103,14 +103,25 @@ describe('applyLayer: file types and metadata', () => {
   });
 
   it('lets a file replace a directory and a directory replace a file', async () => {
-    await apply([{ name: 'a/', type: 'directory' }, { name: 'a/inner', content: 'x' }, { name: 'b', content: 'file' }]);
-    await apply([{ name: 'a', content: 'now a file' }, { name: 'b/', type: 'directory' }, { name: 'b/c', content: 'c' }]);
+    await apply([
+      { name: 'a/', type: 'directory' },
+      { name: 'a/inner', content: 'x' },
+      { name: 'b', content: 'file' },
+    ]);
+    await apply([
+      { name: 'a', content: 'now a file' },
+      { name: 'b/', type: 'directory' },
+      { name: 'b/c', content: 'c' },
+    ]);
     expect(await fsp.readFile(path.join(root, 'a'), 'utf8')).toBe('now a file');
     expect(await treeOf(root)).toEqual(['a', 'b', 'b/c']);
   });
 
   it('follows an absolute symlink in a parent path inside the root (chroot semantics)', async () => {
-    await apply([{ name: 'usr/lib/', type: 'directory' }, { name: 'lib', type: 'symlink', linkname: '/usr/lib' }]);
+    await apply([
+      { name: 'usr/lib/', type: 'directory' },
+      { name: 'lib', type: 'symlink', linkname: '/usr/lib' },
+    ]);
     await apply([{ name: 'lib/libc.so', content: 'elf' }]);
     expect(await fsp.readFile(path.join(root, 'usr/lib/libc.so'), 'utf8')).toBe('elf');
     expect(await treeOf(outside)).toEqual([]);
@@ -120,7 +131,7 @@ describe('applyLayer: file types and metadata', () => {
     const tar = await buildTar([{ name: 'f', content: 'data' }]);
     const stats = await applyLayer(root, Readable.from([tar]), { layer: LAYER, expectedDiffId: sha256Digest(tar) });
     expect(stats.diffId).toBe(sha256Digest(tar));
-    const wrong = ('sha256:' + '00'.repeat(32)) as Digest;
+    const wrong = `sha256:${'00'.repeat(32)}` as Digest;
     const err = await applyLayer(root, Readable.from([tar]), { layer: LAYER, expectedDiffId: wrong }).catch((e: unknown) => e);
     expect(err).toMatchObject({ kind: 'invalid', reason: 'IMAGE_LAYER_DIFF_ID_MISMATCH' });
   });
@@ -153,7 +164,12 @@ describe('applyLayer: OCI whiteouts', () => {
   });
 
   it('keeps entries of the same layer under an opaque directory declared first', async () => {
-    await apply([{ name: 'etc/', type: 'directory' }, { name: 'etc/old.conf', content: 'old' }, { name: 'etc/dir/', type: 'directory' }, { name: 'etc/dir/lower', content: 'l' }]);
+    await apply([
+      { name: 'etc/', type: 'directory' },
+      { name: 'etc/old.conf', content: 'old' },
+      { name: 'etc/dir/', type: 'directory' },
+      { name: 'etc/dir/lower', content: 'l' },
+    ]);
     await apply([
       { name: 'etc/', type: 'directory' },
       { name: 'etc/.wh..wh..opq', content: '' },
@@ -165,7 +181,10 @@ describe('applyLayer: OCI whiteouts', () => {
 
   it('spares a path the same layer wrote when a whiteout names it', async () => {
     await apply([{ name: 'x', content: 'lower' }]);
-    await apply([{ name: 'x', content: 'upper' }, { name: '.wh.x', content: '' }]);
+    await apply([
+      { name: 'x', content: 'upper' },
+      { name: '.wh.x', content: '' },
+    ]);
     expect(await fsp.readFile(path.join(root, 'x'), 'utf8')).toBe('upper');
   });
 });
@@ -221,11 +240,18 @@ describe('applyLayer: entries that escape the root are refused', () => {
 });
 
 describe('applyLayerFile and unpackImage', () => {
-  const entries: TarEntrySpec[] = [{ name: 'etc/', type: 'directory' }, { name: 'etc/os-release', content: 'ID=test\n' }];
+  const entries: TarEntrySpec[] = [
+    { name: 'etc/', type: 'directory' },
+    { name: 'etc/os-release', content: 'ID=test\n' },
+  ];
 
   it('reads gzip, zstd and plain tar layers alike', async () => {
     const tar = await buildTar(entries);
-    for (const [kind, bytes] of [['gzip', gzip(tar)], ['zstd', await zstd(tar)], ['none', tar]] as const) {
+    for (const [kind, bytes] of [
+      ['gzip', gzip(tar)],
+      ['zstd', await zstd(tar)],
+      ['none', tar],
+    ] as const) {
       const file = path.join(work, `layer.${kind}`);
       await fsp.writeFile(file, bytes);
       const dest = path.join(work, `dest-${kind}`);

@@ -3,8 +3,8 @@ import os from 'node:os';
 import path from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { KataError } from '../../../src/common/errors.js';
-import { cdiNamesFromAnnotations, loadCdiSpecs, parseQualifiedName, planPcieTopology, resolveCdiDevices } from '../../../src/pcie/index.js';
 import { defaultHandlerProfile } from '../../../src/config/defaults.js';
+import { cdiNamesFromAnnotations, loadCdiSpecs, parseQualifiedName, planPcieTopology, resolveCdiDevices } from '../../../src/pcie/index.js';
 import { fixtureInventory } from '../../helpers/pcie-golden.js';
 import { FIXTURES_DIR } from '../../helpers/pcie-sysfs.js';
 
@@ -46,7 +46,10 @@ describe('loadCdiSpecs on fixtures/cdi', () => {
     expect(reg.warnings).toHaveLength(1);
     expect(reg.warnings[0]!.path).toBe(path.join(ETC, 'broken.yaml'));
     expect(reg.warnings[0]!.problems).toEqual(
-      expect.arrayContaining([expect.stringContaining('/kind must match pattern'), '/devices/0/containerEdits/devicenodes is not a known key']),
+      expect.arrayContaining([
+        expect.stringContaining('/kind must match pattern'),
+        '/devices/0/containerEdits/devicenodes is not a known key',
+      ]),
     );
     expect(Object.keys(reg.devices)).toHaveLength(2 + 48 + 9 + 2);
     // The spec's common deviceNodes (the VFIO container) come with every device of that spec.
@@ -55,7 +58,10 @@ describe('loadCdiSpecs on fixtures/cdi', () => {
 
   it('a device in a later (higher-priority) directory overrides the same device earlier', async () => {
     const reg = await loadCdiSpecs([ETC, RUN]);
-    expect(reg.devices['example.com/net=nic0']).toMatchObject({ specPath: path.join(RUN, 'example-net.yaml'), deviceNodes: [{ path: '/dev/vfio/40' }] });
+    expect(reg.devices['example.com/net=nic0']).toMatchObject({
+      specPath: path.join(RUN, 'example-net.yaml'),
+      deviceNodes: [{ path: '/dev/vfio/40' }],
+    });
     const reversed = await loadCdiSpecs([RUN, ETC]);
     expect(reversed.devices['example.com/net=nic0']!.deviceNodes).toEqual([{ path: '/dev/vfio/31' }]);
     // Devices only the lower-priority spec defines stay available.
@@ -67,7 +73,10 @@ describe('loadCdiSpecs on fixtures/cdi', () => {
     const reg = await loadCdiSpecs([dir]);
     expect(reg.conflicts['acme.io/x=d0']).toEqual([path.join(dir, 'a.json'), path.join(dir, 'b.json')]);
     expect(reg.warnings[0]!.problems[0]).toContain('also defined by');
-    expect(refusal(() => resolveCdiDevices(reg, [{ name: 'acme.io/x=d0', origin: 't' }]))).toMatchObject({ kind: 'precondition', reason: 'CDI_DEVICE_CONFLICT' });
+    expect(refusal(() => resolveCdiDevices(reg, [{ name: 'acme.io/x=d0', origin: 't' }]))).toMatchObject({
+      kind: 'precondition',
+      reason: 'CDI_DEVICE_CONFLICT',
+    });
     // A higher-priority directory settles the conflict.
     const over = await specDir({ 'c.json': spec('acme.io/x', 'd0', '/dev/vfio/3') });
     const settled = await loadCdiSpecs([dir, over]);
@@ -98,12 +107,17 @@ describe('CDI names', () => {
   it('parses fully-qualified names and rejects the rest', () => {
     expect(parseQualifiedName('nvidia.com/gpu=0')).toEqual({ vendor: 'nvidia.com', class: 'gpu', device: '0' });
     expect(parseQualifiedName('vendor.com/class=0000:3b:00.2')).toEqual({ vendor: 'vendor.com', class: 'class', device: '0000:3b:00.2' });
-    for (const bad of ['gpu=0', 'nvidia.com/gpu', 'nvidia.com/gpu=', 'nvidia.com/a/b=0', 'nvidia.com/gpu=-x']) expect(parseQualifiedName(bad), bad).toBeUndefined();
+    for (const bad of ['gpu=0', 'nvidia.com/gpu', 'nvidia.com/gpu=', 'nvidia.com/a/b=0', 'nvidia.com/gpu=-x'])
+      expect(parseQualifiedName(bad), bad).toBeUndefined();
   });
 
   it('cdi.k8s.io annotations are comma-separated lists; other annotations are ignored', () => {
     expect(
-      cdiNamesFromAnnotations({ 'cdi.k8s.io/gpu': 'nvidia.com/pgpu=0, nvidia.com/hgx=gpu1', 'cdi.k8s.io/net': 'example.com/net=nic0', other: 'x.com/y=z' }),
+      cdiNamesFromAnnotations({
+        'cdi.k8s.io/gpu': 'nvidia.com/pgpu=0, nvidia.com/hgx=gpu1',
+        'cdi.k8s.io/net': 'example.com/net=nic0',
+        other: 'x.com/y=z',
+      }),
     ).toEqual([
       { name: 'nvidia.com/pgpu=0', origin: 'annotation cdi.k8s.io/gpu' },
       { name: 'nvidia.com/hgx=gpu1', origin: 'annotation cdi.k8s.io/gpu' },
@@ -118,19 +132,33 @@ describe('CDI names', () => {
       { name: 'mellanox.com/vf=vf7', origin: 'b' },
       { name: 'example.com/net=fuse', origin: 'c' },
     ]);
-    expect(r.requests.map((q) => q.hostPath)).toEqual(['/dev/vfio/30', '/dev/vfio/31', '/dev/vfio/32', '/dev/vfio/33', '/dev/vfio/vfio', '/dev/vfio/devices/vfio7']);
+    expect(r.requests.map((q) => q.hostPath)).toEqual([
+      '/dev/vfio/30',
+      '/dev/vfio/31',
+      '/dev/vfio/32',
+      '/dev/vfio/33',
+      '/dev/vfio/vfio',
+      '/dev/vfio/devices/vfio7',
+    ]);
     expect(r.requests[0]!.origin).toBe('CDI nvidia.com/hgx=nvswitch-all (a)');
     expect(r.nonVfio).toEqual([{ name: 'example.com/net=fuse', origin: 'c', nodes: ['/dev/fuse'] }]);
     const unknown = refusal(() => resolveCdiDevices(reg, [{ name: 'nvidia.com/pgpu=9', origin: 'annotation cdi.k8s.io/gpu' }]));
     expect(unknown).toMatchObject({ kind: 'not_found', reason: 'CDI_DEVICE_UNKNOWN' });
     expect(unknown.message).toContain(ETC);
-    expect(refusal(() => resolveCdiDevices(reg, [{ name: 'gpu0', origin: 'x' }]))).toMatchObject({ kind: 'invalid', reason: 'CDI_NAME_INVALID' });
+    expect(refusal(() => resolveCdiDevices(reg, [{ name: 'gpu0', origin: 'x' }]))).toMatchObject({
+      kind: 'invalid',
+      reason: 'CDI_NAME_INVALID',
+    });
   });
 
   it('CDI devices plan end to end: nvidia.com/pgpu=0 on gpu-audio brings GPU and audio', async () => {
     const reg = await loadCdiSpecs([ETC, RUN]);
     const { requests } = resolveCdiDevices(reg, [{ name: 'nvidia.com/pgpu=0', origin: 'annotation cdi.k8s.io/gpu' }]);
-    const t = planPcieTopology({ inventory: await fixtureInventory('gpu-audio'), devices: requests, profile: { ...defaultHandlerProfile().pcie, confidential: false } });
+    const t = planPcieTopology({
+      inventory: await fixtureInventory('gpu-audio'),
+      devices: requests,
+      profile: { ...defaultHandlerProfile().pcie, confidential: false },
+    });
     expect(t.functions.map((f) => f.bdf)).toEqual(['0000:01:00.0', '0000:01:00.1']);
     expect(t.groups[0]!.origins).toEqual(['CDI nvidia.com/pgpu=0 (annotation cdi.k8s.io/gpu)']);
   });

@@ -1,16 +1,16 @@
 import { describe, expect, it } from 'vitest';
+import { KataError } from '../../../src/common/errors.js';
 import { confidentialHandlerProfile, defaultHandlerProfile } from '../../../src/config/defaults.js';
 import type { HandlerPcieConfig } from '../../../src/config/types.js';
-import { KataError } from '../../../src/common/errors.js';
 import {
   announcedHotplugRequest,
+  type BarNeeds,
   barNeeds,
   hotplugRequestForDevices,
+  type PcieTopology,
   planHotplug,
   planHotUnplug,
   planPcieTopology,
-  type BarNeeds,
-  type PcieTopology,
 } from '../../../src/pcie/index.js';
 import { GiB, KiB, MiB } from '../../../src/pcie/pci.js';
 import { fixtureInventory } from '../../helpers/pcie-golden.js';
@@ -40,7 +40,11 @@ function refusal(fn: () => unknown): KataError {
 }
 
 async function gpuTopology(over: Partial<Profile> = {}): Promise<PcieTopology> {
-  return planPcieTopology({ inventory: await fixtureInventory('gpu-audio'), devices: [{ hostPath: '/dev/vfio/12', origin: 't' }], profile: profile(over) });
+  return planPcieTopology({
+    inventory: await fixtureInventory('gpu-audio'),
+    devices: [{ hostPath: '/dev/vfio/12', origin: 't' }],
+    profile: profile(over),
+  });
 }
 
 describe('planHotplug', () => {
@@ -70,7 +74,13 @@ describe('planHotplug', () => {
 
   it('refuses with numbers when no reserved port fits (RESOURCE_EXHAUSTED), and nothing changes', async () => {
     const t = await gpuTopology();
-    const huge: BarNeeds = { ioBytes: 0, mem32Bytes: 16 * MiB, pref64Bytes: 128 * GiB, mem32LargestBytes: 16 * MiB, pref64LargestBytes: 128 * GiB };
+    const huge: BarNeeds = {
+      ioBytes: 0,
+      mem32Bytes: 16 * MiB,
+      pref64Bytes: 128 * GiB,
+      mem32LargestBytes: 16 * MiB,
+      pref64LargestBytes: 128 * GiB,
+    };
     const e = refusal(() => planHotplug(t, { devices: [{ driver: 'vfio-pci', bdf: '0000:99:00.0', needs: huge }] }));
     expect(e).toMatchObject({ kind: 'exhausted', reason: 'PCIE_HOTPLUG_NO_PORT' });
     expect(e.message).toContain('128 GiB');
@@ -89,7 +99,11 @@ describe('planHotplug', () => {
 
   it('a 128 GiB BAR device fits a port reserved from its announced BARs (hgx H100 -> 256 GiB window)', async () => {
     const inv = await fixtureInventory('hgx-8gpu');
-    const t = planPcieTopology({ inventory: inv, devices: [{ hostPath: '/dev/vfio/20', origin: 't' }], profile: profile({ sparePorts: 0 }) });
+    const t = planPcieTopology({
+      inventory: inv,
+      devices: [{ hostPath: '/dev/vfio/20', origin: 't' }],
+      profile: profile({ sparePorts: 0 }),
+    });
     expect(t.ports[0]!.capacity.pref64Bytes).toBe(256 * GiB);
     const plan = planHotplug(t, announcedHotplugRequest(t));
     expect(plan.commands[0]!.arguments).toEqual({ driver: 'vfio-pci', id: 'dev-rp0', bus: 'rp0', host: '0000:18:00.0' });
@@ -100,11 +114,20 @@ describe('planHotplug', () => {
     const t = planPcieTopology({ inventory: inv, devices: [], profile: profile({ sparePorts: 1 }) });
     const req = hotplugRequestForDevices(inv, [{ hostPath: '/dev/vfio/devices/vfio3', origin: 'CreateContainer' }]);
     expect(req.devices.map((d) => d.bdf)).toEqual(['0000:3b:00.5']);
-    const plan = planHotplug(t, { devices: req.devices.map((d) => ({ ...d, properties: { sysfsdev: '/sys/bus/pci/devices/0000:3b:00.5' } })) });
+    const plan = planHotplug(t, {
+      devices: req.devices.map((d) => ({ ...d, properties: { sysfsdev: '/sys/bus/pci/devices/0000:3b:00.5' } })),
+    });
     // sysfsdev given: no host= (QEMU takes one or the other).
-    expect(plan.commands[0]!.arguments).toEqual({ driver: 'vfio-pci', id: 'dev-rp0', bus: 'rp0', sysfsdev: '/sys/bus/pci/devices/0000:3b:00.5' });
+    expect(plan.commands[0]!.arguments).toEqual({
+      driver: 'vfio-pci',
+      id: 'dev-rp0',
+      bus: 'rp0',
+      sysfsdev: '/sys/bus/pci/devices/0000:3b:00.5',
+    });
     const noVfio = await fixtureInventory('no-vfio');
-    expect(refusal(() => hotplugRequestForDevices(noVfio, [{ hostPath: '/dev/vfio/40', origin: 't' }]))).toMatchObject({ reason: 'IOMMU_GROUP_NOT_VIABLE' });
+    expect(refusal(() => hotplugRequestForDevices(noVfio, [{ hostPath: '/dev/vfio/40', origin: 't' }]))).toMatchObject({
+      reason: 'IOMMU_GROUP_NOT_VIABLE',
+    });
   });
 
   it('ids are unique: a taken QEMU id is ALREADY_EXISTS; an empty request or driver is INVALID_ARGUMENT', async () => {
@@ -115,7 +138,10 @@ describe('planHotplug', () => {
       reason: 'PCIE_DEVICE_ID_IN_USE',
     });
     expect(refusal(() => planHotplug(t, { devices: [] }))).toMatchObject({ kind: 'invalid', reason: 'PCIE_HOTPLUG_EMPTY' });
-    expect(refusal(() => planHotplug(t, { devices: [{ driver: ' ', needs: E1000E }] }))).toMatchObject({ kind: 'invalid', reason: 'PCIE_HOTPLUG_DRIVER' });
+    expect(refusal(() => planHotplug(t, { devices: [{ driver: ' ', needs: E1000E }] }))).toMatchObject({
+      kind: 'invalid',
+      reason: 'PCIE_HOTPLUG_DRIVER',
+    });
   });
 
   it('the confidential handler refuses every hot-plug and hot-unplug', async () => {
@@ -124,13 +150,19 @@ describe('planHotplug', () => {
       devices: [{ hostPath: '/dev/vfio/12', origin: 't' }],
       profile: { ...confidentialHandlerProfile().pcie, confidential: true },
     });
-    expect(refusal(() => planHotplug(t, { devices: [{ driver: 'e1000e', needs: E1000E }] }))).toMatchObject({ kind: 'precondition', reason: 'PCIE_HOTPLUG_CONFIDENTIAL' });
+    expect(refusal(() => planHotplug(t, { devices: [{ driver: 'e1000e', needs: E1000E }] }))).toMatchObject({
+      kind: 'precondition',
+      reason: 'PCIE_HOTPLUG_CONFIDENTIAL',
+    });
     expect(refusal(() => planHotUnplug(t, ['dev-rp0']))).toMatchObject({ kind: 'precondition', reason: 'PCIE_HOTPLUG_CONFIDENTIAL' });
   });
 
   it('announcedHotplugRequest refuses a BDF that was never announced', async () => {
     const t = await gpuTopology();
-    expect(refusal(() => announcedHotplugRequest(t, ['0000:3b:00.2']))).toMatchObject({ kind: 'not_found', reason: 'PCIE_DEVICE_NOT_ANNOUNCED' });
+    expect(refusal(() => announcedHotplugRequest(t, ['0000:3b:00.2']))).toMatchObject({
+      kind: 'not_found',
+      reason: 'PCIE_DEVICE_NOT_ANNOUNCED',
+    });
     expect(announcedHotplugRequest(t, ['0000:01:00.1']).devices.map((d) => d.bdf)).toEqual(['0000:01:00.1']);
   });
 });
@@ -143,7 +175,12 @@ describe('planHotUnplug', () => {
     expect(removed.commands).toEqual([{ execute: 'device_del', arguments: { id: 'nic0' } }]);
     expect(removed.topology.ports.find((p) => p.id === 'rp2')!.occupant).toBeNull();
     expect(added.topology.ports.find((p) => p.id === 'rp2')!.occupant).not.toBeNull();
-    expect(refusal(() => planHotUnplug(removed.topology, ['nic0']))).toMatchObject({ kind: 'not_found', reason: 'PCIE_DEVICE_NOT_ATTACHED' });
-    expect(planHotplug(removed.topology, { devices: [{ driver: 'e1000e', qemuId: 'nic1', needs: E1000E }] }).placements[0]!.portId).toBe('rp2');
+    expect(refusal(() => planHotUnplug(removed.topology, ['nic0']))).toMatchObject({
+      kind: 'not_found',
+      reason: 'PCIE_DEVICE_NOT_ATTACHED',
+    });
+    expect(planHotplug(removed.topology, { devices: [{ driver: 'e1000e', qemuId: 'nic1', needs: E1000E }] }).placements[0]!.portId).toBe(
+      'rp2',
+    );
   });
 });

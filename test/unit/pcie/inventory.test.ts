@@ -3,13 +3,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { KataError } from '../../../src/common/errors.js';
-import {
-  classifyCharLink,
-  decodeDevT,
-  parseResource,
-  readHostInventory,
-  type HostInventory,
-} from '../../../src/pcie/index.js';
+import { classifyCharLink, decodeDevT, type HostInventory, parseResource, readHostInventory } from '../../../src/pcie/index.js';
 import { GiB, MiB } from '../../../src/pcie/pci.js';
 import { buildSysfsTree, fixtureInventoryOptions, fixtureTreeNames, readTreeSpec, SYSFS_FIXTURES } from '../../helpers/pcie-sysfs.js';
 
@@ -108,7 +102,14 @@ describe('readHostInventory on fixtures/sysfs trees', () => {
     const b = await readHostInventory(fixtureInventoryOptions('hgx-8gpu'));
     expect(JSON.stringify(a)).toBe(JSON.stringify(b));
     expect(a.functions.filter((f) => f.numaNode === 1).map((f) => f.bdf)).toEqual([
-      '0000:99:00.0', '0000:9a:00.0', '0000:aa:00.0', '0000:ab:00.0', '0000:b9:00.0', '0000:ba:00.0', '0000:da:00.0', '0000:db:00.0',
+      '0000:99:00.0',
+      '0000:9a:00.0',
+      '0000:aa:00.0',
+      '0000:ab:00.0',
+      '0000:b9:00.0',
+      '0000:ba:00.0',
+      '0000:da:00.0',
+      '0000:db:00.0',
     ]);
   });
 
@@ -189,7 +190,10 @@ describe('sysfs decoding helpers', () => {
   it('classifyCharLink recognises group, iommufd, container and no-IOMMU nodes', () => {
     expect(classifyCharLink('../../devices/virtual/vfio/42')).toEqual({ kind: 'group', group: 42 });
     expect(classifyCharLink('../../devices/virtual/vfio/noiommu-3')).toEqual({ kind: 'noiommu-group', group: 3 });
-    expect(classifyCharLink('../../devices/pci0000:00/0000:00:02.0/0000:01:00.0/vfio-dev/vfio5')).toEqual({ kind: 'cdev', bdf: '0000:01:00.0' });
+    expect(classifyCharLink('../../devices/pci0000:00/0000:00:02.0/0000:01:00.0/vfio-dev/vfio5')).toEqual({
+      kind: 'cdev',
+      bdf: '0000:01:00.0',
+    });
     expect(classifyCharLink('../../devices/virtual/misc/vfio')).toEqual({ kind: 'container' });
     expect(classifyCharLink('../../devices/virtual/tty/tty0')).toEqual({ kind: 'unknown' });
     expect(classifyCharLink(null)).toEqual({ kind: 'unknown' });

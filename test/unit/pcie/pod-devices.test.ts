@@ -4,17 +4,17 @@ import path from 'node:path';
 import * as grpc from '@grpc/grpc-js';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { KataError } from '../../../src/common/errors.js';
+import { defaultHandlerProfile } from '../../../src/config/defaults.js';
 import {
+  type CdiRegistry,
   discoverPodVfioDevices,
   getKubeletPodResources,
+  type KubeletPodResources,
   loadCdiSpecs,
   loadPodResourcesApi,
   planPcieTopology,
   podVfioDevices,
-  type CdiRegistry,
-  type KubeletPodResources,
 } from '../../../src/pcie/index.js';
-import { defaultHandlerProfile } from '../../../src/config/defaults.js';
 import { fixtureInventory } from '../../helpers/pcie-golden.js';
 import { FIXTURES_DIR } from '../../helpers/pcie-sysfs.js';
 
@@ -39,7 +39,12 @@ describe('podVfioDevices (pure)', () => {
             ],
             CDI_devices: [{ name: 'mellanox.com/vf=vf1' }],
           },
-          { name: 'init', type: 'INIT_CONTAINER', devices: null, CDI_devices: [{ name: 'mellanox.com/vf=vf1' }, { name: 'example.com/net=fuse' }] },
+          {
+            name: 'init',
+            type: 'INIT_CONTAINER',
+            devices: null,
+            CDI_devices: [{ name: 'mellanox.com/vf=vf1' }, { name: 'example.com/net=fuse' }],
+          },
         ],
       },
     });
@@ -64,7 +69,11 @@ describe('podVfioDevices (pure)', () => {
             { resource_name: 'intel.com/sriov_netdevice', device_ids: ['0000:3b:02.1'] },
           ],
           dynamic_resources: [
-            { claim_name: 'nic', claim_namespace: 'ns', claim_resources: [{ cdi_devices: [{ name: 'mellanox.com/vf=vf4' }], driver_name: 'd', pool_name: 'p', device_name: 'x' }] },
+            {
+              claim_name: 'nic',
+              claim_namespace: 'ns',
+              claim_resources: [{ cdi_devices: [{ name: 'mellanox.com/vf=vf4' }], driver_name: 'd', pool_name: 'p', device_name: 'x' }],
+            },
           ],
         },
       ],
@@ -72,7 +81,9 @@ describe('podVfioDevices (pure)', () => {
     const r = podVfioDevices({ cdi, annotations: { 'cdi.k8s.io/gpu': 'nvidia.com/hgx=gpu2' }, podResources: null, kubelet });
     expect(r.sources).toEqual(['cdi_annotations', 'kubelet_podresources']);
     expect(r.cdiNames.map((n) => n.name)).toEqual(['nvidia.com/hgx=gpu2', 'mellanox.com/vf=vf4', 'nvidia.com/hgx=gpu3']);
-    expect(r.warnings).toEqual(['kubelet container "c" resource intel.com/sriov_netdevice: no CDI device "intel.com/sriov_netdevice=0000:3b:02.1", not a VFIO device kata-ts can place']);
+    expect(r.warnings).toEqual([
+      'kubelet container "c" resource intel.com/sriov_netdevice: no CDI device "intel.com/sriov_netdevice=0000:3b:02.1", not a VFIO device kata-ts can place',
+    ]);
   });
 
   it('an annotation naming an unknown CDI device is refused (NOT_FOUND), not silently dropped', () => {
@@ -88,7 +99,10 @@ describe('podVfioDevices (pure)', () => {
   });
 
   it('a pod bringing nothing yields no requests and no sources', () => {
-    expect(podVfioDevices({ cdi, podResources: { containers: [{ name: 'a', devices: [], CDI_devices: [] }] } })).toMatchObject({ sources: [], requests: [] });
+    expect(podVfioDevices({ cdi, podResources: { containers: [{ name: 'a', devices: [], CDI_devices: [] }] } })).toMatchObject({
+      sources: [],
+      requests: [],
+    });
   });
 });
 
@@ -105,7 +119,9 @@ describe('kubelet PodResources API client (against a real grpc-js server on a un
 
   async function serve(withGet: boolean): Promise<void> {
     const { definition } = loadPodResourcesApi();
-    const service = (grpc.loadPackageDefinition(definition) as unknown as { v1: { PodResourcesLister: { service: grpc.ServiceDefinition } } }).v1.PodResourcesLister.service;
+    const service = (
+      grpc.loadPackageDefinition(definition) as unknown as { v1: { PodResourcesLister: { service: grpc.ServiceDefinition } } }
+    ).v1.PodResourcesLister.service;
     server = new grpc.Server();
     const impl: grpc.UntypedServiceImplementation = {
       List: (_call: grpc.ServerUnaryCall<unknown, unknown>, cb: grpc.sendUnaryData<unknown>) => {
@@ -142,7 +158,11 @@ describe('kubelet PodResources API client (against a real grpc-js server on a un
   it('Get returns the pod, decoded field for field', async () => {
     await serve(true);
     const got = await getKubeletPodResources(socket, 'ml', 'trainer', { timeoutMs: 5000 });
-    expect(got).toMatchObject({ name: 'trainer', namespace: 'ml', containers: [{ name: 'main', devices: [{ resource_name: 'nvidia.com/hgx', device_ids: ['gpu0', 'gpu1'] }] }] });
+    expect(got).toMatchObject({
+      name: 'trainer',
+      namespace: 'ml',
+      containers: [{ name: 'main', devices: [{ resource_name: 'nvidia.com/hgx', device_ids: ['gpu0', 'gpu1'] }] }],
+    });
     expect(calls).toEqual(['Get ml/trainer']);
     expect(await getKubeletPodResources(socket, 'ml', 'nobody', { timeoutMs: 5000 })).toBeNull();
   });
@@ -163,13 +183,31 @@ describe('kubelet PodResources API client (against a real grpc-js server on a un
 
   it('discoverPodVfioDevices asks the kubelet only without pod_resources, then plans the GPUs it names', async () => {
     await serve(true);
-    const found = await discoverPodVfioDevices({ cdi, podName: 'trainer', podNamespace: 'ml', podResourcesSocket: socket, timeoutMs: 5000, annotations: {} });
+    const found = await discoverPodVfioDevices({
+      cdi,
+      podName: 'trainer',
+      podNamespace: 'ml',
+      podResourcesSocket: socket,
+      timeoutMs: 5000,
+      annotations: {},
+    });
     expect(found.sources).toEqual(['kubelet_podresources']);
     expect(found.requests.map((r) => r.hostPath)).toEqual(['/dev/vfio/20', '/dev/vfio/vfio', '/dev/vfio/21', '/dev/vfio/vfio']);
-    const t = planPcieTopology({ inventory: await fixtureInventory('hgx-8gpu'), devices: found.requests, profile: { ...defaultHandlerProfile().pcie, confidential: false } });
+    const t = planPcieTopology({
+      inventory: await fixtureInventory('hgx-8gpu'),
+      devices: found.requests,
+      profile: { ...defaultHandlerProfile().pcie, confidential: false },
+    });
     expect(t.functions.map((f) => f.bdf)).toEqual(['0000:18:00.0', '0000:2a:00.0']);
     calls.length = 0;
-    const withPr = await discoverPodVfioDevices({ cdi, podName: 'trainer', podNamespace: 'ml', podResourcesSocket: socket, timeoutMs: 5000, podResources: { containers: [] } });
+    const withPr = await discoverPodVfioDevices({
+      cdi,
+      podName: 'trainer',
+      podNamespace: 'ml',
+      podResourcesSocket: socket,
+      timeoutMs: 5000,
+      podResources: { containers: [] },
+    });
     expect(withPr.requests).toEqual([]);
     expect(calls).toEqual([]);
     const off = await discoverPodVfioDevices({ cdi, podName: 'trainer', podNamespace: 'ml', podResourcesSocket: null, timeoutMs: 5000 });

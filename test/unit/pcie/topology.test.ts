@@ -1,17 +1,17 @@
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
+import { KataError } from '../../../src/common/errors.js';
 import { defaultHandlerProfile } from '../../../src/config/defaults.js';
 import type { HandlerPcieConfig } from '../../../src/config/types.js';
-import { KataError } from '../../../src/common/errors.js';
 import {
   describeTopology,
   describeTopologyText,
+  type HostInventory,
+  type PcieTopology,
   pcieQemuArgs,
   pcieQemuArgsWithoutVfio,
   planPcieTopology,
   readHostInventory,
-  type HostInventory,
-  type PcieTopology,
   type VfioDeviceRequest,
 } from '../../../src/pcie/index.js';
 import { GiB, MiB } from '../../../src/pcie/pci.js';
@@ -33,7 +33,15 @@ function refusal(fn: () => unknown): KataError {
   throw new Error('expected a KataError');
 }
 
-const empty = (): HostInventory => ({ sysfsRoot: '/sys', devRoot: '/dev', iommuEnabled: true, functions: [], groups: [], vfioNodes: [], warnings: [] });
+const empty = (): HostInventory => ({
+  sysfsRoot: '/sys',
+  devRoot: '/dev',
+  iommuEnabled: true,
+  functions: [],
+  groups: [],
+  vfioNodes: [],
+  warnings: [],
+});
 
 describe('golden plans (fixtures/pcie/*.argv, *.plan.txt)', () => {
   for (const c of PCIE_CASES) {
@@ -41,7 +49,7 @@ describe('golden plans (fixtures/pcie/*.argv, *.plan.txt)', () => {
       const t = planPcieTopology({ inventory: await fixtureInventory(c.tree), devices: c.devices, profile: c.profile });
       const argv = argvToGolden(pcieQemuArgs(t));
       expect(argv).toBe(await golden(`${c.name}.argv`, argv));
-      const text = describeTopologyText(t).join('\n') + '\n';
+      const text = `${describeTopologyText(t).join('\n')}\n`;
       expect(text).toBe(await golden(`${c.name}.plan.txt`, text));
     });
   }
@@ -68,7 +76,11 @@ describe('planPcieTopology: expansion to IOMMU groups', () => {
   });
 
   it('naming one function by its iommufd node still brings the whole group', async () => {
-    const t = planPcieTopology({ inventory: await fixtureInventory('gpu-audio'), devices: [dev('/dev/vfio/devices/vfio1')], profile: profile({ sparePorts: 0 }) });
+    const t = planPcieTopology({
+      inventory: await fixtureInventory('gpu-audio'),
+      devices: [dev('/dev/vfio/devices/vfio1')],
+      profile: profile({ sparePorts: 0 }),
+    });
     expect(t.functions.map((f) => f.bdf)).toEqual(['0000:01:00.0', '0000:01:00.1']);
   });
 
@@ -92,7 +104,11 @@ describe('planPcieTopology: expansion to IOMMU groups', () => {
   });
 
   it('a PCI bridge in the group stays on the host; the conventional PCI cards behind it each get a port', async () => {
-    const t = planPcieTopology({ inventory: await fixtureInventory('bridge-group'), devices: [dev('/dev/vfio/8')], profile: profile({ sparePorts: 0 }) });
+    const t = planPcieTopology({
+      inventory: await fixtureInventory('bridge-group'),
+      devices: [dev('/dev/vfio/8')],
+      profile: profile({ sparePorts: 0 }),
+    });
     expect(t.groups[0]!.leftOut).toEqual([{ bdf: '0000:02:00.0', reason: 'bridge' }]);
     expect(t.functions.map((f) => f.bdf)).toEqual(['0000:03:00.0', '0000:03:01.0']);
     expect(t.notes).toContain('IOMMU group 8: 0000:02:00.0 stays on the host (bridge)');
@@ -101,7 +117,11 @@ describe('planPcieTopology: expansion to IOMMU groups', () => {
   });
 
   it('NVSwitch functions (class 0x0680, "other bridge") are passed through, not left out as PCI bridges', async () => {
-    const t = planPcieTopology({ inventory: await fixtureInventory('hgx-8gpu'), devices: [dev('/dev/vfio/30')], profile: profile({ sparePorts: 0 }) });
+    const t = planPcieTopology({
+      inventory: await fixtureInventory('hgx-8gpu'),
+      devices: [dev('/dev/vfio/30')],
+      profile: profile({ sparePorts: 0 }),
+    });
     expect(t.functions.map((f) => [f.bdf, f.classCode])).toEqual([['0000:05:00.0', 0x068000]]);
   });
 
@@ -111,7 +131,9 @@ describe('planPcieTopology: expansion to IOMMU groups', () => {
     const base = pcieQemuArgs(planPcieTopology({ inventory: inv, devices: groups.map((g) => dev(`/dev/vfio/${g}`)), profile: profile() }));
     fc.assert(
       fc.property(fc.shuffledSubarray(groups, { minLength: groups.length, maxLength: groups.length }), (order) => {
-        const args = pcieQemuArgs(planPcieTopology({ inventory: inv, devices: order.map((g) => dev(`/dev/vfio/${g}`)), profile: profile() }));
+        const args = pcieQemuArgs(
+          planPcieTopology({ inventory: inv, devices: order.map((g) => dev(`/dev/vfio/${g}`)), profile: profile() }),
+        );
         expect(args).toEqual(base);
       }),
       { numRuns: 25 },
@@ -122,7 +144,9 @@ describe('planPcieTopology: expansion to IOMMU groups', () => {
 describe('planPcieTopology: refusals name the device, the driver and the numbers', () => {
   it('a device bound to a host driver (node missing since no member is bound to vfio-pci): DEVICE_NOT_VFIO', async () => {
     const inv = await fixtureInventory('no-vfio');
-    const err = refusal(() => planPcieTopology({ inventory: inv, devices: [dev('/dev/vfio/31', 'pod_resources container "net"')], profile: profile() }));
+    const err = refusal(() =>
+      planPcieTopology({ inventory: inv, devices: [dev('/dev/vfio/31', 'pod_resources container "net"')], profile: profile() }),
+    );
     expect(err).toMatchObject({ kind: 'precondition', reason: 'DEVICE_NOT_VFIO' });
     expect(err.message).toContain('0000:5e:00.0');
     expect(err.message).toContain('ixgbe');
@@ -154,7 +178,10 @@ describe('planPcieTopology: refusals name the device, the driver and the numbers
   it('no IOMMU: IOMMU_MISSING for any device, but a pod without devices still gets its spare ports', async () => {
     const inv = await fixtureInventory('no-iommu');
     for (const d of [dev('/dev/vfio/noiommu-0'), { bdf: '0000:65:00.0', origin: 'test' }]) {
-      expect(refusal(() => planPcieTopology({ inventory: inv, devices: [d], profile: profile() }))).toMatchObject({ kind: 'precondition', reason: 'IOMMU_MISSING' });
+      expect(refusal(() => planPcieTopology({ inventory: inv, devices: [d], profile: profile() }))).toMatchObject({
+        kind: 'precondition',
+        reason: 'IOMMU_MISSING',
+      });
     }
     expect(planPcieTopology({ inventory: inv, devices: [], profile: profile() }).ports.map((p) => p.use)).toEqual(['spare', 'spare']);
   });
@@ -213,7 +240,11 @@ describe('planPcieTopology: layouts past 16 ports', () => {
     expect(new Set(t.ports.map((p) => p.slot))).toEqual(new Set([8, 9, 10, 11, 12, 13]));
     expect(t.ports.filter((p) => p.multifunction).map((p) => p.id)).toEqual(['rp0', 'rp8', 'rp16', 'rp24', 'rp32', 'rp40']);
     expect(t.ports.every((p) => p.reserve.ioBytes === 0)).toBe(true);
-    expect(pcieQemuArgs(t).filter((a) => a.startsWith('pcie-root-port')).every((a) => a.includes('io-reserve=0'))).toBe(true);
+    expect(
+      pcieQemuArgs(t)
+        .filter((a) => a.startsWith('pcie-root-port'))
+        .every((a) => a.includes('io-reserve=0')),
+    ).toBe(true);
   });
 
   it('switch layout: 42 downstream ports over two switches, one root port each', async () => {
@@ -229,9 +260,13 @@ describe('planPcieTopology: layouts past 16 ports', () => {
     // Every bus exists before a device names it.
     const defined = new Set(['pcie.0']);
     for (let i = 1; i < args.length; i += 2) {
-      const props = Object.fromEntries(args[i]!.split(',').slice(1).map((kv) => kv.split('=') as [string, string]));
-      expect(defined.has(props['bus']!), args[i]).toBe(true);
-      defined.add(props['id']!);
+      const props = Object.fromEntries(
+        args[i]!.split(',')
+          .slice(1)
+          .map((kv) => kv.split('=') as [string, string]),
+      );
+      expect(defined.has(props.bus!), args[i]).toBe(true);
+      defined.add(props.id!);
     }
   });
 
@@ -281,7 +316,13 @@ describe('argv and description', () => {
     const d = describeTopology(
       planPcieTopology({ inventory: await fixtureInventory('gpu-audio'), devices: [dev('/dev/vfio/12')], profile: profile() }),
     );
-    expect(d.ports[0]).toMatchObject({ id: 'rp0', address: 'pcie.0:08.0', state: 'reserved', function: '0000:01:00.0', reserve: { io: 'default', mem: '32 MiB', pref64: '64 GiB' } });
+    expect(d.ports[0]).toMatchObject({
+      id: 'rp0',
+      address: 'pcie.0:08.0',
+      state: 'reserved',
+      function: '0000:01:00.0',
+      reserve: { io: 'default', mem: '32 MiB', pref64: '64 GiB' },
+    });
     expect(d.ports[2]).toMatchObject({ state: 'free', function: null, reserve: { io: '0' } });
     expect(d.functions[1]).toMatchObject({ bdf: '0000:01:00.1', id: '10de:1aef', class: 'audio', group: 12, port: 'rp1' });
     expect(d.usage).toMatchObject({ busNumbers: '5/256', rootSlots: '1/23' });

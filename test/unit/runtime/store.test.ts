@@ -3,7 +3,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { silentLogger } from '../../../src/common/logger.js';
-import { RecordStore, type RecordKind } from '../../../src/runtime/store.js';
+import { type RecordKind, RecordStore } from '../../../src/runtime/store.js';
 
 interface Thing {
   id: string;
@@ -39,7 +39,10 @@ describe('RecordStore', () => {
     await store.put({ id: 'a1', size: 3 });
     const { records, problems } = await store.load();
     expect(problems).toEqual([]);
-    expect(records).toEqual([{ id: 'a1', size: 3 }, { id: 'b2', size: 2 }]);
+    expect(records).toEqual([
+      { id: 'a1', size: 3 },
+      { id: 'b2', size: 2 },
+    ]);
     const onDisk = JSON.parse(await readFile(path.join(stateDir, 'things', 'a1.json'), 'utf8'));
     expect(onDisk).toEqual({ kind: 'thing', version: 2, record: { id: 'a1', size: 3 } });
   });
@@ -64,9 +67,15 @@ describe('RecordStore', () => {
   it('sets corrupt and invalid records aside, reports each, and keeps loading the rest', async () => {
     await store.put({ id: 'good', size: 1 });
     await writeFile(path.join(store.directory, 'torn.json'), '{"kind":"thing","version":2,"rec');
-    await writeFile(path.join(store.directory, 'bad.json'), JSON.stringify({ kind: 'thing', version: 2, record: { id: 'bad', size: 'big' } }));
+    await writeFile(
+      path.join(store.directory, 'bad.json'),
+      JSON.stringify({ kind: 'thing', version: 2, record: { id: 'bad', size: 'big' } }),
+    );
     await writeFile(path.join(store.directory, 'alien.json'), JSON.stringify({ kind: 'other', version: 2, record: {} }));
-    await writeFile(path.join(store.directory, 'moved.json'), JSON.stringify({ kind: 'thing', version: 2, record: { id: 'elsewhere', size: 1 } }));
+    await writeFile(
+      path.join(store.directory, 'moved.json'),
+      JSON.stringify({ kind: 'thing', version: 2, record: { id: 'elsewhere', size: 1 } }),
+    );
     const { records, problems } = await store.load();
     expect(records).toEqual([{ id: 'good', size: 1 }]);
     expect(problems.map((p) => path.basename(p.file)).sort()).toEqual(['alien.json', 'bad.json', 'moved.json', 'torn.json']);

@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { aggregatePodAmounts, type AggregationEntry } from '../../../src/sizing/aggregate.js';
+import { type AggregationEntry, aggregatePodAmounts } from '../../../src/sizing/aggregate.js';
 import type { SizingContainerType } from '../../../src/sizing/types.js';
 
 const T: Record<string, SizingContainerType> = { I: 'INIT_CONTAINER', S: 'SIDECAR_CONTAINER', R: 'REGULAR_CONTAINER' };
@@ -32,7 +32,13 @@ describe('aggregatePodAmounts: Kubernetes PodRequests with sidecars (KEP-753)', 
   it('aggregates each resource independently and omits what nobody mentions', () => {
     const result = aggregatePodAmounts([
       { type: 'INIT_CONTAINER', amounts: new Map([['memory', 10n]]) },
-      { type: 'REGULAR_CONTAINER', amounts: new Map([['cpu', 2n], ['memory', 3n]]) },
+      {
+        type: 'REGULAR_CONTAINER',
+        amounts: new Map([
+          ['cpu', 2n],
+          ['memory', 3n],
+        ]),
+      },
       { type: 'REGULAR_CONTAINER', amounts: new Map([['nvidia.com/gpu', 1n]]) },
     ]);
     expect(Object.fromEntries(result)).toEqual({ cpu: 2n, memory: 10n, 'nvidia.com/gpu': 1n });

@@ -1,14 +1,14 @@
 import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { beforeAll, describe, expect, it } from 'vitest';
-import type { PlanEnvironment } from '../../../src/cli/plan/report.js';
-import { fixturePlanEnvironment } from '../../helpers/plan-env.js';
 import { loadPlanRequest } from '../../../src/cli/plan/load.js';
 import { planJson } from '../../../src/cli/plan/output.js';
+import type { PlanEnvironment } from '../../../src/cli/plan/report.js';
 import { buildPlanReport } from '../../../src/cli/plan/report.js';
 import { packageRoot } from '../../../src/common/paths.js';
-import { encodeProtoJson } from '../../helpers/sizing-protojson.js';
+import { fixturePlanEnvironment } from '../../helpers/plan-env.js';
 import { BIG_HOST } from '../../helpers/sizing-pods.js';
+import { encodeProtoJson } from '../../helpers/sizing-protojson.js';
 
 let env: PlanEnvironment;
 beforeAll(async () => {
@@ -36,7 +36,8 @@ function plan(text: string, file: string) {
 function readOrWrite(file: string, produce: () => unknown): unknown {
   const full = path.join(DIR, file);
   if (UPDATE) writeFileSync(full, `${JSON.stringify(produce(), null, 2)}\n`);
-  if (!existsSync(full)) throw new Error(`${full} is missing: run KATA_UPDATE_FIXTURES=1 npx vitest run ${path.relative(packageRoot(), import.meta.filename)}`);
+  if (!existsSync(full))
+    throw new Error(`${full} is missing: run KATA_UPDATE_FIXTURES=1 npx vitest run ${path.relative(packageRoot(), import.meta.filename)}`);
   return JSON.parse(readFileSync(full, 'utf8')) as unknown;
 }
 
@@ -57,11 +58,14 @@ describe('fixtures/pods: both forms of each pod plan exactly as the golden', () 
   });
 
   it('covers every source of the issue: sidecars, init peak, hugepages, extended resources, BestEffort, pod-level', () => {
-    const goldens = PODS.map((pod) => JSON.parse(readFileSync(path.join(DIR, `${pod}.plan.json`), 'utf8')) as {
-      vm: { hugepages: unknown[] };
-      workload: { extended: Record<string, string>; cpuLimitMillicores: number };
-      containers: Array<{ type: string }>;
-    });
+    const goldens = PODS.map(
+      (pod) =>
+        JSON.parse(readFileSync(path.join(DIR, `${pod}.plan.json`), 'utf8')) as {
+          vm: { hugepages: unknown[] };
+          workload: { extended: Record<string, string>; cpuLimitMillicores: number };
+          containers: Array<{ type: string }>;
+        },
+    );
     expect(goldens.some((g) => g.containers.some((c) => c.type === 'SIDECAR_CONTAINER'))).toBe(true);
     expect(goldens.some((g) => g.containers.some((c) => c.type === 'INIT_CONTAINER'))).toBe(true);
     expect(goldens.some((g) => g.vm.hugepages.length === 2)).toBe(true);

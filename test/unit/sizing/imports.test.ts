@@ -11,9 +11,10 @@ const SIZING = path.join(packageRoot(), 'src', 'sizing');
 const ALLOWED = [SIZING, path.join(packageRoot(), 'src', 'common'), path.join(packageRoot(), 'src', 'config')];
 
 function specifiers(source: string): string[] {
-  return [...source.matchAll(/(?:^|\n)\s*(?:import|export)[^'"]*?from\s+['"]([^'"]+)['"]/g), ...source.matchAll(/import\(\s*['"]([^'"]+)['"]\s*\)/g)].map(
-    (m) => m[1]!,
-  );
+  return [
+    ...source.matchAll(/(?:^|\n)\s*(?:import|export)[^'"]*?from\s+['"]([^'"]+)['"]/g),
+    ...source.matchAll(/import\(\s*['"]([^'"]+)['"]\s*\)/g),
+  ].map((m) => m[1]!);
 }
 
 describe('src/sizing imports', () => {
@@ -28,7 +29,10 @@ describe('src/sizing imports', () => {
     for (const spec of found) {
       expect(spec.startsWith('.'), `${file} imports "${spec}", not a relative path`).toBe(true);
       const target = path.resolve(SIZING, spec);
-      expect(ALLOWED.some((dir) => target.startsWith(dir + path.sep)), `${file} imports ${spec}`).toBe(true);
+      expect(
+        ALLOWED.some((dir) => target.startsWith(dir + path.sep)),
+        `${file} imports ${spec}`,
+      ).toBe(true);
     }
   });
 });

@@ -80,7 +80,12 @@ describe('manifest -> RunPodSandboxRequest', () => {
     ['{limits: {cpu: 1m}}', '2', '1000', '0'], // MinShares and the 1 ms minimum quota
   ])('computes linux.resources like the kubelet for %s', (resources, shares, quota, memory) => {
     const r = convert(pod(`  containers:\n  - name: a\n    resources: ${resources}\n`));
-    expect(r.config.linux.resources).toMatchObject({ cpu_period: '100000', cpu_shares: shares, cpu_quota: quota, memory_limit_in_bytes: memory });
+    expect(r.config.linux.resources).toMatchObject({
+      cpu_period: '100000',
+      cpu_shares: shares,
+      cpu_quota: quota,
+      memory_limit_in_bytes: memory,
+    });
   });
 
   it('matches the kubelet conversion helpers at their edges', () => {
@@ -95,7 +100,11 @@ describe('manifest -> RunPodSandboxRequest', () => {
 
   it('sends spec.overhead as guaranteed linux.overhead, and an empty message without it', () => {
     const withOverhead = convert(pod(`  overhead: {cpu: 250m, memory: 160Mi}\n  containers: [{name: a}]\n`));
-    expect(withOverhead.config.linux.overhead).toMatchObject({ cpu_shares: '256', cpu_quota: '25000', memory_limit_in_bytes: String(160 * 1024 * 1024) });
+    expect(withOverhead.config.linux.overhead).toMatchObject({
+      cpu_shares: '256',
+      cpu_quota: '25000',
+      memory_limit_in_bytes: String(160 * 1024 * 1024),
+    });
     const without = convert(pod(`  containers: [{name: a}]\n`));
     expect(without.config.linux.overhead).toMatchObject({ cpu_period: '0', cpu_shares: '0', cpu_quota: '0', memory_limit_in_bytes: '0' });
   });
@@ -131,7 +140,16 @@ describe('manifest -> RunPodSandboxRequest', () => {
       { kubeletRoot: '/k' },
     );
     const pods = `/k/pods/${UID}`;
-    expect(r.config.pod_resources.containers[0]!.mounts.map((m) => [m.container_path, m.host_path, m.readonly, m.propagation, m.recursive_read_only, m.image?.image ?? null])).toEqual([
+    expect(
+      r.config.pod_resources.containers[0]!.mounts.map((m) => [
+        m.container_path,
+        m.host_path,
+        m.readonly,
+        m.propagation,
+        m.recursive_read_only,
+        m.image?.image ?? null,
+      ]),
+    ).toEqual([
       ['/cache', `${pods}/volumes/kubernetes.io~empty-dir/cache`, false, 'PROPAGATION_PRIVATE', false, null],
       ['/etc/app', `${pods}/volumes/kubernetes.io~secret/cfg`, true, 'PROPAGATION_PRIVATE', true, null],
       ['/host', '/var/run/thing', false, 'PROPAGATION_HOST_TO_CONTAINER', false, null],
@@ -142,14 +160,24 @@ describe('manifest -> RunPodSandboxRequest', () => {
   });
 
   it('fills the sandbox metadata like the kubelet, with a stable uid when the manifest has none', () => {
-    const r = convert(pod(`  runtimeClassName: kata-ts-cvm\n  hostname: h1\n  containers: [{name: a, ports: [{containerPort: 53, protocol: UDP, hostPort: 5353}]}]\n`, 'metadata: {name: p, labels: {app: x}, annotations: {note: y}}'));
+    const r = convert(
+      pod(
+        `  runtimeClassName: kata-ts-cvm\n  hostname: h1\n  containers: [{name: a, ports: [{containerPort: 53, protocol: UDP, hostPort: 5353}]}]\n`,
+        'metadata: {name: p, labels: {app: x}, annotations: {note: y}}',
+      ),
+    );
     const uid = synthesizedUid('default', 'p');
     expect(uid).toMatch(/^[0-9a-f]{8}-[0-9a-f]{4}-5[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/);
     expect(r.runtime_handler).toBe('kata-ts-cvm');
     expect(r.config.metadata).toEqual({ name: 'p', namespace: 'default', uid, attempt: 0 });
     expect(r.config.hostname).toBe('h1');
     expect(r.config.log_directory).toBe(`/var/log/pods/default_p_${uid}`);
-    expect(r.config.labels).toEqual({ app: 'x', 'io.kubernetes.pod.name': 'p', 'io.kubernetes.pod.namespace': 'default', 'io.kubernetes.pod.uid': uid });
+    expect(r.config.labels).toEqual({
+      app: 'x',
+      'io.kubernetes.pod.name': 'p',
+      'io.kubernetes.pod.namespace': 'default',
+      'io.kubernetes.pod.uid': uid,
+    });
     expect(r.config.annotations).toEqual({ note: 'y' });
     expect(r.config.port_mappings).toEqual([{ protocol: 'UDP', container_port: 53, host_port: 5353, host_ip: '' }]);
     expect(synthesizedUid('default', 'p')).toBe(uid);
@@ -163,12 +191,38 @@ describe('manifest -> RunPodSandboxRequest', () => {
   it.each([
     ['no containers', pod('  containers: []\n'), 'spec.containers must list at least one container'],
     ['a nameless container', pod('  containers: [{image: x}]\n'), 'spec.containers[0].name must be a string'],
-    ['duplicate names across init and regular', pod('  initContainers: [{name: a}]\n  containers: [{name: a}]\n'), 'spec.containers[0].name "a" repeats spec.initContainers[0].name'],
-    ['an init container restartPolicy other than Always', pod('  initContainers: [{name: a, restartPolicy: OnFailure}]\n  containers: [{name: b}]\n'), 'spec.initContainers[0].restartPolicy is "OnFailure"'],
-    ['a volume with two sources', pod('  containers: [{name: a}]\n  volumes: [{name: v, emptyDir: {}, secret: {}}]\n'), 'spec.volumes[0] must have exactly one volume source'],
-    ['a bad mountPropagation', pod('  containers: [{name: a, volumeMounts: [{name: v, mountPath: /v, mountPropagation: Sideways}]}]\n  volumes: [{name: v, emptyDir: {}}]\n'), 'mountPropagation must be one of None, HostToContainer, Bidirectional'],
-    ['a relative hostPath', pod('  containers: [{name: a, volumeMounts: [{name: v, mountPath: /v}]}]\n  volumes: [{name: v, hostPath: {path: data}}]\n'), 'spec.volumes[0].hostPath.path must be an absolute path'],
-    ['a quantity that is a list', pod('  containers: [{name: a, resources: {limits: {cpu: [1]}}}]\n'), 'spec.containers[0].resources.limits.cpu must be a quantity'],
+    [
+      'duplicate names across init and regular',
+      pod('  initContainers: [{name: a}]\n  containers: [{name: a}]\n'),
+      'spec.containers[0].name "a" repeats spec.initContainers[0].name',
+    ],
+    [
+      'an init container restartPolicy other than Always',
+      pod('  initContainers: [{name: a, restartPolicy: OnFailure}]\n  containers: [{name: b}]\n'),
+      'spec.initContainers[0].restartPolicy is "OnFailure"',
+    ],
+    [
+      'a volume with two sources',
+      pod('  containers: [{name: a}]\n  volumes: [{name: v, emptyDir: {}, secret: {}}]\n'),
+      'spec.volumes[0] must have exactly one volume source',
+    ],
+    [
+      'a bad mountPropagation',
+      pod(
+        '  containers: [{name: a, volumeMounts: [{name: v, mountPath: /v, mountPropagation: Sideways}]}]\n  volumes: [{name: v, emptyDir: {}}]\n',
+      ),
+      'mountPropagation must be one of None, HostToContainer, Bidirectional',
+    ],
+    [
+      'a relative hostPath',
+      pod('  containers: [{name: a, volumeMounts: [{name: v, mountPath: /v}]}]\n  volumes: [{name: v, hostPath: {path: data}}]\n'),
+      'spec.volumes[0].hostPath.path must be an absolute path',
+    ],
+    [
+      'a quantity that is a list',
+      pod('  containers: [{name: a, resources: {limits: {cpu: [1]}}}]\n'),
+      'spec.containers[0].resources.limits.cpu must be a quantity',
+    ],
     ['a negative pod overhead', pod('  overhead: {memory: -1Mi}\n  containers: [{name: a}]\n'), 'spec.overhead.memory "-1Mi" is negative'],
   ])('refuses %s, naming the path', (_name, yaml, message) => {
     expect(() => convert(yaml)).toThrow(message);

@@ -65,7 +65,7 @@ describe('kata-ts plan', () => {
       const r = await plan('--request', path.join(PODS, name), '--config', emptyConfig, '--format', 'json', ...BIG);
       expect(r.stderr).toBe('');
       expect(r.code).toBe(0);
-      const json = JSON.parse(r.stdout) as Record<string, any>;
+      const json = JSON.parse(r.stdout) as Record<string, unknown>;
       expect(json.handler).toBe('kata-ts');
       expect(json.source).toBe('pod_resources');
       expect(json.vm).toMatchObject({ vcpus: 2, maxVcpus: 6, memoryMiB: 800, maxMemoryMiB: 4896, hugepages: [] });
@@ -83,7 +83,17 @@ describe('kata-ts plan', () => {
   });
 
   it('lets --handler override the runtimeClassName, and refuses an unknown handler with exit 2', async () => {
-    const cvm = await plan('--request', path.join(PODS, 'web-sidecar.pod.yaml'), '--config', emptyConfig, '--handler', 'kata-ts-cvm', '--format', 'json', ...BIG);
+    const cvm = await plan(
+      '--request',
+      path.join(PODS, 'web-sidecar.pod.yaml'),
+      '--config',
+      emptyConfig,
+      '--handler',
+      'kata-ts-cvm',
+      '--format',
+      'json',
+      ...BIG,
+    );
     expect(cvm.code).toBe(0);
     const json = JSON.parse(cvm.stdout) as { handler: string; vm: { vcpus: number; maxVcpus: number } };
     expect(json.handler).toBe('kata-ts-cvm');
@@ -147,7 +157,11 @@ describe('kata-ts plan', () => {
       'spec.containers[0].volumeMounts[0].name "data" is not a volume of spec.volumes',
     ],
     ['a proto3 JSON request with a typo', '{"config": {"podResource": {}}}', 'PROTOJSON_INVALID'],
-    ['a proto3 JSON request with a bad enum', '{"config": {"podResources": {"containers": [{"name": "a", "type": "EPHEMERAL"}]}}}', 'PROTOJSON_INVALID'],
+    [
+      'a proto3 JSON request with a bad enum',
+      '{"config": {"podResources": {"containers": [{"name": "a", "type": "EPHEMERAL"}]}}}',
+      'PROTOJSON_INVALID',
+    ],
     ['a request without config', '{"runtimeHandler": "kata-ts"}', 'without a config'],
     ['a YAML request without kind', 'config: {}\n', 'must be a RunPodSandboxRequest in proto3 JSON, not YAML'],
     ['a bare list', '[1, 2]\n', 'neither a Pod manifest nor a RunPodSandboxRequest'],

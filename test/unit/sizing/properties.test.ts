@@ -1,14 +1,14 @@
 import fc from 'fast-check';
-import { stringify } from 'yaml';
 import { beforeAll, describe, expect, it } from 'vitest';
-import type { PlanEnvironment } from '../../../src/cli/plan/report.js';
-import { fixturePlanEnvironment } from '../../helpers/plan-env.js';
+import { stringify } from 'yaml';
 import { loadPlanRequest } from '../../../src/cli/plan/load.js';
 import { planJson } from '../../../src/cli/plan/output.js';
+import type { PlanEnvironment } from '../../../src/cli/plan/report.js';
 import { buildPlanReport } from '../../../src/cli/plan/report.js';
 import { planSizing } from '../../../src/sizing/shape.js';
 import type { SizingPlan } from '../../../src/sizing/types.js';
-import { BIG_HOST, handlerNamed, podWith, type ContainerSpec } from '../../helpers/sizing-pods.js';
+import { fixturePlanEnvironment } from '../../helpers/plan-env.js';
+import { BIG_HOST, type ContainerSpec, handlerNamed, podWith } from '../../helpers/sizing-pods.js';
 
 let env: PlanEnvironment;
 beforeAll(async () => {
@@ -132,7 +132,9 @@ function manifestText(pod: ModelPod): string {
       ...(pod.podLevel === undefined ? {} : { resources: podLevelAmounts(pod.podLevel, pod.spellings) }),
       initContainers: list.filter((x) => x.c.kind !== 'REGULAR_CONTAINER').map((x) => toContainer(x, true)),
       // A pod needs a regular container; add an idle one when the model has none.
-      containers: (regular.length > 0 ? regular : [{ c: { kind: 'REGULAR_CONTAINER' as Kind }, name: 'idle' }]).map((x) => toContainer(x, false)),
+      containers: (regular.length > 0 ? regular : [{ c: { kind: 'REGULAR_CONTAINER' as Kind }, name: 'idle' }]).map((x) =>
+        toContainer(x, false),
+      ),
     },
   };
   return pod.spellings % 2 === 0 ? stringify(doc) : JSON.stringify(doc);
@@ -235,7 +237,9 @@ describe('sizing properties (fast-check)', () => {
         const { vm, guestOverhead } = handler.profile;
         expect(p.vm.vcpus * 1000).toBeGreaterThanOrEqual(p.workload.cpuLimitMillicores + guestOverhead.cpuMillicores);
         const hugepageBytes = Object.values(p.workload.hugepages).reduce((a, b) => a + b, 0);
-        expect(p.vm.memoryMiB * 1024 * 1024).toBeGreaterThanOrEqual(p.workload.memoryLimitBytes + guestOverhead.memoryMiB * 1024 * 1024 + hugepageBytes);
+        expect(p.vm.memoryMiB * 1024 * 1024).toBeGreaterThanOrEqual(
+          p.workload.memoryLimitBytes + guestOverhead.memoryMiB * 1024 * 1024 + hugepageBytes,
+        );
         expect(p.vm.memoryMiB % 2).toBe(0);
         expect((p.vm.maxMemoryMiB - p.vm.memoryMiB) % 128).toBe(0);
         expect(p.vm.memoryMiB).toBeGreaterThanOrEqual(vm.minMemoryMiB);

@@ -1,9 +1,9 @@
 import { describe, expect, it } from 'vitest';
+import type { KataError } from '../../../src/common/errors.js';
 import { defaultConfig } from '../../../src/config/defaults.js';
-import { KataError } from '../../../src/common/errors.js';
-import { planSizing } from '../../../src/sizing/shape.js';
 import type { PodSandboxConfigInput } from '../../../src/sizing/input.js';
-import { BIG_HOST, failureOf, handlerNamed, podWith, type ContainerSpec } from '../../helpers/sizing-pods.js';
+import { planSizing } from '../../../src/sizing/shape.js';
+import { BIG_HOST, type ContainerSpec, failureOf, handlerNamed, podWith } from '../../helpers/sizing-pods.js';
 
 const MiB = 1024 * 1024;
 
@@ -154,11 +154,19 @@ describe('planSizing: refusals', () => {
     ['unknown type number', [{ name: 'a', type: 7 }], 'invalid/SIZING_CONTAINER_TYPE_UNKNOWN'],
     ['unknown resource', [{ name: 'a', limits: { gpu: '1' } }], 'invalid/SIZING_RESOURCE_UNKNOWN'],
     ['kubernetes.io resource', [{ name: 'a', limits: { 'kubernetes.io/batch-cpu': '1' } }], 'invalid/SIZING_RESOURCE_UNKNOWN'],
-    ['unsupported hugepage size', [{ name: 'a', limits: { memory: '1Gi', 'hugepages-16Gi': '16Gi' } }], 'invalid/SIZING_HUGEPAGE_SIZE_UNSUPPORTED'],
+    [
+      'unsupported hugepage size',
+      [{ name: 'a', limits: { memory: '1Gi', 'hugepages-16Gi': '16Gi' } }],
+      'invalid/SIZING_HUGEPAGE_SIZE_UNSUPPORTED',
+    ],
     ['malformed quantity', [{ name: 'a', limits: { cpu: 'lots' } }], 'invalid/QUANTITY_MALFORMED'],
     ['negative quantity', [{ name: 'a', requests: { memory: '-1Gi' } }], 'invalid/QUANTITY_NEGATIVE'],
     ['fractional GPU', [{ name: 'a', limits: { 'nvidia.com/gpu': '500m' } }], 'invalid/SIZING_EXTENDED_NOT_INTEGER'],
-    ['GPU request differs from limit', [{ name: 'a', requests: { 'nvidia.com/gpu': '1' }, limits: { 'nvidia.com/gpu': '2' } }], 'invalid/SIZING_REQUEST_NOT_EQUAL_LIMIT'],
+    [
+      'GPU request differs from limit',
+      [{ name: 'a', requests: { 'nvidia.com/gpu': '1' }, limits: { 'nvidia.com/gpu': '2' } }],
+      'invalid/SIZING_REQUEST_NOT_EQUAL_LIMIT',
+    ],
     ['more vCPUs than the handler allows', [{ name: 'a', limits: { cpu: '40' } }], 'exhausted/SIZING_VCPUS_EXCEED_HANDLER'],
     ['more memory than the handler allows', [{ name: 'a', limits: { memory: '70Gi' } }], 'exhausted/SIZING_MEMORY_EXCEEDS_HANDLER'],
   ])('%s', (_name, containers, expected) => {

@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
-import { planSizing } from '../../../src/sizing/shape.js';
 import type { LinuxContainerResourcesInput, PodSandboxConfigInput } from '../../../src/sizing/input.js';
+import { planSizing } from '../../../src/sizing/shape.js';
 import type { SizingSource, VmmOverheadSource } from '../../../src/sizing/types.js';
 import { BIG_HOST, failureOf, handlerNamed, podWith } from '../../helpers/sizing-pods.js';
 
@@ -157,7 +157,11 @@ const CASES: SourceCase[] = [
     name: 'CRI-O PodLinuxResources in protobuf-JSON spelling (camelCase, int64 as strings)',
     config: sandbox({
       annotations: {
-        'io.kubernetes.cri-o.PodLinuxResources': JSON.stringify({ cpuPeriod: '100000', cpuQuota: '100000', memoryLimitInBytes: String(256 * MiB) }),
+        'io.kubernetes.cri-o.PodLinuxResources': JSON.stringify({
+          cpuPeriod: '100000',
+          cpuQuota: '100000',
+          memoryLimitInBytes: String(256 * MiB),
+        }),
       },
     }),
     source: 'crio_annotations',
@@ -231,19 +235,47 @@ describe('planSizing: sources in order of precedence', () => {
   });
 
   it.each([
-    ['a containerd annotation that is not an integer', sandbox({ annotations: { 'io.kubernetes.cri.sandbox-memory': '1Gi' } }), 'invalid/SIZING_INTEGER_INVALID'],
-    ['a CRI-O annotation that is not JSON', sandbox({ annotations: { 'io.kubernetes.cri-o.PodLinuxResources': '{cpu' } }), 'invalid/SIZING_ANNOTATION_INVALID'],
-    ['a CRI-O annotation that is a list', sandbox({ annotations: { 'io.kubernetes.cri-o.PodLinuxResources': '[]' } }), 'invalid/SIZING_ANNOTATION_INVALID'],
-    ['a CRI-O field of the wrong type', sandbox({ annotations: { 'io.kubernetes.cri-o.PodLinuxResources': '{"cpu_quota": 1.5}' } }), 'invalid/SIZING_INTEGER_INVALID'],
-    ['a hugepage size the guest lacks', sandbox({ resources: { hugepage_limits: [{ page_size: '64KB', limit: '65536' }] } }), 'invalid/SIZING_HUGEPAGE_SIZE_UNSUPPORTED'],
-    ['a cgroup memory limit beyond the handler', sandbox({ resources: kubeletResources(2, 0, 128 * 1024 * MiB) }), 'exhausted/SIZING_MEMORY_EXCEEDS_HANDLER'],
+    [
+      'a containerd annotation that is not an integer',
+      sandbox({ annotations: { 'io.kubernetes.cri.sandbox-memory': '1Gi' } }),
+      'invalid/SIZING_INTEGER_INVALID',
+    ],
+    [
+      'a CRI-O annotation that is not JSON',
+      sandbox({ annotations: { 'io.kubernetes.cri-o.PodLinuxResources': '{cpu' } }),
+      'invalid/SIZING_ANNOTATION_INVALID',
+    ],
+    [
+      'a CRI-O annotation that is a list',
+      sandbox({ annotations: { 'io.kubernetes.cri-o.PodLinuxResources': '[]' } }),
+      'invalid/SIZING_ANNOTATION_INVALID',
+    ],
+    [
+      'a CRI-O field of the wrong type',
+      sandbox({ annotations: { 'io.kubernetes.cri-o.PodLinuxResources': '{"cpu_quota": 1.5}' } }),
+      'invalid/SIZING_INTEGER_INVALID',
+    ],
+    [
+      'a hugepage size the guest lacks',
+      sandbox({ resources: { hugepage_limits: [{ page_size: '64KB', limit: '65536' }] } }),
+      'invalid/SIZING_HUGEPAGE_SIZE_UNSUPPORTED',
+    ],
+    [
+      'a cgroup memory limit beyond the handler',
+      sandbox({ resources: kubeletResources(2, 0, 128 * 1024 * MiB) }),
+      'exhausted/SIZING_MEMORY_EXCEEDS_HANDLER',
+    ],
   ])('refuses %s', (_name, config, expected) => {
     expect(failureOf(() => planSizing({ config, handler: handlerNamed(), host: BIG_HOST }))).toBe(expected);
   });
 
   it('names the annotation in the error', () => {
     try {
-      planSizing({ config: sandbox({ annotations: { 'io.kubernetes.cri.sandbox-cpu-quota': 'many' } }), handler: handlerNamed(), host: BIG_HOST });
+      planSizing({
+        config: sandbox({ annotations: { 'io.kubernetes.cri.sandbox-cpu-quota': 'many' } }),
+        handler: handlerNamed(),
+        host: BIG_HOST,
+      });
       expect.unreachable();
     } catch (err) {
       expect((err as Error).message).toBe('config.annotations["io.kubernetes.cri.sandbox-cpu-quota"] must be an integer, got "many"');
@@ -256,12 +288,36 @@ describe('planSizing: VMM overhead for the host budget', () => {
   it.each<[string, PodSandboxConfigInput, VmmOverheadSource, VmmOverheadSource, number, number]>([
     ['the handler when nothing is given', sandbox({ resources: workload }), 'handler', 'handler', 100, 96 * MiB],
     // The kubelet sends an empty (all-zero) overhead for a pod without spec.overhead.
-    ['the handler when linux.overhead is all zero', sandbox({ resources: workload, overhead: zeroResources() }), 'handler', 'handler', 100, 96 * MiB],
-    ['linux.overhead (RuntimeClass podFixed 250m / 160Mi)', sandbox({ resources: workload, overhead: kubeletResources(256, 25000, 160 * MiB) }), 'pod_overhead', 'pod_overhead', 250, 160 * MiB],
-    ['linux.overhead naming only memory: CPU from the handler', sandbox({ resources: workload, overhead: kubeletResources(2, 0, 64 * MiB) }), 'handler', 'pod_overhead', 100, 64 * MiB],
+    [
+      'the handler when linux.overhead is all zero',
+      sandbox({ resources: workload, overhead: zeroResources() }),
+      'handler',
+      'handler',
+      100,
+      96 * MiB,
+    ],
+    [
+      'linux.overhead (RuntimeClass podFixed 250m / 160Mi)',
+      sandbox({ resources: workload, overhead: kubeletResources(256, 25000, 160 * MiB) }),
+      'pod_overhead',
+      'pod_overhead',
+      250,
+      160 * MiB,
+    ],
+    [
+      'linux.overhead naming only memory: CPU from the handler',
+      sandbox({ resources: workload, overhead: kubeletResources(2, 0, 64 * MiB) }),
+      'handler',
+      'pod_overhead',
+      100,
+      64 * MiB,
+    ],
     [
       'CRI-O PodLinuxOverhead when linux.overhead is absent',
-      sandbox({ resources: workload, annotations: { 'io.kubernetes.cri-o.PodLinuxOverhead': JSON.stringify({ cpu_shares: 512, memory_limit_in_bytes: 32 * MiB }) } }),
+      sandbox({
+        resources: workload,
+        annotations: { 'io.kubernetes.cri-o.PodLinuxOverhead': JSON.stringify({ cpu_shares: 512, memory_limit_in_bytes: 32 * MiB }) },
+      }),
       'crio_annotations',
       'crio_annotations',
       500,
