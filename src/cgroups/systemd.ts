@@ -6,7 +6,7 @@
  * bus restarts, and systemd drops the connection's job subscription with it.
  */
 import dbus from 'dbus-next';
-import { internal, invalid, KataError, precondition, timedOut, unavailable } from '../common/errors.js';
+import { internal, invalid, isReason, KataError, precondition, timedOut, unavailable } from '../common/errors.js';
 import type { Logger } from '../common/logger.js';
 import { describeRecord } from './describe.js';
 import { detectCgroupMode } from './detect.js';
@@ -196,12 +196,12 @@ export class SystemdDriver implements CgroupDriver {
       const result = await conn.waitJob(job, `stopping ${unit}`);
       if (result !== 'done') this.logger.warn({ unit, result }, 'stop job did not finish with "done"');
     } catch (err) {
-      if (!(err instanceof KataError && err.reason === 'SYSTEMD_NO_SUCH_UNIT')) throw err;
+      if (!isReason(err, 'SYSTEMD_NO_SUCH_UNIT')) throw err;
     }
     try {
       await this.managerCall(conn, 'ResetFailedUnit', 's', [unit], unit);
     } catch (err) {
-      if (!(err instanceof KataError && err.reason === 'SYSTEMD_NO_SUCH_UNIT')) throw err;
+      if (!isReason(err, 'SYSTEMD_NO_SUCH_UNIT')) throw err;
     }
   }
 
@@ -239,7 +239,7 @@ export class SystemdDriver implements CgroupDriver {
       try {
         [job] = (await this.managerCall(conn, 'StartTransientUnit', 'ssa(sv)a(sa(sv))', body, unit)) as [string];
       } catch (err) {
-        if (!(err instanceof KataError && err.reason === 'SYSTEMD_UNIT_EXISTS')) throw err;
+        if (!isReason(err, 'SYSTEMD_UNIT_EXISTS')) throw err;
         // Left by a crashed attempt for the same sandbox id: clear it and try once more.
         this.logger.warn({ unit }, 'scope already exists; stopping the stale one and retrying once');
         await this.stopAndReset(conn, unit);

@@ -19,6 +19,23 @@ export type ErrorKind =
   | 'unauthenticated' // credentials missing or refused: UNAUTHENTICATED
   | 'internal'; // a bug or an unexpected host failure: INTERNAL
 
+/**
+ * Every reason code, by area. Each area lists its codes as one union in its own `reasons.ts`
+ * (`src/sizing/reasons.ts` holds `SizingReason`, ...) and adds it here by declaration merging:
+ *
+ *     declare module '../common/errors.js' {
+ *       interface KataReasons { sizing: SizingReason }
+ *     }
+ *
+ * so this layer imports nothing of ours while the compiler still sees the whole set: a reason
+ * that no area declares (a typo) does not compile, wherever it is written.
+ */
+// biome-ignore lint/suspicious/noEmptyInterface: filled by declaration merging in every area's reasons.ts
+export interface KataReasons {}
+
+/** A reason code of any area: what `KataError.reason` holds and what the factories accept. */
+export type Reason = KataReasons[keyof KataReasons];
+
 export interface KataErrorOptions {
   /** The lower-level error this one explains. */
   cause?: unknown;
@@ -33,7 +50,7 @@ export class KataError extends Error {
   constructor(
     readonly kind: ErrorKind,
     /** Stable, upper-snake code such as `SIZING_LIMIT_BELOW_REQUEST`. */
-    readonly reason: string,
+    readonly reason: Reason,
     message: string,
     options: KataErrorOptions = {},
   ) {
@@ -42,7 +59,7 @@ export class KataError extends Error {
   }
 }
 
-type Factory = (reason: string, message: string, options?: KataErrorOptions) => KataError;
+type Factory = (reason: Reason, message: string, options?: KataErrorOptions) => KataError;
 const make =
   (kind: ErrorKind): Factory =>
   (reason, message, options) =>
@@ -62,6 +79,14 @@ export const internal = make('internal');
 
 export function isKataError(err: unknown): err is KataError {
   return err instanceof KataError;
+}
+
+/**
+ * Whether `err` is a KataError with one of `reasons`: the one way to branch on a reason, so the
+ * compiler checks every name (`isReason(err, 'QMP_CLOSED')`); `err.reason` narrows to them.
+ */
+export function isReason<R extends Reason>(err: unknown, ...reasons: readonly R[]): err is KataError & { readonly reason: R } {
+  return err instanceof KataError && (reasons as readonly Reason[]).includes(err.reason);
 }
 
 /** Best-effort message of anything thrown, for logs. */

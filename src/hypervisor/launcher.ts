@@ -1,7 +1,7 @@
 import { type ChildProcess, spawn } from 'node:child_process';
 import { closeSync, promises as fsp, openSync } from 'node:fs';
 import path from 'node:path';
-import { errorMessage, internal, KataError, notFound, precondition, timedOut, unavailable } from '../common/errors.js';
+import { errorMessage, internal, isReason, type KataError, notFound, precondition, timedOut, unavailable } from '../common/errors.js';
 import type { Logger } from '../common/logger.js';
 import { tailFile } from './log-tail.js';
 import { isSameLiveProcess, readCmdline, readProcStat } from './procfs.js';
@@ -129,8 +129,7 @@ async function retryUntil<T>(attempt: () => Promise<T>, deadline: number, giveUp
     try {
       return await attempt();
     } catch (err) {
-      const reason = err instanceof KataError ? err.reason : '';
-      if (reason !== 'QMP_CONNECT_FAILED' && reason !== 'READY_SOCKET_CONNECT_FAILED' && reason !== 'QMP_CLOSED') throw err;
+      if (!isReason(err, 'QMP_CONNECT_FAILED', 'READY_SOCKET_CONNECT_FAILED', 'QMP_CLOSED')) throw err;
     }
     if (Date.now() >= deadline) return undefined;
     await new Promise((r) => setTimeout(r, CONNECT_RETRY_MS));

@@ -6,6 +6,7 @@ import { tailFile } from './log-tail.js';
 import { isSameLiveProcess } from './procfs.js';
 import type { QmpClient } from './qmp/client.js';
 import type { ReadyChannel } from './ready-channel.js';
+import type { HypervisorReason } from './reasons.js';
 
 /** Files of one VM: the sockets QEMU listens on, the guest console and QEMU's own stderr. */
 export interface VmPaths {
@@ -173,7 +174,7 @@ export class VmHandle implements VmProcess {
   private waitForReport(
     predicate: (r: GuestReport) => boolean,
     timeoutMs: number,
-    timeoutReason: string,
+    timeoutReason: HypervisorReason,
     what: string,
     readyOnly: boolean,
   ): Promise<GuestReport> {

@@ -1,6 +1,7 @@
 import { promises as fsp, type Stats } from 'node:fs';
 import path from 'node:path';
 import { errnoCode, invalid } from '../common/errors.js';
+import type { ImageReason } from './reasons.js';
 
 /** Linux's own limit on symlinks followed while resolving one path (MAXSYMLINKS). */
 const MAX_SYMLINK_HOPS = 40;
@@ -10,7 +11,7 @@ export interface EntryContext {
   layer: string;
 }
 
-function unsafe(ctx: EntryContext, entry: string, why: string, reason = 'IMAGE_LAYER_UNSAFE_ENTRY'): never {
+function unsafe(ctx: EntryContext, entry: string, why: string, reason: ImageReason = 'IMAGE_LAYER_UNSAFE_ENTRY'): never {
   throw invalid(reason, `layer ${ctx.layer} entry ${JSON.stringify(entry)} ${why}`, {
     details: { layer: ctx.layer, entry },
   });

@@ -1,5 +1,5 @@
 import net from 'node:net';
-import { KataError, unavailable } from '../../common/errors.js';
+import { isReason, unavailable } from '../../common/errors.js';
 import { type ExecuteOptions, type QmpClientOptions, QmpConnection } from './connection.js';
 import type {
   QmpCpuInfoFast,
@@ -40,7 +40,7 @@ export class QmpClient extends QmpConnection {
     try {
       await this.execute('quit', undefined, options);
     } catch (err) {
-      if (err instanceof KataError && err.reason === 'QMP_CLOSED') return;
+      if (isReason(err, 'QMP_CLOSED')) return;
       throw err;
     }
   }

@@ -1,6 +1,7 @@
 import { invalid, isKataError, type KataError, notFound, unauthenticated, unavailable } from '../../common/errors.js';
 import type { Logger } from '../../common/logger.js';
 import { abortReason } from '../abort.js';
+import type { ImageReason } from '../reasons.js';
 import { type AuthChallenge, basicHeader, type Credentials, parseWwwAuthenticate } from './auth.js';
 import { type AgentPool, discardBody, type HttpResponse, readBody, sendRequest } from './http.js';
 
@@ -33,7 +34,7 @@ export interface FetchInit {
   /** What is fetched, for messages: `manifest latest of docker.io/library/busybox`. */
   what: string;
   /** Reason code when the registry answers 404. */
-  notFoundReason: string;
+  notFoundReason: ImageReason;
 }
 
 const MAX_REDIRECTS = 5;

@@ -1,6 +1,6 @@
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
-import { errorMessage, isKataError } from '../../common/errors.js';
+import { errorMessage, isReason } from '../../common/errors.js';
 import type { Logger } from '../../common/logger.js';
 import { attachVm, isSameLiveProcess, type VmProcess } from '../../hypervisor/index.js';
 import type { LiveSandbox, SandboxManagerDeps } from './manager.js';
@@ -56,7 +56,7 @@ async function reattach(deps: RecoverDeps, record: SandboxRecord, log: Logger): 
       qmpTimeoutMs: deps.config.hypervisor.qmpTimeoutMs,
     });
   } catch (err) {
-    if (isKataError(err) && err.reason === 'VM_PROCESS_GONE') {
+    if (isReason(err, 'VM_PROCESS_GONE')) {
       log.warn({ pid: vmm.pid }, 'VM ended while kata-ts was down; sandbox is NOTREADY');
       record.state = 'SANDBOX_NOTREADY';
       record.phase = 'stopped';

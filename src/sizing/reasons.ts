@@ -1,0 +1,38 @@
+/**
+ * Reason codes (`KataError.reason`) raised by quantities, Kubernetes resource aggregation and the VM shape.
+ * A new code is added to this union; declaration merging below makes it known to the factories
+ * and to `isReason` in src/common/errors.ts.
+ */
+export type SizingReason =
+  | 'QUANTITY_EXPONENT_OUT_OF_RANGE'
+  | 'QUANTITY_MALFORMED'
+  | 'QUANTITY_MISSING'
+  | 'QUANTITY_NEGATIVE'
+  | 'QUANTITY_OVERFLOW'
+  | 'QUANTITY_SUFFIX_UNKNOWN'
+  | 'SIZING_ANNOTATION_INVALID'
+  | 'SIZING_CONTAINER_LIMIT_ABOVE_POD_LIMIT'
+  | 'SIZING_CONTAINER_NAME_MISSING'
+  | 'SIZING_CONTAINER_TYPE_UNKNOWN'
+  | 'SIZING_DUPLICATE_CONTAINER'
+  | 'SIZING_EXTENDED_NOT_INTEGER'
+  | 'SIZING_HUGEPAGE_SIZE_INVALID'
+  | 'SIZING_HUGEPAGE_SIZE_UNSUPPORTED'
+  | 'SIZING_INTEGER_INVALID'
+  | 'SIZING_LIMIT_BELOW_REQUEST'
+  | 'SIZING_MEMORY_EXCEEDS_HANDLER'
+  | 'SIZING_MEMORY_EXCEEDS_HOST'
+  | 'SIZING_POD_LEVEL_RESOURCE_UNSUPPORTED'
+  | 'SIZING_POD_REQUEST_BELOW_CONTAINERS'
+  | 'SIZING_POD_RESOURCES_EMPTY'
+  | 'SIZING_REQUEST_NOT_EQUAL_LIMIT'
+  | 'SIZING_RESOURCE_UNKNOWN'
+  | 'SIZING_VALUE_TOO_LARGE'
+  | 'SIZING_VCPUS_EXCEED_HANDLER'
+  | 'SIZING_VCPUS_EXCEED_HOST';
+
+declare module '../common/errors.js' {
+  interface KataReasons {
+    sizing: SizingReason;
+  }
+}
