@@ -7,8 +7,6 @@ export interface ImageCallContext {
   deadlineMs: number | undefined;
 }
 
-type Handler = (request: never, ctx: ImageCallContext) => Promise<unknown>;
-
 function call(ctx: ImageCallContext): CallOptions {
   return ctx.deadlineMs === undefined ? { signal: ctx.signal } : { signal: ctx.signal, deadlineMs: ctx.deadlineMs };
 }
@@ -16,9 +14,10 @@ function call(ctx: ImageCallContext): CallOptions {
 /**
  * The unary rpcs of `runtime.v1.ImageService`, by method name, bound to `service`: ready to pass
  * as the `handlers` of the CRI server's ImageService binding. StreamImages is left to the
- * server's UNIMPLEMENTED answer.
+ * server's UNIMPLEMENTED answer. The binding checks this map against the generated ImageService
+ * (src/runtime/cri/rpcs.ts): a missing or misspelled rpc does not compile there.
  */
-export function imageServiceHandlers(service: ImageService): Record<string, Handler> {
+export function imageServiceHandlers(service: ImageService) {
   return {
     PullImage: (req: Parameters<ImageService['pullImage']>[0], ctx: ImageCallContext) => service.pullImage(req, call(ctx)),
     ImageStatus: (req: Parameters<ImageService['imageStatus']>[0], ctx: ImageCallContext) => service.imageStatus(req, call(ctx)),

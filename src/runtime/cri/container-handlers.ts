@@ -12,10 +12,14 @@ import type { UpdatePodSandboxResourcesRequest__Output } from '../../generated/r
 import type { ContainerManager } from '../container/manager.js';
 import type { ResizeService } from '../container/resources.js';
 import { containerStatusView, containerView } from '../container/views.js';
-import type { CallContext, HandlerMap } from './server.js';
+import type { RuntimeRpcHandlers } from './rpcs.js';
+import type { CallContext } from './server.js';
 
-/** Thin CRI handlers over the ContainerManager and the ResizeService. */
-export function containerHandlers(containers: ContainerManager, resize: ResizeService): HandlerMap {
+/**
+ * Thin CRI handlers over the ContainerManager and the ResizeService, each checked against its rpc
+ * in the generated RuntimeService (a misspelled name does not compile).
+ */
+export function containerHandlers(containers: ContainerManager, resize: ResizeService) {
   return {
     CreateContainer: async (req: CreateContainerRequest__Output, ctx: CallContext): Promise<CreateContainerResponse> => ({
       container_id: await containers.create(req, ctx),
@@ -63,5 +67,5 @@ export function containerHandlers(containers: ContainerManager, resize: ResizeSe
       await resize.updatePodSandbox(req, ctx);
       return {};
     },
-  };
+  } satisfies Partial<RuntimeRpcHandlers>;
 }

@@ -19,9 +19,10 @@ import { SANDBOX_RECORD_KIND, type SandboxRecord } from '../sandbox/record.js';
 import { RecordStore } from '../store.js';
 import { containerHandlers } from './container-handlers.js';
 import { loadCriPackage } from './proto.js';
+import { RUNTIME_RPCS_NOT_IMPLEMENTED, type RuntimeRpcHandlers } from './rpcs.js';
 import { runtimeConfigResponse, statusResponse, updateRuntimeConfig, versionResponse } from './runtime-info.js';
 import { sandboxHandlers } from './sandbox-handlers.js';
-import { type CriServer, type HandlerMap, startCriServer } from './server.js';
+import { type CriServer, startCriServer } from './server.js';
 
 export interface DaemonOptions {
   loaded: LoadedConfig;
@@ -98,15 +99,15 @@ export async function startDaemon(options: DaemonOptions): Promise<Daemon> {
   await images.init();
   const containerStatuses = (sandboxId: string) => containers.inSandbox(sandboxId).map(containerStatusView);
 
-  const runtimeHandlers: HandlerMap = {
+  const runtimeHandlers: RuntimeRpcHandlers = {
     Version: async () => versionResponse(),
     Status: async (req: StatusRequest__Output) => statusResponse(config, facts, req),
     RuntimeConfig: async () => runtimeConfigResponse(facts),
     UpdateRuntimeConfig: async (req: UpdateRuntimeConfigRequest__Output, ctx) => updateRuntimeConfig(req, ctx),
     ...sandboxHandlers(sandboxes, (live) => containerStatuses(live.record.id)),
     ...containerHandlers(containers, resize),
+    ...RUNTIME_RPCS_NOT_IMPLEMENTED,
   };
-  const imageHandlers: HandlerMap = imageServiceHandlers(images) as HandlerMap;
 
   let endpoint: MetricsEndpoint | undefined;
   let server: CriServer | undefined;
@@ -118,7 +119,7 @@ export async function startDaemon(options: DaemonOptions): Promise<Daemon> {
       metrics,
       services: [
         { name: 'runtime.v1.RuntimeService', definition: cri.runtimeService, handlers: runtimeHandlers },
-        { name: 'runtime.v1.ImageService', definition: cri.imageService, handlers: imageHandlers },
+        { name: 'runtime.v1.ImageService', definition: cri.imageService, handlers: imageServiceHandlers(images) },
       ],
     });
   } catch (err) {

@@ -11,13 +11,17 @@ import { sandboxVerboseInfo } from '../sandbox/info.js';
 import type { LiveSandbox, SandboxManager } from '../sandbox/manager.js';
 import { nowNs } from '../sandbox/record.js';
 import { podSandboxStatusView, podSandboxView } from '../sandbox/views.js';
-import type { CallContext, HandlerMap } from './server.js';
+import type { RuntimeRpcHandlers } from './rpcs.js';
+import type { CallContext } from './server.js';
 
 /** Container statuses for PodSandboxStatus (evented PLEG); supplied by the container layer. */
 export type SandboxContainerStatuses = (live: LiveSandbox) => ContainerStatus[];
 
-/** Thin CRI handlers over the SandboxManager: decode nothing, decide nothing, map shapes. */
-export function sandboxHandlers(sandboxes: SandboxManager, containerStatuses: SandboxContainerStatuses = () => []): HandlerMap {
+/**
+ * Thin CRI handlers over the SandboxManager: decode nothing, decide nothing, map shapes. Each is
+ * checked against its rpc in the generated RuntimeService (a misspelled name does not compile).
+ */
+export function sandboxHandlers(sandboxes: SandboxManager, containerStatuses: SandboxContainerStatuses = () => []) {
   return {
     RunPodSandbox: async (req: RunPodSandboxRequest__Output, ctx: CallContext): Promise<RunPodSandboxResponse> => ({
       pod_sandbox_id: await sandboxes.run(req, ctx),
@@ -43,5 +47,5 @@ export function sandboxHandlers(sandboxes: SandboxManager, containerStatuses: Sa
     ListPodSandbox: async (req: ListPodSandboxRequest__Output): Promise<ListPodSandboxResponse> => ({
       items: sandboxes.list(req.filter).map(podSandboxView),
     }),
-  };
+  } satisfies Partial<RuntimeRpcHandlers>;
 }

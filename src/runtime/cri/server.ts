@@ -14,22 +14,23 @@ import { cancelled, invalid, isKataError, unimplemented } from '../../common/err
 import type { Logger } from '../../common/logger.js';
 import type { RequestContext } from '../context.js';
 import type { RuntimeMetrics } from '../metrics.js';
+import type { ImageRpcHandlers, RuntimeRpcHandlers } from './rpcs.js';
 import { prepareSocketPath } from './socket.js';
 import { statusName, toServiceError } from './status.js';
 
 /** What a handler learns about the call besides the request (the runtime's RequestContext). */
 export type CallContext = RequestContext;
 
-export type UnaryHandler = (request: never, ctx: CallContext) => Promise<unknown>;
-/** Implemented rpcs by name; every other rpc of the service answers UNIMPLEMENTED. */
-export type HandlerMap = Partial<Record<string, UnaryHandler>>;
+/** Any unary handler, as the server calls it: it only passes on what grpc-js decoded. */
+type UnaryHandler = (request: never, ctx: CallContext) => Promise<unknown>;
 
-export interface ServiceBinding {
-  /** `runtime.v1.RuntimeService` */
-  name: string;
-  definition: ServiceDefinition;
-  handlers: HandlerMap;
-}
+/**
+ * A service to serve with its handlers, typed by the generated service definition: every unary
+ * rpc has its handler (src/runtime/cri/rpcs.ts). Streaming rpcs answer UNIMPLEMENTED.
+ */
+export type ServiceBinding =
+  | { name: 'runtime.v1.RuntimeService'; definition: ServiceDefinition; handlers: RuntimeRpcHandlers }
+  | { name: 'runtime.v1.ImageService'; definition: ServiceDefinition; handlers: ImageRpcHandlers };
 
 export interface CriServerOptions {
   socketPath: string;
@@ -156,14 +157,20 @@ function streamingImplementation(method: string, opts: CriServerOptions): (call:
   };
 }
 
+/** The handlers of a binding by rpc name, as the server looks them up from the service definition. */
+function handlersByName(binding: ServiceBinding): Readonly<Record<string, UnaryHandler | undefined>> {
+  return binding.handlers;
+}
+
 function implementService(binding: ServiceBinding, opts: CriServerOptions): UntypedServiceImplementation {
   const impl: UntypedServiceImplementation = {};
+  const handlers = handlersByName(binding);
   for (const [name, method] of Object.entries(binding.definition)) {
     const typeName = (method as { requestType?: { type?: { name?: string } } }).requestType?.type?.name ?? `${name}Request`;
     if (method.requestStream || method.responseStream) {
       impl[name] = streamingImplementation(name, opts) as never;
     } else {
-      impl[name] = unaryImplementation(name, typeName, binding.handlers[name], opts) as never;
+      impl[name] = unaryImplementation(name, typeName, handlers[name], opts) as never;
     }
   }
   return impl;

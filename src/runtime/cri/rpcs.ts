@@ -1,0 +1,65 @@
+/**
+ * The rpc handler maps, typed from the service definitions proto-loader-gen-types generates
+ * (src/generated, `npm run gen`): one handler per unary rpc of the service, keyed by its exact
+ * name, taking the decoded request and answering the response type. A missing or misspelled rpc
+ * does not compile; rpcs kata-ts does not offer yet are listed with `notImplementedYet`.
+ * Streaming rpcs are not in the maps: the server answers every one of them UNIMPLEMENTED.
+ */
+import type { ServerUnaryCall } from '@grpc/grpc-js';
+import { unimplemented } from '../../common/errors.js';
+import type { ImageServiceHandlers } from '../../generated/runtime/v1/ImageService.js';
+import type { RuntimeServiceHandlers } from '../../generated/runtime/v1/RuntimeService.js';
+import type { RequestContext } from '../context.js';
+
+/** A unary rpc as kata-ts implements it: decoded request and call context in, response out. */
+export type RpcHandler<Request, Response> = (request: Request, ctx: RequestContext) => Promise<Response>;
+
+/**
+ * The unary rpcs of a generated `<Service>Handlers` interface as RpcHandlers. The interface
+ * extends grpc-js's untyped implementation (a string index signature), which is dropped so that
+ * only the rpc names the .proto declares remain as keys.
+ */
+export type UnaryRpcHandlers<Service> = {
+  [Name in keyof Service as string extends Name
+    ? never
+    : Service[Name] extends UnaryCall<infer _Request, infer _Response>
+      ? Name
+      : never]: Service[Name] extends UnaryCall<infer Request, infer Response> ? RpcHandler<Request, Response> : never;
+};
+
+/** The shape of grpc-js's handleUnaryCall, for inference (a streaming handler takes another call). */
+type UnaryCall<Request, Response> = (call: ServerUnaryCall<Request, Response>, callback: never) => void;
+
+/** Every unary rpc of `runtime.v1.RuntimeService`. */
+export type RuntimeRpcHandlers = UnaryRpcHandlers<RuntimeServiceHandlers>;
+/** Every unary rpc of `runtime.v1.ImageService`. */
+export type ImageRpcHandlers = UnaryRpcHandlers<ImageServiceHandlers>;
+/** A unary rpc name of `runtime.v1.RuntimeService`. */
+export type RuntimeRpcName = keyof RuntimeRpcHandlers;
+
+/** The handler of an rpc kata-ts does not offer yet: UNIMPLEMENTED (RPC_UNIMPLEMENTED) with a sentence. */
+export function notImplementedYet(method: RuntimeRpcName | keyof ImageRpcHandlers): RpcHandler<unknown, never> {
+  return async () => {
+    throw unimplemented('RPC_UNIMPLEMENTED', `${method} is not implemented by kata-ts yet`);
+  };
+}
+
+/**
+ * The RuntimeService rpcs kata-ts does not offer yet. Exec, ExecSync, Attach, PortForward and
+ * ReopenContainerLog need containers running in the guest; the stats and metrics rpcs need
+ * per-container accounting inside the VM; CheckpointContainer has no VM-level equivalent yet.
+ */
+export const RUNTIME_RPCS_NOT_IMPLEMENTED = {
+  Attach: notImplementedYet('Attach'),
+  CheckpointContainer: notImplementedYet('CheckpointContainer'),
+  ContainerStats: notImplementedYet('ContainerStats'),
+  Exec: notImplementedYet('Exec'),
+  ExecSync: notImplementedYet('ExecSync'),
+  ListContainerStats: notImplementedYet('ListContainerStats'),
+  ListMetricDescriptors: notImplementedYet('ListMetricDescriptors'),
+  ListPodSandboxMetrics: notImplementedYet('ListPodSandboxMetrics'),
+  ListPodSandboxStats: notImplementedYet('ListPodSandboxStats'),
+  PodSandboxStats: notImplementedYet('PodSandboxStats'),
+  PortForward: notImplementedYet('PortForward'),
+  ReopenContainerLog: notImplementedYet('ReopenContainerLog'),
+} satisfies Partial<RuntimeRpcHandlers>;
