@@ -24,16 +24,39 @@ export interface HotplugRequest {
   devices: HotplugDevice[];
 }
 
-/** A QMP command to send, in order: `{ execute, arguments }` exactly as on the wire. */
-export interface QmpCommandPlan {
-  execute: 'device_add' | 'device_del';
-  arguments: Record<string, unknown>;
+/** `device_add` arguments as planned: the driver, our id, the reserved port, driver properties. */
+export interface DeviceAddArguments {
+  driver: string;
+  /** QEMU id, unique in the VM. */
+  id: string;
+  /** The planned port (`rpN`) the device goes onto. */
+  bus: string;
+  /** Host function of a vfio-pci device (unless `sysfsdev` names it). */
+  host?: string;
+  /** Extra driver properties (HotplugDevice.properties). */
+  [property: string]: string | number | boolean | undefined;
 }
 
-export interface HotplugPlan {
+/** A planned `device_add`, exactly as on the wire. */
+export interface DeviceAddCommand {
+  execute: 'device_add';
+  arguments: DeviceAddArguments;
+}
+
+/** A planned `device_del`: the guest is asked to release device `id` (DEVICE_DELETED confirms). */
+export interface DeviceDelCommand {
+  execute: 'device_del';
+  arguments: { id: string };
+}
+
+/** A QMP command to send, in order: `{ execute, arguments }` exactly as on the wire, keyed by `execute`. */
+export type QmpCommandPlan = DeviceAddCommand | DeviceDelCommand;
+
+/** A hot-plug plan (`device_add` commands) by default; planHotUnplug's carries `device_del` ones. */
+export interface HotplugPlan<Command extends QmpCommandPlan = DeviceAddCommand> {
   /** The topology after the commands succeed: commit it only after QEMU confirms every one. */
   topology: PcieTopology;
-  commands: QmpCommandPlan[];
+  commands: Command[];
   placements: Array<{ qemuId: string; portId: string }>;
 }
 
@@ -76,7 +99,7 @@ export function planHotplug(topology: PcieTopology, request: HotplugRequest): Ho
   const ids = new Set(next.ports.flatMap((p) => (p.occupant ? [p.occupant.qemuId] : [])));
   const attached = new Set(next.ports.flatMap((p) => (p.occupant?.bdf ? [p.occupant.bdf] : [])));
   const taken = new Set<string>();
-  const commands: QmpCommandPlan[] = [];
+  const commands: DeviceAddCommand[] = [];
   const placements: HotplugPlan['placements'] = [];
   for (const d of request.devices) {
     if (d.driver.trim() === '') throw invalid('PCIE_HOTPLUG_DRIVER', 'hot-plug device driver must not be empty');
@@ -98,7 +121,7 @@ export function planHotplug(topology: PcieTopology, request: HotplugRequest): Ho
     ids.add(qemuId);
     taken.add(port.id);
     if (d.bdf) attached.add(d.bdf);
-    const args: Record<string, unknown> = { driver: d.driver, id: qemuId, bus: port.id };
+    const args: DeviceAddArguments = { driver: d.driver, id: qemuId, bus: port.id };
     if (d.driver === VFIO_PCI_DRIVER && d.bdf && d.properties?.sysfsdev === undefined) args.host = d.bdf;
     Object.assign(args, d.properties ?? {});
     commands.push({ execute: 'device_add', arguments: args });
@@ -109,11 +132,11 @@ export function planHotplug(topology: PcieTopology, request: HotplugRequest): Ho
 }
 
 /** Pure, on a copy: `device_del` for attached devices, and the topology once they are gone. */
-export function planHotUnplug(topology: PcieTopology, qemuIds: readonly string[]): HotplugPlan {
+export function planHotUnplug(topology: PcieTopology, qemuIds: readonly string[]): HotplugPlan<DeviceDelCommand> {
   if (qemuIds.length === 0) throw invalid('PCIE_HOTPLUG_EMPTY', 'hot-unplug request names no device');
   refuseConfidential(topology, `hot-unplug of ${qemuIds.join(', ')}`);
   const next = structuredClone(topology);
-  const commands: QmpCommandPlan[] = [];
+  const commands: DeviceDelCommand[] = [];
   const placements: HotplugPlan['placements'] = [];
   for (const id of qemuIds) {
     const port = next.ports.find((p) => p.occupant?.qemuId === id);

@@ -18,6 +18,9 @@ export { describeTopology, describeTopologyText, type PcieDescription } from './
 export { type DeviceNumberLookup, type DeviceNumbers, decodeDevT, deviceNumbersFromFile, statDeviceNumbers } from './devnodes.js';
 export {
   announcedHotplugRequest,
+  type DeviceAddArguments,
+  type DeviceAddCommand,
+  type DeviceDelCommand,
   type HotplugDevice,
   type HotplugPlan,
   type HotplugRequest,

@@ -57,8 +57,8 @@ export async function applyHotplug(vm: VmProcess, plan: HotplugPlan, logger: Log
   const added: AttachedDevice[] = [];
   try {
     for (const cmd of plan.commands) {
-      const args = cmd.arguments as { id: string; driver: string; bus: string; host?: string };
-      await vm.qmp.deviceAdd(args as never);
+      const args = cmd.arguments;
+      await vm.qmp.deviceAdd(args);
       added.push({ qemuId: args.id, portId: args.bus, driver: args.driver, bdf: args.host ?? bdfOf(plan, args.id) });
     }
     return added;
@@ -87,6 +87,6 @@ export async function detachDevices(
     topology,
     devices.map((d) => d.qemuId),
   );
-  for (const cmd of plan.commands) await vm.qmp.deviceDelAndWait((cmd.arguments as { id: string }).id, timeoutMs);
+  for (const cmd of plan.commands) await vm.qmp.deviceDelAndWait(cmd.arguments.id, timeoutMs);
   return plan.topology;
 }

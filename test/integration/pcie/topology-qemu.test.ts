@@ -133,7 +133,7 @@ describe('planned PCIe topologies in real QEMU (vfio-pci not started: no VFIO ha
       const plan = planHotplug(t, { devices: [{ driver: 'e1000e', qemuId: 'nic0', needs: E1000E }] });
       const target = plan.placements[0]!.portId;
       expect(t.ports.find((p) => p.id === target)!.use).toBe('spare');
-      for (const cmd of plan.commands) await vm.qmp.deviceAdd(cmd.arguments as { driver: string; id: string });
+      for (const cmd of plan.commands) await vm.qmp.deviceAdd(cmd.arguments);
       const after = byId(await queryTree(vm));
       const nic = after.get('nic0');
       expect(nic, 'nic0 in query-pci').toBeDefined();
@@ -181,7 +181,7 @@ describe('planned PCIe topologies in real QEMU (vfio-pci not started: no VFIO ha
     vm = await startBareQemu(pcieQemuArgsWithoutVfio(t));
     await vm.qmp.cont();
     expect(await vm.firmwarePciInit()).toBe('done');
-    for (const cmd of plan.commands) await vm.qmp.deviceAdd(cmd.arguments as { driver: string; id: string });
+    for (const cmd of plan.commands) await vm.qmp.deviceAdd(cmd.arguments);
     const dev = byId(await queryTree(vm)).get('dev-rp39');
     expect({ parent: dev?.parent, slot: dev?.dev.slot, vendor: dev?.dev.id.vendor }).toEqual({
       parent: 'rp39',
