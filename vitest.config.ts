@@ -9,7 +9,7 @@ export default defineConfig({
       {
         test: {
           name: 'unit',
-          include: ['src/**/*.test.ts', 'test/unit/**/*.test.ts'],
+          include: ['test/unit/**/*.test.ts'],
           testTimeout: 20_000,
         },
       },
