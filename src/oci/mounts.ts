@@ -36,8 +36,23 @@ function normalisePath(p: string): string {
   return `/${parts.join('/')}`;
 }
 
-function depth(p: string): number {
-  return p === '/' ? 0 : p.split('/').length - 1;
+/** Whether `parent` is a strict ancestor of `child` (both normalised). */
+function isAncestor(parent: string, child: string): boolean {
+  return parent === '/' ? child !== '/' : child.startsWith(`${parent}/`);
+}
+
+/**
+ * The request's order, except that a mount moves ahead of the first earlier mount nested under
+ * it: the OCI runtime mounts in list order, and a parent mounted later would hide its child.
+ */
+function parentsFirst(mounts: readonly OciMount[]): OciMount[] {
+  const out: OciMount[] = [];
+  for (const m of mounts) {
+    const firstChild = out.findIndex((o) => isAncestor(m.destination, o.destination));
+    if (firstChild < 0) out.push(m);
+    else out.splice(firstChild, 0, m);
+  }
+  return out;
 }
 
 export interface CriMountPlan {
@@ -49,9 +64,8 @@ export interface CriMountPlan {
 }
 
 /**
- * The CRI mounts, bind-mounted from where the guest sees their sources. A parent is mounted before
- * its children (a stable sort by depth keeps the request's order otherwise, as the OCI runtime
- * applies mounts in list order). Features the guest cannot give are refused, naming the mount.
+ * The CRI mounts, bind-mounted from where the guest sees their sources, in the request's order
+ * with parents ahead of their children. Features the guest cannot give are refused, naming the mount.
  */
 export function criMounts(container: OciContainerInput, guest: OciGuestLayout, privileged: boolean): CriMountPlan {
   const given = container.mounts ?? [];
@@ -107,10 +121,9 @@ export function criMounts(container: OciContainerInput, guest: OciGuestLayout, p
       // the guest has no SELinux, so there is nothing to relabel here.
       options: ['rbind', propagation, m.readonly === true ? 'ro' : 'rw'],
     };
-    return { mount, order: i };
+    return mount;
   });
-  planned.sort((a, b) => depth(a.mount.destination) - depth(b.mount.destination) || a.order - b.order);
-  const plan: CriMountPlan = { mounts: planned.map((p) => p.mount), destinations: seen };
+  const plan: CriMountPlan = { mounts: parentsFirst(planned), destinations: seen };
   if (needsShared) plan.rootfsPropagation = 'rshared';
   else if (needsSlave) plan.rootfsPropagation = 'rslave';
   return plan;
