@@ -20,7 +20,18 @@ describe('RuntimeDefault profile', () => {
   });
   it('denies module loading, kexec, keyrings, io_uring, mount, unshare, bpf for a default container', () => {
     const d = denied(base);
-    for (const name of ['init_module', 'kexec_load', 'keyctl', 'io_uring_setup', 'mount', 'unshare', 'setns', 'bpf', 'reboot', 'clock_settime']) {
+    for (const name of [
+      'init_module',
+      'kexec_load',
+      'keyctl',
+      'io_uring_setup',
+      'mount',
+      'unshare',
+      'setns',
+      'bpf',
+      'reboot',
+      'clock_settime',
+    ]) {
       expect(d.has(name), name).toBe(true);
     }
     for (const name of ['read', 'write', 'openat', 'clone', 'execve', 'ptrace', 'chown']) expect(d.has(name), name).toBe(false);
@@ -69,7 +80,9 @@ describe('seccomp choice', () => {
     expect(resolveSeccomp(sc, [], '{"defaultAction":"SCMP_ACT_LOG"}')).toEqual({ defaultAction: 'SCMP_ACT_LOG', syscalls: [] });
   });
   it('Localhost without a ref, and unknown legacy strings, are refused', () => {
-    expect(thrown(() => resolveSeccomp({ seccomp: { profile_type: 'Localhost', localhost_ref: '' } }, [], '{}')).reason).toBe('OCI_PROFILE_REF_MISSING');
+    expect(thrown(() => resolveSeccomp({ seccomp: { profile_type: 'Localhost', localhost_ref: '' } }, [], '{}')).reason).toBe(
+      'OCI_PROFILE_REF_MISSING',
+    );
     expect(thrown(() => resolveSeccomp({ seccomp_profile_path: 'strict' }, [], undefined)).reason).toBe('OCI_PROFILE_UNKNOWN');
   });
 });
@@ -122,7 +135,10 @@ describe('Localhost profile parsing', () => {
       { defaultAction: 'SCMP_ACT_MAYBE' },
       { defaultAction: 'SCMP_ACT_NOTIFY' },
       { defaultAction: 'SCMP_ACT_ALLOW', syscalls: [{ action: 'SCMP_ACT_ERRNO' }] },
-      { defaultAction: 'SCMP_ACT_ALLOW', syscalls: [{ names: ['x'], action: 'SCMP_ACT_ERRNO', args: [{ index: 6, value: 0, op: 'SCMP_CMP_EQ' }] }] },
+      {
+        defaultAction: 'SCMP_ACT_ALLOW',
+        syscalls: [{ names: ['x'], action: 'SCMP_ACT_ERRNO', args: [{ index: 6, value: 0, op: 'SCMP_CMP_EQ' }] }],
+      },
       [],
     ];
     for (const doc of bad) {
