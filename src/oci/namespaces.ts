@@ -75,9 +75,21 @@ export function resolveNamespaces(container: OciContainerInput, sandbox: OciSand
   return out;
 }
 
-/** Sysctl prefixes whose kernel state belongs to a namespace the pod owns (IPC or network). */
-const NAMESPACED_PREFIXES = ['kernel.shm', 'kernel.msg', 'fs.mqueue.', 'net.'];
-const NAMESPACED_EXACT = ['kernel.sem'];
+/**
+ * The IPC sysctls (exactly the ones the IPC namespace owns and crun accepts; Kubernetes writes
+ * them as kernel.shm*, kernel.msg*, kernel.sem) and the prefixes of the other namespaced ones.
+ */
+const NAMESPACED_EXACT = [
+  'kernel.shmall',
+  'kernel.shmmax',
+  'kernel.shmmni',
+  'kernel.shm_rmid_forced',
+  'kernel.msgmax',
+  'kernel.msgmnb',
+  'kernel.msgmni',
+  'kernel.sem',
+];
+const NAMESPACED_PREFIXES = ['fs.mqueue.', 'net.'];
 
 /**
  * The pod's sysctls, which every container of it carries (they act on the shared IPC and network

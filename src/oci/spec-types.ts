@@ -1,10 +1,14 @@
 /**
- * The subset of the OCI runtime spec (runtime-spec 1.1, config.md and config-linux.md) that
+ * The subset of the OCI runtime spec (runtime-spec 1.0.2, config.md and config-linux.md) that
  * kata-ts writes as a container's config.json. Field names are the spec's own, so the object
  * serialises to config.json unchanged; optional fields are left out rather than set to null.
  */
 
-export const OCI_VERSION = '1.1.0';
+/**
+ * 1.0.2 is the first runtime-spec with every field written here (`unified`, `errnoRet`, seccomp
+ * `flags`). crun 1.8.1 refuses an ociVersion that does not contain "1.0", so not 1.1 or later.
+ */
+export const OCI_VERSION = '1.0.2';
 
 export interface OciSpec {
   ociVersion: string;
