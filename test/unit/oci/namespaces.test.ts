@@ -77,7 +77,15 @@ describe('sysctls', () => {
     expect(resolveSysctls({})).toBeUndefined();
   });
   it('refuses node-wide ones naming the key', () => {
-    for (const key of ['kernel.panic', 'vm.swappiness', 'kernel.semaphore', 'kernel.msg_next_id', 'fs.file-max', 'kernel.hostname', 'kernel/panic']) {
+    for (const key of [
+      'kernel.panic',
+      'vm.swappiness',
+      'kernel.semaphore',
+      'kernel.msg_next_id',
+      'fs.file-max',
+      'kernel.hostname',
+      'kernel/panic',
+    ]) {
       const err = thrown(() => sysctls({ 'net.ipv4.ip_forward': '1', [key]: '1' }));
       expect(err.reason).toBe('OCI_SYSCTL_NOT_NAMESPACED');
       expect(err.kind).toBe('invalid');
