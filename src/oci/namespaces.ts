@@ -46,7 +46,8 @@ export function resolveNamespaces(container: OciContainerInput, sandbox: OciSand
   refuseNode(sopts, SNS);
   refuseNode(copts, CNS);
   const out: OciNamespace[] = [];
-  const pidMode = copts?.pid ?? 'CONTAINER';
+  // Unset is POD, the CRI enum's zero value (the kubelet always says CONTAINER when it means it).
+  const pidMode = copts?.pid ?? 'POD';
   switch (pidMode) {
     case 'POD':
       out.push({ type: 'pid', path: guest.namespaces.pid });

@@ -25,8 +25,8 @@ describe('namespaces', () => {
       { type: 'cgroup' },
     ]);
   });
-  it('no namespace options at all behave as CONTAINER pid', () => {
-    expect(resolveNamespaces({}, {}, guest)[0]).toEqual({ type: 'pid' });
+  it("no namespace options at all mean POD, the CRI enum's zero value", () => {
+    expect(resolveNamespaces({}, {}, guest)[0]).toEqual({ type: 'pid', path: '/proc/9/ns/pid' });
   });
   it("POD pid joins the pod's PID namespace", () => {
     expect(resolveNamespaces(withPid('POD'), {}, guest)[0]).toEqual({ type: 'pid', path: '/proc/9/ns/pid' });
