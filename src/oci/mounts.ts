@@ -60,7 +60,7 @@ export interface CriMountPlan {
   /** Container paths the request mounts (its own /etc/hosts, for one, replaces ours). */
   destinations: Set<string>;
   /** The root's propagation, as strong as the strongest mount below it needs. */
-  rootfsPropagation?: string;
+  rootfsPropagation?: 'shared' | 'slave';
 }
 
 /**
@@ -124,8 +124,9 @@ export function criMounts(container: OciContainerInput, guest: OciGuestLayout, p
     return mount;
   });
   const plan: CriMountPlan = { mounts: parentsFirst(planned), destinations: seen };
-  if (needsShared) plan.rootfsPropagation = 'rshared';
-  else if (needsSlave) plan.rootfsPropagation = 'rslave';
+  // The spec's own values (no "r" prefix): the runtime applies root propagation recursively.
+  if (needsShared) plan.rootfsPropagation = 'shared';
+  else if (needsSlave) plan.rootfsPropagation = 'slave';
   return plan;
 }
 

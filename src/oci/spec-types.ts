@@ -137,7 +137,7 @@ export interface OciLinux {
   cgroupsPath: string;
   sysctl?: Record<string, string>;
   seccomp?: OciSeccomp;
-  rootfsPropagation?: string;
+  rootfsPropagation?: 'private' | 'shared' | 'slave' | 'unbindable';
   maskedPaths?: string[];
   readonlyPaths?: string[];
 }
