@@ -26,6 +26,7 @@ const ALLOWED: Record<string, string[]> = {
   manifest: ['common', 'config', 'sizing'],
   cgroups: ['common', 'config'],
   images: ['common', 'config'],
+  oci: ['common', 'config', 'generated'],
   hypervisor: ['common', 'config', 'sizing', 'pcie'],
   admission: ['common', 'config', 'sizing'],
   runtime: ['common', 'config', 'sizing', 'pcie', 'hypervisor', 'cgroups', 'images', 'admission', 'generated'],

@@ -1,0 +1,28 @@
+/** Loading the golden inputs of fixtures/oci, shared by the golden and rule tests. */
+import { existsSync, readFileSync } from 'node:fs';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { expect } from 'vitest';
+import { KataError } from '../../../src/common/errors.js';
+import type { OciSpecInput } from '../../../src/oci/index.js';
+
+export const goldenDir = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../../fixtures/oci');
+
+/** The input file, plus `<name>.seccomp.json` as the Localhost profile's text when it exists. */
+export function loadInput(name: string): OciSpecInput {
+  const input = JSON.parse(readFileSync(path.join(goldenDir, `${name}.input.json`), 'utf8')) as OciSpecInput;
+  const profile = path.join(goldenDir, `${name}.seccomp.json`);
+  if (existsSync(profile)) input.seccompLocalhostProfile = readFileSync(profile, 'utf8');
+  return input;
+}
+
+/** The KataError `fn` throws (the test fails when it returns). */
+export function thrown(fn: () => unknown): KataError {
+  try {
+    fn();
+  } catch (err) {
+    expect(err).toBeInstanceOf(KataError);
+    return err as KataError;
+  }
+  throw new Error('expected a KataError');
+}
