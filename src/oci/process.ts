@@ -4,12 +4,13 @@
  */
 import { invalid, type KataError } from '../common/errors.js';
 import type { OciContainerInput, OciImageInput } from './input.js';
+import type { OciReason } from './reasons.js';
 
 /** The PATH a container gets when neither the image nor the request sets one (as Docker's). */
 export const DEFAULT_PATH = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin';
 
 /** An invalid-argument error whose message starts with the field it is about. */
-export function fieldError(reason: string, field: string, sentence: string): KataError {
+export function fieldError(reason: OciReason, field: string, sentence: string): KataError {
   return invalid(reason, `${field} ${sentence}`, { details: { field } });
 }
 
