@@ -13,7 +13,7 @@ import type { HostCapacity } from '../../sizing/types.js';
 import { admissionError, admitAnnounced, containerDemand } from '../admission/index.js';
 import type { RequestContext } from '../context.js';
 import { applyResize, planGrowth, type ResizePlan, resizeCheckpoint, revertResize } from '../resize/index.js';
-import type { SandboxHandle, SandboxListener, SandboxManager } from '../sandbox/manager.js';
+import type { SandboxAccess, SandboxHandle, SandboxListener } from '../sandbox/manager.js';
 import { nowNs, type SandboxRecord } from '../sandbox/record.js';
 import { type ContainerSpec, decodeContainerSpec } from '../spec/container.js';
 import { announcedPodResources, type SandboxSpec } from '../spec/sandbox.js';
@@ -33,7 +33,7 @@ export interface ContainerManagerDeps {
   config: KataConfig;
   logger: Logger;
   store: RecordStore<ContainerRecord>;
-  sandboxes: SandboxManager;
+  sandboxes: SandboxAccess;
   images: ImageLookup;
   host: HostCapacity;
   readPcieFacts(): Promise<PcieHostFacts>;

@@ -9,7 +9,7 @@ import { containerDemand } from '../admission/index.js';
 import type { ContainerManager } from '../container/manager.js';
 import type { ContainerRecord } from '../container/record.js';
 import type { RequestContext } from '../context.js';
-import type { SandboxHandle, SandboxManager } from '../sandbox/manager.js';
+import type { SandboxAccess, SandboxHandle } from '../sandbox/manager.js';
 import type { ContainerSpec } from '../spec/container.js';
 import { announcedPodResources, emptyLinuxSandboxConfig, type SandboxSpec, withContainerResources } from '../spec/sandbox.js';
 import type { RecordStore } from '../store.js';
@@ -19,7 +19,7 @@ import { budgetForShape, planResize, type ResizePlan } from './plan.js';
 export interface ResourceUpdateDeps {
   config: KataConfig;
   host: HostCapacity;
-  sandboxes: SandboxManager;
+  sandboxes: SandboxAccess;
   containers: ContainerManager;
   store: RecordStore<ContainerRecord>;
 }

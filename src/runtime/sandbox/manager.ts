@@ -44,6 +44,9 @@ export interface SandboxListener {
   sandboxRemoving(sandboxId: string): Promise<void>;
 }
 
+/** What the layers above need of the SandboxManager: find a sandbox to read, lock one to change it. */
+export type SandboxAccess = Pick<SandboxManager, 'find' | 'withSandbox' | 'withSandboxIfPresent'>;
+
 /**
  * A sandbox held under its lock (see SandboxManager.withSandbox): the record to change, the VM,
  * and the one way to persist a change. Valid only inside the callback it was handed to.
