@@ -155,9 +155,14 @@ export class RecordStore<T extends { id: string }> {
       return { problem: await this.setAside(file, `record id ${record.id} does not match its file name`) };
     }
     if (migrated) {
-      // Written back at once, so the state converges on one format and the old one is read once.
-      await this.put(record);
-      this.logger.info({ file, kind: this.kind.kind, version: this.kind.version }, `${this.kind.kind} record migrated`);
+      // Written back at once, so the state converges on one format; if that fails the record is
+      // still used, and migrated again at the next start.
+      try {
+        await this.put(record);
+        this.logger.info({ file, kind: this.kind.kind, version: this.kind.version }, `${this.kind.kind} record migrated`);
+      } catch (err) {
+        this.logger.warn({ file, err: errorMessage(err) }, `${this.kind.kind} record migrated in memory but not written back`);
+      }
     }
     return { record };
   }
