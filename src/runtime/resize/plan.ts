@@ -1,6 +1,6 @@
 import { exhausted, precondition } from '../../common/errors.js';
 import type { CpuMemory } from '../../config/types.js';
-import { VIRTIO_MEM_BLOCK_MIB } from '../../hypervisor/index.js';
+import { VIRTIO_MEM_BLOCK_MIB } from '../../hypervisor/argv.js';
 import type { HostBudget, VmShape } from '../../sizing/types.js';
 import { type AdmissionDemand, fitBudget } from '../admission/index.js';
 
