@@ -16,6 +16,11 @@ export interface RecordKind {
   version: number;
   /** JSON Schema of the record itself (the envelope is checked here). */
   schema: object;
+  /**
+   * Turn a record written by an older format version into the current one (pure; throws when it
+   * cannot). Without it, older versions are set aside like corrupt files.
+   */
+  migrate?(fromVersion: number, record: unknown): unknown;
 }
 
 /** A file that could not be loaded, reported to the operator instead of crashing or vanishing. */
@@ -119,6 +124,7 @@ export class RecordStore<T extends { id: string }> {
     if (typeof envelope !== 'object' || envelope === null || envelope.kind !== this.kind.kind) {
       return { problem: await this.setAside(file, `not a ${this.kind.kind} record`) };
     }
+    let migrated = false;
     if (envelope.version !== this.kind.version) {
       if (typeof envelope.version === 'number' && envelope.version > this.kind.version) {
         return {
@@ -129,7 +135,16 @@ export class RecordStore<T extends { id: string }> {
           },
         };
       }
-      return { problem: await this.setAside(file, `unsupported format version ${String(envelope.version)}`) };
+      const from = envelope.version;
+      if (this.kind.migrate === undefined || typeof from !== 'number' || !Number.isInteger(from) || from < 1) {
+        return { problem: await this.setAside(file, `unsupported format version ${String(from)}`) };
+      }
+      try {
+        envelope = { ...envelope, version: this.kind.version, record: this.kind.migrate(from, envelope.record) };
+        migrated = true;
+      } catch (err) {
+        return { problem: await this.setAside(file, `format ${from} could not be migrated: ${errorMessage(err)}`) };
+      }
     }
     const validate = this.validate();
     if (!validate(envelope.record)) {
@@ -138,6 +153,16 @@ export class RecordStore<T extends { id: string }> {
     const record = envelope.record;
     if (`${record.id}.json` !== name) {
       return { problem: await this.setAside(file, `record id ${record.id} does not match its file name`) };
+    }
+    if (migrated) {
+      // Written back at once, so the state converges on one format; if that fails the record is
+      // still used, and migrated again at the next start.
+      try {
+        await this.put(record);
+        this.logger.info({ file, kind: this.kind.kind, version: this.kind.version }, `${this.kind.kind} record migrated`);
+      } catch (err) {
+        this.logger.warn({ file, err: errorMessage(err) }, `${this.kind.kind} record migrated in memory but not written back`);
+      }
     }
     return { record };
   }

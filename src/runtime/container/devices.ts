@@ -1,6 +1,5 @@
 import { errorMessage } from '../../common/errors.js';
 import type { Logger } from '../../common/logger.js';
-import type { ContainerConfig__Output } from '../../generated/runtime/v1/ContainerConfig.js';
 import type { VmProcess } from '../../hypervisor/index.js';
 import {
   announcedHotplugRequest,
@@ -13,6 +12,7 @@ import {
   podVfioDevices,
   selectVfioGroups,
 } from '../../pcie/index.js';
+import type { ContainerSpec } from '../spec/container.js';
 import type { AttachedDevice } from './record.js';
 
 /**
@@ -23,11 +23,11 @@ import type { AttachedDevice } from './record.js';
  */
 export function planContainerHotplug(
   topology: PcieTopology,
-  config: ContainerConfig__Output,
+  config: Pick<ContainerSpec, 'metadata' | 'devices' | 'CDI_devices'>,
   facts: PcieHostFacts,
   simulateVfioWith: string | null,
 ): HotplugPlan | undefined {
-  const name = config.metadata?.name ?? '';
+  const { name } = config.metadata;
   const { requests } = podVfioDevices({
     podResources: { containers: [{ name, devices: config.devices, CDI_devices: config.CDI_devices }] },
     cdi: facts.cdi,

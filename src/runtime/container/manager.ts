@@ -1,24 +1,26 @@
 import path from 'node:path';
-import { alreadyExists, errorMessage, invalid, notFound, precondition } from '../../common/errors.js';
+import { alreadyExists, errorMessage, notFound, precondition } from '../../common/errors.js';
 import { newObjectId, resolveIdPrefix } from '../../common/ids.js';
 import type { Logger } from '../../common/logger.js';
 import { resolveHandler } from '../../config/handlers.js';
 import type { KataConfig } from '../../config/types.js';
-import type { ContainerConfig__Output } from '../../generated/runtime/v1/ContainerConfig.js';
 import type { ContainerFilter__Output } from '../../generated/runtime/v1/ContainerFilter.js';
 import type { CreateContainerRequest__Output } from '../../generated/runtime/v1/CreateContainerRequest.js';
+import type { VmProcess } from '../../hypervisor/index.js';
 import { createContainerSnapshot, removeContainerSnapshot } from '../../images/snapshot.js';
 import type { PcieHostFacts } from '../../pcie/index.js';
 import type { HostCapacity } from '../../sizing/types.js';
-import { admissionError, admitAnnounced, containerDemand, fitBudget } from '../admission/index.js';
+import { admissionError, admitAnnounced, containerDemand } from '../admission/index.js';
 import type { RequestContext } from '../context.js';
-import type { LiveSandbox, SandboxManager } from '../sandbox/manager.js';
-import { nowNs } from '../sandbox/record.js';
-import { applyResize, planResize, type ResizePlan } from '../sandbox/resize.js';
+import { applyResize, planGrowth, type ResizePlan, resizeCheckpoint, revertResize } from '../resize/index.js';
+import type { SandboxAccess, SandboxHandle, SandboxListener } from '../sandbox/manager.js';
+import { nowNs, type SandboxRecord } from '../sandbox/record.js';
+import { type ContainerSpec, decodeContainerSpec } from '../spec/container.js';
+import { announcedPodResources, type SandboxSpec } from '../spec/sandbox.js';
 import type { RecordStore } from '../store.js';
 import { applyHotplug, detachDevices, planContainerHotplug } from './devices.js';
 import type { AttachedDevice, ContainerRecord } from './record.js';
-import { announcedOf, budgetForShape } from './shape.js';
+import { RollbackSteps } from './rollback.js';
 import { containerMatches } from './views.js';
 
 /** What the container layer needs of the image store. */
@@ -31,7 +33,7 @@ export interface ContainerManagerDeps {
   config: KataConfig;
   logger: Logger;
   store: RecordStore<ContainerRecord>;
-  sandboxes: SandboxManager;
+  sandboxes: SandboxAccess;
   images: ImageLookup;
   host: HostCapacity;
   readPcieFacts(): Promise<PcieHostFacts>;
@@ -46,15 +48,10 @@ const UNPLUG_TIMEOUT_MS = 30_000;
  * without pod_resources, and the records behind ContainerStatus and ListContainers. Every
  * operation runs under its sandbox's lock, so it is serialised with the sandbox's own rpcs.
  */
-export class ContainerManager {
-  readonly containers = new Map<string, ContainerRecord>();
+export class ContainerManager implements SandboxListener {
+  private readonly containers = new Map<string, ContainerRecord>();
 
-  constructor(private readonly deps: ContainerManagerDeps) {
-    deps.sandboxes.hooks = {
-      onStopped: (live) => this.sandboxStopped(live),
-      onRemoving: (live) => this.sandboxRemoving(live),
-    };
-  }
+  constructor(private readonly deps: ContainerManagerDeps) {}
 
   /** Load records; containers of sandboxes that no longer exist are removed, of stopped ones EXITED. */
   async recover(): Promise<void> {
@@ -95,53 +92,60 @@ export class ContainerManager {
   }
 
   async create(req: CreateContainerRequest__Output, ctx: RequestContext): Promise<string> {
-    const live = this.deps.sandboxes.resolve(req.pod_sandbox_id);
-    const sandboxId = live.record.id;
-    ctx.annotate({ sandboxId });
-    return this.deps.sandboxes.locks.run(sandboxId, async () => {
-      if (this.deps.sandboxes.find(sandboxId) !== live) throw notFound('SANDBOX_NOT_FOUND', `pod sandbox "${sandboxId}" does not exist`);
-      const config = this.validateCreate(req, live);
-      const name = config.metadata!.name;
-      const image = this.deps.images.resolveImage(config.image!.image);
-      if (image === undefined) throw notFound('IMAGE_NOT_FOUND', `image "${config.image!.image}" is not present; pull it first`);
+    return this.deps.sandboxes.withSandbox(req.pod_sandbox_id, async (sandbox) => {
+      const sandboxId = sandbox.record.id;
+      ctx.annotate({ sandboxId });
+      const spec = this.validateCreate(req, sandbox);
+      const { name } = spec.metadata;
+      const image = this.deps.images.resolveImage(spec.image.image);
+      if (image === undefined) throw notFound('IMAGE_NOT_FOUND', `image "${spec.image.image}" is not present; pull it first`);
 
       // Admission (pure): nothing below runs for a container the VM was not shaped for.
-      const announced = announcedOf(live.record);
-      const demand = containerDemand(config);
+      const announced = announcedPodResources(sandbox.record.spec);
+      const demand = containerDemand(spec);
       let resize: ResizePlan | undefined;
       if (announced !== undefined) {
-        const result = admitAnnounced(announced, config);
+        const result = admitAnnounced(announced, spec);
         if (!result.ok) throw admissionError(name, result.differences);
       } else {
-        resize = this.growthFor(
-          live,
-          demand,
-          this.inSandbox(sandboxId)
-            .filter((c) => c.state === 'CONTAINER_CREATED')
-            .map((c) => c.demand),
-          name,
-        );
+        const admitted = this.inSandbox(sandboxId)
+          .filter((c) => c.state === 'CONTAINER_CREATED')
+          .map((c) => c.demand);
+        resize = this.growthFor(sandbox.record, demand, admitted, name);
       }
       // The host inventory is read only for a container that brings devices at all.
-      const bringsDevices = config.devices.length > 0 || config.CDI_devices.length > 0;
+      const bringsDevices = spec.devices.length > 0 || spec.CDI_devices.length > 0;
       const hotplug = bringsDevices
-        ? planContainerHotplug(live.record.topology, config, await this.deps.readPcieFacts(), this.deps.config.pcie.simulateVfioWith)
+        ? planContainerHotplug(sandbox.record.topology, spec, await this.deps.readPcieFacts(), this.deps.config.pcie.simulateVfioWith)
         : undefined;
 
       const id = newObjectId();
       ctx.annotate({ containerId: id });
       const rootfs = path.join(this.deps.config.stateDir, 'rootfs', id);
-      let attached: AttachedDevice[] = [];
-      let snapshotMade = false;
+      const log = ctx.logger.child({ containerId: id, name });
+      // Every step that changed something pushes its undo; a failure runs them newest first.
+      const undo = new RollbackSteps(log);
       try {
         await createContainerSnapshot(this.deps.images.rootfsFor(image.id), rootfs, { signal: ctx.signal });
-        snapshotMade = true;
+        undo.push('remove root filesystem', () => removeContainerSnapshot(rootfs));
+        let attached: AttachedDevice[] = [];
         if (hotplug !== undefined) {
-          attached = await applyHotplug(this.requireVm(live), hotplug, ctx.logger, UNPLUG_TIMEOUT_MS);
+          const vm = requireVm(sandbox);
+          const before = sandbox.record.topology;
+          attached = await applyHotplug(vm, hotplug, ctx.logger, UNPLUG_TIMEOUT_MS);
           // QEMU confirmed every device_add: only now does the topology record change.
-          live.record.topology = hotplug.topology;
+          sandbox.record.topology = hotplug.topology;
+          undo.push('unplug hot-plugged devices', async () => {
+            await detachDevices(vm, sandbox.record.topology, attached, UNPLUG_TIMEOUT_MS);
+            sandbox.record.topology = before;
+          });
         }
-        if (resize?.changed) await applyResize(live, resize, (p) => this.deps.sandboxes.cgroupsFor(p), ctx.logger);
+        if (resize?.changed) {
+          const checkpoint = resizeCheckpoint(sandbox);
+          // Registered before applying: a resize that fails half-way has changed something too.
+          undo.push('resize back', () => revertResize(sandbox, checkpoint, log));
+          await applyResize(sandbox, resize, ctx.logger);
+        }
         const record: ContainerRecord = {
           id,
           sandboxId,
@@ -151,88 +155,77 @@ export class ContainerManager {
           exitCode: 0,
           reason: '',
           message: '',
-          metadata: { name, attempt: config.metadata!.attempt },
-          image: { requested: config.image!.image, id: image.id, ref: image.repoDigests[0] ?? image.id },
-          labels: config.labels,
-          annotations: config.annotations,
-          logPath: logPathOf(live, config),
+          metadata: { name, attempt: spec.metadata.attempt },
+          image: { requested: spec.image.image, id: image.id, ref: image.repoDigests[0] ?? image.id },
+          labels: spec.labels,
+          annotations: spec.annotations,
+          logPath: logPathOf(sandbox.record.spec, spec),
           rootfs,
-          config: config as unknown as Record<string, unknown>,
+          spec,
           demand,
           devices: attached,
         };
         await this.deps.store.put(record);
-        if (hotplug !== undefined || resize?.changed) await this.deps.sandboxes.save(live);
+        undo.push('delete container record', () => this.deps.store.delete(id));
+        if (hotplug !== undefined || resize?.changed) await sandbox.persist();
         this.containers.set(id, record);
-        ctx.logger.info({ containerId: id, name, image: image.id, devices: attached, shape: live.record.shape }, 'container created');
+        ctx.logger.info({ containerId: id, name, image: image.id, devices: attached, shape: sandbox.record.shape }, 'container created');
         return id;
       } catch (err) {
-        ctx.logger.warn({ err: errorMessage(err), name }, 'container creation failed; rolling back');
-        if (attached.length > 0 && live.vm !== undefined) {
-          live.record.topology = await detachDevices(live.vm, live.record.topology, attached, UNPLUG_TIMEOUT_MS).catch(
-            () => live.record.topology,
-          );
-        }
-        if (snapshotMade) await removeContainerSnapshot(rootfs);
+        log.warn({ err: errorMessage(err) }, 'container creation failed; rolling back');
+        const changedSandbox = undo.has('unplug hot-plugged devices') || undo.has('resize back');
+        await undo.run();
+        // The sandbox record tells what the VM has after the rollback (a vCPU stays plugged).
+        if (changedSandbox) await undo.attempt('save sandbox record', () => sandbox.persist());
         throw err;
       }
     });
   }
 
-  private validateCreate(req: CreateContainerRequest__Output, live: LiveSandbox): ContainerConfig__Output {
-    const config = req.config;
-    if (config === null) throw invalid('CONTAINER_CONFIG_MISSING', 'config is required in CreateContainerRequest');
-    if (config.metadata === null || config.metadata.name === '')
-      throw invalid('CONTAINER_METADATA_INVALID', 'config.metadata.name must not be empty');
-    if (config.image === null || config.image.image === '')
-      throw invalid('CONTAINER_IMAGE_MISSING', 'config.image.image must not be empty');
-    if (live.record.state !== 'SANDBOX_READY' || live.vm === undefined) {
+  private validateCreate(req: CreateContainerRequest__Output, sandbox: SandboxHandle): ContainerSpec {
+    const spec = decodeContainerSpec(req.config);
+    if (sandbox.record.state !== 'SANDBOX_READY' || sandbox.vm === undefined) {
       throw precondition(
         'SANDBOX_NOT_READY',
-        `pod sandbox ${live.record.id} is not ready; containers can only be created in a running sandbox`,
+        `pod sandbox ${sandbox.record.id} is not ready; containers can only be created in a running sandbox`,
       );
     }
-    const { name, attempt } = config.metadata;
-    const clash = this.inSandbox(live.record.id).find((c) => c.metadata.name === name && c.metadata.attempt === attempt);
+    const { name, attempt } = spec.metadata;
+    const clash = this.inSandbox(sandbox.record.id).find((c) => c.metadata.name === name && c.metadata.attempt === attempt);
     if (clash !== undefined) {
       throw alreadyExists(
         'CONTAINER_EXISTS',
-        `container "${name}" (attempt ${attempt}) already exists in pod sandbox ${live.record.id}: ${clash.id}`,
+        `container "${name}" (attempt ${attempt}) already exists in pod sandbox ${sandbox.record.id}: ${clash.id}`,
       );
     }
-    return config;
+    return spec;
   }
 
   /** For sandboxes sized without pod_resources: does the container fit, or how must the VM grow? */
   growthFor(
-    live: LiveSandbox,
+    record: SandboxRecord,
     incoming: ContainerRecord['demand'],
     admitted: Array<ContainerRecord['demand']>,
     name: string,
   ): ResizePlan | undefined {
-    const handler = resolveHandler(this.deps.config, live.record.handler);
-    const fit = fitBudget({ containerName: name, shape: live.record.shape, handler: handler.profile, admitted, incoming });
-    if (fit.fits) return undefined;
-    const shape = { ...live.record.shape, vcpus: fit.grow.vcpus, memoryMiB: fit.grow.memoryMiB };
-    const cpuRequest = [...admitted, incoming].reduce((sum, d) => sum + d.cpuMillicores, 0);
-    return planResize(live.record, {
-      vcpus: shape.vcpus,
-      memoryMiB: shape.memoryMiB,
-      budget: budgetForShape(live.record, shape, cpuRequest),
-    });
+    const handler = resolveHandler(this.deps.config, record.handler);
+    return planGrowth(record, handler.profile, incoming, admitted, name);
   }
 
-  private requireVm(live: LiveSandbox): NonNullable<LiveSandbox['vm']> {
-    if (live.vm === undefined) throw precondition('SANDBOX_NOT_READY', `pod sandbox ${live.record.id} has no running VM`);
-    return live.vm;
-  }
-
-  /** StopContainer: containers never run yet (StartContainer is not implemented), so this records the exit. */
+  /**
+   * StopContainer: containers never run yet (StartContainer is not implemented), so this records
+   * the exit. As the CRI asks (and as StopPodSandbox does), an unknown container id succeeds.
+   */
   async stop(idOrPrefix: string, ctx: RequestContext): Promise<void> {
-    const record = this.resolve(idOrPrefix);
+    const id = resolveIdPrefix(idOrPrefix, this.containers.keys());
+    const record = id === undefined ? undefined : this.containers.get(id);
+    if (record === undefined) {
+      ctx.logger.info({ containerId: idOrPrefix }, 'StopContainer for an unknown container: nothing to stop');
+      return;
+    }
     ctx.annotate({ containerId: record.id, sandboxId: record.sandboxId });
-    await this.deps.sandboxes.locks.run(record.sandboxId, async () => {
-      if (record.state === 'CONTAINER_CREATED') await this.markExited(record, 'NotStarted');
+    await this.deps.sandboxes.withSandboxIfPresent(record.sandboxId, async () => {
+      if (this.containers.get(record.id) === record && record.state === 'CONTAINER_CREATED') await this.markExited(record, 'NotStarted');
     });
   }
 
@@ -242,13 +235,13 @@ export class ContainerManager {
     const record = id === undefined ? undefined : this.containers.get(id);
     if (record === undefined) return;
     ctx.annotate({ containerId: record.id, sandboxId: record.sandboxId });
-    await this.deps.sandboxes.locks.run(record.sandboxId, async () => {
+    await this.deps.sandboxes.withSandboxIfPresent(record.sandboxId, async (sandbox) => {
       if (!this.containers.has(record.id)) return;
-      const live = this.deps.sandboxes.find(record.sandboxId);
-      if (record.devices.length > 0 && live?.vm !== undefined && live.vm.exitInfo === undefined) {
-        live.record.topology = await detachDevices(live.vm, live.record.topology, record.devices, UNPLUG_TIMEOUT_MS);
+      const vm = sandbox?.vm;
+      if (sandbox !== undefined && record.devices.length > 0 && vm !== undefined && vm.exitInfo === undefined) {
+        sandbox.record.topology = await detachDevices(vm, sandbox.record.topology, record.devices, UNPLUG_TIMEOUT_MS);
         record.devices = [];
-        await this.deps.sandboxes.save(live);
+        await sandbox.persist();
       }
       await this.forget(record);
     });
@@ -271,21 +264,25 @@ export class ContainerManager {
     await this.deps.store.put(record);
   }
 
-  /** Sandbox hook: its VM is gone, so are its containers. */
-  private async sandboxStopped(live: LiveSandbox): Promise<void> {
-    for (const c of this.inSandbox(live.record.id)) {
+  /** SandboxListener: the sandbox's VM is gone, so are its containers. */
+  async sandboxStopped(sandboxId: string): Promise<void> {
+    for (const c of this.inSandbox(sandboxId)) {
       if (c.state === 'CONTAINER_CREATED') await this.markExited(c, 'SandboxStopped');
     }
   }
 
-  /** Sandbox hook: RemovePodSandbox removes its containers (their devices left with the VM). */
-  private async sandboxRemoving(live: LiveSandbox): Promise<void> {
-    for (const c of this.inSandbox(live.record.id)) await this.forget(c);
+  /** SandboxListener: RemovePodSandbox removes its containers (their devices left with the VM). */
+  async sandboxRemoving(sandboxId: string): Promise<void> {
+    for (const c of this.inSandbox(sandboxId)) await this.forget(c);
   }
 }
 
-function logPathOf(live: LiveSandbox, config: ContainerConfig__Output): string {
-  const dir = (live.record.podConfig.log_directory as string | undefined) ?? '';
-  if (config.log_path === '') return '';
-  return dir === '' ? config.log_path : path.join(dir, config.log_path);
+function requireVm(sandbox: SandboxHandle): VmProcess {
+  if (sandbox.vm === undefined) throw precondition('SANDBOX_NOT_READY', `pod sandbox ${sandbox.record.id} has no running VM`);
+  return sandbox.vm;
+}
+
+function logPathOf(sandbox: SandboxSpec, container: ContainerSpec): string {
+  if (container.log_path === '') return '';
+  return sandbox.log_directory === '' ? container.log_path : path.join(sandbox.log_directory, container.log_path);
 }

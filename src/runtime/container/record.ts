@@ -1,4 +1,6 @@
 import type { AdmissionDemand } from '../admission/index.js';
+import { CONTAINER_SPEC_SCHEMA, type ContainerSpec } from '../spec/container.js';
+import { containerSpecFromV1 } from '../spec/v1.js';
 import type { RecordKind } from '../store.js';
 
 export type ContainerState = 'CONTAINER_CREATED' | 'CONTAINER_EXITED';
@@ -36,8 +38,8 @@ export interface ContainerRecord {
   logPath: string;
   /** The container's own copy of the image's root filesystem. */
   rootfs: string;
-  /** The decoded ContainerConfig as received (echoed in status; mounts, resources, devices). */
-  config: Record<string, unknown>;
+  /** The container's validated configuration, as resized since (echoed in status; mounts, resources, devices). */
+  spec: ContainerSpec;
   /** What the container counts against the VM's budget (sandboxes sized without pod_resources). */
   demand: AdmissionDemand;
   devices: AttachedDevice[];
@@ -45,10 +47,26 @@ export interface ContainerRecord {
 
 const stringMap = { type: 'object', additionalProperties: { type: 'string' } } as const;
 
+/**
+ * Format 2 (this one) stores the typed `spec`; format 1 stored the decoded ContainerConfig as
+ * `config`. Records of format 1 are migrated on load (see migrateContainerRecord).
+ */
+export const CONTAINER_RECORD_VERSION = 2;
+
+/** Format 1 -> current: `config` becomes `spec`. Pure; throws when it cannot. */
+export function migrateContainerRecord(fromVersion: number, record: unknown): unknown {
+  if (fromVersion !== 1) throw new Error(`no migration from container record format ${fromVersion}`);
+  if (typeof record !== 'object' || record === null) throw new Error('the record is not an object');
+  const { config, ...rest } = record as { config?: unknown } & Record<string, unknown>;
+  if (typeof config !== 'object' || config === null) throw new Error('config is missing');
+  return { ...rest, spec: containerSpecFromV1(config as Record<string, unknown>) };
+}
+
 export const CONTAINER_RECORD_KIND: RecordKind = {
   kind: 'container',
   dir: 'containers',
-  version: 1,
+  version: CONTAINER_RECORD_VERSION,
+  migrate: migrateContainerRecord,
   schema: {
     type: 'object',
     additionalProperties: false,
@@ -67,7 +85,7 @@ export const CONTAINER_RECORD_KIND: RecordKind = {
       'annotations',
       'logPath',
       'rootfs',
-      'config',
+      'spec',
       'demand',
       'devices',
     ],
@@ -96,7 +114,7 @@ export const CONTAINER_RECORD_KIND: RecordKind = {
       annotations: stringMap,
       logPath: { type: 'string' },
       rootfs: { type: 'string' },
-      config: { type: 'object' },
+      spec: CONTAINER_SPEC_SCHEMA,
       demand: {
         type: 'object',
         additionalProperties: false,

@@ -1,13 +1,8 @@
 import type { Container } from '../../generated/runtime/v1/Container.js';
-import type { ContainerConfig__Output } from '../../generated/runtime/v1/ContainerConfig.js';
 import type { ContainerFilter__Output } from '../../generated/runtime/v1/ContainerFilter.js';
 import type { ContainerStatus } from '../../generated/runtime/v1/ContainerStatus.js';
 import { matchesLabels } from '../sandbox/views.js';
 import type { ContainerRecord } from './record.js';
-
-function configOf(r: ContainerRecord): ContainerConfig__Output {
-  return r.config as unknown as ContainerConfig__Output;
-}
 
 /** ListContainers' view of one container. */
 export function containerView(r: ContainerRecord): Container {
@@ -17,8 +12,8 @@ export function containerView(r: ContainerRecord): Container {
     metadata: r.metadata,
     image: {
       image: r.image.requested,
-      annotations: configOf(r).image?.annotations ?? {},
-      user_specified_image: configOf(r).image?.user_specified_image ?? '',
+      annotations: r.spec.image.annotations,
+      user_specified_image: r.spec.image.user_specified_image,
     },
     image_ref: r.image.ref,
     state: r.state,
@@ -31,7 +26,7 @@ export function containerView(r: ContainerRecord): Container {
 
 /** ContainerStatus' view: the list view plus times, exit, mounts, log path and resources. */
 export function containerStatusView(r: ContainerRecord): ContainerStatus {
-  const config = configOf(r);
+  const { spec } = r;
   return {
     ...containerView(r),
     started_at: '0',
@@ -39,10 +34,10 @@ export function containerStatusView(r: ContainerRecord): ContainerStatus {
     exit_code: r.exitCode,
     reason: r.reason,
     message: r.message,
-    mounts: config.mounts ?? [],
+    mounts: spec.mounts,
     log_path: r.logPath,
-    resources: config.linux?.resources ? { linux: config.linux.resources } : null,
-    stop_signal: config.stop_signal ?? 'RUNTIME_DEFAULT',
+    resources: spec.linux?.resources ? { linux: spec.linux.resources } : null,
+    stop_signal: spec.stop_signal,
   };
 }
 

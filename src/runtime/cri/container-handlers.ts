@@ -10,16 +10,16 @@ import type { StopContainerRequest__Output } from '../../generated/runtime/v1/St
 import type { UpdateContainerResourcesRequest__Output } from '../../generated/runtime/v1/UpdateContainerResourcesRequest.js';
 import type { UpdatePodSandboxResourcesRequest__Output } from '../../generated/runtime/v1/UpdatePodSandboxResourcesRequest.js';
 import type { ContainerManager } from '../container/manager.js';
-import type { ResizeService } from '../container/resources.js';
 import { containerStatusView, containerView } from '../container/views.js';
+import type { ResourceUpdates } from '../resize/index.js';
 import type { RuntimeRpcHandlers } from './rpcs.js';
 import type { CallContext } from './server.js';
 
 /**
- * Thin CRI handlers over the ContainerManager and the ResizeService, each checked against its rpc
+ * Thin CRI handlers over the ContainerManager and ResourceUpdates, each checked against its rpc
  * in the generated RuntimeService (a misspelled name does not compile).
  */
-export function containerHandlers(containers: ContainerManager, resize: ResizeService) {
+export function containerHandlers(containers: ContainerManager, resize: ResourceUpdates) {
   return {
     CreateContainer: async (req: CreateContainerRequest__Output, ctx: CallContext): Promise<CreateContainerResponse> => ({
       container_id: await containers.create(req, ctx),

@@ -9,11 +9,11 @@ import { ImageService } from '../../images/service.js';
 import { readPcieHostFacts } from '../../pcie/index.js';
 import { ContainerManager } from '../container/manager.js';
 import { CONTAINER_RECORD_KIND, type ContainerRecord } from '../container/record.js';
-import { ResizeService } from '../container/resources.js';
 import { containerStatusView } from '../container/views.js';
 import type { RuntimeFacts } from '../facts.js';
 import { gatherFacts } from '../gather-facts.js';
 import { type MetricsEndpoint, RuntimeMetrics, serveMetrics } from '../metrics.js';
+import { ResourceUpdates } from '../resize/index.js';
 import { SandboxManager } from '../sandbox/manager.js';
 import { SANDBOX_RECORD_KIND, type SandboxRecord } from '../sandbox/record.js';
 import { RecordStore } from '../store.js';
@@ -75,6 +75,8 @@ export async function startDaemon(options: DaemonOptions): Promise<Daemon> {
     host,
     readPcieFacts,
     cgroupDriverNamed: (name) => createCgroupDriver(name, driverOptions),
+    // Containers are told when their sandbox stops or goes (containers is defined just below).
+    listener: { sandboxStopped: (id) => containers.sandboxStopped(id), sandboxRemoving: (id) => containers.sandboxRemoving(id) },
   });
   const containerStore = new RecordStore<ContainerRecord>(config.stateDir, CONTAINER_RECORD_KIND, logger);
   // Containers look images up; the image store asks containers whether an image is in use.
@@ -93,7 +95,7 @@ export async function startDaemon(options: DaemonOptions): Promise<Daemon> {
     logger,
     isImageInUse: (imageId) => containers.isImageInUse(imageId),
   });
-  const resize = new ResizeService({ config, host, sandboxes, containers, store: containerStore });
+  const resize = new ResourceUpdates({ config, host, sandboxes, containers, store: containerStore });
   await sandboxes.recover();
   await containers.recover();
   await images.init();

@@ -5,13 +5,13 @@ import { errnoCode, errorMessage, internal, precondition } from '../../common/er
 import type { Logger } from '../../common/logger.js';
 import type { ResolvedHandler } from '../../config/handlers.js';
 import type { KataConfig } from '../../config/types.js';
-import type { PodSandboxConfig__Output } from '../../generated/runtime/v1/PodSandboxConfig.js';
 import { checkGuestAssets, startVm, type VmProcess, vmPaths } from '../../hypervisor/index.js';
 import { getKubeletPodResources, type KubeletPodResources, type PcieHostFacts } from '../../pcie/index.js';
 import type { HostCapacity } from '../../sizing/types.js';
 import { withSignal } from '../deadline.js';
 import type { RuntimeFacts } from '../facts.js';
 import { planSandbox } from '../plan.js';
+import { cgroupParentOf, type SandboxSpec } from '../spec/sandbox.js';
 import type { RecordStore } from '../store.js';
 import { sandboxWorkDir, vmNameFor } from './paths.js';
 import { nowNs, type SandboxRecord } from './record.js';
@@ -27,8 +27,7 @@ export interface CreateDeps {
 
 export interface CreateRequest {
   id: string;
-  podConfig: PodSandboxConfig__Output;
-  metadata: SandboxRecord['metadata'];
+  spec: SandboxSpec;
   runtimeHandler: string;
   handler: ResolvedHandler;
   logger: Logger;
@@ -46,7 +45,8 @@ export interface CreateRequest {
 export async function createSandbox(deps: CreateDeps, req: CreateRequest): Promise<{ record: SandboxRecord; vm: VmProcess }> {
   const { config } = deps;
   const log = req.logger;
-  const cgroupParent = req.podConfig.linux?.cgroup_parent ?? '';
+  const { spec } = req;
+  const cgroupParent = cgroupParentOf(spec);
   deps.cgroups.validateParent(cgroupParent);
   const assets = await checkGuestAssets({ kernelPath: config.hypervisor.kernelPath, initrdPath: config.hypervisor.initrdPath });
   if (!assets.ok) throw precondition('GUEST_ASSETS_MISSING', assets.message);
@@ -55,7 +55,7 @@ export async function createSandbox(deps: CreateDeps, req: CreateRequest): Promi
   const paths = vmPaths(workDir);
   const kubelet = await askKubelet(config, req);
   const plan = planSandbox({
-    config: req.podConfig,
+    config: spec,
     handler: req.handler,
     host: deps.host,
     pcieFacts: await deps.readPcieFacts(),
@@ -73,13 +73,13 @@ export async function createSandbox(deps: CreateDeps, req: CreateRequest): Promi
     phase: 'creating',
     state: 'SANDBOX_NOTREADY',
     createdAtNs: nowNs(),
-    metadata: req.metadata,
-    labels: req.podConfig.labels,
-    annotations: req.podConfig.annotations,
+    metadata: spec.metadata,
+    labels: spec.labels,
+    annotations: spec.annotations,
     runtimeHandler: req.runtimeHandler,
     handler: plan.handler,
     cgroupDriver: deps.cgroups.name,
-    podConfig: req.podConfig as unknown as Record<string, unknown>,
+    spec,
     plan,
     shape: plan.sizing.vm,
     topology: plan.pcie.topology,
@@ -162,6 +162,7 @@ export async function createSandbox(deps: CreateDeps, req: CreateRequest): Promi
  */
 async function askKubelet(config: KataConfig, req: CreateRequest): Promise<KubeletPodResources | null> {
   const socket = config.pcie.podResourcesSocket;
-  if (socket === null || (req.podConfig.pod_resources?.containers.length ?? 0) > 0) return null;
-  return getKubeletPodResources(socket, req.metadata.namespace, req.metadata.name, { timeoutMs: 5000 });
+  if (socket === null || (req.spec.pod_resources?.containers.length ?? 0) > 0) return null;
+  const { namespace, name } = req.spec.metadata;
+  return getKubeletPodResources(socket, namespace, name, { timeoutMs: 5000 });
 }

@@ -11,12 +11,12 @@ import type { RequestContext } from '../context.js';
 import { boundedTimeoutMs } from '../deadline.js';
 import { KeyedMutex } from '../locks.js';
 import type { RuntimeMetrics } from '../metrics.js';
+import { decodeSandboxSpec } from '../spec/sandbox.js';
 import { type CreateDeps, createSandbox } from './create.js';
 import { killAndWait } from './orphans.js';
 import { sandboxWorkDir } from './paths.js';
 import { identityKey, type SandboxExitRecord, type SandboxRecord } from './record.js';
 import { recoverSandboxes } from './recover.js';
-import { validateRunRequest } from './validate.js';
 import { sandboxMatches } from './views.js';
 
 export interface SandboxManagerDeps extends CreateDeps {
@@ -24,6 +24,8 @@ export interface SandboxManagerDeps extends CreateDeps {
   metrics: RuntimeMetrics;
   /** A driver of the given name (for placements made under an earlier config); see cgroupsFor. */
   cgroupDriverNamed(name: CgroupDriverName): CgroupDriver;
+  /** Told, under the sandbox's lock, when a sandbox stops or is removed (the container layer). */
+  listener: SandboxListener;
 }
 
 /** A sandbox as the daemon holds it: its persisted record and, while it runs, its QEMU handle. */
@@ -34,12 +36,28 @@ export interface LiveSandbox {
   stopping: boolean;
 }
 
-/** Hooks later layers (containers) attach to the sandbox lifecycle. */
-export interface SandboxHooks {
-  /** Called under the sandbox's lock after its VM is gone (stop, or death). */
-  onStopped?(live: LiveSandbox): Promise<void>;
+/** What the layers above (containers) hear of a sandbox's lifecycle; given at construction. */
+export interface SandboxListener {
+  /** Called under the sandbox's lock after its VM is gone (stop, or death), before its record is saved. */
+  sandboxStopped(sandboxId: string): Promise<void>;
   /** Called under the sandbox's lock before its record is deleted. */
-  onRemoving?(live: LiveSandbox): Promise<void>;
+  sandboxRemoving(sandboxId: string): Promise<void>;
+}
+
+/** What the layers above need of the SandboxManager: find a sandbox to read, lock one to change it. */
+export type SandboxAccess = Pick<SandboxManager, 'find' | 'withSandbox' | 'withSandboxIfPresent'>;
+
+/**
+ * A sandbox held under its lock (see SandboxManager.withSandbox): the record to change, the VM,
+ * and the one way to persist a change. Valid only inside the callback it was handed to.
+ */
+export interface SandboxHandle {
+  readonly record: SandboxRecord;
+  readonly vm: VmProcess | undefined;
+  /** Write the record as it is now (after a hot-plug, a resize). */
+  persist(): Promise<void>;
+  /** The cgroup driver that made `placement` (see SandboxManager.cgroupsFor). */
+  cgroupsFor(placement: PlacementRecord): CgroupDriver;
 }
 
 /**
@@ -51,8 +69,7 @@ export class SandboxManager {
   private readonly sandboxes = new Map<string, LiveSandbox>();
   /** Pod identity (namespace, name, uid, attempt) -> sandbox id, including creations in flight. */
   private readonly identities = new Map<string, string>();
-  readonly locks = new KeyedMutex();
-  hooks: SandboxHooks = {};
+  private readonly locks = new KeyedMutex();
 
   constructor(private readonly deps: SandboxManagerDeps) {}
 
@@ -68,7 +85,8 @@ export class SandboxManager {
   }
 
   async run(request: RunPodSandboxRequest__Output, ctx: RequestContext): Promise<string> {
-    const { config: podConfig, metadata } = validateRunRequest(request.config);
+    const spec = decodeSandboxSpec(request.config);
+    const { metadata } = spec;
     const handler = resolveHandler(this.deps.config, request.runtime_handler);
     const key = identityKey(metadata);
     const existing = this.identities.get(key);
@@ -85,8 +103,7 @@ export class SandboxManager {
       const { record, vm } = await this.locks.run(id, () =>
         createSandbox(this.deps, {
           id,
-          podConfig,
-          metadata,
+          spec,
           runtimeHandler: request.runtime_handler,
           handler,
           logger: ctx.logger.child({ sandboxId: id }),
@@ -117,6 +134,45 @@ export class SandboxManager {
   find(idOrPrefix: string): LiveSandbox | undefined {
     const id = resolveIdPrefix(idOrPrefix, this.visibleIds());
     return id === undefined ? undefined : this.sandboxes.get(id);
+  }
+
+  /**
+   * Run `fn` under the sandbox's lock, serialised with every other rpc on it. The sandbox is
+   * resolved first (NOT_FOUND) and checked again once the lock is held, since a RemovePodSandbox
+   * may have run while this waited (NOT_FOUND then too).
+   */
+  async withSandbox<T>(idOrPrefix: string, fn: (sandbox: SandboxHandle) => Promise<T>): Promise<T> {
+    const live = this.resolve(idOrPrefix);
+    const id = live.record.id;
+    return this.locks.run(id, () => {
+      if (this.sandboxes.get(id) !== live) throw notFound('SANDBOX_NOT_FOUND', `pod sandbox "${id}" does not exist`);
+      return fn(this.handleFor(live));
+    });
+  }
+
+  /**
+   * Like withSandbox, for idempotent rpcs on what a sandbox holds (StopContainer, RemoveContainer):
+   * `fn` runs under the lock of sandbox `id` and gets undefined when that sandbox does not exist
+   * (any more) instead of an error.
+   */
+  async withSandboxIfPresent<T>(id: string, fn: (sandbox: SandboxHandle | undefined) => Promise<T>): Promise<T> {
+    return this.locks.run(id, () => {
+      const live = this.sandboxes.get(id);
+      return fn(live === undefined ? undefined : this.handleFor(live));
+    });
+  }
+
+  private handleFor(live: LiveSandbox): SandboxHandle {
+    return {
+      get record() {
+        return live.record;
+      },
+      get vm() {
+        return live.vm;
+      },
+      persist: () => this.deps.store.put(live.record),
+      cgroupsFor: (placement) => this.cgroupsFor(placement),
+    };
   }
 
   private *visibleIds(): Iterable<string> {
@@ -162,7 +218,7 @@ export class SandboxManager {
     record.state = 'SANDBOX_NOTREADY';
     record.phase = 'stopped';
     record.exit = exit;
-    await this.hooks.onStopped?.(live);
+    await this.deps.listener.sandboxStopped(record.id);
     if (changed) await this.deps.store.put(record);
     this.updateGauge();
     if (record.placement !== null) {
@@ -182,18 +238,13 @@ export class SandboxManager {
     await this.locks.run(record.id, async () => {
       if (!this.sandboxes.has(record.id)) return; // removed while we waited for the lock
       await this.stopLocked(live, boundedTimeoutMs(this.deps.config.hypervisor.stopTimeoutMs, ctx, 1000));
-      await this.hooks.onRemoving?.(live);
+      await this.deps.listener.sandboxRemoving(record.id);
       await this.deps.store.delete(record.id);
       await fsp.rm(sandboxWorkDir(this.deps.config.stateDir, record.id), { recursive: true, force: true });
       this.sandboxes.delete(record.id);
       this.identities.delete(identityKey(record.metadata));
       this.updateGauge();
     });
-  }
-
-  /** Persist a sandbox's record after a change made under its lock (hot-plug, resize). */
-  async save(live: LiveSandbox): Promise<void> {
-    await this.deps.store.put(live.record);
   }
 
   list(filter: PodSandboxFilter__Output | null): SandboxRecord[] {
@@ -224,7 +275,7 @@ export class SandboxManager {
           live.vm = undefined;
           live.record.phase = 'stopped';
           live.record.exit = record;
-          await this.hooks.onStopped?.(live);
+          await this.deps.listener.sandboxStopped(live.record.id);
           await this.deps.store.put(live.record);
         });
       })
@@ -254,7 +305,7 @@ export class SandboxManager {
     this.deps.metrics.sandboxes.set({ state: 'notready' }, notReady);
   }
 
-  /** For the container layer and status: the cgroup driver in use (the one RuntimeConfig advertises). */
+  /** For status: the cgroup driver in use (the one RuntimeConfig advertises). */
   get cgroups(): CgroupDriver {
     return this.deps.cgroups;
   }
@@ -263,7 +314,7 @@ export class SandboxManager {
    * The driver that made a placement. New placements always use the advertised driver, but a
    * record made before the config changed driver must be resized and torn down by its own.
    */
-  cgroupsFor(placement: PlacementRecord): CgroupDriver {
+  private cgroupsFor(placement: PlacementRecord): CgroupDriver {
     return placement.driver === this.deps.cgroups.name ? this.deps.cgroups : this.deps.cgroupDriverNamed(placement.driver);
   }
 }

@@ -2,6 +2,8 @@ import type { CgroupDriverName, PlacementRecord } from '../../cgroups/index.js';
 import type { PcieTopology } from '../../pcie/index.js';
 import type { VmShape } from '../../sizing/types.js';
 import type { SandboxPlan } from '../plan.js';
+import { SANDBOX_SPEC_SCHEMA, type SandboxSpec } from '../spec/sandbox.js';
+import { sandboxSpecFromV1 } from '../spec/v1.js';
 import type { RecordKind } from '../store.js';
 
 /** CRI sandbox states, spelled as the proto enum. */
@@ -50,8 +52,8 @@ export interface SandboxRecord {
   handler: string;
   /** The cgroup driver the VMM is (to be) placed with: the one advertised when the sandbox was created. */
   cgroupDriver: CgroupDriverName;
-  /** The decoded PodSandboxConfig as received: echoed in status, compared at CreateContainer. */
-  podConfig: Record<string, unknown>;
+  /** The pod's validated configuration, as resized since: echoed in status, compared at CreateContainer. */
+  spec: SandboxSpec;
   plan: SandboxPlan;
   /** The VM's current shape: the plan's at boot, updated by resizes. */
   shape: VmShape;
@@ -68,10 +70,26 @@ const stringMap = { type: 'object', additionalProperties: { type: 'string' } } a
 const anyObject = { type: 'object' } as const;
 const nullable = (schema: object): object => ({ anyOf: [{ type: 'null' }, schema] });
 
+/**
+ * Format 2 (this one) stores the typed `spec`; format 1 stored the decoded request as `podConfig`.
+ * Records of format 1 are migrated on load (see migrateSandboxRecord).
+ */
+export const SANDBOX_RECORD_VERSION = 2;
+
+/** Format 1 -> current: `podConfig` becomes `spec` through the request decoder. Pure; throws when it cannot. */
+export function migrateSandboxRecord(fromVersion: number, record: unknown): unknown {
+  if (fromVersion !== 1) throw new Error(`no migration from sandbox record format ${fromVersion}`);
+  if (typeof record !== 'object' || record === null) throw new Error('the record is not an object');
+  const { podConfig, ...rest } = record as { podConfig?: unknown } & Record<string, unknown>;
+  if (typeof podConfig !== 'object' || podConfig === null) throw new Error('podConfig is missing');
+  return { ...rest, spec: sandboxSpecFromV1(podConfig as Record<string, unknown>) };
+}
+
 export const SANDBOX_RECORD_KIND: RecordKind = {
   kind: 'sandbox',
   dir: 'sandboxes',
-  version: 1,
+  version: SANDBOX_RECORD_VERSION,
+  migrate: migrateSandboxRecord,
   schema: {
     type: 'object',
     additionalProperties: false,
@@ -86,7 +104,7 @@ export const SANDBOX_RECORD_KIND: RecordKind = {
       'runtimeHandler',
       'handler',
       'cgroupDriver',
-      'podConfig',
+      'spec',
       'plan',
       'shape',
       'topology',
@@ -116,7 +134,7 @@ export const SANDBOX_RECORD_KIND: RecordKind = {
       runtimeHandler: { type: 'string' },
       handler: { type: 'string', minLength: 1 },
       cgroupDriver: { enum: ['systemd', 'cgroupfs'] },
-      podConfig: anyObject,
+      spec: SANDBOX_SPEC_SCHEMA,
       plan: {
         type: 'object',
         required: ['handler', 'confidential', 'sizing', 'pcie', 'qemu'],

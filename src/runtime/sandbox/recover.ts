@@ -3,6 +3,7 @@ import path from 'node:path';
 import { errorMessage, isReason } from '../../common/errors.js';
 import type { Logger } from '../../common/logger.js';
 import { attachVm, isSameLiveProcess, type VmProcess } from '../../hypervisor/index.js';
+import { cgroupParentOf } from '../spec/sandbox.js';
 import type { LiveSandbox, SandboxManagerDeps } from './manager.js';
 import { killAndWait, qemuPidsUsing } from './orphans.js';
 import { sandboxWorkDir } from './paths.js';
@@ -93,7 +94,7 @@ async function rollBackInterruptedCreate(deps: RecoverDeps, record: SandboxRecor
     await driver.remove(record.placement);
   } else if (record.vmm !== null) {
     // The crash may have come after the VMM was placed but before that was recorded.
-    const cgroupParent = (record.podConfig.linux as { cgroup_parent?: string } | null)?.cgroup_parent ?? '';
+    const cgroupParent = cgroupParentOf(record.spec);
     await driver.remove(await driver.placementFor(record.id, cgroupParent));
   }
   await fsp.rm(workDir, { recursive: true, force: true });

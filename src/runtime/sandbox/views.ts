@@ -19,8 +19,7 @@ export function podSandboxView(r: SandboxRecord): PodSandbox {
 
 /** The namespace options the kubelet asked for, echoed back as CRI runtimes do. */
 function namespaceOptions(r: SandboxRecord): NamespaceOption | null {
-  const linux = r.podConfig.linux as { security_context?: { namespace_options?: NamespaceOption | null } | null } | null | undefined;
-  return linux?.security_context?.namespace_options ?? null;
+  return r.spec.linux?.security_context?.namespace_options ?? null;
 }
 
 /** PodSandboxStatus.status for one sandbox. A VM has no pod IP until networking exists. */

@@ -177,6 +177,15 @@ describe('containers in pod VMs', () => {
       status.FAILED_PRECONDITION,
       'ADMISSION_MISMATCH',
     );
+    // run_as_group without a user is refused before admission (CRI: the runtime must error).
+    await expectGrpcError(
+      rpc(rt.cri.runtime, 'CreateContainer', {
+        pod_sandbox_id: sid,
+        config: containerConfig('app', { linux: { security_context: { run_as_group: { value: '1000' } } } }, 1),
+      }),
+      status.INVALID_ARGUMENT,
+      'CONTAINER_RUN_AS_GROUP_WITHOUT_USER',
+    );
     const after = await info(sid);
     expect(after.qmp).toEqual(before.qmp);
     expect(after.shape).toEqual(before.shape);
@@ -262,6 +271,8 @@ describe('containers in pod VMs', () => {
       status.UNIMPLEMENTED,
       'START_CONTAINER_UNIMPLEMENTED',
     );
+    // StopContainer of an id that does not exist succeeds, as StopPodSandbox does.
+    await rpc(rt.cri.runtime, 'StopContainer', { container_id: 'f'.repeat(64) });
     await rpc(rt.cri.runtime, 'StopPodSandbox', { pod_sandbox_id: sid });
     const exited = await rpc<{ status: { state: string } }>(rt.cri.runtime, 'ContainerStatus', { container_id: app });
     expect(exited.status.state).toBe('CONTAINER_EXITED');

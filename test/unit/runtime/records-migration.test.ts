@@ -1,0 +1,170 @@
+/**
+ * Records written by format 1 (fixtures/records/v1, produced by that format's own code) load
+ * through today's code: migrated to format 2 on load, written back, and recovered.
+ */
+import { cp, mkdtemp, readdir, readFile, rm } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import { createCgroupDriver } from '../../../src/cgroups/index.js';
+import { silentLogger } from '../../../src/common/logger.js';
+import { packageRoot } from '../../../src/common/paths.js';
+import { defaultConfig } from '../../../src/config/defaults.js';
+import type { RunPodSandboxRequest__Output } from '../../../src/generated/runtime/v1/RunPodSandboxRequest.js';
+import { ContainerManager } from '../../../src/runtime/container/manager.js';
+import { CONTAINER_RECORD_KIND, type ContainerRecord, migrateContainerRecord } from '../../../src/runtime/container/record.js';
+import type { RequestContext } from '../../../src/runtime/context.js';
+import { decodeProtoJson } from '../../../src/runtime/cri/protojson.js';
+import { RuntimeMetrics } from '../../../src/runtime/metrics.js';
+import { SandboxManager } from '../../../src/runtime/sandbox/manager.js';
+import { migrateSandboxRecord, SANDBOX_RECORD_KIND, type SandboxRecord } from '../../../src/runtime/sandbox/record.js';
+import { decodeSandboxSpec } from '../../../src/runtime/spec/sandbox.js';
+import { RecordStore } from '../../../src/runtime/store.js';
+
+const FIXTURES = path.join(packageRoot(), 'fixtures', 'records', 'v1');
+const SANDBOX_ID = 'a1'.repeat(32);
+const CONTAINER_ID = 'c2'.repeat(32);
+
+async function envelope(dir: string, id: string): Promise<{ kind: string; version: number; record: Record<string, unknown> }> {
+  return JSON.parse(await readFile(path.join(FIXTURES, dir, `${id}.json`), 'utf8'));
+}
+
+describe('format-1 records', () => {
+  it('are what format 1 wrote: version 1, podConfig and config blobs', async () => {
+    const s = await envelope('sandboxes', SANDBOX_ID);
+    const c = await envelope('containers', CONTAINER_ID);
+    expect([s.version, c.version]).toEqual([1, 1]);
+    expect(s.record).toHaveProperty('podConfig');
+    expect(c.record).toHaveProperty('config');
+  });
+
+  it('a sandbox migrates to the spec today’s decoder makes of the same request', async () => {
+    const { record } = await envelope('sandboxes', SANDBOX_ID);
+    const migrated = migrateSandboxRecord(1, record) as SandboxRecord;
+    const request = decodeProtoJson<RunPodSandboxRequest__Output>(
+      'runtime.v1.RunPodSandboxRequest',
+      JSON.parse(await readFile(path.join(packageRoot(), 'fixtures', 'pods', 'web-sidecar.request.json'), 'utf8')),
+    );
+    expect(migrated).not.toHaveProperty('podConfig');
+    expect(JSON.parse(JSON.stringify(migrated.spec))).toEqual(JSON.parse(JSON.stringify(decodeSandboxSpec(request.config))));
+    expect(migrated.plan).toEqual(record.plan);
+  });
+
+  it('a sandbox resized by format 1 without a linux part (a partial linux object) migrates with defaults', async () => {
+    const { record } = await envelope('sandboxes', SANDBOX_ID);
+    const podConfig = { ...(record.podConfig as Record<string, unknown>), linux: { resources: { cpu_quota: '200000' } } };
+    const migrated = migrateSandboxRecord(1, { ...record, podConfig }) as SandboxRecord;
+    expect(migrated.spec.linux).toEqual({
+      cgroup_parent: '',
+      security_context: null,
+      sysctls: {},
+      overhead: null,
+      resources: { cpu_quota: '200000' },
+    });
+  });
+
+  it('a container migrates with its command, env, mounts, security context and resources typed', async () => {
+    const { record } = await envelope('containers', CONTAINER_ID);
+    const { spec } = migrateContainerRecord(1, record) as ContainerRecord;
+    expect(spec.metadata).toEqual({ name: 'web', attempt: 0 });
+    expect(spec.image.image).toBe('registry.example/nginx:1.27');
+    expect([spec.command, spec.args, spec.working_dir]).toEqual([['nginx'], ['-g', 'daemon off;'], '/srv']);
+    expect(spec.envs).toEqual([{ key: 'PORT', value: '80' }]);
+    expect(spec.mounts.map((m) => m.container_path)).toEqual(['/var/log/nginx', '/etc/nginx/conf.d']);
+    expect(spec.linux?.security_context?.run_as_user).toEqual({ value: '101' });
+    expect(spec.linux?.resources?.memory_limit_in_bytes).toBe('536870912');
+    expect(spec.kubernetes_resources?.limits.memory).toMatchObject({ string: '512Mi' });
+    expect(spec.stop_signal).toBe('RUNTIME_DEFAULT');
+  });
+
+  it('a format-1 record without the blob is not migrated', () => {
+    expect(() => migrateSandboxRecord(1, { id: SANDBOX_ID })).toThrow(/podConfig/);
+    expect(() => migrateContainerRecord(1, { id: CONTAINER_ID, config: { metadata: null } })).toThrow();
+    expect(() => migrateSandboxRecord(0, {})).toThrow(/format 0/);
+  });
+});
+
+describe('loading and recovering format-1 records', () => {
+  let stateDir: string;
+  beforeEach(async () => {
+    stateDir = await mkdtemp(path.join(os.tmpdir(), 'kata-ts-v1-'));
+    await cp(FIXTURES, stateDir, { recursive: true, filter: (src) => !src.endsWith('README.md') });
+  });
+  afterEach(async () => {
+    await rm(stateDir, { recursive: true, force: true });
+  });
+
+  it('the store migrates them on load and writes them back as format 2', async () => {
+    const store = new RecordStore<SandboxRecord>(stateDir, SANDBOX_RECORD_KIND, silentLogger());
+    const { records, problems } = await store.load();
+    expect(problems).toEqual([]);
+    expect(records.map((r) => [r.id, r.spec.metadata.name, r.spec.log_directory])).toEqual([
+      [SANDBOX_ID, 'web', '/var/log/pods/shop_web_7d5c2a0e-3b8f-4c1a-9e6d-2f4b8a1c0d11'],
+    ]);
+    const onDisk = JSON.parse(await readFile(path.join(stateDir, 'sandboxes', `${SANDBOX_ID}.json`), 'utf8'));
+    expect(onDisk.version).toBe(2);
+    expect(onDisk.record.spec.metadata.uid).toBe('7d5c2a0e-3b8f-4c1a-9e6d-2f4b8a1c0d11');
+    // Loading again reads format 2 as is.
+    expect((await store.load()).records).toEqual(records);
+  });
+
+  it('recovery keeps them: the sandbox whose QEMU is gone is NOTREADY, its container EXITED', async () => {
+    const logger = silentLogger();
+    const config = { ...defaultConfig(), stateDir };
+    const cgroups = createCgroupDriver('cgroupfs', { cgroupRoot: path.join(stateDir, 'no-cgroups'), dbusAddress: null, logger });
+    const sandboxStore = new RecordStore<SandboxRecord>(stateDir, SANDBOX_RECORD_KIND, logger);
+    const containerStore = new RecordStore<ContainerRecord>(stateDir, CONTAINER_RECORD_KIND, logger);
+    const sandboxes: SandboxManager = new SandboxManager({
+      config,
+      facts: {
+        configPath: null,
+        acceleration: { accel: 'tcg', reason: 'test' },
+        cgroupDriver: { name: 'cgroupfs', source: 'config' },
+        qemu: { ok: true, message: '' },
+        guestAssets: { ok: true, message: '' },
+      },
+      logger,
+      metrics: new RuntimeMetrics(),
+      cgroups,
+      store: sandboxStore,
+      host: { cpus: 16, memoryMiB: 65536 },
+      readPcieFacts: () => Promise.reject(new Error('not read during recovery')),
+      cgroupDriverNamed: () => cgroups,
+      listener: { sandboxStopped: (id) => containers.sandboxStopped(id), sandboxRemoving: (id) => containers.sandboxRemoving(id) },
+    });
+    const containers: ContainerManager = new ContainerManager({
+      config,
+      logger,
+      store: containerStore,
+      sandboxes,
+      images: { resolveImage: () => undefined, rootfsFor: () => '' },
+      host: { cpus: 16, memoryMiB: 65536 },
+      readPcieFacts: () => Promise.reject(new Error('not read during recovery')),
+    });
+    await sandboxes.recover();
+    await containers.recover();
+
+    const live = sandboxes.resolve(SANDBOX_ID);
+    expect(live.record.state).toBe('SANDBOX_NOTREADY');
+    expect(live.record.exit?.reason).toBe('gone-while-down');
+    expect(live.record.spec.metadata).toEqual({ name: 'web', uid: '7d5c2a0e-3b8f-4c1a-9e6d-2f4b8a1c0d11', namespace: 'shop', attempt: 0 });
+    const container = containers.resolve(CONTAINER_ID);
+    expect([container.state, container.reason]).toEqual(['CONTAINER_EXITED', 'SandboxStopped']);
+    expect(container.spec.command).toEqual(['nginx']);
+
+    // Both files are format 2 now, and StopContainer of an id that never existed succeeds.
+    for (const dir of ['sandboxes', 'containers']) {
+      for (const name of (await readdir(path.join(stateDir, dir))).filter((n) => n.endsWith('.json'))) {
+        expect(JSON.parse(await readFile(path.join(stateDir, dir, name), 'utf8')).version).toBe(2);
+      }
+    }
+    const ctx: RequestContext = {
+      method: 'StopContainer',
+      logger,
+      signal: new AbortController().signal,
+      deadlineMs: undefined,
+      annotate: () => {},
+    };
+    await expect(containers.stop('f'.repeat(64), ctx)).resolves.toBeUndefined();
+  });
+});
