@@ -32,3 +32,12 @@ export { isSameLiveProcess, type ProcStat, readCmdline, readProcStat } from './p
 export { ANY_EVENT, connectQmp, type ExecuteOptions, QmpClient, type QmpClientOptions, type QmpCloseInfo, QmpError } from './qmp/client.js';
 export type * from './qmp/types.js';
 export { plugVcpus, setVirtioMemSize, vcpuDeviceId, virtioMemPluggedMiB } from './resize.js';
+export {
+  attachVirtiofsd,
+  buildVirtiofsdArgv,
+  DEFAULT_VIRTIOFSD_BINARY,
+  type StartVirtiofsdOptions,
+  startVirtiofsd,
+  type VirtiofsdArgvSpec,
+  type VirtiofsdProcess,
+} from './virtiofsd.js';
