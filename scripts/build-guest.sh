@@ -44,7 +44,7 @@ while [ $# -gt 0 ]; do
 	--agent-entry) agent_entry=${2:?--agent-entry needs a file}; agent_entry_given=1; shift 2 ;;
 	--layout) layout=${2:?--layout needs image or initramfs}; shift 2 ;;
 	--force) force=1; shift ;;
-	-h | --help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+	-h | --help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
 	*) die "unknown argument $1 (see --help)" ;;
 	esac
 done
