@@ -1,17 +1,25 @@
 #!/usr/bin/env bash
-# Build the kata-ts guest: the Debian kernel (extracted from its .deb, never installed on the host)
-# and a small initramfs (busybox-static, the kernel modules in guest/modules.list with their
-# dependencies, guest/init).
+# Build the kata-ts guest: the Debian kernel (extracted from its .deb, never installed on the host),
+# a small initramfs (busybox-static, the kernel modules in guest/modules.list with their
+# dependencies, guest/init) and a read-only erofs image mounted at /usr in the guest (the host's
+# node with its libraries, Debian's crun with its libraries, the agent bundle).
 #
-#   scripts/build-guest.sh [--out DIR] [--cache DIR] [--force]
+#   scripts/build-guest.sh [--out DIR] [--cache DIR] [--agent-entry FILE] [--layout L] [--force]
 #
-#   --out DIR    where vmlinuz and initramfs.cpio.gz go (default /usr/local/share/kata-ts/guest)
-#   --cache DIR  downloaded and extracted kernel packages (default /var/cache/kata-ts/guest-build)
-#   --force      rebuild even when the inputs have not changed
+#   --out DIR           where vmlinuz, initramfs.cpio.gz and guest.img go
+#                       (default /usr/local/share/kata-ts/guest)
+#   --cache DIR         downloaded and extracted kernel packages (default /var/cache/kata-ts/guest-build)
+#   --agent-entry FILE  the agent's entry point (default guest/agent/main.ts), bundled by
+#                       scripts/build-agent.mjs; tests and benches pass a stub
+#   --layout L          image (default): /usr is the erofs image on a virtio-blk disk;
+#                       initramfs: the same files inside the initramfs, no image (what
+#                       bench/guest-boot.ts compares against)
+#   --force             rebuild even when the inputs have not changed
 #
-# Needs: apt-get, apt-cache, dpkg-deb, depmod and modprobe (kmod), cpio, gzip, busybox-static.
-# Idempotent: when the kernel package, busybox, guest/ and this script are unchanged, it only
-# says so. Every failure stops the script with a message naming what failed.
+# Needs: apt-get, apt-cache, dpkg-deb, depmod and modprobe (kmod), cpio, gzip, busybox-static,
+# mkfs.erofs (erofs-utils), strip (binutils), crun, node. Idempotent: when the kernel package,
+# busybox, node, crun and their libraries, the agent bundle, guest/ and this script are
+# unchanged, it only says so. Every failure stops the script with a message naming what failed.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -19,6 +27,9 @@ repo=$(dirname "$here")
 out=/usr/local/share/kata-ts/guest
 cache=/var/cache/kata-ts/guest-build
 force=0
+agent_entry=$repo/guest/agent/main.ts
+agent_entry_given=0
+layout=image
 
 say() { echo "build-guest: $*" >&2; }
 die() {
@@ -30,13 +41,21 @@ while [ $# -gt 0 ]; do
 	case "$1" in
 	--out) out=${2:?--out needs a directory}; shift 2 ;;
 	--cache) cache=${2:?--cache needs a directory}; shift 2 ;;
+	--agent-entry) agent_entry=${2:?--agent-entry needs a file}; agent_entry_given=1; shift 2 ;;
+	--layout) layout=${2:?--layout needs image or initramfs}; shift 2 ;;
 	--force) force=1; shift ;;
-	-h | --help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+	-h | --help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
 	*) die "unknown argument $1 (see --help)" ;;
 	esac
 done
 
-for tool in apt-get apt-cache dpkg-deb depmod modprobe cpio gzip sha256sum; do
+case "$layout" in image | initramfs) ;; *) die "--layout must be image or initramfs, not $layout" ;; esac
+# Absolute from here on: paths are compared with what modprobe prints and used after cd.
+mkdir -p "$out" "$cache" || die "cannot create $out or $cache"
+out=$(cd "$out" && pwd)
+cache=$(cd "$cache" && pwd)
+agent_entry=$(realpath -m "$agent_entry")
+for tool in apt-get apt-cache dpkg-deb depmod modprobe cpio gzip sha256sum mkfs.erofs strip ldd node crun; do
 	command -v "$tool" >/dev/null || die "$tool is not installed"
 done
 busybox=/bin/busybox
@@ -58,19 +77,62 @@ version=$(apt-cache show --no-all-versions "$pkg" 2>/dev/null | awk '$1 == "Vers
 kver=${pkg#linux-image-}
 say "guest kernel: $pkg $version"
 
+# Scratch trees, removed on exit: the guest's /usr, the initramfs, the unpacked kernel package.
+scratch=$(mktemp -d "${TMPDIR:-/tmp}/kata-ts-guest.XXXXXX")
+root=
+trap 'rm -rf "$scratch" ${root:+"$root"}' EXIT
+usr=$scratch/usr
+stage=$scratch/initramfs
+
+# --- 2. the guest's /usr: node, crun, their libraries, the agent bundle ----------------------------
+# The host's node runs the agent: the agent is built and tested against it (Node >= 20, as the
+# daemon), and it needs only glibc and libstdc++, where Debian's nodejs (v18) brings a dozen
+# shared libraries. Stripped: the debug sections are never loaded, but they would cost space.
+node_bin=$(readlink -f "$(command -v node)")
+crun_bin=$(readlink -f "$(command -v crun)")
+mkdir -p "$usr/bin" "$usr/lib/x86_64-linux-gnu" "$usr/lib64" "$usr/lib/kata-ts"
+strip -o "$usr/bin/node" "$node_bin" || die "strip $node_bin failed"
+cp "$crun_bin" "$usr/bin/crun"
+# What ldd resolves on the host is what the binaries get in the guest, under the same names; the
+# ELF interpreter (/lib64/ld-linux-x86-64.so.2) through the /lib64 -> usr/lib64 link of the initramfs.
+for elf in "$node_bin" "$crun_bin"; do
+	ldd "$elf" | awk '/not found/ { print "MISSING", $1; next } $2 == "=>" && $3 ~ /^\// { print $3; next } $1 ~ /^\// { print $1 }'
+done | LC_ALL=C sort -u | while read -r lib missing; do
+	[ "$lib" = MISSING ] && die "a library of node or crun is missing on this host: $missing"
+	case "$lib" in
+	/lib64/*) cp -L "$lib" "$usr/lib64/$(basename "$lib")" ;;
+	*) cp -L "$lib" "$usr/lib/x86_64-linux-gnu/$(basename "$lib")" ;;
+	esac
+done
+if [ -f "$agent_entry" ]; then
+	say "bundling the agent from ${agent_entry#"$repo"/}"
+	node "$repo/scripts/build-agent.mjs" --entry "$agent_entry" --out "$usr/lib/kata-ts/agent.mjs" ||
+		die "bundling the agent from $agent_entry failed"
+elif [ "$agent_entry_given" = 1 ]; then
+	die "agent entry $agent_entry is missing"
+else
+	# Until the agent exists the guest still boots and reports ready; init says the agent is missing.
+	say "WARNING: $agent_entry is missing: the guest image carries no agent"
+fi
+
 inputs=$(
 	{
-		echo "$pkg $version"
+		echo "$pkg $version layout=$layout"
+		mkfs.erofs --help 2>&1 | head -n1
 		sha256sum "$busybox" "$guest_src/init" "$guest_src/modules.list" "$0" | awk '{ print $1 }'
+		(cd "$usr" && find . -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum)
 	} | sha256sum | awk '{ print $1 }'
 )
-if [ "$force" = 0 ] && [ -f "$out/vmlinuz" ] && [ -f "$out/initramfs.cpio.gz" ] &&
-	[ "$(cat "$out/.inputs" 2>/dev/null)" = "$inputs" ]; then
+outputs=("$out/vmlinuz" "$out/initramfs.cpio.gz")
+[ "$layout" = image ] && outputs+=("$out/guest.img")
+present=1
+for f in "${outputs[@]}"; do [ -f "$f" ] || present=0; done
+if [ "$force" = 0 ] && [ "$present" = 1 ] && [ "$(cat "$out/.inputs" 2>/dev/null)" = "$inputs" ]; then
 	say "up to date in $out (inputs $inputs)"
 	exit 0
 fi
 
-# --- 2. download and extract the kernel package (cached) -----------------------------------------
+# --- 3. download and extract the kernel package (cached) -----------------------------------------
 mkdir -p "$cache/debs"
 deb=$(find "$cache/debs" -maxdepth 1 -name "${pkg}_*.deb" -print | while read -r f; do
 	[ "$(dpkg-deb -f "$f" Version)" = "$version" ] && echo "$f"
@@ -88,9 +150,7 @@ fi
 
 # Extract into a scratch tree removed on exit: only vmlinuz and a few modules are kept, and the
 # .deb stays cached for offline rebuilds.
-stage=$(mktemp -d "${TMPDIR:-/tmp}/kata-ts-guest.XXXXXX")
 root=$(mktemp -d "$cache/root.XXXXXX")
-trap 'rm -rf "$stage" "$root"' EXIT
 say "extracting $(basename "$deb")"
 dpkg-deb -x "$deb" "$root" || die "dpkg-deb -x $deb failed"
 [ -f "$root/boot/vmlinuz-$kver" ] || die "$deb holds no boot/vmlinuz-$kver"
@@ -98,7 +158,7 @@ dpkg-deb -x "$deb" "$root" || die "dpkg-deb -x $deb failed"
 depmod -b "$root" "$kver" || die "depmod for $kver failed"
 moddir=lib/modules/$kver
 
-# --- 3. the initramfs -----------------------------------------------------------------------------
+# --- 4. the initramfs -----------------------------------------------------------------------------
 mkdir -p "$stage"/{bin,dev,proc,sys,tmp,run,etc/kata-ts,"$moddir"}
 
 cp "$busybox" "$stage/bin/busybox"
@@ -107,6 +167,14 @@ for applet in $("$busybox" --list); do
 done
 ln -s bin "$stage/sbin"
 install -m 0755 "$guest_src/init" "$stage/init"
+# The dynamic loader of node and crun is /lib64/ld-linux-x86-64.so.2; their libraries are found in
+# /usr/lib/x86_64-linux-gnu, a directory glibc always searches.
+ln -s usr/lib64 "$stage/lib64"
+if [ "$layout" = initramfs ]; then
+	cp -a "$usr" "$stage/usr"
+else
+	mkdir "$stage/usr" # the mount point of guest.img
+fi
 
 say "resolving modules against $kver"
 load_list=$stage/etc/kata-ts/modules.load
@@ -152,12 +220,33 @@ find "$stage" -exec touch -h -d @0 {} +
 cp "$root/boot/vmlinuz-$kver" "$out/.vmlinuz.tmp"
 mv "$out/.vmlinuz.tmp" "$out/vmlinuz"
 mv "$out/.initramfs.cpio.gz.tmp" "$out/initramfs.cpio.gz"
+if [ "$layout" = image ]; then
+	say "writing guest.img (erofs)"
+	find "$usr" -exec touch -h -d @0 {} +
+	# Uncompressed: under TCG the guest's decompression is emulated and costs more than reading
+	# the bytes through virtio-blk (see guest/README.md for the measurements). Fixed timestamp and
+	# UUID, owner root: the same files give the same image.
+	mkfs.erofs --quiet -T0 -U 6b617461-2d74-732d-6775-657374000001 --all-root -x-1 \
+		"$out/.guest.img.tmp" "$usr" >&2 || die "mkfs.erofs of the guest image failed"
+	mv "$out/.guest.img.tmp" "$out/guest.img"
+else
+	rm -f "$out/guest.img"
+fi
 {
 	echo "kernel_package=$pkg"
 	echo "kernel_version=$version"
 	echo "kernel_release=$kver"
 	echo "busybox=$("$busybox" 2>&1 | head -n1)"
 	echo "modules=$(sed 's#.*/##; s#\.ko$##' "$load_list" | tr '\n' ' ')"
+	echo "layout=$layout"
+	[ "$layout" = image ] && echo "image=guest.img" && echo "image_fs=erofs"
+	echo "node=$("$usr/bin/node" --version) $(sha256sum "$usr/bin/node" | cut -c1-16)"
+	echo "crun=$(dpkg-query -W -f '${Version}' crun 2>/dev/null || echo unknown) $(sha256sum "$usr/bin/crun" | cut -c1-16)"
+	if [ -f "$usr/lib/kata-ts/agent.mjs" ]; then
+		echo "agent=${agent_entry#"$repo"/} $(sha256sum "$usr/lib/kata-ts/agent.mjs" | cut -c1-16)"
+	else
+		echo "agent=none"
+	fi
 } >"$out/manifest"
 echo "$inputs" >"$out/.inputs"
-say "done: $out/vmlinuz ($(du -h "$out/vmlinuz" | cut -f1)), $out/initramfs.cpio.gz ($(du -h "$out/initramfs.cpio.gz" | cut -f1))"
+say "done: $(for f in "${outputs[@]}"; do printf '%s (%s) ' "$f" "$(du -h "$f" | cut -f1)"; done)"

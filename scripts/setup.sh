@@ -18,10 +18,12 @@ done
 step() { printf '\n==> %s\n' "$*"; }
 [ "$(id -u)" = 0 ] || { echo "setup: run as root (it installs packages and writes /usr/local, /run, /var/lib)" >&2; exit 1; }
 
-# System packages: QEMU and guest-image tools for the runtime; the registry, image tools and
+# System packages: QEMU and guest-image tools for the runtime (crun is copied into the guest image,
+# mkfs.erofs writes it, strip trims node for it); the registry, image tools and
 # systemd/dbus for the integration tests (real parts, see README "Tests").
 APT_PACKAGES=(
   qemu-system-x86 busybox-static cpio kmod zstd xz-utils
+  crun erofs-utils binutils
   docker-registry skopeo umoci apache2-utils
   systemd dbus util-linux iproute2 procps
   protobuf-compiler ca-certificates
@@ -59,7 +61,7 @@ fi
 step "building kata-ts (proto types, TypeScript)"
 npm run --silent build
 
-step "building guest kernel and initramfs"
+step "building guest kernel, initramfs and image"
 bash scripts/build-guest.sh
 
 if [ "$START" = 1 ]; then

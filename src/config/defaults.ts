@@ -62,6 +62,9 @@ export function defaultConfig(): KataConfig {
       acceleration: 'auto',
       kernelPath: `${DEFAULT_GUEST_DIR}/vmlinuz`,
       initrdPath: `${DEFAULT_GUEST_DIR}/initramfs.cpio.gz`,
+      guestImagePath: `${DEFAULT_GUEST_DIR}/guest.img`,
+      // Debian's QEMU 7.2 ships the C virtiofsd here (package qemu-system-common).
+      virtiofsdBinary: '/usr/lib/qemu/virtiofsd',
       kernelParams: [],
       readyTimeoutMs: 90_000,
       stopTimeoutMs: 10_000,

@@ -69,6 +69,8 @@ export const configFileSchema = {
         acceleration: { enum: ['auto', 'kvm', 'tcg'] },
         kernelPath: absolutePath,
         initrdPath: absolutePath,
+        guestImagePath: { type: ['string', 'null'], pattern: '^/' },
+        virtiofsdBinary: absolutePath,
         kernelParams: { type: 'array', items: nonEmptyString },
         readyTimeoutMs: positiveInt,
         stopTimeoutMs: positiveInt,

@@ -58,6 +58,13 @@ export interface HypervisorConfig {
   acceleration: AccelerationSetting;
   kernelPath: string;
   initrdPath: string;
+  /**
+   * The read-only guest image (node, crun, the agent) attached as a virtio-blk disk and mounted at
+   * the guest's /usr; null = none (the initramfs is the whole guest, no containers can run).
+   */
+  guestImagePath: string | null;
+  /** The vhost-user virtio-fs daemon started per sandbox to share its directory with the guest. */
+  virtiofsdBinary: string;
   /** Extra guest kernel command-line parameters. */
   kernelParams: string[];
   readyTimeoutMs: number;

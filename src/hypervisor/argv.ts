@@ -4,11 +4,30 @@ import type { VmShape } from '../sizing/types.js';
 import type { Accelerator } from './accel.js';
 import { READY_PORT_NAME } from './guest-protocol.js';
 
+/** The virtio-serial port name the guest agent opens (guest/init, guest/agent). */
+export const AGENT_PORT_NAME = 'org.kata-ts.agent';
+/** The guest image disk's serial number: guest/init mounts the disk with it at /usr. */
+export const GUEST_IMAGE_SERIAL = 'kata-ts-guest';
+/** The virtio-fs tag of the sandbox's shared directory. */
+export const SHARED_FS_TAG = 'kata-ts-shared';
+/** Where guest/init mounts the virtio-fs share inside the guest. */
+export const GUEST_SHARED_DIR = '/run/kata-ts/shared';
+
 /** The unix sockets and the console log one VM uses. */
 export interface VmSocketPaths {
   qmpSocket: string;
   readySocket: string;
   consoleLog: string;
+  /**
+   * QEMU listens here for the agent's virtio-serial port (org.kata-ts.agent). Absent: the VM has
+   * no agent channel (a VM without containers, as before the agent existed).
+   */
+  agentSocket?: string;
+  /**
+   * virtiofsd's vhost-user socket (src/hypervisor/virtiofsd.ts starts it before QEMU, which
+   * connects as the client). Absent: no virtio-fs device.
+   */
+  virtiofsSocket?: string;
 }
 
 export interface QemuArgvSpec {
@@ -25,6 +44,11 @@ export interface QemuArgvSpec {
   pcieArgs: string[];
   /** Confidential VMs are static: no CPU hot-plug headroom, no virtio-mem. */
   confidential: boolean;
+  /**
+   * The read-only guest image (scripts/build-guest.sh's guest.img: node, crun, the agent), the
+   * guest's /usr, attached as a virtio-blk disk. Absent: the initramfs is the whole guest.
+   */
+  guestImagePath?: string;
 }
 
 /**
@@ -35,6 +59,8 @@ export interface QemuArgvSpec {
 export const ROOT_SLOTS = {
   virtioSerial: 0x02,
   virtioMem: 0x03,
+  guestImage: 0x04,
+  virtioFs: 0x05,
 } as const;
 export const OWN_SLOT_FIRST = 0x01;
 export const OWN_SLOT_LAST = 0x07;
@@ -46,17 +72,32 @@ export const ICH9_SLOT = 0x1f;
 export const VIRTIO_MEM_ID = 'vmem0';
 export const VIRTIO_MEM_QOM_PATH = `/machine/peripheral/${VIRTIO_MEM_ID}`;
 const VIRTIO_MEM_BACKEND_ID = 'vmem0-mem';
+/** Boot RAM's memory backend (NUMA node 0). */
+const BOOT_RAM_BACKEND_ID = 'ram0';
 const VIRTIO_SERIAL_ID = 'vser0';
 const READY_CHARDEV_ID = 'ready';
 const READY_PORT_ID = 'readyport';
+const AGENT_CHARDEV_ID = 'agent';
+const AGENT_PORT_ID = 'agentport';
+const GUEST_IMAGE_DRIVE_ID = 'guestimg';
+const GUEST_IMAGE_DEVICE_ID = 'guestimg0';
+const VIRTIOFS_CHARDEV_ID = 'virtiofs';
+const VIRTIOFS_DEVICE_ID = 'vfs0';
 const QMP_CHARDEV_ID = 'qmp';
 const CONSOLE_CHARDEV_ID = 'console';
 const RESERVED_IDS = new Set([
   VIRTIO_MEM_ID,
   VIRTIO_MEM_BACKEND_ID,
+  BOOT_RAM_BACKEND_ID,
   VIRTIO_SERIAL_ID,
   READY_CHARDEV_ID,
   READY_PORT_ID,
+  AGENT_CHARDEV_ID,
+  AGENT_PORT_ID,
+  GUEST_IMAGE_DRIVE_ID,
+  GUEST_IMAGE_DEVICE_ID,
+  VIRTIOFS_CHARDEV_ID,
+  VIRTIOFS_DEVICE_ID,
   QMP_CHARDEV_ID,
   CONSOLE_CHARDEV_ID,
 ]);
@@ -99,6 +140,10 @@ export function buildQemuArgv(spec: QemuArgvSpec): string[] {
   // One socket of maxVcpus cores: the hot-pluggable slots are the cores beyond `cpus`.
   add('-smp', `cpus=${shape.vcpus},maxcpus=${shape.maxVcpus},sockets=1,cores=${shape.maxVcpus},threads=1`);
   add('-m', headroomMiB > 0 ? `size=${shape.memoryMiB}M,maxmem=${shape.maxMemoryMiB}M` : `size=${shape.memoryMiB}M`);
+  // Guest RAM must be shareable for vhost-user (virtiofsd maps it to serve virtio-fs requests):
+  // memfd-backed with share=on, boot RAM and the virtio-mem region alike.
+  add('-object', `memory-backend-memfd,id=${BOOT_RAM_BACKEND_ID},size=${shape.memoryMiB}M,share=on`);
+  add('-numa', `node,memdev=${BOOT_RAM_BACKEND_ID}`);
   add('-nodefaults', '-no-user-config', '-display', 'none');
   add('-S', '-no-reboot');
   add('-msg', 'timestamp=on');
@@ -111,13 +156,33 @@ export function buildQemuArgv(spec: QemuArgvSpec): string[] {
   add('-device', `virtio-serial-pci,id=${VIRTIO_SERIAL_ID},bus=pcie.0,addr=${slotAddr(ROOT_SLOTS.virtioSerial)}`);
   add('-chardev', `socket,id=${READY_CHARDEV_ID},path=${optionValue(spec.paths.readySocket)},server=on,wait=off`);
   add('-device', `virtserialport,id=${READY_PORT_ID},bus=${VIRTIO_SERIAL_ID}.0,chardev=${READY_CHARDEV_ID},name=${READY_PORT_NAME}`);
+  if (spec.paths.agentSocket !== undefined) {
+    add('-chardev', `socket,id=${AGENT_CHARDEV_ID},path=${optionValue(spec.paths.agentSocket)},server=on,wait=off`);
+    add('-device', `virtserialport,id=${AGENT_PORT_ID},bus=${VIRTIO_SERIAL_ID}.0,chardev=${AGENT_CHARDEV_ID},name=${AGENT_PORT_NAME}`);
+  }
 
   if (headroomMiB > 0) {
     // The backend spans the whole headroom; the guest sees none of it until qom-set requested-size.
-    add('-object', `memory-backend-ram,id=${VIRTIO_MEM_BACKEND_ID},size=${headroomMiB}M`);
+    add('-object', `memory-backend-memfd,id=${VIRTIO_MEM_BACKEND_ID},size=${headroomMiB}M,share=on`);
     add(
       '-device',
       `virtio-mem-pci,id=${VIRTIO_MEM_ID},memdev=${VIRTIO_MEM_BACKEND_ID},requested-size=0,bus=pcie.0,addr=${slotAddr(ROOT_SLOTS.virtioMem)}`,
+    );
+  }
+
+  if (spec.guestImagePath !== undefined) {
+    // guest/init finds the disk by its serial, whatever name (vda, vdb) the kernel gives it.
+    add('-drive', `if=none,id=${GUEST_IMAGE_DRIVE_ID},file=${optionValue(spec.guestImagePath)},format=raw,readonly=on`);
+    add(
+      '-device',
+      `virtio-blk-pci,id=${GUEST_IMAGE_DEVICE_ID},drive=${GUEST_IMAGE_DRIVE_ID},serial=${GUEST_IMAGE_SERIAL},bus=pcie.0,addr=${slotAddr(ROOT_SLOTS.guestImage)}`,
+    );
+  }
+  if (spec.paths.virtiofsSocket !== undefined) {
+    add('-chardev', `socket,id=${VIRTIOFS_CHARDEV_ID},path=${optionValue(spec.paths.virtiofsSocket)}`);
+    add(
+      '-device',
+      `vhost-user-fs-pci,id=${VIRTIOFS_DEVICE_ID},chardev=${VIRTIOFS_CHARDEV_ID},tag=${SHARED_FS_TAG},bus=pcie.0,addr=${slotAddr(ROOT_SLOTS.virtioFs)}`,
     );
   }
 
@@ -154,13 +219,17 @@ function validateSpec(spec: QemuArgvSpec): void {
     ['kernelPath', spec.kernelPath],
     ['initrdPath', spec.initrdPath],
     ['paths.consoleLog', spec.paths.consoleLog],
+    ['guestImagePath', spec.guestImagePath],
   ] as const) {
-    requireAbsolute(field, value);
+    if (value !== undefined) requireAbsolute(field, value);
   }
   for (const [field, value] of [
     ['paths.qmpSocket', spec.paths.qmpSocket],
     ['paths.readySocket', spec.paths.readySocket],
+    ['paths.agentSocket', spec.paths.agentSocket],
+    ['paths.virtiofsSocket', spec.paths.virtiofsSocket],
   ] as const) {
+    if (value === undefined) continue;
     requireAbsolute(field, value);
     const bytes = Buffer.byteLength(value, 'utf8');
     if (bytes > SUN_PATH_MAX_BYTES) {

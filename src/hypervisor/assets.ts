@@ -4,6 +4,8 @@ import { errnoCode } from '../common/errors.js';
 export interface GuestAssetPaths {
   kernelPath: string;
   initrdPath: string;
+  /** The read-only guest image (guest.img); not checked when absent or null. */
+  guestImagePath?: string | null;
 }
 
 /** The verdict `doctor` and Status print: ok, and one sentence per problem found. */
@@ -15,10 +17,13 @@ export interface GuestAssetCheck {
 
 /** Offset of the "HdrS" magic in an x86 bzImage's setup header (Linux boot protocol). */
 const BZIMAGE_MAGIC_OFFSET = 0x202;
+/** The erofs superblock starts 1024 bytes in, with its magic (little-endian) first. */
+const EROFS_SUPER_OFFSET = 1024;
+const EROFS_MAGIC = 0xe0f5e1e2;
 
 /**
  * Check that the guest kernel and initramfs exist and look like what QEMU's `-kernel`/`-initrd`
- * expect (an x86 bzImage with its "HdrS" header; a gzip-compressed cpio), so that a broken setup
+ * expect (an x86 bzImage with its "HdrS" header; a gzip-compressed cpio; an erofs guest image), so that a broken setup
  * is reported by `doctor` instead of as a VM that never signals ready. Reads a few bytes only.
  */
 export async function checkGuestAssets(paths: GuestAssetPaths): Promise<GuestAssetCheck> {
@@ -31,9 +36,17 @@ export async function checkGuestAssets(paths: GuestAssetPaths): Promise<GuestAss
   const initrd = await readHead(paths.initrdPath, 2);
   if (typeof initrd === 'string') problems.push(`guest initramfs ${paths.initrdPath} ${initrd}`);
   else if (initrd[0] !== 0x1f || initrd[1] !== 0x8b) problems.push(`guest initramfs ${paths.initrdPath} is not gzip-compressed`);
+  const imagePath = paths.guestImagePath ?? null;
+  if (imagePath !== null) {
+    const image = await readHead(imagePath, EROFS_SUPER_OFFSET + 4);
+    if (typeof image === 'string') problems.push(`guest image ${imagePath} ${image}`);
+    else if (image.readUInt32LE(EROFS_SUPER_OFFSET) !== EROFS_MAGIC) problems.push(`guest image ${imagePath} is not an erofs image`);
+  }
 
   if (problems.length === 0) {
-    return { ok: true, message: `guest kernel ${paths.kernelPath} and initramfs ${paths.initrdPath} are present`, problems };
+    const files = `guest kernel ${paths.kernelPath}${imagePath === null ? ' and' : ','} initramfs ${paths.initrdPath}`;
+    const image = imagePath === null ? '' : ` and image ${imagePath}`;
+    return { ok: true, message: `${files}${image} are present`, problems };
   }
   return {
     ok: false,

@@ -1,10 +1,14 @@
 /** The hypervisor layer's public API: what src/runtime and src/cli import. */
 export { type AccelerationChoice, type AccelerationRoots, type Accelerator, chooseAcceleration } from './accel.js';
 export {
+  AGENT_PORT_NAME,
   BASE_KERNEL_PARAMS,
   buildQemuArgv,
+  GUEST_IMAGE_SERIAL,
+  GUEST_SHARED_DIR,
   type QemuArgvSpec,
   ROOT_SLOTS,
+  SHARED_FS_TAG,
   SUN_PATH_MAX_BYTES,
   VIRTIO_MEM_BLOCK_MIB,
   VIRTIO_MEM_ID,
@@ -28,3 +32,12 @@ export { isSameLiveProcess, type ProcStat, readCmdline, readProcStat } from './p
 export { ANY_EVENT, connectQmp, type ExecuteOptions, QmpClient, type QmpClientOptions, type QmpCloseInfo, QmpError } from './qmp/client.js';
 export type * from './qmp/types.js';
 export { plugVcpus, setVirtioMemSize, vcpuDeviceId, virtioMemPluggedMiB } from './resize.js';
+export {
+  attachVirtiofsd,
+  buildVirtiofsdArgv,
+  DEFAULT_VIRTIOFSD_BINARY,
+  type StartVirtiofsdOptions,
+  startVirtiofsd,
+  type VirtiofsdArgvSpec,
+  type VirtiofsdProcess,
+} from './virtiofsd.js';

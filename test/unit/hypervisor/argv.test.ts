@@ -63,7 +63,11 @@ describe('buildQemuArgv properties', () => {
     const argv = buildQemuArgv(base());
     expect(flagValues(argv, '-smp')).toEqual(['cpus=2,maxcpus=6,sockets=1,cores=6,threads=1']);
     expect(flagValues(argv, '-m')).toEqual(['size=672M,maxmem=4768M']);
-    expect(flagValues(argv, '-object')).toEqual(['memory-backend-ram,id=vmem0-mem,size=4096M']);
+    expect(flagValues(argv, '-object')).toEqual([
+      'memory-backend-memfd,id=ram0,size=672M,share=on',
+      'memory-backend-memfd,id=vmem0-mem,size=4096M,share=on',
+    ]);
+    expect(flagValues(argv, '-numa')).toEqual(['node,memdev=ram0']);
     expect(flagValues(argv, '-device').filter((d) => d.startsWith('virtio-mem-pci'))).toHaveLength(1);
     expect(flagValues(argv, '-append')[0]).toContain('memhp_default_state=online_movable');
   });
@@ -73,6 +77,65 @@ describe('buildQemuArgv properties', () => {
     expect(argv.some((a) => a.includes('virtio-mem'))).toBe(false);
     expect(flagValues(argv, '-m')).toEqual(['size=512M']);
     expect(flagValues(argv, '-append')[0]).not.toContain('memhp_default_state');
+  });
+
+  it('backs boot RAM with shareable memfd memory even for a static shape (vhost-user needs it)', () => {
+    const argv = buildQemuArgv(loadSpec('tcg-static-extra-params'));
+    expect(flagValues(argv, '-object')).toEqual(['memory-backend-memfd,id=ram0,size=512M,share=on']);
+    expect(flagValues(argv, '-numa')).toEqual(['node,memdev=ram0']);
+  });
+
+  it('adds no agent port, guest image or virtio-fs device unless the spec asks for them', () => {
+    const argv = buildQemuArgv(base()).join(' ');
+    expect(argv).not.toContain('org.kata-ts.agent');
+    expect(argv).not.toContain('virtio-blk');
+    expect(argv).not.toContain('vhost-user-fs');
+  });
+
+  it('puts the guest image and virtio-fs on their own root slots, each device independently', () => {
+    const withAll = buildQemuArgv(loadSpec('tcg-guest-image'));
+    const devices = flagValues(withAll, '-device');
+    expect(devices.filter((d) => d.startsWith('virtio-blk-pci'))).toEqual([
+      'virtio-blk-pci,id=guestimg0,drive=guestimg,serial=kata-ts-guest,bus=pcie.0,addr=04.0',
+    ]);
+    expect(devices.filter((d) => d.startsWith('vhost-user-fs-pci'))).toEqual([
+      'vhost-user-fs-pci,id=vfs0,chardev=virtiofs,tag=kata-ts-shared,bus=pcie.0,addr=05.0',
+    ]);
+    expect(flagValues(withAll, '-drive')).toEqual([
+      'if=none,id=guestimg,file=/usr/local/share/kata-ts/guest/guest.img,format=raw,readonly=on',
+    ]);
+    // Only the agent port: no image, no share.
+    const spec = loadSpec('tcg-guest-image');
+    const { virtiofsSocket: _, ...paths } = spec.paths;
+    const agentOnly = buildQemuArgv({ ...spec, guestImagePath: undefined, paths }).join(' ');
+    expect(agentOnly).toContain('virtserialport,id=agentport,bus=vser0.0,chardev=agent,name=org.kata-ts.agent');
+    expect(agentOnly).not.toContain('virtio-blk');
+    expect(agentOnly).not.toContain('vhost-user-fs');
+  });
+
+  it('checks the new paths like the others', () => {
+    const spec = loadSpec('tcg-guest-image');
+    const long = `/run/${'x'.repeat(100)}/agent.sock`;
+    const agent = thrown(() => buildQemuArgv({ ...spec, paths: { ...spec.paths, agentSocket: long } }));
+    expect(agent).toMatchObject({ reason: 'UNIX_SOCKET_PATH_TOO_LONG' });
+    expect(agent.message).toContain('paths.agentSocket');
+    const vfs = thrown(() => buildQemuArgv({ ...spec, paths: { ...spec.paths, virtiofsSocket: 'virtiofsd.sock' } }));
+    expect(vfs).toMatchObject({ reason: 'VM_PATH_INVALID' });
+    expect(vfs.message).toContain('paths.virtiofsSocket');
+    const image = thrown(() => buildQemuArgv({ ...spec, guestImagePath: 'guest.img' }));
+    expect(image).toMatchObject({ reason: 'VM_PATH_INVALID' });
+    expect(image.message).toContain('guestImagePath');
+  });
+
+  it('refuses PCIe arguments on the guest image and virtio-fs slots or ids', () => {
+    for (const addr of ['04.0', '05.0']) {
+      const err = thrown(() => buildQemuArgv({ ...base(), pcieArgs: ['-device', `pcie-root-port,id=rp0,bus=pcie.0,addr=${addr}`] }));
+      expect(err).toMatchObject({ reason: 'PCIE_ARGS_CONFLICT' });
+    }
+    for (const id of ['ram0', 'guestimg0', 'vfs0', 'agentport']) {
+      const err = thrown(() => buildQemuArgv({ ...base(), pcieArgs: ['-device', `pcie-root-port,id=${id},bus=pcie.0,addr=08.0`] }));
+      expect(err).toMatchObject({ reason: 'PCIE_ARGS_CONFLICT' });
+    }
   });
 
   it('uses -cpu host under KVM and max under TCG', () => {

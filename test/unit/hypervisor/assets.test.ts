@@ -39,6 +39,26 @@ describe('checkGuestAssets', () => {
     expect(missing.message).toContain('scripts/build-guest.sh');
   });
 
+  it('checks the guest image when one is configured: present and erofs', async () => {
+    writeFileSync(path.join(dir, 'vmlinuz'), bzImage());
+    writeFileSync(path.join(dir, 'initrd'), gzipSync(Buffer.from('070701')));
+    const erofs = Buffer.alloc(8192);
+    erofs.writeUInt32LE(0xe0f5e1e2, 1024);
+    writeFileSync(path.join(dir, 'guest.img'), erofs);
+    writeFileSync(path.join(dir, 'other.img'), Buffer.alloc(8192));
+    const base = { kernelPath: path.join(dir, 'vmlinuz'), initrdPath: path.join(dir, 'initrd') };
+    const good = await checkGuestAssets({ ...base, guestImagePath: path.join(dir, 'guest.img') });
+    expect(good).toMatchObject({ ok: true, problems: [] });
+    expect(good.message).toContain(`image ${dir}/guest.img`);
+    expect((await checkGuestAssets({ ...base, guestImagePath: path.join(dir, 'other.img') })).problems).toEqual([
+      `guest image ${dir}/other.img is not an erofs image`,
+    ]);
+    expect((await checkGuestAssets({ ...base, guestImagePath: path.join(dir, 'none.img') })).problems).toEqual([
+      `guest image ${dir}/none.img is missing`,
+    ]);
+    expect((await checkGuestAssets({ ...base, guestImagePath: null })).ok).toBe(true);
+  });
+
   it('reports a truncated kernel', async () => {
     writeFileSync(path.join(dir, 'vmlinuz'), Buffer.alloc(10));
     writeFileSync(path.join(dir, 'initrd'), gzipSync(Buffer.from('x')));
