@@ -37,8 +37,10 @@ export interface PendingLines {
 export const NO_PENDING: PendingLines = { stdout: new Uint8Array(0), stderr: new Uint8Array(0) };
 
 const NEWLINE = 0x0a;
-const TAG_BYTES = { P: Buffer.from(' P '), F: Buffer.from(' F ') } as const;
-const STREAM_BYTES = { stdout: Buffer.from(' stdout'), stderr: Buffer.from(' stderr') } as const;
+const SPACE = 0x20;
+const TAG_P = 0x50;
+const TAG_F = 0x46;
+const EMPTY = Buffer.alloc(0);
 
 /**
  * Go's `time.RFC3339Nano` in UTC: `2016-10-06T00:17:09.669794202Z`, the fraction with trailing
@@ -59,61 +61,138 @@ export function nanoClock(): () => bigint {
   return () => baseNs + (process.hrtime.bigint() - baseHr);
 }
 
-function record(out: Buffer[], stream: LogStream, tag: 'P' | 'F', content: Uint8Array, stamp: string): void {
-  out.push(
-    Buffer.from(stamp, 'latin1'),
-    STREAM_BYTES[stream],
-    TAG_BYTES[tag],
-    Buffer.from(content.buffer, content.byteOffset, content.byteLength),
-    Buffer.from([NEWLINE]),
-  );
+/** One stream's unfinished line, kept as the pieces that arrived (joined only when written). */
+class LineBuffer {
+  private pieces: Uint8Array[] = [];
+  private length = 0;
+
+  constructor(initial: Uint8Array) {
+    this.add(initial);
+  }
+
+  get byteLength(): number {
+    return this.length;
+  }
+
+  add(data: Uint8Array): void {
+    if (data.byteLength === 0) return;
+    this.pieces.push(data);
+    this.length += data.byteLength;
+  }
+
+  /** The buffered bytes as one buffer; the pieces are replaced by it, so joining happens once. */
+  joined(): Buffer {
+    const one =
+      this.pieces.length === 1
+        ? Buffer.from(this.pieces[0]!.buffer, this.pieces[0]!.byteOffset, this.pieces[0]!.byteLength)
+        : Buffer.concat(this.pieces, this.length);
+    this.pieces = one.byteLength === 0 ? [] : [one];
+    return one;
+  }
+
+  take(): Buffer {
+    const all = this.joined();
+    this.pieces = [];
+    this.length = 0;
+    return all;
+  }
 }
 
-function concat(a: Uint8Array, b: Uint8Array): Uint8Array {
-  if (a.byteLength === 0) return b;
-  if (b.byteLength === 0) return a;
-  return Buffer.concat([a, b]);
+type Rec = { tag: 'P' | 'F'; content: Uint8Array };
+
+/**
+ * The stateful formatter the writer uses: `push` returns the records one chunk completes as one
+ * buffer, in linear time however small the chunks are (partial lines are not re-copied per chunk).
+ */
+export class CriLogFormatter {
+  private readonly lines: Record<LogStream, LineBuffer>;
+
+  constructor(
+    pending: PendingLines = NO_PENDING,
+    private readonly maxLineBytes = DEFAULT_MAX_LINE_BYTES,
+  ) {
+    // Copy what is carried so that a caller reusing its buffers cannot change it.
+    this.lines = { stdout: new LineBuffer(Buffer.from(pending.stdout)), stderr: new LineBuffer(Buffer.from(pending.stderr)) };
+  }
+
+  /** The unfinished lines, for the resume state. */
+  pending(): PendingLines {
+    return { stdout: this.lines.stdout.joined(), stderr: this.lines.stderr.joined() };
+  }
+
+  push(chunk: FormatChunk): Buffer {
+    const max = this.maxLineBytes;
+    const line = this.lines[chunk.stream];
+    const data = chunk.data;
+    const recs: Rec[] = [];
+    let start = 0;
+    for (;;) {
+      const nl = data.indexOf(NEWLINE, start);
+      if (nl === -1) break;
+      line.add(data.subarray(start, nl));
+      start = nl + 1;
+      const content = line.take();
+      let at = 0;
+      for (; content.byteLength - at > max; at += max) recs.push({ tag: 'P', content: content.subarray(at, at + max) });
+      recs.push({ tag: 'F', content: content.subarray(at) });
+    }
+    // The rest is unfinished; copied, since the caller may reuse its chunk buffers.
+    if (start < data.byteLength) line.add(Buffer.from(data.subarray(start)));
+    if (line.byteLength > max) {
+      // Over-long line: P records of exactly `max` bytes while more than `max` remain unsent.
+      const content = line.take();
+      let at = 0;
+      for (; content.byteLength - at > max; at += max) recs.push({ tag: 'P', content: content.subarray(at, at + max) });
+      line.add(content.subarray(at));
+    }
+    return render(recs, chunk.stream, chunk.receivedAtNs);
+  }
+
+  /** End of output: unterminated lines leave as P records (stdout first), nothing is kept. */
+  finish(atNs: bigint): Buffer {
+    const out: Buffer[] = [];
+    for (const stream of ['stdout', 'stderr'] as const) {
+      const rest = this.lines[stream].take();
+      if (rest.byteLength > 0) out.push(render([{ tag: 'P', content: rest }], stream, atNs));
+    }
+    return Buffer.concat(out);
+  }
+}
+
+/** Records to bytes, in one allocation: `<stamp> <stream> <tag> <content>\n` each. */
+function render(recs: readonly Rec[], stream: LogStream, atNs: bigint): Buffer {
+  if (recs.length === 0) return EMPTY;
+  const head = Buffer.from(`${formatRfc3339Nano(atNs)} ${stream} `, 'latin1');
+  let size = 0;
+  for (const r of recs) size += head.byteLength + 2 + r.content.byteLength + 1;
+  const out = Buffer.allocUnsafe(size);
+  let at = 0;
+  for (const r of recs) {
+    at += head.copy(out, at);
+    out[at++] = r.tag === 'P' ? TAG_P : TAG_F;
+    out[at++] = SPACE;
+    out.set(r.content, at);
+    at += r.content.byteLength;
+    out[at++] = NEWLINE;
+  }
+  return out;
 }
 
 /**
- * Format `chunks` given the partial lines left by earlier chunks. Returns the records (as buffers
- * to write in order) and the partial lines to carry on. With `eof`, pending partial lines are
- * flushed as `P` records and nothing is carried.
+ * Format `chunks` given the partial lines left by earlier chunks (pure). Returns the records (as
+ * buffers to write in order) and the partial lines to carry on. With `eof`, pending partial lines
+ * are flushed as `P` records and nothing is carried.
  */
 export function formatChunks(
   pending: PendingLines,
   chunks: readonly FormatChunk[],
   opts: { maxLineBytes?: number; eof?: boolean; eofAtNs?: bigint } = {},
 ): { records: Buffer[]; pending: PendingLines } {
-  const max = opts.maxLineBytes ?? DEFAULT_MAX_LINE_BYTES;
-  const out: Buffer[] = [];
-  const carry: PendingLines = { stdout: pending.stdout, stderr: pending.stderr };
-  for (const chunk of chunks) {
-    const stamp = formatRfc3339Nano(chunk.receivedAtNs);
-    let rest = concat(carry[chunk.stream], chunk.data);
-    let start = 0;
-    for (;;) {
-      const nl = rest.indexOf(NEWLINE, start);
-      const lineEnd = nl === -1 ? rest.byteLength : nl;
-      // Over-long line: P records of exactly `max` bytes while more than `max` remain unsent.
-      while (lineEnd - start > max) {
-        record(out, chunk.stream, 'P', rest.subarray(start, start + max), stamp);
-        start += max;
-      }
-      if (nl === -1) break;
-      record(out, chunk.stream, 'F', rest.subarray(start, nl), stamp);
-      start = nl + 1;
-    }
-    rest = rest.subarray(start);
-    // Copy what is carried so that a caller reusing its chunk buffers cannot change it.
-    carry[chunk.stream] = Buffer.from(rest);
-  }
+  const f = new CriLogFormatter(pending, opts.maxLineBytes);
+  const records = chunks.map((c) => f.push(c)).filter((b) => b.byteLength > 0);
   if (opts.eof === true) {
-    const stamp = formatRfc3339Nano(opts.eofAtNs ?? chunks.at(-1)?.receivedAtNs ?? 0n);
-    for (const stream of ['stdout', 'stderr'] as const) {
-      if (carry[stream].byteLength > 0) record(out, stream, 'P', carry[stream], stamp);
-      carry[stream] = new Uint8Array(0);
-    }
+    const tail = f.finish(opts.eofAtNs ?? chunks.at(-1)?.receivedAtNs ?? 0n);
+    if (tail.byteLength > 0) records.push(tail);
   }
-  return { records: out, pending: carry };
+  return { records, pending: f.pending() };
 }

@@ -30,7 +30,7 @@ import { promises as fsp } from 'node:fs';
 import type { FileHandle } from 'node:fs/promises';
 import path from 'node:path';
 import { errnoCode, internal, isReason, precondition } from '../../common/errors.js';
-import { DEFAULT_MAX_LINE_BYTES, formatChunks, type LogStream, nanoClock, type PendingLines } from './format.js';
+import { CriLogFormatter, DEFAULT_MAX_LINE_BYTES, type LogStream, nanoClock, type PendingLines } from './format.js';
 import { decodePending, encodePending, type LogStateRecord, readLogState, writeLogState } from './state.js';
 import './reasons.js';
 
@@ -109,7 +109,7 @@ async function writeAll(handle: FileHandle, data: Buffer): Promise<void> {
 export class ContainerLogWriter {
   private batch: Buffer[] = [];
   private batchBytes = 0;
-  private pending: PendingLines;
+  private readonly formatter: CriLogFormatter;
   private accepted: number;
   private eofSeen: boolean;
   private chain: Promise<void> = Promise.resolve();
@@ -122,7 +122,7 @@ export class ContainerLogWriter {
     private state: LogStateRecord,
     private handle: FileHandle,
   ) {
-    this.pending = decodePending(state.pendingBase64);
+    this.formatter = new CriLogFormatter(decodePending(state.pendingBase64), opts.maxLineBytes ?? DEFAULT_MAX_LINE_BYTES);
     this.accepted = state.committedOffset;
     this.eofSeen = state.eof;
     this.nowNs = opts.nowNs ?? nanoClock();
@@ -138,7 +138,7 @@ export class ContainerLogWriter {
     const handle = await openLog(opts.logPath);
     const writer = new ContainerLogWriter(opts, state, handle);
     try {
-      await writer.persist(handle, state.committedOffset, writer.pending, state.eof);
+      await writer.persist(handle, state.committedOffset, writer.formatter.pending(), state.eof);
     } catch (err) {
       await handle.close();
       throw err;
@@ -182,16 +182,15 @@ export class ContainerLogWriter {
     const stream: LogStream =
       this.opts.tty === true || chunk.stream === 'stdout' || chunk.stream === 'OUTPUT_STREAM_STDOUT' ? 'stdout' : 'stderr';
     const nowNs = this.nowNs();
-    const formatted = formatChunks(this.pending, data.byteLength > 0 ? [{ stream, data, receivedAtNs: nowNs }] : [], {
-      maxLineBytes: this.opts.maxLineBytes ?? DEFAULT_MAX_LINE_BYTES,
-      eof: chunk.eof === true,
-      eofAtNs: nowNs,
-    });
-    for (const r of formatted.records) {
+    const records = [
+      data.byteLength > 0 ? this.formatter.push({ stream, data, receivedAtNs: nowNs }) : undefined,
+      chunk.eof === true ? this.formatter.finish(nowNs) : undefined,
+    ];
+    for (const r of records) {
+      if (r === undefined || r.byteLength === 0) continue;
       this.batch.push(r);
       this.batchBytes += r.byteLength;
     }
-    this.pending = formatted.pending;
     this.accepted += data.byteLength;
     if (chunk.eof === true) this.eofSeen = true;
   }
@@ -214,7 +213,7 @@ export class ContainerLogWriter {
       const next = await openLog(this.opts.logPath);
       const old = this.handle;
       try {
-        await this.persist(next, this.state.committedOffset, this.pending, this.state.eof);
+        await this.persist(next, this.state.committedOffset, this.formatter.pending(), this.state.eof);
       } catch (err) {
         await next.close();
         throw err;
@@ -266,7 +265,7 @@ export class ContainerLogWriter {
     if (!this.dirty) return;
     // Snapshot synchronously: records, partial lines and offset describe the same prefix of output.
     const records = this.batch;
-    const pending = this.pending;
+    const pending = this.formatter.pending();
     const offset = this.accepted;
     const eof = this.eofSeen;
     this.batch = [];

@@ -1,6 +1,6 @@
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
-import { type FormatChunk, formatChunks, formatRfc3339Nano, NO_PENDING } from '../../../src/runtime/logs/format.js';
+import { CriLogFormatter, type FormatChunk, formatChunks, formatRfc3339Nano, NO_PENDING } from '../../../src/runtime/logs/format.js';
 import { parseCriLog, streamText, withoutTimes } from './cri-log.js';
 
 const T = 1475713029669794202n; // 2016-10-06T00:17:09.669794202Z
@@ -129,9 +129,13 @@ describe('formatChunks', () => {
             pending = r.pending;
           }
           recs.push(...formatChunks(pending, [], { maxLineBytes: max, eof: true }).records);
+          // And through one long-lived formatter, as the writer uses it.
+          const f = new CriLogFormatter(NO_PENDING, max);
+          const viaFormatter = parseCriLog(Buffer.concat([...pieces.map((p) => f.push(p)), f.finish(T)]));
           const expected = parseCriLog(Buffer.concat(formatChunks(NO_PENDING, whole, { maxLineBytes: max, eof: true }).records));
           const got = parseCriLog(Buffer.concat(recs));
           expect(withoutTimes(got)).toEqual(withoutTimes(expected));
+          expect(withoutTimes(viaFormatter)).toEqual(withoutTimes(expected));
           for (const s of ['stdout', 'stderr'] as const) {
             expect(streamText(got, s)).toEqual(Buffer.concat(writes.filter((w) => w.stream === s).map((w) => w.data)));
             for (const r of got) expect(r.payload.byteLength).toBeLessThanOrEqual(max);
