@@ -101,6 +101,39 @@ describe('pump', () => {
     expect(appends).toBeLessThan(pulls / 10);
   });
 
+  it('keeps every byte when the kubelet rotates the file while output flows', async () => {
+    const writes: Write[] = Array.from({ length: 300 }, (_, i) => ({
+      stream: i % 2 === 0 ? 'stdout' : 'stderr',
+      data: Buffer.from(`record ${i}\n`),
+    }));
+    const agent = new FakeAgent(writes, 5);
+    const p = paths();
+    let appends = 0;
+    const writer = await ContainerLogWriter.open({
+      ...p,
+      beforeAppend: async () => {
+        appends++;
+        await settle(5);
+      },
+    });
+    const done = pump(writer, agent.stream(0), (o) => agent.ack(o), { maxBufferedBytes: 512 });
+    const rotated: string[] = [];
+    for (let i = 0; i < 3; i++) {
+      await waitFor(() => appends > (i + 1) * 3);
+      const name = `${p.logPath}.${i}`;
+      await import('node:fs/promises').then((f) => f.rename(p.logPath, name));
+      await writer.reopen();
+      rotated.push(name);
+    }
+    await done;
+    await writer.close();
+    const records = [...rotated, p.logPath].flatMap((f) => parseCriLog(readFileSync(f)));
+    for (const s of ['stdout', 'stderr'] as const) {
+      expect(streamText(records, s)).toEqual(Buffer.concat(writes.filter((x) => x.stream === s).map((x) => x.data)));
+    }
+    expect(rotated.every((f) => readFileSync(f).byteLength > 0)).toBe(true);
+  });
+
   it('surfaces an acknowledgement failure', async () => {
     const writer = await ContainerLogWriter.open(paths());
     const agent = new FakeAgent([{ stream: 'stdout', data: Buffer.from('a\nb\n') }]);

@@ -184,6 +184,14 @@ describe('ContainerLogWriter', () => {
     expect(logOf(path.join(moved, '0.log')).map((r) => r.payload.toString())).toEqual(['one', 'two']);
   });
 
+  it('logs a terminal container all as stdout', async () => {
+    const agent = new FakeAgent([w('stdout', 'prompt$ '), w('stderr', 'oops\n')]);
+    const writer = await ContainerLogWriter.open(opts({ tty: true, maxLineBytes: 100 }));
+    await drain(writer, agent);
+    await writer.close();
+    expect(logOf().map((r) => `${r.stream} ${r.tag} ${r.payload}`)).toEqual(['stdout F prompt$ oops']);
+  });
+
   it('reports a corrupt state file', async () => {
     writeFileSync(statePath, '{"version":1}');
     await expect(ContainerLogWriter.open(opts())).rejects.toMatchObject({ reason: 'LOGS_STATE_CORRUPT' });
