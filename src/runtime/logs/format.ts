@@ -5,8 +5,8 @@
  * (`kuberuntime/logs`, parseCRILog) expects and what containerd's CRI logger writes:
  * - one record per line and per stream: stdout and stderr keep separate partial-line buffers, so
  *   interleaved partial writes never mix inside one record;
- * - `F` ends a line (the newline is the record's own end; a `\r` before it is content, as the
- *   kubelet keeps it);
+ * - `F` ends a line; the record's own newline stands for it. A line ends at `\n` or `\r\n`
+ *   (containerd's reader drops both, so `kubectl logs` shows `\n`); any other `\r` is content;
  * - a line longer than `maxLineBytes` leaves as `P` records of exactly `maxLineBytes` bytes,
  *   emitted as soon as more than that many bytes are pending, then an `F` record with the rest
  *   (1..maxLineBytes bytes), as containerd splits at `max_container_log_line_size`;
@@ -37,6 +37,7 @@ export interface PendingLines {
 export const NO_PENDING: PendingLines = { stdout: new Uint8Array(0), stderr: new Uint8Array(0) };
 
 const NEWLINE = 0x0a;
+const CR = 0x0d;
 const SPACE = 0x20;
 const TAG_P = 0x50;
 const TAG_F = 0x46;
@@ -72,6 +73,11 @@ class LineBuffer {
 
   get byteLength(): number {
     return this.length;
+  }
+
+  lastByte(): number | undefined {
+    const last = this.pieces.at(-1);
+    return last === undefined ? undefined : last[last.byteLength - 1];
   }
 
   add(data: Uint8Array): void {
@@ -131,18 +137,22 @@ export class CriLogFormatter {
       if (nl === -1) break;
       line.add(data.subarray(start, nl));
       start = nl + 1;
-      const content = line.take();
+      let content = line.take();
+      // "\r\n" ends a line as "\n" does (containerd's reader drops both); a lone "\r" is content.
+      if (content.byteLength > 0 && content[content.byteLength - 1] === CR) content = content.subarray(0, -1);
       let at = 0;
       for (; content.byteLength - at > max; at += max) recs.push({ tag: 'P', content: content.subarray(at, at + max) });
       recs.push({ tag: 'F', content: content.subarray(at) });
     }
     // The rest is unfinished; copied, since the caller may reuse its chunk buffers.
     if (start < data.byteLength) line.add(Buffer.from(data.subarray(start)));
-    if (line.byteLength > max) {
+    // A trailing "\r" may be half of "\r\n": it does not count until the next byte decides.
+    if (line.byteLength - (line.lastByte() === CR ? 1 : 0) > max) {
       // Over-long line: P records of exactly `max` bytes while more than `max` remain unsent.
       const content = line.take();
+      const counted = content.byteLength - (content[content.byteLength - 1] === CR ? 1 : 0);
       let at = 0;
-      for (; content.byteLength - at > max; at += max) recs.push({ tag: 'P', content: content.subarray(at, at + max) });
+      for (; counted - at > max; at += max) recs.push({ tag: 'P', content: content.subarray(at, at + max) });
       line.add(content.subarray(at));
     }
     return render(recs, chunk.stream, chunk.receivedAtNs);

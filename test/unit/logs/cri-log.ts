@@ -52,6 +52,11 @@ export function streamText(records: readonly ParsedRecord[], stream: 'stdout' | 
   return Buffer.concat(records.filter((r) => r.stream === stream).map((r) => r.content));
 }
 
+/** A stream's bytes as they come back from the log: each "\r\n" line end becomes "\n". */
+export function asKubectlShows(bytes: Buffer): Buffer {
+  return Buffer.from(bytes.toString('latin1').replace(/\r\n/g, '\n'), 'latin1');
+}
+
 /** Records without timestamps, for comparisons that must not depend on the clock. */
 export function withoutTimes(records: readonly ParsedRecord[]): string[] {
   return records.map((r) => `${r.stream} ${r.tag} ${r.payload.toString('hex')}`);

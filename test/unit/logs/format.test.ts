@@ -1,7 +1,7 @@
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import { CriLogFormatter, type FormatChunk, formatChunks, formatRfc3339Nano, NO_PENDING } from '../../../src/runtime/logs/format.js';
-import { parseCriLog, streamText, withoutTimes } from './cri-log.js';
+import { asKubectlShows, parseCriLog, streamText, withoutTimes } from './cri-log.js';
 
 const T = 1475713029669794202n; // 2016-10-06T00:17:09.669794202Z
 
@@ -29,13 +29,35 @@ describe('formatChunks', () => {
     expect(file.toString()).toBe('2016-10-06T00:17:09.669794202Z stdout F hello\n2016-10-06T00:17:09.669794202Z stdout F world\n');
   });
 
-  it('keeps empty lines and carriage returns as content', () => {
-    const { parsed } = run([['stderr', '\n\r\nx\r\n']]);
+  it('keeps empty lines; ends lines at \\n or \\r\\n as containerd does, other \\r is content', () => {
+    const { parsed } = run([['stderr', '\n\r\nx\r\na\rb\n\r\r\n']]);
     expect(parsed.map((r) => [r.stream, r.tag, r.payload.toString()])).toEqual([
       ['stderr', 'F', ''],
+      ['stderr', 'F', ''],
+      ['stderr', 'F', 'x'],
+      ['stderr', 'F', 'a\rb'],
       ['stderr', 'F', '\r'],
-      ['stderr', 'F', 'x\r'],
     ]);
+    // A "\r" at the end of a chunk waits for the next byte; at eof it is content.
+    expect(
+      run(
+        [
+          ['stdout', 'aaaa\r'],
+          ['stdout', '\n'],
+        ],
+        { maxLineBytes: 4 },
+      ).parsed.map((r) => `${r.tag}:${r.payload}`),
+    ).toEqual(['F:aaaa']);
+    expect(
+      run(
+        [
+          ['stdout', 'aaaa\r'],
+          ['stdout', 'b\n'],
+        ],
+        { maxLineBytes: 4 },
+      ).parsed.map((r) => `${r.tag}:${r.payload}`),
+    ).toEqual(['P:aaaa', 'F:\rb']);
+    expect(run([['stdout', 'abc\r']], { eof: true }).parsed.map((r) => `${r.tag}:${r.payload}`)).toEqual(['P:abc\r']);
   });
 
   it('joins a line split across chunks and carries the unfinished rest', () => {
@@ -137,7 +159,7 @@ describe('formatChunks', () => {
           expect(withoutTimes(got)).toEqual(withoutTimes(expected));
           expect(withoutTimes(viaFormatter)).toEqual(withoutTimes(expected));
           for (const s of ['stdout', 'stderr'] as const) {
-            expect(streamText(got, s)).toEqual(Buffer.concat(writes.filter((w) => w.stream === s).map((w) => w.data)));
+            expect(streamText(got, s)).toEqual(asKubectlShows(Buffer.concat(writes.filter((w) => w.stream === s).map((w) => w.data))));
             for (const r of got) expect(r.payload.byteLength).toBeLessThanOrEqual(max);
           }
         },
