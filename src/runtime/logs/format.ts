@@ -162,8 +162,12 @@ export class CriLogFormatter {
   finish(atNs: bigint): Buffer {
     const out: Buffer[] = [];
     for (const stream of ['stdout', 'stderr'] as const) {
+      // At most `max` bytes plus a trailing "\r" wait here; that "\r" is content now, on its own.
       const rest = this.lines[stream].take();
-      if (rest.byteLength > 0) out.push(render([{ tag: 'P', content: rest }], stream, atNs));
+      const recs: Rec[] = [];
+      for (let at = 0; at < rest.byteLength; at += this.maxLineBytes)
+        recs.push({ tag: 'P', content: rest.subarray(at, at + this.maxLineBytes) });
+      out.push(render(recs, stream, atNs));
     }
     return Buffer.concat(out);
   }

@@ -29,8 +29,9 @@ export interface PumpResult {
 type Step = { kind: 'chunk'; result: IteratorResult<OutputChunkLike> } | { kind: 'written' };
 
 /**
- * Run until the output's end (a chunk with eof) or the source ends. `ack(offset)` runs after the
- * state naming that offset is stored, never before. Errors from the source, the disk or `ack`
+ * Run until the output's end (a chunk with eof) or the source ends; a writer that already stored
+ * the end returns at once without pulling. `ack(offset)` runs after the state naming that offset
+ * is stored, never before, and once at the start for what the writer already stored. Errors from the source, the disk or `ack`
  * reject; the writer's state file is then still a correct place to resume from (reopen the
  * writer with `ContainerLogWriter.open` and StreamOutput from its `committedOffset`).
  */
@@ -41,8 +42,12 @@ export async function pump(
   opts: PumpOptions = {},
 ): Promise<PumpResult> {
   const limit = opts.maxBufferedBytes ?? DEFAULT_MAX_BUFFERED_BYTES;
-  const it = source[Symbol.asyncIterator]();
+  // The agent may not have heard of what is already stored (a crash between the state write and
+  // the acknowledgement): say it first. Acknowledging twice is harmless.
   let acked = writer.committedOffset;
+  if (acked > 0) await ack(acked);
+  if (writer.eof) return { committedOffset: acked, eof: true };
+  const it = source[Symbol.asyncIterator]();
   let next: Promise<IteratorResult<OutputChunkLike>> | undefined;
   let inflight: Promise<void> | undefined;
   let sourceDone = false;

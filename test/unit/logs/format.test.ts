@@ -58,6 +58,10 @@ describe('formatChunks', () => {
       ).parsed.map((r) => `${r.tag}:${r.payload}`),
     ).toEqual(['P:aaaa', 'F:\rb']);
     expect(run([['stdout', 'abc\r']], { eof: true }).parsed.map((r) => `${r.tag}:${r.payload}`)).toEqual(['P:abc\r']);
+    expect(run([['stdout', 'abcd\r']], { eof: true, maxLineBytes: 4 }).parsed.map((r) => `${r.tag}:${r.payload}`)).toEqual([
+      'P:abcd',
+      'P:\r',
+    ]);
   });
 
   it('joins a line split across chunks and carries the unfinished rest', () => {
@@ -164,6 +168,7 @@ describe('formatChunks', () => {
           }
         },
       ),
+      { numRuns: 300 },
     );
   });
 });

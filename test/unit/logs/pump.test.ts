@@ -145,7 +145,7 @@ describe('pump', () => {
     await writer.abandon();
   });
 
-  it('survives a daemon crash at any batch with nothing lost or repeated (property)', async () => {
+  it('survives a daemon crash after any append or in any ack, with nothing lost or repeated (property)', async () => {
     const write = fc.record({
       stream: fc.constantFrom('stdout' as const, 'stderr' as const),
       data: fc
@@ -158,7 +158,8 @@ describe('pump', () => {
         fc.integer({ min: 1, max: 9 }),
         fc.integer({ min: 1, max: 12 }),
         fc.boolean(),
-        async (writes, chunkBytes, crashAt, rotate) => {
+        fc.constantFrom('after append' as const, 'in ack' as const),
+        async (writes, chunkBytes, crashAt, rotate, where) => {
           const p = paths();
           const agent = new FakeAgent(writes, chunkBytes);
           let batches = 0;
@@ -166,10 +167,13 @@ describe('pump', () => {
             ...p,
             maxLineBytes: 6,
             afterAppend: async () => {
-              if (++batches === crashAt) throw new Error('crash');
+              if (where === 'after append' && ++batches === crashAt) throw new Error('crash');
             },
           });
-          const crashed = await pump(first, agent.stream(0), (o) => agent.ack(o)).then(
+          // 'in ack': the state is stored, the acknowledgement never reaches the agent.
+          let acks = 0;
+          const ack = (o: number) => (where === 'in ack' && ++acks === crashAt ? Promise.reject(new Error('crash')) : agent.ack(o));
+          const crashed = await pump(first, agent.stream(0), ack).then(
             () => false,
             () => true,
           );
@@ -187,7 +191,7 @@ describe('pump', () => {
           expect(agent.acked).toBe(agent.total);
         },
       ),
-      { numRuns: 60 },
+      { numRuns: 80 },
     );
   });
 });
