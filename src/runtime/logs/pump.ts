@@ -84,9 +84,11 @@ export async function pump(
       }
     }
   } finally {
-    // Never leave a write or a pull to fail unobserved, and release the source.
+    // Never leave a write or a pull to fail unobserved, and release the source. Not awaited: an
+    // async generator runs `return` only after a pending `next`, which may wait for output forever.
     await inflight?.catch(() => undefined);
-    if (!sourceDone || eof) await it.return?.().catch(() => undefined);
+    next?.catch(() => undefined);
+    if (!sourceDone || eof) it.return?.()?.catch(() => undefined);
   }
   return { committedOffset: acked, eof };
 }

@@ -134,6 +134,20 @@ describe('pump', () => {
     expect(rotated.every((f) => readFileSync(f).byteLength > 0)).toBe(true);
   });
 
+  it('fails promptly while the source waits for output that never comes', async () => {
+    const writer = await ContainerLogWriter.open(paths());
+    async function* stalls(): AsyncGenerator<OutputChunkLike> {
+      yield { stream: 'stdout', offset: 0, data: Buffer.from('one\n') };
+      await new Promise(() => undefined);
+    }
+    await expect(
+      pump(writer, stalls(), async () => {
+        throw new Error('agent gone');
+      }),
+    ).rejects.toThrow('agent gone');
+    await writer.abandon();
+  });
+
   it('surfaces an acknowledgement failure', async () => {
     const writer = await ContainerLogWriter.open(paths());
     const agent = new FakeAgent([{ stream: 'stdout', data: Buffer.from('a\nb\n') }]);
