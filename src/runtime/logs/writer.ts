@@ -179,8 +179,8 @@ export class ContainerLogWriter {
       });
     }
     const data = chunk.data.subarray(Math.min(chunk.data.byteLength, this.accepted - chunk.offset));
-    const stream: LogStream =
-      this.opts.tty === true || chunk.stream === 'stdout' || chunk.stream === 'OUTPUT_STREAM_STDOUT' ? 'stdout' : 'stderr';
+    const isStderr = chunk.stream === 'stderr' || chunk.stream === 'OUTPUT_STREAM_STDERR';
+    const stream: LogStream = this.opts.tty !== true && isStderr ? 'stderr' : 'stdout';
     const nowNs = this.nowNs();
     const records = [
       data.byteLength > 0 ? this.formatter.push({ stream, data, receivedAtNs: nowNs }) : undefined,
