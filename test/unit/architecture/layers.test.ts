@@ -14,6 +14,7 @@ const SRC = path.join(packageRoot(), 'src');
 function layerOf(rel: string): string {
   if (rel.startsWith('runtime/cri/')) return 'cri';
   if (rel.startsWith('runtime/admission/')) return 'admission';
+  if (rel.startsWith('runtime/logs/')) return 'logs';
   return rel.split('/')[0]!.replace(/\.ts$/, '');
 }
 
@@ -29,9 +30,24 @@ const ALLOWED: Record<string, string[]> = {
   oci: ['common', 'config', 'generated'],
   hypervisor: ['common', 'config', 'sizing', 'pcie'],
   admission: ['common', 'config', 'sizing'],
-  runtime: ['common', 'config', 'sizing', 'pcie', 'hypervisor', 'cgroups', 'images', 'admission', 'generated'],
-  cri: ['common', 'config', 'sizing', 'pcie', 'hypervisor', 'cgroups', 'images', 'admission', 'generated', 'runtime'],
-  cli: ['common', 'config', 'sizing', 'pcie', 'hypervisor', 'cgroups', 'images', 'admission', 'generated', 'runtime', 'cri', 'manifest'],
+  logs: ['common'],
+  runtime: ['common', 'config', 'sizing', 'pcie', 'hypervisor', 'cgroups', 'images', 'admission', 'logs', 'generated'],
+  cri: ['common', 'config', 'sizing', 'pcie', 'hypervisor', 'cgroups', 'images', 'admission', 'logs', 'generated', 'runtime'],
+  cli: [
+    'common',
+    'config',
+    'sizing',
+    'pcie',
+    'hypervisor',
+    'cgroups',
+    'images',
+    'admission',
+    'logs',
+    'generated',
+    'runtime',
+    'cri',
+    'manifest',
+  ],
 };
 
 function sourceFiles(dir: string): string[] {
