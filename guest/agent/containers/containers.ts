@@ -1,9 +1,8 @@
 import { mkdir, rm, writeFile } from 'node:fs/promises';
 import path from 'node:path';
-import type { Writable } from 'node:stream';
+import type { Readable, Writable } from 'node:stream';
 import { alreadyExists, errnoCode, invalid, notFound, precondition } from '../../../src/common/errors.js';
 import { cgroupDir, diskUsage, ensureParentCgroups, readCgroupStats, readOomKills } from './cgroup.js';
-import { ProcessOutput } from './output.js';
 import { type Reaped, reap, type WaitStatus } from './reaper.js';
 import { RuntimeArgv, type RuntimeOptions, runRuntime } from './runtime.js';
 import type {
@@ -25,25 +24,41 @@ export interface ContainersOptions {
   reaperPath: string;
   /** Where cgroup2 is mounted in the guest. */
   cgroupRoot: string;
-  /** Unacknowledged output bytes kept per stream before the container is throttled. */
-  outputCapacityBytes?: number;
   now?: () => number;
 }
 
-/** A running process's handles: output with offsets, stdin, terminal size, exit. */
+/** A process's stdio as node streams: with a terminal only stdout (the pty output) exists. */
+export interface ProcessStdio {
+  stdin?: Writable;
+  stdout?: Readable;
+  stderr?: Readable;
+}
+
+/**
+ * A process the core started (container init or exec). Its stdout/stderr are handed over unread:
+ * whoever consumes them reads only as fast as it can forward (ProcessOutput does this with a
+ * bound), and an unread pipe blocks the process's writes, which is the throttling wanted.
+ */
 export interface ProcessHandle {
-  output: ProcessOutput;
-  stdin: Writable | undefined;
-  /** Sets the terminal size (tty only). */
+  pid: number;
+  stdio: ProcessStdio;
+  /** Sets the terminal size (tty only; a no-op otherwise). */
   resize(rows: number, cols: number): void;
   exit: Promise<ExitStatus>;
-  pid: number;
+  /** Set once the process has exited. */
+  readonly exited: ExitStatus | undefined;
 }
 
 export interface ExecHandle extends ProcessHandle {
   /** True once the timeout passed and the process was killed. */
   readonly timedOut: boolean;
 }
+
+/** What happened, for the agent's event stream. */
+export type CoreEvent =
+  | { kind: 'started'; id: string; atMs: number }
+  | { kind: 'exited'; id: string; exit: ExitStatus }
+  | { kind: 'exec-exited'; id: string; execId: string; exit: ExitStatus };
 
 interface ContainerRecord {
   state: ContainerState;
@@ -55,21 +70,26 @@ interface ContainerRecord {
 }
 
 const ID = /^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$/;
-const DEFAULT_OUTPUT_CAPACITY_BYTES = 1 << 20;
 const SIGKILL = 9;
 
 /**
- * The guest agent's container backend: runs containers with crun, one kata-ts-reaper each, and
- * keeps their state, output and exit in memory (the agent lives as long as the VM).
+ * The guest agent's container core: runs containers with crun, one kata-ts-reaper per process
+ * (exact wait status), and keeps their state and exit in memory (the agent lives as long as the VM).
  */
 export class Containers implements ContainerBackendCore {
   private readonly records = new Map<string, ContainerRecord>();
+  private readonly listeners = new Set<(event: CoreEvent) => void>();
   private readonly argv: RuntimeArgv;
   private readonly now: () => number;
 
   constructor(private readonly options: ContainersOptions) {
     this.argv = new RuntimeArgv(options.runtime);
     this.now = options.now ?? Date.now;
+  }
+
+  onEvent(listener: (event: CoreEvent) => void): () => void {
+    this.listeners.add(listener);
+    return () => this.listeners.delete(listener);
   }
 
   /** Writes the bundle and runs `crun create`; the init then waits for start() with its stdio wired. */
@@ -106,6 +126,7 @@ export class Containers implements ContainerBackendCore {
       this.records.set(id, record);
       void handle.exit.then((exit) => {
         record.state = { ...record.state, status: 'stopped', exit };
+        this.emit({ kind: 'exited', id, exit });
       });
       return { ...state };
     } catch (err) {
@@ -119,7 +140,10 @@ export class Containers implements ContainerBackendCore {
     if (record.state.status !== 'created')
       throw precondition('CONTAINER_NOT_CREATED', 'Only a created container can be started.', { details: { id } });
     await runRuntime(this.argv.start(id), `start ${id}`);
-    if (record.state.status === 'created') record.state = { ...record.state, status: 'running', startedAtMs: this.now() };
+    const atMs = this.now();
+    if (record.state.status === 'created') record.state = { ...record.state, status: 'running', startedAtMs: atMs };
+    else record.state = { ...record.state, startedAtMs: atMs };
+    this.emit({ kind: 'started', id, atMs });
     return { ...record.state };
   }
 
@@ -139,16 +163,23 @@ export class Containers implements ContainerBackendCore {
     return this.get(id).handle.exit;
   }
 
-  /** Kills what still runs, removes the runtime's state, the bundle and the record. Idempotent. */
-  async delete(id: string): Promise<void> {
+  /**
+   * Removes the runtime's state, the bundle and the record; with `force` (the default) kills what
+   * still runs first, without it refuses a container that has not stopped. An unknown id is a no-op.
+   */
+  async delete(id: string, force = true): Promise<void> {
     const record = this.records.get(id);
     if (!record) return;
-    for (const exec of record.execs.values()) killPid(exec.pid);
+    if (!force && record.state.status === 'running') {
+      throw precondition('CONTAINER_RUNNING', 'The container still runs; stop it or delete with force.', { details: { id } });
+    }
+    for (const exec of record.execs.values()) if (!exec.exited) killPid(exec.pid, SIGKILL);
     await runRuntime(this.argv.delete(id), `delete ${id}`).catch((err: unknown) => {
       if (!(err instanceof Error && 'kind' in err && err.kind === 'not_found')) throw err;
     });
     // `delete --force` killed the init; its reaper reports shortly after.
     await record.handle.exit;
+    await Promise.all([...record.execs.values()].map((e) => e.exit));
     await rm(record.bundle, { recursive: true, force: true });
     this.records.delete(id);
   }
@@ -161,9 +192,26 @@ export class Containers implements ContainerBackendCore {
     return [...this.records.values()].map((r) => ({ ...r.state }));
   }
 
-  /** The container's init process handles (output, stdin, resize). */
-  process(id: string): ProcessHandle {
-    return this.get(id).handle;
+  /** The container's init process (`execId` empty) or one of its exec'd processes. */
+  process(id: string, execId = ''): ProcessHandle {
+    const record = this.get(id);
+    if (execId === '') return record.handle;
+    const exec = record.execs.get(execId);
+    if (!exec) throw notFound('EXEC_NOT_FOUND', 'No such exec in the container.', { details: { id, execId } });
+    return exec;
+  }
+
+  /** Signals an exec'd process directly (its reaper has not reaped it: the pid is still its own). */
+  signalExec(id: string, execId: string, signal: number): void {
+    const exec = this.process(id, execId);
+    if (!exec.exited) killPid(exec.pid, signal);
+  }
+
+  /** Forgets an exited exec; refuses one that still runs. */
+  deleteExec(id: string, execId: string): void {
+    const exec = this.process(id, execId);
+    if (!exec.exited) throw precondition('EXEC_RUNNING', 'The exec still runs; signal it first.', { details: { id, execId } });
+    this.get(id).execs.delete(execId);
   }
 
   async stats(id: string): Promise<ContainerStats> {
@@ -184,25 +232,26 @@ export class Containers implements ContainerBackendCore {
    * reaper has not reaped it, so its pid cannot have been reused when the kill is sent.
    */
   async exec(request: ExecRequest): Promise<ExecHandle> {
-    const record = this.get(request.containerId);
+    const { containerId: id, execId } = request;
+    const record = this.get(id);
     if (record.state.status !== 'running')
-      throw precondition('CONTAINER_NOT_RUNNING', 'Exec needs a running container.', { details: { id: request.containerId } });
-    if (!ID.test(request.execId) || record.execs.has(request.execId))
-      throw invalid('EXEC_ID_INVALID', 'The exec id is invalid or in use.', { details: { execId: request.execId } });
-    const base = path.join(record.bundle, `exec-${request.execId}`);
-    const processFile = `${base}.json`;
-    await writeFile(processFile, JSON.stringify({ ...request.process, terminal: request.stdio.tty }));
+      throw precondition('CONTAINER_NOT_RUNNING', 'Exec needs a running container.', { details: { id } });
+    if (!ID.test(execId)) throw invalid('EXEC_ID_INVALID', 'The exec id is not a valid id.', { details: { execId } });
+    if (record.execs.has(execId))
+      throw alreadyExists('EXEC_EXISTS', 'An exec with this id exists in the container.', { details: { execId } });
+    const base = path.join(record.bundle, `exec-${execId}`);
+    const files = { process: `${base}.json`, pid: `${base}.pid`, log: `${base}.log` };
+    await writeFile(files.process, JSON.stringify({ ...request.process, terminal: request.stdio.tty }));
     const consoleSocket = request.stdio.tty ? `${base}.sock` : undefined;
     const reaped = reap({
       reaperPath: this.options.reaperPath,
-      runtimeArgv: this.argv.exec(request.containerId, processFile, `${base}.pid`, `${base}.log`, consoleSocket),
-      pidFile: `${base}.pid`,
-      logFile: `${base}.log`,
+      runtimeArgv: this.argv.exec(id, files.process, files.pid, files.log, consoleSocket),
+      pidFile: files.pid,
+      logFile: files.log,
       consoleSocket,
       stdin: request.stdio.stdin,
     });
-    let timedOut = false;
-    const cleanup = () => Promise.all([processFile, `${base}.pid`, `${base}.log`].map((f) => rm(f, { force: true })));
+    const cleanup = () => Promise.all(Object.values(files).map((f) => rm(f, { force: true })));
     let handle: ProcessHandle;
     try {
       handle = await this.handle(reaped, async () => false);
@@ -210,42 +259,49 @@ export class Containers implements ContainerBackendCore {
       await cleanup();
       throw err;
     }
+    let timedOut = false;
     const timer =
       request.timeoutMs && request.timeoutMs > 0
         ? setTimeout(() => {
             timedOut = true;
-            killPid(handle.pid);
+            if (!handle.exited) killPid(handle.pid, SIGKILL);
           }, request.timeoutMs)
         : undefined;
-    const exec: ExecHandle = {
-      ...handle,
-      get timedOut() {
-        return timedOut;
-      },
-    };
-    record.execs.set(request.execId, exec);
-    void handle.exit.then(async () => {
+    const exec: ExecHandle = Object.defineProperties(handle, { timedOut: { get: () => timedOut } }) as ExecHandle;
+    record.execs.set(execId, exec);
+    void handle.exit.then(async (exit) => {
       clearTimeout(timer);
-      record.execs.delete(request.execId);
       await cleanup();
+      this.emit({ kind: 'exec-exited', id, execId, exit });
     });
     return exec;
   }
 
   private async handle(reaped: Reaped, oomKilled: () => Promise<boolean>): Promise<ProcessHandle> {
-    const output = new ProcessOutput(
-      { stdout: reaped.stdout, stderr: reaped.stderr },
-      this.options.outputCapacityBytes ?? DEFAULT_OUTPUT_CAPACITY_BYTES,
-    );
-    const pid = await reaped.pid;
-    const exit = reaped.exited.then(async (status) => toExitStatus(status, await oomKilled().catch(() => false), this.now()));
+    const pid = await reaped.pid.catch((err: unknown) => {
+      for (const s of [reaped.stdin, reaped.stdout, reaped.stderr, reaped.resize]) s?.destroy();
+      throw err;
+    });
+    let exited: ExitStatus | undefined;
+    const exit = reaped.exited.then(async (status) => {
+      exited = toExitStatus(status, await oomKilled().catch(() => false), this.now());
+      return exited;
+    });
     return {
-      output,
-      stdin: reaped.stdin,
-      resize: (rows, cols) => reaped.resize?.write(`${rows} ${cols}\n`),
-      exit,
       pid,
+      stdio: { stdin: reaped.stdin, stdout: reaped.stdout, stderr: reaped.stderr },
+      resize: (rows, cols) => {
+        reaped.resize?.write(`${rows} ${cols}\n`);
+      },
+      exit,
+      get exited() {
+        return exited;
+      },
     };
+  }
+
+  private emit(event: CoreEvent): void {
+    for (const listener of this.listeners) listener(event);
   }
 
   private get(id: string): ContainerRecord {
@@ -271,9 +327,9 @@ export function toExitStatus(status: WaitStatus, oomKilled: boolean, finishedAtM
   return { exitCode: status.code, oomKilled, finishedAtMs };
 }
 
-function killPid(pid: number): void {
+function killPid(pid: number, signal: number): void {
   try {
-    process.kill(pid, SIGKILL);
+    process.kill(pid, signal);
   } catch (err) {
     if (errnoCode(err) !== 'ESRCH') throw err;
   }

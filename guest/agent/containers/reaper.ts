@@ -15,7 +15,8 @@ export interface Reaped {
   exited: Promise<WaitStatus>;
   stdin: Writable | undefined;
   stdout: Readable;
-  stderr: Readable;
+  /** Absent with a terminal. */
+  stderr: Readable | undefined;
   /** Terminal size requests (tty mode): lines "ROWS COLS". */
   resize: Writable | undefined;
 }
@@ -46,7 +47,14 @@ export function parseStatusLine(line: string): { event: string; value: string } 
 export function reap(options: ReapOptions): Reaped {
   const args = [...(options.consoleSocket ? ['-t', options.consoleSocket] : []), options.pidFile, '--', ...options.runtimeArgv];
   const child = spawn(options.reaperPath, args, {
-    stdio: [options.stdin ? 'pipe' : 'ignore', 'pipe', 'pipe', 'pipe', options.consoleSocket ? 'pipe' : 'ignore'],
+    // With a terminal the pty carries both output streams: the reaper relays it as stdout.
+    stdio: [
+      options.stdin ? 'pipe' : 'ignore',
+      'pipe',
+      options.consoleSocket ? 'ignore' : 'pipe',
+      'pipe',
+      options.consoleSocket ? 'pipe' : 'ignore',
+    ],
     detached: true,
   });
   const status = child.stdio[3] as Readable;
@@ -92,7 +100,7 @@ export function reap(options: ReapOptions): Reaped {
     exited,
     stdin: child.stdin ?? undefined,
     stdout: child.stdout!,
-    stderr: child.stderr!,
+    stderr: child.stderr ?? undefined,
     resize: (child.stdio[4] as Writable | null) ?? undefined,
   };
 }

@@ -6,10 +6,16 @@
  */
 import { existsSync } from 'node:fs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import type { ProcessHandle } from '../../../guest/agent/containers/containers.js';
 import { Containers } from '../../../guest/agent/containers/containers.js';
-import type { ProcessOutput } from '../../../guest/agent/containers/output.js';
+import { ProcessOutput } from '../../../guest/agent/containers/output.js';
 import type { OutputChunk } from '../../../guest/agent/containers/types.js';
 import { HAVE_CRUN, type HostCrun, startHostCrun, testSpec } from './host-crun.js';
+
+/** The output of a process through the bounded window the agent's server may use (64 KiB here). */
+function outputOf(handle: ProcessHandle): ProcessOutput {
+  return new ProcessOutput({ stdout: handle.stdio.stdout, stderr: handle.stdio.stderr }, 64 * 1024);
+}
 
 async function collect(output: ProcessOutput): Promise<{ stdout: string; stderr: string; chunks: OutputChunk[] }> {
   const chunks: OutputChunk[] = [];
@@ -32,7 +38,6 @@ describe.skipIf(!HAVE_CRUN)('guest agent container core with real crun (host, cg
       bundlesDir: host.bundlesDir,
       reaperPath: host.reaperPath,
       cgroupRoot: '/nonexistent-cgroup-root',
-      outputCapacityBytes: 64 * 1024,
     });
   });
 
@@ -55,7 +60,7 @@ describe.skipIf(!HAVE_CRUN)('guest agent container core with real crun (host, cg
     const exit = await containers.wait(id);
     expect(exit).toMatchObject({ exitCode: 3, oomKilled: false });
     expect(exit.signal).toBeUndefined();
-    const out = await collect(containers.process(id).output);
+    const out = await collect(outputOf(containers.process(id)));
     expect(out.stdout).toBe('out\n');
     expect(out.stderr).toBe('err\n');
     expect(containers.state(id).status).toBe('stopped');
@@ -104,7 +109,9 @@ describe.skipIf(!HAVE_CRUN)('guest agent container core with real crun (host, cg
     const id = nextId();
     await containers.create({ id, spec: testSpec(['cat']), rootfsPath: host.rootfs, stdio: { tty: false, stdin: true } });
     await containers.start(id);
-    const { stdin, output } = containers.process(id);
+    const handle = containers.process(id);
+    const stdin = handle.stdio.stdin;
+    const output = outputOf(handle);
     stdin!.end('hello through stdin\n');
     expect((await collect(output)).stdout).toBe('hello through stdin\n');
     expect((await containers.wait(id)).exitCode).toBe(0);
@@ -116,7 +123,7 @@ describe.skipIf(!HAVE_CRUN)('guest agent container core with real crun (host, cg
     const total = 4 * 1024 * 1024;
     await containers.create({ id, spec: testSpec(['head', '-c', String(total), '/dev/zero']), rootfsPath: host.rootfs, stdio: pipes });
     await containers.start(id);
-    const { output } = containers.process(id);
+    const output = outputOf(containers.process(id));
     // Nobody reads: the reader stops at the capacity, the pipe fills, the writer blocks.
     await new Promise((r) => setTimeout(r, 1000));
     expect(output.endOffset('stdout')).toBeGreaterThanOrEqual(64 * 1024);
@@ -149,7 +156,7 @@ describe.skipIf(!HAVE_CRUN)('guest agent container core with real crun (host, cg
       process: { ...process, args: ['sh', '-c', 'echo in-exec; exit 7'] },
       stdio: pipes,
     });
-    expect((await collect(seven.output)).stdout).toBe('in-exec\n');
+    expect((await collect(outputOf(seven))).stdout).toBe('in-exec\n');
     expect((await seven.exit).exitCode).toBe(7);
 
     const slow = await containers.exec({
@@ -177,7 +184,7 @@ describe.skipIf(!HAVE_CRUN)('guest agent container core with real crun (host, cg
     });
     containers.process(id).resize(33, 101);
     await containers.start(id);
-    const out = await collect(containers.process(id).output);
+    const out = await collect(outputOf(containers.process(id)));
     expect(out.stdout).toMatch(/^\/dev\/pts\/\d+\r\n33 101\r\n$/);
     expect(out.stderr).toBe('');
     expect((await containers.wait(id)).exitCode).toBe(0);
