@@ -72,11 +72,13 @@ export async function readOomKills(dir: string): Promise<bigint> {
 
 /** Reads CPU, memory and pids usage from a cgroup v2 directory (files missing read as 0). */
 export async function readCgroupStats(dir: string, nowMs: number): Promise<ContainerStats> {
-  const [cpuStat, memStat, memCurrent, pids] = await Promise.all([
+  const [cpuStat, memStat, memCurrent, pids, memMax, memEvents] = await Promise.all([
     readOptional(path.join(dir, 'cpu.stat')),
     readOptional(path.join(dir, 'memory.stat')),
     readOptional(path.join(dir, 'memory.current')),
     readOptional(path.join(dir, 'pids.current')),
+    readOptional(path.join(dir, 'memory.max')),
+    readOptional(path.join(dir, 'memory.events')),
   ]);
   const cpu = parseKeyed(cpuStat ?? '');
   const mem = parseKeyed(memStat ?? '');
@@ -85,12 +87,16 @@ export async function readCgroupStats(dir: string, nowMs: number): Promise<Conta
   return {
     timestampMs: nowMs,
     cpuUsageNs: (cpu.get('usage_usec') ?? 0n) * 1000n,
+    cpuUserNs: (cpu.get('user_usec') ?? 0n) * 1000n,
+    cpuSystemNs: (cpu.get('system_usec') ?? 0n) * 1000n,
     memoryUsageBytes: usage,
     memoryWorkingSetBytes: usage > inactiveFile ? usage - inactiveFile : 0n,
     memoryRssBytes: mem.get('anon') ?? 0n,
     pageFaults: mem.get('pgfault') ?? 0n,
     majorPageFaults: mem.get('pgmajfault') ?? 0n,
     pids: single(pids),
+    memoryLimitBytes: memMax !== undefined && /^\d+$/.test(memMax.trim()) ? BigInt(memMax.trim()) : undefined,
+    oomKills: parseKeyed(memEvents ?? '').get('oom_kill') ?? 0n,
   };
 }
 

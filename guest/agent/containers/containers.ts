@@ -147,7 +147,10 @@ export class Containers implements ContainerBackendCore {
     return { ...record.state };
   }
 
-  /** Sends `signal` to the init (or every process with `all`); a stopped container ignores it. */
+  /**
+   * Sends `signal` to the init, or with `all` to every process of the container (crun finds them in
+   * the container's cgroup, so `all` needs the cgroupfs manager). A stopped container ignores it.
+   */
   async signal(id: string, signal: number, all: boolean): Promise<void> {
     const record = this.get(id);
     if (record.state.status === 'stopped') return;

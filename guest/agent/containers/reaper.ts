@@ -1,7 +1,7 @@
 import { spawn } from 'node:child_process';
 import { readFile } from 'node:fs/promises';
 import { createInterface } from 'node:readline';
-import type { Readable, Writable } from 'node:stream';
+import { PassThrough, type Readable, type Writable } from 'node:stream';
 import { internal } from '../../../src/common/errors.js';
 
 /** What the reaper (native/reaper.c) reports about the process it watches. */
@@ -99,8 +99,20 @@ export function reap(options: ReapOptions): Reaped {
     pid,
     exited,
     stdin: child.stdin ?? undefined,
-    stdout: child.stdout!,
-    stderr: child.stderr ?? undefined,
+    stdout: relay(child.stdout!),
+    stderr: child.stderr ? relay(child.stderr) : undefined,
     resize: (child.stdio[4] as Writable | null) ?? undefined,
   };
+}
+
+/**
+ * Node resumes (and so discards) a child's stdout/stderr that nobody listens to when the child
+ * exits, and the reaper exits as soon as the container does, often before the consumer has read
+ * the output. A pipe() into a PassThrough listens from the start without reading ahead more than
+ * the two highWaterMarks: an unread PassThrough still pauses the pipe, so backpressure holds.
+ */
+function relay(source: Readable): Readable {
+  const out = new PassThrough();
+  source.on('error', (err) => out.destroy(err));
+  return source.pipe(out);
 }

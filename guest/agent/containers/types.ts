@@ -73,6 +73,8 @@ export interface ContainerStats {
   timestampMs: number;
   /** cpu.stat usage_usec in nanoseconds. */
   cpuUsageNs: bigint;
+  cpuUserNs: bigint;
+  cpuSystemNs: bigint;
   memoryUsageBytes: bigint;
   /** memory.current - inactive_file, floored at 0 (what the kubelet evicts on). */
   memoryWorkingSetBytes: bigint;
@@ -81,6 +83,10 @@ export interface ContainerStats {
   pageFaults: bigint;
   majorPageFaults: bigint;
   pids: bigint;
+  /** memory.max in bytes; undefined when unlimited ("max") or absent. */
+  memoryLimitBytes?: bigint;
+  /** memory.events oom_kill. */
+  oomKills: bigint;
   /** Bytes used by the writable layer, when a path for it was given. */
   writableLayerBytes?: bigint;
   writableLayerInodes?: bigint;

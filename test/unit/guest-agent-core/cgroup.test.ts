@@ -30,25 +30,32 @@ describe('cgroup v2 stats from a fixture tree', () => {
       'memory.current': '10485760\n',
       'memory.stat': 'anon 4194304\nfile 6291456\ninactive_file 2097152\npgfault 77\npgmajfault 3\n',
       'pids.current': '4\n',
+      'memory.max': '20971520\n',
+      'memory.events': 'oom 1\noom_kill 1\n',
     });
     expect(await readCgroupStats(root, 42)).toEqual({
       timestampMs: 42,
       cpuUsageNs: 1_500_000n,
+      cpuUserNs: 1_000_000n,
+      cpuSystemNs: 500_000n,
       memoryUsageBytes: 10485760n,
       memoryWorkingSetBytes: 10485760n - 2097152n,
       memoryRssBytes: 4194304n,
       pageFaults: 77n,
       majorPageFaults: 3n,
       pids: 4n,
+      memoryLimitBytes: 20971520n,
+      oomKills: 1n,
     });
   });
 
   it('floors the working set at 0 and reads missing controllers as 0', async () => {
-    fakeCgroup(root, { 'memory.current': '100\n', 'memory.stat': 'inactive_file 4096\n' });
+    fakeCgroup(root, { 'memory.current': '100\n', 'memory.stat': 'inactive_file 4096\n', 'memory.max': 'max\n' });
     const stats = await readCgroupStats(root, 0);
     expect(stats.memoryWorkingSetBytes).toBe(0n);
     expect(stats.cpuUsageNs).toBe(0n);
     expect(stats.pids).toBe(0n);
+    expect(stats.memoryLimitBytes).toBeUndefined();
   });
 
   it('reads oom_kill from memory.events, 0 without the memory controller', async () => {
