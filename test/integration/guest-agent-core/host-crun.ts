@@ -8,7 +8,8 @@
  * PID. The containers get their own pid, mount, ipc, uts and network namespaces from the spec.
  */
 import { execFileSync, spawn, spawnSync } from 'node:child_process';
-import { copyFileSync, mkdirSync, mkdtempSync, rmSync, symlinkSync } from 'node:fs';
+import { randomBytes } from 'node:crypto';
+import { copyFileSync, mkdirSync, mkdtempSync, readdirSync, rmdirSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import type { OciSpec } from '../../../guest/agent/containers/types.js';
@@ -20,6 +21,8 @@ const APPLETS = ['sh', 'sleep', 'cat', 'echo', 'head', 'yes', 'tty', 'stty', 'ki
 
 export interface HostCrun {
   dir: string;
+  /** With `cgroup2`: the private cgroup (host path) that crun's /sys/fs/cgroup shows as its root. */
+  cgroupRoot: string | undefined;
   rootfs: string;
   reaperPath: string;
   command: string[];
@@ -28,8 +31,20 @@ export interface HostCrun {
   close(): void;
 }
 
-/** Builds the reaper, a busybox rootfs and the private mount namespace; close() undoes all. */
-export async function startHostCrun(): Promise<HostCrun> {
+const UNIFIED = '/sys/fs/cgroup/unified';
+
+/**
+ * Builds the reaper, a busybox rootfs and the private mount namespace; close() undoes all.
+ *
+ * With `cgroup2`, crun's /sys/fs/cgroup is a cgroup2 mount rooted at a private cgroup this
+ * helper creates in the host's unified hierarchy (`kata-ts-test-<random>/ns-root`): the holder
+ * joins it, unshares its cgroup namespace and mounts cgroup2 (the mount's root is the
+ * namespace's root), then is parked in a sibling so ns-root has no process of its own and can
+ * delegate. Every write of crun and of the code under test lands inside that private tree,
+ * which close() removes deepest first. The unified hierarchy here offers no controllers
+ * (they are bound to v1), so cgroup.procs, cpu.stat and the cgroup layout are what it can test.
+ */
+export async function startHostCrun(options: { cgroup2?: boolean } = {}): Promise<HostCrun> {
   const dir = mkdtempSync(path.join(os.tmpdir(), 'kata-ts-h6-'));
   const reaperPath = path.join(dir, 'kata-ts-reaper');
   execFileSync('gcc', ['-static', '-Os', '-o', reaperPath, path.join(packageRoot(), 'guest/agent/containers/native/reaper.c')]);
@@ -37,21 +52,38 @@ export async function startHostCrun(): Promise<HostCrun> {
   for (const d of ['bin', 'proc', 'dev', 'sys', 'tmp', 'etc']) mkdirSync(path.join(rootfs, d), { recursive: true });
   copyFileSync('/usr/bin/busybox', path.join(rootfs, 'bin/busybox'));
   for (const a of APPLETS) symlinkSync('busybox', path.join(rootfs, 'bin', a));
-  const holder = spawn(
+  let priv: string | undefined;
+  let holderArgv = [
     'unshare',
-    ['--mount', '--propagation', 'private', 'sh', '-c', 'mount -t tmpfs tmpfs /sys/fs/cgroup && echo ready && exec sleep 1000000'],
-    {
-      stdio: ['ignore', 'pipe', 'inherit'],
-    },
-  );
+    '--mount',
+    '--propagation',
+    'private',
+    'sh',
+    '-c',
+    'mount -t tmpfs tmpfs /sys/fs/cgroup && echo ready && exec sleep 1000000',
+  ];
+  if (options.cgroup2) {
+    priv = path.join(UNIFIED, `kata-ts-test-${randomBytes(4).toString('hex')}`);
+    mkdirSync(path.join(priv, 'ns-root'), { recursive: true });
+    mkdirSync(path.join(priv, 'parking'));
+    const inner = 'mount -t cgroup2 none /sys/fs/cgroup && echo ready && exec sleep 1000000';
+    holderArgv = [
+      'sh',
+      '-c',
+      `echo $$ > ${priv}/ns-root/cgroup.procs && exec unshare --cgroup --mount --propagation private sh -c '${inner}'`,
+    ];
+  }
+  const holder = spawn(holderArgv[0]!, holderArgv.slice(1), { stdio: ['ignore', 'pipe', 'inherit'] });
   await new Promise<void>((resolve, reject) => {
     holder.stdout.once('data', () => resolve());
     holder.once('exit', (code) => reject(new Error(`namespace holder exited with ${code}`)));
   });
+  if (priv) writeFileSync(path.join(priv, 'parking/cgroup.procs'), String(holder.pid));
   const stateDir = path.join(dir, 'state');
   const bundlesDir = path.join(dir, 'bundles');
   return {
     dir,
+    cgroupRoot: priv ? path.join(priv, 'ns-root') : undefined,
     rootfs,
     reaperPath,
     command: ['nsenter', `--mount=/proc/${holder.pid}/ns/mnt`, 'crun'],
@@ -60,12 +92,27 @@ export async function startHostCrun(): Promise<HostCrun> {
     close() {
       holder.kill('SIGKILL');
       rmSync(dir, { recursive: true, force: true });
+      if (priv) removeCgroupTree(priv);
     },
   };
 }
 
-/** A minimal OCI spec like the host's generator produces (no cgroupsPath: cgroups are disabled here). */
-export function testSpec(args: string[], extra: { tty?: boolean } = {}): OciSpec {
+/** Removes a cgroup tree deepest first, waiting briefly for dying processes to leave. */
+function removeCgroupTree(dir: string): void {
+  for (const entry of readdirSync(dir, { withFileTypes: true })) if (entry.isDirectory()) removeCgroupTree(path.join(dir, entry.name));
+  for (let attempt = 0; ; attempt++) {
+    try {
+      rmdirSync(dir);
+      return;
+    } catch (err) {
+      if (attempt >= 50) throw err;
+      execFileSync('sleep', ['0.1']);
+    }
+  }
+}
+
+/** A minimal OCI spec like the host's generator produces. */
+export function testSpec(args: string[], extra: { tty?: boolean; cgroupsPath?: string } = {}): OciSpec {
   return {
     ociVersion: '1.0.2',
     process: {
@@ -90,6 +137,7 @@ export function testSpec(args: string[], extra: { tty?: boolean } = {}): OciSpec
       { destination: '/tmp', type: 'tmpfs', source: 'tmpfs', options: ['nosuid', 'nodev'] },
     ],
     linux: {
+      ...(extra.cgroupsPath ? { cgroupsPath: extra.cgroupsPath } : {}),
       namespaces: [{ type: 'pid' }, { type: 'network' }, { type: 'ipc' }, { type: 'uts' }, { type: 'mount' }],
       maskedPaths: ['/proc/kcore'],
       readonlyPaths: ['/proc/sys'],
