@@ -190,4 +190,23 @@ describe.skipIf(!HAVE_CRUN)('guest agent container core with real crun (host, cg
     expect((await containers.wait(id)).exitCode).toBe(0);
     await containers.delete(id);
   });
+
+  it('runs an exec with a tty and stdin: input echoed by the terminal, exit code exact', async () => {
+    const id = nextId();
+    await containers.create({ id, spec: testSpec(['sleep', '1000']), rootfsPath: host.rootfs, stdio: pipes });
+    await containers.start(id);
+    const exec = await containers.exec({
+      containerId: id,
+      execId: 't1',
+      process: { args: ['sh', '-c', 'read line; echo "got $line"; exit 5'], cwd: '/', env: ['PATH=/bin'] },
+      stdio: { tty: true, stdin: true },
+    });
+    expect(exec.stdio.stderr).toBeUndefined();
+    exec.stdio.stdin!.write('abc\n');
+    const out = await collect(outputOf(exec));
+    // The terminal echoes the input line, then the program's answer, with CRLF line ends.
+    expect(out.stdout).toBe('abc\r\ngot abc\r\n');
+    expect((await exec.exit).exitCode).toBe(5);
+    await containers.delete(id);
+  });
 });
