@@ -9,6 +9,11 @@ export interface RuntimeOptions {
   stateDir: string;
   /** `cgroupfs` in the guest; `disabled` only for tests on a host whose cgroups are not ours. */
   cgroupManager: 'cgroupfs' | 'disabled';
+  /**
+   * `crun create --no-pivot`: needed when the agent's own root is the initramfs (rootfs), where
+   * pivot_root(2) fails with EINVAL; chroot-like isolation is then weaker (MS_MOVE + chroot).
+   */
+  noPivot?: boolean;
 }
 
 /** Pure argv builders: every runtime call is an argument array, never a shell line. */
@@ -23,7 +28,8 @@ export class RuntimeArgv {
 
   create(id: string, bundle: string, pidFile: string, logFile: string, consoleSocket?: string): string[] {
     const tty = consoleSocket ? [`--console-socket=${consoleSocket}`] : [];
-    return [...this.base(logFile), 'create', `--bundle=${bundle}`, `--pid-file=${pidFile}`, ...tty, id];
+    const pivot = this.options.noPivot ? ['--no-pivot'] : [];
+    return [...this.base(logFile), 'create', `--bundle=${bundle}`, `--pid-file=${pidFile}`, ...pivot, ...tty, id];
   }
 
   /** `--detach`: the process is reparented to the reaper, which reports its exact status. */
@@ -64,4 +70,18 @@ export function runRuntime(argv: string[], what: string): Promise<string> {
       else reject(internal('RUNTIME_FAILED', `The OCI runtime failed to ${what}.`, { cause: err, details }));
     });
   });
+}
+
+/**
+ * Whether `/` is the initramfs (fs type `rootfs` in mountinfo): pivot_root(2) cannot move away
+ * from it (crun create fails with "pivot_root: Invalid argument", measured in the guest), so the
+ * runtime must run with `noPivot` unless the guest's init switched to another root first.
+ */
+export function rootIsInitramfs(mountinfo: string): boolean {
+  for (const line of mountinfo.split('\n')) {
+    const [left, right] = line.split(' - ');
+    if (!left || !right) continue;
+    if (left.split(' ')[4] === '/') return right.split(' ')[0] === 'rootfs';
+  }
+  return false;
 }

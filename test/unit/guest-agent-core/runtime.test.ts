@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { bundleSpec, toExitStatus } from '../../../guest/agent/containers/containers.js';
 import { parseStatusLine } from '../../../guest/agent/containers/reaper.js';
-import { RuntimeArgv } from '../../../guest/agent/containers/runtime.js';
+import { RuntimeArgv, rootIsInitramfs } from '../../../guest/agent/containers/runtime.js';
 
 const argv = new RuntimeArgv({ command: ['crun'], stateDir: '/run/crun', cgroupManager: 'cgroupfs' });
 const base = ['crun', '--root=/run/crun', '--cgroup-manager=cgroupfs'];
@@ -64,5 +64,19 @@ describe('bundle spec', () => {
 
   it('refuses a spec without a process', () => {
     expect(() => bundleSpec({}, '/r', { tty: false, stdin: false })).toThrow(expect.objectContaining({ reason: 'SPEC_PROCESS_MISSING' }));
+  });
+});
+
+describe('pivot_root availability', () => {
+  it('detects an initramfs root from mountinfo, and a normal root', () => {
+    expect(rootIsInitramfs('1 0 0:2 / / rw - rootfs rootfs rw,size=499876k\n22 1 0:21 / /proc rw,relatime - proc proc rw\n')).toBe(true);
+    expect(rootIsInitramfs('24 1 254:1 / / rw,relatime shared:1 - ext4 /dev/vda1 rw\n')).toBe(false);
+    expect(rootIsInitramfs('')).toBe(false);
+  });
+
+  it('adds --no-pivot to create only when asked', () => {
+    const noPivot = new RuntimeArgv({ command: ['crun'], stateDir: '/run/crun', cgroupManager: 'cgroupfs', noPivot: true });
+    expect(noPivot.create('c1', '/b', '/p', '/l')).toContain('--no-pivot');
+    expect(argv.create('c1', '/b', '/p', '/l')).not.toContain('--no-pivot');
   });
 });
