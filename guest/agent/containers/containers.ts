@@ -4,6 +4,7 @@ import type { Readable, Writable } from 'node:stream';
 import { alreadyExists, errnoCode, invalid, notFound, precondition } from '../../../src/common/errors.js';
 import { cgroupDir, diskUsage, ensureParentCgroups, readCgroupStats, readOomKills } from './cgroup.js';
 import { type Reaped, reap, type WaitStatus } from './reaper.js';
+import { findBundles, INIT_PID_FILE, pollExitFile, runtimeStatus, writeBundleRecord } from './recover.js';
 import { RuntimeArgv, type RuntimeOptions, runRuntime } from './runtime.js';
 import type {
   ContainerBackendCore,
@@ -109,7 +110,7 @@ export class Containers implements ContainerBackendCore {
     try {
       if (cgroup && cgroupsPath) await ensureParentCgroups(this.options.cgroupRoot, cgroupsPath);
       await writeFile(path.join(bundle, 'config.json'), JSON.stringify(spec));
-      const pidFile = path.join(bundle, 'init.pid');
+      const pidFile = path.join(bundle, INIT_PID_FILE);
       const logFile = path.join(bundle, 'runtime.log');
       const consoleSocket = request.stdio.tty ? path.join(bundle, 'console.sock') : undefined;
       const reaped = reap({
@@ -122,6 +123,7 @@ export class Containers implements ContainerBackendCore {
       });
       const handle = await this.handle(reaped, async () => (cgroup ? (await readOomKills(cgroup)) > 0n : false));
       const state: ContainerState = { id, status: 'created', pid: handle.pid, createdAtMs: this.now() };
+      await writeBundleRecord(bundle, { createdAtMs: state.createdAtMs, cgroup, writableLayerPath: request.writableLayerPath });
       const record: ContainerRecord = { state, bundle, cgroup, writableLayerPath: request.writableLayerPath, handle, execs: new Map() };
       this.records.set(id, record);
       void handle.exit.then((exit) => {
@@ -141,6 +143,12 @@ export class Containers implements ContainerBackendCore {
       throw precondition('CONTAINER_NOT_CREATED', 'Only a created container can be started.', { details: { id } });
     await runRuntime(this.argv.start(id), `start ${id}`);
     const atMs = this.now();
+    await writeBundleRecord(record.bundle, {
+      createdAtMs: record.state.createdAtMs,
+      startedAtMs: atMs,
+      cgroup: record.cgroup,
+      writableLayerPath: record.writableLayerPath,
+    });
     if (record.state.status === 'created') record.state = { ...record.state, status: 'running', startedAtMs: atMs };
     else record.state = { ...record.state, startedAtMs: atMs };
     this.emit({ kind: 'started', id, atMs });
@@ -301,6 +309,59 @@ export class Containers implements ContainerBackendCore {
         return exited;
       },
     };
+  }
+
+  /**
+   * After an agent restart: knows again the containers whose bundles remain, with their state
+   * from crun and their exit from the reaper's exit file (watched until it appears; the reaper
+   * outlives the agent). Their stdio is gone with the old agent: handles have none, and a
+   * container that writes to a pipe nobody reads any more gets EPIPE. Returns the ids recovered.
+   */
+  async recover(pollMs = 250): Promise<string[]> {
+    const recovered: string[] = [];
+    for (const found of await findBundles(this.options.bundlesDir)) {
+      if (this.records.has(found.id)) continue;
+      let status: ContainerState['status'];
+      try {
+        status = runtimeStatus(await runRuntime(this.argv.state(found.id), `read the state of ${found.id}`));
+      } catch {
+        // crun never finished creating it, or its state is gone: nothing left to manage.
+        await rm(found.bundle, { recursive: true, force: true });
+        continue;
+      }
+      const cgroup = found.record.cgroup;
+      let exited: ExitStatus | undefined;
+      const exit = pollExitFile(path.join(found.bundle, INIT_PID_FILE), pollMs).then(async ({ status: s, finishedAtMs }) => {
+        exited = toExitStatus(s, cgroup ? (await readOomKills(cgroup).catch(() => 0n)) > 0n : false, finishedAtMs);
+        return exited;
+      });
+      const handle: ProcessHandle = {
+        pid: found.pid,
+        stdio: {},
+        resize: () => {},
+        exit,
+        get exited() {
+          return exited;
+        },
+      };
+      const state: ContainerState = { id: found.id, status, pid: found.pid, createdAtMs: found.record.createdAtMs };
+      if (found.record.startedAtMs !== undefined) state.startedAtMs = found.record.startedAtMs;
+      const record: ContainerRecord = {
+        state,
+        bundle: found.bundle,
+        cgroup,
+        writableLayerPath: found.record.writableLayerPath,
+        handle,
+        execs: new Map(),
+      };
+      this.records.set(found.id, record);
+      void exit.then((e) => {
+        record.state = { ...record.state, status: 'stopped', exit: e };
+        this.emit({ kind: 'exited', id: found.id, exit: e });
+      });
+      recovered.push(found.id);
+    }
+    return recovered;
   }
 
   private emit(event: CoreEvent): void {

@@ -191,6 +191,34 @@ describe.skipIf(!HAVE_CRUN)('guest agent container core with real crun (host, cg
     await containers.delete(id);
   });
 
+  it('a restarted agent recovers its containers from the bundles, crun state and the reaper exit files', async () => {
+    const running = nextId();
+    const done = nextId();
+    await containers.create({ id: running, spec: testSpec(['sleep', '1000']), rootfsPath: host.rootfs, stdio: pipes });
+    await containers.start(running);
+    await containers.create({ id: done, spec: testSpec(['sh', '-c', 'exit 3']), rootfsPath: host.rootfs, stdio: pipes });
+    await containers.start(done);
+    await containers.wait(done);
+    // A second core on the same directories stands for the agent after a restart.
+    const restarted = new Containers({
+      runtime: { command: host.command, stateDir: host.stateDir, cgroupManager: 'disabled' },
+      bundlesDir: host.bundlesDir,
+      reaperPath: host.reaperPath,
+      cgroupRoot: '/nonexistent-cgroup-root',
+    });
+    expect((await restarted.recover(50)).sort()).toEqual([running, done].sort());
+    expect(await restarted.wait(done)).toMatchObject({ exitCode: 3 });
+    expect(restarted.state(running)).toMatchObject({ status: 'running', pid: containers.state(running).pid });
+    expect(restarted.state(running).startedAtMs).toBe(containers.state(running).startedAtMs);
+    await restarted.signal(running, 9, false);
+    expect(await restarted.wait(running)).toMatchObject({ exitCode: 137, signal: 9 });
+    await restarted.delete(running);
+    await restarted.delete(done);
+    // The first core's records are stale now; deleting through it is a no-op on crun's side.
+    await containers.delete(running);
+    await containers.delete(done);
+  });
+
   it('runs an exec with a tty and stdin: input echoed by the terminal, exit code exact', async () => {
     const id = nextId();
     await containers.create({ id, spec: testSpec(['sleep', '1000']), rootfsPath: host.rootfs, stdio: pipes });

@@ -22,6 +22,8 @@
  *   signal N         the watched process was killed by signal N
  *   error TEXT       the reaper itself failed (TEXT names the step)
  * fd 4 (tty mode, optional): lines "ROWS COLS" set the terminal size.
+ * The final "exit N" / "signal N" line is also written to PID_FILE.exit (atomically, by rename),
+ * so an agent that restarted (and lost fd 3) still learns how the process ended.
  *
  * Build (static, no dependencies): gcc -static -Os -o kata-ts-reaper reaper.c
  */
@@ -93,11 +95,23 @@ static int receive_master(int listener) {
   return master;
 }
 
+static const char *exit_file;
+
 static void report_status(int status) {
-  if (WIFSIGNALED(status))
-    report("signal %ld\n", WTERMSIG(status));
-  else
-    report("exit %ld\n", WEXITSTATUS(status));
+  char line[64];
+  int n = WIFSIGNALED(status) ? snprintf(line, sizeof line, "signal %d\n", WTERMSIG(status))
+                              : snprintf(line, sizeof line, "exit %d\n", WEXITSTATUS(status));
+  if (n <= 0) return;
+  char tmp[4096];
+  if (snprintf(tmp, sizeof tmp, "%s.tmp", exit_file) < (int)sizeof tmp) {
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd >= 0) {
+      (void)!write(fd, line, (size_t)n);
+      close(fd);
+      (void)!rename(tmp, exit_file);
+    }
+  }
+  (void)!write(STATUS_FD, line, (size_t)n);
 }
 
 static int write_all(int fd, const char *buf, ssize_t len) {
@@ -217,6 +231,9 @@ int main(int argc, char **argv) {
   }
   const char *pid_file = argv[i];
   char **runtime = argv + i + 2;
+  static char exit_path[4096];
+  if (snprintf(exit_path, sizeof exit_path, "%s.exit", pid_file) >= (int)sizeof exit_path) return 2;
+  exit_file = exit_path;
   if (fcntl(STATUS_FD, F_GETFD) < 0) return 2;
   fcntl(STATUS_FD, F_SETFD, FD_CLOEXEC);
   if (fcntl(RESIZE_FD, F_GETFD) >= 0) fcntl(RESIZE_FD, F_SETFD, FD_CLOEXEC);
