@@ -1,10 +1,12 @@
-// Generate TypeScript declarations for proto/api.proto into src/generated/ (git-ignored).
+// Generate TypeScript declarations for proto/api.proto into src/generated/ (git-ignored), and the
+// guest agent API's types and embedded schema into src/generated/agent/ (scripts/gen-agent-types.mjs).
 // The options must match PROTO_LOADER_OPTIONS in src/runtime/cri/proto.ts, because the
 // declarations describe the objects that loader produces at run time.
 import { spawnSync } from 'node:child_process';
 import { existsSync, rmSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { generateAgentTypes } from './gen-agent-types.mjs';
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const out = path.join(root, 'src/generated');
@@ -30,4 +32,5 @@ const args = [
   `-I=${path.join(root, 'proto')}`,
 ];
 const res = spawnSync(bin, args, { stdio: 'inherit', cwd: root });
-process.exit(res.status ?? 1);
+if (res.status !== 0) process.exit(res.status ?? 1);
+generateAgentTypes(root, out);

@@ -1,0 +1,118 @@
+import { spawn } from 'node:child_process';
+import { readFile } from 'node:fs/promises';
+import { createInterface } from 'node:readline';
+import { PassThrough, type Readable, type Writable } from 'node:stream';
+import { internal } from '../../../src/common/errors.js';
+
+/** What the reaper (native/reaper.c) reports about the process it watches. */
+export type WaitStatus = { kind: 'exit'; code: number } | { kind: 'signal'; signal: number };
+
+/** A process running under kata-ts-reaper: the runtime command first, then what it started. */
+export interface Reaped {
+  /** Resolves with the watched pid once the runtime command succeeded; rejects otherwise. */
+  pid: Promise<number>;
+  /** Resolves with the watched process's wait status (never rejects; a lost reaper reads as 255). */
+  exited: Promise<WaitStatus>;
+  stdin: Writable | undefined;
+  stdout: Readable;
+  /** Absent with a terminal. */
+  stderr: Readable | undefined;
+  /** Terminal size requests (tty mode): lines "ROWS COLS". */
+  resize: Writable | undefined;
+}
+
+export interface ReapOptions {
+  reaperPath: string;
+  /** The runtime command (create or exec --detach) that writes `pidFile`. */
+  runtimeArgv: string[];
+  pidFile: string;
+  /** crun's --log file, read to explain a failure. */
+  logFile: string;
+  /** tty mode: the reaper listens here for crun's pty master and relays it as stdin/stdout. */
+  consoleSocket?: string;
+  stdin: boolean;
+}
+
+/** Parses one status line of the reaper. */
+export function parseStatusLine(line: string): { event: string; value: string } {
+  const space = line.indexOf(' ');
+  return space < 0 ? { event: line, value: '' } : { event: line.slice(0, space), value: line.slice(space + 1) };
+}
+
+/**
+ * Starts the reaper in its own session (signals to the agent's group do not reach it) with the
+ * process's stdio as pipes: the runtime passes them on to the container, the reaper drops its
+ * copies, so EOF arrives when the container's processes close them.
+ */
+export function reap(options: ReapOptions): Reaped {
+  const args = [...(options.consoleSocket ? ['-t', options.consoleSocket] : []), options.pidFile, '--', ...options.runtimeArgv];
+  const child = spawn(options.reaperPath, args, {
+    // With a terminal the pty carries both output streams: the reaper relays it as stdout.
+    stdio: [
+      options.stdin ? 'pipe' : 'ignore',
+      'pipe',
+      options.consoleSocket ? 'ignore' : 'pipe',
+      'pipe',
+      options.consoleSocket ? 'pipe' : 'ignore',
+    ],
+    detached: true,
+  });
+  const status = child.stdio[3] as Readable;
+  let resolvePid: (pid: number) => void = () => {};
+  let rejectPid: (err: unknown) => void = () => {};
+  const pid = new Promise<number>((resolve, reject) => {
+    resolvePid = resolve;
+    rejectPid = reject;
+  });
+  let resolveExit: (s: WaitStatus) => void = () => {};
+  const exited = new Promise<WaitStatus>((resolve) => {
+    resolveExit = resolve;
+  });
+  const failStart = (reason: string) => {
+    void readFile(options.logFile, 'utf8')
+      .catch(() => '')
+      .then((log) =>
+        rejectPid(
+          internal('RUNTIME_START_FAILED', 'The OCI runtime could not start the process.', { details: { reason, runtimeLog: log.trim() } }),
+        ),
+      );
+  };
+  const lines = createInterface({ input: status });
+  lines.on('line', (line) => {
+    const { event, value } = parseStatusLine(line);
+    const n = Number(value);
+    if (event === 'pid') resolvePid(n);
+    else if (event === 'runtime-exit' || event === 'runtime-signal' || event === 'error') failStart(line);
+    if (event === 'exit' || event === 'signal') {
+      resolveExit(event === 'exit' ? { kind: 'exit', code: n } : { kind: 'signal', signal: n });
+    }
+  });
+  child.on('error', (err) => failStart(err.message));
+  lines.on('close', () => {
+    // Only the reaper holds the status pipe: its end means the reaper is gone. Without a report
+    // (killed, or failed) the status is unknown; both calls are no-ops after a report.
+    failStart('reaper ended');
+    resolveExit({ kind: 'exit', code: 255 });
+  });
+  child.unref();
+  return {
+    pid,
+    exited,
+    stdin: child.stdin ?? undefined,
+    stdout: relay(child.stdout!),
+    stderr: child.stderr ? relay(child.stderr) : undefined,
+    resize: (child.stdio[4] as Writable | null) ?? undefined,
+  };
+}
+
+/**
+ * Node resumes (and so discards) a child's stdout/stderr that nobody listens to when the child
+ * exits, and the reaper exits as soon as the container does, often before the consumer has read
+ * the output. A pipe() into a PassThrough listens from the start without reading ahead more than
+ * the two highWaterMarks: an unread PassThrough still pauses the pipe, so backpressure holds.
+ */
+function relay(source: Readable): Readable {
+  const out = new PassThrough();
+  source.on('error', (err) => out.destroy(err));
+  return source.pipe(out);
+}

@@ -1,0 +1,72 @@
+/**
+ * The container core with crun's cgroupfs manager on a real cgroup2 hierarchy: a private cgroup
+ * this test creates in the host's unified hierarchy, shown to crun as its /sys/fs/cgroup (see
+ * host-crun.ts). Checks the layout (/kata-ts/<pod>/<container> from linux.cgroupsPath), stats
+ * read from the container's cgroup, `kill --all` through cgroup.procs, and cleanup. The unified
+ * hierarchy here has no memory controller, so OOM is covered by unit tests on fixture trees.
+ */
+import { existsSync, readFileSync } from 'node:fs';
+import path from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { Containers } from '../../../guest/agent/containers/containers.js';
+import { HAVE_CRUN, type HostCrun, startHostCrun, testSpec } from './host-crun.js';
+
+/** The helper needs the hybrid layout's unified mount (these machines) to make its private tree. */
+const HAVE_UNIFIED = existsSync('/sys/fs/cgroup/unified/cgroup.procs');
+
+async function firstLine(stream: NodeJS.ReadableStream): Promise<string> {
+  let text = '';
+  for await (const c of stream) {
+    text += String(c);
+    if (text.includes('\n')) break;
+  }
+  return text.split('\n')[0]!;
+}
+
+describe.skipIf(!HAVE_CRUN || !HAVE_UNIFIED)('container core with the cgroupfs manager on a private cgroup2 tree', () => {
+  let host: HostCrun;
+  let containers: Containers;
+  const pipes = { tty: false, stdin: false };
+
+  beforeAll(async () => {
+    host = await startHostCrun({ cgroup2: true });
+    containers = new Containers({
+      runtime: { command: host.command, stateDir: host.stateDir, cgroupManager: 'cgroupfs' },
+      bundlesDir: host.bundlesDir,
+      reaperPath: host.reaperPath,
+      cgroupRoot: host.cgroupRoot!,
+    });
+  });
+
+  afterAll(async () => {
+    if (containers) for (const c of containers.list()) await containers.delete(c.id);
+    host?.close();
+  });
+
+  it('places containers at their cgroupsPath, reads CPU that moves, kills all through the cgroup, removes the cgroup', async () => {
+    const root = host.cgroupRoot!;
+    const burn = await containers.create({
+      id: 'burn',
+      spec: testSpec(['sh', '-c', 'sleep 1000 & sleep 1000 & i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done; echo burnt; wait'], {
+        cgroupsPath: '/kata-ts/pod1/burn',
+      }),
+      rootfsPath: host.rootfs,
+      stdio: pipes,
+    });
+    const dir = path.join(root, 'kata-ts/pod1/burn');
+    expect(readFileSync(path.join(dir, 'cgroup.procs'), 'utf8').split('\n')).toContain(String(burn.pid));
+    const before = await containers.stats('burn');
+    await containers.start('burn');
+    expect(await firstLine(containers.process('burn').stdio.stdout!)).toBe('burnt');
+    const after = await containers.stats('burn');
+    expect(after.cpuUsageNs).toBeGreaterThan(before.cpuUsageNs);
+    expect(after.oomKills).toBe(0n);
+    // Two sleeps forked before "burnt" besides the init: `all` reaches every process of the cgroup.
+    expect(readFileSync(path.join(dir, 'cgroup.procs'), 'utf8').trim().split('\n').length).toBe(3);
+    await containers.signal('burn', 9, true);
+    expect(await containers.wait('burn')).toMatchObject({ exitCode: 137, oomKilled: false });
+    await containers.delete('burn');
+    expect(existsSync(dir)).toBe(false);
+    expect(existsSync(path.join(root, 'kata-ts/pod1'))).toBe(true);
+  });
+});
