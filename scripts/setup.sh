@@ -23,7 +23,7 @@ step() { printf '\n==> %s\n' "$*"; }
 # systemd/dbus for the integration tests (real parts, see README "Tests").
 APT_PACKAGES=(
   qemu-system-x86 busybox-static cpio kmod zstd xz-utils
-  crun erofs-utils binutils
+  crun erofs-utils binutils gcc libc6-dev
   docker-registry skopeo umoci apache2-utils
   systemd dbus util-linux iproute2 procps
   protobuf-compiler ca-certificates
