@@ -53,7 +53,7 @@ export function decodeErrorRecord(body: Buffer): KataError {
 /** Records from a readable stream, pulled one at a time (so an idle consumer stops the peer). */
 export async function* readRecords(stream: Readable): AsyncGenerator<{ kind: number; body: Buffer }> {
   let buf: Buffer = Buffer.alloc(0);
-  for await (const chunk of stream) {
+  for await (const chunk of readChunks(stream)) {
     buf = buf.length === 0 ? (chunk as Buffer) : Buffer.concat([buf, chunk as Buffer]);
     while (buf.length >= 5) {
       const length = buf.readUInt32BE(1);
@@ -66,4 +66,31 @@ export async function* readRecords(stream: Readable): AsyncGenerator<{ kind: num
     }
   }
   if (buf.length > 0) throw new KataError('internal', 'CHANNEL_TRUNCATED_MESSAGE', 'the stream ended inside a message.');
+}
+
+/**
+ * The readable side's chunks. Not `for await (... of stream)`: node's iterator destroys the
+ * whole Duplex when it finishes, which would reset a call whose response is still being written.
+ */
+export async function* readChunks(stream: Readable): AsyncGenerator<Buffer> {
+  for (;;) {
+    const chunk = stream.read() as Buffer | null;
+    if (chunk !== null) {
+      yield chunk;
+      continue;
+    }
+    if (stream.readableEnded) return;
+    if (stream.destroyed) throw stream.errored ?? new KataError('cancelled', 'CHANNEL_STREAM_CLOSED', 'the stream closed before it ended.');
+    await new Promise<void>((resolve) => {
+      const done = (): void => {
+        stream.off('readable', done);
+        stream.off('end', done);
+        stream.off('close', done);
+        resolve();
+      };
+      stream.on('readable', done);
+      stream.on('end', done);
+      stream.on('close', done);
+    });
+  }
 }

@@ -132,6 +132,8 @@ export class RpcClient<T> {
     const session = this.sessionOf();
     const timeoutMs = options.timeoutMs ?? 0;
     const stream = session.open(method, timeoutMs);
+    // Errors surface through reads and writes; an unheard 'error' event would end the process.
+    stream.on('error', () => {});
     let why: KataError | undefined;
     const abort = (err: KataError): void => {
       why ??= err;

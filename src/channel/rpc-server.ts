@@ -35,6 +35,7 @@ export function serveRpc<T>(session: Session, table: MethodTable<T>, handlers: S
 
   async function runCall(stream: ChannelStream, method: string, timeoutMs: number): Promise<void> {
     const controller = new AbortController();
+    stream.on('error', () => {});
     const timer = timeoutMs > 0 ? setTimeout(() => controller.abort(timedOut('CHANNEL_CALL_TIMEOUT', `${method} passed its deadline.`)), timeoutMs) : undefined;
     stream.once('close', () => controller.abort(cancelled('CHANNEL_CALL_CANCELLED', `${method} was cancelled.`)));
     const ctx: CallContext = { method, signal: controller.signal };

@@ -38,6 +38,11 @@ export class Session implements StreamOwner {
   private readonly control: Buffer[] = [];
   private readonly ready = new Set<ChannelStream>();
   private readonly pings = new Map<string, (rttMs: number) => void>();
+  /** Streams opened here beyond the peer's maxStreams: their OPEN waits for a free slot. */
+  private readonly waiting: { stream: ChannelStream; open: Buffer }[] = [];
+  private readonly unopened = new Set<ChannelStream>();
+  private readonly deferred = new Set<ChannelStream>();
+  private localOpen = 0;
   private nextId: number;
   private pumping = false;
   private closedFlag = false;
@@ -79,7 +84,14 @@ export class Session implements StreamOwner {
     this.nextId += 2;
     const stream = new ChannelStream(id, method, this, this.options.remote.initialWindowBytes, this.options.local.initialWindowBytes);
     this.streams.set(id, stream);
-    this.sendControl(encodeFrame(FrameType.OPEN, id, encodeOpen(method, timeoutMs)));
+    const open = encodeFrame(FrameType.OPEN, id, encodeOpen(method, timeoutMs));
+    if (this.localOpen >= this.options.remote.maxStreams) {
+      this.unopened.add(stream);
+      this.waiting.push({ stream, open });
+    } else {
+      this.localOpen += 1;
+      this.sendControl(open);
+    }
     return stream;
   }
 
@@ -142,13 +154,33 @@ export class Session implements StreamOwner {
 
   schedule(stream: ChannelStream): void {
     if (this.closedFlag) return;
+    if (this.unopened.has(stream)) {
+      this.deferred.add(stream);
+      return;
+    }
     this.ready.add(stream);
     this.pump();
   }
 
   forget(stream: ChannelStream): void {
-    if (this.streams.get(stream.id) === stream) this.streams.delete(stream.id);
+    if (this.streams.get(stream.id) !== stream) return;
+    this.streams.delete(stream.id);
     this.ready.delete(stream);
+    this.deferred.delete(stream);
+    const localParity = this.options.role === 'client' ? 1 : 0;
+    if (stream.id % 2 !== localParity) return;
+    if (this.unopened.delete(stream)) {
+      const at = this.waiting.findIndex((w) => w.stream === stream);
+      if (at >= 0) this.waiting.splice(at, 1);
+      return;
+    }
+    this.localOpen -= 1;
+    const next = this.waiting.shift();
+    if (next === undefined) return;
+    this.unopened.delete(next.stream);
+    this.localOpen += 1;
+    this.sendControl(next.open);
+    if (this.deferred.delete(next.stream)) this.schedule(next.stream);
   }
 
   private onOpen(streamId: number, payload: Buffer): void {

@@ -46,6 +46,11 @@ export class ChannelStream extends Duplex {
   private resetSeen = false;
   private received = 0;
   private granted: number;
+  /** Received bytes not yet handed to node's readable buffer (which is kept small). */
+  private readonly inbound: Buffer[] = [];
+  private inboundBytes = 0;
+  private wantData = false;
+  private nullPushed = false;
 
   constructor(
     readonly id: number,
@@ -55,7 +60,7 @@ export class ChannelStream extends Duplex {
     peerWindowBytes: number,
     private readonly windowBytes: number,
   ) {
-    super({ allowHalfOpen: true, readableHighWaterMark: windowBytes, writableHighWaterMark: MAX_FRAME_PAYLOAD_BYTES });
+    super({ allowHalfOpen: true, readableHighWaterMark: READABLE_BUFFER_BYTES, writableHighWaterMark: MAX_FRAME_PAYLOAD_BYTES });
     this.sendCredit = peerWindowBytes;
     this.granted = windowBytes;
   }
@@ -77,7 +82,8 @@ export class ChannelStream extends Duplex {
   }
 
   override _read(): void {
-    this.maybeGrant();
+    this.wantData = true;
+    this.flush();
   }
 
   override _destroy(err: Error | null, cb: (err?: Error | null) => void): void {
@@ -134,7 +140,9 @@ export class ChannelStream extends Duplex {
       this.destroy(new KataError('internal', 'CHANNEL_FLOW_CONTROL', 'the peer sent more than its credits allow.'));
       return;
     }
-    this.push(payload);
+    this.inbound.push(payload);
+    this.inboundBytes += payload.length;
+    this.flush();
   }
 
   onWindowUpdate(payload: Buffer): void {
@@ -146,7 +154,7 @@ export class ChannelStream extends Duplex {
   onEnd(): void {
     if (this.remoteEnded) return;
     this.remoteEnded = true;
-    this.push(null);
+    this.flush();
     this.settleIfDone();
   }
 
@@ -162,9 +170,29 @@ export class ChannelStream extends Duplex {
     this.destroy(err);
   }
 
+  /**
+   * Hand queued bytes to node as fast as the consumer takes them, and grant the peer what left
+   * the queue. Node's own readable buffer is not watched (it does not say when a consumer
+   * drained it); it is kept at READABLE_BUFFER_BYTES, so what one stream holds stays below
+   * windowBytes + READABLE_BUFFER_BYTES + one frame.
+   */
+  private flush(): void {
+    if (this.destroyed) return;
+    while (this.wantData && this.inbound.length > 0) {
+      const chunk = this.inbound.shift()!;
+      this.inboundBytes -= chunk.length;
+      this.wantData = this.push(chunk);
+    }
+    if (this.remoteEnded && this.inbound.length === 0 && !this.nullPushed) {
+      this.nullPushed = true;
+      this.push(null);
+    }
+    this.maybeGrant();
+  }
+
   private maybeGrant(): void {
     if (this.remoteEnded || this.destroyed) return;
-    const avail = this.windowBytes - this.readableLength - (this.granted - this.received);
+    const avail = this.windowBytes - this.inboundBytes - (this.granted - this.received);
     // Batch small grants: a WINDOW_UPDATE per tiny read would cost more than the data.
     if (avail <= 0 || avail < Math.min(this.windowBytes / 4, 16 * 1024)) return;
     this.granted += avail;
@@ -176,4 +204,5 @@ export class ChannelStream extends Duplex {
   }
 }
 
-export const EMPTY = Buffer.alloc(0);
+/** Node's readable buffer per stream; the window is held in the stream's own queue. */
+const READABLE_BUFFER_BYTES = 64 * 1024;

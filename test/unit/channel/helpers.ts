@@ -15,6 +15,11 @@ export function duplexPair(): [Duplex, Duplex] {
         peer().push(null);
         cb();
       },
+      // Like a socket: when one end goes, the other sees its connection close.
+      destroy(err, cb) {
+        peer().destroy();
+        cb(err);
+      },
     });
   const a: Duplex = make(() => b);
   const b: Duplex = make(() => a);
