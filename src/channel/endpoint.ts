@@ -86,12 +86,16 @@ export function connectSession(duplex: Duplex, options: ConnectOptions): Promise
     );
     options.signal?.addEventListener('abort', onAbort, { once: true });
     const onFrame = (frame: Frame): void => {
-      if (session !== undefined) return session.onFrame(frame);
+      if (session !== undefined) {
+        session.onFrame(frame);
+        return;
+      }
       if (frame.type !== FrameType.HELLO_ACK) return;
       const remote = decodeHello(frame.payload);
       if (remote === undefined || !remote.nonce.equals(local.nonce)) return; // an answer to someone else's HELLO
       if (remote.version !== PROTOCOL_VERSION) {
-        return fail(unavailable('CHANNEL_VERSION_MISMATCH', `the agent speaks channel protocol ${remote.version}, not ${PROTOCOL_VERSION}.`));
+        fail(unavailable('CHANNEL_VERSION_MISMATCH', `the agent speaks channel protocol ${remote.version}, not ${PROTOCOL_VERSION}.`));
+        return;
       }
       cleanup();
       session = new Session({ role: 'client', local, remote, link });
@@ -158,7 +162,7 @@ export class ChannelServer {
     const remote = frame.type === FrameType.HELLO ? decodeHello(frame.payload) : undefined;
     if (remote === undefined) return;
     const local: HelloParams = { version: PROTOCOL_VERSION, ...this.limits, nonce: remote.nonce };
-    if (this.session !== undefined && this.session.options.remote.nonce.equals(remote.nonce)) {
+    if (this.session?.options.remote.nonce.equals(remote.nonce)) {
       this.link.send(encodeHello(FrameType.HELLO_ACK, local)).catch(() => {});
       return;
     }

@@ -1,12 +1,13 @@
 import { cancelled, KataError, timedOut, unavailable } from '../common/errors.js';
 import type { MessageCodec } from './codec.js';
 import { decodeErrorRecord, encodeRecord, RecordKind, readRecords } from './records.js';
-import type { CallOptions, Init, MethodsOfKind, MethodTable, StreamCallOptions } from './rpc-types.js';
+import type { CallOptions, Init, MethodShape, MethodsOfKind, MethodTable, StreamCallOptions } from './rpc-types.js';
 import type { Session } from './session.js';
 import type { ChannelStream } from './stream.js';
 
-type Req<T, K extends keyof T> = T[K] extends { request: infer R } ? R : never;
-type Res<T, K extends keyof T> = T[K] extends { response: infer R } ? R : never;
+type Req<T extends Shapes<T>, K extends keyof T> = T[K]['request'];
+type Res<T extends Shapes<T>, K extends keyof T> = T[K]['response'];
+type Shapes<T> = { [K in keyof T]: MethodShape };
 
 /** The sending half of a client- or bidi-streaming call. */
 export interface CallWriter<R> {
@@ -24,7 +25,7 @@ export interface CallWriter<R> {
  * KataErrors: the server's own (kind and reason preserved), a timeout (CHANNEL_CALL_TIMEOUT,
  * the stream reset so the server stops too), or CHANNEL_SESSION_CLOSED when the link went away.
  */
-export class RpcClient<T> {
+export class RpcClient<T extends Shapes<T>> {
   constructor(
     private readonly sessionOf: () => Session,
     private readonly table: MethodTable<T>,
@@ -96,7 +97,8 @@ export class RpcClient<T> {
     return {
       send: (request) =>
         new Promise<void>((resolve, reject) => {
-          if (stream.destroyed || stream.writableEnded) return reject(cancelled('CHANNEL_CALL_CLOSED', `${method} no longer takes requests.`));
+          if (stream.destroyed || stream.writableEnded)
+            return reject(cancelled('CHANNEL_CALL_CLOSED', `${method} no longer takes requests.`));
           stream.write(this.message(method, 'request', request), (err) => (err ? reject(err) : resolve()));
         }),
       end: () => {
@@ -140,7 +142,9 @@ export class RpcClient<T> {
       stream.destroy(err);
     };
     const timer =
-      timeoutMs > 0 ? setTimeout(() => abort(timedOut('CHANNEL_CALL_TIMEOUT', `${method} did not finish within ${timeoutMs} ms.`)), timeoutMs) : undefined;
+      timeoutMs > 0
+        ? setTimeout(() => abort(timedOut('CHANNEL_CALL_TIMEOUT', `${method} did not finish within ${timeoutMs} ms.`)), timeoutMs)
+        : undefined;
     const onAbort = (): void => abort(cancelled('CHANNEL_CALL_CANCELLED', `${method} was cancelled by the caller.`));
     if (options.signal?.aborted) onAbort();
     else options.signal?.addEventListener('abort', onAbort, { once: true });

@@ -3,9 +3,9 @@ import { cancelled, errorMessage, invalid, isKataError, timedOut, unimplemented 
 import type { Logger } from '../common/logger.js';
 import type { MessageCodec } from './codec.js';
 import { encodeErrorRecord, encodeRecord, RecordKind, readRecords } from './records.js';
+import type { CallContext, MethodTable, ServerHandlers } from './rpc-types.js';
 import type { Session } from './session.js';
 import type { ChannelStream } from './stream.js';
-import type { CallContext, MethodTable, ServerHandlers } from './rpc-types.js';
 
 /** Write and wait until the stream took it (its credits): how a slow reader slows the handler. */
 function writeRecord(stream: ChannelStream, record: Buffer): Promise<void> {
@@ -28,7 +28,13 @@ async function* decodeRequests(stream: ChannelStream, codec: MessageCodec, typeN
  * deadline (carried in OPEN), a reset, or the session's end; what it returns or yields is
  * encoded back; what it throws goes back as an ERROR record with the KataError's kind and reason.
  */
-export function serveRpc<T>(session: Session, table: MethodTable<T>, handlers: ServerHandlers<T>, codec: MessageCodec, logger?: Logger): void {
+export function serveRpc<T>(
+  session: Session,
+  table: MethodTable<T>,
+  handlers: ServerHandlers<T>,
+  codec: MessageCodec,
+  logger?: Logger,
+): void {
   session.onStream((stream, method, timeoutMs) => {
     void runCall(stream, method, timeoutMs);
   });
@@ -36,7 +42,10 @@ export function serveRpc<T>(session: Session, table: MethodTable<T>, handlers: S
   async function runCall(stream: ChannelStream, method: string, timeoutMs: number): Promise<void> {
     const controller = new AbortController();
     stream.on('error', () => {});
-    const timer = timeoutMs > 0 ? setTimeout(() => controller.abort(timedOut('CHANNEL_CALL_TIMEOUT', `${method} passed its deadline.`)), timeoutMs) : undefined;
+    const timer =
+      timeoutMs > 0
+        ? setTimeout(() => controller.abort(timedOut('CHANNEL_CALL_TIMEOUT', `${method} passed its deadline.`)), timeoutMs)
+        : undefined;
     stream.once('close', () => controller.abort(cancelled('CHANNEL_CALL_CANCELLED', `${method} was cancelled.`)));
     const ctx: CallContext = { method, signal: controller.signal };
     try {

@@ -117,13 +117,19 @@ export class Session implements StreamOwner {
   onFrame(frame: Frame): void {
     if (this.closedFlag) return;
     const { type, streamId, payload } = frame;
-    if (type === FrameType.PING) return this.sendControl(encodeFrame(FrameType.PONG, 0, payload));
+    if (type === FrameType.PING) {
+      this.sendControl(encodeFrame(FrameType.PONG, 0, payload));
+      return;
+    }
     if (type === FrameType.PONG) {
       this.pings.get(payload.toString('hex'))?.(0);
       this.pings.delete(payload.toString('hex'));
       return;
     }
-    if (type === FrameType.OPEN) return this.onOpen(streamId, payload);
+    if (type === FrameType.OPEN) {
+      this.onOpen(streamId, payload);
+      return;
+    }
     const stream = this.streams.get(streamId);
     // Frames for a stream we already closed or reset are late, not wrong.
     if (stream === undefined) return;
@@ -196,7 +202,13 @@ export class Session implements StreamOwner {
       this.sendControl(encodeFrame(FrameType.RESET, streamId, encodeReset(ResetCode.REFUSED, 'too many open streams')));
       return;
     }
-    const stream = new ChannelStream(streamId, open.method, this, this.options.remote.initialWindowBytes, this.options.local.initialWindowBytes);
+    const stream = new ChannelStream(
+      streamId,
+      open.method,
+      this,
+      this.options.remote.initialWindowBytes,
+      this.options.local.initialWindowBytes,
+    );
     this.streams.set(streamId, stream);
     this.handler(stream, open.method, open.timeoutMs);
   }

@@ -1,4 +1,4 @@
-import { Buffer } from 'node:buffer';
+import type { Buffer } from 'node:buffer';
 import { Duplex } from 'node:stream';
 import { cancelled, isKataError, KataError, timedOut, unavailable } from '../common/errors.js';
 import { decodeReset, encodeFrame, encodeReset, encodeU32, FrameType, MAX_FRAME_PAYLOAD_BYTES, ResetCode } from './frames.js';
@@ -71,7 +71,10 @@ export class ChannelStream extends Duplex {
   }
 
   override _write(chunk: Buffer, _enc: BufferEncoding, cb: (err?: Error | null) => void): void {
-    if (this.owner.closed) return cb(unavailable('CHANNEL_SESSION_CLOSED', 'the channel session is closed.'));
+    if (this.owner.closed) {
+      cb(unavailable('CHANNEL_SESSION_CLOSED', 'the channel session is closed.'));
+      return;
+    }
     this.pending = { chunk, offset: 0, cb };
     this.owner.schedule(this);
   }

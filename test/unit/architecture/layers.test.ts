@@ -27,6 +27,8 @@ const ALLOWED: Record<string, string[]> = {
   cgroups: ['common', 'config'],
   images: ['common', 'config'],
   hypervisor: ['common', 'config', 'sizing', 'pcie'],
+  channel: ['common', 'generated'],
+  'agent-client': ['common', 'channel', 'generated'],
   admission: ['common', 'config', 'sizing'],
   runtime: ['common', 'config', 'sizing', 'pcie', 'hypervisor', 'cgroups', 'images', 'admission', 'generated'],
   cri: ['common', 'config', 'sizing', 'pcie', 'hypervisor', 'cgroups', 'images', 'admission', 'generated', 'runtime'],
