@@ -22,7 +22,9 @@ export const AGENT_VERSION = '0.1.0';
 
 /** Run the agent with `backend` until the process ends. */
 export async function runAgent(backend: ContainerBackend, env: NodeJS.ProcessEnv = process.env): Promise<void> {
-  const logger = createLogger({ level: (env.KATA_TS_AGENT_LOG_LEVEL as LogLevel | undefined) ?? 'info' }).child({ app: 'kata-ts-agent' });
+  const logger = createLogger({ level: (env.KATA_TS_AGENT_LOG_LEVEL as LogLevel | undefined) ?? 'info' }).child({
+    component: 'guest-agent',
+  });
   const service = new AgentService({ backend, agentVersion: AGENT_VERSION, logger });
   if (env.KATA_TS_AGENT_LISTEN) {
     const server = net.createServer((socket) => serveDuplex(socket, (session) => service.attach(session)));

@@ -63,6 +63,10 @@ export class ChannelStream extends Duplex {
     super({ allowHalfOpen: true, readableHighWaterMark: READABLE_BUFFER_BYTES, writableHighWaterMark: MAX_FRAME_PAYLOAD_BYTES });
     this.sendCredit = peerWindowBytes;
     this.granted = windowBytes;
+    // A peer's RESET must never end the agent or the daemon as an unheard 'error' event; the
+    // error still reaches whoever reads (the iterator throws), writes (the callback) or waits
+    // for 'close' (stream.errored).
+    this.on('error', () => {});
   }
 
   /** Bytes the peer may still send before it must wait for credits (for tests and metrics). */

@@ -147,3 +147,12 @@ describe('RPC over the channel', () => {
     expect((await client.unary('Echo', { text }, { timeoutMs: 5000 })).text).toBe(text);
   });
 });
+
+describe('the dispatch table type', () => {
+  it('refuses a table that leaves a method out (checked by tsc)', () => {
+    const { Fail: _left, ...partial } = handlers;
+    // @ts-expect-error Fail is missing, so this is not a complete ServerHandlers<TestMethods>.
+    const incomplete: ServerHandlers<TestMethods> = partial;
+    expect(Object.keys(incomplete)).not.toContain('Fail');
+  });
+});
