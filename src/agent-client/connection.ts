@@ -38,6 +38,8 @@ export class AgentConnection {
   private readonly waiters = new Set<() => void>();
   private readonly sessionListeners = new Set<(hello: HelloResponse) => void>();
   private loop: Promise<void> | undefined;
+  /** Why the latest attempt failed, for the error of a caller that gave up waiting. */
+  private lastError: unknown;
 
   constructor(private readonly options: AgentConnectionOptions) {
     this.rpc = new RpcClient<AgentMethods>(
@@ -87,7 +89,7 @@ export class AgentConnection {
       const wake = (): void => finish(this.connected ? undefined : unavailable('AGENT_CLIENT_CLOSED', 'the agent client is closed.'));
       const onAbort = (): void => finish(cancelled('AGENT_CALL_CANCELLED', 'the call was cancelled while waiting for the agent.'));
       const timer = setTimeout(
-        () => finish(timedOut('AGENT_NOT_CONNECTED', `the agent did not connect within ${timeoutMs} ms.`)),
+        () => finish(timedOut('AGENT_NOT_CONNECTED', `the agent did not connect within ${timeoutMs} ms.`, { cause: this.lastError })),
         timeoutMs,
       );
       this.waiters.add(wake);
@@ -111,6 +113,7 @@ export class AgentConnection {
         await new Promise<void>((resolve) => session.onClose(() => resolve()));
         if (!this.closedFlag) this.options.logger.warn({ err: errorMessage(session.closeError) }, 'agent session ended; reconnecting');
       } catch (err) {
+        this.lastError = err;
         this.options.logger.debug({ err: errorMessage(err) }, 'agent connect attempt failed');
         await new Promise((resolve) => setTimeout(resolve, backoffMs));
         backoffMs = Math.min(maxBackoffMs, backoffMs * 2);

@@ -5,9 +5,11 @@ import os from 'node:os';
 import path from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { AgentService } from '../../../guest/agent/server.js';
+import { codec } from '../../../src/agent-client/connection.js';
 import { AgentClient } from '../../../src/agent-client/index.js';
-import { serveDuplex } from '../../../src/channel/index.js';
+import { type ServerHandlers, serveDuplex, serveRpc } from '../../../src/channel/index.js';
 import { silentLogger } from '../../../src/common/logger.js';
+import { AGENT_METHODS, type AgentMethods } from '../../../src/generated/agent/agent.js';
 import { FakeContainerBackend } from './fake-backend.js';
 
 const T = { timeoutMs: 5000 };
@@ -202,5 +204,25 @@ describe('AgentClient against the guest server (FakeContainerBackend)', () => {
     expect((await client.listContainers([], T)).map((c) => c.containerId)).toEqual(['c1']);
     expect(sessions).toBe(1);
     expect(client.connection.hello?.agentInstanceId).toBe(firstInstance);
+  });
+
+  it('refuses an agent that speaks another API version, and says so', async () => {
+    const handlers: ServerHandlers<AgentMethods> = { ...service.handlers(), Hello: async () => ({ apiVersion: 99 }) };
+    const other = net.createServer((socket) => {
+      guestSockets.add(socket);
+      serveDuplex(socket, (session) => serveRpc(session, AGENT_METHODS, handlers, codec));
+    });
+    const otherPath = path.join(dir, 'other.sock');
+    await new Promise<void>((resolve) => other.listen(otherPath, resolve));
+    try {
+      const err = await AgentClient.connect(
+        { socketPath: otherPath, logger: silentLogger(), hostVersion: 'test', minBackoffMs: 20 },
+        300,
+      ).catch((e: unknown) => e);
+      expect(err).toMatchObject({ kind: 'timeout', reason: 'AGENT_NOT_CONNECTED' });
+      expect((err as Error).cause).toMatchObject({ reason: 'AGENT_API_MISMATCH' });
+    } finally {
+      other.close();
+    }
   });
 });
