@@ -10,7 +10,9 @@
  */
 process.env.UV_THREADPOOL_SIZE ??= '8';
 
+import { realpathSync } from 'node:fs';
 import net from 'node:net';
+import { fileURLToPath } from 'node:url';
 import { ChannelServer, serveDuplex } from '../../src/channel/index.js';
 import { createLogger, type LogLevel } from '../../src/common/logger.js';
 import type { ContainerBackend } from './backend.js';
@@ -43,7 +45,7 @@ export async function runAgent(backend: ContainerBackend, env: NodeJS.ProcessEnv
 }
 
 // Started directly (not imported by a test): serve with the backend this build has.
-if (process.argv[1] !== undefined && import.meta.url === new URL(`file://${process.argv[1]}`).href) {
+if (process.argv[1] !== undefined && realpathSync(process.argv[1]) === realpathSync(fileURLToPath(import.meta.url))) {
   runAgent(unimplementedBackend()).catch((err: unknown) => {
     process.stderr.write(`kata-ts-agent: ${err instanceof Error ? err.message : String(err)}\n`);
     process.exit(1);

@@ -47,7 +47,7 @@ export interface ConnectOptions {
   limits?: ChannelLimits;
   /** Give up after this long without a HELLO_ACK. */
   timeoutMs: number;
-  /** HELLO is repeated this often until answered: the first may land in a stale buffer. */
+  /** HELLO is repeated this often until answered (200 ms): a HELLO sent before the agent opened its port is lost, so this bounds how long a booting VM waits after its agent starts. */
   helloIntervalMs?: number;
   signal?: AbortSignal;
 }
@@ -79,7 +79,7 @@ export function connectSession(duplex: Duplex, options: ConnectOptions): Promise
       reject(err);
     };
     const onAbort = (): void => fail(cancelled('CHANNEL_CONNECT_ABORTED', 'connecting to the agent was aborted.'));
-    const repeat = setInterval(sendHello, options.helloIntervalMs ?? 1000);
+    const repeat = setInterval(sendHello, options.helloIntervalMs ?? 200);
     const deadline = setTimeout(
       () => fail(timedOut('CHANNEL_HELLO_TIMEOUT', `the agent did not answer HELLO within ${options.timeoutMs} ms.`)),
       options.timeoutMs,
