@@ -40,6 +40,7 @@ export async function runAgent(backend: ContainerBackend, env: NodeJS.ProcessEnv
     logger.info('new host session');
     service.attach(session);
   });
+  channel.announce();
   logger.info({ device, instanceId: service.instanceId }, 'agent serving');
   await port.run(channel);
 }

@@ -16,6 +16,12 @@ export interface AgentConnectionOptions {
   /** Wait between reconnect attempts, doubling up to maxBackoffMs. */
   minBackoffMs?: number;
   maxBackoffMs?: number;
+  /**
+   * A PING this often (10 s by default; 0: never) that must be answered within the same time:
+   * a guest that hangs (or an agent that died without a successor) ends the session, so calls
+   * fail and the connection starts over instead of waiting on a dead peer.
+   */
+  keepaliveIntervalMs?: number;
   /** How to reach the agent; a unix socket connection by default (tests pass pairs). */
   dial?: () => Duplex;
 }
@@ -110,7 +116,17 @@ export class AgentConnection {
       try {
         const session = await this.attempt();
         backoffMs = this.options.minBackoffMs ?? 100;
+        const keepaliveMs = this.options.keepaliveIntervalMs ?? 10_000;
+        const keepalive =
+          keepaliveMs > 0
+            ? setInterval(() => {
+                session.ping(keepaliveMs).catch((err: unknown) => {
+                  session.close(unavailable('AGENT_KEEPALIVE_FAILED', 'the agent did not answer a ping.', { cause: err }));
+                });
+              }, keepaliveMs)
+            : undefined;
         await new Promise<void>((resolve) => session.onClose(() => resolve()));
+        clearInterval(keepalive);
         if (!this.closedFlag) this.options.logger.warn({ err: errorMessage(session.closeError) }, 'agent session ended; reconnecting');
       } catch (err) {
         this.lastError = err;

@@ -2,7 +2,16 @@ import type { Buffer } from 'node:buffer';
 import { randomBytes } from 'node:crypto';
 import type { Duplex } from 'node:stream';
 import { cancelled, timedOut, unavailable } from '../common/errors.js';
-import { decodeHello, encodeHello, type Frame, FrameDecoder, FrameType, type HelloParams, PROTOCOL_VERSION } from './frames.js';
+import {
+  ANNOUNCE_NONCE,
+  decodeHello,
+  encodeHello,
+  type Frame,
+  FrameDecoder,
+  FrameType,
+  type HelloParams,
+  PROTOCOL_VERSION,
+} from './frames.js';
 import { type Link, Session } from './session.js';
 
 /** Per-side limits announced in HELLO. */
@@ -87,6 +96,12 @@ export function connectSession(duplex: Duplex, options: ConnectOptions): Promise
     options.signal?.addEventListener('abort', onAbort, { once: true });
     const onFrame = (frame: Frame): void => {
       if (session !== undefined) {
+        if (frame.type === FrameType.HELLO_ACK && decodeHello(frame.payload)?.nonce.equals(ANNOUNCE_NONCE)) {
+          // The agent started afresh (QEMU's socket stayed up): this session's peer is gone.
+          session.close(unavailable('CHANNEL_PEER_RESTARTED', 'the agent restarted.'));
+          duplex.destroy();
+          return;
+        }
         session.onFrame(frame);
         return;
       }
@@ -150,6 +165,15 @@ export class ChannelServer {
       else if (this.awaitingHello) this.onHelloFrame(event.frame);
       else this.session?.onFrame(event.frame);
     }
+  }
+
+  /**
+   * Tell a host that may still hold a session with a previous agent that it is gone (sent once
+   * at start; while no host is connected the write waits, and it lands before any HELLO_ACK).
+   */
+  announce(): void {
+    const params: HelloParams = { version: PROTOCOL_VERSION, ...this.limits, nonce: ANNOUNCE_NONCE };
+    this.link.send(encodeHello(FrameType.HELLO_ACK, params)).catch(() => {});
   }
 
   linkLost(): void {

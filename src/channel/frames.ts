@@ -71,6 +71,12 @@ export interface HelloParams {
 
 const HELLO_BYTES = 2 + 4 + 4 + 16;
 
+/**
+ * The nonce of a HELLO_ACK nobody asked for: a freshly started agent sends one, so that a host
+ * whose connection to QEMU outlived the old agent learns at once that its session is gone.
+ */
+export const ANNOUNCE_NONCE = Buffer.alloc(16);
+
 export function encodeHello(type: typeof FrameType.HELLO | typeof FrameType.HELLO_ACK, params: HelloParams): Buffer {
   const p = Buffer.alloc(HELLO_BYTES);
   p.writeUInt16BE(params.version, 0);
