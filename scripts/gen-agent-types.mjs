@@ -3,7 +3,7 @@
 // message fields null when absent), one string union per enum, the service's method table, and
 // the schema itself as a JSON descriptor, so neither side reads .proto files at run time (the
 // guest bundle has no proto directory).
-import { mkdirSync, writeFileSync } from 'node:fs';
+import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import protobuf from 'protobufjs';
 
@@ -50,6 +50,10 @@ export function generateAgentTypes(root, outDir) {
     '/* biome-ignore-all lint: generated */',
     '',
   ];
+  const version = /^\/\/ api_version: (\d+)$/m.exec(readFileSync(file, 'utf8'));
+  if (!version) throw new Error('gen-agent: agent.proto lacks its "// api_version: N" line');
+  lines.push('/** The agent API version (the `api_version:` line of agent.proto): Hello carries it both ways. */');
+  lines.push(`export const AGENT_API_VERSION = ${version[1]};`, '');
   let service;
   for (const nested of pkg.nestedArray) {
     if (nested instanceof protobuf.Enum) {
@@ -63,7 +67,7 @@ export function generateAgentTypes(root, outDir) {
     } else if (nested instanceof protobuf.Type) {
       if (nested.oneofsArray.length > 0) throw new Error(`gen-agent: oneof in ${nested.name} is not supported`);
       const body = nested.fieldsArray.map((f) => `${comment(f, '  ')}  ${f.name}: ${tsType(f)};`).join('\n');
-      lines.push(comment(nested) + `export interface ${nested.name} {${body ? `\n${body}\n` : ''}}`, '');
+      lines.push(`${comment(nested)}export interface ${nested.name} {${body ? `\n${body}\n` : ''}}`, '');
     } else if (nested instanceof protobuf.Service) {
       service = nested;
     }

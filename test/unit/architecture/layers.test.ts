@@ -29,6 +29,8 @@ const ALLOWED: Record<string, string[]> = {
   images: ['common', 'config'],
   oci: ['common', 'config', 'generated'],
   hypervisor: ['common', 'config', 'sizing', 'pcie'],
+  channel: ['common', 'generated'],
+  'agent-client': ['common', 'channel', 'generated'],
   admission: ['common', 'config', 'sizing'],
   logs: ['common'],
   runtime: ['common', 'config', 'sizing', 'pcie', 'hypervisor', 'cgroups', 'images', 'admission', 'logs', 'generated'],

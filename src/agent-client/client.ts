@@ -1,0 +1,200 @@
+import type { Buffer } from 'node:buffer';
+import type { CallOptions, CallWriter, Init, MethodsOfKind, StreamCallOptions } from '../channel/index.js';
+import type {
+  AgentMethods,
+  ContainerState,
+  ContainerStatsEntry,
+  CreateContainerRequest,
+  ExecProcessRequest,
+  ExitStatus,
+  GuestEvent,
+  GuestFacts,
+  GuestStatsResponse,
+  OutputChunk,
+  OutputStream,
+  Timestamp,
+} from '../generated/agent/agent.js';
+import { AgentConnection, type AgentConnectionOptions } from './connection.js';
+
+/** Time left of a deadline that started at `startMs`, at least 1 ms. */
+function remaining(options: CallOptions, startMs: number): CallOptions {
+  return { ...options, timeoutMs: Math.max(1, options.timeoutMs - (Date.now() - startMs)) };
+}
+
+/**
+ * The host's typed client for the guest agent: one method per call of proto/agent/agent.proto.
+ * Unary calls take a deadline (`timeoutMs`, which also covers waiting for a reconnect) and an
+ * optional AbortSignal; streaming calls run until they end, are cancelled, or the session goes
+ * (then they fail with CHANNEL_SESSION_CLOSED and the caller opens them again on the next
+ * session, e.g. StreamOutput from its stored offset).
+ */
+export class AgentClient {
+  constructor(readonly connection: AgentConnection) {}
+
+  /** Connect to QEMU's agent socket and complete Hello within `timeoutMs`. */
+  static async connect(options: AgentConnectionOptions, timeoutMs: number, signal?: AbortSignal): Promise<AgentClient> {
+    const connection = new AgentConnection(options);
+    try {
+      await connection.start(timeoutMs, signal);
+    } catch (err) {
+      connection.close();
+      throw err;
+    }
+    return new AgentClient(connection);
+  }
+
+  close(): void {
+    this.connection.close();
+  }
+
+  guestFacts(options: CallOptions): Promise<GuestFacts> {
+    return this.unary('GetGuestFacts', {}, options);
+  }
+
+  async createContainer(request: Init<CreateContainerRequest>, options: CallOptions): Promise<{ pid: number }> {
+    return this.unary('CreateContainer', request, options);
+  }
+
+  async startContainer(containerId: string, options: CallOptions): Promise<{ startedAt: Timestamp | null }> {
+    return this.unary('StartContainer', { containerId }, options);
+  }
+
+  async signalContainer(containerId: string, signal: number, all: boolean, options: CallOptions): Promise<void> {
+    await this.unary('SignalContainer', { containerId, signal, all }, options);
+  }
+
+  waitContainer(containerId: string, options: CallOptions): Promise<ExitStatus> {
+    return this.unary('WaitContainer', { containerId }, options);
+  }
+
+  async deleteContainer(containerId: string, force: boolean, options: CallOptions): Promise<void> {
+    await this.unary('DeleteContainer', { containerId, force }, options);
+  }
+
+  async listContainers(containerIds: string[], options: CallOptions): Promise<ContainerState[]> {
+    return (await this.unary('ListContainers', { containerIds }, options)).containers;
+  }
+
+  async containerStats(containerIds: string[], options: CallOptions): Promise<ContainerStatsEntry[]> {
+    return (await this.unary('ContainerStats', { containerIds }, options)).stats;
+  }
+
+  guestStats(options: CallOptions): Promise<GuestStatsResponse> {
+    return this.unary('GuestStats', {}, options);
+  }
+
+  /** The container's output from `fromOffset`; the last chunk has `eof`. Acknowledge with ackOutput. */
+  streamOutput(containerId: string, fromOffset: number, options: StreamCallOptions = {}): AsyncGenerator<OutputChunk> {
+    return this.connection.rpc.serverStream('StreamOutput', { containerId, fromOffset }, options);
+  }
+
+  async ackOutput(containerId: string, offset: number, options: CallOptions): Promise<void> {
+    await this.unary('AckOutput', { containerId, offset }, options);
+  }
+
+  execProcess(request: Init<ExecProcessRequest>, options: CallOptions): Promise<{ pid: number }> {
+    return this.unary('ExecProcess', request, options);
+  }
+
+  /**
+   * A writer to the stdin of a process (execId '' = the container's own). `write` resolves when
+   * the channel took the bytes; `end` closes the process's stdin (for the container's own stdin,
+   * only when it was created with stdinOnce).
+   */
+  writeStdin(containerId: string, execId: string, options: StreamCallOptions = {}): StdinWriter {
+    const call = this.connection.rpc.clientStream('WriteStdin', options);
+    let first = true;
+    return {
+      write: (data) => {
+        const message = first ? { containerId, execId, data } : { data };
+        first = false;
+        return call.send(message);
+      },
+      end: () => {
+        if (first) void call.send({ containerId, execId }).catch(() => {});
+        call.end();
+      },
+      cancel: () => call.cancel(),
+      done: call.response.then(() => undefined),
+    };
+  }
+
+  /** An exec'd process's stdout or stderr, until end of file. */
+  readProcessOutput(
+    containerId: string,
+    execId: string,
+    stream: OutputStream,
+    options: StreamCallOptions = {},
+  ): AsyncGenerator<OutputChunk> {
+    return this.connection.rpc.serverStream('ReadProcessOutput', { containerId, execId, stream }, options);
+  }
+
+  async signalProcess(containerId: string, execId: string, signal: number, options: CallOptions): Promise<void> {
+    await this.unary('SignalProcess', { containerId, execId, signal }, options);
+  }
+
+  async resizeTty(containerId: string, execId: string, rows: number, columns: number, options: CallOptions): Promise<void> {
+    await this.unary('ResizeTty', { containerId, execId, rows, columns }, options);
+  }
+
+  waitProcess(containerId: string, execId: string, options: CallOptions): Promise<ExitStatus> {
+    return this.unary('WaitProcess', { containerId, execId }, options);
+  }
+
+  async deleteProcess(containerId: string, execId: string, options: CallOptions): Promise<void> {
+    await this.unary('DeleteProcess', { containerId, execId }, options);
+  }
+
+  /** A byte stream to `port` on the guest's loopback. */
+  portForward(port: number, options: StreamCallOptions = {}): PortForwardStream {
+    const call = this.connection.rpc.bidi('PortForward', options);
+    const opened = call.send({ port });
+    opened.catch(() => {});
+    async function* data(): AsyncGenerator<Uint8Array> {
+      for await (const m of call.responses) yield m.data;
+    }
+    return {
+      write: async (bytes) => {
+        await opened;
+        await call.send({ data: bytes });
+      },
+      end: () => {
+        void opened.then(() => call.end()).catch(() => {});
+      },
+      cancel: () => call.cancel(),
+      data: data(),
+    };
+  }
+
+  /** Guest events as they happen (hints: after a reconnect, list containers again). */
+  guestEvents(options: StreamCallOptions = {}): AsyncGenerator<GuestEvent> {
+    return this.connection.rpc.serverStream('GuestEvents', {}, options);
+  }
+
+  private async unary<K extends MethodsOfKind<AgentMethods, 'unary'>>(
+    method: K,
+    request: Init<AgentMethods[K]['request']>,
+    options: CallOptions,
+  ): Promise<AgentMethods[K]['response']> {
+    const startMs = Date.now();
+    await this.connection.ready(options.timeoutMs, options.signal);
+    return this.connection.rpc.unary(method, request, remaining(options, startMs));
+  }
+}
+
+export interface StdinWriter {
+  write(data: Buffer | Uint8Array): Promise<void>;
+  end(): void;
+  cancel(): void;
+  /** Settles when the agent has closed or released the process's stdin. */
+  done: Promise<void>;
+}
+
+export interface PortForwardStream {
+  write(data: Buffer | Uint8Array): Promise<void>;
+  end(): void;
+  cancel(): void;
+  data: AsyncGenerator<Uint8Array>;
+}
+
+export type { CallWriter };

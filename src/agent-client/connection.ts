@@ -1,0 +1,176 @@
+import net from 'node:net';
+import type { Duplex } from 'node:stream';
+import { connectSession, protobufCodec, RpcClient, type Session } from '../channel/index.js';
+import { cancelled, errorMessage, timedOut, unavailable } from '../common/errors.js';
+import type { Logger } from '../common/logger.js';
+import { AGENT_API_VERSION, AGENT_DESCRIPTOR, AGENT_METHODS, type AgentMethods, type HelloResponse } from '../generated/agent/agent.js';
+
+export interface AgentConnectionOptions {
+  /** QEMU's `-chardev socket,server=on` path for the org.kata-ts.agent port. */
+  socketPath: string;
+  logger: Logger;
+  /** This daemon's version, told to the agent. */
+  hostVersion: string;
+  /** One handshake attempt (HELLO and the Hello call) may take this long. */
+  handshakeTimeoutMs?: number;
+  /** Wait between reconnect attempts, doubling up to maxBackoffMs. */
+  minBackoffMs?: number;
+  maxBackoffMs?: number;
+  /**
+   * A PING this often (10 s by default; 0: never) that must be answered within the same time:
+   * a guest that hangs (or an agent that died without a successor) ends the session, so calls
+   * fail and the connection starts over instead of waiting on a dead peer.
+   */
+  keepaliveIntervalMs?: number;
+  /** How to reach the agent; a unix socket connection by default (tests pass pairs). */
+  dial?: () => Duplex;
+}
+
+export const codec = protobufCodec(AGENT_DESCRIPTOR);
+
+/**
+ * A session with the agent that comes back by itself: when the link drops (the guest agent
+ * restarted, QEMU's socket closed, framing broke), it dials again with backoff, says HELLO and
+ * Hello, and tells its listeners so they can resynchronise (list containers, resume output at
+ * their stored offsets). Calls wait for a session within their own deadline.
+ */
+export class AgentConnection {
+  readonly rpc: RpcClient<AgentMethods>;
+  private session: Session | undefined;
+  private helloValue: HelloResponse | undefined;
+  private closedFlag = false;
+  /** The current session finished Hello and passed the version check. */
+  private live = false;
+  private readonly waiters = new Set<() => void>();
+  private readonly sessionListeners = new Set<(hello: HelloResponse) => void>();
+  private loop: Promise<void> | undefined;
+  /** Why the latest attempt failed, for the error of a caller that gave up waiting. */
+  private lastError: unknown;
+
+  constructor(private readonly options: AgentConnectionOptions) {
+    this.rpc = new RpcClient<AgentMethods>(
+      () => {
+        if (this.session === undefined || this.session.closed) throw unavailable('AGENT_NOT_CONNECTED', 'the agent is not connected.');
+        return this.session;
+      },
+      AGENT_METHODS,
+      codec,
+    );
+  }
+
+  /** The agent's answer to the latest Hello. */
+  get hello(): HelloResponse | undefined {
+    return this.helloValue;
+  }
+
+  get connected(): boolean {
+    return this.live && this.session !== undefined && !this.session.closed;
+  }
+
+  /** Start connecting (and reconnecting); resolves at the first session or rejects at the deadline. */
+  async start(timeoutMs: number, signal?: AbortSignal): Promise<HelloResponse> {
+    this.loop ??= this.run();
+    await this.ready(timeoutMs, signal);
+    return this.helloValue!;
+  }
+
+  /** Called with every new session's Hello answer (the first one included). */
+  onSession(listener: (hello: HelloResponse) => void): () => void {
+    this.sessionListeners.add(listener);
+    return () => this.sessionListeners.delete(listener);
+  }
+
+  /** Wait for a live session, at most `timeoutMs`. */
+  ready(timeoutMs: number, signal?: AbortSignal): Promise<void> {
+    if (this.connected) return Promise.resolve();
+    if (this.closedFlag) return Promise.reject(unavailable('AGENT_CLIENT_CLOSED', 'the agent client is closed.'));
+    return new Promise((resolve, reject) => {
+      const finish = (err?: Error): void => {
+        clearTimeout(timer);
+        this.waiters.delete(wake);
+        signal?.removeEventListener('abort', onAbort);
+        if (err) reject(err);
+        else resolve();
+      };
+      const wake = (): void => finish(this.connected ? undefined : unavailable('AGENT_CLIENT_CLOSED', 'the agent client is closed.'));
+      const onAbort = (): void => finish(cancelled('AGENT_CALL_CANCELLED', 'the call was cancelled while waiting for the agent.'));
+      const timer = setTimeout(
+        () => finish(timedOut('AGENT_NOT_CONNECTED', `the agent did not connect within ${timeoutMs} ms.`, { cause: this.lastError })),
+        timeoutMs,
+      );
+      this.waiters.add(wake);
+      signal?.addEventListener('abort', onAbort, { once: true });
+    });
+  }
+
+  close(): void {
+    this.closedFlag = true;
+    this.session?.close(unavailable('AGENT_CLIENT_CLOSED', 'the agent client is closed.'));
+    for (const w of [...this.waiters]) w();
+  }
+
+  private async run(): Promise<void> {
+    let backoffMs = this.options.minBackoffMs ?? 100;
+    const maxBackoffMs = this.options.maxBackoffMs ?? 2000;
+    while (!this.closedFlag) {
+      try {
+        const session = await this.attempt();
+        backoffMs = this.options.minBackoffMs ?? 100;
+        const keepaliveMs = this.options.keepaliveIntervalMs ?? 10_000;
+        const keepalive =
+          keepaliveMs > 0
+            ? setInterval(() => {
+                session.ping(keepaliveMs).catch((err: unknown) => {
+                  session.close(unavailable('AGENT_KEEPALIVE_FAILED', 'the agent did not answer a ping.', { cause: err }));
+                });
+              }, keepaliveMs)
+            : undefined;
+        await new Promise<void>((resolve) => session.onClose(() => resolve()));
+        clearInterval(keepalive);
+        if (!this.closedFlag) this.options.logger.warn({ err: errorMessage(session.closeError) }, 'agent session ended; reconnecting');
+      } catch (err) {
+        this.lastError = err;
+        this.options.logger.debug({ err: errorMessage(err) }, 'agent connect attempt failed');
+        await new Promise((resolve) => setTimeout(resolve, backoffMs));
+        backoffMs = Math.min(maxBackoffMs, backoffMs * 2);
+      }
+    }
+  }
+
+  private async attempt(): Promise<Session> {
+    const timeoutMs = this.options.handshakeTimeoutMs ?? 5000;
+    const duplex = this.options.dial?.() ?? net.createConnection(this.options.socketPath);
+    const session = await connectSession(duplex, { timeoutMs }).catch((err: unknown) => {
+      duplex.destroy();
+      throw err;
+    });
+    session.onClose(() => {
+      this.live = false;
+      duplex.destroy();
+    });
+    this.session = session;
+    this.live = false;
+    try {
+      const hello = await this.rpc.unary('Hello', { apiVersion: AGENT_API_VERSION, hostVersion: this.options.hostVersion }, { timeoutMs });
+      if (hello.apiVersion !== AGENT_API_VERSION)
+        throw unavailable('AGENT_API_MISMATCH', `the agent speaks API ${hello.apiVersion}, this daemon ${AGENT_API_VERSION}.`);
+      this.helloValue = hello;
+    } catch (err) {
+      this.session = undefined;
+      session.close(unavailable('AGENT_HELLO_FAILED', 'the agent did not complete Hello.', { cause: err }));
+      throw err;
+    }
+    if (this.closedFlag) {
+      session.close(unavailable('AGENT_CLIENT_CLOSED', 'the agent client is closed.'));
+      return session;
+    }
+    this.live = true;
+    this.options.logger.info(
+      { agentVersion: this.helloValue.agentVersion, instance: this.helloValue.agentInstanceId },
+      'agent session started',
+    );
+    for (const w of [...this.waiters]) w();
+    for (const l of [...this.sessionListeners]) l(this.helloValue);
+    return session;
+  }
+}
