@@ -5,7 +5,7 @@
  */
 import { Buffer } from 'node:buffer';
 import type { Readable } from 'node:stream';
-import { type ErrorKind, exhausted, KataError } from '../common/errors.js';
+import { type ErrorKind, exhausted, KataError, type Reason } from '../common/errors.js';
 
 export const RecordKind = { MESSAGE: 1, ERROR: 2 } as const;
 /** The largest single message (an OCI config.json is far smaller). */
@@ -42,7 +42,9 @@ export function decodeErrorRecord(body: Buffer): KataError {
   try {
     const o = JSON.parse(body.toString('utf8')) as { kind?: string; reason?: string; message?: string; details?: Record<string, unknown> };
     const kind = (typeof o.kind === 'string' && KINDS.has(o.kind) ? o.kind : 'internal') as ErrorKind;
-    return new KataError(kind, String(o.reason ?? 'AGENT_ERROR'), String(o.message ?? 'the agent reported an error.'), {
+    // The peer's reason is taken as sent: it names a code of the other side's union (the agent and
+    // the host are built from one tree), and no code here branches on one it does not declare.
+    return new KataError(kind, String(o.reason ?? 'AGENT_ERROR') as Reason, String(o.message ?? 'the agent reported an error.'), {
       details: o.details,
     });
   } catch {

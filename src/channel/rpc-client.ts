@@ -1,4 +1,4 @@
-import { cancelled, KataError, timedOut, unavailable } from '../common/errors.js';
+import { cancelled, isReason, KataError, timedOut, unavailable } from '../common/errors.js';
 import type { MessageCodec } from './codec.js';
 import { decodeErrorRecord, encodeRecord, RecordKind, readRecords } from './records.js';
 import type { CallOptions, Init, MethodShape, MethodsOfKind, MethodTable, StreamCallOptions } from './rpc-types.js';
@@ -153,7 +153,7 @@ export class RpcClient<T extends Shapes<T>> {
       /** Our own timeout or cancel wins over the stream error it caused. */
       translate: (err: unknown): unknown => {
         if (why !== undefined) return why;
-        if (session.closed && !(err instanceof KataError && err.reason !== 'CHANNEL_STREAM_CANCELLED'))
+        if (session.closed && !(err instanceof KataError && !isReason(err, 'CHANNEL_STREAM_CANCELLED')))
           return unavailable('CHANNEL_SESSION_CLOSED', `${method} failed: the channel session closed.`, { cause: err });
         return err;
       },

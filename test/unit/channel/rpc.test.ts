@@ -30,7 +30,7 @@ const handlers: ServerHandlers<TestMethods> = {
     for await (const r of reqs) yield { text: r.text.toUpperCase() };
   },
   Fail: async (req) => {
-    throw notFound('THING_NOT_FOUND', `thing ${req.note} does not exist.`);
+    throw notFound('EXEC_NOT_FOUND', `thing ${req.note} does not exist.`);
   },
 };
 
@@ -65,7 +65,7 @@ describe('RPC over the channel', () => {
     const err = await client.unary('Fail', { note: 'n1' }, { timeoutMs: 2000 }).catch((e: unknown) => e);
     expect(err).toBeInstanceOf(KataError);
     expect((err as KataError).kind).toBe('not_found');
-    expect((err as KataError).reason).toBe('THING_NOT_FOUND');
+    expect((err as KataError).reason).toBe('EXEC_NOT_FOUND');
   });
 
   it('times a call out, resets the stream, and the server sees its signal fire', async () => {
