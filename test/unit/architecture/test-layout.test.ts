@@ -29,6 +29,7 @@ describe('test layout', () => {
       'admission',
       'cri',
       'logs',
+      'guest-agent',
       'guest-agent-core',
     ]);
     const folders = readdirSync(unit, { withFileTypes: true }).filter((e) => e.isDirectory());
