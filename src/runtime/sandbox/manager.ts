@@ -1,4 +1,3 @@
-import { promises as fsp } from 'node:fs';
 import type { AgentClient } from '../../agent-client/index.js';
 import type { CgroupDriver, CgroupDriverName, PlacementRecord } from '../../cgroups/index.js';
 import { alreadyExists, errorMessage, notFound } from '../../common/errors.js';
@@ -15,13 +14,17 @@ import type { RuntimeMetrics } from '../metrics.js';
 import { decodeSandboxSpec } from '../spec/sandbox.js';
 import { type CreateDeps, createSandbox } from './create.js';
 import { killAndWait } from './orphans.js';
-import { sandboxWorkDir } from './paths.js';
+import { sandboxSharedDir, sandboxWorkDir } from './paths.js';
 import { identityKey, type SandboxExitRecord, type SandboxRecord } from './record.js';
 import { recoverSandboxes } from './recover.js';
+import { releaseSharedMounts, removeWorkDir } from './shared-dir.js';
 import { sandboxMatches } from './views.js';
+import { stopVirtiofsd } from './virtiofsd.js';
 
 /** The containers' share of a stop when the request has no (or a long) deadline. */
 export const CONTAINERS_STOP_MAX_MS = 30_000;
+/** DestroyPod's deadline at stop (best effort). */
+const DESTROY_POD_TIMEOUT_MS = 2_000;
 /** How long past its deadline sandboxStopping may run before the VM is stopped regardless. */
 const STOPPING_GRACE_MS = 500;
 
@@ -128,7 +131,7 @@ export class SandboxManager {
     this.identities.set(key, id);
     ctx.annotate({ sandboxId: id });
     try {
-      const { record, vm } = await this.locks.run(id, () =>
+      const { record, vm, agent } = await this.locks.run(id, () =>
         createSandbox(this.deps, {
           id,
           spec,
@@ -139,7 +142,7 @@ export class SandboxManager {
           readyTimeoutMs: boundedTimeoutMs(this.deps.config.hypervisor.readyTimeoutMs, ctx),
         }),
       );
-      const live: LiveSandbox = { record, vm, agent: undefined, stopping: false };
+      const live: LiveSandbox = { record, vm, agent, stopping: false };
       this.sandboxes.set(id, live);
       this.watchExit(live, vm);
       this.updateGauge();
@@ -242,6 +245,7 @@ export class SandboxManager {
     if (live.vm !== undefined && live.vm.exitInfo === undefined) {
       // Containers first, while the VM and its agent are up, so they stop with their timeouts.
       await this.tellStopping(record.id, budget.containersMs, log);
+      await this.destroyGuestPod(live, log);
       live.stopping = true;
       const result = await live.vm.shutdown({ timeoutMs: budget.vmMs });
       log.info({ how: result.how, exit: result.exit }, 'VM stopped');
@@ -254,15 +258,25 @@ export class SandboxManager {
     }
     live.vm?.release();
     live.vm = undefined;
+    live.agent?.close();
+    live.agent = undefined;
     // The VM is gone: say so durably before touching cgroups, so that a teardown failure below
     // leaves an honest NOTREADY sandbox whose Stop can simply be retried.
     const changed = record.state !== 'SANDBOX_NOTREADY' || record.phase !== 'stopped' || record.exit !== exit;
     record.state = 'SANDBOX_NOTREADY';
     record.phase = 'stopped';
     record.exit = exit;
+    record.guestPod = null;
     await this.deps.listener.sandboxStopped(record.id);
     if (changed) await this.deps.store.put(record);
     this.updateGauge();
+    // virtiofsd leaves before its cgroup can go, and before the shared directory's mounts.
+    await stopVirtiofsd(record, log);
+    if (record.virtiofsd !== null) {
+      record.virtiofsd = null;
+      await this.deps.store.put(record);
+    }
+    await releaseSharedMounts(sandboxSharedDir(this.deps.config.stateDir, record.id), log);
     if (record.placement !== null) {
       await this.cgroupsFor(record.placement).remove(record.placement);
       record.placement = null;
@@ -282,11 +296,21 @@ export class SandboxManager {
       await this.stopLocked(live, this.stopBudget(ctx));
       await this.deps.listener.sandboxRemoving(record.id);
       await this.deps.store.delete(record.id);
-      await fsp.rm(sandboxWorkDir(this.deps.config.stateDir, record.id), { recursive: true, force: true });
+      await removeWorkDir(sandboxWorkDir(this.deps.config.stateDir, record.id), this.deps.logger.child({ sandboxId: record.id }));
       this.sandboxes.delete(record.id);
       this.identities.delete(identityKey(record.metadata));
       this.updateGauge();
     });
+  }
+
+  /** DestroyPod in the guest before the VM goes (best effort: the VM's end ends the pod anyway). */
+  private async destroyGuestPod(live: LiveSandbox, log: Logger): Promise<void> {
+    if (live.agent === undefined || live.record.guestPod === null) return;
+    try {
+      await live.agent.destroyPod(live.record.id, { timeoutMs: DESTROY_POD_TIMEOUT_MS });
+    } catch (err) {
+      log.warn({ err: errorMessage(err) }, 'DestroyPod failed; the VM is stopped anyway');
+    }
   }
 
   /** listener.sandboxStopping, bounded by `deadlineMs`: a failure or overrun is logged, the stop goes on. */
@@ -315,7 +339,10 @@ export class SandboxManager {
 
   /** Stop serving: drop connections to the VMs, which keep running for the next start. */
   close(): void {
-    for (const live of this.sandboxes.values()) live.vm?.release();
+    for (const live of this.sandboxes.values()) {
+      live.vm?.release();
+      live.agent?.close();
+    }
   }
 
   /** A VM that exits without StopPodSandbox makes its sandbox NOTREADY at once, with why. */
@@ -331,8 +358,14 @@ export class SandboxManager {
         await this.locks.run(live.record.id, async () => {
           if (live.vm !== vm || !this.sandboxes.has(live.record.id)) return;
           live.vm = undefined;
+          live.agent?.close();
+          live.agent = undefined;
           live.record.phase = 'stopped';
           live.record.exit = record;
+          live.record.guestPod = null;
+          // virtiofsd ends when QEMU disconnects; one that did not is stopped here.
+          await stopVirtiofsd(live.record, this.deps.logger.child({ sandboxId: live.record.id }));
+          live.record.virtiofsd = null;
           await this.deps.listener.sandboxStopped(live.record.id);
           await this.deps.store.put(live.record);
         });
