@@ -1,0 +1,169 @@
+/**
+ * A pod sandbox with its guest agent and virtio-fs, through the CRI socket of a real `kata-ts
+ * serve`: real QEMU (TCG here), the real guest image with the real agent (built by
+ * scripts/build-guest.sh into a directory of this test's own), the real C virtiofsd, cgroupfs
+ * under a private parent. One boot.
+ *
+ * While the daemon is stopped (its VMs keep running) the test talks to the agent itself through
+ * QEMU's socket (it serves one client at a time): that is how it checks what the guest sees of
+ * the shared directory, and that a restarted daemon gets the same agent instance back.
+ */
+import { execFileSync } from 'node:child_process';
+import { promises as fsp } from 'node:fs';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { AgentClient } from '../../../src/agent-client/index.js';
+import { silentLogger } from '../../../src/common/logger.js';
+import { readProcStat } from '../../../src/hypervisor/index.js';
+import { mountsUnder } from '../../../src/runtime/sandbox/shared-dir.js';
+import { rpc } from '../../helpers/cri-client.js';
+import { createTestRuntime, leftovers, podConfig, type TestRuntime } from '../../helpers/runtime-daemon.js';
+
+const repo = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../..');
+
+interface Info {
+  pid: number;
+  workDir: string;
+  agent: { connected: boolean; apiVersion: number | null; agentInstanceId: string | null } | null;
+  virtiofsd: { pid: number; running: boolean } | null;
+  guestPod: { pausePid: number; shmPath: string } | null;
+}
+
+/** The guest with the real agent, built into the test's own directory (never the installed one). */
+function ensureAgentGuest(): { kernelPath: string; initrdPath: string; guestImagePath: string } {
+  const dir = process.env.KATA_TS_AGENT_GUEST_DIR ?? path.join(repo, '.cache/guest-agent');
+  execFileSync('bash', [path.join(repo, 'scripts/build-guest.sh'), '--out', dir], { stdio: ['ignore', 'ignore', 'inherit'] });
+  return {
+    kernelPath: path.join(dir, 'vmlinuz'),
+    initrdPath: path.join(dir, 'initramfs.cpio.gz'),
+    guestImagePath: path.join(dir, 'guest.img'),
+  };
+}
+
+async function info(rt: TestRuntime, id: string): Promise<Info> {
+  const res = await rpc<{ info: Record<string, string> }>(rt.cri.runtime, 'PodSandboxStatus', { pod_sandbox_id: id, verbose: true });
+  return JSON.parse(res.info.info!) as Info;
+}
+
+async function waitFor<T>(fn: () => Promise<T>, ok: (v: T) => boolean, timeoutMs: number): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const v = await fn();
+    if (ok(v) || Date.now() > deadline) return v;
+    await new Promise((r) => setTimeout(r, 200));
+  }
+}
+
+function alive(pid: number): boolean {
+  const stat = readProcStat(pid);
+  return stat !== undefined && stat.state !== 'Z' && stat.state !== 'X';
+}
+
+const mountinfo = () => fsp.readFile('/proc/self/mountinfo', 'utf8');
+
+describe('a sandbox with its guest agent and virtio-fs', () => {
+  let rt: TestRuntime;
+  let extraMountSource: string | undefined;
+  beforeAll(async () => {
+    const guest = ensureAgentGuest();
+    rt = await createTestRuntime({ hypervisor: guest });
+    await rt.start();
+  });
+  afterAll(async () => {
+    await rt?.cleanup();
+    if (extraMountSource !== undefined) await fsp.rm(extraMountSource, { recursive: true, force: true });
+  });
+
+  it('Hello, virtiofsd in the pod cgroup, the share seen by the guest and nothing beyond it, restart, stop and remove leave nothing', async () => {
+    const config = podConfig(rt, 'agentpod', { hostname: 'agent-pod' });
+    const { pod_sandbox_id: id } = await rpc<{ pod_sandbox_id: string }>(rt.cri.runtime, 'RunPodSandbox', { config });
+
+    // The daemon holds a live agent session (Hello passed the version check) and the guest's pod.
+    const first = await info(rt, id);
+    expect(first.agent).toMatchObject({ connected: true, apiVersion: 1 });
+    expect(first.agent?.agentInstanceId).toMatch(/^[0-9a-f-]{36}$/);
+    expect(first.guestPod?.pausePid).toBeGreaterThan(1);
+    expect(first.guestPod?.shmPath).toBe(`/run/kata-ts/pods/${id}/shm`);
+    const vfsPid = first.virtiofsd!.pid;
+    expect(first.virtiofsd?.running).toBe(true);
+
+    // virtiofsd shares the VMM's cgroup (cgroupfs, v1 memory hierarchy here).
+    const uid = (config.metadata as { uid: string }).uid;
+    const memoryDir = path.join('/sys/fs/cgroup/memory', rt.cgroupParent(uid), `kata-ts-${id}`);
+    const procs = (await fsp.readFile(path.join(memoryDir, 'cgroup.procs'), 'utf8')).split('\n');
+    expect(procs).toEqual(expect.arrayContaining([String(first.pid), String(vfsPid)]));
+
+    // The shared directory: its own bind mount, nodev+nosuid, shared propagation.
+    const shared = path.join(first.workDir, 'shared');
+    const line = (await mountinfo()).split('\n').find((l) => l.split(' ')[4] === shared);
+    expect(line).toBeDefined();
+    expect(line!.split(' ')[5]).toMatch(/nosuid/);
+    expect(line!.split(' ')[5]).toMatch(/nodev/);
+    expect(line).toMatch(/ shared:\d+/);
+
+    // What the host puts there after boot, including a bind mount added later (as the container
+    // layer does), and what must stay out of reach: a file next to the share.
+    await fsp.writeFile(path.join(shared, 'hello.txt'), 'from the host\n');
+    await fsp.writeFile(path.join(first.workDir, 'secret.txt'), 'host secret\n');
+    await fsp.symlink(path.join(first.workDir, 'secret.txt'), path.join(shared, 'abs-link'));
+    await fsp.symlink('../secret.txt', path.join(shared, 'rel-link'));
+    extraMountSource = await fsp.mkdtemp('/tmp/kts-vol-');
+    await fsp.writeFile(path.join(extraMountSource, 'volume.txt'), 'bind-mounted later\n');
+    const volume = path.join(shared, 'containers', 'c1', 'vol');
+    await fsp.mkdir(volume, { recursive: true });
+    execFileSync('mount', ['--bind', extraMountSource, volume]);
+
+    // Talk to the agent ourselves while the daemon is down (QEMU's socket serves one client).
+    await rt.stop();
+    const agent = await AgentClient.connect(
+      { socketPath: path.join(first.workDir, 'agent.sock'), logger: silentLogger(), hostVersion: 'test' },
+      30_000,
+    );
+    try {
+      expect(agent.connection.hello?.agentInstanceId).toBe(first.agent?.agentInstanceId);
+      const stat = (relativePath: string, noFollow = false) =>
+        agent.statSharedPath({ relativePath, noFollow, readContent: true }, { timeoutMs: 10_000 });
+      const hello = await stat('hello.txt');
+      expect(hello).toMatchObject({ exists: true, kind: 'FILE_KIND_REGULAR' });
+      expect(Buffer.from(hello.content).toString()).toBe('from the host\n');
+      const vol = await stat('containers/c1/vol/volume.txt');
+      expect(Buffer.from(vol.content).toString()).toBe('bind-mounted later\n');
+      // Symlinks are resolved by the guest kernel inside the guest: neither reaches the host file.
+      expect(await stat('abs-link', true)).toMatchObject({ kind: 'FILE_KIND_SYMLINK', linkTarget: path.join(first.workDir, 'secret.txt') });
+      for (const link of ['abs-link', 'rel-link']) {
+        const followed = await stat(link);
+        expect(Buffer.from(followed.content).toString()).not.toContain('host secret');
+      }
+      await expect(stat('../secret.txt')).rejects.toMatchObject({ reason: 'SHARED_PATH_INVALID' });
+      // CreatePod again (as after an agent or daemon restart) answers the same pod.
+      const again = await agent.createPod({ podId: id, hostname: 'agent-pod' }, { timeoutMs: 10_000 });
+      expect(again).toMatchObject({ pausePid: first.guestPod?.pausePid, shmPath: first.guestPod?.shmPath, sharedDirMounted: true });
+    } finally {
+      agent.close();
+    }
+
+    // The restarted daemon reconnects to the same agent instance.
+    await rt.start();
+    const after = await waitFor(
+      () => info(rt, id),
+      (i) => i.agent?.connected === true,
+      30_000,
+    );
+    expect(after.agent?.agentInstanceId).toBe(first.agent?.agentInstanceId);
+    expect(after.guestPod).toEqual(first.guestPod);
+    expect(after.virtiofsd).toEqual({ pid: vfsPid, running: true });
+
+    // Stop: virtiofsd gone, every mount under the work dir released (the later bind mount too).
+    await rpc(rt.cri.runtime, 'StopPodSandbox', { pod_sandbox_id: id });
+    expect(alive(vfsPid)).toBe(false);
+    expect(mountsUnder(await mountinfo(), first.workDir)).toEqual([]);
+    const stopped = await info(rt, id);
+    expect([stopped.agent, stopped.virtiofsd, stopped.guestPod]).toEqual([null, null, null]);
+    await rpc(rt.cri.runtime, 'RemovePodSandbox', { pod_sandbox_id: id });
+    await expect(fsp.stat(first.workDir)).rejects.toMatchObject({ code: 'ENOENT' });
+    // The bind-mounted volume's own files are untouched by the removal.
+    expect(await fsp.readFile(path.join(extraMountSource, 'volume.txt'), 'utf8')).toBe('bind-mounted later\n');
+    expect(await leftovers(rt)).toEqual({ processes: [], workDirs: [], records: [], cgroups: [] });
+  });
+});
