@@ -59,7 +59,11 @@ export async function createSandbox(
   const { spec } = req;
   const cgroupParent = cgroupParentOf(spec);
   deps.cgroups.validateParent(cgroupParent);
-  const assets = await checkGuestAssets({ kernelPath: config.hypervisor.kernelPath, initrdPath: config.hypervisor.initrdPath });
+  const assets = await checkGuestAssets({
+    kernelPath: config.hypervisor.kernelPath,
+    initrdPath: config.hypervisor.initrdPath,
+    guestImagePath: config.hypervisor.guestImagePath,
+  });
   if (!assets.ok) throw precondition('GUEST_ASSETS_MISSING', assets.message);
 
   const workDir = sandboxWorkDir(config.stateDir, req.id);
