@@ -6,7 +6,7 @@
  * again by pid + start time and answers CreatePod with it instead of making a second one.
  */
 import { execFile } from 'node:child_process';
-import { promises as fsp, type Stats } from 'node:fs';
+import { constants as fsConstants, promises as fsp, type Stats } from 'node:fs';
 import path from 'node:path';
 import { errnoCode, invalid } from '../../src/common/errors.js';
 import type { Logger } from '../../src/common/logger.js';
@@ -162,6 +162,14 @@ export class PodService {
       gid: st.gid,
     };
     if (st.isSymbolicLink()) out.linkTarget = await fsp.readlink(full);
+    if (req.readContent && (st.isBlockDevice() || st.isCharacterDevice())) {
+      // Only opened (non-blocking) and closed again: whether the guest's kernel has such a device.
+      try {
+        await (await fsp.open(full, fsConstants.O_RDONLY | fsConstants.O_NONBLOCK)).close();
+      } catch (err) {
+        out.error = errnoCode(err) ?? String(err);
+      }
+    }
     if (req.readContent && st.isFile()) {
       try {
         const handle = await fsp.open(full, 'r');

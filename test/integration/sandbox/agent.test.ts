@@ -108,6 +108,9 @@ describe('a sandbox with its guest agent and virtio-fs', () => {
     await fsp.writeFile(path.join(first.workDir, 'secret.txt'), 'host secret\n');
     await fsp.symlink(path.join(first.workDir, 'secret.txt'), path.join(shared, 'abs-link'));
     await fsp.symlink('../secret.txt', path.join(shared, 'rel-link'));
+    // A device node of the host's first SCSI disk (8:0): the guest kernel interprets the numbers
+    // against its own devices (virtio disks only), so nothing of the host disk can be read.
+    execFileSync('mknod', [path.join(shared, 'hostdisk'), 'b', '8', '0']);
     extraMountSource = await fsp.mkdtemp('/tmp/kts-vol-');
     await fsp.writeFile(path.join(extraMountSource, 'volume.txt'), 'bind-mounted later\n');
     const volume = path.join(shared, 'containers', 'c1', 'vol');
@@ -136,6 +139,10 @@ describe('a sandbox with its guest agent and virtio-fs', () => {
         expect(Buffer.from(followed.content).toString()).not.toContain('host secret');
       }
       await expect(stat('../secret.txt')).rejects.toMatchObject({ reason: 'SHARED_PATH_INVALID' });
+      const disk = await stat('hostdisk');
+      expect(disk).toMatchObject({ exists: true, kind: 'FILE_KIND_BLOCK_DEVICE' });
+      expect(disk.content.length).toBe(0);
+      expect(disk.error).not.toBe('');
       // CreatePod again (as after an agent or daemon restart) answers the same pod.
       const again = await agent.createPod({ podId: id, hostname: 'agent-pod' }, { timeoutMs: 10_000 });
       expect(again).toMatchObject({ pausePid: first.guestPod?.pausePid, shmPath: first.guestPod?.shmPath, sharedDirMounted: true });
