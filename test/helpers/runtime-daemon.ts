@@ -49,7 +49,7 @@ export interface TestRuntimeOptions {
  * KATA_TS_GUEST_DIR (as for ensureGuestAssets): the guest (vmlinuz, initramfs, guest.img) the
  * daemon boots instead of the installed one, e.g. one built from a branch by build-guest.sh --out.
  */
-function guestDirConfig(): Record<string, unknown> {
+export function guestDirConfig(): Record<string, unknown> {
   const dir = process.env.KATA_TS_GUEST_DIR;
   if (dir === undefined) return {};
   return {
