@@ -72,7 +72,7 @@ export async function runAgent(
   await port.run(channel);
 }
 
-// Started directly (not imported by a test): serve with the backend this build has.
+// Started directly (not imported by a test): serve crun containers and the pod service.
 if (process.argv[1] !== undefined && realpathSync(process.argv[1]) === realpathSync(fileURLToPath(import.meta.url))) {
   const logger = agentLogger(process.env);
   guestBackend(logger)
