@@ -62,6 +62,35 @@ function alive(pid: number): boolean {
 
 const mountinfo = () => fsp.readFile('/proc/self/mountinfo', 'utf8');
 
+/** A minimal OCI spec: write the UTS namespace's hostname into the root filesystem. */
+function probeSpec(pausePid: number, devTmpfs = true): Record<string, unknown> {
+  return {
+    ociVersion: '1.0.2',
+    process: {
+      terminal: false,
+      user: { uid: 0, gid: 0 },
+      args: ['/bin/busybox', 'sh', '-c', '/bin/busybox hostname > /hostname.txt'],
+      env: ['PATH=/bin'],
+      cwd: '/',
+      noNewPrivileges: true,
+    },
+    root: { path: 'rootfs', readonly: false },
+    mounts: [
+      { destination: '/proc', type: 'proc', source: 'proc' },
+      ...(devTmpfs ? [{ destination: '/dev', type: 'tmpfs', source: 'tmpfs', options: ['nosuid', 'mode=755', 'size=65536k'] }] : []),
+    ],
+    linux: {
+      namespaces: [
+        { type: 'pid', path: `/proc/${pausePid}/ns/pid` },
+        { type: 'ipc', path: `/proc/${pausePid}/ns/ipc` },
+        { type: 'uts', path: `/proc/${pausePid}/ns/uts` },
+        { type: 'mount' },
+      ],
+      cgroupsPath: '/kata-ts/probe',
+    },
+  };
+}
+
 describe('a sandbox with its guest agent and virtio-fs', () => {
   let rt: TestRuntime;
   let extraMountSource: string | undefined;
@@ -117,6 +146,13 @@ describe('a sandbox with its guest agent and virtio-fs', () => {
     await fsp.mkdir(volume, { recursive: true });
     execFileSync('mount', ['--bind', extraMountSource, volume]);
 
+    // A busybox root filesystem for a probe container, shared like the container layer shares one.
+    const probeRootfs = path.join(shared, 'containers', 'probe', 'rootfs');
+    await fsp.mkdir(path.join(probeRootfs, 'bin'), { recursive: true });
+    for (const dir of ['proc', 'dev', 'sys', 'tmp']) await fsp.mkdir(path.join(probeRootfs, dir));
+    await fsp.copyFile('/bin/busybox', path.join(probeRootfs, 'bin', 'busybox'));
+    await fsp.chmod(path.join(probeRootfs, 'bin', 'busybox'), 0o755);
+
     // Talk to the agent ourselves while the daemon is down (QEMU's socket serves one client).
     await rt.stop();
     const agent = await AgentClient.connect(
@@ -143,6 +179,41 @@ describe('a sandbox with its guest agent and virtio-fs', () => {
       expect(disk).toMatchObject({ exists: true, kind: 'FILE_KIND_BLOCK_DEVICE' });
       expect(disk.content.length).toBe(0);
       expect(disk.error).not.toBe('');
+      // The guest cannot make device nodes in the host directory, even as root with every
+      // capability: crun, given no /dev tmpfs, creates /dev/null in the shared rootfs and fails.
+      const mknod = await agent
+        .createContainer(
+          {
+            containerId: 'mknod',
+            ociConfigJson: JSON.stringify(probeSpec(first.guestPod!.pausePid, false)),
+            rootfsPath: '/run/kata-ts/shared/containers/probe/rootfs',
+            stdio: 'STDIO_MODE_PIPES',
+          },
+          { timeoutMs: 30_000 },
+        )
+        .then(
+          () => undefined,
+          (e: unknown) => e as { details?: { runtimeLog?: string } },
+        );
+      expect(mknod?.details?.runtimeLog).toMatch(/mknod .*Operation not permitted/);
+      await expect(fsp.readdir(path.join(probeRootfs, 'dev'))).resolves.toEqual([]);
+
+      // crun in the guest runs a container whose rootfs comes through virtio-fs, with pivot_root
+      // (init switched the guest to a tmpfs root), in the pod's UTS namespace (its hostname).
+      const ctr = await agent.createContainer(
+        {
+          containerId: 'probe',
+          ociConfigJson: JSON.stringify(probeSpec(first.guestPod!.pausePid)),
+          rootfsPath: '/run/kata-ts/shared/containers/probe/rootfs',
+          stdio: 'STDIO_MODE_PIPES',
+        },
+        { timeoutMs: 30_000 },
+      );
+      expect(ctr.pid).toBeGreaterThan(0);
+      await agent.startContainer('probe', { timeoutMs: 30_000 });
+      expect(await agent.waitContainer('probe', { timeoutMs: 30_000 })).toMatchObject({ exitCode: 0 });
+      expect(await fsp.readFile(path.join(probeRootfs, 'hostname.txt'), 'utf8')).toBe('agent-pod\n');
+      await agent.deleteContainer('probe', true, { timeoutMs: 30_000 });
       // CreatePod again (as after an agent or daemon restart) answers the same pod.
       const again = await agent.createPod({ podId: id, hostname: 'agent-pod' }, { timeoutMs: 10_000 });
       expect(again).toMatchObject({ pausePid: first.guestPod?.pausePid, shmPath: first.guestPod?.shmPath, sharedDirMounted: true });
