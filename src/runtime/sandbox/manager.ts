@@ -18,22 +18,11 @@ import { sandboxSharedDir, sandboxWorkDir } from './paths.js';
 import { identityKey, type SandboxExitRecord, type SandboxRecord } from './record.js';
 import { recoverSandboxes } from './recover.js';
 import { releaseSharedMounts, removeWorkDir } from './shared-dir.js';
+import { destroyGuestPod, type StopBudget, stopBudget, tellStopping } from './stop.js';
 import { sandboxMatches } from './views.js';
 import { stopVirtiofsd } from './virtiofsd.js';
 
-/** The containers' share of a stop when the request has no (or a long) deadline. */
-export const CONTAINERS_STOP_MAX_MS = 30_000;
-/** DestroyPod's deadline at stop (best effort). */
-const DESTROY_POD_TIMEOUT_MS = 2_000;
-/** How long past its deadline sandboxStopping may run before the VM is stopped regardless. */
-const STOPPING_GRACE_MS = 500;
-
-interface StopBudget {
-  /** The VM's graceful shutdown (then quit, then SIGKILL). */
-  vmMs: number;
-  /** listener.sandboxStopping. */
-  containersMs: number;
-}
+export { CONTAINERS_STOP_MAX_MS } from './stop.js';
 
 export interface SandboxManagerDeps extends CreateDeps {
   logger: Logger;
@@ -224,18 +213,7 @@ export class SandboxManager {
       return;
     }
     ctx.annotate({ sandboxId: live.record.id });
-    await this.locks.run(live.record.id, () => this.stopLocked(live, this.stopBudget(ctx)));
-  }
-
-  /**
-   * How a stop's time is shared: the VM's shutdown gets its configured timeout (cut to the
-   * request's deadline, 1 s kept for the teardown), the containers what is left before that,
-   * at most CONTAINERS_STOP_MAX_MS.
-   */
-  private stopBudget(ctx: RequestContext): StopBudget {
-    const vmMs = boundedTimeoutMs(this.deps.config.hypervisor.stopTimeoutMs, ctx, 1000);
-    const containersMs = boundedTimeoutMs(CONTAINERS_STOP_MAX_MS, ctx, vmMs + 1000);
-    return { vmMs, containersMs };
+    await this.locks.run(live.record.id, () => this.stopLocked(live, stopBudget(this.deps.config, ctx)));
   }
 
   private async stopLocked(live: LiveSandbox, budget: StopBudget): Promise<void> {
@@ -244,8 +222,8 @@ export class SandboxManager {
     let exit: SandboxExitRecord | null = record.exit;
     if (live.vm !== undefined && live.vm.exitInfo === undefined) {
       // Containers first, while the VM and its agent are up, so they stop with their timeouts.
-      await this.tellStopping(record.id, budget.containersMs, log);
-      await this.destroyGuestPod(live, log);
+      await tellStopping(this.deps.listener, record.id, budget.containersMs, log);
+      await destroyGuestPod(live, log);
       live.stopping = true;
       const result = await live.vm.shutdown({ timeoutMs: budget.vmMs });
       log.info({ how: result.how, exit: result.exit }, 'VM stopped');
@@ -293,7 +271,7 @@ export class SandboxManager {
     ctx.annotate({ sandboxId: record.id });
     await this.locks.run(record.id, async () => {
       if (!this.sandboxes.has(record.id)) return; // removed while we waited for the lock
-      await this.stopLocked(live, this.stopBudget(ctx));
+      await this.stopLocked(live, stopBudget(this.deps.config, ctx));
       await this.deps.listener.sandboxRemoving(record.id);
       await this.deps.store.delete(record.id);
       await removeWorkDir(sandboxWorkDir(this.deps.config.stateDir, record.id), this.deps.logger.child({ sandboxId: record.id }));
@@ -301,32 +279,6 @@ export class SandboxManager {
       this.identities.delete(identityKey(record.metadata));
       this.updateGauge();
     });
-  }
-
-  /** DestroyPod in the guest before the VM goes (best effort: the VM's end ends the pod anyway). */
-  private async destroyGuestPod(live: LiveSandbox, log: Logger): Promise<void> {
-    if (live.agent === undefined || live.record.guestPod === null) return;
-    try {
-      await live.agent.destroyPod(live.record.id, { timeoutMs: DESTROY_POD_TIMEOUT_MS });
-    } catch (err) {
-      log.warn({ err: errorMessage(err) }, 'DestroyPod failed; the VM is stopped anyway');
-    }
-  }
-
-  /** listener.sandboxStopping, bounded by `deadlineMs`: a failure or overrun is logged, the stop goes on. */
-  private async tellStopping(sandboxId: string, deadlineMs: number, log: Logger): Promise<void> {
-    let timer: NodeJS.Timeout | undefined;
-    const overrun = new Promise<'overrun'>((resolve) => {
-      timer = setTimeout(() => resolve('overrun'), deadlineMs + STOPPING_GRACE_MS);
-    });
-    try {
-      const outcome = await Promise.race([this.deps.listener.sandboxStopping(sandboxId, deadlineMs), overrun]);
-      if (outcome === 'overrun') log.warn({ deadlineMs }, 'stopping the containers overran its deadline; stopping the VM anyway');
-    } catch (err) {
-      log.error({ err: errorMessage(err) }, 'stopping the containers failed; stopping the VM anyway');
-    } finally {
-      clearTimeout(timer);
-    }
   }
 
   list(filter: PodSandboxFilter__Output | null): SandboxRecord[] {
