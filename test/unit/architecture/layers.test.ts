@@ -33,7 +33,7 @@ const ALLOWED: Record<string, string[]> = {
   'agent-client': ['common', 'channel', 'generated'],
   admission: ['common', 'config', 'sizing'],
   logs: ['common'],
-  runtime: ['common', 'config', 'sizing', 'pcie', 'hypervisor', 'cgroups', 'images', 'admission', 'logs', 'generated'],
+  runtime: ['common', 'config', 'sizing', 'pcie', 'hypervisor', 'cgroups', 'images', 'admission', 'logs', 'generated', 'agent-client'],
   cri: ['common', 'config', 'sizing', 'pcie', 'hypervisor', 'cgroups', 'images', 'admission', 'logs', 'generated', 'runtime'],
   cli: [
     'common',
