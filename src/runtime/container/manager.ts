@@ -445,6 +445,12 @@ export class ContainerManager implements SandboxListener {
     );
   }
 
+  /**
+   * SandboxListener: StopPodSandbox is about to bring the VM down (placeholder: no container runs
+   * in the guest yet; the container layer stops its containers here within `deadlineMs`).
+   */
+  async sandboxStopping(_sandboxId: string, _deadlineMs: number): Promise<void> {}
+
   /** SandboxListener: the sandbox's VM is gone, so are its containers. */
   async sandboxStopped(sandboxId: string): Promise<void> {
     for (const c of this.inSandbox(sandboxId)) {

@@ -76,7 +76,11 @@ export async function startDaemon(options: DaemonOptions): Promise<Daemon> {
     readPcieFacts,
     cgroupDriverNamed: (name) => createCgroupDriver(name, driverOptions),
     // Containers are told when their sandbox stops or goes (containers is defined just below).
-    listener: { sandboxStopped: (id) => containers.sandboxStopped(id), sandboxRemoving: (id) => containers.sandboxRemoving(id) },
+    listener: {
+      sandboxStopping: (id, deadlineMs) => containers.sandboxStopping(id, deadlineMs),
+      sandboxStopped: (id) => containers.sandboxStopped(id),
+      sandboxRemoving: (id) => containers.sandboxRemoving(id),
+    },
   });
   const containerStore = new RecordStore<ContainerRecord>(config.stateDir, CONTAINER_RECORD_KIND, logger);
   // Containers look images up; the image store asks containers whether an image is in use.

@@ -84,8 +84,10 @@ export async function createSandbox(deps: CreateDeps, req: CreateRequest): Promi
     shape: plan.sizing.vm,
     topology: plan.pcie.topology,
     vmm: null,
+    virtiofsd: null,
     placement: null,
     guest: null,
+    guestPod: null,
     exit: null,
   };
 

@@ -1,4 +1,5 @@
 import { promises as fsp } from 'node:fs';
+import type { AgentClient } from '../../agent-client/index.js';
 import type { CgroupDriver, CgroupDriverName, PlacementRecord } from '../../cgroups/index.js';
 import { alreadyExists, errorMessage, notFound } from '../../common/errors.js';
 import { newObjectId, resolveIdPrefix } from '../../common/ids.js';
@@ -19,6 +20,18 @@ import { identityKey, type SandboxExitRecord, type SandboxRecord } from './recor
 import { recoverSandboxes } from './recover.js';
 import { sandboxMatches } from './views.js';
 
+/** The containers' share of a stop when the request has no (or a long) deadline. */
+export const CONTAINERS_STOP_MAX_MS = 30_000;
+/** How long past its deadline sandboxStopping may run before the VM is stopped regardless. */
+const STOPPING_GRACE_MS = 500;
+
+interface StopBudget {
+  /** The VM's graceful shutdown (then quit, then SIGKILL). */
+  vmMs: number;
+  /** listener.sandboxStopping. */
+  containersMs: number;
+}
+
 export interface SandboxManagerDeps extends CreateDeps {
   logger: Logger;
   metrics: RuntimeMetrics;
@@ -32,12 +45,25 @@ export interface SandboxManagerDeps extends CreateDeps {
 export interface LiveSandbox {
   record: SandboxRecord;
   vm: VmProcess | undefined;
+  /**
+   * The guest agent's client: connected once the guest is up (RunPodSandbox), connected again
+   * (a new session; the agent kept running) after a daemon restart; undefined when the VM is gone.
+   * The connection re-dials by itself when a session drops; calls wait for it within their deadline.
+   */
+  agent: AgentClient | undefined;
   /** Set while StopPodSandbox brings the VM down, so its exit is not mistaken for a crash. */
   stopping: boolean;
 }
 
 /** What the layers above (containers) hear of a sandbox's lifecycle; given at construction. */
 export interface SandboxListener {
+  /**
+   * Called under the sandbox's lock at the start of StopPodSandbox (and RemovePodSandbox's stop)
+   * while the VM and its agent are still up, so that containers are stopped with their own
+   * timeouts before the VM goes. Must settle within `deadlineMs` (a share of the stop deadline);
+   * the VM is shut down afterwards whatever happened.
+   */
+  sandboxStopping(sandboxId: string, deadlineMs: number): Promise<void>;
   /** Called under the sandbox's lock after its VM is gone (stop, or death), before its record is saved. */
   sandboxStopped(sandboxId: string): Promise<void>;
   /** Called under the sandbox's lock before its record is deleted. */
@@ -54,6 +80,8 @@ export type SandboxAccess = Pick<SandboxManager, 'find' | 'withSandbox' | 'withS
 export interface SandboxHandle {
   readonly record: SandboxRecord;
   readonly vm: VmProcess | undefined;
+  /** The guest agent's client (see LiveSandbox.agent). */
+  readonly agent: AgentClient | undefined;
   /** Write the record as it is now (after a hot-plug, a resize). */
   persist(): Promise<void>;
   /** The cgroup driver that made `placement` (see SandboxManager.cgroupsFor). */
@@ -111,7 +139,7 @@ export class SandboxManager {
           readyTimeoutMs: boundedTimeoutMs(this.deps.config.hypervisor.readyTimeoutMs, ctx),
         }),
       );
-      const live: LiveSandbox = { record, vm, stopping: false };
+      const live: LiveSandbox = { record, vm, agent: undefined, stopping: false };
       this.sandboxes.set(id, live);
       this.watchExit(live, vm);
       this.updateGauge();
@@ -170,6 +198,9 @@ export class SandboxManager {
       get vm() {
         return live.vm;
       },
+      get agent() {
+        return live.agent;
+      },
       persist: () => this.deps.store.put(live.record),
       cgroupsFor: (placement) => this.cgroupsFor(placement),
     };
@@ -190,18 +221,29 @@ export class SandboxManager {
       return;
     }
     ctx.annotate({ sandboxId: live.record.id });
-    await this.locks.run(live.record.id, () =>
-      this.stopLocked(live, boundedTimeoutMs(this.deps.config.hypervisor.stopTimeoutMs, ctx, 1000)),
-    );
+    await this.locks.run(live.record.id, () => this.stopLocked(live, this.stopBudget(ctx)));
   }
 
-  private async stopLocked(live: LiveSandbox, timeoutMs: number): Promise<void> {
+  /**
+   * How a stop's time is shared: the VM's shutdown gets its configured timeout (cut to the
+   * request's deadline, 1 s kept for the teardown), the containers what is left before that,
+   * at most CONTAINERS_STOP_MAX_MS.
+   */
+  private stopBudget(ctx: RequestContext): StopBudget {
+    const vmMs = boundedTimeoutMs(this.deps.config.hypervisor.stopTimeoutMs, ctx, 1000);
+    const containersMs = boundedTimeoutMs(CONTAINERS_STOP_MAX_MS, ctx, vmMs + 1000);
+    return { vmMs, containersMs };
+  }
+
+  private async stopLocked(live: LiveSandbox, budget: StopBudget): Promise<void> {
     const { record } = live;
     const log = this.deps.logger.child({ sandboxId: record.id });
     let exit: SandboxExitRecord | null = record.exit;
     if (live.vm !== undefined && live.vm.exitInfo === undefined) {
+      // Containers first, while the VM and its agent are up, so they stop with their timeouts.
+      await this.tellStopping(record.id, budget.containersMs, log);
       live.stopping = true;
-      const result = await live.vm.shutdown({ timeoutMs });
+      const result = await live.vm.shutdown({ timeoutMs: budget.vmMs });
       log.info({ how: result.how, exit: result.exit }, 'VM stopped');
       exit = await this.exitRecord(live.vm, result.exit, 'stopped');
     } else if (live.vm === undefined && record.vmm !== null && isSameLiveProcess(record.vmm.pid, record.vmm.startTimeTicks)) {
@@ -237,7 +279,7 @@ export class SandboxManager {
     ctx.annotate({ sandboxId: record.id });
     await this.locks.run(record.id, async () => {
       if (!this.sandboxes.has(record.id)) return; // removed while we waited for the lock
-      await this.stopLocked(live, boundedTimeoutMs(this.deps.config.hypervisor.stopTimeoutMs, ctx, 1000));
+      await this.stopLocked(live, this.stopBudget(ctx));
       await this.deps.listener.sandboxRemoving(record.id);
       await this.deps.store.delete(record.id);
       await fsp.rm(sandboxWorkDir(this.deps.config.stateDir, record.id), { recursive: true, force: true });
@@ -245,6 +287,22 @@ export class SandboxManager {
       this.identities.delete(identityKey(record.metadata));
       this.updateGauge();
     });
+  }
+
+  /** listener.sandboxStopping, bounded by `deadlineMs`: a failure or overrun is logged, the stop goes on. */
+  private async tellStopping(sandboxId: string, deadlineMs: number, log: Logger): Promise<void> {
+    let timer: NodeJS.Timeout | undefined;
+    const overrun = new Promise<'overrun'>((resolve) => {
+      timer = setTimeout(() => resolve('overrun'), deadlineMs + STOPPING_GRACE_MS);
+    });
+    try {
+      const outcome = await Promise.race([this.deps.listener.sandboxStopping(sandboxId, deadlineMs), overrun]);
+      if (outcome === 'overrun') log.warn({ deadlineMs }, 'stopping the containers overran its deadline; stopping the VM anyway');
+    } catch (err) {
+      log.error({ err: errorMessage(err) }, 'stopping the containers failed; stopping the VM anyway');
+    } finally {
+      clearTimeout(timer);
+    }
   }
 
   list(filter: PodSandboxFilter__Output | null): SandboxRecord[] {

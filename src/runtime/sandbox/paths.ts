@@ -15,3 +15,13 @@ export function sandboxWorkDir(stateDir: string, sandboxId: string): string {
 export function vmNameFor(sandboxId: string): string {
   return `kata-ts-${sandboxId.slice(0, 16)}`;
 }
+
+/**
+ * The host directory a sandbox's virtiofsd shares with its guest (the guest sees it at
+ * GUEST_SHARED_DIR, `/run/kata-ts/shared`). The sandbox layer owns the directory itself (created
+ * 0700, a bind mount of itself with shared propagation, so that bind mounts added under it later
+ * reach virtiofsd's mount namespace); containers' files go under `containers/<containerId>/`.
+ */
+export function sandboxSharedDir(stateDir: string, sandboxId: string): string {
+  return path.join(sandboxWorkDir(stateDir, sandboxId), 'shared');
+}

@@ -28,12 +28,17 @@ export async function recoverSandboxes(deps: RecoverDeps): Promise<LiveSandbox[]
         await rollBackInterruptedCreate(deps, record, slog);
         continue;
       }
-      out.push({ record, vm: record.state === 'SANDBOX_READY' ? await reattach(deps, record, slog) : undefined, stopping: false });
+      out.push({
+        record,
+        vm: record.state === 'SANDBOX_READY' ? await reattach(deps, record, slog) : undefined,
+        agent: undefined,
+        stopping: false,
+      });
     } catch (err) {
       // A sandbox that cannot be reconciled is kept, NOTREADY, so Stop/Remove can still clean it.
       slog.error({ err: errorMessage(err) }, 'sandbox could not be recovered; marked NOTREADY');
       record.state = 'SANDBOX_NOTREADY';
-      out.push({ record, vm: undefined, stopping: false });
+      out.push({ record, vm: undefined, agent: undefined, stopping: false });
     }
   }
   await removeStrayWorkDirs(deps, new Set(records.map((r) => r.id)), log);

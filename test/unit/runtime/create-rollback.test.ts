@@ -66,10 +66,11 @@ async function world(stateDir: string, failRecord: boolean): Promise<World> {
       return record;
     },
     vm,
+    agent: undefined,
     persist: async () => void w.persisted++,
     cgroupsFor: () => driver,
   };
-  const live: LiveSandbox = { record, vm, stopping: false };
+  const live: LiveSandbox = { record, vm, agent: undefined, stopping: false };
   const sandboxes: SandboxAccess = {
     find: () => live,
     withSandbox: (_id, fn) => fn(handle),

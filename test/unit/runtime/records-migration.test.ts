@@ -94,7 +94,7 @@ describe('loading and recovering format-1 records', () => {
     await rm(stateDir, { recursive: true, force: true });
   });
 
-  it('the store migrates them on load and writes them back as format 2', async () => {
+  it('the store migrates them on load and writes them back in the current format', async () => {
     const store = new RecordStore<SandboxRecord>(stateDir, SANDBOX_RECORD_KIND, silentLogger());
     const { records, problems } = await store.load();
     expect(problems).toEqual([]);
@@ -102,9 +102,10 @@ describe('loading and recovering format-1 records', () => {
       [SANDBOX_ID, 'web', '/var/log/pods/shop_web_7d5c2a0e-3b8f-4c1a-9e6d-2f4b8a1c0d11'],
     ]);
     const onDisk = JSON.parse(await readFile(path.join(stateDir, 'sandboxes', `${SANDBOX_ID}.json`), 'utf8'));
-    expect(onDisk.version).toBe(2);
+    expect(onDisk.version).toBe(SANDBOX_RECORD_KIND.version);
+    expect([onDisk.record.virtiofsd, onDisk.record.guestPod]).toEqual([null, null]);
     expect(onDisk.record.spec.metadata.uid).toBe('7d5c2a0e-3b8f-4c1a-9e6d-2f4b8a1c0d11');
-    // Loading again reads format 2 as is.
+    // Loading again reads the current format as is.
     expect((await store.load()).records).toEqual(records);
   });
 
@@ -130,7 +131,11 @@ describe('loading and recovering format-1 records', () => {
       host: { cpus: 16, memoryMiB: 65536 },
       readPcieFacts: () => Promise.reject(new Error('not read during recovery')),
       cgroupDriverNamed: () => cgroups,
-      listener: { sandboxStopped: (id) => containers.sandboxStopped(id), sandboxRemoving: (id) => containers.sandboxRemoving(id) },
+      listener: {
+        sandboxStopping: (id, ms) => containers.sandboxStopping(id, ms),
+        sandboxStopped: (id) => containers.sandboxStopped(id),
+        sandboxRemoving: (id) => containers.sandboxRemoving(id),
+      },
     });
     const containers: ContainerManager = new ContainerManager({
       config,
@@ -152,10 +157,10 @@ describe('loading and recovering format-1 records', () => {
     expect([container.state, container.reason]).toEqual(['CONTAINER_EXITED', 'SandboxStopped']);
     expect(container.spec.command).toEqual(['nginx']);
 
-    // Both files are format 2 now, and StopContainer of an id that never existed succeeds.
-    for (const dir of ['sandboxes', 'containers']) {
-      for (const name of (await readdir(path.join(stateDir, dir))).filter((n) => n.endsWith('.json'))) {
-        expect(JSON.parse(await readFile(path.join(stateDir, dir, name), 'utf8')).version).toBe(2);
+    // Both files are in the current format now, and StopContainer of an id that never existed succeeds.
+    for (const kind of [SANDBOX_RECORD_KIND, CONTAINER_RECORD_KIND]) {
+      for (const name of (await readdir(path.join(stateDir, kind.dir))).filter((n) => n.endsWith('.json'))) {
+        expect(JSON.parse(await readFile(path.join(stateDir, kind.dir, name), 'utf8')).version).toBe(kind.version);
       }
     }
     const ctx: RequestContext = {
