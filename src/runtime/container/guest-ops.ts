@@ -36,9 +36,11 @@ export function timestampNs(t: Timestamp | null | undefined): string {
 
 /** ContainerStatus reason and message of an exit (pure). */
 export function exitReason(exit: Pick<ExitStatus, 'exitCode' | 'signal' | 'oomKilled'>): { reason: string; message: string } {
-  if (exit.oomKilled) return { reason: 'OOMKilled', message: `the container was killed by the out-of-memory killer (exit code ${exit.exitCode})` };
+  if (exit.oomKilled)
+    return { reason: 'OOMKilled', message: `the container was killed by the out-of-memory killer (exit code ${exit.exitCode})` };
   if (exit.exitCode === 0) return { reason: 'Completed', message: '' };
-  if (exit.signal !== 0) return { reason: 'Error', message: `the container was killed by signal ${exit.signal} (exit code ${exit.exitCode})` };
+  if (exit.signal !== 0)
+    return { reason: 'Error', message: `the container was killed by signal ${exit.signal} (exit code ${exit.exitCode})` };
   return { reason: 'Error', message: `the container exited with code ${exit.exitCode}` };
 }
 
@@ -81,12 +83,7 @@ export async function waitForExit(agent: AgentClient, containerId: string, signa
  * StopContainer in the guest: the stop signal to the init, then after `timeoutMs` SIGKILL to every
  * process of the container; resolves when `exited` does. A container already gone is fine.
  */
-export async function stopInGuest(
-  agent: AgentClient,
-  record: ContainerRecord,
-  timeoutMs: number,
-  exited: Promise<unknown>,
-): Promise<void> {
+export async function stopInGuest(agent: AgentClient, record: ContainerRecord, timeoutMs: number, exited: Promise<unknown>): Promise<void> {
   const first = signalNumber(record.guest?.stopSignal ?? 'SIGTERM');
   const graceful = timeoutMs > 0 && first !== 9;
   if (graceful) {
@@ -136,7 +133,10 @@ export async function execSync(
   const base = (record.guest?.ociSpec.process ?? {}) as Record<string, unknown>;
   const execId = `sync-${randomBytes(8).toString('hex')}`;
   const process = { ...base, terminal: false, args: [...cmd] };
-  await agent.execProcess({ containerId: record.id, execId, ociProcessJson: JSON.stringify(process), tty: false, stdin: false }, { timeoutMs: CALL_MS });
+  await agent.execProcess(
+    { containerId: record.id, execId, ociProcessJson: JSON.stringify(process), tty: false, stdin: false },
+    { timeoutMs: CALL_MS },
+  );
   const abort = new AbortController();
   const collect = async (stream: 'OUTPUT_STREAM_STDOUT' | 'OUTPUT_STREAM_STDERR'): Promise<Buffer> => {
     const parts: Buffer[] = [];

@@ -10,6 +10,7 @@ import type { ContainerFilter__Output } from '../../generated/runtime/v1/Contain
 import type { CreateContainerRequest__Output } from '../../generated/runtime/v1/CreateContainerRequest.js';
 import type { VmProcess } from '../../hypervisor/index.js';
 import { createContainerSnapshot, removeContainerSnapshot } from '../../images/snapshot.js';
+import type { OciSpecInput } from '../../oci/index.js';
 import type { PcieHostFacts } from '../../pcie/index.js';
 import type { HostCapacity } from '../../sizing/types.js';
 import { admissionError, admitAnnounced, containerDemand } from '../admission/index.js';
@@ -17,16 +18,15 @@ import type { RequestContext } from '../context.js';
 import { applyResize, planGrowth, type ResizePlan, resizeCheckpoint, revertResize } from '../resize/index.js';
 import type { SandboxAccess, SandboxHandle, SandboxListener } from '../sandbox/manager.js';
 import { nowNs, type SandboxRecord } from '../sandbox/record.js';
-import type { OciSpecInput } from '../../oci/index.js';
 import { type ContainerSpec, decodeContainerSpec } from '../spec/container.js';
 import { announcedPodResources, type SandboxSpec } from '../spec/sandbox.js';
 import type { RecordStore } from '../store.js';
 import { applyHotplug, detachDevices, planContainerHotplug } from './devices.js';
-import type { AttachedDevice, ContainerRecord } from './record.js';
 import { ContainerEvents, type ContainerEventType } from './events.js';
-import type { GuestPod } from './guest-spec.js';
 import { createAndStart, type ExecSyncResult, execSync, exitReason, stopInGuest, timestampNs } from './guest-ops.js';
+import type { GuestPod } from './guest-spec.js';
 import { prepareGuest } from './prepare.js';
+import type { AttachedDevice, ContainerRecord } from './record.js';
 import { RollbackSteps } from './rollback.js';
 import { unmountAndRemove } from './shared-dir.js';
 import { ContainerTasks } from './tasks.js';
@@ -113,7 +113,8 @@ export class ContainerManager implements SandboxListener {
       }
       this.containers.set(r.id, r);
       if (live.record.state !== 'SANDBOX_READY' && r.state !== 'CONTAINER_EXITED') {
-        await this.markExited(r, ...VM_GONE);
+        if (r.state === 'CONTAINER_CREATED') await this.markExited(r, ...NEVER_STARTED);
+        else await this.markExited(r, ...VM_GONE);
         continue;
       }
       // A running container: its output resumes from the stored log state and its exit is
@@ -316,7 +317,10 @@ export class ContainerManager implements SandboxListener {
         throw precondition('SANDBOX_NOT_READY', `pod sandbox ${record.sandboxId} is not running; its containers cannot start`);
       }
       if (record.guest === null) {
-        throw precondition('CONTAINER_NOT_STARTABLE', `container ${record.id} was created without a guest plan (before this version); remove and create it again`);
+        throw precondition(
+          'CONTAINER_NOT_STARTABLE',
+          `container ${record.id} was created without a guest plan (before this version); remove and create it again`,
+        );
       }
       if (record.logPath !== '') await fsp.mkdir(path.dirname(record.logPath), { recursive: true });
       try {
@@ -393,7 +397,10 @@ export class ContainerManager implements SandboxListener {
   private async forget(record: ContainerRecord, logger: Logger): Promise<void> {
     await this.tasks.detach(record.id);
     if (record.guest !== null && !(await unmountAndRemove(record.guest.hostDir, record.guest.bindMounts, logger))) {
-      throw precondition('CONTAINER_UNMOUNT_FAILED', `container ${record.id}: a bind mount under ${record.guest.hostDir} could not be unmounted`);
+      throw precondition(
+        'CONTAINER_UNMOUNT_FAILED',
+        `container ${record.id}: a bind mount under ${record.guest.hostDir} could not be unmounted`,
+      );
     }
     await removeContainerSnapshot(record.rootfs);
     await fsp.rm(this.tasks.logStatePath(record.id), { force: true });
@@ -402,7 +409,13 @@ export class ContainerManager implements SandboxListener {
     this.events.emit('CONTAINER_DELETED_EVENT', record);
   }
 
-  private async markExited(record: ContainerRecord, reason: string, message: string, exitCode: number, finishedAtNs = nowNs()): Promise<void> {
+  private async markExited(
+    record: ContainerRecord,
+    reason: string,
+    message: string,
+    exitCode: number,
+    finishedAtNs = nowNs(),
+  ): Promise<void> {
     if (record.state === 'CONTAINER_EXITED') return;
     record.state = 'CONTAINER_EXITED';
     record.finishedAtNs = finishedAtNs;
@@ -445,17 +458,11 @@ export class ContainerManager implements SandboxListener {
     );
   }
 
-  /**
-   * SandboxListener: StopPodSandbox is about to bring the VM down (placeholder: no container runs
-   * in the guest yet; the container layer stops its containers here within `deadlineMs`).
-   */
-  async sandboxStopping(_sandboxId: string, _deadlineMs: number): Promise<void> {}
-
   /** SandboxListener: the sandbox's VM is gone, so are its containers. */
   async sandboxStopped(sandboxId: string): Promise<void> {
     for (const c of this.inSandbox(sandboxId)) {
       await this.tasks.detach(c.id);
-      if (c.state === 'CONTAINER_CREATED') await this.markExited(c, 'NotStarted', 'the pod sandbox stopped before the container started', 0);
+      if (c.state === 'CONTAINER_CREATED') await this.markExited(c, ...NEVER_STARTED);
       else if (c.state === 'CONTAINER_RUNNING') await this.markExited(c, ...VM_GONE);
     }
   }
@@ -471,6 +478,8 @@ export class ContainerManager implements SandboxListener {
   }
 }
 
+/** Reason, message and exit code of a container whose sandbox stopped before it started. */
+const NEVER_STARTED: [string, string, number] = ['SandboxStopped', 'the pod sandbox stopped before the container started', 0];
 /** Reason, message and exit code of a container whose VM went away under it. */
 const VM_GONE: [string, string, number] = ['PodVMExited', 'the pod VM stopped while the container was running', 255];
 

@@ -4,11 +4,12 @@
  * a retry whenever the stream ends early (the session went; StreamOutput resumes from the
  * writer's committed offset on the next one).
  */
+
+import type { AgentClient } from '../../agent-client/index.js';
 import { errorMessage } from '../../common/errors.js';
 import type { Logger } from '../../common/logger.js';
-import type { AgentClient } from '../../agent-client/index.js';
-import { ContainerLogWriter } from '../logs/writer.js';
 import { pump } from '../logs/pump.js';
+import { ContainerLogWriter } from '../logs/writer.js';
 
 const ACK_TIMEOUT_MS = 10_000;
 const RETRY_DELAY_MS = 200;
@@ -98,7 +99,8 @@ export class OutputPump {
       } catch (err) {
         if (signal.aborted) break;
         // Logged once per run of failures: a VM that is gone fails every attempt until the pump stops.
-        if (failures++ === 0) logger.warn({ containerId, err: errorMessage(err) }, 'container output stream broke; resuming from the stored offset');
+        if (failures++ === 0)
+          logger.warn({ containerId, err: errorMessage(err) }, 'container output stream broke; resuming from the stored offset');
         await writer?.close().catch(() => undefined);
         writer = undefined;
         this.writer = undefined;

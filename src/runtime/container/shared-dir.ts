@@ -90,7 +90,8 @@ export class SharedDirMounts {
   async writeFiles(files: readonly OciContainerFile[]): Promise<void> {
     for (const f of files) {
       const rel = path.posix.relative(this.dirs.guestDir, f.guestPath);
-      if (rel.startsWith('..') || path.posix.isAbsolute(rel)) throw internal('CONTAINER_SHARED_DIR', `${f.guestPath} is outside ${this.dirs.guestDir}`);
+      if (rel.startsWith('..') || path.posix.isAbsolute(rel))
+        throw internal('CONTAINER_SHARED_DIR', `${f.guestPath} is outside ${this.dirs.guestDir}`);
       const hostPath = path.join(this.dirs.hostDir, rel);
       await fsp.mkdir(path.dirname(hostPath), { recursive: true, mode: 0o755 });
       await fsp.writeFile(hostPath, f.content, { mode: f.mode });
@@ -154,7 +155,13 @@ async function bindPinned(
   }
   const before = await fsp.lstat(resolved);
   if (!before.isDirectory() && !before.isFile()) {
-    const what = before.isSocket() ? 'a socket' : before.isFIFO() ? 'a FIFO' : before.isCharacterDevice() || before.isBlockDevice() ? 'a device node' : 'not a file or directory';
+    const what = before.isSocket()
+      ? 'a socket'
+      : before.isFIFO()
+        ? 'a FIFO'
+        : before.isCharacterDevice() || before.isBlockDevice()
+          ? 'a device node'
+          : 'not a file or directory';
     throw invalid(
       'CONTAINER_MOUNT_SOURCE_UNSUPPORTED',
       `${field}: host_path "${source}" is ${what}, which cannot cross into the pod VM (only directories and regular files can)`,

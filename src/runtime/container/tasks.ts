@@ -56,7 +56,9 @@ export class ContainerTasks {
     });
     const exited = waitForExit(agent, record.id, abort.signal).then(
       async (exit) => {
-        await this.deps.onExit(record.id, exit).catch((err: unknown) => logger.error({ err: errorMessage(err) }, 'recording the exit failed'));
+        await this.deps
+          .onExit(record.id, exit)
+          .catch((err: unknown) => logger.error({ err: errorMessage(err) }, 'recording the exit failed'));
         return exit;
       },
       async (err: unknown) => {

@@ -1,22 +1,22 @@
+import type { ContainerStatsRequest__Output } from '../../generated/runtime/v1/ContainerStatsRequest.js';
+import type { ContainerStatsResponse } from '../../generated/runtime/v1/ContainerStatsResponse.js';
 import type { ContainerStatusRequest__Output } from '../../generated/runtime/v1/ContainerStatusRequest.js';
 import type { ContainerStatusResponse } from '../../generated/runtime/v1/ContainerStatusResponse.js';
 import type { CreateContainerRequest__Output } from '../../generated/runtime/v1/CreateContainerRequest.js';
 import type { CreateContainerResponse } from '../../generated/runtime/v1/CreateContainerResponse.js';
-import type { ListContainersRequest__Output } from '../../generated/runtime/v1/ListContainersRequest.js';
-import type { ListContainersResponse } from '../../generated/runtime/v1/ListContainersResponse.js';
-import type { RemoveContainerRequest__Output } from '../../generated/runtime/v1/RemoveContainerRequest.js';
-import type { StopContainerRequest__Output } from '../../generated/runtime/v1/StopContainerRequest.js';
-import type { UpdateContainerResourcesRequest__Output } from '../../generated/runtime/v1/UpdateContainerResourcesRequest.js';
-import type { UpdatePodSandboxResourcesRequest__Output } from '../../generated/runtime/v1/UpdatePodSandboxResourcesRequest.js';
-import type { ContainerStatsRequest__Output } from '../../generated/runtime/v1/ContainerStatsRequest.js';
-import type { ContainerStatsResponse } from '../../generated/runtime/v1/ContainerStatsResponse.js';
 import type { ExecSyncRequest__Output } from '../../generated/runtime/v1/ExecSyncRequest.js';
 import type { ExecSyncResponse } from '../../generated/runtime/v1/ExecSyncResponse.js';
 import type { ListContainerStatsRequest__Output } from '../../generated/runtime/v1/ListContainerStatsRequest.js';
 import type { ListContainerStatsResponse } from '../../generated/runtime/v1/ListContainerStatsResponse.js';
+import type { ListContainersRequest__Output } from '../../generated/runtime/v1/ListContainersRequest.js';
+import type { ListContainersResponse } from '../../generated/runtime/v1/ListContainersResponse.js';
 import type { PodSandboxStatus } from '../../generated/runtime/v1/PodSandboxStatus.js';
+import type { RemoveContainerRequest__Output } from '../../generated/runtime/v1/RemoveContainerRequest.js';
 import type { ReopenContainerLogRequest__Output } from '../../generated/runtime/v1/ReopenContainerLogRequest.js';
 import type { StartContainerRequest__Output } from '../../generated/runtime/v1/StartContainerRequest.js';
+import type { StopContainerRequest__Output } from '../../generated/runtime/v1/StopContainerRequest.js';
+import type { UpdateContainerResourcesRequest__Output } from '../../generated/runtime/v1/UpdateContainerResourcesRequest.js';
+import type { UpdatePodSandboxResourcesRequest__Output } from '../../generated/runtime/v1/UpdatePodSandboxResourcesRequest.js';
 import type { ContainerManager } from '../container/manager.js';
 import type { StatsCollector } from '../container/stats-service.js';
 import { containerStatusView, containerView } from '../container/views.js';
@@ -96,7 +96,10 @@ export function containerHandlers(containers: ContainerManager, resize: Resource
  * GetContainerEvents: every container event from the moment the client subscribed until it goes
  * away, with the container's status (and the pod's, when the pod still exists).
  */
-export function containerStreamHandlers(containers: ContainerManager, podStatus: (sandboxId: string) => PodSandboxStatus | null): RuntimeStreamHandlers {
+export function containerStreamHandlers(
+  containers: ContainerManager,
+  podStatus: (sandboxId: string) => PodSandboxStatus | null,
+): RuntimeStreamHandlers {
   return {
     GetContainerEvents: (_req, send, ctx) =>
       new Promise<void>((resolve) => {

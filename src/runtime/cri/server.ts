@@ -160,7 +160,11 @@ function streamingImplementation(method: string, opts: CriServerOptions): (call:
 type StreamHandler = (request: never, send: (response: unknown) => boolean, ctx: CallContext) => Promise<void>;
 
 /** A server-streaming rpc with its handler: runs until the handler resolves or the client goes. */
-function serverStreamImplementation(method: string, handler: StreamHandler, opts: CriServerOptions): (call: ServerWritableStream<unknown, unknown>) => void {
+function serverStreamImplementation(
+  method: string,
+  handler: StreamHandler,
+  opts: CriServerOptions,
+): (call: ServerWritableStream<unknown, unknown>) => void {
   return (call) => {
     const logger = opts.logger.child({ rpc: method });
     const controller = new AbortController();
@@ -168,7 +172,8 @@ function serverStreamImplementation(method: string, handler: StreamHandler, opts
     const ctx: CallContext = { method, logger, signal: controller.signal, deadlineMs: deadlineOf(call), annotate: () => undefined };
     logger.info('stream opened');
     const run = async (): Promise<void> => {
-      if (isUndecodable(call.request)) throw invalid('REQUEST_UNDECODABLE', `request body of ${method} is not valid: ${call.request[UNDECODABLE]}`);
+      if (isUndecodable(call.request))
+        throw invalid('REQUEST_UNDECODABLE', `request body of ${method} is not valid: ${call.request[UNDECODABLE]}`);
       await handler(call.request as never, (response) => call.write(response), ctx);
     };
     run().then(
@@ -195,7 +200,8 @@ function handlersByName(binding: ServiceBinding): Readonly<Record<string, UnaryH
 function implementService(binding: ServiceBinding, opts: CriServerOptions): UntypedServiceImplementation {
   const impl: UntypedServiceImplementation = {};
   const handlers = handlersByName(binding);
-  const streams: Readonly<Record<string, StreamHandler | undefined>> = binding.name === 'runtime.v1.RuntimeService' ? (binding.streams ?? {}) : {};
+  const streams: Readonly<Record<string, StreamHandler | undefined>> =
+    binding.name === 'runtime.v1.RuntimeService' ? (binding.streams ?? {}) : {};
   for (const [name, method] of Object.entries(binding.definition)) {
     const typeName = (method as { requestType?: { type?: { name?: string } } }).requestType?.type?.name ?? `${name}Request`;
     const stream = streams[name];
