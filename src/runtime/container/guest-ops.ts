@@ -96,7 +96,11 @@ export async function stopInGuest(agent: AgentClient, record: ContainerRecord, t
     clearTimeout(timer);
     if (outcome === 'exited') return;
   }
+  // Every process of the container (they may share the pod's PID namespace, where the init's
+  // death does not take them along), and the init itself (`kill --all` finds processes through
+  // the container's cgroup; the init is signalled directly whatever the cgroup says).
   await ignoreGone(agent.signalContainer(record.id, 9, true, { timeoutMs: CALL_MS }));
+  await ignoreGone(agent.signalContainer(record.id, 9, false, { timeoutMs: CALL_MS }));
   await exited;
 }
 

@@ -5,6 +5,8 @@
  * writer's committed offset on the next one).
  */
 
+import { promises as fsp } from 'node:fs';
+import path from 'node:path';
 import type { AgentClient } from '../../agent-client/index.js';
 import { errorMessage } from '../../common/errors.js';
 import type { Logger } from '../../common/logger.js';
@@ -87,6 +89,7 @@ export class OutputPump {
           continue;
         }
         // After a failure the writer is opened again: open() repairs the file from the state.
+        if (writer === undefined) await fsp.mkdir(path.dirname(this.opts.statePath), { recursive: true, mode: 0o700 });
         writer ??= await ContainerLogWriter.open({ logPath: this.opts.logPath, statePath: this.opts.statePath, tty: this.opts.tty });
         this.writer = writer;
         if (writer.eof) {
@@ -114,14 +117,12 @@ export class OutputPump {
 
 function delay(ms: number, signal: AbortSignal): Promise<void> {
   return new Promise((resolve) => {
-    const t = setTimeout(resolve, ms);
-    signal.addEventListener(
-      'abort',
-      () => {
-        clearTimeout(t);
-        resolve();
-      },
-      { once: true },
-    );
+    const done = () => {
+      clearTimeout(t);
+      signal.removeEventListener('abort', done);
+      resolve();
+    };
+    const t = setTimeout(done, ms);
+    signal.addEventListener('abort', done, { once: true });
   });
 }
