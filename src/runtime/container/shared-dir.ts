@@ -149,6 +149,9 @@ async function bindPinned(
   if (!path.isAbsolute(source)) throw invalid('CONTAINER_MOUNT_SOURCE_INVALID', `${field}: host_path "${source}" is not absolute`);
   let resolved: string;
   try {
+    // A missing source becomes a directory, as containerd does (the kubelet relies on it for
+    // hostPath volumes without a type).
+    await fsp.mkdir(source, { recursive: true, mode: 0o755 }).catch(() => undefined);
     resolved = await fsp.realpath(source);
   } catch (err) {
     throw invalid('CONTAINER_MOUNT_SOURCE_INVALID', `${field}: host_path "${source}" cannot be resolved: ${errorMessage(err)}`);
