@@ -58,6 +58,7 @@ export function planSandbox(input: SandboxPlanInput): SandboxPlan {
     paths: input.paths,
     pcieArgs: pcie.qemuArgs,
     confidential: profile.confidential,
+    ...(input.hypervisor.guestImagePath === null ? {} : { guestImagePath: input.hypervisor.guestImagePath }),
   });
   return {
     handler: input.handler.name,

@@ -41,6 +41,8 @@ export type RuntimeReason =
   | 'SANDBOX_NOT_READY'
   | 'SANDBOX_NOT_RUNNING'
   | 'SANDBOX_WORKDIR_EXISTS'
+  | 'SHARED_DIR_MOUNT_FAILED'
+  | 'SHARED_DIR_STILL_MOUNTED'
   | 'STORE_BAD_ID';
 
 declare module '../common/errors.js' {

@@ -1,4 +1,3 @@
-import { promises as fsp } from 'node:fs';
 import type { AgentClient } from '../../agent-client/index.js';
 import type { CgroupDriver, CgroupDriverName, PlacementRecord } from '../../cgroups/index.js';
 import { alreadyExists, errorMessage, notFound } from '../../common/errors.js';
@@ -15,22 +14,15 @@ import type { RuntimeMetrics } from '../metrics.js';
 import { decodeSandboxSpec } from '../spec/sandbox.js';
 import { type CreateDeps, createSandbox } from './create.js';
 import { killAndWait } from './orphans.js';
-import { sandboxWorkDir } from './paths.js';
+import { sandboxSharedDir, sandboxWorkDir } from './paths.js';
 import { identityKey, type SandboxExitRecord, type SandboxRecord } from './record.js';
 import { recoverSandboxes } from './recover.js';
+import { releaseSharedMounts, removeWorkDir } from './shared-dir.js';
+import { destroyGuestPod, type StopBudget, stopBudget, tellStopping } from './stop.js';
 import { sandboxMatches } from './views.js';
+import { stopVirtiofsd } from './virtiofsd.js';
 
-/** The containers' share of a stop when the request has no (or a long) deadline. */
-export const CONTAINERS_STOP_MAX_MS = 30_000;
-/** How long past its deadline sandboxStopping may run before the VM is stopped regardless. */
-const STOPPING_GRACE_MS = 500;
-
-interface StopBudget {
-  /** The VM's graceful shutdown (then quit, then SIGKILL). */
-  vmMs: number;
-  /** listener.sandboxStopping. */
-  containersMs: number;
-}
+export { CONTAINERS_STOP_MAX_MS } from './stop.js';
 
 export interface SandboxManagerDeps extends CreateDeps {
   logger: Logger;
@@ -128,7 +120,7 @@ export class SandboxManager {
     this.identities.set(key, id);
     ctx.annotate({ sandboxId: id });
     try {
-      const { record, vm } = await this.locks.run(id, () =>
+      const { record, vm, agent } = await this.locks.run(id, () =>
         createSandbox(this.deps, {
           id,
           spec,
@@ -139,7 +131,7 @@ export class SandboxManager {
           readyTimeoutMs: boundedTimeoutMs(this.deps.config.hypervisor.readyTimeoutMs, ctx),
         }),
       );
-      const live: LiveSandbox = { record, vm, agent: undefined, stopping: false };
+      const live: LiveSandbox = { record, vm, agent, stopping: false };
       this.sandboxes.set(id, live);
       this.watchExit(live, vm);
       this.updateGauge();
@@ -221,18 +213,7 @@ export class SandboxManager {
       return;
     }
     ctx.annotate({ sandboxId: live.record.id });
-    await this.locks.run(live.record.id, () => this.stopLocked(live, this.stopBudget(ctx)));
-  }
-
-  /**
-   * How a stop's time is shared: the VM's shutdown gets its configured timeout (cut to the
-   * request's deadline, 1 s kept for the teardown), the containers what is left before that,
-   * at most CONTAINERS_STOP_MAX_MS.
-   */
-  private stopBudget(ctx: RequestContext): StopBudget {
-    const vmMs = boundedTimeoutMs(this.deps.config.hypervisor.stopTimeoutMs, ctx, 1000);
-    const containersMs = boundedTimeoutMs(CONTAINERS_STOP_MAX_MS, ctx, vmMs + 1000);
-    return { vmMs, containersMs };
+    await this.locks.run(live.record.id, () => this.stopLocked(live, stopBudget(this.deps.config, ctx)));
   }
 
   private async stopLocked(live: LiveSandbox, budget: StopBudget): Promise<void> {
@@ -241,7 +222,8 @@ export class SandboxManager {
     let exit: SandboxExitRecord | null = record.exit;
     if (live.vm !== undefined && live.vm.exitInfo === undefined) {
       // Containers first, while the VM and its agent are up, so they stop with their timeouts.
-      await this.tellStopping(record.id, budget.containersMs, log);
+      await tellStopping(this.deps.listener, record.id, budget.containersMs, log);
+      await destroyGuestPod(live, log);
       live.stopping = true;
       const result = await live.vm.shutdown({ timeoutMs: budget.vmMs });
       log.info({ how: result.how, exit: result.exit }, 'VM stopped');
@@ -254,15 +236,25 @@ export class SandboxManager {
     }
     live.vm?.release();
     live.vm = undefined;
+    live.agent?.close();
+    live.agent = undefined;
     // The VM is gone: say so durably before touching cgroups, so that a teardown failure below
     // leaves an honest NOTREADY sandbox whose Stop can simply be retried.
     const changed = record.state !== 'SANDBOX_NOTREADY' || record.phase !== 'stopped' || record.exit !== exit;
     record.state = 'SANDBOX_NOTREADY';
     record.phase = 'stopped';
     record.exit = exit;
+    record.guestPod = null;
     await this.deps.listener.sandboxStopped(record.id);
     if (changed) await this.deps.store.put(record);
     this.updateGauge();
+    // virtiofsd leaves before its cgroup can go, and before the shared directory's mounts.
+    await stopVirtiofsd(record, log);
+    if (record.virtiofsd !== null) {
+      record.virtiofsd = null;
+      await this.deps.store.put(record);
+    }
+    await releaseSharedMounts(sandboxSharedDir(this.deps.config.stateDir, record.id), log);
     if (record.placement !== null) {
       await this.cgroupsFor(record.placement).remove(record.placement);
       record.placement = null;
@@ -279,30 +271,14 @@ export class SandboxManager {
     ctx.annotate({ sandboxId: record.id });
     await this.locks.run(record.id, async () => {
       if (!this.sandboxes.has(record.id)) return; // removed while we waited for the lock
-      await this.stopLocked(live, this.stopBudget(ctx));
+      await this.stopLocked(live, stopBudget(this.deps.config, ctx));
       await this.deps.listener.sandboxRemoving(record.id);
       await this.deps.store.delete(record.id);
-      await fsp.rm(sandboxWorkDir(this.deps.config.stateDir, record.id), { recursive: true, force: true });
+      await removeWorkDir(sandboxWorkDir(this.deps.config.stateDir, record.id), this.deps.logger.child({ sandboxId: record.id }));
       this.sandboxes.delete(record.id);
       this.identities.delete(identityKey(record.metadata));
       this.updateGauge();
     });
-  }
-
-  /** listener.sandboxStopping, bounded by `deadlineMs`: a failure or overrun is logged, the stop goes on. */
-  private async tellStopping(sandboxId: string, deadlineMs: number, log: Logger): Promise<void> {
-    let timer: NodeJS.Timeout | undefined;
-    const overrun = new Promise<'overrun'>((resolve) => {
-      timer = setTimeout(() => resolve('overrun'), deadlineMs + STOPPING_GRACE_MS);
-    });
-    try {
-      const outcome = await Promise.race([this.deps.listener.sandboxStopping(sandboxId, deadlineMs), overrun]);
-      if (outcome === 'overrun') log.warn({ deadlineMs }, 'stopping the containers overran its deadline; stopping the VM anyway');
-    } catch (err) {
-      log.error({ err: errorMessage(err) }, 'stopping the containers failed; stopping the VM anyway');
-    } finally {
-      clearTimeout(timer);
-    }
   }
 
   list(filter: PodSandboxFilter__Output | null): SandboxRecord[] {
@@ -315,7 +291,10 @@ export class SandboxManager {
 
   /** Stop serving: drop connections to the VMs, which keep running for the next start. */
   close(): void {
-    for (const live of this.sandboxes.values()) live.vm?.release();
+    for (const live of this.sandboxes.values()) {
+      live.vm?.release();
+      live.agent?.close();
+    }
   }
 
   /** A VM that exits without StopPodSandbox makes its sandbox NOTREADY at once, with why. */
@@ -331,8 +310,14 @@ export class SandboxManager {
         await this.locks.run(live.record.id, async () => {
           if (live.vm !== vm || !this.sandboxes.has(live.record.id)) return;
           live.vm = undefined;
+          live.agent?.close();
+          live.agent = undefined;
           live.record.phase = 'stopped';
           live.record.exit = record;
+          live.record.guestPod = null;
+          // virtiofsd ends when QEMU disconnects; one that did not is stopped here.
+          await stopVirtiofsd(live.record, this.deps.logger.child({ sandboxId: live.record.id }));
+          live.record.virtiofsd = null;
           await this.deps.listener.sandboxStopped(live.record.id);
           await this.deps.store.put(live.record);
         });

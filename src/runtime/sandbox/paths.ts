@@ -1,4 +1,6 @@
 import path from 'node:path';
+import type { HypervisorConfig } from '../../config/types.js';
+import { type VmPaths, type VmSocketPaths, vmPaths } from '../../hypervisor/index.js';
 
 /**
  * A sandbox's runtime directory: its QMP and ready sockets, the QEMU log and the guest console.
@@ -24,4 +26,27 @@ export function vmNameFor(sandboxId: string): string {
  */
 export function sandboxSharedDir(stateDir: string, sandboxId: string): string {
   return path.join(sandboxWorkDir(stateDir, sandboxId), 'shared');
+}
+
+/**
+ * Every path of a sandbox's VM: QMP, ready, console and QEMU log (vmPaths), plus the agent's
+ * port socket and virtiofsd's socket, all inside the work dir (short: sun_path holds 107 bytes).
+ */
+export function sandboxVmPaths(workDir: string): VmPaths & { agentSocket: string; virtiofsSocket: string; virtiofsdLog: string } {
+  return {
+    ...vmPaths(workDir),
+    agentSocket: path.join(workDir, 'agent.sock'),
+    virtiofsSocket: path.join(workDir, 'vfs.sock'),
+    virtiofsdLog: path.join(workDir, 'virtiofsd.log'),
+  };
+}
+
+/**
+ * The sockets the QEMU argv names, as RunPodSandbox (and `kata-ts plan`) builds it: with a guest
+ * image (which carries the agent) the VM gets the agent's port and virtio-fs; without one it runs
+ * no containers and gets neither.
+ */
+export function sandboxArgvPaths(workDir: string, hypervisor: Pick<HypervisorConfig, 'guestImagePath'>): VmSocketPaths {
+  const { agentSocket, virtiofsSocket, virtiofsdLog: _log, qemuLog: _qemuLog, ...paths } = sandboxVmPaths(workDir);
+  return hypervisor.guestImagePath === null ? paths : { ...paths, agentSocket, virtiofsSocket };
 }

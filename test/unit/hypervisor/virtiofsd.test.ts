@@ -29,6 +29,8 @@ describe('buildVirtiofsdArgv', () => {
       '-o',
       'sandbox=namespace',
       '-o',
+      'modcaps=-mknod',
+      '-o',
       'log_level=warn',
     ]);
     expect(buildVirtiofsdArgv({ socketPath: '/s.sock', sourceDir: '/d', cache: 'none' })).toContain('cache=none');

@@ -179,3 +179,42 @@ describe('loading and recovering format-1 records', () => {
     await expect(containers.stop('f'.repeat(64), 10, ctx)).resolves.toBeUndefined();
   });
 });
+
+describe('format-2 records (written before the agent and virtio-fs)', () => {
+  const V2 = path.join(packageRoot(), 'fixtures', 'records', 'v2');
+  let stateDir: string;
+  beforeEach(async () => {
+    stateDir = await mkdtemp(path.join(os.tmpdir(), 'kata-ts-v2-'));
+    await cp(V2, stateDir, { recursive: true, filter: (src) => !src.endsWith('README.md') });
+  });
+  afterEach(async () => {
+    await rm(stateDir, { recursive: true, force: true });
+  });
+
+  it('are format 2 as that code wrote them, without virtiofsd or guestPod', async () => {
+    const s = JSON.parse(await readFile(path.join(V2, 'sandboxes', `${SANDBOX_ID}.json`), 'utf8'));
+    expect(s.version).toBe(2);
+    expect(s.record).not.toHaveProperty('virtiofsd');
+    expect(s.record).not.toHaveProperty('guestPod');
+    expect(s.record.vmm).not.toHaveProperty('agentSocket');
+  });
+
+  it('migrate on load to the current format with virtiofsd and guestPod null, the rest unchanged', async () => {
+    const original = JSON.parse(await readFile(path.join(V2, 'sandboxes', `${SANDBOX_ID}.json`), 'utf8'));
+    const store = new RecordStore<SandboxRecord>(stateDir, SANDBOX_RECORD_KIND, silentLogger());
+    const { records, problems } = await store.load();
+    expect(problems).toEqual([]);
+    const [record] = records;
+    expect([record?.virtiofsd, record?.guestPod]).toEqual([null, null]);
+    expect(JSON.parse(JSON.stringify({ ...record, virtiofsd: undefined, guestPod: undefined }))).toEqual(original.record);
+    const onDisk = JSON.parse(await readFile(path.join(stateDir, 'sandboxes', `${SANDBOX_ID}.json`), 'utf8'));
+    expect(onDisk.version).toBe(SANDBOX_RECORD_KIND.version);
+    expect((await store.load()).records).toEqual(records);
+  });
+
+  it('a format-2 record is not migrated twice: virtiofsd and guestPod values are kept', () => {
+    const migrated = migrateSandboxRecord(2, { id: SANDBOX_ID, guestPod: { pausePid: 7, shmPath: '/x' } }) as SandboxRecord;
+    expect(migrated.guestPod).toEqual({ pausePid: 7, shmPath: '/x' });
+    expect(migrated.virtiofsd).toBeNull();
+  });
+});
