@@ -114,7 +114,12 @@ export async function unmountAndRemove(hostDir: string, bindMounts: readonly str
   const deepestFirst = [...bindMounts].sort((a, b) => b.split('/').length - a.split('/').length || b.localeCompare(a));
   for (const target of deepestFirst) {
     try {
-      if (await isMountPoint(target)) await run('umount', ['--', target]);
+      if (await isMountPoint(target)) {
+        // virtiofsd holds a file descriptor for every inode the guest still caches, so a plain
+        // unmount is usually busy: detach it (MNT_DETACH) and let those references drain.
+        await run('umount', ['--', target]).catch(() => run('umount', ['--lazy', '--', target]));
+        if (await isMountPoint(target)) throw new Error('still mounted after a lazy unmount');
+      }
     } catch (err) {
       ok = false;
       logger.error({ target, err: errorMessage(err) }, 'could not unmount a container bind mount');
