@@ -22,7 +22,7 @@ import { type ContainerSpec, decodeContainerSpec } from '../spec/container.js';
 import { announcedPodResources, type SandboxSpec } from '../spec/sandbox.js';
 import type { RecordStore } from '../store.js';
 import { applyHotplug, detachDevices, planContainerHotplug } from './devices.js';
-import { ContainerEvents, type ContainerEventType } from './events.js';
+import { ContainerEvents } from './events.js';
 import { createAndStart, type ExecSyncResult, execSync, exitReason, stopInGuest, timestampNs } from './guest-ops.js';
 import type { GuestPod } from './guest-spec.js';
 import { prepareGuest } from './prepare.js';
@@ -470,11 +470,6 @@ export class ContainerManager implements SandboxListener {
   /** SandboxListener: RemovePodSandbox removes its containers (their devices left with the VM). */
   async sandboxRemoving(sandboxId: string): Promise<void> {
     for (const c of this.inSandbox(sandboxId)) await this.forget(c, this.deps.logger);
-  }
-
-  /** Emit through the event stream (used by tests and the handlers). */
-  emit(type: ContainerEventType, record: ContainerRecord): void {
-    this.events.emit(type, record);
   }
 }
 
