@@ -142,9 +142,15 @@ describe('loading and recovering format-1 records', () => {
       logger,
       store: containerStore,
       sandboxes,
-      images: { resolveImage: () => undefined, rootfsFor: () => '' },
+      images: { resolveImage: () => undefined, rootfsFor: () => '', imageConfig: async () => null },
       host: { cpus: 16, memoryMiB: 65536 },
       readPcieFacts: () => Promise.reject(new Error('not read during recovery')),
+      guests: {
+        agentOf: () => undefined,
+        sharedDirOf: () => '/nonexistent',
+        guestSharedDir: '/run/kata-ts/shared',
+        guestPodOf: () => null,
+      },
     });
     await sandboxes.recover();
     await containers.recover();
@@ -170,7 +176,7 @@ describe('loading and recovering format-1 records', () => {
       deadlineMs: undefined,
       annotate: () => {},
     };
-    await expect(containers.stop('f'.repeat(64), ctx)).resolves.toBeUndefined();
+    await expect(containers.stop('f'.repeat(64), 10, ctx)).resolves.toBeUndefined();
   });
 });
 
