@@ -1,5 +1,6 @@
 import type { AdmissionDemand } from '../admission/index.js';
 import { CONTAINER_SPEC_SCHEMA, type ContainerSpec } from '../spec/container.js';
+import { containerMetadata, stringMap } from '../spec/schema.js';
 import { containerSpecFromV1 } from '../spec/v1.js';
 import type { RecordKind } from '../store.js';
 
@@ -67,8 +68,6 @@ export interface ContainerRecord {
   guest: ContainerGuestPlan | null;
 }
 
-const stringMap = { type: 'object', additionalProperties: { type: 'string' } } as const;
-
 /**
  * Format 3 (this one) adds `startedAtNs`, the RUNNING state and `guest` (the OCI spec and the
  * shared-directory mounts). Format 2 stored the typed `spec`; format 1 stored the decoded
@@ -132,12 +131,7 @@ export const CONTAINER_RECORD_KIND: RecordKind = {
       exitCode: { type: 'integer' },
       reason: { type: 'string' },
       message: { type: 'string' },
-      metadata: {
-        type: 'object',
-        additionalProperties: false,
-        required: ['name', 'attempt'],
-        properties: { name: { type: 'string', minLength: 1 }, attempt: { type: 'integer', minimum: 0 } },
-      },
+      metadata: containerMetadata,
       image: {
         type: 'object',
         additionalProperties: false,

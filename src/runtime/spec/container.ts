@@ -10,7 +10,7 @@ import type { LinuxContainerResources__Output } from '../../generated/runtime/v1
 import type { LinuxContainerSecurityContext__Output } from '../../generated/runtime/v1/LinuxContainerSecurityContext.js';
 import type { Mount__Output } from '../../generated/runtime/v1/Mount.js';
 import type { Signal__Output } from '../../generated/runtime/v1/Signal.js';
-import { nullable, protoMessage, stringList, stringMap } from './schema.js';
+import { containerMetadata, nullable, protoMessage, stringList, stringMap } from './schema.js';
 
 /** The Linux part of a container: its cgroup resources and its security context. */
 export interface ContainerLinuxSpec {
@@ -123,12 +123,7 @@ export const CONTAINER_SPEC_SCHEMA = {
     'kubernetes_resources',
   ],
   properties: {
-    metadata: {
-      type: 'object',
-      additionalProperties: false,
-      required: ['name', 'attempt'],
-      properties: { name: { type: 'string', minLength: 1 }, attempt: { type: 'integer', minimum: 0 } },
-    },
+    metadata: containerMetadata,
     image: {
       type: 'object',
       required: ['image', 'annotations'],
