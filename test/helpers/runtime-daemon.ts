@@ -43,6 +43,8 @@ export interface TestRuntimeOptions {
   cgroupPrefix?: string;
   /** Prefix of the temporary directory under /tmp. */
   tmpPrefix?: string;
+  /** Run the daemon in this network namespace (`nsenter --net=`), e.g. a test's "node" namespace. */
+  netnsPath?: string;
 }
 
 /**
@@ -77,6 +79,9 @@ export async function createTestRuntime(configDoc: Record<string, unknown> = {},
         metricsAddress: null,
         cgroupDriver: 'cgroupfs',
         logLevel: 'debug',
+        // No CNI unless a test brings its own config in a namespace of its own (test/helpers/network-node.ts):
+        // the host's network is never touched by tests.
+        network: { mode: 'none' },
         ...configDoc,
         hypervisor: { ...guestDirConfig(), ...(configDoc.hypervisor as Record<string, unknown> | undefined) },
       },
@@ -102,7 +107,7 @@ export async function createTestRuntime(configDoc: Record<string, unknown> = {},
     },
     pid: () => daemon?.pid ?? -1,
     async start() {
-      daemon = await spawnDaemon(configPath, socketPath, logFile);
+      daemon = await spawnDaemon(configPath, socketPath, logFile, options.netnsPath === undefined ? {} : { netnsPath: options.netnsPath });
       cri = criClients(socketPath);
     },
     async stop() {
