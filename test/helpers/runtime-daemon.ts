@@ -28,6 +28,8 @@ export interface TestRuntime {
   cri: CriClients;
   /** The running daemon's pid (changes across restart()). */
   pid(): number;
+  /** The network namespace start() runs the daemon in (`nsenter --net=`); settable between starts. */
+  netnsPath: string | undefined;
   start(): Promise<void>;
   /** SIGTERM and wait: what `systemctl stop` does. VMs keep running. */
   stop(): Promise<void>;
@@ -106,8 +108,10 @@ export async function createTestRuntime(configDoc: Record<string, unknown> = {},
       return cri;
     },
     pid: () => daemon?.pid ?? -1,
+    netnsPath: options.netnsPath,
     async start() {
-      daemon = await spawnDaemon(configPath, socketPath, logFile, options.netnsPath === undefined ? {} : { netnsPath: options.netnsPath });
+      const netnsPath = runtime.netnsPath;
+      daemon = await spawnDaemon(configPath, socketPath, logFile, netnsPath === undefined ? {} : { netnsPath });
       cri = criClients(socketPath);
     },
     async stop() {
