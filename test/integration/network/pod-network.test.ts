@@ -6,13 +6,14 @@
  * daemon in the middle of RunPodSandbox.
  */
 import { execFileSync } from 'node:child_process';
-import { promises as fsp } from 'node:fs';
+import { promises as fsp, readFileSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { defaultHandlerProfile } from '../../../src/config/defaults.js';
 import { netnsNameFor } from '../../../src/network/index.js';
 import { rpc } from '../../helpers/cri-client.js';
+import { processesMentioning } from '../../helpers/hypervisor-guest.js';
 import { buildImage, busyboxBaseEntries, RegistryPusher } from '../../helpers/images-builder.js';
 import { type RegistryHandle, startRegistry } from '../../helpers/images-registry.js';
 import type { TarEntrySpec } from '../../helpers/images-tar.js';
@@ -32,6 +33,17 @@ function networkGuestDir(): string {
   const dir = path.join(repo, '.cache/guest-net');
   execFileSync('bash', [path.join(repo, 'scripts/build-guest.sh'), '--out', dir], { stdio: ['ignore', 'ignore', 'inherit'] });
   return dir;
+}
+
+/** QEMU processes whose command line names `dir` (virtiofsd, which also does, left out). */
+function qemusUnder(dir: string): number[] {
+  return processesMentioning(dir).filter((pid) => {
+    try {
+      return readFileSync(`/proc/${pid}/cmdline`, 'utf8').startsWith('qemu-system');
+    } catch {
+      return false;
+    }
+  });
 }
 
 async function until<T>(what: string, fn: () => Promise<T | undefined>, timeoutMs = 60_000): Promise<T> {
@@ -231,15 +243,19 @@ describe('pod networking through CNI (real plugins, real QEMU, a node namespace 
     const linksBefore = await node.links();
     const config = { ...podConfig(rt, 'net-c'), hostname: 'net-c' };
     const pending = rpc(rt.cri.runtime, 'RunPodSandbox', { config }, { deadline: Date.now() + 180_000 }).catch((e: unknown) => e);
-    // Killed once CNI ADD has allocated the pod's address (the VM may be starting).
+    // Killed once CNI ADD has allocated the pod's address and QEMU runs in the pod's namespace.
+    const vmsBefore = qemusUnder(path.join(rt.stateDir, 'vm')).length;
     await until('CNI ADD of the third pod', async () => ((await node.allocations()).length > allocationsBefore.length ? true : undefined));
+    await until('the third pod VM', async () => (qemusUnder(path.join(rt.stateDir, 'vm')).length > vmsBefore ? true : undefined));
     process.kill(rt.pid(), 'SIGKILL');
     await pending;
     const made = (await fsp.readdir('/run/netns')).filter((n) => n.startsWith('kata-ts-') && !sandboxes.map(netnsNameFor).includes(n));
     await rt.start();
     expect(await node.allocations()).toEqual(allocationsBefore);
     expect((await node.links()).sort()).toEqual([...linksBefore].sort());
+    expect(made).toHaveLength(1);
     for (const n of made) await expect(fsp.access(`/run/netns/${n}`)).rejects.toThrow();
+    expect(qemusUnder(path.join(rt.stateDir, 'vm')).length).toBe(vmsBefore);
     const { items } = await rpc<{ items: Array<{ id: string }> }>(rt.cri.runtime, 'ListPodSandbox', {});
     expect(items.map((i) => i.id)).toEqual([podA]);
     // The running pod survived the daemon's death.
