@@ -118,6 +118,10 @@ export async function createNetworkNode(): Promise<NetworkNode> {
     },
     async cleanup(podNetnsNames = []) {
       for (const pod of podNetnsNames) await execFileAsync('ip', ['netns', 'del', pod]).catch(() => undefined);
+      // Namespaces a test or bench added next to the node (`<name>-...`), then the node itself.
+      for (const extra of (await fsp.readdir('/run/netns').catch(() => [] as string[])).filter((n) => n.startsWith(`${name}-`))) {
+        await execFileAsync('ip', ['netns', 'del', extra]).catch(() => undefined);
+      }
       await execFileAsync('ip', ['netns', 'del', name]).catch(() => undefined);
       await fsp.rm(dir, { recursive: true, force: true });
     },
