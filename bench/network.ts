@@ -2,7 +2,8 @@
  * Pod networking, side by side with a baseline in the same run, all inside a node namespace of the
  * bench's own (test/helpers/network-node.ts; nothing touches the host's network):
  *
- * 1. TCP throughput node namespace -> pod (a container's busybox nc reading into /dev/null), against
+ * 1. TCP throughput node namespace -> pod (a container's busybox nc handing the stream to `wc -c`,
+ *    which answers once it has read every byte), against
  *    the same transfer to a plain network namespace on the same bridge (veth, same busybox nc):
  *    ratio pod / plain of the MiB/s.
  * 2. HTTP request latency node namespace -> pod (busybox httpd in a container), against busybox
@@ -73,7 +74,7 @@ async function plainPeer(node: NetworkNode, wwwDir: string): Promise<{ ip: strin
     spawn('nsenter', [`--net=/run/netns/${name}`, '--', 'busybox', 'httpd', '-f', '-p', String(HTTP_PORT), '-h', wwwDir], {
       stdio: 'ignore',
     }),
-    spawn('nsenter', [`--net=/run/netns/${name}`, '--', 'sh', '-c', `while true; do busybox nc -l -p ${NC_PORT} > /dev/null; done`], {
+    spawn('nsenter', [`--net=/run/netns/${name}`, '--', 'sh', '-c', `while true; do busybox nc -l -p ${NC_PORT} -e busybox wc -c; done`], {
       stdio: 'ignore',
       detached: true,
     }),
@@ -123,7 +124,9 @@ export async function runNetworkBench(
     registry = await startRegistry();
     const entries: TarEntrySpec[] = [
       ...busyboxBaseEntries(),
-      ...['sleep', 'httpd', 'nc', 'mkdir', 'echo'].map((a): TarEntrySpec => ({ name: `bin/${a}`, type: 'symlink', linkname: 'busybox' })),
+      ...['sleep', 'httpd', 'nc', 'mkdir', 'echo', 'wc'].map(
+        (a): TarEntrySpec => ({ name: `bin/${a}`, type: 'symlink', linkname: 'busybox' }),
+      ),
     ];
     const built = await buildImage({ layers: [{ entries, compression: 'gzip' }], cmd: ['/bin/sh'] });
     await new RegistryPusher(registry.url).pushImage('bench/busybox', '1.0', built);
@@ -161,7 +164,7 @@ export async function runNetworkBench(
         command: [
           'sh',
           '-c',
-          `mkdir -p /www && echo ok > /www/index.html && httpd -p ${HTTP_PORT} -h /www && while true; do nc -l -p ${NC_PORT} > /dev/null; done`,
+          `mkdir -p /www && echo ok > /www/index.html && httpd -p ${HTTP_PORT} -h /www && while true; do nc -l -p ${NC_PORT} -e wc -c; done`,
         ],
         log_path: 'srv.log',
       },

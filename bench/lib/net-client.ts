@@ -18,20 +18,32 @@ type Job =
   | { kind: 'latency'; host: string; port: number; requests: number }
   | { kind: 'wiring'; rounds: number; network: NetworkConfig };
 
-/** Send `mib` MiB and wait until the server closed (busybox nc exits at end of input). */
+/**
+ * Send `mib` MiB; the server (busybox `nc -l -e wc -c`) answers with the byte count it read once
+ * it has read everything, so the time runs until every byte was received, not just buffered.
+ */
 function throughput(host: string, port: number, mib: number): Promise<number> {
   return new Promise((resolve, reject) => {
     const chunk = Buffer.alloc(1024 * 1024, 0x61);
     const sock = net.connect(port, host);
     let t0 = 0;
+    let answer = '';
+    sock.setEncoding('utf8');
     sock.on('error', reject);
     sock.on('connect', async () => {
       t0 = performance.now();
       for (let i = 0; i < mib; i++) if (!sock.write(chunk)) await new Promise((r) => sock.once('drain', r));
       sock.end();
     });
-    sock.on('close', () => resolve(performance.now() - t0));
-    sock.resume();
+    sock.on('data', (d: string) => {
+      answer += d;
+    });
+    sock.on('end', () => {
+      const ms = performance.now() - t0;
+      const got = Number(answer.trim());
+      if (got !== mib * chunk.length) reject(new Error(`the server read ${answer.trim() || 'nothing'} bytes, not ${mib * chunk.length}`));
+      else resolve(ms);
+    });
   });
 }
 

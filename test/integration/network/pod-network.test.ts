@@ -179,6 +179,11 @@ describe('pod networking through CNI (real plugins, real QEMU, a node namespace 
     podAIp = status.network.ip;
     expect(podAIp.startsWith(`${node.prefix}.`)).toBe(true);
     expect(await node.allocations()).toContain(podAIp);
+    const verbose = await rpc<{ info: { info: string } }>(rt.cri.runtime, 'PodSandboxStatus', { pod_sandbox_id: podA, verbose: true });
+    const info = JSON.parse(verbose.info.info) as { network: Record<string, unknown>; plan: { qemu: { argv: string[] } } };
+    expect(info.network).toMatchObject({ netns: `/run/netns/${netnsNameFor(podA)}`, tap: 'tap0_kata', cniAttached: true, tapWired: true });
+    // The NIC in the executed plan carries the CNI interface's MAC.
+    expect(info.plan.qemu.argv.some((a) => a.startsWith('virtio-net-pci,') && a.includes(`mac=${String(info.network.mac)}`))).toBe(true);
   }, 240_000);
 
   it('a server in a container answers from the node namespace; containers of the pod talk over localhost', async () => {
