@@ -82,7 +82,7 @@ export async function createSandbox(
   // Checked before anything is made: a host-network pod, a missing CNI config or plugin refuse here.
   const net: PodNetworkRecord | null =
     deps.network === undefined ? null : await deps.network.prepare(req.id, podNetworkRequest(req.id, spec));
-  // QEMU's userspace virtio-net backend where the host has no vhost-net (this one has none).
+  // vhost-net where the host has it, QEMU's userspace virtio-net backend otherwise (the dev machines).
   const vhost = existsSync('/dev/vhost-net');
   const planInput: SandboxPlanInput = {
     config: spec,
