@@ -88,7 +88,8 @@ export class GuestNetwork {
     for (const iface of req.interfaces) {
       const name = await this.waitForNic(iface.mac);
       if (iface.mtu !== 0) await run(ip, ['link', 'set', 'dev', name, 'mtu', String(iface.mtu)]);
-      await run(ip, ['addr', 'flush', 'dev', name]);
+      // Global addresses only: an IPv6 link-local address (neighbour discovery needs it) stays.
+      await run(ip, ['addr', 'flush', 'dev', name, 'scope', 'global']);
       for (const a of iface.addresses) await run(ip, [...(a.includes(':') ? ['-6'] : []), 'addr', 'add', a, 'dev', name]);
       await run(ip, ['link', 'set', 'dev', name, 'up']);
       names.push(name);

@@ -31,6 +31,9 @@ export interface NetworkNode {
   subnet: string;
   /** The bridge's address (the pods' gateway), on the node side. */
   gateway: string;
+  /** The IPv6 /64 (a ULA) host-local also hands out: every pod is dual-stack. */
+  subnet6: string;
+  gateway6: string;
   bridge: string;
   /** Run a command inside the node namespace. */
   exec(argv: string[], timeoutMs?: number): Promise<string>;
@@ -56,6 +59,8 @@ export async function createNetworkNode(): Promise<NetworkNode> {
   const ipamDir = path.join(dir, 'ipam');
   const networkName = 'kata-ts-test';
   const bridge = 'kts0';
+  // A unique local /64 (RFC 4193), as private as the IPv4 subnet and as confined to the namespace.
+  const prefix6 = `fd6b:${tag.slice(0, 4)}:${tag.slice(4, 6)}00:1`;
   await fsp.mkdir(cniConfDir);
   await fsp.writeFile(
     path.join(cniConfDir, '10-kata-ts-test.conflist'),
@@ -73,8 +78,8 @@ export async function createNetworkNode(): Promise<NetworkNode> {
             ipam: {
               type: 'host-local',
               dataDir: ipamDir,
-              ranges: [[{ subnet: `${prefix}.0/24`, gateway: `${prefix}.1` }]],
-              routes: [{ dst: '0.0.0.0/0' }],
+              ranges: [[{ subnet: `${prefix}.0/24`, gateway: `${prefix}.1` }], [{ subnet: `${prefix6}::/64`, gateway: `${prefix6}::1` }]],
+              routes: [{ dst: '0.0.0.0/0' }, { dst: '::/0' }],
             },
           },
           { type: 'portmap', capabilities: { portMappings: true } },
@@ -98,6 +103,8 @@ export async function createNetworkNode(): Promise<NetworkNode> {
     prefix,
     subnet: `${prefix}.0/24`,
     gateway: `${prefix}.1`,
+    subnet6: `${prefix6}::/64`,
+    gateway6: `${prefix6}::1`,
     bridge,
     exec,
     httpGet: (url, timeoutMs = 5000) =>
@@ -111,7 +118,9 @@ export async function createNetworkNode(): Promise<NetworkNode> {
       ),
     networkConfig: () => ({ mode: 'cni', cniConfDir, cniBinDirs: ['/opt/cni/bin', DEBIAN_CNI_BIN_DIR] }),
     allocations: async () =>
-      (await fsp.readdir(path.join(ipamDir, networkName)).catch(() => [] as string[])).filter((n) => /^\d+\.\d+\.\d+\.\d+$/.test(n)),
+      (await fsp.readdir(path.join(ipamDir, networkName)).catch(() => [] as string[])).filter((n) =>
+        /^(\d+\.\d+\.\d+\.\d+|[0-9a-f:]+)$/.test(n),
+      ),
     links: async () => {
       const out = await exec(['ip', '-j', 'link', 'show']);
       return (JSON.parse(out) as Array<{ ifname: string }>).map((l) => l.ifname);

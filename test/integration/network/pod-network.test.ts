@@ -1,7 +1,7 @@
 /**
  * Pod networking with real CNI plugins (Debian's bridge, host-local, portmap) and real QEMU (TCG):
  * the daemon runs inside a "node" network namespace this test creates (test/helpers/network-node.ts),
- * pods get addresses from a private subnet that exists only there, and every request to a pod is
+ * pods get addresses (dual-stack: a private IPv4 /24 and an IPv6 ULA /64) that exist only there, and every request to a pod is
  * made from inside that namespace. Two pod VMs serve all the assertions; a third is killed with the
  * daemon in the middle of RunPodSandbox.
  */
@@ -68,6 +68,7 @@ describe('pod networking through CNI (real plugins, real QEMU, a node namespace 
   const sandboxes: string[] = [];
   let podA: string;
   let podAIp: string;
+  let podAIp6: string;
   let podAConfig: Record<string, unknown>;
 
   const runPod = async (name: string, extra: Record<string, unknown> = {}): Promise<{ id: string; config: Record<string, unknown> }> => {
@@ -179,6 +180,10 @@ describe('pod networking through CNI (real plugins, real QEMU, a node namespace 
     podAIp = status.network.ip;
     expect(podAIp.startsWith(`${node.prefix}.`)).toBe(true);
     expect(await node.allocations()).toContain(podAIp);
+    // Dual-stack: the IPv6 address of the pod (host-local's second range) is the additional IP.
+    podAIp6 = status.network.additional_ips.map((a) => a.ip).find((ip) => ip.includes(':')) ?? '';
+    expect(podAIp6.startsWith(node.subnet6.replace('::/64', '::'))).toBe(true);
+    expect(await node.allocations()).toContain(podAIp6);
     const verbose = await rpc<{ info: { info: string } }>(rt.cri.runtime, 'PodSandboxStatus', { pod_sandbox_id: podA, verbose: true });
     const info = JSON.parse(verbose.info.info) as { network: Record<string, unknown>; plan: { qemu: { argv: string[] } } };
     expect(info.network).toMatchObject({ netns: `/run/netns/${netnsNameFor(podA)}`, tap: 'tap0_kata', cniAttached: true, tapWired: true });
@@ -198,6 +203,11 @@ describe('pod networking through CNI (real plugins, real QEMU, a node namespace 
       return out.includes('hello-from-pod') ? out : undefined;
     });
     expect(body.trim()).toBe('hello-from-pod');
+    const body6 = await until('the pod to answer over IPv6', async () => {
+      const out = await fromNode(`http://[${podAIp6}]:${HTTP_PORT}/`);
+      return out.includes('hello-from-pod') ? out : undefined;
+    });
+    expect(body6.trim()).toBe('hello-from-pod');
     expect(await getFromContainer(peer, '127.0.0.1', HTTP_PORT)).toBe('hello-from-pod\n');
   }, 240_000);
 
