@@ -1,9 +1,9 @@
 /**
  * Pod networking with real CNI plugins (Debian's bridge, host-local, portmap) and real QEMU (TCG):
  * the daemon runs inside a "node" network namespace this test creates (test/helpers/network-node.ts),
- * pods get addresses (dual-stack: a private IPv4 /24 and an IPv6 ULA /64) that exist only there, and every request to a pod is
- * made from inside that namespace. Two pod VMs serve all the assertions; a third is killed with the
- * daemon in the middle of RunPodSandbox.
+ * pods get addresses (dual-stack: a private IPv4 /24 and an IPv6 ULA /64) that exist only there,
+ * and every request to a pod is made from inside that namespace. Two pod VMs serve all the
+ * assertions; a third is killed with the daemon in the middle of RunPodSandbox.
  */
 import { execFileSync } from 'node:child_process';
 import { promises as fsp, readFileSync } from 'node:fs';
