@@ -20,12 +20,15 @@ step() { printf '\n==> %s\n' "$*"; }
 
 # System packages: QEMU and guest-image tools for the runtime (crun is copied into the guest image,
 # mkfs.erofs writes it, strip trims node for it); the registry, image tools and
-# systemd/dbus for the integration tests (real parts, see README "Tests").
+# systemd/dbus for the integration tests (real parts, see README "Tests"); the CNI plugins
+# (Debian installs them in /usr/lib/cni, one of network.cniBinDirs) and iptables (portmap) for pod
+# networking.
 APT_PACKAGES=(
   qemu-system-x86 busybox-static cpio kmod zstd xz-utils
   crun erofs-utils binutils gcc libc6-dev
   docker-registry skopeo umoci apache2-utils
   systemd dbus util-linux iproute2 procps
+  containernetworking-plugins iptables
   protobuf-compiler ca-certificates
 )
 missing=()

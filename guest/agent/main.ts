@@ -19,6 +19,7 @@ import type { ContainerBackend } from './backend.js';
 import { GUEST_ROOTS } from './containers/guest-facts.js';
 import { Containers, CrunBackend, GUEST_PATHS } from './containers/index.js';
 import { rootIsInitramfs } from './containers/runtime.js';
+import { GuestNetwork } from './network.js';
 import { PodService } from './pods.js';
 import { AGENT_PORT_NAME, findPort, VirtioPort } from './port.js';
 import { AgentService } from './server.js';
@@ -54,7 +55,13 @@ export async function runAgent(
   pods?: PodService,
   logger = agentLogger(env),
 ): Promise<void> {
-  const service = new AgentService({ backend, agentVersion: AGENT_VERSION, logger, ...(pods === undefined ? {} : { pods }) });
+  // The network service comes with the pod service: both belong to a real guest.
+  const service = new AgentService({
+    backend,
+    agentVersion: AGENT_VERSION,
+    logger,
+    ...(pods === undefined ? {} : { pods, network: new GuestNetwork(logger) }),
+  });
   if (env.KATA_TS_AGENT_LISTEN) {
     const server = net.createServer((socket) => serveDuplex(socket, (session) => service.attach(session)));
     server.listen(env.KATA_TS_AGENT_LISTEN);

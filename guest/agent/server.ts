@@ -13,6 +13,7 @@ import { alreadyExists, invalid, notFound, precondition, unavailable, unimplemen
 import type { Logger } from '../../src/common/logger.js';
 import { AGENT_API_VERSION, AGENT_DESCRIPTOR, AGENT_METHODS, type AgentMethods, type GuestEvent } from '../../src/generated/agent/agent.js';
 import type { BackendEvent, ContainerBackend, ProcessStdio } from './backend.js';
+import type { GuestNetwork } from './network.js';
 import { OutputJournal } from './output-journal.js';
 import type { PodService } from './pods.js';
 
@@ -26,6 +27,8 @@ export interface AgentServiceOptions {
   eventQueueLength?: number;
   /** CreatePod, DestroyPod, StatSharedPath; absent: those calls answer UNIMPLEMENTED (unit tests). */
   pods?: PodService;
+  /** ConfigureNetwork; absent: that call answers UNIMPLEMENTED (unit tests). */
+  network?: GuestNetwork;
   /** How PortForward reaches a port; the guest's loopback by default. */
   connectPort?: (port: number) => net.Socket;
 }
@@ -159,6 +162,11 @@ export class AgentService {
         return {};
       },
       StatSharedPath: (req) => this.pods().statSharedPath(req),
+      ConfigureNetwork: (req) => {
+        if (this.options.network === undefined)
+          throw unimplemented('AGENT_NO_NETWORK_SERVICE', 'this agent build cannot configure networks.');
+        return this.options.network.configure(req);
+      },
     };
   }
 

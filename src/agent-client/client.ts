@@ -2,6 +2,8 @@ import type { Buffer } from 'node:buffer';
 import type { CallOptions, CallWriter, Init, MethodsOfKind, StreamCallOptions } from '../channel/index.js';
 import type {
   AgentMethods,
+  ConfigureNetworkRequest,
+  ConfigureNetworkResponse,
   ContainerState,
   ContainerStatsEntry,
   CreateContainerRequest,
@@ -182,6 +184,11 @@ export class AgentClient {
   /** What the guest sees at a path of the sandbox's shared directory (as the guest kernel resolves it). */
   statSharedPath(request: Init<StatSharedPathRequest>, options: CallOptions): Promise<StatSharedPathResponse> {
     return this.unary('StatSharedPath', request, options);
+  }
+
+  /** The pod's network in the guest (NIC addresses, routes, resolv.conf); idempotent. */
+  configureNetwork(request: Init<ConfigureNetworkRequest>, options: CallOptions): Promise<ConfigureNetworkResponse> {
+    return this.unary('ConfigureNetwork', request, options);
   }
 
   /** Guest events as they happen (hints: after a reconnect, list containers again). */

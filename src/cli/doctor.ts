@@ -2,6 +2,7 @@ import { detectCgroupMode, probeSystemdManager } from '../cgroups/index.js';
 import { errorMessage } from '../common/errors.js';
 import { createLogger } from '../common/logger.js';
 import type { KataConfig } from '../config/types.js';
+import { networkReadiness } from '../network/index.js';
 import { readHostInventory } from '../pcie/index.js';
 import { gatherFacts } from '../runtime/gather-facts.js';
 import { type CliIo, parseCommandArgs, UsageError } from './args.js';
@@ -10,7 +11,7 @@ import { loadWithOverrides } from './serve.js';
 const HELP = `Usage: kata-ts doctor [--config FILE] [--format text|json]
 
 Checks this host the way the daemon will use it and prints one line per check with ok, warn or
-fail: QEMU binary, acceleration (KVM or TCG, and why), guest kernel and initramfs, cgroup mode
+fail: QEMU binary, acceleration (KVM or TCG, and why), guest kernel and initramfs, CNI network, cgroup mode
 (v1, v2 or hybrid), the cgroup driver RuntimeConfig will advertise, systemd reachability, and
 IOMMU groups for VFIO. Exits 1 when any check fails.
 `;
@@ -61,6 +62,14 @@ export async function runDoctorChecks(config: KataConfig, configPath: string | n
       message: `${errorMessage(err).replace(/\.$/, '')}${driver.name === 'systemd' ? '' : ' (not needed: the cgroupfs driver is in use)'}`,
     });
   }
+
+  // Pods cannot start without it, but the host itself is fine: a warning (the kubelet waits for NetworkReady).
+  const network = await networkReadiness(config.network);
+  checks.push({
+    name: 'network',
+    verdict: network.ready ? 'ok' : 'warn',
+    message: network.reason === '' ? network.message : `${network.reason}: ${network.message}`,
+  });
 
   try {
     const inventory = await readHostInventory({ sysfsRoot: config.pcie.sysfsRoot, devRoot: config.pcie.devRoot });

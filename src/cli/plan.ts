@@ -1,3 +1,4 @@
+import { existsSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
 import os from 'node:os';
 import { errnoCode, errorMessage, isKataError } from '../common/errors.js';
@@ -106,7 +107,13 @@ export async function runPlanCommand(argv: string[], io: CliIo): Promise<number>
       pcieConfig,
       sysfsRoot === undefined ? undefined : await inventoryOptionsForRoot(sysfsRoot, config.pcie.devRoot),
     );
-    const env = { config, host: hostCapacity(cpus, memoryMiB), pcieFacts, accel: chooseAcceleration(config.hypervisor.acceleration) };
+    const env = {
+      config,
+      host: hostCapacity(cpus, memoryMiB),
+      pcieFacts,
+      accel: chooseAcceleration(config.hypervisor.acceleration),
+      vhostNet: existsSync('/dev/vhost-net'),
+    };
     const report = buildPlanReport(request, env, values.handler);
     io.stdout.write(format === 'json' ? `${JSON.stringify(planJson(report), null, 2)}\n` : planText(report));
     return 0;

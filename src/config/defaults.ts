@@ -80,6 +80,8 @@ export function defaultConfig(): KataConfig {
       simulateVfioWith: null,
     },
     images: { registriesConfigPath: null },
+    // The standard CNI layout, then where Debian's containernetworking-plugins installs them.
+    network: { mode: 'cni', cniConfDir: '/etc/cni/net.d', cniBinDirs: ['/opt/cni/bin', '/usr/lib/cni'], cniTimeoutMs: 30_000 },
     defaultHandler: DEFAULT_HANDLER,
     handlers: {
       [DEFAULT_HANDLER]: defaultHandlerProfile(),

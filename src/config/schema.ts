@@ -97,6 +97,16 @@ export const configFileSchema = {
         registriesConfigPath: { type: ['string', 'null'], pattern: '^/' },
       },
     },
+    network: {
+      type: 'object',
+      additionalProperties: false,
+      properties: {
+        mode: { enum: ['cni', 'none'] },
+        cniConfDir: absolutePath,
+        cniBinDirs: { type: 'array', items: absolutePath, minItems: 1 },
+        cniTimeoutMs: positiveInt,
+      },
+    },
     defaultHandler: nonEmptyString,
     handlers: {
       type: 'object',

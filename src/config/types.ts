@@ -102,6 +102,22 @@ export interface ImageConfig {
   registriesConfigPath: string | null;
 }
 
+/**
+ * Pod networking through CNI: `cni` runs the node's CNI configuration in a network namespace per
+ * pod and joins the VM's NIC to it; `none` gives pod VMs no NIC at all (loopback only).
+ */
+export type NetworkMode = 'cni' | 'none';
+
+export interface NetworkConfig {
+  mode: NetworkMode;
+  /** Where the CNI network configuration lives; the first file in lexical order is used (as the kubelet's runtimes do). */
+  cniConfDir: string;
+  /** Where CNI plugin binaries are looked up, first match wins (CNI_PATH). */
+  cniBinDirs: string[];
+  /** Per-plugin CNI ADD/DEL deadline. */
+  cniTimeoutMs: number;
+}
+
 export interface KataConfig {
   socketPath: string;
   stateDir: string;
@@ -117,6 +133,7 @@ export interface KataConfig {
   hypervisor: HypervisorConfig;
   pcie: PcieHostConfig;
   images: ImageConfig;
+  network: NetworkConfig;
   defaultHandler: string;
   handlers: Record<string, HandlerProfile>;
 }

@@ -51,6 +51,19 @@ export interface QemuArgvSpec {
   guestImagePath?: string;
   /** Under TCG: QEMU's translated-code cache (`tb-size`), bounded so the VMM budget holds it. */
   tcgTranslationCacheMiB?: number;
+  /** The pod's NIC: a virtio-net device on a TAP that QEMU opens by name (see NicSpec). Absent: no network. */
+  nic?: NicSpec;
+}
+
+/**
+ * The pod's virtio-net NIC. QEMU runs in the pod's network namespace (the runtime starts it there)
+ * and opens the TAP by `tapName`; no helper script runs. `vhost` only where /dev/vhost-net exists,
+ * QEMU's own userspace backend otherwise. `mac` is the CNI interface's, so the VM is the pod.
+ */
+export interface NicSpec {
+  tapName: string;
+  mac: string;
+  vhost: boolean;
 }
 
 /**
@@ -63,6 +76,7 @@ export const ROOT_SLOTS = {
   virtioMem: 0x03,
   guestImage: 0x04,
   virtioFs: 0x05,
+  nic: 0x06,
 } as const;
 export const OWN_SLOT_FIRST = 0x01;
 export const OWN_SLOT_LAST = 0x07;
@@ -85,6 +99,8 @@ const GUEST_IMAGE_DRIVE_ID = 'guestimg';
 const GUEST_IMAGE_DEVICE_ID = 'guestimg0';
 const VIRTIOFS_CHARDEV_ID = 'virtiofs';
 const VIRTIOFS_DEVICE_ID = 'vfs0';
+const NIC_NETDEV_ID = 'net0';
+const NIC_DEVICE_ID = 'nic0';
 const QMP_CHARDEV_ID = 'qmp';
 const CONSOLE_CHARDEV_ID = 'console';
 const RESERVED_IDS = new Set([
@@ -100,6 +116,8 @@ const RESERVED_IDS = new Set([
   GUEST_IMAGE_DEVICE_ID,
   VIRTIOFS_CHARDEV_ID,
   VIRTIOFS_DEVICE_ID,
+  NIC_NETDEV_ID,
+  NIC_DEVICE_ID,
   QMP_CHARDEV_ID,
   CONSOLE_CHARDEV_ID,
 ]);
@@ -193,6 +211,12 @@ export function buildQemuArgv(spec: QemuArgvSpec): string[] {
     );
   }
 
+  if (spec.nic !== undefined) {
+    const { tapName, mac, vhost } = spec.nic;
+    add('-netdev', `tap,id=${NIC_NETDEV_ID},ifname=${tapName},script=no,downscript=no,vhost=${vhost ? 'on' : 'off'}`);
+    add('-device', `virtio-net-pci,id=${NIC_DEVICE_ID},netdev=${NIC_NETDEV_ID},mac=${mac},bus=pcie.0,addr=${slotAddr(ROOT_SLOTS.nic)}`);
+  }
+
   const params: string[] = [...BASE_KERNEL_PARAMS, ...shape.kernelParams];
   // virtio-mem memory is onlined by the kernel itself (no udev in the guest); movable so that it
   // can be unplugged again when the VM shrinks.
@@ -253,6 +277,17 @@ function validateSpec(spec: QemuArgvSpec): void {
     }
   });
   validatePcieArgs(spec.pcieArgs);
+  if (spec.nic !== undefined) {
+    if (!/^[A-Za-z0-9_.-]{1,15}$/.test(spec.nic.tapName)) {
+      throw invalid(
+        'VM_NIC_INVALID',
+        `nic.tapName ${JSON.stringify(spec.nic.tapName)} must be an interface name of 1-15 letters, digits, '.', '_' or '-'.`,
+      );
+    }
+    if (!/^[0-9a-f]{2}(:[0-9a-f]{2}){5}$/i.test(spec.nic.mac)) {
+      throw invalid('VM_NIC_INVALID', `nic.mac ${JSON.stringify(spec.nic.mac)} must be a MAC address like 02:00:00:00:00:01.`);
+    }
+  }
 }
 
 function validateShape(shape: VmShape, confidential: boolean): void {

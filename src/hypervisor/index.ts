@@ -6,6 +6,7 @@ export {
   buildQemuArgv,
   GUEST_IMAGE_SERIAL,
   GUEST_SHARED_DIR,
+  type NicSpec,
   type QemuArgvSpec,
   ROOT_SLOTS,
   SHARED_FS_TAG,

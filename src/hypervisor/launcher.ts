@@ -24,7 +24,16 @@ export interface StartVmOptions {
   startTimeoutMs?: number;
   /** Default deadline of QMP commands; 10 s unless given. */
   qmpTimeoutMs?: number;
+  /**
+   * Run QEMU in this network namespace (the pod's), where it opens the NIC's TAP by name. Entered
+   * with `nsenter --net=`, which execs QEMU in the same process: the pid is QEMU's own. Only the
+   * network namespace changes; QEMU's unix sockets are paths and work from any.
+   */
+  netnsPath?: string;
 }
+
+/** util-linux nsenter, which enters a namespace and execs the command (no fork). */
+export const NSENTER_BINARY = 'nsenter';
 
 const DEFAULT_START_TIMEOUT_MS = 15_000;
 const CONNECT_RETRY_MS = 25;
@@ -47,7 +56,10 @@ export async function startVm(options: StartVmOptions): Promise<VmProcess> {
   // A socket file left by an earlier QEMU would accept no connection and mislead the wait below.
   await Promise.all([fsp.rm(paths.qmpSocket, { force: true }), fsp.rm(paths.readySocket, { force: true })]);
 
-  const child = await spawnDetached(options.qemuBinary, options.argv, paths.qemuLog);
+  const child =
+    options.netnsPath === undefined
+      ? await spawnDetached(options.qemuBinary, options.argv, paths.qemuLog)
+      : await spawnDetached(NSENTER_BINARY, [`--net=${options.netnsPath}`, '--', options.qemuBinary, ...options.argv], paths.qemuLog);
   const pid = child.pid!;
   logger.info({ pid, qemuLog: paths.qemuLog }, 'QEMU started (paused)');
   const processExit = new Promise<{ code: number | null; signal: string | null }>((resolve) => {

@@ -1,6 +1,6 @@
 import type { ResolvedHandler } from '../config/handlers.js';
 import type { HypervisorConfig } from '../config/types.js';
-import { type AccelerationChoice, buildQemuArgv, type VmSocketPaths } from '../hypervisor/index.js';
+import { type AccelerationChoice, buildQemuArgv, type NicSpec, type VmSocketPaths } from '../hypervisor/index.js';
 import { type KubeletPodResources, type PcieHostFacts, type PodPciePlan, planPodPcie } from '../pcie/index.js';
 import type { PodSandboxConfigInput } from '../sizing/input.js';
 import { planSizing } from '../sizing/shape.js';
@@ -21,6 +21,8 @@ export interface SandboxPlanInput {
   /** QEMU `-name`: shown in ps, unique per sandbox. */
   vmName: string;
   paths: VmSocketPaths;
+  /** The pod's NIC (a pod with CNI networking); its MAC is the CNI interface's, known after CNI ADD. */
+  nic?: NicSpec;
 }
 
 /** The decided shape of one pod's VM: sizes, PCIe layout and the exact QEMU command line. */
@@ -60,6 +62,7 @@ export function planSandbox(input: SandboxPlanInput): SandboxPlan {
     paths: input.paths,
     pcieArgs: pcie.qemuArgs,
     confidential: profile.confidential,
+    ...(input.nic === undefined ? {} : { nic: input.nic }),
     ...(tcg ? { tcgTranslationCacheMiB: translationCacheMiB } : {}),
     ...(input.hypervisor.guestImagePath === null ? {} : { guestImagePath: input.hypervisor.guestImagePath }),
   });

@@ -36,7 +36,12 @@ export async function startDaemonProcess(dir: string, config: Record<string, unk
   const hypervisor = { ...guestDirConfig(), ...(config.hypervisor as Record<string, unknown> | undefined) };
   await fsp.writeFile(
     configPath,
-    JSON.stringify({ socketPath, stateDir, metricsAddress: null, logLevel: 'debug', ...config, hypervisor }, null, 2),
+    // No CNI: the host's network is never touched by tests (see test/helpers/network-node.ts).
+    JSON.stringify(
+      { socketPath, stateDir, metricsAddress: null, logLevel: 'debug', network: { mode: 'none' }, ...config, hypervisor },
+      null,
+      2,
+    ),
   );
   const daemon = await spawnDaemon(configPath, socketPath, logFile);
   const cri = plainCri(socketPath);

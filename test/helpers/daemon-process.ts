@@ -39,9 +39,17 @@ export async function readLogLines(logFile: string): Promise<Array<Record<string
  * Start `kata-ts serve --config <configPath>` with its stderr appended to `logFile`, and resolve
  * once `socketPath` accepts connections (a killed daemon's stale socket file may already exist).
  */
-export async function spawnDaemon(configPath: string, socketPath: string, logFile: string): Promise<SpawnedDaemon> {
+export async function spawnDaemon(
+  configPath: string,
+  socketPath: string,
+  logFile: string,
+  options: { netnsPath?: string } = {},
+): Promise<SpawnedDaemon> {
   const log = createWriteStream(logFile, { flags: 'a' });
-  const child = spawn(process.execPath, ['--import', 'tsx', 'src/cli/entry.ts', 'serve', '--config', configPath], {
+  const node = [process.execPath, '--import', 'tsx', 'src/cli/entry.ts', 'serve', '--config', configPath];
+  // nsenter execs node in the namespace: the child's pid is the daemon's own.
+  const argv = options.netnsPath === undefined ? node : ['nsenter', `--net=${options.netnsPath}`, '--', ...node];
+  const child = spawn(argv[0]!, argv.slice(1), {
     cwd: packageRoot(),
     stdio: ['ignore', 'ignore', 'pipe'],
   });

@@ -28,6 +28,8 @@ export interface TestRuntime {
   cri: CriClients;
   /** The running daemon's pid (changes across restart()). */
   pid(): number;
+  /** The network namespace start() runs the daemon in (`nsenter --net=`); settable between starts. */
+  netnsPath: string | undefined;
   start(): Promise<void>;
   /** SIGTERM and wait: what `systemctl stop` does. VMs keep running. */
   stop(): Promise<void>;
@@ -43,6 +45,8 @@ export interface TestRuntimeOptions {
   cgroupPrefix?: string;
   /** Prefix of the temporary directory under /tmp. */
   tmpPrefix?: string;
+  /** Run the daemon in this network namespace (`nsenter --net=`), e.g. a test's "node" namespace. */
+  netnsPath?: string;
 }
 
 /**
@@ -77,6 +81,9 @@ export async function createTestRuntime(configDoc: Record<string, unknown> = {},
         metricsAddress: null,
         cgroupDriver: 'cgroupfs',
         logLevel: 'debug',
+        // No CNI unless a test brings its own config in a namespace of its own (test/helpers/network-node.ts):
+        // the host's network is never touched by tests.
+        network: { mode: 'none' },
         ...configDoc,
         hypervisor: { ...guestDirConfig(), ...(configDoc.hypervisor as Record<string, unknown> | undefined) },
       },
@@ -101,8 +108,10 @@ export async function createTestRuntime(configDoc: Record<string, unknown> = {},
       return cri;
     },
     pid: () => daemon?.pid ?? -1,
+    netnsPath: options.netnsPath,
     async start() {
-      daemon = await spawnDaemon(configPath, socketPath, logFile);
+      const netnsPath = runtime.netnsPath;
+      daemon = await spawnDaemon(configPath, socketPath, logFile, netnsPath === undefined ? {} : { netnsPath });
       cri = criClients(socketPath);
     },
     async stop() {

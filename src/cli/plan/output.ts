@@ -14,6 +14,20 @@ export interface PlanReport {
   sizing: SizingPlan;
   pcie: PodPciePlan;
   qemu: { binary: string; accel: AccelerationChoice; argv: string[]; workDir: string };
+  /** The pod's NIC (network.mode "cni"); null without pod networking. */
+  network: PlanNetwork | null;
+}
+
+/** The network part of a plan: where the NIC sits and what RunPodSandbox will fill in from CNI. */
+export interface PlanNetwork {
+  cniConfDir: string;
+  netns: string;
+  tapName: string;
+  /** `bus=pcie.0,addr=06.0` */
+  slot: string;
+  vhost: boolean;
+  /** The MAC in the argv shown: a placeholder; RunPodSandbox uses the CNI interface's MAC (and MTU). */
+  plannedMac: string;
 }
 
 export interface PlanSection {
@@ -172,6 +186,24 @@ const pcie: PlanSection = {
   text: (r) => ['PCIe', ...r.pcie.text.map((l) => `  ${l}`), ...r.pcie.warnings.map((w) => `  warning: ${w}`)],
 };
 
+const network: PlanSection = {
+  key: 'network',
+  json: (r) => r.network ?? { mode: 'none' },
+  text: (r) =>
+    r.network === null
+      ? ['Network', '  none (network.mode "none"): the VM gets no NIC']
+      : [
+          'Network (CNI)',
+          ...table([
+            ['config', r.network.cniConfDir],
+            ['namespace', `/run/netns/${r.network.netns}`],
+            ['NIC', `virtio-net-pci on ${r.network.slot}, vhost ${r.network.vhost ? 'on' : 'off'}`],
+            ['TAP', `${r.network.tapName} in the pod namespace, tc mirred to and from the CNI interface`],
+            ['MAC/MTU', `the CNI interface's (${r.network.plannedMac} shown until CNI ADD)`],
+          ]),
+        ],
+};
+
 /** QEMU arguments printed one option per line, values joined to their flag, as a reviewer reads them. */
 function argvLines(argv: string[]): string[] {
   const lines: string[] = [];
@@ -193,7 +225,7 @@ const qemu: PlanSection = {
 };
 
 /** Sections in output order. */
-export const PLAN_SECTIONS: PlanSection[] = [summary, vm, host, vmmOverhead, workload, containers, pcie, qemu];
+export const PLAN_SECTIONS: PlanSection[] = [summary, vm, host, vmmOverhead, workload, containers, pcie, network, qemu];
 
 /** The JSON document: identity keys first, then one key per section. */
 export function planJson(report: PlanReport): Record<string, unknown> {

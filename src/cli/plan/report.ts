@@ -1,9 +1,11 @@
 import path from 'node:path';
 import { resolveHandler } from '../../config/handlers.js';
 import type { KataConfig } from '../../config/types.js';
-import type { AccelerationChoice } from '../../hypervisor/index.js';
+import { type AccelerationChoice, ROOT_SLOTS } from '../../hypervisor/index.js';
+import { netnsNameFor, POD_TAP_NAME } from '../../network/index.js';
 import type { PcieHostFacts } from '../../pcie/index.js';
 import { planSandbox } from '../../runtime/plan.js';
+import { PLANNED_MAC } from '../../runtime/sandbox/network.js';
 import { sandboxArgvPaths, sandboxWorkDir, vmNameFor } from '../../runtime/sandbox/paths.js';
 import type { RunPodSandboxRequestInput } from '../../sizing/input.js';
 import type { HostCapacity } from '../../sizing/types.js';
@@ -14,6 +16,8 @@ export const DRY_RUN_SANDBOX_ID = '0'.repeat(64);
 
 export interface PlanEnvironment {
   config: KataConfig;
+  /** Whether /dev/vhost-net exists (the NIC's backend); false unless told. */
+  vhostNet?: boolean;
   host: HostCapacity;
   pcieFacts: PcieHostFacts;
   accel: AccelerationChoice;
@@ -28,7 +32,10 @@ export function buildPlanReport(request: RunPodSandboxRequestInput, env: PlanEnv
   const handler = resolveHandler(env.config, handlerOverride ?? request.runtime_handler ?? '');
   const sandbox = request.config ?? {};
   const workDir = sandboxWorkDir(env.config.stateDir, DRY_RUN_SANDBOX_ID);
+  const cni = env.config.network.mode === 'cni';
+  const vhost = env.vhostNet ?? false;
   const plan = planSandbox({
+    ...(cni ? { nic: { tapName: POD_TAP_NAME, mac: PLANNED_MAC, vhost } } : {}),
     config: sandbox,
     handler,
     host: env.host,
@@ -47,5 +54,15 @@ export function buildPlanReport(request: RunPodSandboxRequestInput, env: PlanEnv
     sizing: plan.sizing,
     pcie: plan.pcie,
     qemu: { binary: plan.qemu.binary, accel: plan.qemu.accel, argv: plan.qemu.argv, workDir: path.normalize(workDir) },
+    network: cni
+      ? {
+          cniConfDir: env.config.network.cniConfDir,
+          netns: netnsNameFor(DRY_RUN_SANDBOX_ID),
+          tapName: POD_TAP_NAME,
+          slot: `bus=pcie.0,addr=${ROOT_SLOTS.nic.toString(16).padStart(2, '0')}.0`,
+          vhost,
+          plannedMac: PLANNED_MAC,
+        }
+      : null,
   };
 }

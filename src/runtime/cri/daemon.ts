@@ -7,6 +7,7 @@ import type { UpdateRuntimeConfigRequest__Output } from '../../generated/runtime
 import { GUEST_SHARED_DIR } from '../../hypervisor/argv.js';
 import { imageServiceHandlers } from '../../images/handlers.js';
 import { ImageService } from '../../images/service.js';
+import { networkReadiness, PodNetworks } from '../../network/index.js';
 import { readPcieHostFacts } from '../../pcie/index.js';
 import { ContainerManager, type SandboxGuestAccess } from '../container/manager.js';
 import { CONTAINER_RECORD_KIND, type ContainerRecord } from '../container/record.js';
@@ -78,6 +79,7 @@ export async function startDaemon(options: DaemonOptions): Promise<Daemon> {
     store: new RecordStore<SandboxRecord>(config.stateDir, SANDBOX_RECORD_KIND, logger),
     host,
     readPcieFacts,
+    ...(config.network.mode === 'cni' ? { network: new PodNetworks(config.network) } : {}),
     cgroupDriverNamed: (name) => createCgroupDriver(name, driverOptions),
     // Containers are told when their sandbox stops or goes (containers is defined just below).
     listener: {
@@ -127,7 +129,7 @@ export async function startDaemon(options: DaemonOptions): Promise<Daemon> {
 
   const runtimeHandlers: RuntimeRpcHandlers = {
     Version: async () => versionResponse(),
-    Status: async (req: StatusRequest__Output) => statusResponse(config, facts, req),
+    Status: async (req: StatusRequest__Output) => statusResponse(config, facts, req, await networkReadiness(config.network)),
     RuntimeConfig: async () => runtimeConfigResponse(facts),
     UpdateRuntimeConfig: async (req: UpdateRuntimeConfigRequest__Output, ctx) => updateRuntimeConfig(req, ctx),
     ...sandboxHandlers(sandboxes, (live) => containerStatuses(live.record.id), stats),

@@ -5,6 +5,7 @@ import type { StatusRequest__Output } from '../../generated/runtime/v1/StatusReq
 import type { StatusResponse } from '../../generated/runtime/v1/StatusResponse.js';
 import type { UpdateRuntimeConfigRequest__Output } from '../../generated/runtime/v1/UpdateRuntimeConfigRequest.js';
 import type { VersionResponse } from '../../generated/runtime/v1/VersionResponse.js';
+import type { NetworkReadiness } from '../../network/index.js';
 import type { RuntimeFacts } from '../facts.js';
 import type { CallContext } from './server.js';
 
@@ -24,10 +25,15 @@ export function versionResponse(): VersionResponse {
 
 /**
  * Status: RuntimeReady reflects whether a pod VM can be started at all (QEMU and the guest kernel
- * and initramfs are present); NetworkReady is reported false because kata-ts does not wire pod
- * networking yet, and saying otherwise would let the kubelet schedule pods that expect a network.
+ * and initramfs are present); NetworkReady whether pods can get a network: a valid CNI config
+ * whose plugins all exist (the reason names what is missing otherwise; see networkReadiness).
  */
-export function statusResponse(config: KataConfig, facts: RuntimeFacts, request: StatusRequest__Output): StatusResponse {
+export function statusResponse(
+  config: KataConfig,
+  facts: RuntimeFacts,
+  request: StatusRequest__Output,
+  network: NetworkReadiness = { ready: false, reason: 'NetworkNotChecked', message: 'pod networking was not checked' },
+): StatusResponse {
   const runtimeProblems = [facts.qemu, facts.guestAssets].filter((c) => !c.ok).map((c) => c.message);
   const handlerNames = Object.keys(config.handlers).sort();
   // The kubelet looks the pod's RuntimeClass handler up in this list; "" is how it names the
@@ -43,12 +49,7 @@ export function statusResponse(config: KataConfig, facts: RuntimeFacts, request:
           reason: runtimeProblems.length === 0 ? '' : 'VmPrerequisitesMissing',
           message: runtimeProblems.join('; '),
         },
-        {
-          type: 'NetworkReady',
-          status: false,
-          reason: 'NetworkNotImplemented',
-          message: 'kata-ts does not set up pod networking yet: pod VMs get no network interface',
-        },
+        { type: 'NetworkReady', status: network.ready, reason: network.reason, message: network.message },
       ],
     },
     runtime_handlers: runtimeHandlers,
@@ -70,6 +71,7 @@ export function statusResponse(config: KataConfig, facts: RuntimeFacts, request:
       cgroupDriver: JSON.stringify(facts.cgroupDriver),
       qemu: JSON.stringify(facts.qemu),
       guestAssets: JSON.stringify(facts.guestAssets),
+      network: JSON.stringify({ ...config.network, ready: network.ready, message: network.message }),
     };
   }
   return response;

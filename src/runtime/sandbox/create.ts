@@ -1,4 +1,4 @@
-import { promises as fsp } from 'node:fs';
+import { existsSync, promises as fsp } from 'node:fs';
 import path from 'node:path';
 import type { AgentClient } from '../../agent-client/index.js';
 import type { CgroupDriver, PlacementRecord } from '../../cgroups/index.js';
@@ -7,14 +7,16 @@ import type { Logger } from '../../common/logger.js';
 import type { ResolvedHandler } from '../../config/handlers.js';
 import type { KataConfig } from '../../config/types.js';
 import { checkGuestAssets, startVirtiofsd, startVm, type VirtiofsdProcess, type VmPaths, type VmProcess } from '../../hypervisor/index.js';
+import type { PodNetworkRecord, PodNetworks } from '../../network/index.js';
 import { getKubeletPodResources, type KubeletPodResources, type PcieHostFacts } from '../../pcie/index.js';
 import type { HostCapacity } from '../../sizing/types.js';
 import { withSignal } from '../deadline.js';
 import type { RuntimeFacts } from '../facts.js';
-import { planSandbox } from '../plan.js';
+import { planSandbox, type SandboxPlanInput } from '../plan.js';
 import { cgroupParentOf, type SandboxSpec } from '../spec/sandbox.js';
 import type { RecordStore } from '../store.js';
 import { connectAgentClient } from './agent.js';
+import { configureGuestNetwork, PLANNED_MAC, podNetworkRequest } from './network.js';
 import { sandboxArgvPaths, sandboxSharedDir, sandboxVmPaths, sandboxWorkDir, vmNameFor } from './paths.js';
 import { nowNs, type SandboxRecord } from './record.js';
 import { prepareSharedDir, releaseSharedMounts, removeWorkDir } from './shared-dir.js';
@@ -31,6 +33,8 @@ export interface CreateDeps {
   cgroups: CgroupDriver;
   host: HostCapacity;
   readPcieFacts(): Promise<PcieHostFacts>;
+  /** Pod networking (network.mode "cni"); absent: pod VMs get no NIC. */
+  network?: PodNetworks;
 }
 
 export interface CreateRequest {
@@ -75,7 +79,12 @@ export async function createSandbox(
   const paths: VmPaths = basePaths;
   const sharedDir = sandboxSharedDir(config.stateDir, req.id);
   const kubelet = await askKubelet(config, req);
-  const plan = planSandbox({
+  // Checked before anything is made: a host-network pod, a missing CNI config or plugin refuse here.
+  const net: PodNetworkRecord | null =
+    deps.network === undefined ? null : await deps.network.prepare(req.id, podNetworkRequest(req.id, spec));
+  // vhost-net where the host has it, QEMU's userspace virtio-net backend otherwise (the dev machines).
+  const vhost = existsSync('/dev/vhost-net');
+  const planInput: SandboxPlanInput = {
     config: spec,
     handler: req.handler,
     host: deps.host,
@@ -86,7 +95,11 @@ export async function createSandbox(
     vmName: vmNameFor(req.id),
     paths: sandboxArgvPaths(workDir, config.hypervisor),
     simulateVfioWith: config.pcie.simulateVfioWith,
-  });
+  };
+  // The NIC takes the CNI interface's MAC, known after CNI ADD: planned now with a placeholder
+  // (same slot, same everything else), planned again with the real MAC before QEMU starts.
+  const nicWith = (mac: string): Partial<SandboxPlanInput> => (net === null ? {} : { nic: { tapName: net.tapName, mac, vhost } });
+  let plan = planSandbox({ ...planInput, ...nicWith(PLANNED_MAC) });
   log.info({ handler: plan.handler, source: plan.sizing.source, vm: plan.sizing.vm, pcie: plan.pcie.description }, 'sandbox planned');
 
   const record: SandboxRecord = {
@@ -109,6 +122,7 @@ export async function createSandbox(
     placement: null,
     guest: null,
     guestPod: null,
+    network: net,
     exit: null,
   };
 
@@ -119,6 +133,8 @@ export async function createSandbox(
   let vm: VmProcess | undefined;
   let agent: AgentClient | undefined;
   let placement: PlacementRecord | undefined;
+  let networkStarted = false;
+  const persist = (): Promise<void> => deps.store.put(record);
   const started = Date.now();
   try {
     await fsp.mkdir(path.dirname(workDir), { recursive: true, mode: 0o700 });
@@ -132,6 +148,15 @@ export async function createSandbox(
     await deps.store.put(record);
     recordWritten = true;
     req.signal.throwIfAborted();
+
+    if (net !== null && deps.network !== undefined) {
+      networkStarted = true; // set first: a half-made namespace is removed by the rollback all the same
+      await deps.network.setup(net, persist, log);
+      plan = planSandbox({ ...planInput, ...nicWith(net.mac!) });
+      record.plan = plan;
+      await persist();
+      req.signal.throwIfAborted();
+    }
 
     if (withAgent) {
       sharedMounted = true; // set first: a half-made mount is released by the rollback all the same
@@ -156,6 +181,7 @@ export async function createSandbox(
       paths,
       logger: log,
       qmpTimeoutMs: config.hypervisor.qmpTimeoutMs,
+      ...(net === null ? {} : { netnsPath: net.netnsPath }),
     });
     record.vmm = {
       pid: vm.pid,
@@ -193,6 +219,12 @@ export async function createSandbox(
       );
       if (!pod.sharedDirMounted) log.warn({ sharedDir: pod.sharedDir }, 'the guest did not mount the shared directory');
       record.guestPod = { pausePid: pod.pausePid, shmPath: pod.shmPath };
+      if (net !== null) {
+        await configureGuestNetwork(agent, net, spec, {
+          timeoutMs: Math.max(1, req.readyTimeoutMs - (Date.now() - started)),
+          signal: req.signal,
+        });
+      }
     }
     record.phase = 'running';
     record.state = 'SANDBOX_READY';
@@ -213,6 +245,8 @@ export async function createSandbox(
     if (vm !== undefined) steps.push(['kill QEMU', () => vm!.kill()]);
     if (virtiofsd !== undefined) steps.push(['stop virtiofsd', () => virtiofsd!.stop(0)]);
     if (placement !== undefined) steps.push(['remove cgroup', () => deps.cgroups.remove(placement!)]);
+    // CNI DEL, TAP and namespace once QEMU (which holds the TAP) is gone.
+    if (networkStarted && net !== null) steps.push(['tear down the pod network', () => deps.network!.teardown(net, persist, log)]);
     if (sharedMounted) steps.push(['unmount the shared dir', () => releaseSharedMounts(sharedDir, log)]);
     if (recordWritten) steps.push(['delete record', () => deps.store.delete(req.id)]);
     if (dirCreated) steps.push(['remove work dir', () => removeWorkDir(workDir, log)]);

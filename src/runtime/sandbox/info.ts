@@ -91,6 +91,21 @@ export async function sandboxVerboseInfo(live: LiveSandbox, cgroups: CgroupDrive
         ? null
         : { pid: record.virtiofsd.pid, running: isSameLiveProcess(record.virtiofsd.pid, record.virtiofsd.startTimeTicks) },
     guestPod: record.guestPod,
+    network:
+      record.network === null
+        ? null
+        : {
+            netns: record.network.netnsPath,
+            cniNetwork: record.network.cniNetwork.name,
+            cniConfig: record.network.cniNetwork.file,
+            ifName: record.network.ifName,
+            tap: record.network.tapName,
+            mac: record.network.mac,
+            mtu: record.network.mtu,
+            result: record.network.result,
+            cniAttached: record.network.cniAttached,
+            tapWired: record.network.tapWired,
+          },
     exit: record.exit,
     plan: {
       source: record.plan.sizing.source,

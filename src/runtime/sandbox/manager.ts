@@ -13,6 +13,7 @@ import { KeyedMutex } from '../locks.js';
 import type { RuntimeMetrics } from '../metrics.js';
 import { decodeSandboxSpec } from '../spec/sandbox.js';
 import { type CreateDeps, createSandbox } from './create.js';
+import { networksFor } from './network.js';
 import { killAndWait } from './orphans.js';
 import { sandboxSharedDir, sandboxWorkDir } from './paths.js';
 import { identityKey, type SandboxExitRecord, type SandboxRecord } from './record.js';
@@ -255,6 +256,8 @@ export class SandboxManager {
       await this.deps.store.put(record);
     }
     await releaseSharedMounts(sandboxSharedDir(this.deps.config.stateDir, record.id), log);
+    // CNI DEL and the TAP once QEMU is gone; a failure fails the stop, which the kubelet retries.
+    if (record.network !== null) await networksFor(this.deps).detach(record.network, () => this.deps.store.put(record), log);
     if (record.placement !== null) {
       await this.cgroupsFor(record.placement).remove(record.placement);
       record.placement = null;
@@ -273,6 +276,10 @@ export class SandboxManager {
       if (!this.sandboxes.has(record.id)) return; // removed while we waited for the lock
       await this.stopLocked(live, stopBudget(this.deps.config, ctx));
       await this.deps.listener.sandboxRemoving(record.id);
+      if (record.network !== null) {
+        const log = this.deps.logger.child({ sandboxId: record.id });
+        await networksFor(this.deps).teardown(record.network, () => this.deps.store.put(record), log);
+      }
       await this.deps.store.delete(record.id);
       await removeWorkDir(sandboxWorkDir(this.deps.config.stateDir, record.id), this.deps.logger.child({ sandboxId: record.id }));
       this.sandboxes.delete(record.id);

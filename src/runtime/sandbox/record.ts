@@ -1,4 +1,5 @@
 import type { CgroupDriverName, PlacementRecord } from '../../cgroups/index.js';
+import type { PodNetworkRecord } from '../../network/index.js';
 import type { PcieTopology } from '../../pcie/index.js';
 import type { VmShape } from '../../sizing/types.js';
 import type { SandboxPlan } from '../plan.js';
@@ -88,6 +89,11 @@ export interface SandboxRecord {
   guest: { vcpus: number; memoryKiB: number } | null;
   /** The pod in the guest (CreatePod's answer); null until the agent made it, or without an agent. */
   guestPod: GuestPodRecord | null;
+  /**
+   * The pod's network (namespace, CNI attachment, TAP wiring), recorded step by step from before
+   * each step is taken; null for a sandbox without networking (network.mode "none", or format 3).
+   */
+  network: PodNetworkRecord | null;
   exit: SandboxExitRecord | null;
 }
 
@@ -96,19 +102,20 @@ const anyObject = { type: 'object' } as const;
 const nullable = (schema: object): object => ({ anyOf: [{ type: 'null' }, schema] });
 
 /**
- * Format 3 (this one) adds `virtiofsd` and `guestPod` (and the optional agent and virtio-fs
- * sockets of `vmm`); format 2 stored the typed `spec`; format 1 stored the decoded request as
- * `podConfig`. Older records are migrated on load (see migrateSandboxRecord).
+ * Format 4 (this one) adds `network`; format 3 added `virtiofsd` and `guestPod` (and the optional
+ * agent and virtio-fs sockets of `vmm`); format 2 stored the typed `spec`; format 1 stored the
+ * decoded request as `podConfig`. Older records are migrated on load (see migrateSandboxRecord).
  */
-export const SANDBOX_RECORD_VERSION = 3;
+export const SANDBOX_RECORD_VERSION = 4;
 
 /**
- * Format 1 or 2 -> current. 1 -> 2: `podConfig` becomes `spec` through the request decoder.
- * 2 -> 3: a sandbox of format 2 had no virtiofsd and no pod in its guest (null both). Pure;
- * throws when it cannot.
+ * Format 1, 2 or 3 -> current. 1 -> 2: `podConfig` becomes `spec` through the request decoder.
+ * 2 -> 3: a sandbox of format 2 had no virtiofsd and no pod in its guest (null both).
+ * 3 -> 4: a sandbox of format 3 had no network (null). Pure; throws when it cannot.
  */
 export function migrateSandboxRecord(fromVersion: number, record: unknown): unknown {
-  if (fromVersion !== 1 && fromVersion !== 2) throw new Error(`no migration from sandbox record format ${fromVersion}`);
+  if (fromVersion !== 1 && fromVersion !== 2 && fromVersion !== 3)
+    throw new Error(`no migration from sandbox record format ${fromVersion}`);
   if (typeof record !== 'object' || record === null) throw new Error('the record is not an object');
   let out = record as Record<string, unknown>;
   if (fromVersion === 1) {
@@ -116,7 +123,7 @@ export function migrateSandboxRecord(fromVersion: number, record: unknown): unkn
     if (typeof podConfig !== 'object' || podConfig === null) throw new Error('podConfig is missing');
     out = { ...rest, spec: sandboxSpecFromV1(podConfig as Record<string, unknown>) };
   }
-  return { ...out, virtiofsd: out.virtiofsd ?? null, guestPod: out.guestPod ?? null };
+  return { ...out, virtiofsd: out.virtiofsd ?? null, guestPod: out.guestPod ?? null, network: out.network ?? null };
 }
 
 export const SANDBOX_RECORD_KIND: RecordKind = {
@@ -147,6 +154,7 @@ export const SANDBOX_RECORD_KIND: RecordKind = {
       'placement',
       'guest',
       'guestPod',
+      'network',
       'exit',
     ],
     properties: {
@@ -258,6 +266,62 @@ export const SANDBOX_RECORD_KIND: RecordKind = {
         additionalProperties: false,
         required: ['pausePid', 'shmPath'],
         properties: { pausePid: { type: 'integer', minimum: 1 }, shmPath: { type: 'string', minLength: 1 } },
+      }),
+      network: nullable({
+        type: 'object',
+        additionalProperties: false,
+        required: [
+          'netnsName',
+          'netnsPath',
+          'ifName',
+          'tapName',
+          'cniNetwork',
+          'attachment',
+          'cniAttached',
+          'cniResult',
+          'result',
+          'mac',
+          'mtu',
+          'tapWired',
+        ],
+        properties: {
+          netnsName: { type: 'string', pattern: '^kata-ts-[0-9a-f]{16}$' },
+          netnsPath: { type: 'string', pattern: '^/' },
+          ifName: { type: 'string', minLength: 1, maxLength: 15 },
+          tapName: { type: 'string', minLength: 1, maxLength: 15 },
+          cniNetwork: {
+            type: 'object',
+            required: ['cniVersion', 'name', 'plugins', 'file'],
+            properties: {
+              cniVersion: { type: 'string' },
+              name: { type: 'string' },
+              plugins: { type: 'array', items: { type: 'object', required: ['type'], properties: { type: { type: 'string' } } } },
+              file: { type: 'string' },
+            },
+          },
+          attachment: {
+            type: 'object',
+            additionalProperties: false,
+            required: ['containerId', 'netnsPath', 'ifName', 'args', 'runtimeConfig'],
+            properties: {
+              containerId: { type: 'string' },
+              netnsPath: { type: 'string' },
+              ifName: { type: 'string' },
+              args: { type: 'string' },
+              runtimeConfig: anyObject,
+            },
+          },
+          cniAttached: { type: 'boolean' },
+          cniResult: {},
+          result: nullable({
+            type: 'object',
+            required: ['ips', 'routes', 'dns'],
+            properties: { ips: { type: 'array' }, routes: { type: 'array' }, dns: anyObject },
+          }),
+          mac: { type: ['string', 'null'] },
+          mtu: { type: ['integer', 'null'] },
+          tapWired: { type: 'boolean' },
+        },
       }),
       exit: nullable({
         type: 'object',

@@ -7,6 +7,7 @@ import { attachVm, isSameLiveProcess, type VmProcess } from '../../hypervisor/in
 import { cgroupParentOf } from '../spec/sandbox.js';
 import { reopenAgentClient } from './agent.js';
 import type { LiveSandbox, SandboxManagerDeps } from './manager.js';
+import { networksFor } from './network.js';
 import { killAndWait, qemuPidsUsing, virtiofsdPidsUsing } from './orphans.js';
 import { sandboxWorkDir } from './paths.js';
 import type { SandboxRecord } from './record.js';
@@ -33,6 +34,7 @@ export async function recoverSandboxes(deps: RecoverDeps): Promise<LiveSandbox[]
         continue;
       }
       const vm = record.state === 'SANDBOX_READY' ? await reattach(deps, record, slog) : undefined;
+      if (vm === undefined) await retryNetworkDetach(deps, record, slog);
       out.push({ record, vm, agent: vm === undefined ? undefined : reconnectAgent(record, slog), stopping: false });
     } catch (err) {
       // A sandbox that cannot be reconciled is kept, NOTREADY, so Stop/Remove can still clean it.
@@ -115,6 +117,8 @@ async function rollBackInterruptedCreate(deps: RecoverDeps, record: SandboxRecor
     if (isSameLiveProcess(record.virtiofsd.pid, record.virtiofsd.startTimeTicks)) await killAndWait(record.virtiofsd.pid);
   }
   for (const pid of await virtiofsdPidsUsing(workDir)) await killAndWait(pid);
+  // The pod network as far as it was recorded: CNI DEL (safe after a partial ADD), TAP, namespace.
+  if (record.network !== null) await networksFor(deps).teardown(record.network, () => deps.store.put(record), log);
   const driverName = record.placement?.driver ?? record.cgroupDriver;
   const driver = driverName === deps.cgroups.name ? deps.cgroups : deps.cgroupDriverNamed(driverName);
   if (record.placement !== null) {
@@ -127,6 +131,22 @@ async function rollBackInterruptedCreate(deps: RecoverDeps, record: SandboxRecor
   // The shared directory's mounts go before anything below them is deleted.
   await removeWorkDir(workDir, log);
   await deps.store.delete(record.id);
+}
+
+/**
+ * A sandbox whose VM is gone but whose CNI attachment was not released (a crash between the VM's
+ * end and CNI DEL): DEL again from the record. A failure is logged; StopPodSandbox retries it.
+ */
+async function retryNetworkDetach(deps: RecoverDeps, record: SandboxRecord, log: Logger): Promise<void> {
+  const net = record.network;
+  if (net === null || (!net.cniAttached && !net.tapWired)) return;
+  if (record.vmm !== null && isSameLiveProcess(record.vmm.pid, record.vmm.startTimeTicks)) return;
+  try {
+    await networksFor(deps).detach(net, () => deps.store.put(record), log);
+    log.info({ netns: net.netnsName }, 'CNI DEL retried for a sandbox whose VM is gone');
+  } catch (err) {
+    log.error({ err: errorMessage(err) }, 'CNI DEL retry failed; StopPodSandbox will retry it');
+  }
 }
 
 /** Work dirs without a record are leftovers of a crash before the first write: remove them. */

@@ -2,6 +2,7 @@ import type { NamespaceOption } from '../../generated/runtime/v1/NamespaceOption
 import type { PodSandbox } from '../../generated/runtime/v1/PodSandbox.js';
 import type { PodSandboxFilter__Output } from '../../generated/runtime/v1/PodSandboxFilter.js';
 import type { PodSandboxStatus } from '../../generated/runtime/v1/PodSandboxStatus.js';
+import { podNetworkStatus } from './network.js';
 import type { SandboxRecord } from './record.js';
 
 /** What ListPodSandbox returns for one sandbox. */
@@ -22,11 +23,11 @@ function namespaceOptions(r: SandboxRecord): NamespaceOption | null {
   return r.spec.linux?.security_context?.namespace_options ?? null;
 }
 
-/** PodSandboxStatus.status for one sandbox. A VM has no pod IP until networking exists. */
+/** PodSandboxStatus.status for one sandbox: the pod IPs are what CNI ADD gave it (none without networking). */
 export function podSandboxStatusView(r: SandboxRecord): PodSandboxStatus {
   return {
     ...podSandboxView(r),
-    network: { ip: '', additional_ips: [] },
+    network: podNetworkStatus(r.network),
     linux: { namespaces: { options: namespaceOptions(r) } },
   };
 }

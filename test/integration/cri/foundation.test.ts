@@ -42,7 +42,8 @@ describe('CRI foundation over a real unix socket', () => {
 
   beforeAll(async () => {
     dir = await mkdtemp(path.join(os.tmpdir(), 'kata-ts-cri-'));
-    daemon = await daemonWith(dir, { cgroupDriver: 'cgroupfs' });
+    // No CNI config where it looks (a directory of the test's): NetworkReady false, naming why.
+    daemon = await daemonWith(dir, { cgroupDriver: 'cgroupfs', network: { cniConfDir: path.join(dir, 'net.d') } });
     cri = criClients(daemon.socketPath);
   });
   afterAll(async () => {
@@ -75,7 +76,8 @@ describe('CRI foundation over a real unix socket', () => {
     const types = res.status.conditions.map((c) => c.type);
     expect(types).toEqual(['RuntimeReady', 'NetworkReady']);
     const network = res.status.conditions[1]!;
-    expect(network).toMatchObject({ status: false, reason: 'NetworkNotImplemented' });
+    expect(network).toMatchObject({ status: false, reason: 'NoCniConfig' });
+    expect(JSON.parse(res.info.network!)).toMatchObject({ mode: 'cni', ready: false });
     expect(JSON.parse(res.info.cgroupDriver!)).toEqual({ name: 'cgroupfs', source: 'config' });
     expect(['kvm', 'tcg']).toContain(JSON.parse(res.info.acceleration!).accel);
     expect(Object.keys(JSON.parse(res.info.handlers!))).toEqual(['kata-ts', 'kata-ts-cvm']);

@@ -30,6 +30,7 @@ const ALLOWED: Record<string, string[]> = {
   oci: ['common', 'config', 'generated'],
   hypervisor: ['common', 'config', 'sizing', 'pcie'],
   channel: ['common', 'generated'],
+  network: ['common', 'config'],
   'agent-client': ['common', 'channel', 'generated'],
   admission: ['common', 'config', 'sizing'],
   logs: ['common'],
@@ -47,6 +48,7 @@ const ALLOWED: Record<string, string[]> = {
     'oci',
     'agent-client',
     'channel',
+    'network',
   ],
   cri: [
     'common',
@@ -63,6 +65,7 @@ const ALLOWED: Record<string, string[]> = {
     'oci',
     'agent-client',
     'channel',
+    'network',
   ],
   cli: [
     'common',
@@ -81,6 +84,7 @@ const ALLOWED: Record<string, string[]> = {
     'oci',
     'agent-client',
     'channel',
+    'network',
   ],
 };
 

@@ -206,7 +206,9 @@ describe('format-2 records (written before the agent and virtio-fs)', () => {
     expect(problems).toEqual([]);
     const [record] = records;
     expect([record?.virtiofsd, record?.guestPod]).toEqual([null, null]);
-    expect(JSON.parse(JSON.stringify({ ...record, virtiofsd: undefined, guestPod: undefined }))).toEqual(original.record);
+    expect(JSON.parse(JSON.stringify({ ...record, virtiofsd: undefined, guestPod: undefined, network: undefined }))).toEqual(
+      original.record,
+    );
     const onDisk = JSON.parse(await readFile(path.join(stateDir, 'sandboxes', `${SANDBOX_ID}.json`), 'utf8'));
     expect(onDisk.version).toBe(SANDBOX_RECORD_KIND.version);
     expect((await store.load()).records).toEqual(records);
@@ -216,5 +218,42 @@ describe('format-2 records (written before the agent and virtio-fs)', () => {
     const migrated = migrateSandboxRecord(2, { id: SANDBOX_ID, guestPod: { pausePid: 7, shmPath: '/x' } }) as SandboxRecord;
     expect(migrated.guestPod).toEqual({ pausePid: 7, shmPath: '/x' });
     expect(migrated.virtiofsd).toBeNull();
+  });
+});
+
+describe('format-3 records (written before pod networking)', () => {
+  const V3 = path.join(packageRoot(), 'fixtures', 'records', 'v3');
+  let stateDir: string;
+  beforeEach(async () => {
+    stateDir = await mkdtemp(path.join(os.tmpdir(), 'kata-ts-v3-'));
+    await cp(V3, stateDir, { recursive: true, filter: (src) => !src.endsWith('README.md') });
+  });
+  afterEach(async () => {
+    await rm(stateDir, { recursive: true, force: true });
+  });
+
+  it('are format 3 as that code wrote them, without network', async () => {
+    const s = JSON.parse(await readFile(path.join(V3, 'sandboxes', `${SANDBOX_ID}.json`), 'utf8'));
+    expect(s.version).toBe(3);
+    expect(s.record).not.toHaveProperty('network');
+    expect(s.record).toHaveProperty('guestPod');
+  });
+
+  it('migrate on load to the current format with network null, the rest unchanged', async () => {
+    const original = JSON.parse(await readFile(path.join(V3, 'sandboxes', `${SANDBOX_ID}.json`), 'utf8'));
+    const store = new RecordStore<SandboxRecord>(stateDir, SANDBOX_RECORD_KIND, silentLogger());
+    const { records, problems } = await store.load();
+    expect(problems).toEqual([]);
+    const [record] = records;
+    expect(record?.network).toBeNull();
+    expect(JSON.parse(JSON.stringify({ ...record, network: undefined }))).toEqual(original.record);
+    const onDisk = JSON.parse(await readFile(path.join(stateDir, 'sandboxes', `${SANDBOX_ID}.json`), 'utf8'));
+    expect(onDisk.version).toBe(4);
+    expect((await store.load()).records).toEqual(records);
+  });
+
+  it('a network already there is kept by the migration', () => {
+    const migrated = migrateSandboxRecord(3, { id: SANDBOX_ID, network: { netnsName: 'x' } }) as SandboxRecord;
+    expect(migrated.network).toEqual({ netnsName: 'x' });
   });
 });
