@@ -80,6 +80,14 @@ export function defaultConfig(): KataConfig {
       simulateVfioWith: null,
     },
     images: { registriesConfigPath: null },
+    streaming: {
+      address: '127.0.0.1:0',
+      tlsCertPath: null,
+      tlsKeyPath: null,
+      tokenTtlMs: 60_000,
+      maxTokensInFlight: 1000,
+      streamCreationTimeoutMs: 30_000,
+    },
     defaultHandler: DEFAULT_HANDLER,
     handlers: {
       [DEFAULT_HANDLER]: defaultHandlerProfile(),

@@ -1,0 +1,161 @@
+/**
+ * Exec and attach through the guest agent, on the channels of any protocol. Exec: a new process
+ * in the container (ExecProcess with the container's process settings, a pty in the guest for a
+ * tty), stdin written with the agent's pacing, stdout/stderr read only as fast as the client takes
+ * them (a slow reader slows the process), terminal sizes forwarded, the exit code as the status.
+ * A client that goes away kills the process; the process is always deleted from the agent.
+ * Attach: the container's own output from now on, its stdin (closed after this client when the
+ * container has stdin_once) and its terminal.
+ */
+import { randomBytes } from 'node:crypto';
+import type { Readable, Writable } from 'node:stream';
+import type { AgentClient } from '../../agent-client/index.js';
+import { isKataError, isReason } from '../../common/errors.js';
+import type { Logger } from '../../common/logger.js';
+import type { ContainerRecord } from '../container/record.js';
+import type { CommandChannels, TerminalSize } from './channels.js';
+
+const CALL_MS = 30_000;
+const WAIT_MS = 365 * 24 * 3600 * 1000;
+
+/** Write and wait for the consumer (backpressure); false when the client is gone. */
+function writeTo(out: Writable, data: Uint8Array): Promise<boolean> {
+  return new Promise((resolve) => {
+    if (out.destroyed || out.writableEnded) return resolve(false);
+    out.write(data, (err) => resolve(!err));
+  });
+}
+
+async function pumpStdin(stdin: Readable, agent: AgentClient, containerId: string, execId: string, signal: AbortSignal): Promise<void> {
+  const writer = agent.writeStdin(containerId, execId, { signal });
+  writer.done.catch(() => undefined);
+  try {
+    for await (const chunk of stdin) await writer.write(chunk as Buffer);
+  } catch {
+    // the client's stdin or the agent's stream broke: stdin ends here either way
+  }
+  writer.end();
+}
+
+async function pumpResizes(
+  resizes: AsyncIterable<TerminalSize>,
+  agent: AgentClient,
+  containerId: string,
+  execId: string,
+  logger: Logger,
+): Promise<void> {
+  for await (const size of resizes) {
+    await agent.resizeTty(containerId, execId, size.height, size.width, { timeoutMs: CALL_MS }).catch((err: unknown) => {
+      logger.debug({ containerId, execId, err: String(err) }, 'terminal resize failed');
+    });
+  }
+}
+
+/** Run `cmd` in the container over `channels`; resolves when the status has been written. */
+export async function runExec(
+  agent: AgentClient,
+  record: ContainerRecord,
+  cmd: readonly string[],
+  tty: boolean,
+  channels: CommandChannels,
+  logger: Logger,
+): Promise<void> {
+  const base = (record.guest?.ociSpec.process ?? {}) as Record<string, unknown>;
+  const execId = `stream-${randomBytes(8).toString('hex')}`;
+  const process = { ...base, terminal: tty, args: [...cmd] };
+  await agent.execProcess(
+    { containerId: record.id, execId, ociProcessJson: JSON.stringify(process), tty, stdin: channels.stdin !== null },
+    { timeoutMs: CALL_MS },
+  );
+  const abort = new AbortController();
+  const onClientGone = () => abort.abort();
+  channels.signal.addEventListener('abort', onClientGone, { once: true });
+  const output = async (stream: 'OUTPUT_STREAM_STDOUT' | 'OUTPUT_STREAM_STDERR', out: Writable | null) => {
+    let clientOpen = out !== null;
+    try {
+      for await (const chunk of agent.readProcessOutput(record.id, execId, stream, { signal: abort.signal })) {
+        // A client that did not ask for this stream still has it read, or the process would block.
+        if (clientOpen && chunk.data.length > 0) clientOpen = await writeTo(out!, chunk.data);
+        if (chunk.eof) break;
+      }
+    } catch (err) {
+      if (!abort.signal.aborted) throw err;
+    }
+  };
+  try {
+    const outputs = Promise.all([
+      output('OUTPUT_STREAM_STDOUT', channels.stdout),
+      tty ? Promise.resolve() : output('OUTPUT_STREAM_STDERR', channels.stderr),
+    ]);
+    outputs.catch(() => undefined);
+    if (channels.stdin !== null) void pumpStdin(channels.stdin, agent, record.id, execId, abort.signal);
+    if (tty && channels.resizes !== null) void pumpResizes(channels.resizes, agent, record.id, execId, logger);
+    const exit = agent.waitProcess(record.id, execId, { timeoutMs: WAIT_MS, signal: abort.signal });
+    exit.catch(() => undefined);
+    const ended = await Promise.race([exit.then((e) => ({ exit: e })), abortedPromise(abort.signal)]);
+    if ('gone' in ended) {
+      // The client went away with the process still running: it must not outlive its stream.
+      await agent.signalProcess(record.id, execId, 9, { timeoutMs: CALL_MS }).catch(() => undefined);
+      await agent.waitProcess(record.id, execId, { timeoutMs: CALL_MS }).catch(() => undefined);
+      logger.info({ containerId: record.id, execId }, 'exec client went away; its process was killed');
+      return;
+    }
+    await outputs;
+    await channels.finish({ exitCode: ended.exit.exitCode, cmd });
+  } finally {
+    channels.signal.removeEventListener('abort', onClientGone);
+    abort.abort();
+    await agent.deleteProcess(record.id, execId, { timeoutMs: CALL_MS }).catch((err: unknown) => {
+      if (!(isKataError(err) && err.kind === 'not_found')) logger.warn({ execId, err: String(err) }, 'deleting an exec failed');
+    });
+  }
+}
+
+function abortedPromise(signal: AbortSignal): Promise<{ gone: true }> {
+  return new Promise((resolve) => {
+    if (signal.aborted) resolve({ gone: true });
+    else signal.addEventListener('abort', () => resolve({ gone: true }), { once: true });
+  });
+}
+
+/** Attach to the container's own stdio over `channels`; resolves when the container's output ends or the client leaves. */
+export async function runAttach(agent: AgentClient, record: ContainerRecord, channels: CommandChannels, logger: Logger): Promise<void> {
+  const abort = new AbortController();
+  const onClientGone = () => abort.abort();
+  channels.signal.addEventListener('abort', onClientGone, { once: true });
+  try {
+    if (channels.stdin !== null) {
+      if (record.spec.stdin) void pumpStdin(channels.stdin, agent, record.id, '', abort.signal);
+      else channels.stdin.resume(); // the container has no stdin: what the client types goes nowhere
+    }
+    if (record.spec.tty && channels.resizes !== null) void pumpResizes(channels.resizes, agent, record.id, '', logger);
+    if (channels.stdout === null && channels.stderr === null) {
+      // stdin only: attached until the client closes it.
+      if (channels.stdin !== null) await new Promise<void>((resolve) => channels.stdin!.once('end', resolve).once('close', resolve));
+    } else await followOutput(agent, record.id, channels, abort.signal);
+    if (!channels.signal.aborted) await channels.finish({ exitCode: 0 });
+  } finally {
+    channels.signal.removeEventListener('abort', onClientGone);
+    abort.abort();
+  }
+}
+
+/** The container's output from the current offset until its end (the container exited). */
+async function followOutput(agent: AgentClient, containerId: string, channels: CommandChannels, signal: AbortSignal): Promise<void> {
+  for (;;) {
+    const [state] = await agent.listContainers([containerId], { timeoutMs: CALL_MS, signal });
+    if (state === undefined) return;
+    try {
+      for await (const chunk of agent.streamOutput(containerId, state.outputOffset, { signal })) {
+        const out = chunk.stream === 'OUTPUT_STREAM_STDERR' ? channels.stderr : channels.stdout;
+        if (out !== null && chunk.data.length > 0 && !(await writeTo(out, chunk.data))) return;
+        if (chunk.eof) return;
+      }
+      return;
+    } catch (err) {
+      if (signal.aborted) return;
+      // The log pump acknowledged bytes this reader had not reached: go on from the live end.
+      if (!isReason(err, 'OUTPUT_OFFSET_GONE')) throw err;
+    }
+  }
+}
