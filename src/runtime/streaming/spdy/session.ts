@@ -94,14 +94,21 @@ export class SpdyStream extends Duplex {
   }
 
   override _read(): void {
-    // What the consumer took is granted back to the peer, stream and session, in half-window steps.
+    this.session.resumeReading(this);
+  }
+
+  // Grants follow what the consumer took: read() is where both flowing mode and iteration take
+  // data (_read alone is not called again until the next push).
+  override read(size?: number): unknown {
+    const chunk = super.read(size);
     const consumed = this.received - this.readableLength;
     const grant = consumed - this.granted;
     if (grant >= this.receiveWindow / 2 || (grant > 0 && this.readableLength === 0)) {
       this.granted += grant;
       this.session.grant(this.id, grant);
     }
-    this.session.resumeReading(this);
+    if (this.readableLength < this.receiveWindow) this.session.resumeReading(this);
+    return chunk;
   }
 
   override async _write(chunk: Buffer, _enc: BufferEncoding, callback: (err?: Error | null) => void): Promise<void> {
