@@ -173,7 +173,7 @@ export async function spdyCommand(url: string, options: CommandOptions = {}): Pr
     const errorStream = await client.open({ streamType: 'error' });
     const stdin = options.stdin !== undefined ? await client.open({ streamType: 'stdin' }) : undefined;
     const stdout = options.stdout !== false ? await client.open({ streamType: 'stdout' }) : undefined;
-    const stderr = options.stderr === true && !options.tty ? await client.open({ streamType: 'stderr' }) : undefined;
+    const stderr = options.stderr !== false && !options.tty ? await client.open({ streamType: 'stderr' }) : undefined;
     const resize = options.tty ? await client.open({ streamType: 'resize' }) : undefined;
     if (resize && options.resize) client.write(resize, Buffer.from(`${JSON.stringify(options.resize)}\n`));
     if (options.pauseAfterFirstOutputMs !== undefined && stdout) {

@@ -222,8 +222,9 @@ export class SpdySession extends EventEmitter {
     for (const w of this.sessionWindowWaiters) w();
     this.compressor.close();
     this.decompressor.close();
-    if (!this.socket.destroyed) this.socket.once('close', () => this.emit('close'));
-    else queueMicrotask(() => this.emit('close'));
+    // Upgraded HTTP sockets allow half-open: our side must end too, or the peer's EOF hangs.
+    if (!this.socket.writableEnded) this.socket.end();
+    queueMicrotask(() => this.emit('close'));
     setTimeout(() => this.socket.destroy(), 5000).unref();
   }
 
