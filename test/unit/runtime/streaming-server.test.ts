@@ -8,7 +8,6 @@
 import { Buffer } from 'node:buffer';
 import { type ChildProcess, spawn } from 'node:child_process';
 import net from 'node:net';
-import { Readable } from 'node:stream';
 import pino from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { AgentClient } from '../../../src/agent-client/index.js';
