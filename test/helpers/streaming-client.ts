@@ -152,6 +152,8 @@ export interface CommandOptions {
   pauseAfterFirstOutputMs?: number;
   /** Called while paused. */
   whilePaused?: () => Promise<void>;
+  /** Wait this long before sending stdin (lets a resize land first). */
+  stdinDelayMs?: number;
 }
 
 export interface CommandResult {
@@ -186,6 +188,7 @@ export async function spdyCommand(url: string, options: CommandOptions = {}): Pr
       client.socket.resume();
     }
     if (stdin && options.stdin !== undefined) {
+      if (options.stdinDelayMs !== undefined) await new Promise((r) => setTimeout(r, options.stdinDelayMs));
       if (options.stdin.length > 0) client.write(stdin, options.stdin);
       client.write(stdin, Buffer.alloc(0), true);
     }

@@ -77,6 +77,8 @@ export class StreamingServer {
     handleProtocols: (p, req) => this.pickWs(p, req),
   });
   private readonly active = new Set<(reason: string) => void>();
+  /** Exec and attach runs under way, so close() can let them clean up (kill, delete) first. */
+  private readonly runs = new Set<Promise<void>>();
 
   private constructor(
     private readonly options: StreamingServerOptions,
@@ -131,9 +133,11 @@ export class StreamingServer {
     return this.active.size;
   }
 
-  /** End every open stream with an error and stop listening. */
-  async close(): Promise<void> {
+  /** End every open stream with an error, let their processes be killed (bounded), stop listening. */
+  async close(timeoutMs = 5000): Promise<void> {
     for (const end of [...this.active]) end('kata-ts is shutting down: the stream was ended');
+    const settled = Promise.allSettled([...this.runs]);
+    await Promise.race([settled, new Promise((resolve) => setTimeout(resolve, timeoutMs).unref())]);
     await new Promise<void>((resolve) => {
       this.server.close(() => resolve());
       this.server.closeAllConnections?.();
@@ -258,10 +262,16 @@ export class StreamingServer {
     return serveSpdyPortForward(socket, { ...request, dial: (p) => agent.portForward(p), logger: this.options.logger });
   }
 
-  private async runCommand(request: StreamRequest, channels: CommandChannels): Promise<void> {
-    if (request.kind === 'portforward') return;
-    const { agent, record } = this.options.targets.container(request.containerId);
-    if (request.kind === 'exec') await runExec(agent, record, request.cmd, request.tty, channels, this.options.logger);
-    else await runAttach(agent, record, channels, this.options.logger);
+  private runCommand(request: StreamRequest, channels: CommandChannels): Promise<void> {
+    const run = (async () => {
+      if (request.kind === 'portforward') return;
+      const { agent, record } = this.options.targets.container(request.containerId);
+      if (request.kind === 'exec') await runExec(agent, record, request.cmd, request.tty, channels, this.options.logger);
+      else await runAttach(agent, record, channels, this.options.logger);
+    })();
+    const tracked = run.catch(() => undefined);
+    this.runs.add(tracked);
+    void tracked.finally(() => this.runs.delete(tracked));
+    return run;
   }
 }
