@@ -16,7 +16,8 @@ import type { ContainerRecord } from '../container/record.js';
 import type { CommandChannels, TerminalSize } from './channels.js';
 
 const CALL_MS = 30_000;
-const WAIT_MS = 365 * 24 * 3600 * 1000;
+/** A day: longer waits overflow setTimeout (2^31 ms), which would fire at once. */
+const WAIT_MS = 24 * 3600 * 1000;
 
 /** Write and wait for the consumer (backpressure); false when the client is gone. */
 function writeTo(out: Writable, data: Uint8Array): Promise<boolean> {
@@ -90,7 +91,16 @@ export async function runExec(
     outputs.catch(() => undefined);
     if (channels.stdin !== null) void pumpStdin(channels.stdin, agent, record.id, execId, abort.signal);
     if (tty && channels.resizes !== null) void pumpResizes(channels.resizes, agent, record.id, execId, logger);
-    const exit = agent.waitProcess(record.id, execId, { timeoutMs: WAIT_MS, signal: abort.signal });
+    const exit = (async () => {
+      // A process may outlive one wait call's deadline: wait again.
+      for (;;) {
+        try {
+          return await agent.waitProcess(record.id, execId, { timeoutMs: WAIT_MS, signal: abort.signal });
+        } catch (err) {
+          if (!(isKataError(err) && err.kind === 'timeout') || abort.signal.aborted) throw err;
+        }
+      }
+    })();
     exit.catch(() => undefined);
     const ended = await Promise.race([exit.then((e) => ({ exit: e })), abortedPromise(abort.signal)]);
     if ('gone' in ended) {

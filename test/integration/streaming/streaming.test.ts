@@ -21,7 +21,7 @@ import { exitCodeOf, spdyCommand, spdyPortForward, wsCommand, wsPortForward } fr
 
 const CRICTL = path.resolve(__dirname, '../../../../../shared/cri-tools/crictl');
 const HAVE_CRICTL = existsSync(CRICTL);
-const APPLETS = ['sleep', 'head', 'stty', 'httpd', 'kill', 'test', 'touch', 'mkdir', 'tr', 'wc'];
+const APPLETS = ['sleep', 'head', 'stty', 'httpd', 'kill', 'test', 'touch', 'mkdir', 'tr', 'wc', 'rm'];
 
 function run(file: string, args: string[], input?: string, timeoutMs = 60_000): Promise<{ code: number; stdout: string; stderr: string }> {
   return new Promise((resolve) => {
