@@ -62,7 +62,9 @@ export async function runExec(
   logger: Logger,
 ): Promise<void> {
   const base = (record.guest?.ociSpec.process ?? {}) as Record<string, unknown>;
-  const execId = `stream-${randomBytes(8).toString('hex')}`;
+  // Short: the guest puts a tty exec's console socket at <bundles>/<64-char id>/exec-<execId>.sock,
+  // and a unix socket path holds at most 107 bytes (a 23-character id made crun fail there).
+  const execId = `s${randomBytes(4).toString('hex')}`;
   const process = { ...base, terminal: tty, args: [...cmd] };
   await agent.execProcess(
     { containerId: record.id, execId, ociProcessJson: JSON.stringify(process), tty, stdin: channels.stdin !== null },
