@@ -43,7 +43,7 @@ export function streamingHandlers(server: StreamingServer, targets: StreamingTar
       const request = decodeExecRequest(req);
       if (request.kind !== 'exec') return { url: '' };
       const { record } = targets.container(request.containerId);
-      ctx.annotate({ containerId: record.id, sandboxId: record.sandboxId });
+      ctx.annotate({ containerId: record.id, sandboxId: record.sandboxId, tty: request.tty, stdin: request.stdin });
       return { url: server.urlFor({ ...request, containerId: record.id }) };
     },
     Attach: async (req: AttachRequest__Output, ctx: CallContext): Promise<AttachResponse> => {

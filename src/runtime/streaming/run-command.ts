@@ -38,6 +38,26 @@ async function pumpStdin(stdin: Readable, agent: AgentClient, containerId: strin
   writer.end();
 }
 
+/** How long a tty exec waits for the client's first terminal size before it starts anyway. */
+const FIRST_SIZE_WAIT_MS = 1000;
+
+/**
+ * The client's first terminal size, waited for briefly: a process started before its terminal has
+ * a size sees 0 rows (busybox `stty size` fails; crictl sends the size just after connecting).
+ */
+async function firstSize(sizes: AsyncIterator<TerminalSize>): Promise<TerminalSize | undefined> {
+  let timer: NodeJS.Timeout | undefined;
+  const timeout = new Promise<undefined>((resolve) => {
+    timer = setTimeout(() => resolve(undefined), FIRST_SIZE_WAIT_MS);
+  });
+  try {
+    const first = await Promise.race([sizes.next(), timeout]);
+    return first === undefined || first.done ? undefined : first.value;
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
 async function pumpResizes(
   resizes: AsyncIterable<TerminalSize>,
   agent: AgentClient,
@@ -65,7 +85,15 @@ export async function runExec(
   // Short: the guest puts a tty exec's console socket at <bundles>/<64-char id>/exec-<execId>.sock,
   // and a unix socket path holds at most 107 bytes (a 23-character id made crun fail there).
   const execId = `s${randomBytes(4).toString('hex')}`;
-  const process = { ...base, terminal: tty, args: [...cmd] };
+  // One iterator for the first size (the process's consoleSize) and every later one.
+  const sizes = tty && channels.resizes !== null ? channels.resizes[Symbol.asyncIterator]() : undefined;
+  const size = sizes === undefined ? undefined : await firstSize(sizes);
+  const process = {
+    ...base,
+    terminal: tty,
+    args: [...cmd],
+    ...(size !== undefined ? { consoleSize: { height: size.height, width: size.width } } : {}),
+  };
   await agent.execProcess(
     { containerId: record.id, execId, ociProcessJson: JSON.stringify(process), tty, stdin: channels.stdin !== null },
     { timeoutMs: CALL_MS },
@@ -92,7 +120,11 @@ export async function runExec(
     ]);
     outputs.catch(() => undefined);
     if (channels.stdin !== null) void pumpStdin(channels.stdin, agent, record.id, execId, abort.signal);
-    if (tty && channels.resizes !== null) void pumpResizes(channels.resizes, agent, record.id, execId, logger);
+    if (sizes !== undefined) {
+      if (size !== undefined)
+        void agent.resizeTty(record.id, execId, size.height, size.width, { timeoutMs: CALL_MS }).catch(() => undefined);
+      void pumpResizes({ [Symbol.asyncIterator]: () => sizes }, agent, record.id, execId, logger);
+    }
     const exit = (async () => {
       // A process may outlive one wait call's deadline: wait again.
       for (;;) {
