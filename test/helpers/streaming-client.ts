@@ -6,9 +6,11 @@
  * the framer in src/runtime/streaming/spdy (the server side of the same frames).
  */
 import { Buffer } from 'node:buffer';
+import { randomBytes } from 'node:crypto';
 import http from 'node:http';
 import type { Socket } from 'node:net';
-import { WebSocket } from 'ws';
+import type { Duplex } from 'node:stream';
+import { createWebSocketStream, WebSocket } from 'ws';
 import { encodeFrame, FrameReader } from '../../src/runtime/streaming/spdy/frames.js';
 import { HeaderCompressor, HeaderDecompressor } from '../../src/runtime/streaming/spdy/headers.js';
 
@@ -68,6 +70,11 @@ export class SpdyClient {
       for (const s of this.streams.values()) s.onData?.();
     });
     socket.on('error', () => {});
+  }
+
+  /** SPDY over an established byte stream (a WebSocket tunnel's, for instance). */
+  static over(stream: Duplex, protocol: string): SpdyClient {
+    return new SpdyClient(stream as Socket, protocol, false);
   }
 
   /** Upgrade `url` to SPDY/3.1 offering `protocols`; rejects with the status and body on refusal. */
@@ -240,9 +247,48 @@ export function exitCodeOf(status: string): number {
   throw new Error(`not an exit status: ${status}`);
 }
 
+/**
+ * A WebSocket carrying SPDY (`SPDY/3.1+portforward.k8s.io`), as kubectl 1.30+ tunnels port-forward.
+ * The handshake is written by hand: `ws`'s client refuses that subprotocol name ('/' and '+' are
+ * not token characters), gorilla/websocket (kubectl) sends it anyway. The upgraded socket is then
+ * framed by `ws` (its internal setSocket, client side: masked frames).
+ */
+export function tunnelledSpdy(url: string): Promise<SpdyClient> {
+  const protocol = 'SPDY/3.1+portforward.k8s.io';
+  return new Promise((resolve, reject) => {
+    const req = http.request(url, {
+      headers: {
+        Connection: 'Upgrade',
+        Upgrade: 'websocket',
+        'Sec-WebSocket-Version': '13',
+        'Sec-WebSocket-Key': randomBytes(16).toString('base64'),
+        'Sec-WebSocket-Protocol': protocol,
+      },
+    });
+    req.on('upgrade', (res, socket, head) => {
+      if (res.headers['sec-websocket-protocol'] !== protocol) return reject(new Error('the server chose another subprotocol'));
+      const ws = new WebSocket(null as unknown as string, undefined, {}) as WebSocket & {
+        _isServer: boolean;
+        setSocket(socket: unknown, head: Buffer, options: { maxPayload: number }): void;
+      };
+      ws._isServer = false;
+      ws.setSocket(socket, head, { maxPayload: 64 * 1024 * 1024 });
+      resolve(SpdyClient.over(createWebSocketStream(ws), protocol));
+    });
+    req.on('response', (res) => reject(new Error(`HTTP ${res.statusCode}`)));
+    req.on('error', reject);
+    req.end();
+  });
+}
+
 /** One port-forward connection over SPDY (error + data stream pair), as kubectl opens one per local connection. */
-export async function spdyPortForward(url: string, port: number, request: Buffer): Promise<{ data: Buffer; error: string }> {
-  const client = await SpdyClient.connect(url, ['portforward.k8s.io']);
+export async function spdyPortForward(
+  url: string,
+  port: number,
+  request: Buffer,
+  options: { tunnel?: boolean } = {},
+): Promise<{ data: Buffer; error: string }> {
+  const client = options.tunnel ? await tunnelledSpdy(url) : await SpdyClient.connect(url, ['portforward.k8s.io']);
   try {
     const errorStream = await client.open({ streamType: 'error', port: String(port), requestID: '0' });
     const data = await client.open({ streamType: 'data', port: String(port), requestID: '0' });

@@ -47,7 +47,12 @@ const ROUTE = /^\/(exec|attach|portforward)\/([A-Za-z0-9_-]{1,64})$/;
 const WS_COMMAND_PROTOCOLS = ['v5.channel.k8s.io', 'v4.channel.k8s.io'];
 /** kubectl 1.30+ tunnels the SPDY port-forward protocol through a WebSocket with this subprotocol. */
 const WS_SPDY_TUNNEL = `SPDY/3.1+${PORT_FORWARD_PROTOCOL}`;
-const WS_PORT_FORWARD_PROTOCOLS = [WS_SPDY_TUNNEL, 'v4.channel.k8s.io', PORT_FORWARD_PROTOCOL];
+/**
+ * `/` and `+` are not token characters (RFC 6455 / 7230), so `ws` refuses that name in the
+ * handshake: it is swapped for this token on the way in and swapped back in our 101 response.
+ */
+const WS_SPDY_TUNNEL_TOKEN = 'kata-ts.spdy-tunnel.portforward.k8s.io';
+const WS_PORT_FORWARD_PROTOCOLS = [WS_SPDY_TUNNEL_TOKEN, 'v4.channel.k8s.io', PORT_FORWARD_PROTOCOL];
 
 /** `host:port` -> parts; IPv6 hosts in brackets. */
 export function parseListenAddress(address: string): { host: string; port: number } {
@@ -93,6 +98,10 @@ export class StreamingServer {
       res.end(known ? 'this endpoint needs an Upgrade to SPDY/3.1 or websocket\n' : 'not found\n');
     });
     server.on('upgrade', (req: http.IncomingMessage, socket: Duplex, head: Buffer) => this.onUpgrade(req, socket, head));
+    this.wss.on('headers', (headers: string[]) => {
+      const at = headers.indexOf(`Sec-WebSocket-Protocol: ${WS_SPDY_TUNNEL_TOKEN}`);
+      if (at >= 0) headers[at] = `Sec-WebSocket-Protocol: ${WS_SPDY_TUNNEL}`;
+    });
   }
 
   /** Listen on the configured address (TLS when a certificate and key are configured). */
@@ -164,6 +173,10 @@ export class StreamingServer {
     if (request === undefined || request.kind !== match[1]) return void refuse(404, 'unknown or expired token');
     const upgrade = (req.headers.upgrade ?? '').toLowerCase();
     if (upgrade === 'websocket') {
+      const offered = req.headers['sec-websocket-protocol'];
+      if (typeof offered === 'string' && offered.includes(WS_SPDY_TUNNEL)) {
+        req.headers['sec-websocket-protocol'] = offered.replaceAll(WS_SPDY_TUNNEL, WS_SPDY_TUNNEL_TOKEN);
+      }
       this.wss.handleUpgrade(req, socket, head, (ws) => this.serveWs(ws, request, url));
       return;
     }
@@ -218,7 +231,7 @@ export class StreamingServer {
 
   private serveWs(ws: WebSocket, request: StreamRequest, url: URL): void {
     if (request.kind === 'portforward') {
-      if (ws.protocol === WS_SPDY_TUNNEL) {
+      if (ws.protocol === WS_SPDY_TUNNEL_TOKEN) {
         const tunnel = createWebSocketStream(ws);
         tunnel.on('error', () => {});
         const session = this.portForwardSession(tunnel, request);

@@ -180,13 +180,15 @@ describe('the streaming server (stand-in agent, real protocols on loopback)', ()
     expect(server.openStreams).toBe(0);
   });
 
-  it('port-forward over SPDY (data + error pair) and WebSocket channels', async () => {
+  it('port-forward over SPDY (data + error pair), WebSocket channels and SPDY tunnelled in a WebSocket', async () => {
     const pf = () => server.urlFor(decodePortForwardRequest({ pod_sandbox_id: 's1', port: [echoPort] }));
     const spdy = await spdyPortForward(pf(), echoPort, Buffer.from('ping\n'));
     expect(spdy.data.toString()).toMatch(/you said ping$/);
     expect(spdy.error).toBe('');
     const ws = await wsPortForward(pf(), echoPort, Buffer.from('pong\n'), 'you said pong');
     expect(ws.data.toString()).toMatch(/you said pong$/);
+    const tunnelled = await spdyPortForward(pf(), echoPort, Buffer.from('tunnel\n'), { tunnel: true });
+    expect(tunnelled.data.toString()).toMatch(/you said tunnel$/);
     const refused = await spdyPortForward(pf(), echoPort + 1, Buffer.from('x'));
     expect(refused.error).toMatch(/not forwarded/);
   });
