@@ -6,8 +6,12 @@
  * Also the token store and the kubelet's request checks.
  */
 import { Buffer } from 'node:buffer';
-import { type ChildProcess, spawn } from 'node:child_process';
+import { type ChildProcess, execFileSync, spawn } from 'node:child_process';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import https from 'node:https';
 import net from 'node:net';
+import os from 'node:os';
+import path from 'node:path';
 import pino from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { AgentClient } from '../../../src/agent-client/index.js';
@@ -214,6 +218,67 @@ describe('the streaming server (stand-in agent, real protocols on loopback)', ()
     await other.close();
     const r = await pending;
     expect(JSON.parse(r.status)).toMatchObject({ status: 'Failure', message: expect.stringMatching(/shutting down/) });
+  });
+});
+
+describe('the streaming server over TLS', () => {
+  it('serves https URLs with the configured certificate and key; a half-configured TLS is refused', async () => {
+    const dir = mkdtempSync(path.join(os.tmpdir(), 'kata-stream-tls-'));
+    try {
+      const cert = path.join(dir, 'cert.pem');
+      const key = path.join(dir, 'key.pem');
+      execFileSync(
+        'openssl',
+        [
+          'req',
+          '-x509',
+          '-newkey',
+          'rsa:2048',
+          '-nodes',
+          '-keyout',
+          key,
+          '-out',
+          cert,
+          '-days',
+          '1',
+          '-subj',
+          '/CN=127.0.0.1',
+          '-addext',
+          'subjectAltName=IP:127.0.0.1',
+        ],
+        {
+          stdio: 'ignore',
+        },
+      );
+      const base = {
+        address: '127.0.0.1:0',
+        tokenTtlMs: 60_000,
+        maxTokensInFlight: 10,
+        streamCreationTimeoutMs: 2000,
+        logger: pino({ level: 'silent' }),
+        targets: {
+          container: () => ({ agent: fakeAgent() as unknown as AgentClient, record }),
+          sandboxAgent: () => fakeAgent() as unknown as AgentClient,
+        },
+      };
+      await expect(StreamingServer.start({ ...base, tlsCertPath: cert, tlsKeyPath: null })).rejects.toMatchObject({
+        reason: 'STREAM_TLS_FILES',
+      });
+      const tls = await StreamingServer.start({ ...base, tlsCertPath: cert, tlsKeyPath: key });
+      try {
+        const url = tls.urlFor(decodeExecRequest({ container_id: 'c1', cmd: ['true'], stdout: true }));
+        expect(url).toMatch(/^https:\/\/127\.0\.0\.1:\d+\/exec\//);
+        // A plain GET over TLS (trusting this certificate) reaches the server, which asks for an upgrade.
+        const status = await new Promise<number>((resolve, reject) => {
+          https.get(url, { ca: readFileSync(cert) }, (res) => resolve(res.statusCode ?? 0)).on('error', reject);
+        });
+        expect(status).toBe(400);
+      } finally {
+        await tls.close();
+      }
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 });
 
