@@ -98,6 +98,7 @@ export async function runExec(
     { containerId: record.id, execId, ociProcessJson: JSON.stringify(process), tty, stdin: channels.stdin !== null },
     { timeoutMs: CALL_MS },
   );
+  logger.debug({ containerId: record.id, execId }, 'exec started');
   const abort = new AbortController();
   const onClientGone = () => abort.abort();
   channels.signal.addEventListener('abort', onClientGone, { once: true });
@@ -144,8 +145,10 @@ export async function runExec(
       logger.info({ containerId: record.id, execId }, 'exec client went away; its process was killed');
       return;
     }
+    logger.debug({ containerId: record.id, execId, exitCode: ended.exit.exitCode }, 'exec exited');
     await outputs;
     await channels.finish({ exitCode: ended.exit.exitCode, cmd });
+    logger.debug({ containerId: record.id, execId }, 'exec status sent');
   } finally {
     channels.signal.removeEventListener('abort', onClientGone);
     abort.abort();

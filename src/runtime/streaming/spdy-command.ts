@@ -58,6 +58,7 @@ export function serveSpdyCommand(options: SpdyCommandOptions): { session: SpdySe
     } finally {
       clearTimeout(timer);
     }
+    options.logger.debug({ protocol, streams: [...streams.keys()] }, 'remote command streams open');
     const errorStream = streams.get('error')!;
     errorStream.resume(); // the client never writes here; keep its window open
     const resizes = streams.has('resize') ? new SizeQueue() : null;
