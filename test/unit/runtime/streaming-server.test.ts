@@ -42,6 +42,14 @@ function fakeAgent() {
       yield { stream, data: Buffer.alloc(0), offset: 0, eof: true };
     },
     writeStdin(_c: string, execId: string) {
+      if (execId === '') {
+        return {
+          write: async (d: Buffer) => void agent.attachStdin.push(d.toString()),
+          end: () => agent.attachStdin.push('<end>'),
+          cancel: () => {},
+          done: Promise.resolve(),
+        };
+      }
       const stdin = procs.get(execId)!.child.stdin!;
       return {
         write: (d: Buffer) => new Promise<void>((resolve, reject) => stdin.write(d, (e) => (e ? reject(e) : resolve()))),
@@ -61,6 +69,18 @@ function fakeAgent() {
     },
     async deleteProcess(_c: string, execId: string) {
       procs.delete(execId);
+    },
+    /** The container's own output and stdin (attach): what `attachOutput` holds, then end of file. */
+    attachOutput: [] as string[],
+    attachStdin: [] as string[],
+    async listContainers() {
+      return [{ containerId: 'c1', outputOffset: 0 }];
+    },
+    async *streamOutput() {
+      // A container answering what it reads: output comes once input did (or after half a second).
+      for (let i = 0; i < 25 && agent.attachStdin.length === 0; i++) await new Promise((res) => setTimeout(res, 20));
+      for (const text of agent.attachOutput) yield { stream: 'OUTPUT_STREAM_STDOUT', data: Buffer.from(text), offset: 0, eof: false };
+      yield { stream: 'OUTPUT_STREAM_STDOUT', data: Buffer.alloc(0), offset: 0, eof: true };
     },
     portForward(port: number) {
       const socket = net.createConnection({ host: '127.0.0.1', port });
@@ -156,6 +176,37 @@ describe('the streaming server (stand-in agent, real protocols on loopback)', ()
     const r = await spdyCommand(exec(['sh', '-c', 'sleep 0.3; echo t'], { tty: true }), { tty: true, resize: { Width: 100, Height: 31 } });
     expect(r.stdout.toString()).toBe('t\n');
     expect(agent.resizes).toEqual([[31, 100]]);
+  });
+
+  it('attach: the container output from now on, stdin to the container (ended when the client ends it), Success', async () => {
+    agent.attachOutput = ['one\n', 'two\n'];
+    agent.attachStdin.length = 0;
+    const attached = { ...record, spec: { stdin: true, tty: false } } as unknown as ContainerRecord;
+    const other = await StreamingServer.start({
+      address: '127.0.0.1:0',
+      tlsCertPath: null,
+      tlsKeyPath: null,
+      tokenTtlMs: 60_000,
+      maxTokensInFlight: 10,
+      streamCreationTimeoutMs: 2000,
+      logger: pino({ level: 'silent' }),
+      targets: {
+        container: () => ({ agent: agent as unknown as AgentClient, record: attached }),
+        sandboxAgent: () => agent as unknown as AgentClient,
+      },
+    });
+    try {
+      const url = () => other.urlFor(decodeAttachRequest({ container_id: 'c1', stdin: true, stdout: true, stderr: true }));
+      const r = await spdyCommand(url(), { stdin: Buffer.from('typed\n') });
+      expect([r.stdout.toString(), exitCodeOf(r.status)]).toEqual(['one\ntwo\n', 0]);
+      const w = await wsCommand(url(), { stdin: Buffer.alloc(0) });
+      expect([w.stdout.toString(), exitCodeOf(w.status)]).toEqual(['one\ntwo\n', 0]);
+      for (let i = 0; i < 50 && !agent.attachStdin.includes('<end>'); i++) await new Promise((res) => setTimeout(res, 20));
+      expect(agent.attachStdin[0]).toBe('typed\n');
+      expect(agent.attachStdin).toContain('<end>');
+    } finally {
+      await other.close();
+    }
   });
 
   it('a token works once, an unknown one is 404, a plain GET is told to upgrade', async () => {
