@@ -51,6 +51,10 @@ export function serveSpdyPortForward(socket: Duplex, options: PortForwardOptions
       pair[type] = stream;
       pairs.set(requestId, pair);
       stream.on('error', () => {});
+      // A half pair whose stream goes before its partner arrives is forgotten.
+      stream.once('close', () => {
+        if (pairs.get(requestId) === pair) pairs.delete(requestId);
+      });
       if (pair.data !== undefined && pair.error !== undefined) {
         pairs.delete(requestId);
         void forwardPair(pair.data, pair.error, options);
