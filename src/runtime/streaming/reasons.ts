@@ -13,7 +13,10 @@ export type StreamingReason =
   | 'STREAM_SERVER_ADDRESS_INVALID'
   | 'STREAM_TLS_FILES'
   | 'SPDY_FRAME_TOO_LARGE'
-  | 'SPDY_PROTOCOL_ERROR';
+  | 'SPDY_PROTOCOL_ERROR'
+  // Raised by the agent's output journal (guest/agent/reasons.ts, outside the host build): an
+  // attach reader fell behind the log pump's acknowledgements; attach goes on from the live end.
+  | 'OUTPUT_OFFSET_GONE';
 
 declare module '../../common/errors.js' {
   interface KataReasons {
