@@ -6,20 +6,38 @@
  * port-forward. Also a slow reader (the process is held back), a client killed mid-stream (its
  * process goes), and a daemon restart (open streams end with an error, new ones work).
  */
-import { execFile, spawn } from 'node:child_process';
+import { execFile, execFileSync, spawn } from 'node:child_process';
 import { existsSync, promises as fsp } from 'node:fs';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { confidentialHandlerProfile, defaultHandlerProfile } from '../../../src/config/defaults.js';
 import { rpc } from '../../helpers/cri-client.js';
-import { ensureGuestAssets } from '../../helpers/hypervisor-guest.js';
 import { buildImage, busyboxBaseEntries, RegistryPusher } from '../../helpers/images-builder.js';
 import { type RegistryHandle, startRegistry } from '../../helpers/images-registry.js';
 import type { TarEntrySpec } from '../../helpers/images-tar.js';
 import { createTestRuntime, podConfig, type TestRuntime } from '../../helpers/runtime-daemon.js';
 import { exitCodeOf, spdyCommand, spdyPortForward, wsCommand, wsPortForward } from '../../helpers/streaming-client.js';
 
-const CRICTL = path.resolve(__dirname, '../../../../../shared/cri-tools/crictl');
+const repo = path.resolve(__dirname, '../../..');
+const CRICTL = path.resolve(repo, '../../shared/cri-tools/crictl');
+
+/**
+ * The guest built from this checkout (its /init brings loopback up for port-forward; the agent
+ * survives EPIPE on a tty's resize pipe), into the tests' own directory shared with the sandbox
+ * agent test (same sources, same inputs: build-guest.sh is a no-op the second time), never the
+ * installed one. KATA_TS_GUEST_DIR, when set, wins (a guest built elsewhere from this branch).
+ */
+function branchGuest(): Record<string, string> {
+  const dir = process.env.KATA_TS_GUEST_DIR ?? process.env.KATA_TS_AGENT_GUEST_DIR ?? path.join(repo, '.cache/guest-agent');
+  if (process.env.KATA_TS_GUEST_DIR === undefined) {
+    execFileSync('bash', [path.join(repo, 'scripts/build-guest.sh'), '--out', dir], { stdio: ['ignore', 'ignore', 'inherit'] });
+  }
+  return {
+    kernelPath: path.join(dir, 'vmlinuz'),
+    initrdPath: path.join(dir, 'initramfs.cpio.gz'),
+    guestImagePath: path.join(dir, 'guest.img'),
+  };
+}
 const HAVE_CRICTL = existsSync(CRICTL);
 const APPLETS = ['sleep', 'head', 'stty', 'httpd', 'kill', 'test', 'touch', 'mkdir', 'tr', 'wc', 'rm'];
 
@@ -71,7 +89,6 @@ describe('streaming through a pod VM (real QEMU, agent, crun; SPDY, WebSocket, c
   };
 
   beforeAll(async () => {
-    await ensureGuestAssets();
     registry = await startRegistry();
     const entries: TarEntrySpec[] = [
       ...busyboxBaseEntries(),
@@ -82,6 +99,7 @@ describe('streaming through a pod VM (real QEMU, agent, crun; SPDY, WebSocket, c
     image = `${registry.host}/kata/busybox:stream`;
     const profile = { ...defaultHandlerProfile(), vmmOverhead: { cpuMillicores: 100, memoryMiB: 1024 } };
     rt = await createTestRuntime({
+      hypervisor: branchGuest(),
       images: { registriesConfigPath: '/dev/null' },
       handlers: { 'kata-ts': profile, 'kata-ts-cvm': confidentialHandlerProfile() },
     });
