@@ -171,11 +171,15 @@ describe('the streaming server (stand-in agent, real protocols on loopback)', ()
     expect([v4.protocol, v4.stdout.toString(), exitCodeOf(v4.status)]).toEqual(['v4.channel.k8s.io', 'hi\n', 0]);
   });
 
-  it('tty: the resize stream reaches the agent as rows and columns', async () => {
+  it('tty: the resize stream (SPDY) and channel 4 (WebSocket) reach the agent as rows and columns', async () => {
     agent.resizes.length = 0;
     const r = await spdyCommand(exec(['sh', '-c', 'sleep 0.3; echo t'], { tty: true }), { tty: true, resize: { Width: 100, Height: 31 } });
     expect(r.stdout.toString()).toBe('t\n');
     expect(agent.resizes).toEqual([[31, 100]]);
+    agent.resizes.length = 0;
+    const w = await wsCommand(exec(['sh', '-c', 'sleep 0.3; echo w'], { tty: true }), { resize: { Width: 90, Height: 20 } });
+    expect(w.stdout.toString()).toBe('w\n');
+    expect(agent.resizes).toEqual([[20, 90]]);
   });
 
   it('attach: the container output from now on, stdin to the container (ended when the client ends it), Success', async () => {

@@ -183,6 +183,28 @@ describe('SPDY session windows', () => {
     ]);
   });
 
+  it('stops reading the socket while a stream holds a window of unread data, and reads on once it is consumed', async () => {
+    const p = pair();
+    await p.open(1);
+    await p.tick();
+    const stream = p.streams[0]!;
+    stream.pause();
+    for (let i = 0; i < 3; i++) {
+      p.send({ type: 'data', streamId: 1, fin: false, data: Buffer.alloc(32 * 1024, i) });
+      await p.tick();
+    }
+    // Two frames fill the 64 KiB window; the third waits in the socket, unread. (Frames that one
+    // socket read already carried are delivered: the pause bounds, it does not cut mid-chunk.)
+    expect(stream.readableLength).toBe(64 * 1024);
+    stream.resume();
+    await p.tick();
+    expect(
+      p.received
+        .filter((f) => f.type === 'window_update' && f.streamId === 1)
+        .reduce((n, f) => n + (f.type === 'window_update' ? f.delta : 0), 0),
+    ).toBe(96 * 1024);
+  });
+
   it('answers PING, resets a stream on RST_STREAM, refuses a second stream id going backwards', async () => {
     const p = pair();
     await p.open(3);
