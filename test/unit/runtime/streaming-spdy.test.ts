@@ -126,17 +126,21 @@ function pair() {
     );
   const send = (f: SpdyFrame) => toServer.write(encodeFrame(f));
   const tick = () => new Promise((r) => setTimeout(r, 20));
-  return { session, streams, received, open, send, tick };
+  /** Wait (bounded) for something the session does asynchronously (zlib runs off the main thread). */
+  const until = async (cond: () => boolean) => {
+    for (let i = 0; i < 400 && !cond(); i++) await new Promise((r) => setTimeout(r, 5));
+  };
+  return { session, streams, received, open, send, tick, until };
 }
 
 describe('SPDY session windows', () => {
   it('replies to a stream before any data and sends everything to a peer that never opens windows (spdystream)', async () => {
     const p = pair();
     await p.open(1);
-    await p.tick();
+    await p.until(() => p.streams.length > 0);
     const big = Buffer.alloc(200 * 1024, 7);
     await new Promise<void>((resolve) => p.streams[0]!.end(big, resolve));
-    await p.tick();
+    await p.until(() => p.received.some((f) => f.type === 'data' && f.fin));
     expect(p.received[0]!.type).toBe('syn_reply');
     const data = p.received.filter((f) => f.type === 'data');
     expect(data.reduce((n, f) => n + (f.type === 'data' ? f.data.length : 0), 0)).toBe(big.length);
@@ -147,20 +151,22 @@ describe('SPDY session windows', () => {
     const p = pair();
     p.send({ type: 'settings', entries: [{ flags: 0, id: 7, value: 1000 }] });
     await p.open(1);
-    await p.tick();
+    await p.until(() => p.streams.length > 0);
     let done = false;
     p.streams[0]!.write(Buffer.alloc(2500, 1), () => {
       done = true;
     });
-    await p.tick();
     const sent = () => p.received.reduce((n, f) => n + (f.type === 'data' ? f.data.length : 0), 0);
+    await p.until(() => sent() >= 1000);
+    await p.tick();
     expect(sent()).toBe(1000);
     expect(done).toBe(false);
     p.send({ type: 'window_update', streamId: 1, delta: 1000 });
+    await p.until(() => sent() >= 2000);
     await p.tick();
     expect(sent()).toBe(2000);
     p.send({ type: 'window_update', streamId: 1, delta: 5000 });
-    await p.tick();
+    await p.until(() => done);
     expect(sent()).toBe(2500);
     expect(done).toBe(true);
   });
@@ -168,14 +174,14 @@ describe('SPDY session windows', () => {
   it('grants WINDOW_UPDATE (stream and session) as the consumer reads, not before', async () => {
     const p = pair();
     await p.open(1);
-    await p.tick();
+    await p.until(() => p.streams.length > 0);
     const stream = p.streams[0]!;
     stream.pause();
     p.send({ type: 'data', streamId: 1, fin: false, data: Buffer.alloc(40 * 1024) });
     await p.tick();
     expect(p.received.filter((f) => f.type === 'window_update')).toEqual([]);
     stream.resume();
-    await p.tick();
+    await p.until(() => p.received.filter((f) => f.type === 'window_update').length >= 2);
     const updates = p.received.filter((f) => f.type === 'window_update');
     expect(updates).toEqual([
       { type: 'window_update', streamId: 1, delta: 40 * 1024 },
@@ -186,18 +192,23 @@ describe('SPDY session windows', () => {
   it('stops reading the socket while a stream holds a window of unread data, and reads on once it is consumed', async () => {
     const p = pair();
     await p.open(1);
-    await p.tick();
+    await p.until(() => p.streams.length > 0);
     const stream = p.streams[0]!;
     stream.pause();
     for (let i = 0; i < 3; i++) {
       p.send({ type: 'data', streamId: 1, fin: false, data: Buffer.alloc(32 * 1024, i) });
+      await p.until(() => stream.readableLength >= Math.min(i + 1, 2) * 32 * 1024);
       await p.tick();
     }
     // Two frames fill the 64 KiB window; the third waits in the socket, unread. (Frames that one
     // socket read already carried are delivered: the pause bounds, it does not cut mid-chunk.)
     expect(stream.readableLength).toBe(64 * 1024);
     stream.resume();
-    await p.tick();
+    const granted = () =>
+      p.received
+        .filter((f) => f.type === 'window_update' && f.streamId === 1)
+        .reduce((n, f) => n + (f.type === 'window_update' ? f.delta : 0), 0);
+    await p.until(() => granted() >= 96 * 1024);
     expect(
       p.received
         .filter((f) => f.type === 'window_update' && f.streamId === 1)
@@ -208,15 +219,16 @@ describe('SPDY session windows', () => {
   it('answers PING, resets a stream on RST_STREAM, refuses a second stream id going backwards', async () => {
     const p = pair();
     await p.open(3);
+    await p.until(() => p.streams.length > 0);
     p.send({ type: 'ping', id: 1 });
-    await p.tick();
+    await p.until(() => p.received.some((f) => f.type === 'ping'));
     expect(p.received.find((f) => f.type === 'ping')).toEqual({ type: 'ping', id: 1 });
     p.send({ type: 'rst_stream', streamId: 3, status: 5 });
-    await p.tick();
+    await p.until(() => p.streams[0]!.destroyed);
     expect(p.streams[0]!.destroyed).toBe(true);
     expect(p.session.openStreams).toBe(0);
     await p.open(1);
-    await p.tick();
+    await p.until(() => p.received.some((f) => f.type === 'rst_stream'));
     expect(p.received.at(-1)).toMatchObject({ type: 'rst_stream', streamId: 1, status: 1 });
   });
 });
