@@ -82,6 +82,14 @@ export function defaultConfig(): KataConfig {
     images: { registriesConfigPath: null },
     // The standard CNI layout, then where Debian's containernetworking-plugins installs them.
     network: { mode: 'cni', cniConfDir: '/etc/cni/net.d', cniBinDirs: ['/opt/cni/bin', '/usr/lib/cni'], cniTimeoutMs: 30_000 },
+    streaming: {
+      address: '127.0.0.1:0',
+      tlsCertPath: null,
+      tlsKeyPath: null,
+      tokenTtlMs: 60_000,
+      maxTokensInFlight: 1000,
+      streamCreationTimeoutMs: 30_000,
+    },
     defaultHandler: DEFAULT_HANDLER,
     handlers: {
       [DEFAULT_HANDLER]: defaultHandlerProfile(),

@@ -107,6 +107,18 @@ export const configFileSchema = {
         cniTimeoutMs: positiveInt,
       },
     },
+    streaming: {
+      type: 'object',
+      additionalProperties: false,
+      properties: {
+        address: { type: 'string', pattern: '^(\\[[0-9a-fA-F:.]+\\]|[^:\\s\\[\\]]+):[0-9]{1,5}$' },
+        tlsCertPath: { type: ['string', 'null'], pattern: '^/' },
+        tlsKeyPath: { type: ['string', 'null'], pattern: '^/' },
+        tokenTtlMs: positiveInt,
+        maxTokensInFlight: positiveInt,
+        streamCreationTimeoutMs: positiveInt,
+      },
+    },
     defaultHandler: nonEmptyString,
     handlers: {
       type: 'object',

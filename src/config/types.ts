@@ -118,6 +118,21 @@ export interface NetworkConfig {
   cniTimeoutMs: number;
 }
 
+/** The streaming server behind Exec, Attach and PortForward (src/runtime/streaming). */
+export interface StreamingConfig {
+  /** `host:port` it listens on; port 0 picks a free port (reported in verbose Status). */
+  address: string;
+  /** PEM certificate and key for TLS; both null (the default) serve plain HTTP. */
+  tlsCertPath: string | null;
+  tlsKeyPath: string | null;
+  /** How long a streaming URL's token stays valid (single use). */
+  tokenTtlMs: number;
+  /** Tokens outstanding at most; more requests are refused with RESOURCE_EXHAUSTED. */
+  maxTokensInFlight: number;
+  /** How long a client has to open every stream of an exec or attach after upgrading. */
+  streamCreationTimeoutMs: number;
+}
+
 export interface KataConfig {
   socketPath: string;
   stateDir: string;
@@ -134,6 +149,7 @@ export interface KataConfig {
   pcie: PcieHostConfig;
   images: ImageConfig;
   network: NetworkConfig;
+  streaming: StreamingConfig;
   defaultHandler: string;
   handlers: Record<string, HandlerProfile>;
 }

@@ -302,7 +302,10 @@ export class Containers implements ContainerBackendCore {
       pid,
       stdio: { stdin: reaped.stdin, stdout: reaped.stdout, stderr: reaped.stderr },
       resize: (rows, cols) => {
-        reaped.resize?.write(`${rows} ${cols}\n`);
+        // After the process is gone the reaper has closed its end: nothing to resize.
+        if (reaped.resize !== undefined && !reaped.resize.destroyed && !reaped.resize.writableEnded) {
+          reaped.resize.write(`${rows} ${cols}\n`);
+        }
       },
       exit,
       get exited() {

@@ -95,6 +95,10 @@ export function reap(options: ReapOptions): Reaped {
     resolveExit({ kind: 'exit', code: 255 });
   });
   child.unref();
+  // Writing to a process that has exited fails with EPIPE: the writer sees it in its callback,
+  // and the stream's 'error' event must not go unheard (it would end the agent).
+  child.stdin?.on('error', () => {});
+  (child.stdio[4] as Writable | null)?.on('error', () => {});
   return {
     pid,
     exited,

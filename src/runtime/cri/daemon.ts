@@ -22,12 +22,14 @@ import { sandboxSharedDir } from '../sandbox/paths.js';
 import { SANDBOX_RECORD_KIND, type SandboxRecord } from '../sandbox/record.js';
 import { podSandboxStatusView } from '../sandbox/views.js';
 import { RecordStore } from '../store.js';
+import { StreamingServer } from '../streaming/server.js';
 import { containerHandlers, containerStreamHandlers } from './container-handlers.js';
 import { loadCriPackage } from './proto.js';
 import { RUNTIME_RPCS_NOT_IMPLEMENTED, type RuntimeRpcHandlers } from './rpcs.js';
 import { runtimeConfigResponse, statusResponse, updateRuntimeConfig, versionResponse } from './runtime-info.js';
 import { sandboxHandlers } from './sandbox-handlers.js';
 import { type CriServer, startCriServer } from './server.js';
+import { streamingHandlers, streamingTargets } from './streaming-handlers.js';
 
 export interface DaemonOptions {
   loaded: LoadedConfig;
@@ -43,6 +45,8 @@ export interface Daemon {
   socketPath: string;
   metricsAddress: string | null;
   metrics: RuntimeMetrics;
+  /** Base URL of the streaming server (Exec, Attach, PortForward). */
+  streamingUrl: string;
   /** Stop serving. Pod VMs keep running: they are found again by the next start. */
   close(): Promise<void>;
 }
@@ -126,14 +130,30 @@ export async function startDaemon(options: DaemonOptions): Promise<Daemon> {
   await images.init();
   const containerStatuses = (sandboxId: string) => containers.inSandbox(sandboxId).map(containerStatusView);
   const stats = new StatsCollector(containers, guests);
+  const targets = streamingTargets(containers, sandboxes, guests);
+  let streaming: StreamingServer;
+  try {
+    streaming = await StreamingServer.start({ ...config.streaming, targets, logger });
+  } catch (err) {
+    await containers.close();
+    sandboxes.close();
+    images.close();
+    throw err;
+  }
+  logger.info({ url: streaming.baseUrl }, 'streaming server listening');
 
   const runtimeHandlers: RuntimeRpcHandlers = {
     Version: async () => versionResponse(),
-    Status: async (req: StatusRequest__Output) => statusResponse(config, facts, req, await networkReadiness(config.network)),
+    Status: async (req: StatusRequest__Output) => {
+      const response = statusResponse(config, facts, req, await networkReadiness(config.network));
+      if (req.verbose) response.info = { ...response.info, streaming: JSON.stringify({ url: streaming.baseUrl }) };
+      return response;
+    },
     RuntimeConfig: async () => runtimeConfigResponse(facts),
     UpdateRuntimeConfig: async (req: UpdateRuntimeConfigRequest__Output, ctx) => updateRuntimeConfig(req, ctx),
     ...sandboxHandlers(sandboxes, (live) => containerStatuses(live.record.id), stats),
     ...containerHandlers(containers, resize, stats),
+    ...streamingHandlers(streaming, targets),
     ...RUNTIME_RPCS_NOT_IMPLEMENTED,
   };
 
@@ -160,6 +180,7 @@ export async function startDaemon(options: DaemonOptions): Promise<Daemon> {
     });
   } catch (err) {
     await endpoint?.close();
+    await streaming.close();
     await containers.close();
     sandboxes.close();
     images.close();
@@ -172,8 +193,10 @@ export async function startDaemon(options: DaemonOptions): Promise<Daemon> {
     socketPath: config.socketPath,
     metricsAddress: endpoint?.address ?? null,
     metrics,
+    streamingUrl: streaming.baseUrl,
     close: async () => {
       await started.close();
+      await streaming.close();
       await endpoint?.close();
       await containers.close();
       sandboxes.close();

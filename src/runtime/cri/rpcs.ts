@@ -63,15 +63,11 @@ export function notImplementedYet(method: RuntimeRpcName | keyof ImageRpcHandler
 }
 
 /**
- * The RuntimeService rpcs kata-ts does not offer yet. Exec, ExecSync, Attach, PortForward and
- * ReopenContainerLog need containers running in the guest; the stats and metrics rpcs need
- * per-container accounting inside the VM; CheckpointContainer has no VM-level equivalent yet.
+ * The RuntimeService rpcs kata-ts does not offer yet: the metrics rpcs need per-container
+ * accounting inside the VM; CheckpointContainer has no VM-level equivalent yet.
  */
 export const RUNTIME_RPCS_NOT_IMPLEMENTED = {
-  Attach: notImplementedYet('Attach'),
   CheckpointContainer: notImplementedYet('CheckpointContainer'),
-  Exec: notImplementedYet('Exec'),
   ListMetricDescriptors: notImplementedYet('ListMetricDescriptors'),
   ListPodSandboxMetrics: notImplementedYet('ListPodSandboxMetrics'),
-  PortForward: notImplementedYet('PortForward'),
 } satisfies Partial<RuntimeRpcHandlers>;

@@ -82,6 +82,8 @@ describe('CRI foundation over a real unix socket', () => {
     expect(['kvm', 'tcg']).toContain(JSON.parse(res.info.acceleration!).accel);
     expect(Object.keys(JSON.parse(res.info.handlers!))).toEqual(['kata-ts', 'kata-ts-cvm']);
     expect(JSON.parse(res.info.config!)).toMatchObject({ socketPath: daemon.socketPath });
+    expect(JSON.parse(res.info.streaming!)).toEqual({ url: daemon.streamingUrl });
+    expect(daemon.streamingUrl).toMatch(/^http:\/\/127\.0\.0\.1:[1-9][0-9]*$/);
     const quiet = await rpc<{ info: Record<string, string> }>(cri.runtime, 'Status', { verbose: false });
     expect(quiet.info).toEqual({});
   });
@@ -98,10 +100,25 @@ describe('CRI foundation over a real unix socket', () => {
   });
 
   it('rpcs not implemented yet answer UNIMPLEMENTED with a sentence naming the rpc', async () => {
-    for (const method of ['Exec', 'Attach', 'PortForward', 'CheckpointContainer', 'ListPodSandboxMetrics']) {
+    for (const method of ['CheckpointContainer', 'ListPodSandboxMetrics']) {
       const err = await expectGrpcError(rpc(cri.runtime, method, {}), status.UNIMPLEMENTED, 'RPC_UNIMPLEMENTED');
       expect(err.details).toBe(`${method} is not implemented by kata-ts yet`);
     }
+  });
+
+  it('Exec, Attach and PortForward are validated as the kubelet does, naming the field', async () => {
+    let err = await expectGrpcError(rpc(cri.runtime, 'Exec', { cmd: ['true'], stdout: true }), status.INVALID_ARGUMENT);
+    expect(err.details).toMatch(/container_id/);
+    err = await expectGrpcError(rpc(cri.runtime, 'Attach', { container_id: 'c', tty: true, stderr: true }), status.INVALID_ARGUMENT);
+    expect(err.details).toMatch(/tty and stderr/);
+    err = await expectGrpcError(rpc(cri.runtime, 'Exec', { container_id: 'c', cmd: ['true'] }), status.INVALID_ARGUMENT);
+    expect(err.details).toMatch(/stdin, stdout, or stderr/);
+    err = await expectGrpcError(rpc(cri.runtime, 'PortForward', {}), status.INVALID_ARGUMENT);
+    expect(err.details).toMatch(/pod_sandbox_id/);
+    err = await expectGrpcError(rpc(cri.runtime, 'Exec', { container_id: 'nope', cmd: ['true'], stdout: true }), status.NOT_FOUND);
+    expect(err.details).toMatch(/nope/);
+    err = await expectGrpcError(rpc(cri.runtime, 'PortForward', { pod_sandbox_id: 'nope', port: [80] }), status.NOT_FOUND);
+    expect(err.details).toMatch(/nope/);
   });
 
   it('garbage bytes and wrong wire types get INVALID_ARGUMENT, and the server answers the next call', async () => {
@@ -118,7 +135,7 @@ describe('CRI foundation over a real unix socket', () => {
     const res = await fetch(`http://${daemon.metricsAddress}/metrics`);
     const text = await res.text();
     expect(text).toMatch(/kata_ts_grpc_requests_total\{method="Version",code="OK"\} [1-9]/);
-    expect(text).toMatch(/kata_ts_grpc_requests_total\{method="Exec",code="UNIMPLEMENTED"\} 1/);
+    expect(text).toMatch(/kata_ts_grpc_requests_total\{method="CheckpointContainer",code="UNIMPLEMENTED"\} 1/);
     expect(text).toMatch(/kata_ts_grpc_request_duration_seconds_bucket\{le="0.005",method="Status"\}/);
   });
 });

@@ -15,6 +15,7 @@ import {
   type RuntimeRpcHandlers,
 } from '../../../src/runtime/cri/rpcs.js';
 import { sandboxHandlers } from '../../../src/runtime/cri/sandbox-handlers.js';
+import { streamingHandlers } from '../../../src/runtime/cri/streaming-handlers.js';
 
 const version = async () => ({ version: '0.1.0', runtime_name: 'kata-ts', runtime_version: '0', runtime_api_version: 'v1' });
 
@@ -61,6 +62,7 @@ describe('rpc handler maps', () => {
       UpdateRuntimeConfig: version,
       ...sandboxHandlers({} as never, () => [], {} as never),
       ...containerHandlers({} as never, {} as never, {} as never),
+      ...streamingHandlers({} as never, {} as never),
       ...RUNTIME_RPCS_NOT_IMPLEMENTED,
     };
     expect(Object.keys(runtime).sort()).toEqual(unary(runtimeService));
