@@ -7,11 +7,12 @@
  * process goes), and a daemon restart (open streams end with an error, new ones work).
  */
 import { execFile, execFileSync, spawn } from 'node:child_process';
-import { existsSync, promises as fsp } from 'node:fs';
+import { promises as fsp } from 'node:fs';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { confidentialHandlerProfile, defaultHandlerProfile } from '../../../src/config/defaults.js';
 import { rpc } from '../../helpers/cri-client.js';
+import { criToolPath } from '../../helpers/cri-tools.js';
 import { buildImage, busyboxBaseEntries, RegistryPusher } from '../../helpers/images-builder.js';
 import { type RegistryHandle, startRegistry } from '../../helpers/images-registry.js';
 import type { TarEntrySpec } from '../../helpers/images-tar.js';
@@ -19,7 +20,7 @@ import { createTestRuntime, podConfig, type TestRuntime } from '../../helpers/ru
 import { exitCodeOf, spdyCommand, spdyPortForward, wsCommand, wsPortForward } from '../../helpers/streaming-client.js';
 
 const repo = path.resolve(__dirname, '../../..');
-const CRICTL = path.resolve(repo, '../../shared/cri-tools/crictl');
+const CRICTL = criToolPath('crictl') ?? 'crictl (not found)';
 
 /**
  * The guest built from this checkout (its /init brings loopback up for port-forward; the agent
@@ -38,7 +39,7 @@ function branchGuest(): Record<string, string> {
     guestImagePath: path.join(dir, 'guest.img'),
   };
 }
-const HAVE_CRICTL = existsSync(CRICTL);
+const HAVE_CRICTL = criToolPath('crictl') !== null;
 const APPLETS = ['sleep', 'head', 'stty', 'httpd', 'kill', 'test', 'touch', 'mkdir', 'tr', 'wc', 'rm'];
 
 function run(file: string, args: string[], input?: string, timeoutMs = 60_000): Promise<{ code: number; stdout: string; stderr: string }> {
