@@ -1,0 +1,212 @@
+/**
+ * One conformance run, started by scripts/conformance.sh inside private mount, IPC and network
+ * namespaces (loopback only), with KTC_WORK set to a fresh `/tmp/ktc-*` directory that holds
+ * everything the run makes:
+ *
+ * 1. a private cgroup tree (`kata-ts-test-*` below this process's own cgroup, as the integration
+ *    tests use) and a link root pointing at it, given to kata-ts as `cgroupRoot`: critest sends an
+ *    empty cgroup_parent for the cgroupfs driver, so every VMM lands inside the private tree;
+ * 2. Debian's docker-registry on 127.0.0.1 with the critest stand-in images pushed;
+ * 3. `kata-ts serve` with its own config (socket, state dir, registry mirrors for registry.k8s.io
+ *    and gcr.io, plain HTTP for 127.0.0.1);
+ * 4. critest (sharded over CONFORMANCE_PARALLEL processes when > 1) with JSON reports;
+ * 5. the report, judged against test/conformance/expected.txt and not-applicable.txt.
+ *
+ * Exit status: 0 when the ratchet holds, 1 when it fails, 2 when the run itself broke.
+ */
+import { type ChildProcess, spawn } from 'node:child_process';
+import { createWriteStream, promises as fsp } from 'node:fs';
+import path from 'node:path';
+import { packageRoot } from '../../src/common/paths.js';
+import { createPrivateCgroups } from '../../test/helpers/cgroups-private.js';
+import { spawnDaemon } from '../../test/helpers/daemon-process.js';
+import { startRegistry } from '../../test/helpers/images-registry.js';
+import { cleanupRun } from './cleanup.js';
+import {
+  closingLine,
+  count,
+  formatResults,
+  judge,
+  parseExpected,
+  parseNotApplicable,
+  parseReports,
+  ratchetFails,
+  updatedExpected,
+} from './report.js';
+import { critestArgs, splitUserArgs } from './shards.js';
+
+const env = process.env;
+const work = env.KTC_WORK ?? '';
+const critest = env.CRITEST ?? '';
+const imagesScript = env.CRITEST_IMAGES ?? '';
+const parallel = Math.max(1, Number(env.CONFORMANCE_PARALLEL ?? '1') || 1);
+const outDir = env.CONFORMANCE_OUT ?? path.join('/tmp', 'kata-ts-conformance');
+const suiteTimeout = env.CONFORMANCE_TIMEOUT ?? '45m';
+const repo = packageRoot();
+const expectedFile = path.join(repo, 'test/conformance/expected.txt');
+const naFile = path.join(repo, 'test/conformance/not-applicable.txt');
+const offlineFile = path.join(repo, 'test/conformance/offline-limits.txt');
+
+const say = (line: string) => process.stdout.write(`${line}\n`);
+
+/** Runs a command to completion with output to `logFile`; resolves with its exit code. */
+function runLogged(cmd: string, args: string[], logFile: string, children: Set<ChildProcess>): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const log = createWriteStream(logFile, { flags: 'a' });
+    const child = spawn(cmd, args, { stdio: ['ignore', 'pipe', 'pipe'], env: { ...env, GINKGO_NO_COLOR: 'TRUE' } });
+    children.add(child);
+    child.stdout!.pipe(log, { end: false });
+    child.stderr!.pipe(log, { end: false });
+    child.once('error', reject);
+    child.once('close', (code, signal) => {
+      children.delete(child);
+      log.end();
+      resolve(code ?? (signal !== null ? 128 : 1));
+    });
+  });
+}
+
+async function setUpCgroupRoot(): Promise<string> {
+  const pc = await createPrivateCgroups();
+  await fsp.writeFile(path.join(work, 'cgroup-name'), pc.name);
+  const root = path.join(work, 'cgroup-root');
+  await fsp.mkdir(root);
+  for (const h of pc.hierarchies) await fsp.symlink(h.dir, path.join(root, h.name));
+  return root;
+}
+
+async function main(): Promise<number> {
+  if (!path.basename(work).startsWith('ktc-')) throw new Error('KTC_WORK must be a /tmp/ktc-* directory made by scripts/conformance.sh');
+  const children = new Set<ChildProcess>();
+  let stopping = false;
+  const onSignal = (signal: NodeJS.Signals) => {
+    if (stopping) return;
+    stopping = true;
+    say(`\nconformance: ${signal}, stopping critest and cleaning up`);
+    for (const c of children) c.kill('SIGKILL');
+  };
+  process.on('SIGINT', onSignal);
+  process.on('SIGTERM', onSignal);
+
+  const expected = parseExpected(await fsp.readFile(expectedFile, 'utf8'));
+  const notApplicable = parseNotApplicable(await fsp.readFile(naFile, 'utf8'));
+  const offline = parseNotApplicable(await fsp.readFile(offlineFile, 'utf8'));
+  await fsp.mkdir(outDir, { recursive: true });
+  const started = Date.now();
+
+  const cgroupRoot = await setUpCgroupRoot();
+  const registry = await startRegistry();
+  say(`registry: ${registry.host} (pid ${registry.pid})`);
+  const pushLog = path.join(outDir, 'images.log');
+  await fsp.rm(pushLog, { force: true });
+  const pushed = await runLogged('python3', [imagesScript, '--registry', registry.host], pushLog, children);
+  if (pushed !== 0) throw new Error(`critest-images.py failed (exit ${pushed}); see ${pushLog}`);
+  say(`images: pushed in ${((Date.now() - started) / 1000).toFixed(0)} s`);
+
+  const registriesFile = path.join(work, 'registries.json');
+  await fsp.writeFile(
+    registriesFile,
+    JSON.stringify({
+      registries: {
+        'registry.k8s.io': { mirrors: [registry.host] },
+        'gcr.io': { mirrors: [registry.host] },
+        '127.0.0.1:*': { plainHttp: true },
+      },
+    }),
+  );
+  const socketPath = path.join(work, 'kata-ts.sock');
+  const configPath = path.join(work, 'config.json');
+  const daemonLog = path.join(outDir, 'daemon.log');
+  await fsp.rm(daemonLog, { force: true });
+  await fsp.writeFile(
+    configPath,
+    JSON.stringify(
+      {
+        socketPath,
+        stateDir: path.join(work, 'state'),
+        metricsAddress: null,
+        logLevel: 'info',
+        cgroupDriver: 'cgroupfs',
+        cgroupRoot,
+        images: { registriesConfigPath: registriesFile },
+      },
+      null,
+      2,
+    ),
+  );
+  const daemon = await spawnDaemon(configPath, socketPath, daemonLog);
+  say(`kata-ts: pid ${daemon.pid}, socket ${socketPath}, log ${daemonLog}`);
+
+  const endpoint = `unix://${socketPath}`;
+  const base = [
+    `-runtime-endpoint=${endpoint}`,
+    `-image-endpoint=${endpoint}`,
+    '-ginkgo.no-color',
+    '-ginkgo.v',
+    `-ginkgo.timeout=${suiteTimeout}`,
+    '-runtime-service-timeout=180s',
+    '-image-service-timeout=180s',
+  ];
+  const user = splitUserArgs(process.argv.slice(2));
+  const plan = await critestArgs(critest, base, user, parallel, work, (cmd, args, log) => runLogged(cmd, args, log, children));
+  say(`critest: ${plan.specCount} specs on ${plan.shards.length} process(es); logs in ${outDir}/critest-*.log`);
+  const critestStarted = Date.now();
+  const reports: string[] = [];
+  await Promise.all(
+    plan.shards.map(async (args, i) => {
+      const report = path.join(work, `report-${i + 1}.json`);
+      const log = path.join(outDir, `critest-${i + 1}.log`);
+      await fsp.rm(log, { force: true });
+      reports.push(report);
+      await runLogged(critest, [...args, `-ginkgo.json-report=${report}`], log, children);
+    }),
+  );
+  const critestSeconds = (Date.now() - critestStarted) / 1000;
+  await daemon.stop();
+  if (stopping) return 130;
+
+  const docs: unknown[] = [];
+  for (const r of reports) {
+    const text = await fsp.readFile(r, 'utf8').catch(() => null);
+    if (text === null) throw new Error(`critest wrote no report ${r}; see ${outDir}/critest-*.log`);
+    docs.push(JSON.parse(text));
+    await fsp.copyFile(r, path.join(outDir, path.basename(r)));
+  }
+  const parsed = parseReports(docs);
+  const verdict = judge(parsed.specs, expected, notApplicable, offline);
+  say('');
+  for (const line of formatResults(parsed, verdict, notApplicable, offline)) say(line);
+  if (env.CONFORMANCE_UPDATE === '1' && verdict.newlyPassing.length > 0) {
+    await fsp.writeFile(
+      expectedFile,
+      updatedExpected(
+        await fsp.readFile(expectedFile, 'utf8'),
+        verdict.newlyPassing.map((s) => s.name),
+      ),
+    );
+    say(`added ${verdict.newlyPassing.length} specs to test/conformance/expected.txt`);
+  }
+  say('');
+  say(
+    `critest wall time: ${critestSeconds.toFixed(0)} s on ${plan.shards.length} process(es); whole run ${((Date.now() - started) / 1000).toFixed(0)} s`,
+  );
+  say(closingLine(count(parsed.specs)));
+  if (parsed.suiteProblems.length > 0) return 2;
+  if (ratchetFails(verdict)) return 1;
+  if (env.CONFORMANCE_STRICT === '1' && verdict.newlyPassing.length > 0 && env.CONFORMANCE_UPDATE !== '1') return 1;
+  return 0;
+}
+
+let code = 2;
+try {
+  code = await main();
+} catch (err) {
+  process.stderr.write(`conformance: ${err instanceof Error ? err.message : String(err)}\n`);
+} finally {
+  const left = await cleanupRun(work).catch((err: unknown) => [String(err)]);
+  if (left.length > 0) {
+    process.stderr.write(`conformance: cleanup left:\n  ${left.join('\n  ')}\n`);
+    code = 2;
+  }
+}
+process.exit(code);
