@@ -10,6 +10,8 @@
 #   CONFORMANCE_PARALLEL  critest processes, each on its share of the specs (default 2)
 #   CONFORMANCE_TIMEOUT   critest's suite timeout (ginkgo duration, default 45m)
 #   CONFORMANCE_OUT       where the reports and logs are kept (default /tmp/kata-ts-conformance)
+#   CONFORMANCE_BUSYBOX   busybox binary the stand-in images are built from (default: Debian's
+#                         non-static busybox package, unpacked into .cache/conformance)
 #   CONFORMANCE_UPDATE=1  add newly passing specs to test/conformance/expected.txt
 #   CONFORMANCE_STRICT=1  fail when a spec passes that expected.txt does not list
 #   CONFORMANCE_IF_AVAILABLE=1  exit 0 with a notice when there is no critest (what .ci/run sets);
@@ -62,6 +64,24 @@ if [[ $(id -u) != 0 ]]; then
   exit 2
 fi
 
+# critest-images.py builds the images from a busybox binary. Debian's busybox-static runs applets
+# without a PATH lookup, which makes "should support MaskedPaths" fail because of the image, so the
+# non-static binary of Debian's busybox package is used (fetched once with apt-get download and
+# unpacked, never installed: it conflicts with busybox-static).
+busybox=${CONFORMANCE_BUSYBOX:-}
+if [[ -z $busybox ]]; then
+  cache=$repo/.cache/conformance
+  busybox=$cache/busybox/bin/busybox
+  if [[ ! -x $busybox ]]; then
+    rm -rf "$cache/dl" "$cache/busybox" && mkdir -p "$cache/dl"
+    if ! (cd "$cache/dl" && apt-get download -qq busybox >/dev/null 2>&1 && dpkg-deb -x busybox_*.deb "$cache/busybox"); then
+      echo "conformance: could not fetch Debian's busybox package; the images are built from /bin/busybox" >&2
+      busybox=/bin/busybox
+    fi
+    rm -rf "$cache/dl"
+  fi
+fi
+
 work=$(mktemp -d /tmp/ktc-XXXXXX)
 cleanup() {
   # The driver cleans up itself; this catches what a killed driver left (idempotent).
@@ -74,7 +94,7 @@ trap 'exit 130' INT TERM
 
 echo "==> conformance: critest $("$critest" -version 2>/dev/null | head -1 || true), work dir $work"
 set +e
-KTC_WORK=$work TMPDIR=$work CRITEST=$critest CRITEST_IMAGES=$images \
+KTC_WORK=$work TMPDIR=$work CRITEST=$critest CRITEST_IMAGES=$images CONFORMANCE_BUSYBOX=$busybox \
   CONFORMANCE_PARALLEL=${CONFORMANCE_PARALLEL:-2} \
   unshare --mount --ipc --net --fork -- \
   bash -c 'ip link set lo up && exec node --import tsx scripts/conformance/run.ts "$@"' conformance "$@"

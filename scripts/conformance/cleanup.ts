@@ -7,6 +7,7 @@
  *
  *   node --import tsx scripts/conformance/cleanup.ts <work dir>
  */
+import { spawnSync } from 'node:child_process';
 import { promises as fsp, readdirSync, readFileSync } from 'node:fs';
 import path from 'node:path';
 import { pathToFileURL } from 'node:url';
@@ -75,11 +76,25 @@ async function removeCgroups(name: string): Promise<string[]> {
   return left;
 }
 
+/**
+ * Mount points under `work` in this mount namespace, deepest first: critest's mount-propagation
+ * specs bind-mount their temp dirs (inside the run's private mount namespace) and a failing spec
+ * leaves them mounted. Fields of /proc/self/mountinfo escape spaces as \040.
+ */
+function mountsUnder(work: string): string[] {
+  const points = readFileSync('/proc/self/mountinfo', 'utf8')
+    .split('\n')
+    .map((l) => (l.split(' ')[4] ?? '').replace(/\\([0-7]{3})/g, (_, o: string) => String.fromCharCode(Number.parseInt(o, 8))))
+    .filter((p) => p.startsWith(`${work}/`));
+  return [...new Set(points)].sort((a, b) => b.length - a.length);
+}
+
 /** Everything under `work` goes; returns what could not be removed (cgroup dirs). */
 export async function cleanupRun(work: string): Promise<string[]> {
   if (!path.isAbsolute(work) || !path.basename(work).startsWith('ktc-'))
     throw new Error(`refusing to clean ${work}: not a conformance work dir`);
   await killAll(work);
+  for (const point of mountsUnder(work)) spawnSync('umount', ['-l', point], { stdio: 'ignore' });
   const name = (await fsp.readFile(path.join(work, 'cgroup-name'), 'utf8').catch(() => '')).trim();
   const left = name === '' ? [] : await removeCgroups(name);
   await fsp.rm(work, { recursive: true, force: true });

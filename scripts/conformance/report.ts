@@ -258,7 +258,7 @@ export function formatResults(
   );
   section(
     'not applicable, but not refused with INVALID_ARGUMENT (see test/conformance/not-applicable.txt):',
-    verdict.notRefused.map((s) => `${s.name}\n      -> ${s.message ?? s.state}`),
+    verdict.notRefused.map((s) => `${s.name}\n      -> ${(s.message ?? s.state).slice(0, 200)}`),
   );
   if (verdict.notRun.length > 0) lines.push('', `${verdict.notRun.length} must-pass specs were filtered out of this run and not checked.`);
   return lines;

@@ -99,7 +99,8 @@ async function main(): Promise<number> {
   say(`registry: ${registry.host} (pid ${registry.pid})`);
   const pushLog = path.join(outDir, 'images.log');
   await fsp.rm(pushLog, { force: true });
-  const pushed = await runLogged('python3', [imagesScript, '--registry', registry.host], pushLog, children);
+  const busybox = env.CONFORMANCE_BUSYBOX ? ['--busybox', env.CONFORMANCE_BUSYBOX] : [];
+  const pushed = await runLogged('python3', [imagesScript, '--registry', registry.host, ...busybox], pushLog, children);
   if (pushed !== 0) throw new Error(`critest-images.py failed (exit ${pushed}); see ${pushLog}`);
   say(`images: pushed in ${((Date.now() - started) / 1000).toFixed(0)} s`);
 
