@@ -17,6 +17,7 @@
 import { type ChildProcess, spawn } from 'node:child_process';
 import { createWriteStream, promises as fsp } from 'node:fs';
 import path from 'node:path';
+import { createInterface } from 'node:readline';
 import { packageRoot } from '../../src/common/paths.js';
 import { createPrivateCgroups } from '../../test/helpers/cgroups-private.js';
 import { spawnDaemon } from '../../test/helpers/daemon-process.js';
@@ -33,7 +34,7 @@ import {
   ratchetFails,
   updatedExpected,
 } from './report.js';
-import { critestArgs, splitUserArgs } from './shards.js';
+import { critestArgs, ProgressLines, splitUserArgs } from './shards.js';
 
 const env = process.env;
 const work = env.KTC_WORK ?? '';
@@ -49,12 +50,19 @@ const offlineFile = path.join(repo, 'test/conformance/offline-limits.txt');
 
 const say = (line: string) => process.stdout.write(`${line}\n`);
 
-/** Runs a command to completion with output to `logFile`; resolves with its exit code. */
-function runLogged(cmd: string, args: string[], logFile: string, children: Set<ChildProcess>): Promise<number> {
+/** Runs a command to completion with output to `logFile` (and each stdout line to `onLine`); resolves with its exit code. */
+function runLogged(
+  cmd: string,
+  args: string[],
+  logFile: string,
+  children: Set<ChildProcess>,
+  onLine?: (line: string) => void,
+): Promise<number> {
   return new Promise((resolve, reject) => {
     const log = createWriteStream(logFile, { flags: 'a' });
     const child = spawn(cmd, args, { stdio: ['ignore', 'pipe', 'pipe'], env: { ...env, GINKGO_NO_COLOR: 'TRUE' } });
     children.add(child);
+    if (onLine !== undefined) createInterface({ input: child.stdout! }).on('line', onLine);
     child.stdout!.pipe(log, { end: false });
     child.stderr!.pipe(log, { end: false });
     child.once('error', reject);
@@ -159,7 +167,11 @@ async function main(): Promise<number> {
       const log = path.join(outDir, `critest-${i + 1}.log`);
       await fsp.rm(log, { force: true });
       reports.push(report);
-      await runLogged(critest, [...args, `-ginkgo.json-report=${report}`], log, children);
+      const progress = new ProgressLines();
+      await runLogged(critest, [...args, `-ginkgo.json-report=${report}`], log, children, (line) => {
+        const done = progress.feed(line);
+        if (done !== null) say(`  [${i + 1}] ${done}`);
+      });
     }),
   );
   const critestSeconds = (Date.now() - critestStarted) / 1000;

@@ -97,3 +97,34 @@ export async function critestArgs(
     specCount: names.length,
   };
 }
+
+const SEPARATOR = '------------------------------';
+const RESULT = /^• (?:\[([A-Z]+)\] )?\[([\d.]+) seconds\]$/;
+
+/**
+ * Live progress from critest's `-ginkgo.v` output: a spec's block starts after a separator line
+ * with its full name and ends with `• [12.3 seconds]` (or `• [FAILED] [...]`); `feed` returns
+ * `PASS 12.3 s <name>` when a block ends, else null.
+ */
+export class ProgressLines {
+  private afterSeparator = false;
+  private name = '';
+
+  feed(line: string): string | null {
+    if (line === SEPARATOR) {
+      this.afterSeparator = true;
+      return null;
+    }
+    if (this.afterSeparator) {
+      this.afterSeparator = false;
+      this.name = line;
+      return null;
+    }
+    const m = RESULT.exec(line);
+    if (m === null || !this.name.startsWith('[k8s.io]')) return null;
+    const state = m[1] === undefined ? 'PASS' : m[1] === 'FAILED' ? 'FAIL' : m[1] === 'SKIPPED' ? 'SKIP' : m[1]!;
+    const out = `${state} ${Number(m[2]).toFixed(1)} s  ${this.name}`;
+    this.name = '';
+    return out;
+  }
+}

@@ -1,6 +1,6 @@
 /** critest command lines: user filters, exact-name focus for shards, round-robin split. */
 import { describe, expect, it } from 'vitest';
-import { focusExactly, quoteMeta, shard, splitUserArgs } from '../../../scripts/conformance/shards.js';
+import { focusExactly, ProgressLines, quoteMeta, shard, splitUserArgs } from '../../../scripts/conformance/shards.js';
 
 describe('splitUserArgs', () => {
   it('separates ginkgo focus/skip filters (any spelling) from other critest flags', () => {
@@ -28,5 +28,32 @@ describe('shard', () => {
     expect(shard(['a', 'b', 'c'], 2)).toEqual([['a', 'c'], ['b']]);
     expect(shard(['a'], 4)).toEqual([['a']]);
     expect(shard([], 3)).toEqual([[]]);
+  });
+});
+
+describe('ProgressLines', () => {
+  it("turns critest's -ginkgo.v blocks into one line per finished spec", () => {
+    const p = new ProgressLines();
+    const out = [
+      '------------------------------',
+      '[BeforeSuite] ',
+      '[BeforeSuite] PASSED [0.000 seconds]',
+      '------------------------------',
+      '[k8s.io] PodSandbox runtime should support running PodSandbox [Conformance]',
+      'sigs.k8s.io/cri-tools/pkg/validate/pod.go:54',
+      '  STEP: test run a default PodSandbox @ 11/23/26 22:57:39.9',
+      '• [7.044 seconds]',
+      '------------------------------',
+      '[k8s.io] Container runtime should support starting container [Conformance]',
+      '• [FAILED] [6.5 seconds]',
+      '------------------------------',
+      'SSS',
+    ]
+      .map((l) => p.feed(l))
+      .filter((l) => l !== null);
+    expect(out).toEqual([
+      'PASS 7.0 s  [k8s.io] PodSandbox runtime should support running PodSandbox [Conformance]',
+      'FAIL 6.5 s  [k8s.io] Container runtime should support starting container [Conformance]',
+    ]);
   });
 });
