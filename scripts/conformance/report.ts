@@ -54,6 +54,8 @@ interface GinkgoSpecReport {
 
 interface GinkgoSuiteReport {
   SpecReports?: GinkgoSpecReport[] | null;
+  /** Why the whole suite failed beyond its specs: "Interrupted by Timeout", "Interrupted by User", ... */
+  SpecialSuiteFailureReasons?: string[] | null;
 }
 
 const NS_PER_MS = 1_000_000;
@@ -83,6 +85,9 @@ export function parseReports(docs: unknown[]): ParsedReport {
   for (const doc of docs) {
     if (!Array.isArray(doc)) throw new Error('a ginkgo JSON report is an array of suite reports');
     for (const suite of doc as GinkgoSuiteReport[]) {
+      // A suite cut short (timeout, interrupt) reports the specs it never reached as skipped, which
+      // would read as "filtered": the run must fail instead.
+      for (const reason of suite.SpecialSuiteFailureReasons ?? []) suiteProblems.push({ node: 'suite', state: 'failed', message: reason });
       for (const r of suite.SpecReports ?? []) {
         const state = r.State ?? 'unknown';
         const message = r.Failure?.Message;

@@ -95,6 +95,12 @@ describe('parseReports', () => {
     expect(parseReports([r]).suiteProblems).toEqual([{ node: 'BeforeSuite', state: 'failed', message: 'no runtime' }]);
   });
 
+  it('reports a suite cut short by its timeout as a suite problem', () => {
+    const r = report({});
+    Object.assign(r[0]!, { SpecialSuiteFailureReasons: ['Interrupted by Timeout'] });
+    expect(parseReports([r]).suiteProblems).toEqual([{ node: 'suite', state: 'failed', message: 'Interrupted by Timeout' }]);
+  });
+
   it('refuses a document that is not a ginkgo report', () => {
     expect(() => parseReports([{}])).toThrow(/array of suite reports/);
   });
