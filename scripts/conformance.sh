@@ -49,6 +49,11 @@ if [[ ! -f $images ]]; then
   echo "conformance: critest-images.py not found at $images (set CRITEST_IMAGES)" >&2
   exit 2
 fi
+if ! command -v python3 >/dev/null; then
+  # critest-images.py needs it; setup.sh does not install it (the project itself has no Python).
+  echo "==> conformance: installing python3"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3 >/dev/null
+fi
 for tool in python3 unshare ip docker-registry; do
   if ! command -v "$tool" >/dev/null; then
     echo "conformance: $tool is missing; run 'bash scripts/setup.sh --no-start' first" >&2
