@@ -17,7 +17,7 @@
 #   --force             rebuild even when the inputs have not changed
 #
 # Needs: apt-get, apt-cache, dpkg-deb, depmod and modprobe (kmod), cpio, gzip, busybox-static,
-# mkfs.erofs (erofs-utils), strip (binutils), crun, node. Idempotent: when the kernel package,
+# mkfs.erofs (erofs-utils), strip (binutils), gcc and libc6-dev (static helpers), crun, node. Idempotent: when the kernel package,
 # busybox, node, crun and their libraries, the agent bundle, guest/ and this script are
 # unchanged, it only says so. Every failure stops the script with a message naming what failed.
 set -euo pipefail
@@ -55,7 +55,7 @@ mkdir -p "$out" "$cache" || die "cannot create $out or $cache"
 out=$(cd "$out" && pwd)
 cache=$(cd "$cache" && pwd)
 agent_entry=$(realpath -m "$agent_entry")
-for tool in apt-get apt-cache dpkg-deb depmod modprobe cpio gzip sha256sum mkfs.erofs strip ldd node crun; do
+for tool in apt-get apt-cache dpkg-deb depmod modprobe cpio gzip sha256sum mkfs.erofs strip ldd node crun gcc; do
 	command -v "$tool" >/dev/null || die "$tool is not installed"
 done
 busybox=/bin/busybox
@@ -103,6 +103,16 @@ done | LC_ALL=C sort -u | while read -r lib missing; do
 	/lib64/*) cp -L "$lib" "$usr/lib64/$(basename "$lib")" ;;
 	*) cp -L "$lib" "$usr/lib/x86_64-linux-gnu/$(basename "$lib")" ;;
 	esac
+done
+# The agent's static C helpers (no libraries in the guest for them): the reaper that parents
+# every container process (guest/agent/containers/native/reaper.c) and the pod's namespace
+# holder (guest/native/pause.c). -static -Os: one small file each, runnable before /usr is mounted.
+for helper in "kata-ts-reaper:$repo/guest/agent/containers/native/reaper.c" "kata-ts-pause:$guest_src/native/pause.c"; do
+	name=${helper%%:*}
+	src=${helper#*:}
+	[ -f "$src" ] || die "$src is missing"
+	gcc -static -Os -Wall -o "$usr/lib/kata-ts/$name" "$src" || die "gcc -static $src failed (install gcc and libc6-dev)"
+	strip "$usr/lib/kata-ts/$name" || die "strip $name failed"
 done
 if [ -f "$agent_entry" ]; then
 	say "bundling the agent from ${agent_entry#"$repo"/}"
@@ -159,7 +169,7 @@ depmod -b "$root" "$kver" || die "depmod for $kver failed"
 moddir=lib/modules/$kver
 
 # --- 4. the initramfs -----------------------------------------------------------------------------
-mkdir -p "$stage"/{bin,dev,proc,sys,tmp,run,etc/kata-ts,"$moddir"}
+mkdir -p "$stage"/{bin,dev,proc,sys,tmp,run,newroot,etc/kata-ts,"$moddir"}
 
 cp "$busybox" "$stage/bin/busybox"
 for applet in $("$busybox" --list); do

@@ -10,24 +10,51 @@
  */
 process.env.UV_THREADPOOL_SIZE ??= '8';
 
-import { realpathSync } from 'node:fs';
+import { readFileSync, realpathSync } from 'node:fs';
 import net from 'node:net';
 import { fileURLToPath } from 'node:url';
 import { ChannelServer, serveDuplex } from '../../src/channel/index.js';
 import { createLogger, type LogLevel } from '../../src/common/logger.js';
 import type { ContainerBackend } from './backend.js';
+import { GUEST_ROOTS } from './containers/guest-facts.js';
+import { Containers, CrunBackend, GUEST_PATHS } from './containers/index.js';
+import { rootIsInitramfs } from './containers/runtime.js';
+import { PodService } from './pods.js';
 import { AGENT_PORT_NAME, findPort, VirtioPort } from './port.js';
 import { AgentService } from './server.js';
-import { unimplementedBackend } from './unimplemented-backend.js';
 
 export const AGENT_VERSION = '0.1.0';
 
-/** Run the agent with `backend` until the process ends. */
-export async function runAgent(backend: ContainerBackend, env: NodeJS.ProcessEnv = process.env): Promise<void> {
-  const logger = createLogger({ level: (env.KATA_TS_AGENT_LOG_LEVEL as LogLevel | undefined) ?? 'info' }).child({
-    component: 'guest-agent',
+function agentLogger(env: NodeJS.ProcessEnv) {
+  return createLogger({ level: (env.KATA_TS_AGENT_LOG_LEVEL as LogLevel | undefined) ?? 'info' }).child({ component: 'guest-agent' });
+}
+
+/**
+ * The guest's real backend: crun on the guest's cgroup2 (createGuestBackend's wiring), after
+ * finding again the containers a previous agent left running (a restarted agent keeps them).
+ * `--no-pivot` only when the root is still the initramfs (guest/init switches to a tmpfs root).
+ */
+export async function guestBackend(logger: ReturnType<typeof agentLogger>): Promise<ContainerBackend> {
+  const noPivot = rootIsInitramfs(readFileSync('/proc/self/mountinfo', 'utf8'));
+  const containers = new Containers({
+    runtime: { command: [GUEST_PATHS.crun], stateDir: GUEST_PATHS.crunState, cgroupManager: 'cgroupfs', noPivot },
+    bundlesDir: GUEST_PATHS.bundles,
+    reaperPath: GUEST_PATHS.reaper,
+    cgroupRoot: GUEST_ROOTS.cgroupRoot,
   });
-  const service = new AgentService({ backend, agentVersion: AGENT_VERSION, logger });
+  const recovered = await containers.recover();
+  logger.info({ recovered, noPivot }, 'container backend ready');
+  return new CrunBackend(containers, { roots: GUEST_ROOTS });
+}
+
+/** Run the agent with `backend` (and `pods`, the pod service) until the process ends. */
+export async function runAgent(
+  backend: ContainerBackend,
+  env: NodeJS.ProcessEnv = process.env,
+  pods?: PodService,
+  logger = agentLogger(env),
+): Promise<void> {
+  const service = new AgentService({ backend, agentVersion: AGENT_VERSION, logger, ...(pods === undefined ? {} : { pods }) });
   if (env.KATA_TS_AGENT_LISTEN) {
     const server = net.createServer((socket) => serveDuplex(socket, (session) => service.attach(session)));
     server.listen(env.KATA_TS_AGENT_LISTEN);
@@ -45,10 +72,13 @@ export async function runAgent(backend: ContainerBackend, env: NodeJS.ProcessEnv
   await port.run(channel);
 }
 
-// Started directly (not imported by a test): serve with the backend this build has.
+// Started directly (not imported by a test): serve crun containers and the pod service.
 if (process.argv[1] !== undefined && realpathSync(process.argv[1]) === realpathSync(fileURLToPath(import.meta.url))) {
-  runAgent(unimplementedBackend()).catch((err: unknown) => {
-    process.stderr.write(`kata-ts-agent: ${err instanceof Error ? err.message : String(err)}\n`);
-    process.exit(1);
-  });
+  const logger = agentLogger(process.env);
+  guestBackend(logger)
+    .then((backend) => runAgent(backend, process.env, new PodService(logger), logger))
+    .catch((err: unknown) => {
+      process.stderr.write(`kata-ts-agent: ${err instanceof Error ? err.message : String(err)}\n`);
+      process.exit(1);
+    });
 }

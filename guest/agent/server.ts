@@ -9,11 +9,12 @@ import net from 'node:net';
 import type { Readable, Writable } from 'node:stream';
 import { protobufCodec, type ServerHandlers, type Session, serveRpc } from '../../src/channel/index.js';
 import { readChunks } from '../../src/channel/records.js';
-import { alreadyExists, invalid, notFound, precondition, unavailable } from '../../src/common/errors.js';
+import { alreadyExists, invalid, notFound, precondition, unavailable, unimplemented } from '../../src/common/errors.js';
 import type { Logger } from '../../src/common/logger.js';
 import { AGENT_API_VERSION, AGENT_DESCRIPTOR, AGENT_METHODS, type AgentMethods, type GuestEvent } from '../../src/generated/agent/agent.js';
 import type { BackendEvent, ContainerBackend, ProcessStdio } from './backend.js';
 import { OutputJournal } from './output-journal.js';
+import type { PodService } from './pods.js';
 
 export interface AgentServiceOptions {
   backend: ContainerBackend;
@@ -23,6 +24,8 @@ export interface AgentServiceOptions {
   outputLimitBytes?: number;
   /** Events kept for a GuestEvents reader that falls behind; older ones are dropped (they are hints). */
   eventQueueLength?: number;
+  /** CreatePod, DestroyPod, StatSharedPath; absent: those calls answer UNIMPLEMENTED (unit tests). */
+  pods?: PodService;
   /** How PortForward reaches a port; the guest's loopback by default. */
   connectPort?: (port: number) => net.Socket;
 }
@@ -150,7 +153,18 @@ export class AgentService {
       },
       PortForward: (requests, ctx) => this.portForward(requests, ctx.signal),
       GuestEvents: (_req, ctx) => this.events(ctx.signal),
+      CreatePod: (req) => this.pods().createPod(req),
+      DestroyPod: async (req) => {
+        await this.pods().destroyPod(req.podId);
+        return {};
+      },
+      StatSharedPath: (req) => this.pods().statSharedPath(req),
     };
+  }
+
+  private pods(): PodService {
+    if (this.options.pods === undefined) throw unimplemented('AGENT_NO_POD_SERVICE', 'this agent build cannot manage pods.');
+    return this.options.pods;
   }
 
   private io(containerId: string): ContainerIo {

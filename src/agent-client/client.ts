@@ -5,6 +5,8 @@ import type {
   ContainerState,
   ContainerStatsEntry,
   CreateContainerRequest,
+  CreatePodRequest,
+  CreatePodResponse,
   ExecProcessRequest,
   ExitStatus,
   GuestEvent,
@@ -12,6 +14,8 @@ import type {
   GuestStatsResponse,
   OutputChunk,
   OutputStream,
+  StatSharedPathRequest,
+  StatSharedPathResponse,
   Timestamp,
 } from '../generated/agent/agent.js';
 import { AgentConnection, type AgentConnectionOptions } from './connection.js';
@@ -164,6 +168,20 @@ export class AgentClient {
       cancel: () => call.cancel(),
       data: data(),
     };
+  }
+
+  /** The pod in the guest (pause process, /dev/shm); idempotent. */
+  createPod(request: Init<CreatePodRequest>, options: CallOptions): Promise<CreatePodResponse> {
+    return this.unary('CreatePod', request, options);
+  }
+
+  async destroyPod(podId: string, options: CallOptions): Promise<void> {
+    await this.unary('DestroyPod', { podId }, options);
+  }
+
+  /** What the guest sees at a path of the sandbox's shared directory (as the guest kernel resolves it). */
+  statSharedPath(request: Init<StatSharedPathRequest>, options: CallOptions): Promise<StatSharedPathResponse> {
+    return this.unary('StatSharedPath', request, options);
   }
 
   /** Guest events as they happen (hints: after a reconnect, list containers again). */

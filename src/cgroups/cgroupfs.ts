@@ -73,19 +73,25 @@ export class CgroupfsDriver implements CgroupDriver {
     const plan = planLimits(req.limits);
     const parent = parseCgroupfsParent(req.cgroupParent);
     const leafName = vmmCgroupName(req.sandboxId);
-    if (!Number.isSafeInteger(req.pid) || req.pid <= 0) {
-      throw invalid('CGROUP_PID_INVALID', `pid ${req.pid} is not a process id.`, { details: { pid: req.pid } });
+    const pids = [req.pid, ...(req.extraPids ?? [])];
+    for (const pid of pids) {
+      if (!Number.isSafeInteger(pid) || pid <= 0)
+        throw invalid('CGROUP_PID_INVALID', `pid ${pid} is not a process id.`, { details: { pid } });
     }
     const mode = await this.mode();
     const hierarchies = await resolveHierarchies(this.fs, this.opts.cgroupRoot, mode);
-    // Where the VMM is now, to put it back should joining fail half-way.
-    const original = await readProcCgroup(req.pid);
-    if (original === undefined) {
-      throw precondition('CGROUP_PID_GONE', `the VMM process ${req.pid} exited before it could be placed.`, { details: { pid: req.pid } });
+    // Where each process is now, to put it back should joining fail half-way.
+    const originals = new Map<number, ProcCgroupEntry[]>();
+    for (const pid of pids) {
+      const original = await readProcCgroup(pid);
+      if (original === undefined) {
+        throw precondition('CGROUP_PID_GONE', `the sandbox process ${pid} exited before it could be placed.`, { details: { pid } });
+      }
+      originals.set(pid, original);
     }
     const created: string[] = [];
     const createdParents: string[] = [];
-    const joined: Hierarchy[] = [];
+    const joined = new Map<number, Hierarchy[]>(pids.map((pid) => [pid, []]));
     const paths: Record<string, string> = {};
     try {
       for (const h of hierarchies) {
@@ -118,15 +124,18 @@ export class CgroupfsDriver implements CgroupDriver {
         if (key === undefined) continue;
         await this.write(path.join(paths[key] as string, w.file), w.value);
       }
-      for (const h of hierarchies) {
-        await this.write(path.join(paths[h.key] as string, 'cgroup.procs'), String(req.pid));
-        joined.push(h);
+      for (const pid of pids) {
+        for (const h of hierarchies) {
+          await this.write(path.join(paths[h.key] as string, 'cgroup.procs'), String(pid));
+          joined.get(pid)!.push(h);
+        }
       }
     } catch (err) {
-      await this.rollback(req.pid, joined, original, created);
+      for (const pid of pids) await this.moveBack(pid, joined.get(pid)!, originals.get(pid)!);
+      await this.removeCreated(created);
       throw err;
     }
-    this.logger.info({ sandboxId: req.sandboxId, pid: req.pid, paths, mode }, 'VMM placed in cgroupfs');
+    this.logger.info({ sandboxId: req.sandboxId, pids, paths, mode }, 'VMM placed in cgroupfs');
     return {
       driver: 'cgroupfs',
       cgroupParent: req.cgroupParent,
@@ -193,8 +202,8 @@ export class CgroupfsDriver implements CgroupDriver {
     this.logger.warn({ dir: leaf }, 'reusing an empty cgroup left by an earlier attempt');
   }
 
-  /** Undo a failed placement: move the VMM back where it was, then remove what was created. */
-  private async rollback(pid: number, joined: Hierarchy[], original: ProcCgroupEntry[], created: string[]): Promise<void> {
+  /** Undo a failed placement, first step: move a process back where it was. */
+  private async moveBack(pid: number, joined: Hierarchy[], original: ProcCgroupEntry[]): Promise<void> {
     if (joined.length > 0) {
       const mounts = await readCgroupMounts().catch(() => []);
       for (const h of joined) {
@@ -210,6 +219,10 @@ export class CgroupfsDriver implements CgroupDriver {
         });
       }
     }
+  }
+
+  /** Undo a failed placement, last step: remove what was created (once every process left). */
+  private async removeCreated(created: string[]): Promise<void> {
     for (const dir of [...created].reverse()) {
       await this.rmdirWhenEmpty(dir).catch((err: unknown) => this.logger.error({ err, dir }, 'rollback could not remove a cgroup'));
     }

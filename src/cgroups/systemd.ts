@@ -209,12 +209,14 @@ export class SystemdDriver implements CgroupDriver {
     const plan = planLimits(req.limits);
     const parent = parseSystemdParent(req.cgroupParent);
     const unit = `${vmmCgroupName(req.sandboxId)}.scope`;
-    if (!Number.isSafeInteger(req.pid) || req.pid <= 0) {
-      throw invalid('CGROUP_PID_INVALID', `pid ${req.pid} is not a process id.`, { details: { pid: req.pid } });
+    const pids = [req.pid, ...(req.extraPids ?? [])];
+    for (const pid of pids) {
+      if (!Number.isSafeInteger(pid) || pid <= 0)
+        throw invalid('CGROUP_PID_INVALID', `pid ${pid} is not a process id.`, { details: { pid } });
     }
     const mode = await this.mode();
     const props: SystemdProperty[] = [
-      ['PIDs', 'au', [req.pid]],
+      ['PIDs', 'au', pids],
       ['Description', 's', `kata-ts VMM of sandbox ${req.sandboxId}`],
       // The VMM creates no cgroups of its own, but Delegate keeps systemd from rewriting the
       // scope's controllers behind kata-ts's back (and lets a resize write them directly).
@@ -259,6 +261,13 @@ export class SystemdDriver implements CgroupDriver {
         throw internal('SYSTEMD_PID_NOT_PLACED', `systemd started ${unit} but pid ${req.pid} is not in its cgroup ${controlGroup}.`, {
           details: { unit, controlGroup, pid: req.pid },
         });
+      }
+      for (const pid of pids.slice(1)) {
+        if (Object.keys(await this.pathsOf(pid, controlGroup)).length === 0) {
+          throw internal('SYSTEMD_PID_NOT_PLACED', `systemd started ${unit} but pid ${pid} is not in its cgroup ${controlGroup}.`, {
+            details: { unit, controlGroup, pid },
+          });
+        }
       }
       // The budget holds only if the VMM sits in the scope where the limits live: cgroup2, or
       // the v1 cpu and memory hierarchies. A manager that does not realise them there (it

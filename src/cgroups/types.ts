@@ -56,6 +56,11 @@ export interface PlaceRequest {
   cgroupParent: string;
   /** The VMM's pid, still paused (`-S`), as seen in this process's pid namespace. */
   pid: number;
+  /**
+   * The sandbox's other host processes that share the VMM's budget (virtiofsd), placed in the
+   * same cgroup together with it; same namespace rule as `pid`.
+   */
+  extraPids?: number[];
   limits: VmmLimits;
 }
 

@@ -69,6 +69,7 @@ export function defaultConfig(): KataConfig {
       readyTimeoutMs: 90_000,
       stopTimeoutMs: 10_000,
       qmpTimeoutMs: 10_000,
+      tcgTranslationCacheMiB: 64,
     },
     pcie: {
       sysfsRoot: '/sys',

@@ -75,6 +75,7 @@ export const configFileSchema = {
         readyTimeoutMs: positiveInt,
         stopTimeoutMs: positiveInt,
         qmpTimeoutMs: positiveInt,
+        tcgTranslationCacheMiB: { type: 'integer', minimum: 16, maximum: 4096 },
       },
     },
     pcie: {

@@ -70,6 +70,12 @@ export interface HypervisorConfig {
   readyTimeoutMs: number;
   stopTimeoutMs: number;
   qmpTimeoutMs: number;
+  /**
+   * Under TCG, the size of QEMU's translated-code cache (`-accel tcg,tb-size=`). QEMU's own default
+   * is 1 GiB, filled as the guest runs, which a VMM cgroup sized for KVM cannot hold; it is bounded
+   * here and counted in the VMM's memory budget. Unused under KVM.
+   */
+  tcgTranslationCacheMiB: number;
 }
 
 export interface PcieHostConfig {

@@ -49,6 +49,8 @@ export interface QemuArgvSpec {
    * guest's /usr, attached as a virtio-blk disk. Absent: the initramfs is the whole guest.
    */
   guestImagePath?: string;
+  /** Under TCG: QEMU's translated-code cache (`tb-size`), bounded so the VMM budget holds it. */
+  tcgTranslationCacheMiB?: number;
 }
 
 /**
@@ -133,7 +135,12 @@ export function buildQemuArgv(spec: QemuArgvSpec): string[] {
 
   add('-name', `guest=${spec.name},debug-threads=on`);
   add('-machine', 'q35');
-  add('-accel', spec.accel);
+  // TCG's translated-code cache defaults to 1 GiB and grows as the guest runs; bounded, it fits
+  // the VMM budget that sizing counted it in.
+  add(
+    '-accel',
+    spec.accel === 'tcg' && spec.tcgTranslationCacheMiB !== undefined ? `tcg,tb-size=${spec.tcgTranslationCacheMiB}` : spec.accel,
+  );
   // TCG emulates any model; `max` gives the guest every feature TCG implements. Under KVM the
   // host's own model avoids emulating what the hardware has.
   add('-cpu', spec.accel === 'kvm' ? 'host' : 'max');

@@ -22,7 +22,8 @@ export interface VirtiofsdArgvSpec {
 /**
  * Pure: virtiofsd's argv (without the binary). The sandbox stays `namespace`: virtiofsd
  * pivot_roots into the shared directory, so `..` and absolute symlinks resolve inside it and the
- * guest cannot name anything else of the host. Throws `invalid` naming the field.
+ * guest cannot name anything else of the host; CAP_MKNOD is dropped, so no device node can be
+ * made in the host directory. Throws `invalid` naming the field.
  */
 export function buildVirtiofsdArgv(spec: VirtiofsdArgvSpec): string[] {
   for (const [field, value] of [
@@ -49,6 +50,9 @@ export function buildVirtiofsdArgv(spec: VirtiofsdArgvSpec): string[] {
     `cache=${spec.cache ?? 'auto'}`,
     '-o',
     'sandbox=namespace',
+    // Without CAP_MKNOD the guest cannot create device nodes in the host directory at all.
+    '-o',
+    'modcaps=-mknod',
     '-o',
     'log_level=warn',
   ];

@@ -252,6 +252,15 @@ export class ImageService {
     return path.join(this.rootfsDir, digestHex(imageId as Digest));
   }
 
+  /**
+   * The `config` object of an image's config blob (User, Env, Entrypoint, Cmd, WorkingDir,
+   * StopSignal...), or null when the blob has none; what the OCI spec generator reads.
+   */
+  async imageConfig(imageId: string): Promise<Record<string, unknown> | null> {
+    const blob = JSON.parse((await this.blobs.read(imageId as Digest)).toString('utf8')) as { config?: unknown };
+    return typeof blob.config === 'object' && blob.config !== null ? (blob.config as Record<string, unknown>) : null;
+  }
+
   /** Every stored image record (a copy). */
   listRecords(): ImageRecord[] {
     return this.records.map((r) => ({ ...r }));

@@ -24,7 +24,11 @@ export async function gatherFacts(loaded: LoadedConfig): Promise<RuntimeFacts> {
   const { config } = loaded;
   const [qemu, guestAssets, driverName] = await Promise.all([
     checkQemu(config.hypervisor.qemuBinary),
-    checkGuestAssets({ kernelPath: config.hypervisor.kernelPath, initrdPath: config.hypervisor.initrdPath }),
+    checkGuestAssets({
+      kernelPath: config.hypervisor.kernelPath,
+      initrdPath: config.hypervisor.initrdPath,
+      guestImagePath: config.hypervisor.guestImagePath,
+    }),
     detectCgroupDriver(config.cgroupDriver, config.systemdRuntimeDir),
   ]);
   return {

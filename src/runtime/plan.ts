@@ -39,7 +39,9 @@ export interface SandboxPlan {
  */
 export function planSandbox(input: SandboxPlanInput): SandboxPlan {
   const { profile } = input.handler;
-  const sizing = planSizing({ config: input.config, handler: input.handler, host: input.host });
+  const tcg = input.accel.accel === 'tcg';
+  const translationCacheMiB = tcg ? input.hypervisor.tcgTranslationCacheMiB : 0;
+  const sizing = planSizing({ config: input.config, handler: input.handler, host: input.host, translationCacheMiB });
   const pcie = planPodPcie({
     facts: input.pcieFacts,
     podResources: input.config.pod_resources ?? null,
@@ -58,6 +60,8 @@ export function planSandbox(input: SandboxPlanInput): SandboxPlan {
     paths: input.paths,
     pcieArgs: pcie.qemuArgs,
     confidential: profile.confidential,
+    ...(tcg ? { tcgTranslationCacheMiB: translationCacheMiB } : {}),
+    ...(input.hypervisor.guestImagePath === null ? {} : { guestImagePath: input.hypervisor.guestImagePath }),
   });
   return {
     handler: input.handler.name,

@@ -38,6 +38,8 @@ export interface PlanSizingInput {
   config: PodSandboxConfigInput;
   handler: ResolvedHandler;
   host: HostCapacity;
+  /** QEMU's translated-code cache under TCG (0 or absent under KVM), added to the VMM's memory budget. */
+  translationCacheMiB?: number;
 }
 
 function alignUp(value: bigint, to: bigint): bigint {
@@ -203,8 +205,9 @@ export function planSizing(input: PlanSizingInput): SizingPlan {
     extended: extendedRecord(demand.extended),
   };
   const vmmCpu = toNumber(vmm.cpuMillis, 'VMM cpu overhead');
+  const translationCacheBytes = BigInt(input.translationCacheMiB ?? 0) * MIB;
   const host: HostBudget = {
-    memoryLimitBytes: toNumber(BigInt(vm.memoryMiB) * MIB + vmm.memoryBytes, 'host memory budget'),
+    memoryLimitBytes: toNumber(BigInt(vm.memoryMiB) * MIB + vmm.memoryBytes + translationCacheBytes, 'host memory budget'),
     cpuQuotaMillicores: vm.vcpus * 1000 + vmmCpu,
     cpuRequestMillicores: workload.cpuRequestMillicores + vmmCpu,
   };
@@ -218,6 +221,7 @@ export function planSizing(input: PlanSizingInput): SizingPlan {
       memorySource: vmm.memorySource,
       cpuMillicores: vmmCpu,
       memoryBytes: toNumber(vmm.memoryBytes, 'VMM memory overhead'),
+      ...(translationCacheBytes > 0n ? { translationCacheBytes: toNumber(translationCacheBytes, 'TCG translation cache') } : {}),
     },
     containers: demand.containers.map(containerPlan),
   };

@@ -92,6 +92,11 @@ export interface VmmOverheadPlan {
   memorySource: VmmOverheadSource;
   cpuMillicores: number;
   memoryBytes: number;
+  /**
+   * QEMU's translated-code cache under TCG, on top of memoryBytes (0 under KVM). Optional only
+   * because plans recorded before it existed lack it.
+   */
+  translationCacheBytes?: number;
 }
 
 /** The sizing planner's answer for one pod. */

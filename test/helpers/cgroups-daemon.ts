@@ -7,6 +7,7 @@ import { promises as fsp } from 'node:fs';
 import path from 'node:path';
 import { type PlainCri, plainCri } from './cgroups-cri.js';
 import { readLogLines, spawnDaemon } from './daemon-process.js';
+import { guestDirConfig } from './runtime-daemon.js';
 
 export interface DaemonProcess {
   dir: string;
@@ -32,7 +33,11 @@ export async function startDaemonProcess(dir: string, config: Record<string, unk
   const stateDir = path.join(dir, 'state');
   const configPath = path.join(dir, 'config.json');
   const logFile = path.join(dir, 'daemon.log');
-  await fsp.writeFile(configPath, JSON.stringify({ socketPath, stateDir, metricsAddress: null, logLevel: 'debug', ...config }, null, 2));
+  const hypervisor = { ...guestDirConfig(), ...(config.hypervisor as Record<string, unknown> | undefined) };
+  await fsp.writeFile(
+    configPath,
+    JSON.stringify({ socketPath, stateDir, metricsAddress: null, logLevel: 'debug', ...config, hypervisor }, null, 2),
+  );
   const daemon = await spawnDaemon(configPath, socketPath, logFile);
   const cri = plainCri(socketPath);
   return {

@@ -7,6 +7,8 @@ import { randomBytes } from 'node:crypto';
 import { promises as fsp } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
+import { silentLogger } from '../../src/common/logger.js';
+import { releaseSharedMounts } from '../../src/runtime/sandbox/shared-dir.js';
 import { mountedHierarchies, treeDeepestFirst } from './cgroups-private.js';
 import { type CriClients, criClients } from './cri-client.js';
 import { readLogLines, type SpawnedDaemon, spawnDaemon } from './daemon-process.js';
@@ -43,6 +45,20 @@ export interface TestRuntimeOptions {
   tmpPrefix?: string;
 }
 
+/**
+ * KATA_TS_GUEST_DIR (as for ensureGuestAssets): the guest (vmlinuz, initramfs, guest.img) the
+ * daemon boots instead of the installed one, e.g. one built from a branch by build-guest.sh --out.
+ */
+export function guestDirConfig(): Record<string, unknown> {
+  const dir = process.env.KATA_TS_GUEST_DIR;
+  if (dir === undefined) return {};
+  return {
+    kernelPath: path.join(dir, 'vmlinuz'),
+    initrdPath: path.join(dir, 'initramfs.cpio.gz'),
+    guestImagePath: path.join(dir, 'guest.img'),
+  };
+}
+
 export async function createTestRuntime(configDoc: Record<string, unknown> = {}, options: TestRuntimeOptions = {}): Promise<TestRuntime> {
   const cgroupPrefix = options.cgroupPrefix ?? 'kata-ts-test-';
   if (!cgroupPrefix.startsWith('kata-ts-')) throw new Error(`cgroup prefix ${cgroupPrefix} must start with kata-ts-`);
@@ -54,7 +70,19 @@ export async function createTestRuntime(configDoc: Record<string, unknown> = {},
   const cgroupRoot = `${cgroupPrefix}${randomBytes(5).toString('hex')}`;
   await fsp.writeFile(
     configPath,
-    JSON.stringify({ socketPath, stateDir, metricsAddress: null, cgroupDriver: 'cgroupfs', logLevel: 'debug', ...configDoc }, null, 2),
+    JSON.stringify(
+      {
+        socketPath,
+        stateDir,
+        metricsAddress: null,
+        cgroupDriver: 'cgroupfs',
+        logLevel: 'debug',
+        ...configDoc,
+        hypervisor: { ...guestDirConfig(), ...(configDoc.hypervisor as Record<string, unknown> | undefined) },
+      },
+      null,
+      2,
+    ),
   );
   let daemon: SpawnedDaemon | undefined;
   let cri: CriClients | undefined;
@@ -97,6 +125,9 @@ export async function createTestRuntime(configDoc: Record<string, unknown> = {},
         }
       }
       await removeCgroupTree(cgroupRoot, cgroupPrefix);
+      // Sandboxes' shared directories are mounts: release them (the processes are gone) before
+      // deleting, or the delete would fail on them.
+      await releaseSharedMounts(dir, silentLogger());
       await fsp.rm(dir, { recursive: true, force: true });
     },
   };

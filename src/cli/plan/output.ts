@@ -108,7 +108,7 @@ const host: PlanSection = {
       ...table([
         [
           'memory limit',
-          `${bytes(h.memoryLimitBytes)} (VM ${r.sizing.vm.memoryMiB}Mi + VMM ${bytes(o.memoryBytes)} from ${overheadSource(o.memorySource)})`,
+          `${bytes(h.memoryLimitBytes)} (VM ${r.sizing.vm.memoryMiB}Mi + VMM ${bytes(o.memoryBytes)} from ${overheadSource(o.memorySource)}${o.translationCacheBytes ? ` + TCG translation cache ${bytes(o.translationCacheBytes)}` : ''})`,
         ],
         [
           'CPU quota',

@@ -1,10 +1,10 @@
 import path from 'node:path';
 import { resolveHandler } from '../../config/handlers.js';
 import type { KataConfig } from '../../config/types.js';
-import { type AccelerationChoice, vmPaths } from '../../hypervisor/index.js';
+import type { AccelerationChoice } from '../../hypervisor/index.js';
 import type { PcieHostFacts } from '../../pcie/index.js';
 import { planSandbox } from '../../runtime/plan.js';
-import { sandboxWorkDir, vmNameFor } from '../../runtime/sandbox/paths.js';
+import { sandboxArgvPaths, sandboxWorkDir, vmNameFor } from '../../runtime/sandbox/paths.js';
 import type { RunPodSandboxRequestInput } from '../../sizing/input.js';
 import type { HostCapacity } from '../../sizing/types.js';
 import type { PlanReport } from './output.js';
@@ -36,7 +36,7 @@ export function buildPlanReport(request: RunPodSandboxRequestInput, env: PlanEnv
     accel: env.accel,
     hypervisor: env.config.hypervisor,
     vmName: vmNameFor(DRY_RUN_SANDBOX_ID),
-    paths: vmPaths(workDir),
+    paths: sandboxArgvPaths(workDir, env.config.hypervisor),
     simulateVfioWith: env.config.pcie.simulateVfioWith,
   });
   const metadata = sandbox.metadata;

@@ -1,32 +1,49 @@
+import { promises as fsp } from 'node:fs';
 import path from 'node:path';
-import { alreadyExists, errorMessage, notFound, precondition } from '../../common/errors.js';
-import { newObjectId, resolveIdPrefix } from '../../common/ids.js';
+import type { AgentClient } from '../../agent-client/index.js';
+import { errorMessage, isKataError, notFound, precondition } from '../../common/errors.js';
+import { resolveIdPrefix } from '../../common/ids.js';
 import type { Logger } from '../../common/logger.js';
 import { resolveHandler } from '../../config/handlers.js';
 import type { KataConfig } from '../../config/types.js';
 import type { ContainerFilter__Output } from '../../generated/runtime/v1/ContainerFilter.js';
 import type { CreateContainerRequest__Output } from '../../generated/runtime/v1/CreateContainerRequest.js';
-import type { VmProcess } from '../../hypervisor/index.js';
-import { createContainerSnapshot, removeContainerSnapshot } from '../../images/snapshot.js';
+import { removeContainerSnapshot } from '../../images/snapshot.js';
 import type { PcieHostFacts } from '../../pcie/index.js';
 import type { HostCapacity } from '../../sizing/types.js';
-import { admissionError, admitAnnounced, containerDemand } from '../admission/index.js';
 import type { RequestContext } from '../context.js';
-import { applyResize, planGrowth, type ResizePlan, resizeCheckpoint, revertResize } from '../resize/index.js';
-import type { SandboxAccess, SandboxHandle, SandboxListener } from '../sandbox/manager.js';
+import { planGrowth, type ResizePlan } from '../resize/index.js';
+import type { SandboxAccess, SandboxListener } from '../sandbox/manager.js';
 import { nowNs, type SandboxRecord } from '../sandbox/record.js';
-import { type ContainerSpec, decodeContainerSpec } from '../spec/container.js';
-import { announcedPodResources, type SandboxSpec } from '../spec/sandbox.js';
 import type { RecordStore } from '../store.js';
-import { applyHotplug, detachDevices, planContainerHotplug } from './devices.js';
-import type { AttachedDevice, ContainerRecord } from './record.js';
-import { RollbackSteps } from './rollback.js';
+import { createContainer, UNPLUG_TIMEOUT_MS } from './create.js';
+import { detachDevices } from './devices.js';
+import { ContainerEvents } from './events.js';
+import { createAndStart, type ExecSyncResult, execSync, exitReason, stopInGuest, timestampNs } from './guest-ops.js';
+import type { GuestPod } from './guest-spec.js';
+import type { ContainerRecord } from './record.js';
+import { unmountAndRemove } from './shared-dir.js';
+import { ContainerTasks } from './tasks.js';
 import { containerMatches } from './views.js';
 
 /** What the container layer needs of the image store. */
 export interface ImageLookup {
   resolveImage(ref: string): { id: string; repoDigests: string[] } | undefined;
   rootfsFor(imageId: string): string;
+  /** The image config's `config` object (User, Env, Entrypoint, Cmd, WorkingDir, StopSignal). */
+  imageConfig(imageId: string): Promise<Record<string, unknown> | null>;
+}
+
+/** What the container layer needs of a sandbox's guest (the sandbox layer provides it). */
+export interface SandboxGuestAccess {
+  /** The agent of a sandbox whose VM runs; undefined otherwise. */
+  agentOf(sandboxId: string): AgentClient | undefined;
+  /** The sandbox's shared directory on the host (virtio-fs source). */
+  sharedDirOf(sandboxId: string): string;
+  /** Where the shared directory is in the guest. */
+  guestSharedDir: string;
+  /** The pod's namespaces holder and /dev/shm in the guest; null when the guest has none (no container can start). */
+  guestPodOf(sandboxId: string): GuestPod | null;
 }
 
 export interface ContainerManagerDeps {
@@ -37,10 +54,8 @@ export interface ContainerManagerDeps {
   images: ImageLookup;
   host: HostCapacity;
   readPcieFacts(): Promise<PcieHostFacts>;
+  guests: SandboxGuestAccess;
 }
-
-/** How long a detached device may take to leave the guest (the guest acknowledges the unplug). */
-const UNPLUG_TIMEOUT_MS = 30_000;
 
 /**
  * Containers in pod VMs: CreateContainer admission against what RunPodSandbox announced, device
@@ -50,8 +65,31 @@ const UNPLUG_TIMEOUT_MS = 30_000;
  */
 export class ContainerManager implements SandboxListener {
   private readonly containers = new Map<string, ContainerRecord>();
+  readonly events = new ContainerEvents();
+  readonly tasks: ContainerTasks;
 
-  constructor(private readonly deps: ContainerManagerDeps) {}
+  constructor(private readonly deps: ContainerManagerDeps) {
+    this.tasks = new ContainerTasks({
+      stateDir: deps.config.stateDir,
+      logger: deps.logger,
+      onExit: async (id, exit) => {
+        const r = this.containers.get(id);
+        if (r === undefined || r.state === 'CONTAINER_EXITED') return;
+        const { reason, message } = exitReason(exit);
+        await this.markExited(r, reason, message, exit.exitCode, timestampNs(exit.finishedAt));
+      },
+      onLost: async (id) => {
+        const r = this.containers.get(id);
+        if (r === undefined || r.state === 'CONTAINER_EXITED') return;
+        await this.markExited(r, 'Unknown', 'the guest agent no longer knows this container (the pod VM restarted or lost it)', 255);
+      },
+    });
+  }
+
+  /** Stop the background tasks (daemon shutdown); containers keep running in their VMs. */
+  async close(): Promise<void> {
+    await this.tasks.detachAll();
+  }
 
   /** Load records; containers of sandboxes that no longer exist are removed, of stopped ones EXITED. */
   async recover(): Promise<void> {
@@ -65,7 +103,15 @@ export class ContainerManager implements SandboxListener {
         continue;
       }
       this.containers.set(r.id, r);
-      if (live.record.state !== 'SANDBOX_READY' && r.state === 'CONTAINER_CREATED') await this.markExited(r, 'SandboxStopped');
+      if (live.record.state !== 'SANDBOX_READY' && r.state !== 'CONTAINER_EXITED') {
+        if (r.state === 'CONTAINER_CREATED') await this.markExited(r, ...NEVER_STARTED);
+        else await this.markExited(r, ...VM_GONE);
+        continue;
+      }
+      // A running container: its output resumes from the stored log state and its exit is
+      // watched again (WaitContainer answers at once for one that exited while we were down).
+      const agent = this.deps.guests.agentOf(r.sandboxId);
+      if (r.state === 'CONTAINER_RUNNING' && agent !== undefined) this.tasks.attach(r, agent);
     }
   }
 
@@ -92,113 +138,19 @@ export class ContainerManager implements SandboxListener {
   }
 
   async create(req: CreateContainerRequest__Output, ctx: RequestContext): Promise<string> {
-    return this.deps.sandboxes.withSandbox(req.pod_sandbox_id, async (sandbox) => {
-      const sandboxId = sandbox.record.id;
-      ctx.annotate({ sandboxId });
-      const spec = this.validateCreate(req, sandbox);
-      const { name } = spec.metadata;
-      const image = this.deps.images.resolveImage(spec.image.image);
-      if (image === undefined) throw notFound('IMAGE_NOT_FOUND', `image "${spec.image.image}" is not present; pull it first`);
-
-      // Admission (pure): nothing below runs for a container the VM was not shaped for.
-      const announced = announcedPodResources(sandbox.record.spec);
-      const demand = containerDemand(spec);
-      let resize: ResizePlan | undefined;
-      if (announced !== undefined) {
-        const result = admitAnnounced(announced, spec);
-        if (!result.ok) throw admissionError(name, result.differences);
-      } else {
-        const admitted = this.inSandbox(sandboxId)
-          .filter((c) => c.state === 'CONTAINER_CREATED')
-          .map((c) => c.demand);
-        resize = this.growthFor(sandbox.record, demand, admitted, name);
-      }
-      // The host inventory is read only for a container that brings devices at all.
-      const bringsDevices = spec.devices.length > 0 || spec.CDI_devices.length > 0;
-      const hotplug = bringsDevices
-        ? planContainerHotplug(sandbox.record.topology, spec, await this.deps.readPcieFacts(), this.deps.config.pcie.simulateVfioWith)
-        : undefined;
-
-      const id = newObjectId();
-      ctx.annotate({ containerId: id });
-      const rootfs = path.join(this.deps.config.stateDir, 'rootfs', id);
-      const log = ctx.logger.child({ containerId: id, name });
-      // Every step that changed something pushes its undo; a failure runs them newest first.
-      const undo = new RollbackSteps(log);
-      try {
-        await createContainerSnapshot(this.deps.images.rootfsFor(image.id), rootfs, { signal: ctx.signal });
-        undo.push('remove root filesystem', () => removeContainerSnapshot(rootfs));
-        let attached: AttachedDevice[] = [];
-        if (hotplug !== undefined) {
-          const vm = requireVm(sandbox);
-          const before = sandbox.record.topology;
-          attached = await applyHotplug(vm, hotplug, ctx.logger, UNPLUG_TIMEOUT_MS);
-          // QEMU confirmed every device_add: only now does the topology record change.
-          sandbox.record.topology = hotplug.topology;
-          undo.push('unplug hot-plugged devices', async () => {
-            await detachDevices(vm, sandbox.record.topology, attached, UNPLUG_TIMEOUT_MS);
-            sandbox.record.topology = before;
-          });
-        }
-        if (resize?.changed) {
-          const checkpoint = resizeCheckpoint(sandbox);
-          // Registered before applying: a resize that fails half-way has changed something too.
-          undo.push('resize back', () => revertResize(sandbox, checkpoint, log));
-          await applyResize(sandbox, resize, ctx.logger);
-        }
-        const record: ContainerRecord = {
-          id,
-          sandboxId,
-          state: 'CONTAINER_CREATED',
-          createdAtNs: nowNs(),
-          finishedAtNs: '0',
-          exitCode: 0,
-          reason: '',
-          message: '',
-          metadata: { name, attempt: spec.metadata.attempt },
-          image: { requested: spec.image.image, id: image.id, ref: image.repoDigests[0] ?? image.id },
-          labels: spec.labels,
-          annotations: spec.annotations,
-          logPath: logPathOf(sandbox.record.spec, spec),
-          rootfs,
-          spec,
-          demand,
-          devices: attached,
-        };
-        await this.deps.store.put(record);
-        undo.push('delete container record', () => this.deps.store.delete(id));
-        if (hotplug !== undefined || resize?.changed) await sandbox.persist();
-        this.containers.set(id, record);
-        ctx.logger.info({ containerId: id, name, image: image.id, devices: attached, shape: sandbox.record.shape }, 'container created');
-        return id;
-      } catch (err) {
-        log.warn({ err: errorMessage(err) }, 'container creation failed; rolling back');
-        const changedSandbox = undo.has('unplug hot-plugged devices') || undo.has('resize back');
-        await undo.run();
-        // The sandbox record tells what the VM has after the rollback (a vCPU stays plugged).
-        if (changedSandbox) await undo.attempt('save sandbox record', () => sandbox.persist());
-        throw err;
-      }
-    });
-  }
-
-  private validateCreate(req: CreateContainerRequest__Output, sandbox: SandboxHandle): ContainerSpec {
-    const spec = decodeContainerSpec(req.config);
-    if (sandbox.record.state !== 'SANDBOX_READY' || sandbox.vm === undefined) {
-      throw precondition(
-        'SANDBOX_NOT_READY',
-        `pod sandbox ${sandbox.record.id} is not ready; containers can only be created in a running sandbox`,
-      );
-    }
-    const { name, attempt } = spec.metadata;
-    const clash = this.inSandbox(sandbox.record.id).find((c) => c.metadata.name === name && c.metadata.attempt === attempt);
-    if (clash !== undefined) {
-      throw alreadyExists(
-        'CONTAINER_EXISTS',
-        `container "${name}" (attempt ${attempt}) already exists in pod sandbox ${sandbox.record.id}: ${clash.id}`,
-      );
-    }
-    return spec;
+    return createContainer(
+      {
+        deps: this.deps,
+        inSandbox: (id) => this.inSandbox(id),
+        growthFor: (record, incoming, admitted, name) => this.growthFor(record, incoming, admitted, name),
+        register: (record) => {
+          this.containers.set(record.id, record);
+          this.events.emit('CONTAINER_CREATED_EVENT', record);
+        },
+      },
+      req,
+      ctx,
+    );
   }
 
   /** For sandboxes sized without pod_resources: does the container fit, or how must the VM grow? */
@@ -212,11 +164,47 @@ export class ContainerManager implements SandboxListener {
     return planGrowth(record, handler.profile, incoming, admitted, name);
   }
 
+  /** StartContainer: create and start it in the guest, then pump its output and watch its exit. */
+  async start(idOrPrefix: string, ctx: RequestContext): Promise<void> {
+    const record = this.resolve(idOrPrefix);
+    ctx.annotate({ containerId: record.id, sandboxId: record.sandboxId });
+    await this.deps.sandboxes.withSandbox(record.sandboxId, async (sandbox) => {
+      if (this.containers.get(record.id) !== record) throw notFound('CONTAINER_NOT_FOUND', `container "${idOrPrefix}" does not exist`);
+      if (record.state !== 'CONTAINER_CREATED') {
+        throw precondition('CONTAINER_NOT_CREATED', `container ${record.id} is ${record.state}; only a created container can be started`);
+      }
+      const agent = this.deps.guests.agentOf(record.sandboxId);
+      if (sandbox.record.state !== 'SANDBOX_READY' || agent === undefined) {
+        throw precondition('SANDBOX_NOT_READY', `pod sandbox ${record.sandboxId} is not running; its containers cannot start`);
+      }
+      if (record.guest === null) {
+        throw precondition(
+          'CONTAINER_NOT_STARTABLE',
+          `container ${record.id} was created without a guest plan (before this version); remove and create it again`,
+        );
+      }
+      if (record.logPath !== '') await fsp.mkdir(path.dirname(record.logPath), { recursive: true });
+      try {
+        record.startedAtNs = await createAndStart(agent, record);
+      } catch (err) {
+        // A half-created container in the guest would hold its name: delete it (best effort).
+        await agent.deleteContainer(record.id, true, { timeoutMs: 10_000 }).catch(() => undefined);
+        throw err;
+      }
+      record.state = 'CONTAINER_RUNNING';
+      await this.deps.store.put(record);
+      this.tasks.attach(record, agent);
+      this.events.emit('CONTAINER_STARTED_EVENT', record);
+      ctx.logger.info({ containerId: record.id }, 'container started');
+    });
+  }
+
   /**
-   * StopContainer: containers never run yet (StartContainer is not implemented), so this records
-   * the exit. As the CRI asks (and as StopPodSandbox does), an unknown container id succeeds.
+   * StopContainer: the stop signal, SIGKILL after `timeoutSec`, resolved once the exit is
+   * recorded. Idempotent; an unknown container id succeeds (as the CRI asks). Not under the
+   * sandbox's lock: a long grace period must not hold up the pod's other rpcs.
    */
-  async stop(idOrPrefix: string, ctx: RequestContext): Promise<void> {
+  async stop(idOrPrefix: string, timeoutSec: number, ctx: RequestContext): Promise<void> {
     const id = resolveIdPrefix(idOrPrefix, this.containers.keys());
     const record = id === undefined ? undefined : this.containers.get(id);
     if (record === undefined) {
@@ -224,65 +212,129 @@ export class ContainerManager implements SandboxListener {
       return;
     }
     ctx.annotate({ containerId: record.id, sandboxId: record.sandboxId });
-    await this.deps.sandboxes.withSandboxIfPresent(record.sandboxId, async () => {
-      if (this.containers.get(record.id) === record && record.state === 'CONTAINER_CREATED') await this.markExited(record, 'NotStarted');
-    });
+    await this.stopRecord(record, Math.max(0, timeoutSec) * 1000);
   }
 
-  /** RemoveContainer: hot-plugged devices leave the VM first, then the root filesystem and record. Idempotent. */
+  private async stopRecord(record: ContainerRecord, timeoutMs: number): Promise<void> {
+    if (record.state === 'CONTAINER_CREATED') {
+      await this.markExited(record, 'NotStarted', 'the container was stopped before it started', 0);
+      return;
+    }
+    if (record.state !== 'CONTAINER_RUNNING') return;
+    const agent = this.deps.guests.agentOf(record.sandboxId);
+    if (agent === undefined) {
+      await this.markExited(record, ...VM_GONE);
+      return;
+    }
+    await stopInGuest(agent, record, timeoutMs, this.tasks.exited(record.id));
+  }
+
+  /** RemoveContainer: stop (SIGKILL), store the last output, delete in the guest, undo the host side. Idempotent. */
   async remove(idOrPrefix: string, ctx: RequestContext): Promise<void> {
     const id = resolveIdPrefix(idOrPrefix, this.containers.keys());
     const record = id === undefined ? undefined : this.containers.get(id);
     if (record === undefined) return;
     ctx.annotate({ containerId: record.id, sandboxId: record.sandboxId });
+    await this.stopRecord(record, 0);
     await this.deps.sandboxes.withSandboxIfPresent(record.sandboxId, async (sandbox) => {
       if (!this.containers.has(record.id)) return;
+      const agent = this.deps.guests.agentOf(record.sandboxId);
+      if (agent !== undefined && record.startedAtNs !== '0') {
+        await this.tasks.drain(record.id);
+        await agent.deleteContainer(record.id, true, { timeoutMs: 30_000 }).catch((err: unknown) => {
+          if (!isKataError(err) || err.kind !== 'not_found') throw err;
+        });
+      }
       const vm = sandbox?.vm;
       if (sandbox !== undefined && record.devices.length > 0 && vm !== undefined && vm.exitInfo === undefined) {
         sandbox.record.topology = await detachDevices(vm, sandbox.record.topology, record.devices, UNPLUG_TIMEOUT_MS);
         record.devices = [];
         await sandbox.persist();
       }
-      await this.forget(record);
+      await this.forget(record, ctx.logger);
     });
   }
 
-  private async forget(record: ContainerRecord): Promise<void> {
+  private async forget(record: ContainerRecord, logger: Logger): Promise<void> {
+    await this.tasks.detach(record.id);
+    if (record.guest !== null && !(await unmountAndRemove(record.guest.hostDir, record.guest.bindMounts, logger))) {
+      throw precondition(
+        'CONTAINER_UNMOUNT_FAILED',
+        `container ${record.id}: a bind mount under ${record.guest.hostDir} could not be unmounted`,
+      );
+    }
     await removeContainerSnapshot(record.rootfs);
+    await fsp.rm(this.tasks.logStatePath(record.id), { force: true });
     await this.deps.store.delete(record.id);
     this.containers.delete(record.id);
+    this.events.emit('CONTAINER_DELETED_EVENT', record);
   }
 
-  private async markExited(record: ContainerRecord, reason: string): Promise<void> {
+  private async markExited(
+    record: ContainerRecord,
+    reason: string,
+    message: string,
+    exitCode: number,
+    finishedAtNs = nowNs(),
+  ): Promise<void> {
+    if (record.state === 'CONTAINER_EXITED') return;
     record.state = 'CONTAINER_EXITED';
-    record.finishedAtNs = nowNs();
+    record.finishedAtNs = finishedAtNs;
+    record.exitCode = exitCode;
     record.reason = reason;
-    record.message =
-      reason === 'NotStarted'
-        ? 'the container was stopped before it started; starting containers inside the guest is not implemented yet'
-        : 'the pod sandbox stopped';
+    record.message = message;
     await this.deps.store.put(record);
+    this.events.emit('CONTAINER_STOPPED_EVENT', record);
+  }
+
+  /** ExecSync in a running container. */
+  async execSync(idOrPrefix: string, cmd: readonly string[], timeoutSec: number, ctx: RequestContext): Promise<ExecSyncResult> {
+    const record = this.resolve(idOrPrefix);
+    ctx.annotate({ containerId: record.id, sandboxId: record.sandboxId });
+    const agent = this.deps.guests.agentOf(record.sandboxId);
+    if (record.state !== 'CONTAINER_RUNNING' || agent === undefined) {
+      throw precondition('CONTAINER_NOT_RUNNING', `container ${record.id} is not running; ExecSync needs a running container`);
+    }
+    return execSync(agent, record, cmd, timeoutSec * 1000);
+  }
+
+  /** ReopenContainerLog: only for a running container (as containerd). */
+  async reopenLog(idOrPrefix: string): Promise<void> {
+    const record = this.resolve(idOrPrefix);
+    if (record.state !== 'CONTAINER_RUNNING') {
+      throw precondition('CONTAINER_NOT_RUNNING', `container ${record.id} is not running; its log cannot be reopened`);
+    }
+    await this.tasks.reopenLog(record.id);
+  }
+
+  /** SandboxListener: StopPodSandbox is starting (VM and agent up): stop every container within the deadline. */
+  async sandboxStopping(sandboxId: string, deadlineMs: number): Promise<void> {
+    const timeoutMs = Math.max(0, deadlineMs - Date.now() - 2000);
+    await Promise.all(
+      this.inSandbox(sandboxId).map((c) =>
+        this.stopRecord(c, timeoutMs).catch((err: unknown) =>
+          this.deps.logger.warn({ containerId: c.id, err: errorMessage(err) }, 'stopping a container of a stopping sandbox failed'),
+        ),
+      ),
+    );
   }
 
   /** SandboxListener: the sandbox's VM is gone, so are its containers. */
   async sandboxStopped(sandboxId: string): Promise<void> {
     for (const c of this.inSandbox(sandboxId)) {
-      if (c.state === 'CONTAINER_CREATED') await this.markExited(c, 'SandboxStopped');
+      await this.tasks.detach(c.id);
+      if (c.state === 'CONTAINER_CREATED') await this.markExited(c, ...NEVER_STARTED);
+      else if (c.state === 'CONTAINER_RUNNING') await this.markExited(c, ...VM_GONE);
     }
   }
 
   /** SandboxListener: RemovePodSandbox removes its containers (their devices left with the VM). */
   async sandboxRemoving(sandboxId: string): Promise<void> {
-    for (const c of this.inSandbox(sandboxId)) await this.forget(c);
+    for (const c of this.inSandbox(sandboxId)) await this.forget(c, this.deps.logger);
   }
 }
 
-function requireVm(sandbox: SandboxHandle): VmProcess {
-  if (sandbox.vm === undefined) throw precondition('SANDBOX_NOT_READY', `pod sandbox ${sandbox.record.id} has no running VM`);
-  return sandbox.vm;
-}
-
-function logPathOf(sandbox: SandboxSpec, container: ContainerSpec): string {
-  if (container.log_path === '') return '';
-  return sandbox.log_directory === '' ? container.log_path : path.join(sandbox.log_directory, container.log_path);
-}
+/** Reason, message and exit code of a container whose sandbox stopped before it started. */
+const NEVER_STARTED: [string, string, number] = ['SandboxStopped', 'the pod sandbox stopped before the container started', 0];
+/** Reason, message and exit code of a container whose VM went away under it. */
+const VM_GONE: [string, string, number] = ['PodVMExited', 'the pod VM stopped while the container was running', 255];

@@ -3,7 +3,25 @@ import { CONTAINER_SPEC_SCHEMA, type ContainerSpec } from '../spec/container.js'
 import { containerSpecFromV1 } from '../spec/v1.js';
 import type { RecordKind } from '../store.js';
 
-export type ContainerState = 'CONTAINER_CREATED' | 'CONTAINER_EXITED';
+export type ContainerState = 'CONTAINER_CREATED' | 'CONTAINER_RUNNING' | 'CONTAINER_EXITED';
+
+/**
+ * What CreateContainer prepared for the guest: the OCI spec the agent runs, the guest's view of
+ * the root filesystem, and the host bind mounts under the sandbox's shared directory (undone
+ * deepest first at RemoveContainer).
+ */
+export interface ContainerGuestPlan {
+  /** config.json as buildOciSpec made it. */
+  ociSpec: Record<string, unknown>;
+  /** The signal StopContainer sends first (a name such as SIGTERM). */
+  stopSignal: string;
+  /** The root filesystem as the guest sees it. */
+  rootfsGuestPath: string;
+  /** `<shared>/containers/<id>` on the host. */
+  hostDir: string;
+  /** Host mount points of the bind mounts made under hostDir, in the order they were made. */
+  bindMounts: string[];
+}
 
 /** A PCIe device hot-plugged into the sandbox's VM for this container. */
 export interface AttachedDevice {
@@ -18,6 +36,8 @@ export interface ContainerRecord {
   sandboxId: string;
   state: ContainerState;
   createdAtNs: string;
+  /** '0' until the container starts. */
+  startedAtNs: string;
   /** '0' until the container exits. */
   finishedAtNs: string;
   exitCode: number;
@@ -43,23 +63,34 @@ export interface ContainerRecord {
   /** What the container counts against the VM's budget (sandboxes sized without pod_resources). */
   demand: AdmissionDemand;
   devices: AttachedDevice[];
+  /** null only for records migrated from format 2 (created before containers ran in the guest). */
+  guest: ContainerGuestPlan | null;
 }
 
 const stringMap = { type: 'object', additionalProperties: { type: 'string' } } as const;
 
 /**
- * Format 2 (this one) stores the typed `spec`; format 1 stored the decoded ContainerConfig as
- * `config`. Records of format 1 are migrated on load (see migrateContainerRecord).
+ * Format 3 (this one) adds `startedAtNs`, the RUNNING state and `guest` (the OCI spec and the
+ * shared-directory mounts). Format 2 stored the typed `spec`; format 1 stored the decoded
+ * ContainerConfig as `config`. Older records are migrated on load (see migrateContainerRecord).
  */
-export const CONTAINER_RECORD_VERSION = 2;
+export const CONTAINER_RECORD_VERSION = 3;
 
-/** Format 1 -> current: `config` becomes `spec`. Pure; throws when it cannot. */
+/**
+ * Format 1 or 2 -> current. 1 -> 2: `config` becomes `spec`. 2 -> 3: never started
+ * (`startedAtNs` '0') and nothing prepared in the guest (`guest` null): such a container can be
+ * stopped and removed, not started. Pure; throws when it cannot.
+ */
 export function migrateContainerRecord(fromVersion: number, record: unknown): unknown {
-  if (fromVersion !== 1) throw new Error(`no migration from container record format ${fromVersion}`);
+  if (fromVersion !== 1 && fromVersion !== 2) throw new Error(`no migration from container record format ${fromVersion}`);
   if (typeof record !== 'object' || record === null) throw new Error('the record is not an object');
-  const { config, ...rest } = record as { config?: unknown } & Record<string, unknown>;
-  if (typeof config !== 'object' || config === null) throw new Error('config is missing');
-  return { ...rest, spec: containerSpecFromV1(config as Record<string, unknown>) };
+  let current = record as Record<string, unknown>;
+  if (fromVersion === 1) {
+    const { config, ...rest } = current as { config?: unknown } & Record<string, unknown>;
+    if (typeof config !== 'object' || config === null) throw new Error('config is missing');
+    current = { ...rest, spec: containerSpecFromV1(config as Record<string, unknown>) };
+  }
+  return { ...current, startedAtNs: '0', guest: null };
 }
 
 export const CONTAINER_RECORD_KIND: RecordKind = {
@@ -75,6 +106,7 @@ export const CONTAINER_RECORD_KIND: RecordKind = {
       'sandboxId',
       'state',
       'createdAtNs',
+      'startedAtNs',
       'finishedAtNs',
       'exitCode',
       'reason',
@@ -88,12 +120,14 @@ export const CONTAINER_RECORD_KIND: RecordKind = {
       'spec',
       'demand',
       'devices',
+      'guest',
     ],
     properties: {
       id: { type: 'string', pattern: '^[0-9a-f]{64}$' },
       sandboxId: { type: 'string', pattern: '^[0-9a-f]{64}$' },
-      state: { enum: ['CONTAINER_CREATED', 'CONTAINER_EXITED'] },
+      state: { enum: ['CONTAINER_CREATED', 'CONTAINER_RUNNING', 'CONTAINER_EXITED'] },
       createdAtNs: { type: 'string', pattern: '^[0-9]+$' },
+      startedAtNs: { type: 'string', pattern: '^[0-9]+$' },
       finishedAtNs: { type: 'string', pattern: '^[0-9]+$' },
       exitCode: { type: 'integer' },
       reason: { type: 'string' },
@@ -138,6 +172,23 @@ export const CONTAINER_RECORD_KIND: RecordKind = {
             bdf: { type: ['string', 'null'] },
           },
         },
+      },
+      guest: {
+        anyOf: [
+          { type: 'null' },
+          {
+            type: 'object',
+            additionalProperties: false,
+            required: ['ociSpec', 'stopSignal', 'rootfsGuestPath', 'hostDir', 'bindMounts'],
+            properties: {
+              ociSpec: { type: 'object' },
+              stopSignal: { type: 'string', minLength: 1 },
+              rootfsGuestPath: { type: 'string', minLength: 1 },
+              hostDir: { type: 'string', minLength: 1 },
+              bindMounts: { type: 'array', items: { type: 'string', minLength: 1 } },
+            },
+          },
+        ],
       },
     },
   },

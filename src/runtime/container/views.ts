@@ -29,7 +29,7 @@ export function containerStatusView(r: ContainerRecord): ContainerStatus {
   const { spec } = r;
   return {
     ...containerView(r),
-    started_at: '0',
+    started_at: r.startedAtNs,
     finished_at: r.finishedAtNs,
     exit_code: r.exitCode,
     reason: r.reason,

@@ -4,20 +4,24 @@ import type { Logger } from '../../common/logger.js';
 import type { KataConfig, LoadedConfig } from '../../config/types.js';
 import type { StatusRequest__Output } from '../../generated/runtime/v1/StatusRequest.js';
 import type { UpdateRuntimeConfigRequest__Output } from '../../generated/runtime/v1/UpdateRuntimeConfigRequest.js';
+import { GUEST_SHARED_DIR } from '../../hypervisor/argv.js';
 import { imageServiceHandlers } from '../../images/handlers.js';
 import { ImageService } from '../../images/service.js';
 import { readPcieHostFacts } from '../../pcie/index.js';
-import { ContainerManager } from '../container/manager.js';
+import { ContainerManager, type SandboxGuestAccess } from '../container/manager.js';
 import { CONTAINER_RECORD_KIND, type ContainerRecord } from '../container/record.js';
+import { StatsCollector } from '../container/stats-service.js';
 import { containerStatusView } from '../container/views.js';
 import type { RuntimeFacts } from '../facts.js';
 import { gatherFacts } from '../gather-facts.js';
 import { type MetricsEndpoint, RuntimeMetrics, serveMetrics } from '../metrics.js';
 import { ResourceUpdates } from '../resize/index.js';
 import { SandboxManager } from '../sandbox/manager.js';
+import { sandboxSharedDir } from '../sandbox/paths.js';
 import { SANDBOX_RECORD_KIND, type SandboxRecord } from '../sandbox/record.js';
+import { podSandboxStatusView } from '../sandbox/views.js';
 import { RecordStore } from '../store.js';
-import { containerHandlers } from './container-handlers.js';
+import { containerHandlers, containerStreamHandlers } from './container-handlers.js';
 import { loadCriPackage } from './proto.js';
 import { RUNTIME_RPCS_NOT_IMPLEMENTED, type RuntimeRpcHandlers } from './rpcs.js';
 import { runtimeConfigResponse, statusResponse, updateRuntimeConfig, versionResponse } from './runtime-info.js';
@@ -76,18 +80,37 @@ export async function startDaemon(options: DaemonOptions): Promise<Daemon> {
     readPcieFacts,
     cgroupDriverNamed: (name) => createCgroupDriver(name, driverOptions),
     // Containers are told when their sandbox stops or goes (containers is defined just below).
-    listener: { sandboxStopped: (id) => containers.sandboxStopped(id), sandboxRemoving: (id) => containers.sandboxRemoving(id) },
+    listener: {
+      sandboxStopping: (id, deadlineMs) => containers.sandboxStopping(id, deadlineMs),
+      sandboxStopped: (id) => containers.sandboxStopped(id),
+      sandboxRemoving: (id) => containers.sandboxRemoving(id),
+    },
   });
   const containerStore = new RecordStore<ContainerRecord>(config.stateDir, CONTAINER_RECORD_KIND, logger);
+  // What containers need of a sandbox's guest: its agent, its shared directory, its pod.
+  const guests: SandboxGuestAccess = {
+    agentOf: (id) => {
+      const live = sandboxes.find(id);
+      return live?.vm !== undefined ? live.agent : undefined;
+    },
+    sharedDirOf: (id) => sandboxSharedDir(config.stateDir, id),
+    guestSharedDir: GUEST_SHARED_DIR,
+    guestPodOf: (id) => sandboxes.find(id)?.record.guestPod ?? null,
+  };
   // Containers look images up; the image store asks containers whether an image is in use.
   const containers = new ContainerManager({
     config,
     logger,
     store: containerStore,
     sandboxes,
-    images: { resolveImage: (ref) => images.resolveImage(ref), rootfsFor: (id) => images.rootfsFor(id) },
+    images: {
+      resolveImage: (ref) => images.resolveImage(ref),
+      rootfsFor: (id) => images.rootfsFor(id),
+      imageConfig: (id) => images.imageConfig(id),
+    },
     host,
     readPcieFacts,
+    guests,
   });
   const images = new ImageService({
     stateDir: config.stateDir,
@@ -100,14 +123,15 @@ export async function startDaemon(options: DaemonOptions): Promise<Daemon> {
   await containers.recover();
   await images.init();
   const containerStatuses = (sandboxId: string) => containers.inSandbox(sandboxId).map(containerStatusView);
+  const stats = new StatsCollector(containers, guests);
 
   const runtimeHandlers: RuntimeRpcHandlers = {
     Version: async () => versionResponse(),
     Status: async (req: StatusRequest__Output) => statusResponse(config, facts, req),
     RuntimeConfig: async () => runtimeConfigResponse(facts),
     UpdateRuntimeConfig: async (req: UpdateRuntimeConfigRequest__Output, ctx) => updateRuntimeConfig(req, ctx),
-    ...sandboxHandlers(sandboxes, (live) => containerStatuses(live.record.id)),
-    ...containerHandlers(containers, resize),
+    ...sandboxHandlers(sandboxes, (live) => containerStatuses(live.record.id), stats),
+    ...containerHandlers(containers, resize, stats),
     ...RUNTIME_RPCS_NOT_IMPLEMENTED,
   };
 
@@ -120,12 +144,21 @@ export async function startDaemon(options: DaemonOptions): Promise<Daemon> {
       logger,
       metrics,
       services: [
-        { name: 'runtime.v1.RuntimeService', definition: cri.runtimeService, handlers: runtimeHandlers },
+        {
+          name: 'runtime.v1.RuntimeService',
+          definition: cri.runtimeService,
+          handlers: runtimeHandlers,
+          streams: containerStreamHandlers(containers, (id) => {
+            const live = sandboxes.find(id);
+            return live === undefined ? null : podSandboxStatusView(live.record);
+          }),
+        },
         { name: 'runtime.v1.ImageService', definition: cri.imageService, handlers: imageServiceHandlers(images) },
       ],
     });
   } catch (err) {
     await endpoint?.close();
+    await containers.close();
     sandboxes.close();
     images.close();
     throw err;
@@ -140,6 +173,7 @@ export async function startDaemon(options: DaemonOptions): Promise<Daemon> {
     close: async () => {
       await started.close();
       await endpoint?.close();
+      await containers.close();
       sandboxes.close();
       images.close();
       logger.info('kata-ts stopped');

@@ -7,6 +7,8 @@
  */
 import type { ServerUnaryCall } from '@grpc/grpc-js';
 import { unimplemented } from '../../common/errors.js';
+import type { ContainerEventResponse } from '../../generated/runtime/v1/ContainerEventResponse.js';
+import type { GetEventsRequest__Output } from '../../generated/runtime/v1/GetEventsRequest.js';
 import type { ImageServiceHandlers } from '../../generated/runtime/v1/ImageService.js';
 import type { RuntimeServiceHandlers } from '../../generated/runtime/v1/RuntimeService.js';
 import type { RequestContext } from '../context.js';
@@ -34,6 +36,22 @@ type UnaryCall<Request, Response> = (call: ServerUnaryCall<Request, Response>, c
 export type RuntimeRpcHandlers = UnaryRpcHandlers<RuntimeServiceHandlers>;
 /** Every unary rpc of `runtime.v1.ImageService`. */
 export type ImageRpcHandlers = UnaryRpcHandlers<ImageServiceHandlers>;
+/**
+ * A server-streaming rpc as kata-ts implements it: `send` writes one response (false: the client's
+ * buffer is full, keep going, grpc-js queues it); the handler resolves when the stream should end
+ * and watches `ctx.signal` for the client going away.
+ */
+export type ServerStreamRpcHandler<Request, Response> = (
+  request: Request,
+  send: (response: Response) => boolean,
+  ctx: RequestContext,
+) => Promise<void>;
+
+/** The server-streaming rpcs of `runtime.v1.RuntimeService` kata-ts serves. */
+export type RuntimeStreamHandlers = {
+  GetContainerEvents: ServerStreamRpcHandler<GetEventsRequest__Output, ContainerEventResponse>;
+};
+
 /** A unary rpc name of `runtime.v1.RuntimeService`. */
 export type RuntimeRpcName = keyof RuntimeRpcHandlers;
 
@@ -52,14 +70,8 @@ export function notImplementedYet(method: RuntimeRpcName | keyof ImageRpcHandler
 export const RUNTIME_RPCS_NOT_IMPLEMENTED = {
   Attach: notImplementedYet('Attach'),
   CheckpointContainer: notImplementedYet('CheckpointContainer'),
-  ContainerStats: notImplementedYet('ContainerStats'),
   Exec: notImplementedYet('Exec'),
-  ExecSync: notImplementedYet('ExecSync'),
-  ListContainerStats: notImplementedYet('ListContainerStats'),
   ListMetricDescriptors: notImplementedYet('ListMetricDescriptors'),
   ListPodSandboxMetrics: notImplementedYet('ListPodSandboxMetrics'),
-  ListPodSandboxStats: notImplementedYet('ListPodSandboxStats'),
-  PodSandboxStats: notImplementedYet('PodSandboxStats'),
   PortForward: notImplementedYet('PortForward'),
-  ReopenContainerLog: notImplementedYet('ReopenContainerLog'),
 } satisfies Partial<RuntimeRpcHandlers>;

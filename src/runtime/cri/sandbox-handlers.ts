@@ -1,16 +1,21 @@
 import type { ContainerStatus } from '../../generated/runtime/v1/ContainerStatus.js';
 import type { ListPodSandboxRequest__Output } from '../../generated/runtime/v1/ListPodSandboxRequest.js';
 import type { ListPodSandboxResponse } from '../../generated/runtime/v1/ListPodSandboxResponse.js';
+import type { ListPodSandboxStatsRequest__Output } from '../../generated/runtime/v1/ListPodSandboxStatsRequest.js';
+import type { ListPodSandboxStatsResponse } from '../../generated/runtime/v1/ListPodSandboxStatsResponse.js';
+import type { PodSandboxStatsRequest__Output } from '../../generated/runtime/v1/PodSandboxStatsRequest.js';
+import type { PodSandboxStatsResponse } from '../../generated/runtime/v1/PodSandboxStatsResponse.js';
 import type { PodSandboxStatusRequest__Output } from '../../generated/runtime/v1/PodSandboxStatusRequest.js';
 import type { PodSandboxStatusResponse } from '../../generated/runtime/v1/PodSandboxStatusResponse.js';
 import type { RemovePodSandboxRequest__Output } from '../../generated/runtime/v1/RemovePodSandboxRequest.js';
 import type { RunPodSandboxRequest__Output } from '../../generated/runtime/v1/RunPodSandboxRequest.js';
 import type { RunPodSandboxResponse } from '../../generated/runtime/v1/RunPodSandboxResponse.js';
 import type { StopPodSandboxRequest__Output } from '../../generated/runtime/v1/StopPodSandboxRequest.js';
+import type { StatsCollector } from '../container/stats-service.js';
 import { sandboxVerboseInfo } from '../sandbox/info.js';
 import type { LiveSandbox, SandboxManager } from '../sandbox/manager.js';
 import { nowNs } from '../sandbox/record.js';
-import { podSandboxStatusView, podSandboxView } from '../sandbox/views.js';
+import { matchesLabels, podSandboxStatusView, podSandboxView } from '../sandbox/views.js';
 import type { RuntimeRpcHandlers } from './rpcs.js';
 import type { CallContext } from './server.js';
 
@@ -21,8 +26,23 @@ export type SandboxContainerStatuses = (live: LiveSandbox) => ContainerStatus[];
  * Thin CRI handlers over the SandboxManager: decode nothing, decide nothing, map shapes. Each is
  * checked against its rpc in the generated RuntimeService (a misspelled name does not compile).
  */
-export function sandboxHandlers(sandboxes: SandboxManager, containerStatuses: SandboxContainerStatuses = () => []) {
+export function sandboxHandlers(sandboxes: SandboxManager, containerStatuses: SandboxContainerStatuses, stats: StatsCollector) {
   return {
+    PodSandboxStats: async (req: PodSandboxStatsRequest__Output): Promise<PodSandboxStatsResponse> => ({
+      stats: await stats.forSandbox(sandboxes.resolve(req.pod_sandbox_id)),
+    }),
+    ListPodSandboxStats: async (req: ListPodSandboxStatsRequest__Output): Promise<ListPodSandboxStatsResponse> => {
+      const f = req.filter;
+      const live = sandboxes
+        .list(null)
+        .filter((r) => (f === null || f.id === '' || r.id.startsWith(f.id)) && matchesLabels(r.spec.labels, f?.label_selector ?? {}));
+      const out = [];
+      for (const r of live) {
+        const l = sandboxes.find(r.id);
+        if (l !== undefined) out.push(await stats.forSandbox(l));
+      }
+      return { stats: out };
+    },
     RunPodSandbox: async (req: RunPodSandboxRequest__Output, ctx: CallContext): Promise<RunPodSandboxResponse> => ({
       pod_sandbox_id: await sandboxes.run(req, ctx),
     }),

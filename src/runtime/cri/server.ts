@@ -14,7 +14,7 @@ import { cancelled, invalid, isKataError, unimplemented } from '../../common/err
 import type { Logger } from '../../common/logger.js';
 import type { RequestContext } from '../context.js';
 import type { RuntimeMetrics } from '../metrics.js';
-import type { ImageRpcHandlers, RuntimeRpcHandlers } from './rpcs.js';
+import type { ImageRpcHandlers, RuntimeRpcHandlers, RuntimeStreamHandlers } from './rpcs.js';
 import { prepareSocketPath } from './socket.js';
 import { statusName, toServiceError } from './status.js';
 
@@ -29,7 +29,7 @@ type UnaryHandler = (request: never, ctx: CallContext) => Promise<unknown>;
  * rpc has its handler (src/runtime/cri/rpcs.ts). Streaming rpcs answer UNIMPLEMENTED.
  */
 export type ServiceBinding =
-  | { name: 'runtime.v1.RuntimeService'; definition: ServiceDefinition; handlers: RuntimeRpcHandlers }
+  | { name: 'runtime.v1.RuntimeService'; definition: ServiceDefinition; handlers: RuntimeRpcHandlers; streams?: RuntimeStreamHandlers }
   | { name: 'runtime.v1.ImageService'; definition: ServiceDefinition; handlers: ImageRpcHandlers };
 
 export interface CriServerOptions {
@@ -157,6 +157,41 @@ function streamingImplementation(method: string, opts: CriServerOptions): (call:
   };
 }
 
+type StreamHandler = (request: never, send: (response: unknown) => boolean, ctx: CallContext) => Promise<void>;
+
+/** A server-streaming rpc with its handler: runs until the handler resolves or the client goes. */
+function serverStreamImplementation(
+  method: string,
+  handler: StreamHandler,
+  opts: CriServerOptions,
+): (call: ServerWritableStream<unknown, unknown>) => void {
+  return (call) => {
+    const logger = opts.logger.child({ rpc: method });
+    const controller = new AbortController();
+    call.on('cancelled', () => controller.abort(cancelled('CALL_CANCELLED', `${method} was cancelled by the client`)));
+    const ctx: CallContext = { method, logger, signal: controller.signal, deadlineMs: deadlineOf(call), annotate: () => undefined };
+    logger.info('stream opened');
+    const run = async (): Promise<void> => {
+      if (isUndecodable(call.request))
+        throw invalid('REQUEST_UNDECODABLE', `request body of ${method} is not valid: ${call.request[UNDECODABLE]}`);
+      await handler(call.request as never, (response) => call.write(response), ctx);
+    };
+    run().then(
+      () => {
+        opts.metrics.observe(method, 'OK', 0);
+        if (!controller.signal.aborted) call.end();
+        logger.info({ code: 'OK' }, 'stream done');
+      },
+      (err: unknown) => {
+        const se = toServiceError(err);
+        opts.metrics.observe(method, statusName(se.code), 0);
+        logger.warn({ code: statusName(se.code), err: err instanceof Error ? err.message : String(err) }, 'stream failed');
+        if (!controller.signal.aborted) call.emit('error', se);
+      },
+    );
+  };
+}
+
 /** The handlers of a binding by rpc name, as the server looks them up from the service definition. */
 function handlersByName(binding: ServiceBinding): Readonly<Record<string, UnaryHandler | undefined>> {
   return binding.handlers;
@@ -165,9 +200,14 @@ function handlersByName(binding: ServiceBinding): Readonly<Record<string, UnaryH
 function implementService(binding: ServiceBinding, opts: CriServerOptions): UntypedServiceImplementation {
   const impl: UntypedServiceImplementation = {};
   const handlers = handlersByName(binding);
+  const streams: Readonly<Record<string, StreamHandler | undefined>> =
+    binding.name === 'runtime.v1.RuntimeService' ? (binding.streams ?? {}) : {};
   for (const [name, method] of Object.entries(binding.definition)) {
     const typeName = (method as { requestType?: { type?: { name?: string } } }).requestType?.type?.name ?? `${name}Request`;
-    if (method.requestStream || method.responseStream) {
+    const stream = streams[name];
+    if (!method.requestStream && method.responseStream && stream !== undefined) {
+      impl[name] = serverStreamImplementation(name, stream, opts) as never;
+    } else if (method.requestStream || method.responseStream) {
       impl[name] = streamingImplementation(name, opts) as never;
     } else {
       impl[name] = unaryImplementation(name, typeName, handlers[name], opts) as never;

@@ -16,7 +16,7 @@ export interface ResizeBasis {
   shape: VmShape;
   plan: {
     confidential: boolean;
-    sizing: { vm: Pick<VmShape, 'memoryMiB'>; vmmOverhead: { cpuMillicores: number; memoryBytes: number } };
+    sizing: { vm: Pick<VmShape, 'memoryMiB'>; vmmOverhead: { cpuMillicores: number; memoryBytes: number; translationCacheBytes?: number } };
   };
 }
 
@@ -83,7 +83,7 @@ export function budgetForShape(
 ): HostBudget {
   const overhead = basis.plan.sizing.vmmOverhead;
   return {
-    memoryLimitBytes: shape.memoryMiB * MiB + overhead.memoryBytes,
+    memoryLimitBytes: shape.memoryMiB * MiB + overhead.memoryBytes + (overhead.translationCacheBytes ?? 0),
     cpuQuotaMillicores: shape.vcpus * 1000 + overhead.cpuMillicores,
     cpuRequestMillicores: cpuRequestMillicores + overhead.cpuMillicores,
   };

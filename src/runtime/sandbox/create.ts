@@ -1,11 +1,12 @@
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
+import type { AgentClient } from '../../agent-client/index.js';
 import type { CgroupDriver, PlacementRecord } from '../../cgroups/index.js';
 import { errnoCode, errorMessage, internal, precondition } from '../../common/errors.js';
 import type { Logger } from '../../common/logger.js';
 import type { ResolvedHandler } from '../../config/handlers.js';
 import type { KataConfig } from '../../config/types.js';
-import { checkGuestAssets, startVm, type VmProcess, vmPaths } from '../../hypervisor/index.js';
+import { checkGuestAssets, startVirtiofsd, startVm, type VirtiofsdProcess, type VmPaths, type VmProcess } from '../../hypervisor/index.js';
 import { getKubeletPodResources, type KubeletPodResources, type PcieHostFacts } from '../../pcie/index.js';
 import type { HostCapacity } from '../../sizing/types.js';
 import { withSignal } from '../deadline.js';
@@ -13,10 +14,17 @@ import type { RuntimeFacts } from '../facts.js';
 import { planSandbox } from '../plan.js';
 import { cgroupParentOf, type SandboxSpec } from '../spec/sandbox.js';
 import type { RecordStore } from '../store.js';
-import { sandboxWorkDir, vmNameFor } from './paths.js';
+import { connectAgentClient } from './agent.js';
+import { sandboxArgvPaths, sandboxSharedDir, sandboxVmPaths, sandboxWorkDir, vmNameFor } from './paths.js';
 import { nowNs, type SandboxRecord } from './record.js';
+import { prepareSharedDir, releaseSharedMounts, removeWorkDir } from './shared-dir.js';
+
+/** The pod's /dev/shm in the guest: what the kubelet and containerd give a pod (the CRI has no size for it). */
+export const POD_SHM_SIZE_BYTES = 64 * 1024 * 1024;
 
 export interface CreateDeps {
+  /** How to reach a guest's agent (tests replace it); connectAgentClient unless given. */
+  connectAgent?: typeof connectAgentClient;
   config: KataConfig;
   facts: RuntimeFacts;
   store: RecordStore<SandboxRecord>;
@@ -42,17 +50,30 @@ export interface CreateRequest {
  * daemon crash at any point is rolled back by the next start. Any failure here rolls back what
  * was done (QEMU killed, cgroup removed, record and work dir deleted) and rethrows.
  */
-export async function createSandbox(deps: CreateDeps, req: CreateRequest): Promise<{ record: SandboxRecord; vm: VmProcess }> {
+export async function createSandbox(
+  deps: CreateDeps,
+  req: CreateRequest,
+): Promise<{ record: SandboxRecord; vm: VmProcess; agent: AgentClient | undefined }> {
   const { config } = deps;
   const log = req.logger;
   const { spec } = req;
   const cgroupParent = cgroupParentOf(spec);
   deps.cgroups.validateParent(cgroupParent);
-  const assets = await checkGuestAssets({ kernelPath: config.hypervisor.kernelPath, initrdPath: config.hypervisor.initrdPath });
+  const assets = await checkGuestAssets({
+    kernelPath: config.hypervisor.kernelPath,
+    initrdPath: config.hypervisor.initrdPath,
+    guestImagePath: config.hypervisor.guestImagePath,
+  });
   if (!assets.ok) throw precondition('GUEST_ASSETS_MISSING', assets.message);
 
   const workDir = sandboxWorkDir(config.stateDir, req.id);
-  const paths = vmPaths(workDir);
+  const allPaths = sandboxVmPaths(workDir);
+  // The guest image carries the agent: without one the VM runs no containers, so it gets neither
+  // the agent's port nor virtio-fs (a VM shaped as before the agent existed).
+  const withAgent = config.hypervisor.guestImagePath !== null;
+  const { agentSocket, virtiofsSocket, virtiofsdLog, ...basePaths } = allPaths;
+  const paths: VmPaths = basePaths;
+  const sharedDir = sandboxSharedDir(config.stateDir, req.id);
   const kubelet = await askKubelet(config, req);
   const plan = planSandbox({
     config: spec,
@@ -63,7 +84,7 @@ export async function createSandbox(deps: CreateDeps, req: CreateRequest): Promi
     accel: deps.facts.acceleration,
     hypervisor: config.hypervisor,
     vmName: vmNameFor(req.id),
-    paths,
+    paths: sandboxArgvPaths(workDir, config.hypervisor),
     simulateVfioWith: config.pcie.simulateVfioWith,
   });
   log.info({ handler: plan.handler, source: plan.sizing.source, vm: plan.sizing.vm, pcie: plan.pcie.description }, 'sandbox planned');
@@ -84,14 +105,19 @@ export async function createSandbox(deps: CreateDeps, req: CreateRequest): Promi
     shape: plan.sizing.vm,
     topology: plan.pcie.topology,
     vmm: null,
+    virtiofsd: null,
     placement: null,
     guest: null,
+    guestPod: null,
     exit: null,
   };
 
   let dirCreated = false;
   let recordWritten = false;
+  let sharedMounted = false;
+  let virtiofsd: VirtiofsdProcess | undefined;
   let vm: VmProcess | undefined;
+  let agent: AgentClient | undefined;
   let placement: PlacementRecord | undefined;
   const started = Date.now();
   try {
@@ -107,6 +133,22 @@ export async function createSandbox(deps: CreateDeps, req: CreateRequest): Promi
     recordWritten = true;
     req.signal.throwIfAborted();
 
+    if (withAgent) {
+      sharedMounted = true; // set first: a half-made mount is released by the rollback all the same
+      await prepareSharedDir(sharedDir);
+      // virtiofsd listens before QEMU starts: QEMU connects to it as the client.
+      virtiofsd = await startVirtiofsd({
+        binary: config.hypervisor.virtiofsdBinary,
+        socketPath: virtiofsSocket,
+        sourceDir: sharedDir,
+        logFile: virtiofsdLog,
+        logger: log,
+      });
+      record.virtiofsd = { pid: virtiofsd.pid, startTimeTicks: virtiofsd.startTimeTicks, socketPath: virtiofsSocket };
+      await deps.store.put(record);
+      req.signal.throwIfAborted();
+    }
+
     vm = await startVm({
       qemuBinary: plan.qemu.binary,
       argv: plan.qemu.argv,
@@ -115,24 +157,48 @@ export async function createSandbox(deps: CreateDeps, req: CreateRequest): Promi
       logger: log,
       qmpTimeoutMs: config.hypervisor.qmpTimeoutMs,
     });
-    record.vmm = { pid: vm.pid, startTimeTicks: vm.startTimeTicks, workDir, ...paths };
+    record.vmm = {
+      pid: vm.pid,
+      startTimeTicks: vm.startTimeTicks,
+      workDir,
+      ...paths,
+      ...(withAgent ? { agentSocket, virtiofsSocket } : {}),
+    };
     await deps.store.put(record);
     req.signal.throwIfAborted();
 
-    // Placed while still paused (-S): no guest instruction runs outside the pod's budget.
-    placement = await deps.cgroups.place({ sandboxId: req.id, cgroupParent, pid: vm.pid, limits: plan.sizing.host });
+    // Placed while still paused (-S): no guest instruction runs outside the pod's budget, and
+    // virtiofsd (which serves the guest's file I/O) shares that budget.
+    placement = await deps.cgroups.place({
+      sandboxId: req.id,
+      cgroupParent,
+      pid: vm.pid,
+      ...(virtiofsd === undefined ? {} : { extraPids: [virtiofsd.pid] }),
+      limits: plan.sizing.host,
+    });
     record.placement = placement;
     await deps.store.put(record);
-    log.info({ pid: vm.pid, placement: deps.cgroups.describe(placement) }, 'VMM placed; resuming the VM');
+    log.info({ pid: vm.pid, virtiofsdPid: virtiofsd?.pid, placement: deps.cgroups.describe(placement) }, 'VMM placed; resuming the VM');
 
     await vm.resume();
     const report = await withSignal(vm.waitForReady(req.readyTimeoutMs), req.signal);
     record.guest = { vcpus: report.vcpus, memoryKiB: report.memoryKiB };
+    if (withAgent) {
+      // The agent starts after init's ready line (node's start-up): the rest of the ready budget.
+      const agentTimeoutMs = Math.max(1, req.readyTimeoutMs - (Date.now() - started));
+      agent = await withSignal((deps.connectAgent ?? connectAgentClient)(agentSocket, log, agentTimeoutMs, req.signal), req.signal);
+      const pod = await agent.createPod(
+        { podId: req.id, hostname: spec.hostname, shmSizeBytes: POD_SHM_SIZE_BYTES },
+        { timeoutMs: Math.max(1, req.readyTimeoutMs - (Date.now() - started)), signal: req.signal },
+      );
+      if (!pod.sharedDirMounted) log.warn({ sharedDir: pod.sharedDir }, 'the guest did not mount the shared directory');
+      record.guestPod = { pausePid: pod.pausePid, shmPath: pod.shmPath };
+    }
     record.phase = 'running';
     record.state = 'SANDBOX_READY';
     await deps.store.put(record);
-    log.info({ pid: vm.pid, guest: record.guest, bootMs: Date.now() - started }, 'sandbox ready');
-    return { record, vm };
+    log.info({ pid: vm.pid, guest: record.guest, guestPod: record.guestPod, bootMs: Date.now() - started }, 'sandbox ready');
+    return { record, vm, agent };
   } catch (err) {
     log.warn({ err: errorMessage(err) }, 'sandbox creation failed; rolling back');
     await rollback();
@@ -141,11 +207,15 @@ export async function createSandbox(deps: CreateDeps, req: CreateRequest): Promi
 
   async function rollback(): Promise<void> {
     const steps: Array<[string, () => Promise<unknown>]> = [];
-    // Order matters: the VMM must be gone before its cgroup can be removed.
+    // Order matters: the VMM must be gone before its cgroup can be removed, and virtiofsd
+    // (which holds the shared directory) before the mounts go.
+    if (agent !== undefined) steps.push(['close the agent client', async () => agent!.close()]);
     if (vm !== undefined) steps.push(['kill QEMU', () => vm!.kill()]);
+    if (virtiofsd !== undefined) steps.push(['stop virtiofsd', () => virtiofsd!.stop(0)]);
     if (placement !== undefined) steps.push(['remove cgroup', () => deps.cgroups.remove(placement!)]);
+    if (sharedMounted) steps.push(['unmount the shared dir', () => releaseSharedMounts(sharedDir, log)]);
     if (recordWritten) steps.push(['delete record', () => deps.store.delete(req.id)]);
-    if (dirCreated) steps.push(['remove work dir', () => fsp.rm(workDir, { recursive: true, force: true })]);
+    if (dirCreated) steps.push(['remove work dir', () => removeWorkDir(workDir, log)]);
     for (const [what, step] of steps) {
       try {
         await step();

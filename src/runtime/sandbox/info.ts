@@ -1,6 +1,6 @@
 import type { CgroupDriver } from '../../cgroups/index.js';
 import { errorMessage } from '../../common/errors.js';
-import type { QmpPciBus, QmpPciDevice, VmProcess } from '../../hypervisor/index.js';
+import { isSameLiveProcess, type QmpPciBus, type QmpPciDevice, type VmProcess } from '../../hypervisor/index.js';
 import type { LiveSandbox } from './manager.js';
 
 /** Sizes as QEMU itself reports them (not as planned): what the VM really has right now. */
@@ -41,6 +41,18 @@ export function portOccupancy(buses: QmpPciBus[]): PortOccupancy[] {
   return out;
 }
 
+/** The agent's session as the daemon holds it: connected or not, and what its latest Hello said. */
+function agentInfo(live: LiveSandbox): Record<string, unknown> | null {
+  if (live.agent === undefined) return null;
+  const hello = live.agent.connection.hello;
+  return {
+    connected: live.agent.connection.connected,
+    apiVersion: hello?.apiVersion ?? null,
+    agentVersion: hello?.agentVersion ?? null,
+    agentInstanceId: hello?.agentInstanceId ?? null,
+  };
+}
+
 /**
  * PodSandboxStatus verbose info (the JSON string under "info", as containerd and CRI-O do): the
  * plan, the VMM's pid and acceleration, where it was placed, what QMP and the guest report.
@@ -73,6 +85,12 @@ export async function sandboxVerboseInfo(live: LiveSandbox, cgroups: CgroupDrive
       occupant: p.occupant?.qemuId ?? null,
     })),
     guest: record.guest,
+    agent: agentInfo(live),
+    virtiofsd:
+      record.virtiofsd === null
+        ? null
+        : { pid: record.virtiofsd.pid, running: isSameLiveProcess(record.virtiofsd.pid, record.virtiofsd.startTimeTicks) },
+    guestPod: record.guestPod,
     exit: record.exit,
     plan: {
       source: record.plan.sizing.source,

@@ -1,4 +1,4 @@
-import { promises as fsp } from 'node:fs';
+import type { AgentClient } from '../../agent-client/index.js';
 import type { CgroupDriver, CgroupDriverName, PlacementRecord } from '../../cgroups/index.js';
 import { alreadyExists, errorMessage, notFound } from '../../common/errors.js';
 import { newObjectId, resolveIdPrefix } from '../../common/ids.js';
@@ -14,10 +14,15 @@ import type { RuntimeMetrics } from '../metrics.js';
 import { decodeSandboxSpec } from '../spec/sandbox.js';
 import { type CreateDeps, createSandbox } from './create.js';
 import { killAndWait } from './orphans.js';
-import { sandboxWorkDir } from './paths.js';
+import { sandboxSharedDir, sandboxWorkDir } from './paths.js';
 import { identityKey, type SandboxExitRecord, type SandboxRecord } from './record.js';
 import { recoverSandboxes } from './recover.js';
+import { releaseSharedMounts, removeWorkDir } from './shared-dir.js';
+import { destroyGuestPod, type StopBudget, stopBudget, tellStopping } from './stop.js';
 import { sandboxMatches } from './views.js';
+import { stopVirtiofsd } from './virtiofsd.js';
+
+export { CONTAINERS_STOP_MAX_MS } from './stop.js';
 
 export interface SandboxManagerDeps extends CreateDeps {
   logger: Logger;
@@ -32,12 +37,25 @@ export interface SandboxManagerDeps extends CreateDeps {
 export interface LiveSandbox {
   record: SandboxRecord;
   vm: VmProcess | undefined;
+  /**
+   * The guest agent's client: connected once the guest is up (RunPodSandbox), connected again
+   * (a new session; the agent kept running) after a daemon restart; undefined when the VM is gone.
+   * The connection re-dials by itself when a session drops; calls wait for it within their deadline.
+   */
+  agent: AgentClient | undefined;
   /** Set while StopPodSandbox brings the VM down, so its exit is not mistaken for a crash. */
   stopping: boolean;
 }
 
 /** What the layers above (containers) hear of a sandbox's lifecycle; given at construction. */
 export interface SandboxListener {
+  /**
+   * Called under the sandbox's lock at the start of StopPodSandbox (and RemovePodSandbox's stop)
+   * while the VM and its agent are still up, so that containers are stopped with their own
+   * timeouts before the VM goes. Must settle within `deadlineMs` (a share of the stop deadline);
+   * the VM is shut down afterwards whatever happened.
+   */
+  sandboxStopping(sandboxId: string, deadlineMs: number): Promise<void>;
   /** Called under the sandbox's lock after its VM is gone (stop, or death), before its record is saved. */
   sandboxStopped(sandboxId: string): Promise<void>;
   /** Called under the sandbox's lock before its record is deleted. */
@@ -54,6 +72,8 @@ export type SandboxAccess = Pick<SandboxManager, 'find' | 'withSandbox' | 'withS
 export interface SandboxHandle {
   readonly record: SandboxRecord;
   readonly vm: VmProcess | undefined;
+  /** The guest agent's client (see LiveSandbox.agent). */
+  readonly agent: AgentClient | undefined;
   /** Write the record as it is now (after a hot-plug, a resize). */
   persist(): Promise<void>;
   /** The cgroup driver that made `placement` (see SandboxManager.cgroupsFor). */
@@ -100,7 +120,7 @@ export class SandboxManager {
     this.identities.set(key, id);
     ctx.annotate({ sandboxId: id });
     try {
-      const { record, vm } = await this.locks.run(id, () =>
+      const { record, vm, agent } = await this.locks.run(id, () =>
         createSandbox(this.deps, {
           id,
           spec,
@@ -111,7 +131,7 @@ export class SandboxManager {
           readyTimeoutMs: boundedTimeoutMs(this.deps.config.hypervisor.readyTimeoutMs, ctx),
         }),
       );
-      const live: LiveSandbox = { record, vm, stopping: false };
+      const live: LiveSandbox = { record, vm, agent, stopping: false };
       this.sandboxes.set(id, live);
       this.watchExit(live, vm);
       this.updateGauge();
@@ -170,6 +190,9 @@ export class SandboxManager {
       get vm() {
         return live.vm;
       },
+      get agent() {
+        return live.agent;
+      },
       persist: () => this.deps.store.put(live.record),
       cgroupsFor: (placement) => this.cgroupsFor(placement),
     };
@@ -190,18 +213,19 @@ export class SandboxManager {
       return;
     }
     ctx.annotate({ sandboxId: live.record.id });
-    await this.locks.run(live.record.id, () =>
-      this.stopLocked(live, boundedTimeoutMs(this.deps.config.hypervisor.stopTimeoutMs, ctx, 1000)),
-    );
+    await this.locks.run(live.record.id, () => this.stopLocked(live, stopBudget(this.deps.config, ctx)));
   }
 
-  private async stopLocked(live: LiveSandbox, timeoutMs: number): Promise<void> {
+  private async stopLocked(live: LiveSandbox, budget: StopBudget): Promise<void> {
     const { record } = live;
     const log = this.deps.logger.child({ sandboxId: record.id });
     let exit: SandboxExitRecord | null = record.exit;
     if (live.vm !== undefined && live.vm.exitInfo === undefined) {
+      // Containers first, while the VM and its agent are up, so they stop with their timeouts.
+      await tellStopping(this.deps.listener, record.id, budget.containersMs, log);
+      await destroyGuestPod(live, log);
       live.stopping = true;
-      const result = await live.vm.shutdown({ timeoutMs });
+      const result = await live.vm.shutdown({ timeoutMs: budget.vmMs });
       log.info({ how: result.how, exit: result.exit }, 'VM stopped');
       exit = await this.exitRecord(live.vm, result.exit, 'stopped');
     } else if (live.vm === undefined && record.vmm !== null && isSameLiveProcess(record.vmm.pid, record.vmm.startTimeTicks)) {
@@ -212,15 +236,25 @@ export class SandboxManager {
     }
     live.vm?.release();
     live.vm = undefined;
+    live.agent?.close();
+    live.agent = undefined;
     // The VM is gone: say so durably before touching cgroups, so that a teardown failure below
     // leaves an honest NOTREADY sandbox whose Stop can simply be retried.
     const changed = record.state !== 'SANDBOX_NOTREADY' || record.phase !== 'stopped' || record.exit !== exit;
     record.state = 'SANDBOX_NOTREADY';
     record.phase = 'stopped';
     record.exit = exit;
+    record.guestPod = null;
     await this.deps.listener.sandboxStopped(record.id);
     if (changed) await this.deps.store.put(record);
     this.updateGauge();
+    // virtiofsd leaves before its cgroup can go, and before the shared directory's mounts.
+    await stopVirtiofsd(record, log);
+    if (record.virtiofsd !== null) {
+      record.virtiofsd = null;
+      await this.deps.store.put(record);
+    }
+    await releaseSharedMounts(sandboxSharedDir(this.deps.config.stateDir, record.id), log);
     if (record.placement !== null) {
       await this.cgroupsFor(record.placement).remove(record.placement);
       record.placement = null;
@@ -237,10 +271,10 @@ export class SandboxManager {
     ctx.annotate({ sandboxId: record.id });
     await this.locks.run(record.id, async () => {
       if (!this.sandboxes.has(record.id)) return; // removed while we waited for the lock
-      await this.stopLocked(live, boundedTimeoutMs(this.deps.config.hypervisor.stopTimeoutMs, ctx, 1000));
+      await this.stopLocked(live, stopBudget(this.deps.config, ctx));
       await this.deps.listener.sandboxRemoving(record.id);
       await this.deps.store.delete(record.id);
-      await fsp.rm(sandboxWorkDir(this.deps.config.stateDir, record.id), { recursive: true, force: true });
+      await removeWorkDir(sandboxWorkDir(this.deps.config.stateDir, record.id), this.deps.logger.child({ sandboxId: record.id }));
       this.sandboxes.delete(record.id);
       this.identities.delete(identityKey(record.metadata));
       this.updateGauge();
@@ -257,7 +291,10 @@ export class SandboxManager {
 
   /** Stop serving: drop connections to the VMs, which keep running for the next start. */
   close(): void {
-    for (const live of this.sandboxes.values()) live.vm?.release();
+    for (const live of this.sandboxes.values()) {
+      live.vm?.release();
+      live.agent?.close();
+    }
   }
 
   /** A VM that exits without StopPodSandbox makes its sandbox NOTREADY at once, with why. */
@@ -273,8 +310,14 @@ export class SandboxManager {
         await this.locks.run(live.record.id, async () => {
           if (live.vm !== vm || !this.sandboxes.has(live.record.id)) return;
           live.vm = undefined;
+          live.agent?.close();
+          live.agent = undefined;
           live.record.phase = 'stopped';
           live.record.exit = record;
+          live.record.guestPod = null;
+          // virtiofsd ends when QEMU disconnects; one that did not is stopped here.
+          await stopVirtiofsd(live.record, this.deps.logger.child({ sandboxId: live.record.id }));
+          live.record.virtiofsd = null;
           await this.deps.listener.sandboxStopped(live.record.id);
           await this.deps.store.put(live.record);
         });

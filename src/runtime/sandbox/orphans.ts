@@ -20,6 +20,23 @@ export async function qemuPidsUsing(workDir: string, procRoot = '/proc'): Promis
   return pids;
 }
 
+/**
+ * virtiofsd processes whose socket is inside `workDir`: a creation cut short between starting
+ * virtiofsd and recording its pid. Same reasoning as qemuPidsUsing (the work dir is unique).
+ */
+export async function virtiofsdPidsUsing(workDir: string, procRoot = '/proc'): Promise<number[]> {
+  const prefix = `--socket-path=${path.join(workDir, '')}`;
+  const pids: number[] = [];
+  for (const entry of await fsp.readdir(procRoot)) {
+    if (!/^[0-9]+$/.test(entry)) continue;
+    const pid = Number(entry);
+    const argv = readCmdline(pid, procRoot);
+    if (!path.basename(argv[0] ?? '').startsWith('virtiofsd')) continue;
+    if (argv.some((a) => a.startsWith(prefix))) pids.push(pid);
+  }
+  return pids;
+}
+
 /** SIGKILL a process and wait (up to `timeoutMs`) until it is gone. */
 export async function killAndWait(pid: number, timeoutMs = 5000): Promise<void> {
   try {

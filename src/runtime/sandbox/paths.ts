@@ -1,4 +1,6 @@
 import path from 'node:path';
+import type { HypervisorConfig } from '../../config/types.js';
+import { type VmPaths, type VmSocketPaths, vmPaths } from '../../hypervisor/index.js';
 
 /**
  * A sandbox's runtime directory: its QMP and ready sockets, the QEMU log and the guest console.
@@ -14,4 +16,37 @@ export function sandboxWorkDir(stateDir: string, sandboxId: string): string {
 /** QEMU's `-name guest=` value, what `ps` shows next to the pid. */
 export function vmNameFor(sandboxId: string): string {
   return `kata-ts-${sandboxId.slice(0, 16)}`;
+}
+
+/**
+ * The host directory a sandbox's virtiofsd shares with its guest (the guest sees it at
+ * GUEST_SHARED_DIR, `/run/kata-ts/shared`). The sandbox layer owns the directory itself (created
+ * 0700, a bind mount of itself with shared propagation, so that bind mounts added under it later
+ * reach virtiofsd's mount namespace); containers' files go under `containers/<containerId>/`.
+ */
+export function sandboxSharedDir(stateDir: string, sandboxId: string): string {
+  return path.join(sandboxWorkDir(stateDir, sandboxId), 'shared');
+}
+
+/**
+ * Every path of a sandbox's VM: QMP, ready, console and QEMU log (vmPaths), plus the agent's
+ * port socket and virtiofsd's socket, all inside the work dir (short: sun_path holds 107 bytes).
+ */
+export function sandboxVmPaths(workDir: string): VmPaths & { agentSocket: string; virtiofsSocket: string; virtiofsdLog: string } {
+  return {
+    ...vmPaths(workDir),
+    agentSocket: path.join(workDir, 'agent.sock'),
+    virtiofsSocket: path.join(workDir, 'vfs.sock'),
+    virtiofsdLog: path.join(workDir, 'virtiofsd.log'),
+  };
+}
+
+/**
+ * The sockets the QEMU argv names, as RunPodSandbox (and `kata-ts plan`) builds it: with a guest
+ * image (which carries the agent) the VM gets the agent's port and virtio-fs; without one it runs
+ * no containers and gets neither.
+ */
+export function sandboxArgvPaths(workDir: string, hypervisor: Pick<HypervisorConfig, 'guestImagePath'>): VmSocketPaths {
+  const { agentSocket, virtiofsSocket, virtiofsdLog: _log, qemuLog: _qemuLog, ...paths } = sandboxVmPaths(workDir);
+  return hypervisor.guestImagePath === null ? paths : { ...paths, agentSocket, virtiofsSocket };
 }

@@ -25,6 +25,27 @@ export interface VmmRecord {
   readySocket: string;
   consoleLog: string;
   qemuLog: string;
+  /** QEMU's end of the agent's virtio-serial port (absent: a VM without an agent, format 2). */
+  agentSocket?: string;
+  /** virtiofsd's vhost-user socket (absent: a VM without virtio-fs, format 2). */
+  virtiofsSocket?: string;
+}
+
+/** The sandbox's virtiofsd (started before QEMU; identified by pid + start time like QEMU). */
+export interface VirtiofsdRecord {
+  pid: number;
+  startTimeTicks: number;
+  socketPath: string;
+}
+
+/**
+ * The pod inside the guest: a pause process holding the pod's PID, IPC and UTS namespaces
+ * (containers join `/proc/<pausePid>/ns/{pid,ipc,uts}`; network is the guest's own namespace)
+ * and the pod's /dev/shm, a tmpfs in the guest at `shmPath`.
+ */
+export interface GuestPodRecord {
+  pausePid: number;
+  shmPath: string;
 }
 
 export interface SandboxExitRecord {
@@ -60,9 +81,13 @@ export interface SandboxRecord {
   /** The PCIe topology as it is now: the plan's at boot, updated after each confirmed hot-plug. */
   topology: PcieTopology;
   vmm: VmmRecord | null;
+  /** Set as soon as virtiofsd runs (before QEMU); null for a sandbox without virtio-fs. */
+  virtiofsd: VirtiofsdRecord | null;
   placement: PlacementRecord | null;
   /** What the guest kernel reported when it came up. */
   guest: { vcpus: number; memoryKiB: number } | null;
+  /** The pod in the guest (CreatePod's answer); null until the agent made it, or without an agent. */
+  guestPod: GuestPodRecord | null;
   exit: SandboxExitRecord | null;
 }
 
@@ -71,18 +96,27 @@ const anyObject = { type: 'object' } as const;
 const nullable = (schema: object): object => ({ anyOf: [{ type: 'null' }, schema] });
 
 /**
- * Format 2 (this one) stores the typed `spec`; format 1 stored the decoded request as `podConfig`.
- * Records of format 1 are migrated on load (see migrateSandboxRecord).
+ * Format 3 (this one) adds `virtiofsd` and `guestPod` (and the optional agent and virtio-fs
+ * sockets of `vmm`); format 2 stored the typed `spec`; format 1 stored the decoded request as
+ * `podConfig`. Older records are migrated on load (see migrateSandboxRecord).
  */
-export const SANDBOX_RECORD_VERSION = 2;
+export const SANDBOX_RECORD_VERSION = 3;
 
-/** Format 1 -> current: `podConfig` becomes `spec` through the request decoder. Pure; throws when it cannot. */
+/**
+ * Format 1 or 2 -> current. 1 -> 2: `podConfig` becomes `spec` through the request decoder.
+ * 2 -> 3: a sandbox of format 2 had no virtiofsd and no pod in its guest (null both). Pure;
+ * throws when it cannot.
+ */
 export function migrateSandboxRecord(fromVersion: number, record: unknown): unknown {
-  if (fromVersion !== 1) throw new Error(`no migration from sandbox record format ${fromVersion}`);
+  if (fromVersion !== 1 && fromVersion !== 2) throw new Error(`no migration from sandbox record format ${fromVersion}`);
   if (typeof record !== 'object' || record === null) throw new Error('the record is not an object');
-  const { podConfig, ...rest } = record as { podConfig?: unknown } & Record<string, unknown>;
-  if (typeof podConfig !== 'object' || podConfig === null) throw new Error('podConfig is missing');
-  return { ...rest, spec: sandboxSpecFromV1(podConfig as Record<string, unknown>) };
+  let out = record as Record<string, unknown>;
+  if (fromVersion === 1) {
+    const { podConfig, ...rest } = out as { podConfig?: unknown } & Record<string, unknown>;
+    if (typeof podConfig !== 'object' || podConfig === null) throw new Error('podConfig is missing');
+    out = { ...rest, spec: sandboxSpecFromV1(podConfig as Record<string, unknown>) };
+  }
+  return { ...out, virtiofsd: out.virtiofsd ?? null, guestPod: out.guestPod ?? null };
 }
 
 export const SANDBOX_RECORD_KIND: RecordKind = {
@@ -109,8 +143,10 @@ export const SANDBOX_RECORD_KIND: RecordKind = {
       'shape',
       'topology',
       'vmm',
+      'virtiofsd',
       'placement',
       'guest',
+      'guestPod',
       'exit',
     ],
     properties: {
@@ -175,6 +211,18 @@ export const SANDBOX_RECORD_KIND: RecordKind = {
           readySocket: { type: 'string' },
           consoleLog: { type: 'string' },
           qemuLog: { type: 'string' },
+          agentSocket: { type: 'string' },
+          virtiofsSocket: { type: 'string' },
+        },
+      }),
+      virtiofsd: nullable({
+        type: 'object',
+        additionalProperties: false,
+        required: ['pid', 'startTimeTicks', 'socketPath'],
+        properties: {
+          pid: { type: 'integer', minimum: 1 },
+          startTimeTicks: { type: 'integer', minimum: 0 },
+          socketPath: { type: 'string' },
         },
       }),
       placement: nullable({
@@ -204,6 +252,12 @@ export const SANDBOX_RECORD_KIND: RecordKind = {
         additionalProperties: false,
         required: ['vcpus', 'memoryKiB'],
         properties: { vcpus: { type: 'integer' }, memoryKiB: { type: 'integer' } },
+      }),
+      guestPod: nullable({
+        type: 'object',
+        additionalProperties: false,
+        required: ['pausePid', 'shmPath'],
+        properties: { pausePid: { type: 'integer', minimum: 1 }, shmPath: { type: 'string', minLength: 1 } },
       }),
       exit: nullable({
         type: 'object',

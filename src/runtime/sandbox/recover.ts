@@ -1,13 +1,17 @@
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
+import type { AgentClient } from '../../agent-client/index.js';
 import { errorMessage, isReason } from '../../common/errors.js';
 import type { Logger } from '../../common/logger.js';
 import { attachVm, isSameLiveProcess, type VmProcess } from '../../hypervisor/index.js';
 import { cgroupParentOf } from '../spec/sandbox.js';
+import { reopenAgentClient } from './agent.js';
 import type { LiveSandbox, SandboxManagerDeps } from './manager.js';
-import { killAndWait, qemuPidsUsing } from './orphans.js';
+import { killAndWait, qemuPidsUsing, virtiofsdPidsUsing } from './orphans.js';
 import { sandboxWorkDir } from './paths.js';
 import type { SandboxRecord } from './record.js';
+import { removeWorkDir } from './shared-dir.js';
+import { stopVirtiofsd } from './virtiofsd.js';
 
 type RecoverDeps = SandboxManagerDeps;
 
@@ -28,12 +32,13 @@ export async function recoverSandboxes(deps: RecoverDeps): Promise<LiveSandbox[]
         await rollBackInterruptedCreate(deps, record, slog);
         continue;
       }
-      out.push({ record, vm: record.state === 'SANDBOX_READY' ? await reattach(deps, record, slog) : undefined, stopping: false });
+      const vm = record.state === 'SANDBOX_READY' ? await reattach(deps, record, slog) : undefined;
+      out.push({ record, vm, agent: vm === undefined ? undefined : reconnectAgent(record, slog), stopping: false });
     } catch (err) {
       // A sandbox that cannot be reconciled is kept, NOTREADY, so Stop/Remove can still clean it.
       slog.error({ err: errorMessage(err) }, 'sandbox could not be recovered; marked NOTREADY');
       record.state = 'SANDBOX_NOTREADY';
-      out.push({ record, vm: undefined, stopping: false });
+      out.push({ record, vm: undefined, agent: undefined, stopping: false });
     }
   }
   await removeStrayWorkDirs(deps, new Set(records.map((r) => r.id)), log);
@@ -62,6 +67,10 @@ async function reattach(deps: RecoverDeps, record: SandboxRecord, log: Logger): 
       record.state = 'SANDBOX_NOTREADY';
       record.phase = 'stopped';
       record.exit = { at: new Date().toISOString(), code: null, signal: null, reason: 'gone-while-down', logTail: '' };
+      record.guestPod = null;
+      // virtiofsd ends with QEMU's connection; one that did not is stopped.
+      await stopVirtiofsd(record, log);
+      record.virtiofsd = null;
       await deps.store.put(record);
       return undefined;
     }
@@ -79,6 +88,19 @@ async function reattach(deps: RecoverDeps, record: SandboxRecord, log: Logger): 
   return vm;
 }
 
+/**
+ * The agent of a re-attached VM: a new session to the same agent (which kept running), opened in
+ * the background; virtiofsd is only checked (it serves QEMU, not us: nothing to re-attach to).
+ */
+function reconnectAgent(record: SandboxRecord, log: Logger): AgentClient | undefined {
+  const v = record.virtiofsd;
+  if (v !== null && !isSameLiveProcess(v.pid, v.startTimeTicks)) {
+    log.error({ pid: v.pid }, 'virtiofsd is gone: the guest has lost its shared directory');
+  }
+  const socket = record.vmm?.agentSocket;
+  return socket === undefined ? undefined : reopenAgentClient(socket, log);
+}
+
 async function rollBackInterruptedCreate(deps: RecoverDeps, record: SandboxRecord, log: Logger): Promise<void> {
   const workDir = sandboxWorkDir(deps.config.stateDir, record.id);
   log.warn('RunPodSandbox was interrupted by a restart; rolling it back');
@@ -88,6 +110,11 @@ async function rollBackInterruptedCreate(deps: RecoverDeps, record: SandboxRecor
     // The crash came between spawning QEMU and recording its pid: find it by its work dir.
     for (const pid of await qemuPidsUsing(workDir)) await killAndWait(pid);
   }
+  // virtiofsd: by its record, or (crash before that was written) by its socket in the work dir.
+  if (record.virtiofsd !== null) {
+    if (isSameLiveProcess(record.virtiofsd.pid, record.virtiofsd.startTimeTicks)) await killAndWait(record.virtiofsd.pid);
+  }
+  for (const pid of await virtiofsdPidsUsing(workDir)) await killAndWait(pid);
   const driverName = record.placement?.driver ?? record.cgroupDriver;
   const driver = driverName === deps.cgroups.name ? deps.cgroups : deps.cgroupDriverNamed(driverName);
   if (record.placement !== null) {
@@ -97,7 +124,8 @@ async function rollBackInterruptedCreate(deps: RecoverDeps, record: SandboxRecor
     const cgroupParent = cgroupParentOf(record.spec);
     await driver.remove(await driver.placementFor(record.id, cgroupParent));
   }
-  await fsp.rm(workDir, { recursive: true, force: true });
+  // The shared directory's mounts go before anything below them is deleted.
+  await removeWorkDir(workDir, log);
   await deps.store.delete(record.id);
 }
 
@@ -115,7 +143,8 @@ async function removeStrayWorkDirs(deps: RecoverDeps, known: Set<string>, log: L
     if (knownPrefixes.has(entry)) continue;
     const dir = path.join(vmRoot, entry);
     for (const pid of await qemuPidsUsing(dir)) await killAndWait(pid);
-    await fsp.rm(dir, { recursive: true, force: true });
+    for (const pid of await virtiofsdPidsUsing(dir)) await killAndWait(pid);
+    await removeWorkDir(dir, log);
     log.warn({ dir }, 'removed a work directory without a sandbox record');
   }
 }

@@ -27,6 +27,8 @@ const res = (requests: Record<string, string>, limits: Record<string, string> = 
   requests: Object.fromEntries(Object.entries(requests).map(([k, v]) => [k, q(v)])),
   limits: Object.fromEntries(Object.entries(limits).map(([k, v]) => [k, q(v)])),
 });
+/** A volume's host path (created by the test, under its runtime's directory). */
+let DATA = '';
 const GPU_DEVICE = { container_path: '/dev/vfio/12', host_path: '/dev/vfio/12', permissions: 'rw' };
 
 interface SandboxInfo {
@@ -63,6 +65,8 @@ describe('containers in pod VMs', () => {
     const cfg = JSON.parse(await fsp.readFile(rt.configPath, 'utf8')) as { images: Record<string, unknown> };
     cfg.images.registriesConfigPath = registries;
     await fsp.writeFile(rt.configPath, JSON.stringify(cfg));
+    DATA = path.join(rt.dir, 'volumes', 'data');
+    await fsp.mkdir(DATA, { recursive: true });
     await rt.start();
     await rpc(rt.cri.image, 'PullImage', { image: { image } });
   });
@@ -105,7 +109,7 @@ describe('containers in pod VMs', () => {
             name: 'app',
             type: 'REGULAR_CONTAINER',
             kubernetes_resources: res({ cpu: '250m', memory: '128Mi' }, { cpu: '500m', memory: '256Mi' }),
-            mounts: [{ container_path: '/data', host_path: '/var/lib/kubelet/pods/x/volumes/data', readonly: false }],
+            mounts: [{ container_path: '/data', host_path: DATA, readonly: false }],
           },
           { name: 'gpu', type: 'REGULAR_CONTAINER', kubernetes_resources: res({ cpu: '100m', memory: '64Mi' }), devices: [GPU_DEVICE] },
         ],
@@ -126,7 +130,7 @@ describe('containers in pod VMs', () => {
       sandboxConfig,
       containerConfig('app', {
         kubernetes_resources: res({ cpu: '0.25', memory: '134217728' }, { cpu: '500m', memory: '256Mi' }),
-        mounts: [{ container_path: '/data', host_path: '/var/lib/kubelet/pods/x/volumes/data', readonly: false }],
+        mounts: [{ container_path: '/data', host_path: DATA, readonly: false }],
       }),
     );
     const st = await rpc<{ status: { state: string; metadata: { name: string }; image_ref: string; log_path: string } }>(
@@ -146,7 +150,7 @@ describe('containers in pod VMs', () => {
         pod_sandbox_id: sid,
         config: containerConfig('app', {
           kubernetes_resources: res({ cpu: '250m', memory: '128Mi' }, { cpu: '500m', memory: '256Mi' }),
-          mounts: [{ container_path: '/data', host_path: '/var/lib/kubelet/pods/x/volumes/data' }],
+          mounts: [{ container_path: '/data', host_path: DATA }],
         }),
       }),
       status.ALREADY_EXISTS,
@@ -162,7 +166,7 @@ describe('containers in pod VMs', () => {
           'app',
           {
             kubernetes_resources: res({ cpu: '250m', memory: '128Mi' }, { cpu: '500m', memory: '1Gi' }),
-            mounts: [{ container_path: '/data', host_path: '/var/lib/kubelet/pods/x/volumes/data', readonly: true }],
+            mounts: [{ container_path: '/data', host_path: DATA, readonly: true }],
           },
           1,
         ),
@@ -237,7 +241,7 @@ describe('containers in pod VMs', () => {
           'app',
           {
             kubernetes_resources: res({ cpu: '250m', memory: '128Mi' }, { cpu: '500m', memory: '256Mi' }),
-            mounts: [{ container_path: '/data', host_path: '/var/lib/kubelet/pods/x/volumes/data' }],
+            mounts: [{ container_path: '/data', host_path: DATA }],
           },
           2,
         ),
@@ -266,11 +270,8 @@ describe('containers in pod VMs', () => {
     expect(cpuErr.details).toMatch(/vCPUs/);
     expect((await info(sid)).shape).toEqual(grown.shape);
 
-    await expectGrpcError(
-      rpc(rt.cri.runtime, 'StartContainer', { container_id: app }),
-      status.UNIMPLEMENTED,
-      'START_CONTAINER_UNIMPLEMENTED',
-    );
+    // The admitted, resized container runs in the guest (its image's /bin/sh ends at once: no stdin).
+    await rpc(rt.cri.runtime, 'StartContainer', { container_id: app });
     // StopContainer of an id that does not exist succeeds, as StopPodSandbox does.
     await rpc(rt.cri.runtime, 'StopContainer', { container_id: 'f'.repeat(64) });
     await rpc(rt.cri.runtime, 'StopPodSandbox', { pod_sandbox_id: sid });

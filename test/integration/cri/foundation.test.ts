@@ -95,14 +95,11 @@ describe('CRI foundation over a real unix socket', () => {
     ).resolves.toEqual({});
   });
 
-  it('rpcs not implemented yet answer UNIMPLEMENTED with a sentence, unary and streaming alike', async () => {
-    for (const method of ['Exec', 'Attach', 'PortForward', 'CheckpointContainer', 'ReopenContainerLog']) {
+  it('rpcs not implemented yet answer UNIMPLEMENTED with a sentence naming the rpc', async () => {
+    for (const method of ['Exec', 'Attach', 'PortForward', 'CheckpointContainer', 'ListPodSandboxMetrics']) {
       const err = await expectGrpcError(rpc(cri.runtime, method, {}), status.UNIMPLEMENTED, 'RPC_UNIMPLEMENTED');
       expect(err.details).toBe(`${method} is not implemented by kata-ts yet`);
     }
-    const stream = (cri.runtime as unknown as { GetContainerEvents(req: object): NodeJS.EventEmitter }).GetContainerEvents({});
-    const err = await new Promise<ServiceError>((resolve) => stream.on('error', resolve));
-    expect(err.code).toBe(status.UNIMPLEMENTED);
   });
 
   it('garbage bytes and wrong wire types get INVALID_ARGUMENT, and the server answers the next call', async () => {

@@ -2,10 +2,11 @@
  * RunPodSandbox failures: each gets its precise gRPC status and leaves nothing behind: no QEMU,
  * no work dir, no record, no cgroup. Real QEMU throughout; one real daemon crash mid-creation.
  */
-import { chmod, readdir, writeFile } from 'node:fs/promises';
+import { chmod, readdir, readFile, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { status } from '@grpc/grpc-js';
 import { afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { mountsUnder } from '../../../src/runtime/sandbox/shared-dir.js';
 import { rpc } from '../../helpers/cri-client.js';
 import { expectGrpcError } from '../../helpers/cri-expect.js';
 import { ensureGuestAssets } from '../../helpers/hypervisor-guest.js';
@@ -123,12 +124,16 @@ describe('RunPodSandbox failures roll back completely', () => {
     process.kill(rt.pid(), 'SIGKILL');
     expect(await call).toBeInstanceOf(Error);
     const before = await leftovers(rt);
-    expect(before.processes.length).toBe(1); // the half-created VM outlived the daemon
+    // The half-created VM and its virtiofsd (two processes: sandbox=namespace forks) outlived the
+    // daemon, and the shared dir is mounted.
+    expect(before.processes.length).toBe(3);
+    expect(mountsUnder(await readFile('/proc/self/mountinfo', 'utf8'), vmRoot).length).toBeGreaterThan(0);
     await rt.start();
     const list = await rpc<{ items: unknown[] }>(rt.cri.runtime, 'ListPodSandbox', {});
     expect(list.items).toEqual([]);
     // The pod's parent cgroups belong to whoever made them (a kubelet, here the test); the VMM's own
     // cgroup must be gone even when the crash came between placing the VMM and recording it.
     expect(await leftovers(rt, { vmmCgroupsOnly: true })).toEqual(NOTHING);
+    expect(mountsUnder(await readFile('/proc/self/mountinfo', 'utf8'), vmRoot)).toEqual([]);
   });
 });

@@ -79,6 +79,15 @@ describe('cgroupfs driver, cgroup v2 (cgroup v2 simulated on a directory tree: t
     expect(await exists(pod)).toBe(true);
   });
 
+  it('places the other processes of a sandbox (virtiofsd) in the same cgroup, after the VMM', async () => {
+    const other = process.ppid; // another live process; the imitation moves nobody
+    await driver.place({ sandboxId, cgroupParent: `/${pod}`, pid, extraPids: [other], limits });
+    const procsWrites = sim.writes.filter((w) => w.startsWith(`${pod}/${leaf}/cgroup.procs`));
+    expect(procsWrites.map((w) => w.split('=')[1])).toEqual([String(pid), String(other)]);
+    const bad = await errorOf(driver.place({ sandboxId: 'ef'.repeat(32), cgroupParent: `/${pod}`, pid, extraPids: [0], limits }));
+    expect(bad.reason).toBe('CGROUP_PID_INVALID');
+  });
+
   it('creates missing parents, enabling cpu, memory and pids only in the ones it created', async () => {
     const parent = 'kubepods/burstable/podnew/extra';
     const record = await driver.place({ sandboxId, cgroupParent: `/${parent}`, pid, limits });

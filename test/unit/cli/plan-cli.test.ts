@@ -69,7 +69,9 @@ describe('kata-ts plan', () => {
       expect(json.handler).toBe('kata-ts');
       expect(json.source).toBe('pod_resources');
       expect(json.vm).toMatchObject({ vcpus: 2, maxVcpus: 6, memoryMiB: 800, maxMemoryMiB: 4896, hugepages: [] });
-      expect(json.host).toMatchObject({ memoryLimitBytes: 896 * 1024 * 1024, cpuQuotaMillicores: 2100 });
+      // Under TCG the VMM budget also holds QEMU's bounded translation cache (64 MiB by default).
+      const tcg = (json.qemu as { accel: { accel: string } }).accel.accel === 'tcg';
+      expect(json.host).toMatchObject({ memoryLimitBytes: (896 + (tcg ? 64 : 0)) * 1024 * 1024, cpuQuotaMillicores: 2100 });
     }
   });
 

@@ -59,8 +59,8 @@ describe('rpc handler maps', () => {
       Status: version,
       RuntimeConfig: version,
       UpdateRuntimeConfig: version,
-      ...sandboxHandlers({} as never),
-      ...containerHandlers({} as never, {} as never),
+      ...sandboxHandlers({} as never, () => [], {} as never),
+      ...containerHandlers({} as never, {} as never, {} as never),
       ...RUNTIME_RPCS_NOT_IMPLEMENTED,
     };
     expect(Object.keys(runtime).sort()).toEqual(unary(runtimeService));

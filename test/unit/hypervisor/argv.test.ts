@@ -2,8 +2,8 @@ import { readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
-import { KataError } from '../../../src/common/errors.js';
 import { buildQemuArgv, type QemuArgvSpec } from '../../../src/hypervisor/argv.js';
+import { thrown } from '../../helpers/kata-error.js';
 
 const goldenDir = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../../fixtures/argv');
 const cases = readdirSync(goldenDir)
@@ -18,16 +18,6 @@ function loadSpec(name: string): QemuArgvSpec {
 /** One argument per line: a golden reads as the command line, reviewable as data. */
 function render(argv: string[]): string {
   return `${argv.join('\n')}\n`;
-}
-
-function thrown(fn: () => unknown): KataError {
-  try {
-    fn();
-  } catch (err) {
-    expect(err).toBeInstanceOf(KataError);
-    return err as KataError;
-  }
-  throw new Error('expected buildQemuArgv to throw');
 }
 
 describe('buildQemuArgv goldens (fixtures/argv, UPDATE_GOLDENS=1 rewrites them)', () => {

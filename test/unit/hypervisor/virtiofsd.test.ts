@@ -2,19 +2,10 @@ import { chmodSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'nod
 import os from 'node:os';
 import path from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
-import { KataError } from '../../../src/common/errors.js';
+import type { KataError } from '../../../src/common/errors.js';
 import { silentLogger } from '../../../src/common/logger.js';
 import { buildVirtiofsdArgv, startVirtiofsd } from '../../../src/hypervisor/virtiofsd.js';
-
-function thrown(fn: () => unknown): KataError {
-  try {
-    fn();
-  } catch (err) {
-    expect(err).toBeInstanceOf(KataError);
-    return err as KataError;
-  }
-  throw new Error('expected a KataError');
-}
+import { thrown } from '../../helpers/kata-error.js';
 
 describe('buildVirtiofsdArgv', () => {
   it('shares the source directory on the socket, sandboxed, with cache=auto unless told', () => {
@@ -28,6 +19,8 @@ describe('buildVirtiofsdArgv', () => {
       'cache=auto',
       '-o',
       'sandbox=namespace',
+      '-o',
+      'modcaps=-mknod',
       '-o',
       'log_level=warn',
     ]);

@@ -2,8 +2,6 @@
 import { existsSync, readFileSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { expect } from 'vitest';
-import { KataError } from '../../../src/common/errors.js';
 import type { OciSpecInput } from '../../../src/oci/index.js';
 
 export const goldenDir = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../../fixtures/oci');
@@ -16,13 +14,4 @@ export function loadInput(name: string): OciSpecInput {
   return input;
 }
 
-/** The KataError `fn` throws (the test fails when it returns). */
-export function thrown(fn: () => unknown): KataError {
-  try {
-    fn();
-  } catch (err) {
-    expect(err).toBeInstanceOf(KataError);
-    return err as KataError;
-  }
-  throw new Error('expected a KataError');
-}
+export { thrown } from '../../helpers/kata-error.js';

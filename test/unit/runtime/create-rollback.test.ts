@@ -66,10 +66,11 @@ async function world(stateDir: string, failRecord: boolean): Promise<World> {
       return record;
     },
     vm,
+    agent: undefined,
     persist: async () => void w.persisted++,
     cgroupsFor: () => driver,
   };
-  const live: LiveSandbox = { record, vm, stopping: false };
+  const live: LiveSandbox = { record, vm, agent: undefined, stopping: false };
   const sandboxes: SandboxAccess = {
     find: () => live,
     withSandbox: (_id, fn) => fn(handle),
@@ -89,9 +90,19 @@ async function world(stateDir: string, failRecord: boolean): Promise<World> {
     logger: pino({ level: 'silent' }),
     store,
     sandboxes,
-    images: { resolveImage: () => ({ id: `sha256:${'e'.repeat(64)}`, repoDigests: [] }), rootfsFor: () => imageRoot },
+    images: {
+      resolveImage: () => ({ id: `sha256:${'e'.repeat(64)}`, repoDigests: [] }),
+      rootfsFor: () => imageRoot,
+      imageConfig: async () => ({ Cmd: ['sh'] }),
+    },
     host: { cpus: 16, memoryMiB: 65536 },
     readPcieFacts: () => Promise.reject(new Error('no devices asked for')),
+    guests: {
+      agentOf: () => undefined,
+      sharedDirOf: () => path.join(stateDir, 'shared'),
+      guestSharedDir: '/run/kata-ts/shared',
+      guestPodOf: () => null,
+    },
   });
   const logger = pino({ level: 'debug' }, { write: (s: string) => void w.logs.push(JSON.parse(s)) });
   w.ctx = { method: 'CreateContainer', logger, signal: new AbortController().signal, deadlineMs: undefined, annotate: () => {} };

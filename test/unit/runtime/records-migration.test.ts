@@ -94,7 +94,7 @@ describe('loading and recovering format-1 records', () => {
     await rm(stateDir, { recursive: true, force: true });
   });
 
-  it('the store migrates them on load and writes them back as format 2', async () => {
+  it('the store migrates them on load and writes them back in the current format', async () => {
     const store = new RecordStore<SandboxRecord>(stateDir, SANDBOX_RECORD_KIND, silentLogger());
     const { records, problems } = await store.load();
     expect(problems).toEqual([]);
@@ -102,9 +102,10 @@ describe('loading and recovering format-1 records', () => {
       [SANDBOX_ID, 'web', '/var/log/pods/shop_web_7d5c2a0e-3b8f-4c1a-9e6d-2f4b8a1c0d11'],
     ]);
     const onDisk = JSON.parse(await readFile(path.join(stateDir, 'sandboxes', `${SANDBOX_ID}.json`), 'utf8'));
-    expect(onDisk.version).toBe(2);
+    expect(onDisk.version).toBe(SANDBOX_RECORD_KIND.version);
+    expect([onDisk.record.virtiofsd, onDisk.record.guestPod]).toEqual([null, null]);
     expect(onDisk.record.spec.metadata.uid).toBe('7d5c2a0e-3b8f-4c1a-9e6d-2f4b8a1c0d11');
-    // Loading again reads format 2 as is.
+    // Loading again reads the current format as is.
     expect((await store.load()).records).toEqual(records);
   });
 
@@ -130,16 +131,26 @@ describe('loading and recovering format-1 records', () => {
       host: { cpus: 16, memoryMiB: 65536 },
       readPcieFacts: () => Promise.reject(new Error('not read during recovery')),
       cgroupDriverNamed: () => cgroups,
-      listener: { sandboxStopped: (id) => containers.sandboxStopped(id), sandboxRemoving: (id) => containers.sandboxRemoving(id) },
+      listener: {
+        sandboxStopping: (id, ms) => containers.sandboxStopping(id, ms),
+        sandboxStopped: (id) => containers.sandboxStopped(id),
+        sandboxRemoving: (id) => containers.sandboxRemoving(id),
+      },
     });
     const containers: ContainerManager = new ContainerManager({
       config,
       logger,
       store: containerStore,
       sandboxes,
-      images: { resolveImage: () => undefined, rootfsFor: () => '' },
+      images: { resolveImage: () => undefined, rootfsFor: () => '', imageConfig: async () => null },
       host: { cpus: 16, memoryMiB: 65536 },
       readPcieFacts: () => Promise.reject(new Error('not read during recovery')),
+      guests: {
+        agentOf: () => undefined,
+        sharedDirOf: () => '/nonexistent',
+        guestSharedDir: '/run/kata-ts/shared',
+        guestPodOf: () => null,
+      },
     });
     await sandboxes.recover();
     await containers.recover();
@@ -152,10 +163,10 @@ describe('loading and recovering format-1 records', () => {
     expect([container.state, container.reason]).toEqual(['CONTAINER_EXITED', 'SandboxStopped']);
     expect(container.spec.command).toEqual(['nginx']);
 
-    // Both files are format 2 now, and StopContainer of an id that never existed succeeds.
-    for (const dir of ['sandboxes', 'containers']) {
-      for (const name of (await readdir(path.join(stateDir, dir))).filter((n) => n.endsWith('.json'))) {
-        expect(JSON.parse(await readFile(path.join(stateDir, dir, name), 'utf8')).version).toBe(2);
+    // Both files are in the current format now, and StopContainer of an id that never existed succeeds.
+    for (const kind of [SANDBOX_RECORD_KIND, CONTAINER_RECORD_KIND]) {
+      for (const name of (await readdir(path.join(stateDir, kind.dir))).filter((n) => n.endsWith('.json'))) {
+        expect(JSON.parse(await readFile(path.join(stateDir, kind.dir, name), 'utf8')).version).toBe(kind.version);
       }
     }
     const ctx: RequestContext = {
@@ -165,6 +176,45 @@ describe('loading and recovering format-1 records', () => {
       deadlineMs: undefined,
       annotate: () => {},
     };
-    await expect(containers.stop('f'.repeat(64), ctx)).resolves.toBeUndefined();
+    await expect(containers.stop('f'.repeat(64), 10, ctx)).resolves.toBeUndefined();
+  });
+});
+
+describe('format-2 records (written before the agent and virtio-fs)', () => {
+  const V2 = path.join(packageRoot(), 'fixtures', 'records', 'v2');
+  let stateDir: string;
+  beforeEach(async () => {
+    stateDir = await mkdtemp(path.join(os.tmpdir(), 'kata-ts-v2-'));
+    await cp(V2, stateDir, { recursive: true, filter: (src) => !src.endsWith('README.md') });
+  });
+  afterEach(async () => {
+    await rm(stateDir, { recursive: true, force: true });
+  });
+
+  it('are format 2 as that code wrote them, without virtiofsd or guestPod', async () => {
+    const s = JSON.parse(await readFile(path.join(V2, 'sandboxes', `${SANDBOX_ID}.json`), 'utf8'));
+    expect(s.version).toBe(2);
+    expect(s.record).not.toHaveProperty('virtiofsd');
+    expect(s.record).not.toHaveProperty('guestPod');
+    expect(s.record.vmm).not.toHaveProperty('agentSocket');
+  });
+
+  it('migrate on load to the current format with virtiofsd and guestPod null, the rest unchanged', async () => {
+    const original = JSON.parse(await readFile(path.join(V2, 'sandboxes', `${SANDBOX_ID}.json`), 'utf8'));
+    const store = new RecordStore<SandboxRecord>(stateDir, SANDBOX_RECORD_KIND, silentLogger());
+    const { records, problems } = await store.load();
+    expect(problems).toEqual([]);
+    const [record] = records;
+    expect([record?.virtiofsd, record?.guestPod]).toEqual([null, null]);
+    expect(JSON.parse(JSON.stringify({ ...record, virtiofsd: undefined, guestPod: undefined }))).toEqual(original.record);
+    const onDisk = JSON.parse(await readFile(path.join(stateDir, 'sandboxes', `${SANDBOX_ID}.json`), 'utf8'));
+    expect(onDisk.version).toBe(SANDBOX_RECORD_KIND.version);
+    expect((await store.load()).records).toEqual(records);
+  });
+
+  it('a format-2 record is not migrated twice: virtiofsd and guestPod values are kept', () => {
+    const migrated = migrateSandboxRecord(2, { id: SANDBOX_ID, guestPod: { pausePid: 7, shmPath: '/x' } }) as SandboxRecord;
+    expect(migrated.guestPod).toEqual({ pausePid: 7, shmPath: '/x' });
+    expect(migrated.virtiofsd).toBeNull();
   });
 });

@@ -1,9 +1,9 @@
 /** The pure resize planners: planResize, budgetForShape, planGrowth (before, exercised only through QEMU). */
 import { describe, expect, it } from 'vitest';
-import { KataError } from '../../../src/common/errors.js';
 import { VIRTIO_MEM_BLOCK_MIB } from '../../../src/hypervisor/index.js';
 import type { AdmissionDemand } from '../../../src/runtime/admission/index.js';
 import { budgetForShape, planGrowth, planResize, type ResizeBasis } from '../../../src/runtime/resize/index.js';
+import { thrown } from '../../helpers/kata-error.js';
 
 const MiB = 1024 * 1024;
 const budget = { memoryLimitBytes: 1, cpuQuotaMillicores: 2, cpuRequestMillicores: 3 };
@@ -24,16 +24,6 @@ function basis(over: { vcpus?: number; memoryMiB?: number; confidential?: boolea
     },
     plan: { confidential, sizing: { vm: { memoryMiB: 512 }, vmmOverhead: { cpuMillicores: 100, memoryBytes: 96 * MiB } } },
   };
-}
-
-function thrown(fn: () => unknown): KataError {
-  try {
-    fn();
-  } catch (err) {
-    expect(err).toBeInstanceOf(KataError);
-    return err as KataError;
-  }
-  throw new Error('expected a KataError');
 }
 
 describe('planResize', () => {

@@ -68,7 +68,7 @@ function grownSandbox(options: { failQom?: boolean; failCgroup?: boolean } = {})
       return { ...p, limits };
     },
   } as unknown as CgroupDriver;
-  const handle: SandboxHandle = { record, vm, persist: async () => {}, cgroupsFor: () => driver };
+  const handle: SandboxHandle = { record, vm, agent: undefined, persist: async () => {}, cgroupsFor: () => driver };
   const checkpoint = resizeCheckpoint(handle);
   // What applyResize did: limits raised, memory grown, one vCPU plugged.
   record.placement = placement;

@@ -1,22 +1,12 @@
 /** validate -> spec: what RunPodSandbox and CreateContainer accept, and the typed specs they make of it. */
 import { describe, expect, it } from 'vitest';
-import { KataError } from '../../../src/common/errors.js';
 import type { ContainerConfig__Output } from '../../../src/generated/runtime/v1/ContainerConfig.js';
 import type { CreateContainerRequest__Output } from '../../../src/generated/runtime/v1/CreateContainerRequest.js';
 import type { RunPodSandboxRequest__Output } from '../../../src/generated/runtime/v1/RunPodSandboxRequest.js';
 import { decodeProtoJson } from '../../../src/runtime/cri/protojson.js';
 import { decodeContainerSpec } from '../../../src/runtime/spec/container.js';
 import { announcedPodResources, decodeSandboxSpec } from '../../../src/runtime/spec/sandbox.js';
-
-function thrown(fn: () => unknown): KataError {
-  try {
-    fn();
-  } catch (err) {
-    expect(err).toBeInstanceOf(KataError);
-    return err as KataError;
-  }
-  throw new Error('expected a KataError');
-}
+import { thrown } from '../../helpers/kata-error.js';
 
 /** A ContainerConfig as grpc-js hands it to the handler (every field present, defaults filled). */
 function containerConfig(json: Record<string, unknown>): ContainerConfig__Output | null {

@@ -1,0 +1,134 @@
+/**
+ * Containers inside one running pod VM, side by side with a baseline in the same run:
+ *
+ * 1. container start: CreateContainer + StartContainer until the container runs (its first log
+ *    line is not waited for: StartContainer answers once crun started it), against ExecSync of
+ *    `true` in a running container (the same agent, crun and reaper path for one process, without
+ *    the rootfs bind mount, spec, record and log pump): ratio start / exec.
+ * 2. ExecSync round trip (`echo`), against the CRI `Version` rpc (the gRPC floor of the socket):
+ *    ratio exec / version.
+ *
+ * Rounds alternate which side goes first. Medians and p95 in ms; nothing is asserted.
+ *
+ *   node --import tsx bench/containers.ts [--rounds N] [--json]
+ */
+import { promises as fsp } from 'node:fs';
+import path from 'node:path';
+import { performance } from 'node:perf_hooks';
+import { parseArgs } from 'node:util';
+import { confidentialHandlerProfile, defaultHandlerProfile } from '../src/config/defaults.js';
+import { rpc } from '../test/helpers/cri-client.js';
+import { ensureGuestAssets } from '../test/helpers/hypervisor-guest.js';
+import { buildImage, busyboxBaseEntries, RegistryPusher } from '../test/helpers/images-builder.js';
+import { startRegistry } from '../test/helpers/images-registry.js';
+import { podConfig } from '../test/helpers/runtime-daemon.js';
+import { createBenchDaemon } from './lib/daemon.js';
+import { median } from './lib/proc.js';
+
+function p95(values: readonly number[]): number {
+  const sorted = [...values].sort((a, b) => a - b);
+  return sorted[Math.min(sorted.length - 1, Math.ceil(sorted.length * 0.95) - 1)]!;
+}
+
+async function timed(fn: () => Promise<unknown>): Promise<number> {
+  const t0 = performance.now();
+  await fn();
+  return performance.now() - t0;
+}
+
+export interface ContainerBenchResult {
+  rounds: number;
+  startMs: number[];
+  execTrueMs: number[];
+  execEchoMs: number[];
+  versionMs: number[];
+}
+
+export async function runContainerBench(
+  rounds: number,
+  progress: (l: string) => void = (l) => process.stderr.write(`${l}\n`),
+): Promise<ContainerBenchResult> {
+  await ensureGuestAssets();
+  const registry = await startRegistry();
+  const profile = { ...defaultHandlerProfile(), vmmOverhead: { cpuMillicores: 100, memoryMiB: 1024 } };
+  const rt = await createBenchDaemon({ handlers: { 'kata-ts': profile, 'kata-ts-cvm': confidentialHandlerProfile() } });
+  try {
+    const entries = [...busyboxBaseEntries(), { name: 'bin/sleep', type: 'symlink' as const, linkname: 'busybox' }];
+    const built = await buildImage({ layers: [{ entries, compression: 'gzip' }], cmd: ['/bin/sh'] });
+    await new RegistryPusher(registry.url).pushImage('bench/busybox', '1.0', built);
+    const image = `${registry.host}/bench/busybox:1.0`;
+    const registries = path.join(rt.dir, 'registries.json');
+    await fsp.writeFile(registries, JSON.stringify({ registries: { '127.0.0.1:*': { plainHttp: true } } }));
+    const cfg = JSON.parse(await fsp.readFile(rt.configPath, 'utf8')) as { images?: Record<string, unknown> };
+    cfg.images = { ...(cfg.images ?? {}), registriesConfigPath: registries };
+    await fsp.writeFile(rt.configPath, JSON.stringify(cfg));
+    await rt.start();
+    await rpc(rt.cri.image, 'PullImage', { image: { image } });
+    const sandboxConfig = { ...podConfig(rt, 'bench'), log_directory: path.join(rt.dir, 'logs') };
+    const { pod_sandbox_id: sid } = await rpc<{ pod_sandbox_id: string }>(rt.cri.runtime, 'RunPodSandbox', { config: sandboxConfig });
+    let n = 0;
+    const startOne = async () => {
+      const name = `c${n++}`;
+      const { container_id: id } = await rpc<{ container_id: string }>(rt.cri.runtime, 'CreateContainer', {
+        pod_sandbox_id: sid,
+        config: { metadata: { name, attempt: 0 }, image: { image }, command: ['sleep', '100000'], log_path: `${name}.log` },
+        sandbox_config: sandboxConfig,
+      });
+      await rpc(rt.cri.runtime, 'StartContainer', { container_id: id });
+      return id;
+    };
+    const holder = await startOne();
+    const exec = (cmd: string[]) => rpc(rt.cri.runtime, 'ExecSync', { container_id: holder, cmd, timeout: 30 });
+    // Warm-up, not counted.
+    await exec(['true']);
+    await exec(['echo', 'warm']);
+    const started: string[] = [];
+    const r: ContainerBenchResult = { rounds, startMs: [], execTrueMs: [], execEchoMs: [], versionMs: [] };
+    for (let i = 0; i < rounds; i++) {
+      const pair: Array<() => Promise<void>> = [
+        async () => {
+          r.startMs.push(
+            await timed(async () => {
+              started.push(await startOne());
+            }),
+          );
+        },
+        async () => void r.execTrueMs.push(await timed(() => exec(['true']))),
+      ];
+      for (const step of i % 2 === 0 ? pair : pair.reverse()) await step();
+      const rt2: Array<() => Promise<void>> = [
+        async () => void r.execEchoMs.push(await timed(() => exec(['echo', 'round', String(i)]))),
+        async () => void r.versionMs.push(await timed(() => rpc(rt.cri.runtime, 'Version', {}))),
+      ];
+      for (const step of i % 2 === 0 ? rt2 : rt2.reverse()) await step();
+      progress(`round ${i + 1}/${rounds}: start ${r.startMs.at(-1)!.toFixed(0)} ms, exec true ${r.execTrueMs.at(-1)!.toFixed(0)} ms`);
+      // Keep the pod small: containers of earlier rounds go.
+      while (started.length > 2) await rpc(rt.cri.runtime, 'RemoveContainer', { container_id: started.shift()! });
+    }
+    await rpc(rt.cri.runtime, 'StopPodSandbox', { pod_sandbox_id: sid });
+    await rpc(rt.cri.runtime, 'RemovePodSandbox', { pod_sandbox_id: sid });
+    return r;
+  } finally {
+    await rt.cleanup();
+    await registry.stop();
+  }
+}
+
+export function formatContainerReport(r: ContainerBenchResult): string {
+  const line = (name: string, v: number[]) => `  ${name.padEnd(34)} median ${median(v).toFixed(1)} ms, p95 ${p95(v).toFixed(1)} ms`;
+  return [
+    `containers in a running pod VM (${r.rounds} rounds, alternating)`,
+    line('CreateContainer + StartContainer', r.startMs),
+    line('ExecSync true (baseline)', r.execTrueMs),
+    `  ratio start / exec: ${(median(r.startMs) / median(r.execTrueMs)).toFixed(2)}`,
+    line('ExecSync echo', r.execEchoMs),
+    line('Version rpc (baseline)', r.versionMs),
+    `  ratio exec / version: ${(median(r.execEchoMs) / median(r.versionMs)).toFixed(1)}`,
+  ].join('\n');
+}
+
+if (import.meta.url === `file://${process.argv[1]}`) {
+  const { values } = parseArgs({ options: { rounds: { type: 'string', default: '7' }, json: { type: 'boolean', default: false } } });
+  const result = await runContainerBench(Number(values.rounds));
+  process.stdout.write(values.json ? `${JSON.stringify({ bench: 'containers', ...result })}\n` : `${formatContainerReport(result)}\n`);
+}

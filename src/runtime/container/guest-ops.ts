@@ -1,0 +1,189 @@
+/**
+ * The agent calls behind the container rpcs: create + start, the exit watch, stop with the stop
+ * signal then SIGKILL, ExecSync. Each takes the AgentClient of the container's sandbox and the
+ * container's record; none touches records or locks (the manager does).
+ */
+import { randomBytes } from 'node:crypto';
+import os from 'node:os';
+import type { AgentClient } from '../../agent-client/index.js';
+import { errorMessage, invalid, isKataError, timedOut } from '../../common/errors.js';
+import type { ExitStatus, Timestamp } from '../../generated/agent/agent.js';
+import type { ContainerRecord } from './record.js';
+
+/** A unary call that may wait for a container (WaitContainer): long, but bounded. */
+const WAIT_CALL_MS = 24 * 3600 * 1000;
+const CALL_MS = 30_000;
+/** The kubelet's own bound on ExecSync output per stream. */
+export const EXEC_SYNC_MAX_BYTES = 16 * 1024 * 1024;
+const TRUNCATED_NOTE = '\n[kata-ts: output truncated at 16 MiB]\n';
+
+/** A signal name (SIGTERM, TERM, RTMIN+3) or number -> its Linux number. */
+export function signalNumber(name: string): number {
+  if (/^[0-9]+$/.test(name)) return Number(name);
+  const upper = name.toUpperCase();
+  const full = upper.startsWith('SIG') ? upper : `SIG${upper}`;
+  const rt = /^SIGRTMIN\+([0-9]+)$/.exec(full);
+  if (rt !== null) return 34 + Number(rt[1]);
+  const n = (os.constants.signals as Record<string, number | undefined>)[full];
+  if (n === undefined) throw invalid('CONTAINER_STOP_SIGNAL_UNKNOWN', `stop signal "${name}" is not a Linux signal`);
+  return n;
+}
+
+export function timestampNs(t: Timestamp | null | undefined): string {
+  if (t === null || t === undefined) return (BigInt(Date.now()) * 1_000_000n).toString();
+  return (BigInt(t.seconds) * 1_000_000_000n + BigInt(t.nanos)).toString();
+}
+
+/** ContainerStatus reason and message of an exit (pure). */
+export function exitReason(exit: Pick<ExitStatus, 'exitCode' | 'signal' | 'oomKilled'>): { reason: string; message: string } {
+  if (exit.oomKilled)
+    return { reason: 'OOMKilled', message: `the container was killed by the out-of-memory killer (exit code ${exit.exitCode})` };
+  if (exit.exitCode === 0) return { reason: 'Completed', message: '' };
+  if (exit.signal !== 0)
+    return { reason: 'Error', message: `the container was killed by signal ${exit.signal} (exit code ${exit.exitCode})` };
+  return { reason: 'Error', message: `the container exited with code ${exit.exitCode}` };
+}
+
+/** CreateContainer + StartContainer in the guest; returns the start time (ns since the epoch). */
+export async function createAndStart(agent: AgentClient, record: ContainerRecord, timeoutMs = CALL_MS): Promise<string> {
+  const guest = record.guest!;
+  const { spec } = record;
+  await agent.createContainer(
+    {
+      containerId: record.id,
+      ociConfigJson: JSON.stringify(guest.ociSpec),
+      rootfsPath: guest.rootfsGuestPath,
+      stdio: spec.tty ? 'STDIO_MODE_TTY' : 'STDIO_MODE_PIPES',
+      stdin: spec.stdin,
+      stdinOnce: spec.stdin_once,
+    },
+    { timeoutMs },
+  );
+  const { startedAt } = await agent.startContainer(record.id, { timeoutMs });
+  return timestampNs(startedAt);
+}
+
+/**
+ * The container's exit, waiting across broken sessions (a daemon restart or a channel reset ends a
+ * WaitContainer call, not the container). Rejects when `signal` aborts or the agent says the
+ * container does not exist.
+ */
+export async function waitForExit(agent: AgentClient, containerId: string, signal: AbortSignal): Promise<ExitStatus> {
+  for (;;) {
+    try {
+      return await agent.waitContainer(containerId, { timeoutMs: WAIT_CALL_MS, signal });
+    } catch (err) {
+      if (signal.aborted || (isKataError(err) && err.kind === 'not_found')) throw err;
+      await new Promise((r) => setTimeout(r, 200));
+    }
+  }
+}
+
+/**
+ * StopContainer in the guest: the stop signal to the init, then after `timeoutMs` SIGKILL to every
+ * process of the container; resolves when `exited` does. A container already gone is fine.
+ */
+export async function stopInGuest(agent: AgentClient, record: ContainerRecord, timeoutMs: number, exited: Promise<unknown>): Promise<void> {
+  const first = signalNumber(record.guest?.stopSignal ?? 'SIGTERM');
+  const graceful = timeoutMs > 0 && first !== 9;
+  if (graceful) {
+    await ignoreGone(agent.signalContainer(record.id, first, false, { timeoutMs: CALL_MS }));
+    let timer: NodeJS.Timeout | undefined;
+    const timedOutP = new Promise<'timeout'>((r) => {
+      timer = setTimeout(() => r('timeout'), timeoutMs);
+    });
+    const outcome = await Promise.race([exited.then(() => 'exited' as const), timedOutP]);
+    clearTimeout(timer);
+    if (outcome === 'exited') return;
+  }
+  // Every process of the container (they may share the pod's PID namespace, where the init's
+  // death does not take them along), and the init itself (`kill --all` finds processes through
+  // the container's cgroup; the init is signalled directly whatever the cgroup says).
+  await ignoreGone(agent.signalContainer(record.id, 9, true, { timeoutMs: CALL_MS }));
+  await ignoreGone(agent.signalContainer(record.id, 9, false, { timeoutMs: CALL_MS }));
+  await exited;
+}
+
+async function ignoreGone(p: Promise<void>): Promise<void> {
+  try {
+    await p;
+  } catch (err) {
+    // Not found, or already stopped: the container is not running, which is what was asked.
+    if (isKataError(err) && (err.kind === 'not_found' || err.kind === 'precondition')) return;
+    throw err;
+  }
+}
+
+export interface ExecSyncResult {
+  stdout: Buffer;
+  stderr: Buffer;
+  exitCode: number;
+}
+
+/**
+ * ExecSync: run `cmd` with the container's process settings (user, env, cwd, capabilities), collect
+ * stdout and stderr (each bounded to `maxBytes`, then truncated with a note; the rest is read and
+ * dropped so the process never blocks), and wait. With a timeout the process is killed when it
+ * passes and the call fails with DEADLINE_EXCEEDED after the process is gone.
+ */
+export async function execSync(
+  agent: AgentClient,
+  record: ContainerRecord,
+  cmd: readonly string[],
+  timeoutMs: number,
+  maxBytes = EXEC_SYNC_MAX_BYTES,
+): Promise<ExecSyncResult> {
+  if (cmd.length === 0) throw invalid('CONTAINER_EXEC_EMPTY', 'cmd is empty; ExecSync needs a command');
+  const base = (record.guest?.ociSpec.process ?? {}) as Record<string, unknown>;
+  const execId = `sync-${randomBytes(8).toString('hex')}`;
+  const process = { ...base, terminal: false, args: [...cmd] };
+  await agent.execProcess(
+    { containerId: record.id, execId, ociProcessJson: JSON.stringify(process), tty: false, stdin: false },
+    { timeoutMs: CALL_MS },
+  );
+  const abort = new AbortController();
+  const collect = async (stream: 'OUTPUT_STREAM_STDOUT' | 'OUTPUT_STREAM_STDERR'): Promise<Buffer> => {
+    const parts: Buffer[] = [];
+    let size = 0;
+    let truncated = false;
+    try {
+      for await (const chunk of agent.readProcessOutput(record.id, execId, stream, { signal: abort.signal })) {
+        if (size < maxBytes) {
+          const take = Math.min(chunk.data.length, maxBytes - size);
+          parts.push(Buffer.from(chunk.data.subarray(0, take)));
+          size += take;
+          if (take < chunk.data.length) truncated = true;
+        } else if (chunk.data.length > 0) truncated = true;
+        if (chunk.eof) break;
+      }
+    } catch (err) {
+      if (!abort.signal.aborted) throw err;
+    }
+    if (truncated) parts.push(Buffer.from(TRUNCATED_NOTE));
+    return Buffer.concat(parts);
+  };
+  const outputs = Promise.all([collect('OUTPUT_STREAM_STDOUT'), collect('OUTPUT_STREAM_STDERR')]);
+  outputs.catch(() => undefined);
+  try {
+    let exit: ExitStatus;
+    if (timeoutMs > 0) {
+      try {
+        exit = await agent.waitProcess(record.id, execId, { timeoutMs });
+      } catch (err) {
+        if (!(isKataError(err) && err.kind === 'timeout')) throw err;
+        // The process must be gone, not only the call returned (critest checks).
+        await agent.signalProcess(record.id, execId, 9, { timeoutMs: CALL_MS }).catch(() => undefined);
+        await agent.waitProcess(record.id, execId, { timeoutMs: CALL_MS }).catch(() => undefined);
+        abort.abort();
+        throw timedOut('CONTAINER_EXEC_TIMEOUT', `command timed out after ${timeoutMs} ms and was killed`);
+      }
+    } else exit = await agent.waitProcess(record.id, execId, { timeoutMs: WAIT_CALL_MS });
+    const [stdout, stderr] = await outputs;
+    return { stdout, stderr, exitCode: exit.exitCode };
+  } finally {
+    abort.abort();
+    await agent.deleteProcess(record.id, execId, { timeoutMs: CALL_MS }).catch((err: unknown) => {
+      if (!(isKataError(err) && err.kind === 'not_found')) void errorMessage(err);
+    });
+  }
+}

@@ -1,0 +1,212 @@
+/**
+ * What a container brings into the pod VM through the sandbox's virtio-fs share: its root
+ * filesystem and each CRI mount, bind-mounted under `<shared>/containers/<id>/`, and the pod's etc
+ * files written there. Only what was announced is mounted; a mount source is pinned by an open
+ * file descriptor, so a symlink swapped in after the check cannot redirect it.
+ *
+ * Host-side flags: every bind mount is `nodev,nosuid` on the host. The guest kernel interprets
+ * device nodes and set-id bits of the files it sees itself (a device node in the share names a
+ * guest device, which the container's device cgroup denies), so these flags change nothing in the
+ * guest; they keep a device node the guest creates in a writable mount from being usable on the
+ * host.
+ */
+import { execFile } from 'node:child_process';
+import { constants, promises as fsp } from 'node:fs';
+import path from 'node:path';
+import { promisify } from 'node:util';
+import { errorMessage, internal, invalid } from '../../common/errors.js';
+import type { Logger } from '../../common/logger.js';
+import type { OciContainerFile } from '../../oci/index.js';
+
+const run = promisify(execFile);
+
+/** CRI mount propagation -> the util-linux flag that sets it on the bind mount. */
+const PROPAGATION_FLAG = {
+  PROPAGATION_PRIVATE: '--make-rprivate',
+  PROPAGATION_HOST_TO_CONTAINER: '--make-rslave',
+  PROPAGATION_BIDIRECTIONAL: '--make-rshared',
+} as const;
+
+export interface HostMountRequest {
+  container_path: string;
+  host_path: string;
+  readonly: boolean;
+  propagation: keyof typeof PROPAGATION_FLAG;
+}
+
+/** Where one container's files are, on the host and in the guest. */
+export interface ContainerDirs {
+  /** `<shared>/containers/<id>` on the host. */
+  hostDir: string;
+  /** The same directory in the guest. */
+  guestDir: string;
+}
+
+export function containerDirs(sharedHostDir: string, sharedGuestDir: string, containerId: string): ContainerDirs {
+  return {
+    hostDir: path.join(sharedHostDir, 'containers', containerId),
+    guestDir: path.posix.join(sharedGuestDir, 'containers', containerId),
+  };
+}
+
+/** Bind mounts made so far; `undo()` takes them down deepest first and removes the directory. */
+export class SharedDirMounts {
+  readonly bindMounts: string[] = [];
+
+  constructor(
+    readonly dirs: ContainerDirs,
+    private readonly logger: Logger,
+  ) {}
+
+  /** The root filesystem (rw) at `<hostDir>/rootfs`; returns its guest path. */
+  async bindRootfs(rootfsHostPath: string): Promise<string> {
+    await fsp.mkdir(this.dirs.hostDir, { recursive: true, mode: 0o700 });
+    const target = path.join(this.dirs.hostDir, 'rootfs');
+    await bindPinned(rootfsHostPath, target, { readonly: false, propagationFlag: '--make-rprivate' }, 'rootfs');
+    this.bindMounts.push(target);
+    return path.posix.join(this.dirs.guestDir, 'rootfs');
+  }
+
+  /**
+   * Each CRI mount at `<hostDir>/mounts/<n>`; returns container_path -> guest path. A source that
+   * is not a directory or a regular file is refused (INVALID_ARGUMENT naming the mount): a device
+   * node would name a guest device, and a socket or FIFO cannot connect across the VM boundary,
+   * so a hostPath socket (a container runtime's, for example) would silently not work.
+   */
+  async bindCriMounts(mounts: readonly HostMountRequest[]): Promise<Record<string, string>> {
+    const sources: Record<string, string> = {};
+    await fsp.mkdir(path.join(this.dirs.hostDir, 'mounts'), { recursive: true, mode: 0o700 });
+    for (const [i, m] of mounts.entries()) {
+      const field = `container.mounts[${i}] (${m.container_path})`;
+      const target = path.join(this.dirs.hostDir, 'mounts', String(i));
+      await bindPinned(m.host_path, target, { readonly: m.readonly, propagationFlag: PROPAGATION_FLAG[m.propagation] }, field);
+      this.bindMounts.push(target);
+      sources[m.container_path] = path.posix.join(this.dirs.guestDir, 'mounts', String(i));
+    }
+    return sources;
+  }
+
+  /** The pod's etc files (hosts, resolv.conf, hostname) at the host side of their guest paths. */
+  async writeFiles(files: readonly OciContainerFile[]): Promise<void> {
+    for (const f of files) {
+      const rel = path.posix.relative(this.dirs.guestDir, f.guestPath);
+      if (rel.startsWith('..') || path.posix.isAbsolute(rel))
+        throw internal('CONTAINER_SHARED_DIR', `${f.guestPath} is outside ${this.dirs.guestDir}`);
+      const hostPath = path.join(this.dirs.hostDir, rel);
+      await fsp.mkdir(path.dirname(hostPath), { recursive: true, mode: 0o755 });
+      await fsp.writeFile(hostPath, f.content, { mode: f.mode });
+    }
+  }
+
+  /** Unmount deepest first, then remove the directory. Never throws; failures are logged. */
+  async undo(): Promise<boolean> {
+    return unmountAndRemove(this.dirs.hostDir, this.bindMounts, this.logger);
+  }
+}
+
+/**
+ * Unmount `bindMounts` (deepest first; a mount already gone is fine) and remove `hostDir`. The
+ * directory is removed only when every unmount succeeded: removing it recursively with a bind
+ * mount still inside would delete the mounted host files. Returns whether everything went.
+ */
+export async function unmountAndRemove(hostDir: string, bindMounts: readonly string[], logger: Logger): Promise<boolean> {
+  let ok = true;
+  const deepestFirst = [...bindMounts].sort((a, b) => b.split('/').length - a.split('/').length || b.localeCompare(a));
+  for (const target of deepestFirst) {
+    try {
+      if (await isMountPoint(target)) {
+        // virtiofsd holds a file descriptor for every inode the guest still caches, so a plain
+        // unmount is usually busy: detach it (MNT_DETACH) and let those references drain.
+        await run('umount', ['--', target]).catch(() => run('umount', ['--lazy', '--', target]));
+        if (await isMountPoint(target)) throw new Error('still mounted after a lazy unmount');
+      }
+    } catch (err) {
+      ok = false;
+      logger.error({ target, err: errorMessage(err) }, 'could not unmount a container bind mount');
+    }
+  }
+  if (ok) await fsp.rm(hostDir, { recursive: true, force: true });
+  return ok;
+}
+
+/** Whether `p` is a mount point (its parent is on another mount, or /proc/self/mountinfo lists it). */
+async function isMountPoint(p: string): Promise<boolean> {
+  try {
+    await run('mountpoint', ['-q', '--', p]);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+/**
+ * Bind-mount `source` at `target` without a window for a symlink swap: the source is resolved
+ * (realpath), checked with lstat, opened with O_NOFOLLOW, checked again by fstat (same device and
+ * inode), and the mount is made from `/proc/<pid>/fd/<n>` with `--no-canonicalize`, so the kernel
+ * binds exactly the file that was checked.
+ */
+async function bindPinned(
+  source: string,
+  target: string,
+  opts: { readonly: boolean; propagationFlag: string },
+  field: string,
+): Promise<void> {
+  if (!path.isAbsolute(source)) throw invalid('CONTAINER_MOUNT_SOURCE_INVALID', `${field}: host_path "${source}" is not absolute`);
+  let resolved: string;
+  try {
+    // A missing source becomes a directory, as containerd does (the kubelet relies on it for
+    // hostPath volumes without a type).
+    await fsp.mkdir(source, { recursive: true, mode: 0o755 }).catch(() => undefined);
+    resolved = await fsp.realpath(source);
+  } catch (err) {
+    throw invalid('CONTAINER_MOUNT_SOURCE_INVALID', `${field}: host_path "${source}" cannot be resolved: ${errorMessage(err)}`);
+  }
+  const before = await fsp.lstat(resolved);
+  if (!before.isDirectory() && !before.isFile()) {
+    const what = before.isSocket()
+      ? 'a socket'
+      : before.isFIFO()
+        ? 'a FIFO'
+        : before.isCharacterDevice() || before.isBlockDevice()
+          ? 'a device node'
+          : 'not a file or directory';
+    throw invalid(
+      'CONTAINER_MOUNT_SOURCE_UNSUPPORTED',
+      `${field}: host_path "${source}" is ${what}, which cannot cross into the pod VM (only directories and regular files can)`,
+    );
+  }
+  const flags = constants.O_RDONLY | constants.O_NOFOLLOW | constants.O_NONBLOCK | (before.isDirectory() ? constants.O_DIRECTORY : 0);
+  const handle = await fsp.open(resolved, flags);
+  try {
+    const after = await handle.stat();
+    if (after.dev !== before.dev || after.ino !== before.ino) {
+      throw invalid('CONTAINER_MOUNT_SOURCE_INVALID', `${field}: host_path "${source}" changed while it was being mounted`);
+    }
+    if (before.isDirectory()) await fsp.mkdir(target, { recursive: true, mode: 0o755 });
+    else {
+      await fsp.mkdir(path.dirname(target), { recursive: true, mode: 0o700 });
+      await fsp.writeFile(target, '', { flag: 'a', mode: 0o600 });
+    }
+    const pinned = `/proc/${process.pid}/fd/${handle.fd}`;
+    await mountCmd(['--no-canonicalize', '--rbind', pinned, target], field);
+    try {
+      const options = ['remount', 'bind', 'nodev', 'nosuid', opts.readonly ? 'ro' : 'rw'].join(',');
+      await mountCmd(['--no-canonicalize', '-o', options, target], field);
+      await mountCmd([opts.propagationFlag, target], field);
+    } catch (err) {
+      await run('umount', ['--', target]).catch(() => undefined);
+      throw err;
+    }
+  } finally {
+    await handle.close();
+  }
+}
+
+async function mountCmd(args: string[], field: string): Promise<void> {
+  try {
+    await run('mount', args);
+  } catch (err) {
+    const stderr = (err as { stderr?: string }).stderr?.trim() ?? errorMessage(err);
+    throw internal('CONTAINER_MOUNT_FAILED', `${field}: mount ${args.join(' ')} failed: ${stderr}`);
+  }
+}
