@@ -4,7 +4,8 @@
  * - `test/conformance/expected.txt`: full spec names that must pass, one a line (`#` comments).
  * - `test/conformance/not-applicable.txt`: specs a VM runtime cannot honour, each a spec line
  *   followed by one or more indented `reason: ...` lines. kata-ts should refuse them with
- *   INVALID_ARGUMENT, so their failure message is checked for that code.
+ *   INVALID_ARGUMENT, so their failure message is checked for that code, unless the entry has
+ *   `accepted: ...` lines saying why the request is accepted (part of it works) and fails later.
  * - `test/conformance/offline-limits.txt`: same format; specs no runtime can pass with the offline
  *   stand-in images (not judged).
  */
@@ -130,22 +131,25 @@ export function parseExpected(text: string): string[] {
 export interface NotApplicable {
   name: string;
   reason: string;
+  /** Why kata-ts accepts the request although the spec cannot pass ('' when it refuses it). */
+  accepted: string;
 }
 
-/** `not-applicable.txt`: a spec line, then indented `reason: ...` lines (joined). */
+/** `not-applicable.txt`: a spec line, then indented `reason: ...` (and optional `accepted: ...`) lines, each kind joined. */
 export function parseNotApplicable(text: string): NotApplicable[] {
   const out: NotApplicable[] = [];
   for (const [i, raw] of text.split('\n').entries()) {
     if (raw.trim() === '' || raw.trim().startsWith('#')) continue;
     if (/^\s/.test(raw)) {
-      const m = /^\s+reason:\s*(.*)$/.exec(raw);
+      const m = /^\s+(reason|accepted):\s*(.*)$/.exec(raw);
       const last = out[out.length - 1];
       if (m === null || last === undefined)
-        throw new Error(`not-applicable.txt line ${i + 1}: an indented line must be "reason: ..." after a spec`);
-      last.reason = last.reason === '' ? (m[1] ?? '') : `${last.reason} ${m[1] ?? ''}`;
+        throw new Error(`not-applicable.txt line ${i + 1}: an indented line must be "reason: ..." or "accepted: ..." after a spec`);
+      const key = m[1] as 'reason' | 'accepted';
+      last[key] = last[key] === '' ? (m[2] ?? '') : `${last[key]} ${m[2] ?? ''}`;
       continue;
     }
-    out.push({ name: raw.trim(), reason: '' });
+    out.push({ name: raw.trim(), reason: '', accepted: '' });
   }
   for (const na of out) if (na.reason === '') throw new Error(`not-applicable.txt: "${na.name}" has no reason`);
   return out;
@@ -160,7 +164,7 @@ export interface Verdict {
   unknownNames: string[];
   /** Names listed both as must-pass and as not applicable: the ratchet fails. */
   contradictions: string[];
-  /** Not-applicable specs that ran and failed with something other than InvalidArgument. */
+  /** Not-applicable specs (not marked accepted) that ran and failed with something other than InvalidArgument. */
   notRefused: SpecResult[];
   /** Must-pass specs the filters left out this run (not checked). */
   notRun: string[];
@@ -176,6 +180,7 @@ export function judge(specs: SpecResult[], expected: string[], notApplicable: No
   const byName = new Map(specs.map((s) => [s.name, s]));
   const expectedSet = new Set(expected);
   const naSet = new Set(notApplicable.map((n) => n.name));
+  const refusedSet = new Set(notApplicable.filter((n) => n.accepted === '').map((n) => n.name));
   const offlineSet = new Set(offline.map((n) => n.name));
   const unknownNames = [...expected, ...notApplicable.map((n) => n.name), ...offline.map((n) => n.name)].filter((n) => !byName.has(n));
   const contradictions = expected.filter((n) => naSet.has(n) || offlineSet.has(n));
@@ -188,7 +193,7 @@ export function judge(specs: SpecResult[], expected: string[], notApplicable: No
     else if (s.state !== 'passed') regressions.push(s);
   }
   const newlyPassing = specs.filter((s) => s.state === 'passed' && !expectedSet.has(s.name));
-  const notRefused = specs.filter((s) => naSet.has(s.name) && !s.filtered && s.state !== 'passed' && !refusedAsInvalid(s));
+  const notRefused = specs.filter((s) => refusedSet.has(s.name) && !s.filtered && s.state !== 'passed' && !refusedAsInvalid(s));
   return { regressions, newlyPassing, unknownNames: [...new Set(unknownNames)], contradictions, notRefused, notRun };
 }
 

@@ -146,11 +146,18 @@ describe('judge (the ratchet)', () => {
     expect(lines).toContain(`FAIL ${HOSTNET} [not applicable]`);
     expect(lines).toContain('not refused with INVALID_ARGUMENT');
   });
+
+  it('does not flag a not-applicable spec whose entry says why kata-ts accepts the request', () => {
+    const { specs } = parseReports([report({ hostnetMessage: 'len(fileInfo) should not be zero' })]);
+    const accepted = parseNotApplicable(`${HOSTNET}\n  reason: half of it cannot work;\n  accepted: the other half does.\n`);
+    expect(accepted[0]).toMatchObject({ reason: 'half of it cannot work;', accepted: 'the other half does.' });
+    expect(judge(specs, [], accepted).notRefused).toEqual([]);
+  });
 });
 
 describe('ratchet files', () => {
   it('not-applicable entries need a reason, given as indented reason: lines', () => {
-    expect(NA).toEqual([{ name: HOSTNET, reason: "the host's network namespace is outside the VM; refused." }]);
+    expect(NA).toEqual([{ name: HOSTNET, reason: "the host's network namespace is outside the VM; refused.", accepted: '' }]);
     expect(() => parseNotApplicable(`${HOSTNET}\n`)).toThrow(/has no reason/);
     expect(() => parseNotApplicable(`${HOSTNET}\n  because\n`)).toThrow(/line 2/);
   });
