@@ -87,13 +87,6 @@ export function criMounts(container: OciContainerInput, guest: OciGuestLayout, p
         'asks for an id-mapped mount, which needs a user namespace kata-ts does not offer',
       );
     }
-    if (m.recursive_read_only === true) {
-      throw fieldError(
-        'OCI_MOUNT_RRO_UNSUPPORTED',
-        `${field}.recursive_read_only`,
-        'is set, but kata-ts does not advertise recursive read-only mounts',
-      );
-    }
     if (m.image != null && (m.image.image ?? '') !== '') {
       throw fieldError('OCI_MOUNT_IMAGE_UNSUPPORTED', `${field}.image`, 'asks for an image volume, which kata-ts does not offer yet');
     }
@@ -113,6 +106,21 @@ export function criMounts(container: OciContainerInput, guest: OciGuestLayout, p
       needsShared = true;
     }
     if (propagation === 'rslave') needsSlave = true;
+    // Recursive read-only (the CRI's rules: read-only and private, or refused). The host makes
+    // every mount below the volume read-only too; in the guest the whole volume is one virtio-fs
+    // mount (host submounts are not announced), so a plain read-only bind covers all of it.
+    if (m.recursive_read_only === true) {
+      if (m.readonly !== true) {
+        throw fieldError('OCI_MOUNT_RRO_INVALID', `${field}.recursive_read_only`, 'is set on a mount that is not read-only');
+      }
+      if (propagation !== 'rprivate') {
+        throw fieldError(
+          'OCI_MOUNT_RRO_INVALID',
+          `${field}.recursive_read_only`,
+          `is set on a mount with propagation ${m.propagation}, but only PROPAGATION_PRIVATE can be recursively read-only`,
+        );
+      }
+    }
     const mount: OciMount = {
       destination,
       type: 'bind',

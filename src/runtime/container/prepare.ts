@@ -39,6 +39,7 @@ export async function prepareGuest(input: PrepareInput): Promise<{ plan: Contain
     container_path: m.container_path,
     host_path: m.host_path,
     readonly: m.readonly,
+    recursive_read_only: m.recursive_read_only,
     propagation: m.propagation,
   }));
   // Guest paths are known before anything is mounted: the spec (and its refusals) comes first.

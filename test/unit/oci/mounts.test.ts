@@ -60,6 +60,10 @@ describe('CRI mounts', () => {
     ]);
     expect(plan.rootfsPropagation).toBe('slave');
   });
+  it('recursive read-only (read-only and private): a read-only bind, the guest sees one mount', () => {
+    const plan = criMounts({ mounts: [mount('/r', { readonly: true, recursive_read_only: true })] }, guest({ '/r': '/g/r' }), false);
+    expect(plan.mounts).toEqual([{ destination: '/r', type: 'bind', source: '/g/r', options: ['rbind', 'rprivate', 'ro'] }]);
+  });
   it('keeps the request order, moving only a parent ahead of its children', () => {
     const paths = ['/z', '/data/logs', '/a', '/data', '/data/logs/x'];
     const plan = criMounts({ mounts: paths.map((p) => mount(p)) }, guest(Object.fromEntries(paths.map((p) => [p, `/g${p}`]))), false);
@@ -76,7 +80,8 @@ describe('CRI mounts', () => {
       [{ container_path: 'rel' }, 'OCI_MOUNT_PATH_INVALID'],
       [{ container_path: '/a/../etc' }, 'OCI_MOUNT_PATH_INVALID'],
       [{ uidMappings: [{}] }, 'OCI_MOUNT_IDMAP_UNSUPPORTED'],
-      [{ recursive_read_only: true }, 'OCI_MOUNT_RRO_UNSUPPORTED'],
+      [{ recursive_read_only: true }, 'OCI_MOUNT_RRO_INVALID'],
+      [{ recursive_read_only: true, readonly: true, propagation: 'PROPAGATION_HOST_TO_CONTAINER' }, 'OCI_MOUNT_RRO_INVALID'],
       [{ image: { image: 'busybox' } }, 'OCI_MOUNT_IMAGE_UNSUPPORTED'],
       [{ container_path: '/unknown' }, 'OCI_MOUNT_SOURCE_UNRESOLVED'],
     ];
