@@ -72,7 +72,7 @@ export function criMounts(container: OciContainerInput, guest: OciGuestLayout, p
   const seen = new Set<string>();
   let needsShared = false;
   let needsSlave = false;
-  const planned = given.map((m: OciMountInput, i) => {
+  const planned = given.flatMap((m: OciMountInput, i): OciMount[] => {
     const field = `container.mounts[${i}]`;
     if (!m.container_path.startsWith('/') || m.container_path.includes('\0') || m.container_path.split('/').includes('..')) {
       throw fieldError('OCI_MOUNT_PATH_INVALID', `${field}.container_path`, `is "${m.container_path}", not an absolute path without ".."`);
@@ -129,13 +129,34 @@ export function criMounts(container: OciContainerInput, guest: OciGuestLayout, p
       // the guest has no SELinux, so there is nothing to relabel here.
       options: ['rbind', propagation, m.readonly === true ? 'ro' : 'rw'],
     };
-    return mount;
+    if (m.readonly !== true || m.recursive_read_only === true) return [mount];
+    return [mount, ...submountBinds(guest.mountSubmounts?.[m.container_path] ?? [], source, destination, propagation, field)];
   });
   const plan: CriMountPlan = { mounts: parentsFirst(planned), destinations: seen };
   // The spec's own values (no "r" prefix): the runtime applies root propagation recursively.
   if (needsShared) plan.rootfsPropagation = 'shared';
   else if (needsSlave) plan.rootfsPropagation = 'slave';
   return plan;
+}
+
+/**
+ * A read-only (not recursively) volume's host submounts, bound again writable over the read-only
+ * bind: the guest sees them as directories of the volume's one virtio-fs mount, and the host
+ * mount's own flags still decide what a write there may do.
+ */
+function submountBinds(relPaths: readonly string[], source: string, destination: string, propagation: string, field: string): OciMount[] {
+  return relPaths.map((rel) => {
+    if (rel === '' || rel.startsWith('/') || rel.includes('\0') || rel.split('/').includes('..')) {
+      throw fieldError('OCI_MOUNT_PATH_INVALID', `${field}.host_path`, `has a submount "${rel}" that is not a relative path without ".."`);
+    }
+    const sub = normalisePath(rel);
+    return {
+      destination: normalisePath(`${destination}${sub}`),
+      type: 'bind',
+      source: `${source}${sub}`,
+      options: ['rbind', propagation, 'rw'],
+    };
+  });
 }
 
 /** The pod's /dev/shm, shared by every container of the pod (it is the pod's IPC namespace's). */

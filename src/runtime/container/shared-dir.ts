@@ -108,6 +108,22 @@ export class SharedDirMounts {
   }
 }
 
+/** More host submounts than this below one read-only volume are not bound again one by one. */
+export const MAX_SUBMOUNT_BINDS = 32;
+
+/**
+ * The host mounts below `hostPath` (resolved), relative to it, shallowest first, without repeats;
+ * [] when it does not exist yet. Undefined when there are more than MAX_SUBMOUNT_BINDS (a whole
+ * host tree such as "/"): the caller leaves them to the volume's own flags.
+ */
+export async function hostSubmounts(hostPath: string): Promise<string[] | undefined> {
+  const resolved = await fsp.realpath(hostPath).catch(() => undefined);
+  if (resolved === undefined) return [];
+  const below = mountsUnder(await fsp.readFile('/proc/self/mountinfo', 'utf8'), resolved).filter((p) => p !== resolved);
+  const rel = [...new Set(below.map((p) => path.relative(resolved, p)))].reverse();
+  return rel.length > MAX_SUBMOUNT_BINDS ? undefined : rel;
+}
+
 /**
  * Unmount `bindMounts` (deepest first; a mount already gone is fine) and remove `hostDir`. The
  * directory is removed only when every unmount succeeded: removing it recursively with a bind

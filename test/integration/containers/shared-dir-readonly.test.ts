@@ -9,7 +9,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { silentLogger } from '../../../src/common/logger.js';
-import { SharedDirMounts } from '../../../src/runtime/container/shared-dir.js';
+import { hostSubmounts, SharedDirMounts } from '../../../src/runtime/container/shared-dir.js';
 
 async function writeError(file: string): Promise<string | undefined> {
   return fsp.writeFile(file, 'x').then(
@@ -42,6 +42,12 @@ describe('SharedDirMounts: read-only volumes with a submount', () => {
     expect(sources).toEqual({ '/mnt': '/run/share/c1/mounts/0' });
     return { mounts, target: path.join(dir, 'share', 'c1', 'mounts', '0') };
   };
+
+  it('hostSubmounts lists the mounts below a source (resolved through a symlink), [] for a missing one', async () => {
+    await fsp.symlink(volume, path.join(dir, 'link'));
+    expect(await hostSubmounts(path.join(dir, 'link'))).toEqual(['tmpfs']);
+    expect(await hostSubmounts(path.join(dir, 'missing'))).toEqual([]);
+  });
 
   it('read-only: the top refuses writes, a submount below it stays writable', async () => {
     const { mounts, target } = await bind(false);

@@ -64,6 +64,32 @@ describe('CRI mounts', () => {
     const plan = criMounts({ mounts: [mount('/r', { readonly: true, recursive_read_only: true })] }, guest({ '/r': '/g/r' }), false);
     expect(plan.mounts).toEqual([{ destination: '/r', type: 'bind', source: '/g/r', options: ['rbind', 'rprivate', 'ro'] }]);
   });
+  it("read-only, not recursive: the volume's host submounts are bound again writable over it", () => {
+    const g = {
+      ...guest({ '/ro': '/g/ro', '/rro': '/g/rro', '/rw': '/g/rw' }),
+      mountSubmounts: { '/ro': ['a', 'a/b'], '/rro': ['x'], '/rw': ['y'] },
+    };
+    const plan = criMounts(
+      {
+        mounts: [
+          mount('/ro', { readonly: true, propagation: 'PROPAGATION_HOST_TO_CONTAINER' }),
+          mount('/rro', { readonly: true, recursive_read_only: true }),
+          mount('/rw'),
+        ],
+      },
+      g,
+      false,
+    );
+    expect(plan.mounts).toEqual([
+      { destination: '/ro', type: 'bind', source: '/g/ro', options: ['rbind', 'rslave', 'ro'] },
+      { destination: '/ro/a', type: 'bind', source: '/g/ro/a', options: ['rbind', 'rslave', 'rw'] },
+      { destination: '/ro/a/b', type: 'bind', source: '/g/ro/a/b', options: ['rbind', 'rslave', 'rw'] },
+      { destination: '/rro', type: 'bind', source: '/g/rro', options: ['rbind', 'rprivate', 'ro'] },
+      { destination: '/rw', type: 'bind', source: '/g/rw', options: ['rbind', 'rprivate', 'rw'] },
+    ]);
+    const bad = { ...g, mountSubmounts: { '/ro': ['../etc'] } };
+    expect(thrown(() => criMounts({ mounts: [mount('/ro', { readonly: true })] }, bad, false)).reason).toBe('OCI_MOUNT_PATH_INVALID');
+  });
   it('keeps the request order, moving only a parent ahead of its children', () => {
     const paths = ['/z', '/data/logs', '/a', '/data', '/data/logs/x'];
     const plan = criMounts({ mounts: paths.map((p) => mount(p)) }, guest(Object.fromEntries(paths.map((p) => [p, `/g${p}`]))), false);
