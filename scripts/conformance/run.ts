@@ -22,6 +22,7 @@ import { packageRoot } from '../../src/common/paths.js';
 import { createPrivateCgroups } from '../../test/helpers/cgroups-private.js';
 import { spawnDaemon } from '../../test/helpers/daemon-process.js';
 import { startRegistry } from '../../test/helpers/images-registry.js';
+import { guestDirConfig } from '../../test/helpers/runtime-daemon.js';
 import { cleanupRun } from './cleanup.js';
 import {
   closingLine,
@@ -138,6 +139,8 @@ async function main(): Promise<number> {
         cgroupDriver: 'cgroupfs',
         cgroupRoot,
         images: { registriesConfigPath: registriesFile },
+        // KATA_TS_GUEST_DIR: a guest built from this tree (build-guest.sh --out) instead of the installed one.
+        hypervisor: guestDirConfig(),
       },
       null,
       2,
