@@ -101,10 +101,12 @@ trap 'exit 130' INT TERM
 
 echo "==> conformance: critest $("$critest" -version 2>/dev/null | head -1 || true), work dir $work"
 set +e
+# Inside the private mount namespace (whose mounts unshare made private copies) / is made rshared,
+# so the daemon's own namespace, a slave of this one (run.ts), still receives critest's mounts.
 KTC_WORK=$work TMPDIR=$work CRITEST=$critest CRITEST_IMAGES=$images CONFORMANCE_BUSYBOX=$busybox \
   CONFORMANCE_PARALLEL=${CONFORMANCE_PARALLEL:-2} \
   unshare --mount --ipc --net --fork -- \
-  bash -c 'ip link set lo up && exec node --import tsx scripts/conformance/run.ts "$@"' conformance "$@"
+  bash -c 'ip link set lo up && mount --make-rshared / && exec node --import tsx scripts/conformance/run.ts "$@"' conformance "$@"
 status=$?
 set -e
 exit "$status"

@@ -140,13 +140,19 @@ async function main(): Promise<number> {
         cgroupRoot,
         images: { registriesConfigPath: registriesFile },
         // KATA_TS_GUEST_DIR: a guest built from this tree (build-guest.sh --out) instead of the installed one.
-        hypervisor: guestDirConfig(),
+        // Boots under TCG with other VMs on 2 cores took over the default 90 s to ready (3 critest
+        // processes on a busy machine): wait up to just below critest's own 180 s rpc timeout.
+        hypervisor: { ...guestDirConfig(), readyTimeoutMs: 170_000 },
       },
       null,
       2,
     ),
   );
-  const daemon = await spawnDaemon(configPath, socketPath, daemonLog);
+  // The daemon gets a mount namespace of its own, a slave of the run's (what systemd's
+  // PrivateMounts=yes gives a service): critest's host mounts still reach it, but its share bind
+  // mounts stay out of critest's namespace, where a copy of a volume's submount made the volume's
+  // directory unremovable (EBUSY) for critest while the container existed.
+  const daemon = await spawnDaemon(configPath, socketPath, daemonLog, ['unshare', '--mount', '--propagation', 'slave', '--']);
   say(`kata-ts: pid ${daemon.pid}, socket ${socketPath}, log ${daemonLog}`);
 
   const endpoint = `unix://${socketPath}`;

@@ -39,9 +39,17 @@ export async function readLogLines(logFile: string): Promise<Array<Record<string
  * Start `kata-ts serve --config <configPath>` with its stderr appended to `logFile`, and resolve
  * once `socketPath` accepts connections (a killed daemon's stale socket file may already exist).
  */
-export async function spawnDaemon(configPath: string, socketPath: string, logFile: string): Promise<SpawnedDaemon> {
+export async function spawnDaemon(
+  configPath: string,
+  socketPath: string,
+  logFile: string,
+  /** A command that execs the daemon (keeping its pid), e.g. `unshare --mount --propagation slave --`. */
+  wrapper: readonly string[] = [],
+): Promise<SpawnedDaemon> {
   const log = createWriteStream(logFile, { flags: 'a' });
-  const child = spawn(process.execPath, ['--import', 'tsx', 'src/cli/entry.ts', 'serve', '--config', configPath], {
+  const argv = [process.execPath, '--import', 'tsx', 'src/cli/entry.ts', 'serve', '--config', configPath];
+  const [cmd, ...args] = [...wrapper, ...argv] as [string, ...string[]];
+  const child = spawn(cmd, args, {
     cwd: packageRoot(),
     stdio: ['ignore', 'ignore', 'pipe'],
   });
