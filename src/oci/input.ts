@@ -153,6 +153,12 @@ export interface OciGuestLayout {
   cgroupsPath: string;
   /** CRI mount container_path -> where its source appears in the guest. Every mount needs one. */
   mountSources: Readonly<Record<string, string>>;
+  /**
+   * CRI mount container_path -> the host mounts below its source, relative to it. The guest sees
+   * a volume as one virtio-fs mount, so a read-only bind would make these read-only too; a
+   * read-only, non-recursive mount gets them bound again with their own (writable) flags.
+   */
+  mountSubmounts?: Readonly<Record<string, readonly string[]>>;
   /** CRI device container_path -> the device node as the guest knows it (type, major, minor). */
   devices?: Readonly<Record<string, Omit<OciLinuxDevice, 'path'>>>;
   /** The guest's device nodes, given to a privileged container. */

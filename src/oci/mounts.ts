@@ -72,7 +72,7 @@ export function criMounts(container: OciContainerInput, guest: OciGuestLayout, p
   const seen = new Set<string>();
   let needsShared = false;
   let needsSlave = false;
-  const planned = given.map((m: OciMountInput, i) => {
+  const planned = given.flatMap((m: OciMountInput, i): OciMount[] => {
     const field = `container.mounts[${i}]`;
     if (!m.container_path.startsWith('/') || m.container_path.includes('\0') || m.container_path.split('/').includes('..')) {
       throw fieldError('OCI_MOUNT_PATH_INVALID', `${field}.container_path`, `is "${m.container_path}", not an absolute path without ".."`);
@@ -85,13 +85,6 @@ export function criMounts(container: OciContainerInput, guest: OciGuestLayout, p
         'OCI_MOUNT_IDMAP_UNSUPPORTED',
         `${field}.uidMappings`,
         'asks for an id-mapped mount, which needs a user namespace kata-ts does not offer',
-      );
-    }
-    if (m.recursive_read_only === true) {
-      throw fieldError(
-        'OCI_MOUNT_RRO_UNSUPPORTED',
-        `${field}.recursive_read_only`,
-        'is set, but kata-ts does not advertise recursive read-only mounts',
       );
     }
     if (m.image != null && (m.image.image ?? '') !== '') {
@@ -113,6 +106,21 @@ export function criMounts(container: OciContainerInput, guest: OciGuestLayout, p
       needsShared = true;
     }
     if (propagation === 'rslave') needsSlave = true;
+    // Recursive read-only (the CRI's rules: read-only and private, or refused). The host makes
+    // every mount below the volume read-only too; in the guest the whole volume is one virtio-fs
+    // mount (host submounts are not announced), so a plain read-only bind covers all of it.
+    if (m.recursive_read_only === true) {
+      if (m.readonly !== true) {
+        throw fieldError('OCI_MOUNT_RRO_INVALID', `${field}.recursive_read_only`, 'is set on a mount that is not read-only');
+      }
+      if (propagation !== 'rprivate') {
+        throw fieldError(
+          'OCI_MOUNT_RRO_INVALID',
+          `${field}.recursive_read_only`,
+          `is set on a mount with propagation ${m.propagation}, but only PROPAGATION_PRIVATE can be recursively read-only`,
+        );
+      }
+    }
     const mount: OciMount = {
       destination,
       type: 'bind',
@@ -121,13 +129,34 @@ export function criMounts(container: OciContainerInput, guest: OciGuestLayout, p
       // the guest has no SELinux, so there is nothing to relabel here.
       options: ['rbind', propagation, m.readonly === true ? 'ro' : 'rw'],
     };
-    return mount;
+    if (m.readonly !== true || m.recursive_read_only === true) return [mount];
+    return [mount, ...submountBinds(guest.mountSubmounts?.[m.container_path] ?? [], source, destination, propagation, field)];
   });
   const plan: CriMountPlan = { mounts: parentsFirst(planned), destinations: seen };
   // The spec's own values (no "r" prefix): the runtime applies root propagation recursively.
   if (needsShared) plan.rootfsPropagation = 'shared';
   else if (needsSlave) plan.rootfsPropagation = 'slave';
   return plan;
+}
+
+/**
+ * A read-only (not recursively) volume's host submounts, bound again writable over the read-only
+ * bind: the guest sees them as directories of the volume's one virtio-fs mount, and the host
+ * mount's own flags still decide what a write there may do.
+ */
+function submountBinds(relPaths: readonly string[], source: string, destination: string, propagation: string, field: string): OciMount[] {
+  return relPaths.map((rel) => {
+    if (rel === '' || rel.startsWith('/') || rel.includes('\0') || rel.split('/').includes('..')) {
+      throw fieldError('OCI_MOUNT_PATH_INVALID', `${field}.host_path`, `has a submount "${rel}" that is not a relative path without ".."`);
+    }
+    const sub = normalisePath(rel);
+    return {
+      destination: normalisePath(`${destination}${sub}`),
+      type: 'bind',
+      source: `${source}${sub}`,
+      options: ['rbind', propagation, 'rw'],
+    };
+  });
 }
 
 /** The pod's /dev/shm, shared by every container of the pod (it is the pod's IPC namespace's). */

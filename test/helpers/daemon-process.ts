@@ -43,13 +43,18 @@ export async function spawnDaemon(
   configPath: string,
   socketPath: string,
   logFile: string,
-  options: { netnsPath?: string } = {},
+  options: {
+    /** Start it in this network namespace (nsenter execs node there: the child's pid is the daemon's own). */
+    netnsPath?: string;
+    /** A command that execs the daemon (keeping its pid), e.g. `unshare --mount --propagation slave --`. */
+    wrapper?: readonly string[];
+  } = {},
 ): Promise<SpawnedDaemon> {
   const log = createWriteStream(logFile, { flags: 'a' });
   const node = [process.execPath, '--import', 'tsx', 'src/cli/entry.ts', 'serve', '--config', configPath];
-  // nsenter execs node in the namespace: the child's pid is the daemon's own.
-  const argv = options.netnsPath === undefined ? node : ['nsenter', `--net=${options.netnsPath}`, '--', ...node];
-  const child = spawn(argv[0]!, argv.slice(1), {
+  const inNetns = options.netnsPath === undefined ? node : ['nsenter', `--net=${options.netnsPath}`, '--', ...node];
+  const [cmd, ...args] = [...(options.wrapper ?? []), ...inNetns] as [string, ...string[]];
+  const child = spawn(cmd, args, {
     cwd: packageRoot(),
     stdio: ['ignore', 'ignore', 'pipe'],
   });

@@ -91,6 +91,7 @@ export function guestLayout(opts: {
   rootfsGuestPath: string;
   guestDir: string;
   mountSources: Record<string, string>;
+  mountSubmounts?: Record<string, string[]>;
   pod: GuestPod;
 }): OciGuestLayout {
   const ns = (type: string) => `/proc/${opts.pod.pausePid}/ns/${type}`;
@@ -98,6 +99,7 @@ export function guestLayout(opts: {
     rootfsPath: opts.rootfsGuestPath,
     cgroupsPath: `/kata-ts/${opts.sandboxId}/${opts.containerId}`,
     mountSources: opts.mountSources,
+    ...(opts.mountSubmounts === undefined ? {} : { mountSubmounts: opts.mountSubmounts }),
     namespaces: { network: ns('net'), ipc: ns('ipc'), uts: ns('uts'), pid: ns('pid') },
     shmPath: opts.pod.shmPath,
     etcDir: path.posix.join(opts.guestDir, 'etc'),

@@ -183,7 +183,12 @@ export class ContainerManager implements SandboxListener {
           `container ${record.id} was created without a guest plan (before this version); remove and create it again`,
         );
       }
-      if (record.logPath !== '') await fsp.mkdir(path.dirname(record.logPath), { recursive: true });
+      if (record.logPath !== '') {
+        await fsp.mkdir(path.dirname(record.logPath), { recursive: true });
+        // The kubelet (and critest) open the log file as soon as StartContainer returns, but the
+        // output pump opens it asynchronously: create it (empty, appended to later) before then.
+        await (await fsp.open(record.logPath, 'a', 0o640)).close();
+      }
       try {
         record.startedAtNs = await createAndStart(agent, record);
       } catch (err) {

@@ -9,7 +9,7 @@ import { buildOciSpec, type OciSpecInput } from '../../oci/index.js';
 import type { ContainerSpec } from '../spec/container.js';
 import { type GuestPod, guestLayout, ociInput, readFileInRoot, readSeccompProfile } from './guest-spec.js';
 import type { ContainerGuestPlan } from './record.js';
-import { containerDirs, type HostMountRequest, SharedDirMounts } from './shared-dir.js';
+import { containerDirs, type HostMountRequest, hostSubmounts, SharedDirMounts } from './shared-dir.js';
 
 export interface PrepareInput {
   sandboxId: string;
@@ -39,10 +39,19 @@ export async function prepareGuest(input: PrepareInput): Promise<{ plan: Contain
     container_path: m.container_path,
     host_path: m.host_path,
     readonly: m.readonly,
+    recursive_read_only: m.recursive_read_only,
     propagation: m.propagation,
   }));
   // Guest paths are known before anything is mounted: the spec (and its refusals) comes first.
   const mountSources = Object.fromEntries(criMounts.map((m, i) => [m.container_path, path.posix.join(dirs.guestDir, 'mounts', String(i))]));
+  const mountSubmounts: Record<string, string[]> = {};
+  for (const m of criMounts) {
+    if (!m.readonly || m.recursive_read_only === true) continue;
+    const subs = await hostSubmounts(m.host_path);
+    if (subs === undefined) {
+      input.logger.warn({ mount: m.container_path }, 'too many host mounts below a read-only volume: the guest sees all of them read-only');
+    } else if (subs.length > 0) mountSubmounts[m.container_path] = subs;
+  }
   const rootfsGuestPath = path.posix.join(dirs.guestDir, 'rootfs');
   const [passwd, group, seccomp] = await Promise.all([
     readFileInRoot(input.rootfs, 'etc/passwd'),
@@ -55,6 +64,7 @@ export async function prepareGuest(input: PrepareInput): Promise<{ plan: Contain
     rootfsGuestPath,
     guestDir: dirs.guestDir,
     mountSources,
+    mountSubmounts,
     pod: input.pod,
   });
   // Hot-plugged devices reach the guest as PCI functions; the device nodes their guest drivers

@@ -17,6 +17,7 @@ import { promisify } from 'node:util';
 import { errorMessage, internal, invalid } from '../../common/errors.js';
 import type { Logger } from '../../common/logger.js';
 import type { OciContainerFile } from '../../oci/index.js';
+import { mountsUnder } from '../sandbox/shared-dir.js';
 
 const run = promisify(execFile);
 
@@ -31,6 +32,8 @@ export interface HostMountRequest {
   container_path: string;
   host_path: string;
   readonly: boolean;
+  /** Every mount below the source read-only as well (only with readonly and private propagation). */
+  recursive_read_only?: boolean;
   propagation: keyof typeof PROPAGATION_FLAG;
 }
 
@@ -79,7 +82,8 @@ export class SharedDirMounts {
     for (const [i, m] of mounts.entries()) {
       const field = `container.mounts[${i}] (${m.container_path})`;
       const target = path.join(this.dirs.hostDir, 'mounts', String(i));
-      await bindPinned(m.host_path, target, { readonly: m.readonly, propagationFlag: PROPAGATION_FLAG[m.propagation] }, field);
+      const opts = { readonly: m.readonly, recursive: m.recursive_read_only === true, propagationFlag: PROPAGATION_FLAG[m.propagation] };
+      await bindPinned(m.host_path, target, opts, field);
       this.bindMounts.push(target);
       sources[m.container_path] = path.posix.join(this.dirs.guestDir, 'mounts', String(i));
     }
@@ -102,6 +106,22 @@ export class SharedDirMounts {
   async undo(): Promise<boolean> {
     return unmountAndRemove(this.dirs.hostDir, this.bindMounts, this.logger);
   }
+}
+
+/** More host submounts than this below one read-only volume are not bound again one by one. */
+export const MAX_SUBMOUNT_BINDS = 32;
+
+/**
+ * The host mounts below `hostPath` (resolved), relative to it, shallowest first, without repeats;
+ * [] when it does not exist yet. Undefined when there are more than MAX_SUBMOUNT_BINDS (a whole
+ * host tree such as "/"): the caller leaves them to the volume's own flags.
+ */
+export async function hostSubmounts(hostPath: string): Promise<string[] | undefined> {
+  const resolved = await fsp.realpath(hostPath).catch(() => undefined);
+  if (resolved === undefined) return [];
+  const below = mountsUnder(await fsp.readFile('/proc/self/mountinfo', 'utf8'), resolved).filter((p) => p !== resolved);
+  const rel = [...new Set(below.map((p) => path.relative(resolved, p)))].reverse();
+  return rel.length > MAX_SUBMOUNT_BINDS ? undefined : rel;
 }
 
 /**
@@ -148,7 +168,7 @@ async function isMountPoint(p: string): Promise<boolean> {
 async function bindPinned(
   source: string,
   target: string,
-  opts: { readonly: boolean; propagationFlag: string },
+  opts: { readonly: boolean; recursive?: boolean; propagationFlag: string },
   field: string,
 ): Promise<void> {
   if (!path.isAbsolute(source)) throw invalid('CONTAINER_MOUNT_SOURCE_INVALID', `${field}: host_path "${source}" is not absolute`);
@@ -193,6 +213,12 @@ async function bindPinned(
       const options = ['remount', 'bind', 'nodev', 'nosuid', opts.readonly ? 'ro' : 'rw'].join(',');
       await mountCmd(['--no-canonicalize', '-o', options, target], field);
       await mountCmd([opts.propagationFlag, target], field);
+      // The remount above changes the top mount only; the guest reaches the submounts through
+      // virtiofsd on the host, so each one must refuse writes here, whatever the guest does.
+      if (opts.recursive === true) {
+        const below = mountsUnder(await fsp.readFile('/proc/self/mountinfo', 'utf8'), target).filter((p) => p !== target);
+        for (const sub of below) await mountCmd(['--no-canonicalize', '-o', 'remount,bind,nodev,nosuid,ro', sub], field);
+      }
     } catch (err) {
       await run('umount', ['--', target]).catch(() => undefined);
       throw err;

@@ -1,6 +1,8 @@
 import type { Container } from '../../generated/runtime/v1/Container.js';
 import type { ContainerFilter__Output } from '../../generated/runtime/v1/ContainerFilter.js';
 import type { ContainerStatus } from '../../generated/runtime/v1/ContainerStatus.js';
+import type { ContainerUser } from '../../generated/runtime/v1/ContainerUser.js';
+import type { OciSpec } from '../../oci/index.js';
 import { matchesLabels } from '../sandbox/views.js';
 import type { ContainerRecord } from './record.js';
 
@@ -24,7 +26,18 @@ export function containerView(r: ContainerRecord): Container {
   };
 }
 
-/** ContainerStatus' view: the list view plus times, exit, mounts, log path and resources. */
+/**
+ * The identity the container's first process runs with, as its OCI spec says (the kubelet checks
+ * it against the SupplementalGroupsPolicy it asked for); null for a container created without a
+ * guest plan.
+ */
+export function containerUser(r: ContainerRecord): ContainerUser | null {
+  const user = (r.guest?.ociSpec as Partial<OciSpec> | undefined)?.process?.user;
+  if (user === undefined) return null;
+  return { linux: { uid: user.uid, gid: user.gid, supplemental_groups: user.additionalGids ?? [] } };
+}
+
+/** ContainerStatus' view: the list view plus times, exit, mounts, log path, resources and user. */
 export function containerStatusView(r: ContainerRecord): ContainerStatus {
   const { spec } = r;
   return {
@@ -38,6 +51,7 @@ export function containerStatusView(r: ContainerRecord): ContainerStatus {
     log_path: r.logPath,
     resources: spec.linux?.resources ? { linux: spec.linux.resources } : null,
     stop_signal: spec.stop_signal,
+    user: containerUser(r),
   };
 }
 

@@ -38,7 +38,9 @@ export function statusResponse(
   const handlerNames = Object.keys(config.handlers).sort();
   // The kubelet looks the pod's RuntimeClass handler up in this list; "" is how it names the
   // default handler (a pod without a RuntimeClass), so the default appears again under "".
-  const handlerFeatures = { recursive_read_only_mounts: false, user_namespaces: false };
+  // Recursive read-only mounts: every host mount below the volume is made read-only as well
+  // (src/runtime/container/shared-dir.ts), and the guest sees the volume as a single mount.
+  const handlerFeatures = { recursive_read_only_mounts: true, user_namespaces: false };
   const runtimeHandlers = [{ name: '', features: handlerFeatures }, ...handlerNames.map((name) => ({ name, features: handlerFeatures }))];
   const response: StatusResponse = {
     status: {
@@ -53,7 +55,8 @@ export function statusResponse(
       ],
     },
     runtime_handlers: runtimeHandlers,
-    features: { supplemental_groups_policy: false, user_namespaces_host_network: false },
+    // The OCI spec honours Strict and Merge, and ContainerStatus reports the groups it gave.
+    features: { supplemental_groups_policy: true, user_namespaces_host_network: false },
     info: {},
   };
   if (request.verbose) {

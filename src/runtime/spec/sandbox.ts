@@ -33,17 +33,36 @@ export interface SandboxSpec {
 export type SandboxMetadata = PodSandboxMetadata__Output;
 
 /**
- * validate RunPodSandboxRequest.config into a SandboxSpec (pure). Only the parts that must be
- * present before anything is planned are checked here: the config and the pod's identity;
- * sizes and devices are the planners' to judge.
+ * Host namespaces a pod VM cannot join: the host's network and IPC namespaces are outside the VM.
+ * Refused before a VM boots, so the kubelet hears INVALID_ARGUMENT at once (the OCI builder
+ * refuses the same for containers). Host PID is honoured as the guest's root PID namespace.
  */
-export function decodeSandboxSpec(config: PodSandboxConfig__Output | null): SandboxSpec {
+function refuseHostNamespaces(linux: LinuxPodSandboxConfig__Output | null): void {
+  const opts = linux?.security_context?.namespace_options;
+  const field = 'config.linux.security_context.namespace_options';
+  if (opts?.network === 'NODE') {
+    throw invalid('SANDBOX_HOST_NAMESPACE_UNSUPPORTED', `${field}.network is NODE, but the host's network namespace is outside the pod VM`);
+  }
+  if (opts?.ipc === 'NODE') {
+    throw invalid('SANDBOX_HOST_NAMESPACE_UNSUPPORTED', `${field}.ipc is NODE, but the host's IPC namespace is outside the pod VM`);
+  }
+}
+
+/**
+ * validate RunPodSandboxRequest.config into a SandboxSpec (pure). Only the parts that must be
+ * present before anything is planned are checked here: the config and the pod's identity, and
+ * that the pod asks for no host namespace a VM cannot give; sizes and devices are the planners'
+ * to judge. `recorded`: the config of a sandbox that already runs (a record being migrated),
+ * which is not judged again.
+ */
+export function decodeSandboxSpec(config: PodSandboxConfig__Output | null, options: { recorded?: boolean } = {}): SandboxSpec {
   if (config === null) throw invalid('SANDBOX_CONFIG_MISSING', 'config is required in RunPodSandboxRequest');
   const m = config.metadata;
   if (m === null) throw invalid('SANDBOX_METADATA_MISSING', 'config.metadata is required');
   for (const field of ['name', 'namespace', 'uid'] as const) {
     if (m[field] === '') throw invalid('SANDBOX_METADATA_INVALID', `config.metadata.${field} must not be empty`);
   }
+  if (options.recorded !== true) refuseHostNamespaces(config.linux);
   return {
     metadata: { name: m.name, uid: m.uid, namespace: m.namespace, attempt: m.attempt },
     hostname: config.hostname,

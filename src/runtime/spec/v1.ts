@@ -33,7 +33,7 @@ export function sandboxSpecFromV1(podConfig: Blob): SandboxSpec {
     metadata: objectOrNull(podConfig.metadata),
     linux: linux === null ? null : { ...emptyLinuxSandboxConfig(), ...linux },
   } as unknown as PodSandboxConfig__Output;
-  return decodeSandboxSpec(config);
+  return decodeSandboxSpec(config, { recorded: true });
 }
 
 /** A format-1 container `config` as today's ContainerSpec; throws KataError invalid when it cannot be one. */

@@ -133,6 +133,8 @@ describe('the crictl sequence in a pod VM (real QEMU, crun in the guest, virtio-
     const ok = await create('ok', { command: ['sh', '-c', 'echo hello; printf partial'] });
     const bad = await create('bad', { command: ['sh', '-c', 'echo oops >&2; exit 3'] });
     await start(ok);
+    // The kubelet opens the log as soon as StartContainer returns: the file is there by then.
+    expect((await fsp.stat(path.join(logDir, 'ok.log'))).isFile()).toBe(true);
     await start(bad);
     const s0 = await exited(ok);
     const s3 = await exited(bad);

@@ -71,8 +71,8 @@ describe('CRI foundation over a real unix socket', () => {
       info: Record<string, string>;
     }>(cri.runtime, 'Status', { verbose: true });
     expect(res.runtime_handlers.map((h) => h.name)).toEqual(['', 'kata-ts', 'kata-ts-cvm']);
-    expect(res.runtime_handlers[0]!.features).toEqual({ recursive_read_only_mounts: false, user_namespaces: false });
-    expect(res.features).toEqual({ supplemental_groups_policy: false, user_namespaces_host_network: false });
+    expect(res.runtime_handlers[0]!.features).toEqual({ recursive_read_only_mounts: true, user_namespaces: false });
+    expect(res.features).toEqual({ supplemental_groups_policy: true, user_namespaces_host_network: false });
     const types = res.status.conditions.map((c) => c.type);
     expect(types).toEqual(['RuntimeReady', 'NetworkReady']);
     const network = res.status.conditions[1]!;

@@ -31,6 +31,8 @@ describe('test layout', () => {
       'logs',
       'guest-agent',
       'guest-agent-core',
+      // scripts/conformance: the critest harness and its ratchet
+      'conformance',
     ]);
     const folders = readdirSync(unit, { withFileTypes: true }).filter((e) => e.isDirectory());
     expect(folders.length).toBeGreaterThan(5);

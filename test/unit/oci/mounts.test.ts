@@ -60,6 +60,36 @@ describe('CRI mounts', () => {
     ]);
     expect(plan.rootfsPropagation).toBe('slave');
   });
+  it('recursive read-only (read-only and private): a read-only bind, the guest sees one mount', () => {
+    const plan = criMounts({ mounts: [mount('/r', { readonly: true, recursive_read_only: true })] }, guest({ '/r': '/g/r' }), false);
+    expect(plan.mounts).toEqual([{ destination: '/r', type: 'bind', source: '/g/r', options: ['rbind', 'rprivate', 'ro'] }]);
+  });
+  it("read-only, not recursive: the volume's host submounts are bound again writable over it", () => {
+    const g = {
+      ...guest({ '/ro': '/g/ro', '/rro': '/g/rro', '/rw': '/g/rw' }),
+      mountSubmounts: { '/ro': ['a', 'a/b'], '/rro': ['x'], '/rw': ['y'] },
+    };
+    const plan = criMounts(
+      {
+        mounts: [
+          mount('/ro', { readonly: true, propagation: 'PROPAGATION_HOST_TO_CONTAINER' }),
+          mount('/rro', { readonly: true, recursive_read_only: true }),
+          mount('/rw'),
+        ],
+      },
+      g,
+      false,
+    );
+    expect(plan.mounts).toEqual([
+      { destination: '/ro', type: 'bind', source: '/g/ro', options: ['rbind', 'rslave', 'ro'] },
+      { destination: '/ro/a', type: 'bind', source: '/g/ro/a', options: ['rbind', 'rslave', 'rw'] },
+      { destination: '/ro/a/b', type: 'bind', source: '/g/ro/a/b', options: ['rbind', 'rslave', 'rw'] },
+      { destination: '/rro', type: 'bind', source: '/g/rro', options: ['rbind', 'rprivate', 'ro'] },
+      { destination: '/rw', type: 'bind', source: '/g/rw', options: ['rbind', 'rprivate', 'rw'] },
+    ]);
+    const bad = { ...g, mountSubmounts: { '/ro': ['../etc'] } };
+    expect(thrown(() => criMounts({ mounts: [mount('/ro', { readonly: true })] }, bad, false)).reason).toBe('OCI_MOUNT_PATH_INVALID');
+  });
   it('keeps the request order, moving only a parent ahead of its children', () => {
     const paths = ['/z', '/data/logs', '/a', '/data', '/data/logs/x'];
     const plan = criMounts({ mounts: paths.map((p) => mount(p)) }, guest(Object.fromEntries(paths.map((p) => [p, `/g${p}`]))), false);
@@ -76,7 +106,8 @@ describe('CRI mounts', () => {
       [{ container_path: 'rel' }, 'OCI_MOUNT_PATH_INVALID'],
       [{ container_path: '/a/../etc' }, 'OCI_MOUNT_PATH_INVALID'],
       [{ uidMappings: [{}] }, 'OCI_MOUNT_IDMAP_UNSUPPORTED'],
-      [{ recursive_read_only: true }, 'OCI_MOUNT_RRO_UNSUPPORTED'],
+      [{ recursive_read_only: true }, 'OCI_MOUNT_RRO_INVALID'],
+      [{ recursive_read_only: true, readonly: true, propagation: 'PROPAGATION_HOST_TO_CONTAINER' }, 'OCI_MOUNT_RRO_INVALID'],
       [{ image: { image: 'busybox' } }, 'OCI_MOUNT_IMAGE_UNSUPPORTED'],
       [{ container_path: '/unknown' }, 'OCI_MOUNT_SOURCE_UNRESOLVED'],
     ];

@@ -56,6 +56,31 @@ describe('decodeSandboxSpec', () => {
   });
 });
 
+describe('decodeSandboxSpec: host namespaces a pod VM cannot join', () => {
+  const metadata = { name: 'a', uid: 'u', namespace: 'n' };
+  const withNamespaces = (namespaceOptions: Record<string, unknown>) =>
+    podConfig({ metadata, linux: { securityContext: { namespaceOptions } } });
+
+  it('refuses host network and host IPC with INVALID_ARGUMENT naming the field', () => {
+    for (const [key, opts] of [
+      ['network', { network: 'NODE', pid: 'POD', ipc: 'POD' }],
+      ['ipc', { network: 'POD', pid: 'POD', ipc: 'NODE' }],
+    ] as const) {
+      const err = thrown(() => decodeSandboxSpec(withNamespaces(opts)));
+      expect([err.kind, err.reason]).toEqual(['invalid', 'SANDBOX_HOST_NAMESPACE_UNSUPPORTED']);
+      expect(err.message).toContain(`config.linux.security_context.namespace_options.${key} is NODE`);
+    }
+  });
+
+  it('accepts host PID (the guest root PID namespace) and pod namespaces', () => {
+    expect(decodeSandboxSpec(withNamespaces({ network: 'POD', pid: 'NODE', ipc: 'POD' })).metadata.name).toBe('a');
+  });
+
+  it('does not judge again the config of a sandbox already recorded', () => {
+    expect(decodeSandboxSpec(withNamespaces({ network: 'NODE' }), { recorded: true }).metadata.name).toBe('a');
+  });
+});
+
 describe('decodeContainerSpec', () => {
   const base = { metadata: { name: 'app', attempt: 1 }, image: { image: 'busybox' } };
 
