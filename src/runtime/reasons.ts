@@ -43,6 +43,7 @@ export type RuntimeReason =
   | 'SANDBOX_WORKDIR_EXISTS'
   | 'SHARED_DIR_MOUNT_FAILED'
   | 'SHARED_DIR_STILL_MOUNTED'
+  | 'STATE_DIR_LOCKED'
   | 'STORE_BAD_ID';
 
 declare module '../common/errors.js' {

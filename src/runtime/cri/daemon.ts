@@ -20,6 +20,7 @@ import { SandboxManager } from '../sandbox/manager.js';
 import { sandboxSharedDir } from '../sandbox/paths.js';
 import { SANDBOX_RECORD_KIND, type SandboxRecord } from '../sandbox/record.js';
 import { podSandboxStatusView } from '../sandbox/views.js';
+import { acquireStateLock } from '../state-lock.js';
 import { RecordStore } from '../store.js';
 import { containerHandlers, containerStreamHandlers } from './container-handlers.js';
 import { loadCriPackage } from './proto.js';
@@ -48,6 +49,19 @@ export interface Daemon {
 
 /** Compose and start the daemon from a loaded config. */
 export async function startDaemon(options: DaemonOptions): Promise<Daemon> {
+  const { config } = options.loaded;
+  const logger = options.logger;
+  // First of all: a state directory belongs to one daemon; a second one changes nothing.
+  const lock = await acquireStateLock(config.stateDir, logger);
+  try {
+    return await composeDaemon(options, lock.release);
+  } catch (err) {
+    await lock.release();
+    throw err;
+  }
+}
+
+async function composeDaemon(options: DaemonOptions, releaseLock: () => Promise<void>): Promise<Daemon> {
   const { config } = options.loaded;
   const logger = options.logger;
   const facts = options.facts ?? (await gatherFacts(options.loaded));
@@ -176,6 +190,7 @@ export async function startDaemon(options: DaemonOptions): Promise<Daemon> {
       await containers.close();
       sandboxes.close();
       images.close();
+      await releaseLock();
       logger.info('kata-ts stopped');
     },
   };
