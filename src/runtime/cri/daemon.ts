@@ -1,5 +1,6 @@
 import os from 'node:os';
-import { createCgroupDriver } from '../../cgroups/index.js';
+import { createCgroupDriver, detectCgroupMode } from '../../cgroups/index.js';
+import { errorMessage } from '../../common/errors.js';
 import type { Logger } from '../../common/logger.js';
 import type { KataConfig, LoadedConfig } from '../../config/types.js';
 import type { StatusRequest__Output } from '../../generated/runtime/v1/StatusRequest.js';
@@ -74,6 +75,13 @@ async function composeDaemon(options: DaemonOptions, releaseLock: () => Promise<
       guestAssets: facts.guestAssets,
     },
     'kata-ts starting',
+  );
+  // Said once, loudly, at start: `ip netns exec` (a fresh sysfs) is the usual way to get here.
+  await detectCgroupMode(config.cgroupRoot).catch((err: unknown) =>
+    logger.error(
+      { cgroupRoot: config.cgroupRoot, err: errorMessage(err) },
+      'no cgroups found: every RunPodSandbox will be refused (in a network namespace, start the daemon with nsenter --net=, not ip netns exec)',
+    ),
   );
   const metrics = new RuntimeMetrics();
   const cri = loadCriPackage();
