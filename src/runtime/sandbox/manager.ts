@@ -1,3 +1,4 @@
+import { promises as fsp } from 'node:fs';
 import type { AgentClient } from '../../agent-client/index.js';
 import type { CgroupDriver, CgroupDriverName, PlacementRecord } from '../../cgroups/index.js';
 import { alreadyExists, errorMessage, notFound } from '../../common/errors.js';
@@ -14,7 +15,7 @@ import type { RuntimeMetrics } from '../metrics.js';
 import { decodeSandboxSpec } from '../spec/sandbox.js';
 import { type CreateDeps, createSandbox } from './create.js';
 import { killAndWait } from './orphans.js';
-import { sandboxSharedDir, sandboxWorkDir } from './paths.js';
+import { sandboxSharedDir, sandboxVmRoot, sandboxWorkDir } from './paths.js';
 import { identityKey, type SandboxExitRecord, type SandboxRecord } from './record.js';
 import { recoverSandboxes } from './recover.js';
 import { releaseSharedMounts, removeWorkDir } from './shared-dir.js';
@@ -95,6 +96,7 @@ export class SandboxManager {
 
   /** Find sandboxes again from their records (see recover.ts). */
   async recover(): Promise<void> {
+    await fsp.mkdir(sandboxVmRoot(this.deps.config.stateDir), { recursive: true, mode: 0o700 });
     const recovered = await recoverSandboxes(this.deps);
     for (const live of recovered) {
       this.sandboxes.set(live.record.id, live);
