@@ -18,6 +18,7 @@ import { connectAgentClient } from './agent.js';
 import { sandboxArgvPaths, sandboxSharedDir, sandboxVmPaths, sandboxWorkDir, vmNameFor } from './paths.js';
 import { nowNs, type SandboxRecord } from './record.js';
 import { prepareSharedDir, releaseSharedMounts, removeWorkDir } from './shared-dir.js';
+import { restrictSocketModes } from './socket-modes.js';
 
 /** The pod's /dev/shm in the guest: what the kubelet and containerd give a pod (the CRI has no size for it). */
 export const POD_SHM_SIZE_BYTES = 64 * 1024 * 1024;
@@ -165,6 +166,7 @@ export async function createSandbox(
       ...(withAgent ? { agentSocket, virtiofsSocket } : {}),
     };
     await deps.store.put(record);
+    await restrictSocketModes(workDir);
     req.signal.throwIfAborted();
 
     // Placed while still paused (-S): no guest instruction runs outside the pod's budget, and
