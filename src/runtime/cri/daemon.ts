@@ -18,6 +18,7 @@ import { gatherFacts } from '../gather-facts.js';
 import { type MetricsEndpoint, RuntimeMetrics, serveMetrics } from '../metrics.js';
 import { ResourceUpdates } from '../resize/index.js';
 import { SandboxManager } from '../sandbox/manager.js';
+import { auditOrphans, ownersFromRecords } from '../sandbox/orphan-audit.js';
 import { sandboxSharedDir } from '../sandbox/paths.js';
 import { SANDBOX_RECORD_KIND, type SandboxRecord } from '../sandbox/record.js';
 import { podSandboxStatusView } from '../sandbox/views.js';
@@ -144,6 +145,7 @@ async function composeDaemon(options: DaemonOptions, releaseLock: () => Promise<
   await sandboxes.recover();
   await containers.recover();
   await images.init();
+  await logOrphans(config, logger);
   const containerStatuses = (sandboxId: string) => containers.inSandbox(sandboxId).map(containerStatusView);
   const stats = new StatsCollector(containers, guests);
 
@@ -202,4 +204,21 @@ async function composeDaemon(options: DaemonOptions, releaseLock: () => Promise<
       logger.info('kata-ts stopped');
     },
   };
+}
+
+/**
+ * After recovery, list (never remove) what no record owns under the daemon's roots: what recovery
+ * could not tie to a record is for an operator to look at, one warning each.
+ */
+async function logOrphans(config: KataConfig, logger: Logger): Promise<void> {
+  try {
+    const orphans = await auditOrphans(await ownersFromRecords(config.stateDir), {
+      stateDir: config.stateDir,
+      cgroupRoot: config.cgroupRoot,
+    });
+    for (const orphan of orphans) logger.warn({ orphan }, 'orphan: no record owns it');
+    logger.info({ orphans: orphans.length }, 'orphan audit done');
+  } catch (err) {
+    logger.warn({ err: errorMessage(err) }, 'orphan audit failed');
+  }
 }
