@@ -21,7 +21,7 @@ import { recoverSandboxes } from './recover.js';
 import { releaseSharedMounts, removeWorkDir } from './shared-dir.js';
 import { destroyGuestPod, type StopBudget, stopBudget, tellStopping } from './stop.js';
 import { sandboxMatches } from './views.js';
-import { stopVirtiofsd } from './virtiofsd.js';
+import { stopVirtiofsd, watchVirtiofsd } from './virtiofsd.js';
 
 export { CONTAINERS_STOP_MAX_MS } from './stop.js';
 
@@ -301,13 +301,26 @@ export class SandboxManager {
 
   /** A VM that exits without StopPodSandbox makes its sandbox NOTREADY at once, with why. */
   private watchExit(live: LiveSandbox, vm: VmProcess): void {
+    let lostFiles = false;
+    const stopWatching = watchVirtiofsd(
+      () => (live.vm === vm && !live.stopping ? live.record.virtiofsd : null),
+      () => {
+        lostFiles = true;
+        this.deps.logger.error(
+          { sandboxId: live.record.id, pid: vm.pid },
+          'virtiofsd exited: the pod VM has lost its files; ending the VM',
+        );
+        void vm.kill();
+      },
+    );
     void vm.exited
       .then(async (exit) => {
+        stopWatching();
         if (live.vm !== vm || live.stopping) return;
         // Visible to List/Status immediately; the record follows under the lock.
         live.record.state = 'SANDBOX_NOTREADY';
         this.updateGauge();
-        const record = await this.exitRecord(vm, exit, exit.shutdownReason ?? 'unexpected');
+        const record = await this.exitRecord(vm, exit, lostFiles ? 'virtiofsd-exited' : (exit.shutdownReason ?? 'unexpected'));
         this.deps.logger.error({ sandboxId: live.record.id, pid: vm.pid, exit: record }, 'VM exited on its own; sandbox is NOTREADY');
         await this.locks.run(live.record.id, async () => {
           if (live.vm !== vm || !this.sandboxes.has(live.record.id)) return;

@@ -64,6 +64,17 @@ function vmmProcesses(vmRoot: string, procRoot: string): Array<{ pid: number; ki
   return out;
 }
 
+/** The parent pid from /proc/<pid>/stat (field 4), undefined when the process is gone. */
+function parentPid(pid: number, procRoot: string): number | undefined {
+  try {
+    const text = readFileSync(path.join(procRoot, String(pid), 'stat'), 'utf8');
+    const ppid = Number(text.slice(text.lastIndexOf(')') + 2).split(' ')[1]);
+    return Number.isSafeInteger(ppid) ? ppid : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
 /** Mount points (mountinfo field 5, octal escapes decoded). */
 function mountPointsOf(mountinfo: string): string[] {
   return mountinfo
@@ -127,7 +138,10 @@ export async function auditOrphans(owners: AuditOwners, opts: AuditOptions): Pro
   const processes = vmmProcesses(vmRoot, procRoot);
   for (const p of processes) {
     const owner = knownDirs.get(p.workDir);
-    if (owner === undefined || !owner.pids.includes(p.pid)) orphans.push({ kind: p.kind, path: path.join(vmRoot, p.workDir), pid: p.pid });
+    // virtiofsd's sandbox=namespace runs as a parent and its child: the child of an owned pid is owned.
+    const ownedPid = (pid: number): boolean =>
+      owner?.pids.includes(pid) === true || owner?.pids.includes(parentPid(pid, procRoot) ?? -1) === true;
+    if (owner === undefined || !ownedPid(p.pid)) orphans.push({ kind: p.kind, path: path.join(vmRoot, p.workDir), pid: p.pid });
   }
   for (const e of await entries(vmRoot)) {
     const p = path.join(vmRoot, e.name);

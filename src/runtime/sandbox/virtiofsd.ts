@@ -18,3 +18,24 @@ export async function stopVirtiofsd(record: SandboxRecord, log: Logger): Promise
     throw err;
   }
 }
+
+/** How often a running sandbox's virtiofsd is checked (a dead one makes every file access in the guest hang). */
+export const VIRTIOFSD_WATCH_MS = 500;
+
+/**
+ * Call `onGone` once when the virtiofsd that `current()` names (pid + start time) is no longer
+ * alive; `current()` returns null while nothing is to be watched (no virtio-fs, or the sandbox is
+ * being stopped). Without virtiofsd the guest's every access to the shared directory blocks, so a
+ * sandbox that lost it would stay READY while no container can start: the caller ends the VM.
+ * Returns the function that stops watching.
+ */
+export function watchVirtiofsd(current: () => SandboxRecord['virtiofsd'], onGone: () => void): () => void {
+  const timer = setInterval(() => {
+    const v = current();
+    if (v === null || isSameLiveProcess(v.pid, v.startTimeTicks)) return;
+    clearInterval(timer);
+    onGone();
+  }, VIRTIOFSD_WATCH_MS);
+  timer.unref();
+  return () => clearInterval(timer);
+}

@@ -49,6 +49,9 @@ describe('auditOrphans', () => {
     await proc(101, ['qemu-system-x86_64', '-chardev', `socket,id=r,path=${vm}/${A.slice(0, 16)}/ready.sock`]);
     await proc(102, ['/usr/lib/qemu/virtiofsd', `--socket-path=${vm}/${B.slice(0, 16)}/vfs.sock`]);
     await proc(103, ['bash', `${vm}/${B.slice(0, 16)}`]);
+    // virtiofsd's sandbox=namespace child of the recorded virtiofsd is owned through its parent.
+    await proc(104, ['/usr/lib/qemu/virtiofsd', `--socket-path=${vm}/${A.slice(0, 16)}/vfs.sock`]);
+    await writeFile(path.join(root, 'proc', '104', 'stat'), '104 (virtiofsd) S 100 104 104 0 -1');
     await mkdir(path.join(root, 'proc', 'self'), { recursive: true });
 
     await cgroup('', '1\n');
