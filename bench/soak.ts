@@ -35,6 +35,8 @@ export interface SoakOptions {
   faults: number;
   seed: number;
   progress?: (line: string) => void;
+  /** Ends the loop early (SIGINT/SIGTERM in the CLI); the end checks and the clean-up still run. */
+  signal?: AbortSignal;
 }
 
 export interface SoakResult {
@@ -261,7 +263,7 @@ export async function runSoak(opts: SoakOptions): Promise<SoakResult> {
 
     const faultEvery = Math.max(5, Math.floor(opts.requests / Math.max(1, opts.faults + 1)));
     let nextFault = faultEvery;
-    while (result.requests < opts.requests) {
+    while (result.requests < opts.requests && opts.signal?.aborted !== true) {
       let pod = [...pods.values()][0];
       if (pod === undefined) pod = await bootPod();
       if (result.faults < opts.faults && result.requests >= nextFault) {
@@ -342,7 +344,14 @@ if (import.meta.url === `file://${process.argv[1]}`) {
       json: { type: 'boolean', default: false },
     },
   });
-  const result = await runSoak({ requests: Number(values.requests), faults: Number(values.faults), seed: Number(values.seed) });
+  const stop = new AbortController();
+  for (const sig of ['SIGINT', 'SIGTERM'] as const) process.once(sig, () => stop.abort());
+  const result = await runSoak({
+    requests: Number(values.requests),
+    faults: Number(values.faults),
+    seed: Number(values.seed),
+    signal: stop.signal,
+  });
   process.stdout.write(values.json ? `${JSON.stringify({ bench: 'soak', ...result })}\n` : `${formatSoakReport(result)}\n`);
   process.exitCode = result.violations.length === 0 ? 0 : 1;
 }

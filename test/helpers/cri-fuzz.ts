@@ -17,14 +17,15 @@ export interface FuzzRpc {
   requestType: protobuf.Type;
 }
 
-/** Every unary rpc of both CRI services (streaming ones stay open by design: not fuzzed here). */
-export function unaryRpcs(): FuzzRpc[] {
+/** Every unary rpc of both CRI services (`streaming`: the server-streaming ones instead). */
+export function unaryRpcs(streaming = false): FuzzRpc[] {
   const root = criReflectionRoot();
   const out: FuzzRpc[] = [];
   for (const service of ['RuntimeService', 'ImageService'] as const) {
     const svc = root.lookupService(`runtime.v1.${service}`);
     for (const method of Object.values(svc.methods)) {
-      if (method.requestStream === true || method.responseStream === true) continue;
+      if (method.requestStream === true) continue;
+      if ((method.responseStream === true) !== streaming) continue;
       out.push({
         service,
         name: method.name,
@@ -223,5 +224,24 @@ export function rawCall(client: Client, path: string, body: Buffer, deadlineMs: 
         else resolve({ code: err.code, reason: err.metadata?.get('kata-ts-reason')?.[0]?.toString(), details: err.details });
       },
     );
+  });
+}
+
+/** Open a server stream with `body`; resolve with its final status (never rejects). */
+export function rawStream(client: Client, path: string, body: Buffer, deadlineMs: number): Promise<RawOutcome> {
+  return new Promise((resolve) => {
+    const call = client.makeServerStreamRequest(
+      path,
+      (b: Buffer) => b,
+      (b: Buffer) => b,
+      body,
+      new Metadata(),
+      { deadline: Date.now() + deadlineMs },
+    );
+    call.on('data', () => undefined);
+    call.on('error', (err: ServiceError) =>
+      resolve({ code: err.code, reason: err.metadata?.get('kata-ts-reason')?.[0]?.toString(), details: err.details }),
+    );
+    call.on('end', () => resolve({ code: 0, reason: undefined, details: '' }));
   });
 }

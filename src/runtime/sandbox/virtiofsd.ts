@@ -1,6 +1,8 @@
+import path from 'node:path';
 import { errorMessage } from '../../common/errors.js';
 import type { Logger } from '../../common/logger.js';
 import { attachVirtiofsd, isSameLiveProcess } from '../../hypervisor/index.js';
+import { killAndWait, virtiofsdPidsUsing } from './orphans.js';
 import type { SandboxRecord } from './record.js';
 
 /**
@@ -9,13 +11,21 @@ import type { SandboxRecord } from './record.js';
  */
 export async function stopVirtiofsd(record: SandboxRecord, log: Logger): Promise<void> {
   const v = record.virtiofsd;
-  if (v === null || !isSameLiveProcess(v.pid, v.startTimeTicks)) return;
-  log.info({ pid: v.pid }, 'stopping virtiofsd');
-  try {
-    await attachVirtiofsd(v).stop();
-  } catch (err) {
-    log.error({ pid: v.pid, err: errorMessage(err) }, 'stopping virtiofsd failed');
-    throw err;
+  if (v === null) return;
+  if (isSameLiveProcess(v.pid, v.startTimeTicks)) {
+    log.info({ pid: v.pid }, 'stopping virtiofsd');
+    try {
+      await attachVirtiofsd(v).stop();
+    } catch (err) {
+      log.error({ pid: v.pid, err: errorMessage(err) }, 'stopping virtiofsd failed');
+      throw err;
+    }
+  }
+  // Its sandbox child follows the parent a moment later (PR_SET_PDEATHSIG); one still serving
+  // this work dir's socket when the parent had already gone by itself is ended here.
+  for (const pid of await virtiofsdPidsUsing(path.dirname(v.socketPath))) {
+    log.info({ pid }, 'ending what is left of virtiofsd');
+    await killAndWait(pid);
   }
 }
 
