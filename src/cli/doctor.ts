@@ -5,15 +5,17 @@ import type { KataConfig } from '../config/types.js';
 import { networkReadiness } from '../network/index.js';
 import { readHostInventory } from '../pcie/index.js';
 import { gatherFacts } from '../runtime/gather-facts.js';
+import { auditOrphans, ownersFromRecords } from '../runtime/sandbox/orphan-audit.js';
 import { type CliIo, parseCommandArgs, UsageError } from './args.js';
 import { loadWithOverrides } from './serve.js';
 
 const HELP = `Usage: kata-ts doctor [--config FILE] [--format text|json]
 
 Checks this host the way the daemon will use it and prints one line per check with ok, warn or
-fail: QEMU binary, acceleration (KVM or TCG, and why), guest kernel and initramfs, CNI network, cgroup mode
-(v1, v2 or hybrid), the cgroup driver RuntimeConfig will advertise, systemd reachability, and
-IOMMU groups for VFIO. Exits 1 when any check fails.
+fail: QEMU binary, acceleration (KVM or TCG, and why), guest kernel and initramfs, CNI network,
+cgroup mode (v1, v2 or hybrid), the cgroup driver RuntimeConfig will advertise, systemd
+reachability, IOMMU groups for VFIO, and orphans (QEMU, virtiofsd, mounts, cgroups, files no record
+owns). Exits 1 when any check fails.
 `;
 
 export type Verdict = 'ok' | 'warn' | 'fail';
@@ -85,6 +87,23 @@ export async function runDoctorChecks(config: KataConfig, configPath: string | n
     );
   } catch (err) {
     checks.push({ name: 'iommu', verdict: 'fail', message: errorMessage(err) });
+  }
+  try {
+    const orphans = await auditOrphans(await ownersFromRecords(config.stateDir), {
+      stateDir: config.stateDir,
+      cgroupRoot: config.cgroupRoot,
+    });
+    checks.push(
+      orphans.length === 0
+        ? { name: 'orphans', verdict: 'ok', message: `nothing unowned under ${config.stateDir} or in kata-ts cgroups` }
+        : {
+            name: 'orphans',
+            verdict: 'warn',
+            message: `${orphans.length} without a record: ${orphans.map((o) => `${o.kind} ${o.path}${o.pid === undefined ? '' : ` (pid ${o.pid})`}`).join('; ')}`,
+          },
+    );
+  } catch (err) {
+    checks.push({ name: 'orphans', verdict: 'warn', message: errorMessage(err) });
   }
   return checks;
 }

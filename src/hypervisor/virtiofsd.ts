@@ -1,5 +1,5 @@
 import { spawn } from 'node:child_process';
-import { closeSync, promises as fsp, openSync } from 'node:fs';
+import { closeSync, promises as fsp, openSync, readdirSync, readFileSync } from 'node:fs';
 import path from 'node:path';
 import { invalid, precondition, timedOut, unavailable } from '../common/errors.js';
 import type { Logger } from '../common/logger.js';
@@ -151,22 +151,57 @@ function makeHandle(pid: number, startTimeTicks: number, socketPath: string): Vi
     startTimeTicks,
     socketPath,
     async stop(timeoutMs = DEFAULT_STOP_TIMEOUT_MS): Promise<void> {
-      // Its sandbox child dies with it (PR_SET_PDEATHSIG): signalling the pid we started suffices.
-      for (const [signal, waitMs] of [
-        ['SIGTERM', timeoutMs],
-        ['SIGKILL', DEFAULT_STOP_TIMEOUT_MS],
-      ] as const) {
-        if (!isSameLiveProcess(pid, startTimeTicks)) return;
-        try {
-          process.kill(pid, signal);
-        } catch {
-          return; // gone meanwhile
-        }
-        const until = Date.now() + waitMs;
-        while (isSameLiveProcess(pid, startTimeTicks) && Date.now() < until) await sleep(POLL_MS);
-      }
+      // Its sandbox child dies with it (PR_SET_PDEATHSIG), but only a moment later: it is waited
+      // for too, so nothing of it outlives stop() (the soak's orphan audit saw it otherwise).
+      const children = childrenOf(pid);
+      await stopOne(pid, startTimeTicks, timeoutMs);
+      for (const child of children) await stopOne(child.pid, child.startTimeTicks, CHILD_GRACE_MS);
     },
   };
+}
+
+/** How long virtiofsd's sandbox child may take to follow its parent before it is killed. */
+const CHILD_GRACE_MS = 2000;
+
+/** The live children of `pid` (from /proc/<pid>/task/<tid>/children), named by pid + start time. */
+function childrenOf(pid: number): Array<{ pid: number; startTimeTicks: number }> {
+  const out: Array<{ pid: number; startTimeTicks: number }> = [];
+  let tids: string[];
+  try {
+    tids = readdirSync(`/proc/${pid}/task`);
+  } catch {
+    return out;
+  }
+  for (const tid of tids) {
+    let text = '';
+    try {
+      text = readFileSync(`/proc/${pid}/task/${tid}/children`, 'utf8');
+    } catch {
+      continue;
+    }
+    for (const child of text.split(' ').filter((c) => /^[0-9]+$/.test(c))) {
+      const stat = readProcStat(Number(child));
+      if (stat !== undefined) out.push({ pid: Number(child), startTimeTicks: stat.startTimeTicks });
+    }
+  }
+  return out;
+}
+
+/** SIGTERM, then SIGKILL after `timeoutMs`, waiting for the process (pid + start time) to be gone. */
+async function stopOne(pid: number, startTimeTicks: number, timeoutMs: number): Promise<void> {
+  for (const [signal, waitMs] of [
+    ['SIGTERM', timeoutMs],
+    ['SIGKILL', DEFAULT_STOP_TIMEOUT_MS],
+  ] as const) {
+    if (!isSameLiveProcess(pid, startTimeTicks)) return;
+    try {
+      process.kill(pid, signal);
+    } catch {
+      return; // gone meanwhile
+    }
+    const until = Date.now() + waitMs;
+    while (isSameLiveProcess(pid, startTimeTicks) && Date.now() < until) await sleep(POLL_MS);
+  }
 }
 
 /** Whether some socket listens on `socketPath` in this network namespace. */

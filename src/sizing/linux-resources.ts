@@ -31,13 +31,43 @@ export interface CgroupNumbers {
 const DEFAULT_CFS_PERIOD_US = 100_000n;
 const MIN_SHARES = 2n;
 
+const INT64_MIN = -(1n << 63n);
+const INT64_MAX = (1n << 63n) - 1n;
+
 /** An int64 carried as a decimal string (proto-loader), a JSON number (CRI-O) or absent. */
 export function parseInt64(value: unknown, field: string): bigint {
   if (value === undefined || value === null || value === '') return 0n;
-  if (typeof value === 'bigint') return value;
-  if (typeof value === 'number' && Number.isSafeInteger(value)) return BigInt(value);
-  if (typeof value === 'string' && /^[+-]?\d+$/.test(value)) return BigInt(value);
-  throw invalid('SIZING_INTEGER_INVALID', `${field} must be an integer, got ${JSON.stringify(value)}`, { details: { field } });
+  let n: bigint | undefined;
+  if (typeof value === 'bigint') n = value;
+  else if (typeof value === 'number' && Number.isSafeInteger(value)) n = BigInt(value);
+  else if (typeof value === 'string' && /^[+-]?\d{1,30}$/.test(value)) n = BigInt(value);
+  if (n === undefined) {
+    throw invalid('SIZING_INTEGER_INVALID', `${field} must be an integer, got ${JSON.stringify(value)}`, { details: { field } });
+  }
+  if (n < INT64_MIN || n > INT64_MAX) {
+    throw invalid('SIZING_INTEGER_INVALID', `${field} is out of the int64 range, got ${JSON.stringify(String(value))}`, {
+      details: { field },
+    });
+  }
+  return n;
+}
+
+/**
+ * The smallest value each cgroup number may take: a CFS quota of -1 is the kernel's "no limit"
+ * (what cgroup tools and some runtimes write), every other negative number is nonsense that would
+ * otherwise read as "nothing given" and size the VM from the handler's defaults behind the pod's back.
+ */
+export const CGROUP_NUMBER_MIN = { cpu_period: 0n, cpu_quota: -1n, cpu_shares: 0n, memory_limit_in_bytes: 0n, hugepage_limit: 0n } as const;
+
+/** parseInt64, refusing values below `min` with the field's name. */
+export function parseCgroupNumber(value: unknown, field: string, min: bigint): bigint {
+  const n = parseInt64(value, field);
+  if (n < min) {
+    throw invalid('SIZING_INTEGER_INVALID', `${field} must be at least ${min}, got ${JSON.stringify(String(value))}`, {
+      details: { field },
+    });
+  }
+  return n;
 }
 
 const CGROUP_PAGE_SIZE = /^(\d+)(KB|MB|GB|Ki|Mi|Gi)$/;
@@ -71,18 +101,18 @@ export function readCgroupNumbers(pick: (snakeName: string) => unknown, at: stri
     if (!Array.isArray(limits)) throw invalid('SIZING_INTEGER_INVALID', `${at}.hugepage_limits must be a list`);
     limits.forEach((entry: unknown, i: number) => {
       const e = (typeof entry === 'object' && entry !== null ? entry : {}) as Record<string, unknown>;
-      const limit = parseInt64(e.limit, `${at}.hugepage_limits[${i}].limit`);
+      const limit = parseCgroupNumber(e.limit, `${at}.hugepage_limits[${i}].limit`, CGROUP_NUMBER_MIN.hugepage_limit);
       // The kubelet sends a zero limit for every host page size a container did not ask for.
-      if (limit <= 0n) return;
+      if (limit === 0n) return;
       const name = pageSizeName(e.page_size ?? e.pageSize, `${at}.hugepage_limits[${i}].page_size`);
       hugepageBytes.set(name, (hugepageBytes.get(name) ?? 0n) + limit);
     });
   }
   return {
-    period: parseInt64(pick('cpu_period'), `${at}.cpu_period`),
-    quota: parseInt64(pick('cpu_quota'), `${at}.cpu_quota`),
-    shares: parseInt64(pick('cpu_shares'), `${at}.cpu_shares`),
-    memoryBytes: parseInt64(pick('memory_limit_in_bytes'), `${at}.memory_limit_in_bytes`),
+    period: parseCgroupNumber(pick('cpu_period'), `${at}.cpu_period`, CGROUP_NUMBER_MIN.cpu_period),
+    quota: parseCgroupNumber(pick('cpu_quota'), `${at}.cpu_quota`, CGROUP_NUMBER_MIN.cpu_quota),
+    shares: parseCgroupNumber(pick('cpu_shares'), `${at}.cpu_shares`, CGROUP_NUMBER_MIN.cpu_shares),
+    memoryBytes: parseCgroupNumber(pick('memory_limit_in_bytes'), `${at}.memory_limit_in_bytes`, CGROUP_NUMBER_MIN.memory_limit_in_bytes),
     hugepageBytes,
   };
 }

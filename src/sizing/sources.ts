@@ -3,10 +3,11 @@ import type { HandlerProfile } from '../config/types.js';
 import { emptyDemand, type PodDemand } from './demand.js';
 import type { PodSandboxConfigInput } from './input.js';
 import {
+  CGROUP_NUMBER_MIN,
   type CgroupNumbers,
   cgroupNumbersOf,
   demandFromCgroupNumbers,
-  parseInt64,
+  parseCgroupNumber,
   quotaMillis,
   readCgroupNumbers,
   saysSomething,
@@ -49,12 +50,16 @@ function annotationPath(key: string): string {
 function containerdNumbers(annotations: Record<string, string>): CgroupNumbers | undefined {
   const keys = Object.values(CONTAINERD_ANNOTATIONS);
   if (!keys.some((k) => k in annotations)) return undefined;
-  const read = (key: string): bigint => parseInt64(annotations[key], annotationPath(key));
+  // containerd writes strconv.FormatInt of each number, never an empty string: '' is refused too.
+  const read = (key: string, min: bigint): bigint => {
+    if (annotations[key] === '') throw invalid('SIZING_INTEGER_INVALID', `${annotationPath(key)} must be an integer, got ""`);
+    return parseCgroupNumber(annotations[key], annotationPath(key), min);
+  };
   return {
-    period: read(CONTAINERD_ANNOTATIONS.cpuPeriod),
-    quota: read(CONTAINERD_ANNOTATIONS.cpuQuota),
-    shares: read(CONTAINERD_ANNOTATIONS.cpuShares),
-    memoryBytes: read(CONTAINERD_ANNOTATIONS.memory),
+    period: read(CONTAINERD_ANNOTATIONS.cpuPeriod, CGROUP_NUMBER_MIN.cpu_period),
+    quota: read(CONTAINERD_ANNOTATIONS.cpuQuota, CGROUP_NUMBER_MIN.cpu_quota),
+    shares: read(CONTAINERD_ANNOTATIONS.cpuShares, CGROUP_NUMBER_MIN.cpu_shares),
+    memoryBytes: read(CONTAINERD_ANNOTATIONS.memory, CGROUP_NUMBER_MIN.memory_limit_in_bytes),
     hugepageBytes: new Map(),
   };
 }

@@ -31,14 +31,20 @@ export function credentialsFromAuthConfig(auth: AuthConfigInput | null | undefin
     }
     basic = { username: decoded.slice(0, colon), password: decoded.slice(colon + 1) };
   }
-  const identityToken = nonEmpty(auth.identity_token);
-  const registryToken = nonEmpty(auth.registry_token);
+  const identityToken = token(auth.identity_token, 'auth.identity_token');
+  const registryToken = token(auth.registry_token, 'auth.registry_token');
   if (basic === undefined && identityToken === undefined && registryToken === undefined) return undefined;
   return { basic, identityToken, registryToken, serverHost: normaliseServerAddress(auth.server_address ?? '') };
 }
 
-function nonEmpty(v: string | undefined): string | undefined {
-  return v === undefined || v === '' ? undefined : v;
+/**
+ * A token travels in an HTTP header (`Bearer <token>`) or form: only visible ASCII can, and a
+ * CR/LF must never reach a header. Refused here rather than as an INTERNAL from node's http.
+ */
+function token(v: string | undefined, field: string): string | undefined {
+  if (v === undefined || v === '') return undefined;
+  if (!/^[\x21-\x7e]+$/.test(v)) throw invalid('IMAGE_AUTH_INVALID', `${field} must be visible ASCII characters only`);
+  return v;
 }
 
 /**

@@ -87,7 +87,7 @@ export async function stopInGuest(agent: AgentClient, record: ContainerRecord, t
   const first = signalNumber(record.guest?.stopSignal ?? 'SIGTERM');
   const graceful = timeoutMs > 0 && first !== 9;
   if (graceful) {
-    await ignoreGone(agent.signalContainer(record.id, first, false, { timeoutMs: CALL_MS }));
+    await ignoreGone(agent.signalContainer(record.id, first, false, { timeoutMs: CALL_MS }), exited);
     let timer: NodeJS.Timeout | undefined;
     const timedOutP = new Promise<'timeout'>((r) => {
       timer = setTimeout(() => r('timeout'), timeoutMs);
@@ -99,17 +99,36 @@ export async function stopInGuest(agent: AgentClient, record: ContainerRecord, t
   // Every process of the container (they may share the pod's PID namespace, where the init's
   // death does not take them along), and the init itself (`kill --all` finds processes through
   // the container's cgroup; the init is signalled directly whatever the cgroup says).
-  await ignoreGone(agent.signalContainer(record.id, 9, true, { timeoutMs: CALL_MS }));
-  await ignoreGone(agent.signalContainer(record.id, 9, false, { timeoutMs: CALL_MS }));
+  await ignoreGone(agent.signalContainer(record.id, 9, true, { timeoutMs: CALL_MS }), exited);
+  await ignoreGone(agent.signalContainer(record.id, 9, false, { timeoutMs: CALL_MS }), exited);
   await exited;
 }
 
-async function ignoreGone(p: Promise<void>): Promise<void> {
+/** How long a failed signal waits for the exit report of a container that died just before it. */
+const EXIT_REPORT_GRACE_MS = 2000;
+
+async function ignoreGone(p: Promise<void>, exited: Promise<unknown>): Promise<void> {
   try {
     await p;
   } catch (err) {
     // Not found, or already stopped: the container is not running, which is what was asked.
     if (isKataError(err) && (err.kind === 'not_found' || err.kind === 'precondition')) return;
+    // It exited between the agent's state check and crun's kill ("open pidfd: No such process"):
+    // its exit report follows within moments, and then the stop has nothing left to do (found by
+    // the soak: StopContainer of a container that had just exited answered INTERNAL).
+    let timer: NodeJS.Timeout | undefined;
+    const grace = new Promise<false>((r) => {
+      timer = setTimeout(() => r(false), EXIT_REPORT_GRACE_MS);
+    });
+    const gone = await Promise.race([
+      exited.then(
+        () => true,
+        () => true,
+      ),
+      grace,
+    ]);
+    clearTimeout(timer);
+    if (gone) return;
     throw err;
   }
 }

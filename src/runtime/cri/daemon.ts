@@ -1,5 +1,6 @@
 import os from 'node:os';
-import { createCgroupDriver } from '../../cgroups/index.js';
+import { createCgroupDriver, detectCgroupMode } from '../../cgroups/index.js';
+import { errorMessage } from '../../common/errors.js';
 import type { Logger } from '../../common/logger.js';
 import type { KataConfig, LoadedConfig } from '../../config/types.js';
 import type { StatusRequest__Output } from '../../generated/runtime/v1/StatusRequest.js';
@@ -18,9 +19,11 @@ import { gatherFacts } from '../gather-facts.js';
 import { type MetricsEndpoint, RuntimeMetrics, serveMetrics } from '../metrics.js';
 import { ResourceUpdates } from '../resize/index.js';
 import { SandboxManager } from '../sandbox/manager.js';
+import { auditOrphans, ownersFromRecords } from '../sandbox/orphan-audit.js';
 import { sandboxSharedDir } from '../sandbox/paths.js';
 import { SANDBOX_RECORD_KIND, type SandboxRecord } from '../sandbox/record.js';
 import { podSandboxStatusView } from '../sandbox/views.js';
+import { acquireStateLock } from '../state-lock.js';
 import { RecordStore } from '../store.js';
 import { StreamingServer } from '../streaming/server.js';
 import { containerHandlers, containerStreamHandlers } from './container-handlers.js';
@@ -55,6 +58,19 @@ export interface Daemon {
 export async function startDaemon(options: DaemonOptions): Promise<Daemon> {
   const { config } = options.loaded;
   const logger = options.logger;
+  // First of all: a state directory belongs to one daemon; a second one changes nothing.
+  const lock = await acquireStateLock(config.stateDir, logger);
+  try {
+    return await composeDaemon(options, lock.release);
+  } catch (err) {
+    await lock.release();
+    throw err;
+  }
+}
+
+async function composeDaemon(options: DaemonOptions, releaseLock: () => Promise<void>): Promise<Daemon> {
+  const { config } = options.loaded;
+  const logger = options.logger;
   const facts = options.facts ?? (await gatherFacts(options.loaded));
   logger.info(
     {
@@ -65,6 +81,13 @@ export async function startDaemon(options: DaemonOptions): Promise<Daemon> {
       guestAssets: facts.guestAssets,
     },
     'kata-ts starting',
+  );
+  // Said once, loudly, at start: `ip netns exec` (a fresh sysfs) is the usual way to get here.
+  await detectCgroupMode(config.cgroupRoot).catch((err: unknown) =>
+    logger.error(
+      { cgroupRoot: config.cgroupRoot, err: errorMessage(err) },
+      'no cgroups found: every RunPodSandbox will be refused (in a network namespace, start the daemon with nsenter --net=, not ip netns exec)',
+    ),
   );
   const metrics = new RuntimeMetrics();
   const cri = loadCriPackage();
@@ -128,6 +151,7 @@ export async function startDaemon(options: DaemonOptions): Promise<Daemon> {
   await sandboxes.recover();
   await containers.recover();
   await images.init();
+  await logOrphans(config, logger);
   const containerStatuses = (sandboxId: string) => containers.inSandbox(sandboxId).map(containerStatusView);
   const stats = new StatsCollector(containers, guests);
   const targets = streamingTargets(containers, sandboxes, guests);
@@ -201,7 +225,25 @@ export async function startDaemon(options: DaemonOptions): Promise<Daemon> {
       await containers.close();
       sandboxes.close();
       images.close();
+      await releaseLock();
       logger.info('kata-ts stopped');
     },
   };
+}
+
+/**
+ * After recovery, list (never remove) what no record owns under the daemon's roots: what recovery
+ * could not tie to a record is for an operator to look at, one warning each.
+ */
+async function logOrphans(config: KataConfig, logger: Logger): Promise<void> {
+  try {
+    const orphans = await auditOrphans(await ownersFromRecords(config.stateDir), {
+      stateDir: config.stateDir,
+      cgroupRoot: config.cgroupRoot,
+    });
+    for (const orphan of orphans) logger.warn({ orphan }, 'orphan: no record owns it');
+    logger.info({ orphans: orphans.length }, 'orphan audit done');
+  } catch (err) {
+    logger.warn({ err: errorMessage(err) }, 'orphan audit failed');
+  }
 }

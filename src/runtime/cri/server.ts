@@ -82,7 +82,8 @@ function objectIds(value: unknown): Record<string, string> {
   if (typeof value !== 'object' || value === null) return ids;
   const v = value as Record<string, unknown>;
   for (const key of ['pod_sandbox_id', 'container_id'] as const) {
-    if (typeof v[key] === 'string' && v[key] !== '') ids[key === 'pod_sandbox_id' ? 'sandboxId' : 'containerId'] = v[key];
+    // Bounded: the log line is one line per request even for a request carrying a 200 KB "id".
+    if (typeof v[key] === 'string' && v[key] !== '') ids[key === 'pod_sandbox_id' ? 'sandboxId' : 'containerId'] = v[key].slice(0, 128);
   }
   return ids;
 }

@@ -15,6 +15,21 @@ const KIND_TO_STATUS: Record<ErrorKind, GrpcStatus> = {
   internal: GrpcStatus.INTERNAL,
 };
 
+/**
+ * The most a status sentence may take (UTF-8 bytes). It travels percent-encoded in an HTTP/2
+ * trailer (up to 3x bigger), and a client's metadata limit is 8 KiB by default in grpc-go and
+ * grpc-js: an error quoting a 200 KB id would otherwise never reach the client at all.
+ */
+export const MAX_DETAILS_BYTES = 1536;
+
+/** `text` cut to MAX_DETAILS_BYTES, saying so. */
+export function boundedDetails(text: string): string {
+  if (Buffer.byteLength(text) <= MAX_DETAILS_BYTES) return text;
+  let cut = text.slice(0, MAX_DETAILS_BYTES);
+  while (Buffer.byteLength(cut) > MAX_DETAILS_BYTES - 16) cut = cut.slice(0, Math.floor(cut.length * 0.9));
+  return `${cut} (truncated)`;
+}
+
 /** Metadata key carrying the stable reason code of a KataError, for clients and tests. */
 export const REASON_METADATA_KEY = 'kata-ts-reason';
 
@@ -26,11 +41,11 @@ export function toServiceError(err: unknown): Partial<ServiceError> & { code: Gr
   const metadata = new Metadata();
   if (isKataError(err)) {
     metadata.set(REASON_METADATA_KEY, err.reason);
-    return { code: KIND_TO_STATUS[err.kind], details: err.message, metadata };
+    return { code: KIND_TO_STATUS[err.kind], details: boundedDetails(err.message), metadata };
   }
   const message = err instanceof Error ? err.message : String(err);
   metadata.set(REASON_METADATA_KEY, 'INTERNAL');
-  return { code: GrpcStatus.INTERNAL, details: `internal error: ${message}`, metadata };
+  return { code: GrpcStatus.INTERNAL, details: boundedDetails(`internal error: ${message}`), metadata };
 }
 
 /** The gRPC status name (`NOT_FOUND`) for metrics labels and logs. */

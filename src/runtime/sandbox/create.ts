@@ -20,6 +20,7 @@ import { configureGuestNetwork, PLANNED_MAC, podNetworkRequest } from './network
 import { sandboxArgvPaths, sandboxSharedDir, sandboxVmPaths, sandboxWorkDir, vmNameFor } from './paths.js';
 import { nowNs, type SandboxRecord } from './record.js';
 import { prepareSharedDir, releaseSharedMounts, removeWorkDir } from './shared-dir.js';
+import { restrictSocketModes } from './socket-modes.js';
 
 /** The pod's /dev/shm in the guest: what the kubelet and containerd give a pod (the CRI has no size for it). */
 export const POD_SHM_SIZE_BYTES = 64 * 1024 * 1024;
@@ -191,6 +192,7 @@ export async function createSandbox(
       ...(withAgent ? { agentSocket, virtiofsSocket } : {}),
     };
     await deps.store.put(record);
+    await restrictSocketModes(workDir);
     req.signal.throwIfAborted();
 
     // Placed while still paused (-S): no guest instruction runs outside the pod's budget, and

@@ -1,3 +1,4 @@
+import { promises as fsp } from 'node:fs';
 import type { AgentClient } from '../../agent-client/index.js';
 import type { CgroupDriver, CgroupDriverName, PlacementRecord } from '../../cgroups/index.js';
 import { alreadyExists, errorMessage, notFound } from '../../common/errors.js';
@@ -15,13 +16,13 @@ import { decodeSandboxSpec } from '../spec/sandbox.js';
 import { type CreateDeps, createSandbox } from './create.js';
 import { networksFor } from './network.js';
 import { killAndWait } from './orphans.js';
-import { sandboxSharedDir, sandboxWorkDir } from './paths.js';
+import { sandboxSharedDir, sandboxVmRoot, sandboxWorkDir } from './paths.js';
 import { identityKey, type SandboxExitRecord, type SandboxRecord } from './record.js';
 import { recoverSandboxes } from './recover.js';
 import { releaseSharedMounts, removeWorkDir } from './shared-dir.js';
 import { destroyGuestPod, type StopBudget, stopBudget, tellStopping } from './stop.js';
 import { sandboxMatches } from './views.js';
-import { stopVirtiofsd } from './virtiofsd.js';
+import { stopVirtiofsd, watchVirtiofsd } from './virtiofsd.js';
 
 export { CONTAINERS_STOP_MAX_MS } from './stop.js';
 
@@ -96,6 +97,7 @@ export class SandboxManager {
 
   /** Find sandboxes again from their records (see recover.ts). */
   async recover(): Promise<void> {
+    await fsp.mkdir(sandboxVmRoot(this.deps.config.stateDir), { recursive: true, mode: 0o700 });
     const recovered = await recoverSandboxes(this.deps);
     for (const live of recovered) {
       this.sandboxes.set(live.record.id, live);
@@ -306,13 +308,26 @@ export class SandboxManager {
 
   /** A VM that exits without StopPodSandbox makes its sandbox NOTREADY at once, with why. */
   private watchExit(live: LiveSandbox, vm: VmProcess): void {
+    let lostFiles = false;
+    const stopWatching = watchVirtiofsd(
+      () => (live.vm === vm && !live.stopping ? live.record.virtiofsd : null),
+      () => {
+        lostFiles = true;
+        this.deps.logger.error(
+          { sandboxId: live.record.id, pid: vm.pid },
+          'virtiofsd exited: the pod VM has lost its files; ending the VM',
+        );
+        void vm.kill();
+      },
+    );
     void vm.exited
       .then(async (exit) => {
+        stopWatching();
         if (live.vm !== vm || live.stopping) return;
         // Visible to List/Status immediately; the record follows under the lock.
         live.record.state = 'SANDBOX_NOTREADY';
         this.updateGauge();
-        const record = await this.exitRecord(vm, exit, exit.shutdownReason ?? 'unexpected');
+        const record = await this.exitRecord(vm, exit, lostFiles ? 'virtiofsd-exited' : (exit.shutdownReason ?? 'unexpected'));
         this.deps.logger.error({ sandboxId: live.record.id, pid: vm.pid, exit: record }, 'VM exited on its own; sandbox is NOTREADY');
         await this.locks.run(live.record.id, async () => {
           if (live.vm !== vm || !this.sandboxes.has(live.record.id)) return;

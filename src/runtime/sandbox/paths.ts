@@ -10,7 +10,12 @@ import { type VmPaths, type VmSocketPaths, vmPaths } from '../../hypervisor/inde
  * detected at creation (the directory must not exist).
  */
 export function sandboxWorkDir(stateDir: string, sandboxId: string): string {
-  return path.join(stateDir, 'vm', sandboxId.slice(0, 16));
+  return path.join(sandboxVmRoot(stateDir), sandboxId.slice(0, 16));
+}
+
+/** The directory holding every sandbox's work dir (made at start, so a refused request creates nothing). */
+export function sandboxVmRoot(stateDir: string): string {
+  return path.join(stateDir, 'vm');
 }
 
 /** QEMU's `-name guest=` value, what `ps` shows next to the pid. */

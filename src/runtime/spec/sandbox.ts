@@ -6,6 +6,7 @@ import type { PodResourceConfig__Output } from '../../generated/runtime/v1/PodRe
 import type { PodSandboxConfig__Output } from '../../generated/runtime/v1/PodSandboxConfig.js';
 import type { PodSandboxMetadata__Output } from '../../generated/runtime/v1/PodSandboxMetadata.js';
 import type { PortMapping__Output } from '../../generated/runtime/v1/PortMapping.js';
+import { checkLogDirectory } from './log-path.js';
 import { nullable, protoMessage, stringList, stringMap } from './schema.js';
 
 /**
@@ -62,7 +63,10 @@ export function decodeSandboxSpec(config: PodSandboxConfig__Output | null, optio
   for (const field of ['name', 'namespace', 'uid'] as const) {
     if (m[field] === '') throw invalid('SANDBOX_METADATA_INVALID', `config.metadata.${field} must not be empty`);
   }
-  if (options.recorded !== true) refuseHostNamespaces(config.linux);
+  if (options.recorded !== true) {
+    refuseHostNamespaces(config.linux);
+    checkLogDirectory(config.log_directory, 'config.log_directory');
+  }
   return {
     metadata: { name: m.name, uid: m.uid, namespace: m.namespace, attempt: m.attempt },
     hostname: config.hostname,

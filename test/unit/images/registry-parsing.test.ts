@@ -46,6 +46,9 @@ describe('AuthConfig decoding', () => {
     expect(credentialsFromAuthConfig({})).toBeUndefined();
     expect(credentialsFromAuthConfig(null)).toBeUndefined();
     expect(() => credentialsFromAuthConfig({ auth: '!!!' })).toThrow(/auth\.auth/);
+    // A token goes into an HTTP header: CR/LF, spaces or non-ASCII are refused, never sent.
+    expect(() => credentialsFromAuthConfig({ registry_token: 'a\r\nX-Evil: 1' })).toThrow(/auth\.registry_token/);
+    expect(() => credentialsFromAuthConfig({ identity_token: 'é' })).toThrow(/auth\.identity_token/);
   });
 
   it('normalises server addresses', () => {

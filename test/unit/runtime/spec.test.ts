@@ -141,4 +141,29 @@ describe('decodeContainerSpec', () => {
     const userOnly = decodeContainerSpec(containerConfig({ ...base, linux: { securityContext: { runAsUser: { value: '7' } } } }));
     expect(userOnly.linux?.security_context?.run_as_group).toBeNull();
   });
+
+  it('keeps a log path inside the pod log directory: relative, no ".." segment, no NUL', () => {
+    for (const logPath of ['../../etc/cron.d/x', 'app/../../x', '/etc/passwd', 'a\u0000b']) {
+      const err = thrown(() => decodeContainerSpec(containerConfig({ ...base, logPath })));
+      expect([err.kind, err.reason, err.message]).toEqual([
+        'invalid',
+        'CONTAINER_LOG_PATH_INVALID',
+        expect.stringContaining('config.log_path'),
+      ]);
+    }
+    expect(decodeContainerSpec(containerConfig({ ...base, logPath: 'app/0.log' })).log_path).toBe('app/0.log');
+    expect(decodeContainerSpec(containerConfig({ ...base, logPath: 'a..b/0.log' })).log_path).toBe('a..b/0.log');
+  });
+});
+
+describe('decodeSandboxSpec: log_directory', () => {
+  const pod = { metadata: { name: 'p', namespace: 'n', uid: 'u' } };
+  it('is empty or an absolute path without ".." segments', () => {
+    for (const logDirectory of ['relative/dir', '/var/log/pods/../../etc', '/var/log/\u0000x']) {
+      const err = thrown(() => decodeSandboxSpec(podConfig({ ...pod, logDirectory })));
+      expect([err.kind, err.reason]).toEqual(['invalid', 'SANDBOX_LOG_DIRECTORY_INVALID']);
+    }
+    expect(decodeSandboxSpec(podConfig({ ...pod, logDirectory: '/var/log/pods/n_p_u' })).log_directory).toBe('/var/log/pods/n_p_u');
+    expect(decodeSandboxSpec(podConfig(pod)).log_directory).toBe('');
+  });
 });

@@ -331,3 +331,61 @@ describe('planSizing: VMM overhead for the host budget', () => {
     expect(p.host.cpuRequestMillicores).toBe(p.workload.cpuRequestMillicores + cpu);
   });
 });
+
+describe('planSizing: sizing annotations that cannot be parsed are refused, naming them', () => {
+  const cd = (key: string, value: string) => sandbox({ annotations: { [`io.kubernetes.cri.sandbox-${key}`]: value } });
+  const crio = (doc: unknown) => sandbox({ annotations: { 'io.kubernetes.cri-o.PodLinuxResources': JSON.stringify(doc) } });
+  const message = (config: PodSandboxConfigInput): string => {
+    try {
+      planSizing({ config, handler: handlerNamed(), host: BIG_HOST });
+    } catch (err) {
+      return `${failureOf(() => {
+        throw err;
+      })} ${(err as Error).message}`;
+    }
+    return 'accepted';
+  };
+  it.each<[string, PodSandboxConfigInput, string]>([
+    ['a negative containerd memory', cd('memory', '-5'), 'io.kubernetes.cri.sandbox-memory"] must be at least 0, got "-5"'],
+    ['an empty containerd memory', cd('memory', ''), 'io.kubernetes.cri.sandbox-memory"] must be an integer, got ""'],
+    ['a quantity where containerd writes bytes', cd('memory', '1Gi'), 'io.kubernetes.cri.sandbox-memory"] must be an integer, got "1Gi"'],
+    ['a memory beyond int64', cd('memory', '99999999999999999999'), 'io.kubernetes.cri.sandbox-memory"] is out of the int64 range'],
+    ['a quota below -1', cd('cpu-quota', '-2'), 'io.kubernetes.cri.sandbox-cpu-quota"] must be at least -1, got "-2"'],
+    ['negative shares', cd('cpu-shares', '-1024'), 'io.kubernetes.cri.sandbox-cpu-shares"] must be at least 0'],
+    ['a negative period', cd('cpu-period', '-100000'), 'io.kubernetes.cri.sandbox-cpu-period"] must be at least 0'],
+    ['a period with spaces', cd('cpu-period', ' 100000'), 'io.kubernetes.cri.sandbox-cpu-period"] must be an integer'],
+    [
+      'a negative CRI-O memory',
+      crio({ memory_limit_in_bytes: -5 }),
+      'io.kubernetes.cri-o.PodLinuxResources"].memory_limit_in_bytes must be at least 0',
+    ],
+    ['a CRI-O document that is a list', crio([1]), 'must be a JSON object'],
+    [
+      'a negative CRI-O hugepage limit',
+      crio({ hugepage_limits: [{ page_size: '2MB', limit: -1 }] }),
+      'hugepage_limits[0].limit must be at least 0',
+    ],
+    [
+      'a negative linux.resources memory',
+      sandbox({ resources: { memory_limit_in_bytes: '-1' } }),
+      'config.linux.resources.memory_limit_in_bytes must be at least 0',
+    ],
+  ])('%s', (_name, config, expected) => {
+    const got = message(config);
+    expect(got.startsWith('invalid/SIZING_')).toBe(true);
+    expect(got).toContain(expected);
+  });
+
+  it.each<[string, PodSandboxConfigInput]>([
+    // containerd's form for "no resources" (every number zero) and the kernel's "no quota".
+    [
+      'all-zero containerd annotations',
+      sandbox({ annotations: { 'io.kubernetes.cri.sandbox-memory': '0', 'io.kubernetes.cri.sandbox-cpu-quota': '0' } }),
+    ],
+    ['a quota of -1 (no limit)', cd('cpu-quota', '-1')],
+    // CRI-O marshals a nil LinuxContainerResources as null.
+    ['a CRI-O null document', sandbox({ annotations: { 'io.kubernetes.cri-o.PodLinuxResources': 'null' } })],
+  ])('reads %s as nothing given (handler defaults)', (_name, config) => {
+    expect(planSizing({ config, handler: handlerNamed(), host: BIG_HOST }).source).toBe('handler_defaults');
+  });
+});

@@ -1,0 +1,357 @@
+/**
+ * Fault-injection soak: a seeded loop of CRI requests over the socket of a real `kata-ts serve`
+ * (real VMs, a real registry on loopback, the cgroupfs driver under a private parent), with faults
+ * injected at spread-out points, in turn: SIGKILL of the daemon (and restart), SIGKILL of a QEMU,
+ * SIGKILL of a virtiofsd, and a hung guest (its QEMU SIGSTOPped for a few seconds, then SIGCONT:
+ * QMP `stop` cannot be sent from outside, since QEMU's QMP socket serves one client and the daemon
+ * holds it). After every fault and at the end the invariants are checked:
+ * - every listed sandbox is READY and usable (a container starts in it) or NOTREADY and removable
+ *   (Stop + Remove succeed); no id and no pod uid is listed twice;
+ * - the orphan audit finds nothing under the state dir, and no `kata-ts-<id>` cgroup under the
+ *   soak's private cgroup parent belongs to no record;
+ * - each pod's ticker container (printing tick-0, tick-1, ... ) has a CRI log with every tick from
+ *   0 on, none lost, none twice;
+ * - a killed QEMU turns its sandbox NOTREADY (latency measured: p50/p99; not within 10 s is a violation).
+ * Prints `soak: N requests, N faults, N invariant violations`; exits 1 on any violation.
+ *
+ *   node --import tsx bench/soak.ts [--requests 1000] [--faults 40] [--seed 1] [--json]
+ */
+import { promises as fsp } from 'node:fs';
+import path from 'node:path';
+import { parseArgs } from 'node:util';
+import { auditOrphans, ownersFromRecords } from '../src/runtime/sandbox/orphan-audit.js';
+import { rpc } from '../test/helpers/cri-client.js';
+import { ensureGuestAssets } from '../test/helpers/hypervisor-guest.js';
+import { buildImage, busyboxBaseEntries, RegistryPusher } from '../test/helpers/images-builder.js';
+import { startRegistry } from '../test/helpers/images-registry.js';
+import { cgroupDirsUnder, podConfig } from '../test/helpers/runtime-daemon.js';
+import { createBenchDaemon } from './lib/daemon.js';
+
+export type FaultKind = 'daemon-kill' | 'qemu-kill' | 'virtiofsd-kill' | 'guest-hang';
+const FAULT_ORDER: FaultKind[] = ['daemon-kill', 'qemu-kill', 'virtiofsd-kill', 'guest-hang'];
+
+export interface SoakOptions {
+  requests: number;
+  faults: number;
+  seed: number;
+  progress?: (line: string) => void;
+  /** Ends the loop early (SIGINT/SIGTERM in the CLI); the end checks and the clean-up still run. */
+  signal?: AbortSignal;
+}
+
+export interface SoakResult {
+  requests: number;
+  faults: number;
+  faultKinds: Record<FaultKind, number>;
+  violations: string[];
+  notReadyMs: number[];
+  boots: number;
+  durationMs: number;
+}
+
+/** mulberry32: a small seeded PRNG, so a run can be repeated. */
+function prng(seed: number): () => number {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+export function percentile(values: readonly number[], p: number): number {
+  if (values.length === 0) return Number.NaN;
+  const sorted = [...values].sort((a, b) => a - b);
+  return sorted[Math.min(sorted.length - 1, Math.max(0, Math.ceil((sorted.length * p) / 100) - 1))]!;
+}
+
+interface Pod {
+  id: string;
+  config: Record<string, unknown>;
+  logDir: string;
+  ticker: string | undefined;
+}
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+/** Send a signal to a process the soak's daemon started; false when it is already gone. */
+function signal(pid: number | undefined, sig: NodeJS.Signals): boolean {
+  if (pid === undefined) return false;
+  try {
+    process.kill(pid, sig);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+export async function runSoak(opts: SoakOptions): Promise<SoakResult> {
+  const progress = opts.progress ?? ((l: string) => process.stderr.write(`${l}\n`));
+  const random = prng(opts.seed);
+  const started = Date.now();
+  await ensureGuestAssets();
+  const registry = await startRegistry();
+  const rt = await createBenchDaemon({});
+  const result: SoakResult = {
+    requests: 0,
+    faults: 0,
+    faultKinds: { 'daemon-kill': 0, 'qemu-kill': 0, 'virtiofsd-kill': 0, 'guest-hang': 0 },
+    violations: [],
+    notReadyMs: [],
+    boots: 0,
+    durationMs: 0,
+  };
+  const pods = new Map<string, Pod>();
+  let image = '';
+  const call = async <T = Record<string, unknown>>(service: 'runtime' | 'image', method: string, req: object, timeoutMs = 120_000) => {
+    result.requests++;
+    return rpc<T>(rt.cri[service], method, req, { deadline: Date.now() + timeoutMs });
+  };
+  const violate = (what: string) => {
+    result.violations.push(what);
+    progress(`VIOLATION ${what}`);
+  };
+
+  try {
+    const entries = [...busyboxBaseEntries(), { name: 'bin/sleep', type: 'symlink' as const, linkname: 'busybox' }];
+    const built = await buildImage({ layers: [{ entries, compression: 'gzip' }], cmd: ['/bin/sh'] });
+    await new RegistryPusher(registry.url).pushImage('soak/busybox', '1.0', built);
+    image = `${registry.host}/soak/busybox:1.0`;
+    const registries = path.join(rt.dir, 'registries.json');
+    await fsp.writeFile(registries, JSON.stringify({ registries: { '127.0.0.1:*': { plainHttp: true } } }));
+    const cfg = JSON.parse(await fsp.readFile(rt.configPath, 'utf8')) as { images?: Record<string, unknown> };
+    cfg.images = { ...(cfg.images ?? {}), registriesConfigPath: registries };
+    await fsp.writeFile(rt.configPath, JSON.stringify(cfg));
+    await rt.start();
+    await call('image', 'PullImage', { image: { image } });
+
+    let podSeq = 0;
+    const bootPod = async (): Promise<Pod> => {
+      const name = `soak${podSeq++}`;
+      const logDir = path.join(rt.dir, 'logs', name);
+      await fsp.mkdir(logDir, { recursive: true });
+      const config = { ...podConfig(rt, name), log_directory: logDir };
+      result.boots++;
+      const { pod_sandbox_id: id } = await call<{ pod_sandbox_id: string }>('runtime', 'RunPodSandbox', { config });
+      const pod: Pod = { id, config, logDir, ticker: undefined };
+      pods.set(id, pod);
+      pod.ticker = await startContainer(pod, 'ticker', ['sh', '-c', 'i=0; while :; do echo tick-$i; i=$((i+1)); sleep 0.2; done']);
+      progress(`pod ${name} ${id.slice(0, 12)} ready with its ticker`);
+      return pod;
+    };
+    const startContainer = async (pod: Pod, name: string, command: string[]): Promise<string> => {
+      const { container_id: cid } = await call<{ container_id: string }>('runtime', 'CreateContainer', {
+        pod_sandbox_id: pod.id,
+        config: { metadata: { name, attempt: 0 }, image: { image }, command, log_path: `${name}.log` },
+        sandbox_config: pod.config,
+      });
+      await call('runtime', 'StartContainer', { container_id: cid });
+      return cid;
+    };
+    let cycle = 0;
+    const containerCycle = async (pod: Pod): Promise<void> => {
+      const cid = await startContainer(pod, `c${cycle++}`, ['sh', '-c', 'echo hello']);
+      await call('runtime', 'StopContainer', { container_id: cid, timeout: 0 });
+      await call('runtime', 'RemoveContainer', { container_id: cid });
+    };
+
+    /** Every tick from 0 on, each once, in the ticker's CRI log. */
+    const checkTicker = async (pod: Pod, label: string): Promise<void> => {
+      const text = await fsp.readFile(path.join(pod.logDir, 'ticker.log'), 'utf8').catch(() => '');
+      const ticks = text
+        .split('\n')
+        .map((l) => /^\S+ stdout F tick-(\d+)$/.exec(l)?.[1])
+        .filter((t): t is string => t !== undefined)
+        .map(Number);
+      const bad = ticks.findIndex((t, i) => t !== i);
+      if (bad !== -1) violate(`${label}: ticker log of ${pod.id.slice(0, 12)} has tick-${ticks[bad]} at line ${bad} (lost or duplicated)`);
+    };
+
+    const checkInvariants = async (label: string): Promise<void> => {
+      const listed = (
+        await call<{ items: Array<{ id: string; state: string; metadata: { uid: string } }> }>('runtime', 'ListPodSandbox', {})
+      ).items;
+      if (new Set(listed.map((s) => s.id)).size !== listed.length) violate(`${label}: a sandbox id is listed twice`);
+      if (new Set(listed.map((s) => s.metadata.uid)).size !== listed.length) violate(`${label}: a pod uid is listed twice`);
+      for (const s of listed) {
+        const pod = pods.get(s.id);
+        if (pod === undefined) {
+          violate(`${label}: sandbox ${s.id.slice(0, 12)} is listed but the soak never made it`);
+          continue;
+        }
+        await checkTicker(pod, label);
+        if (s.state === 'SANDBOX_READY') {
+          try {
+            await containerCycle(pod);
+          } catch (err) {
+            violate(`${label}: sandbox ${s.id.slice(0, 12)} is READY but a container cannot start: ${(err as Error).message}`);
+          }
+        } else {
+          try {
+            await call('runtime', 'StopPodSandbox', { pod_sandbox_id: s.id });
+            await call('runtime', 'RemovePodSandbox', { pod_sandbox_id: s.id });
+            pods.delete(s.id);
+          } catch (err) {
+            violate(`${label}: sandbox ${s.id.slice(0, 12)} is NOTREADY but cannot be removed: ${(err as Error).message}`);
+          }
+        }
+      }
+      for (const id of [...pods.keys()]) if (!listed.some((s) => s.id === id)) violate(`${label}: sandbox ${id.slice(0, 12)} vanished`);
+      const owners = await ownersFromRecords(rt.stateDir);
+      for (const o of await auditOrphans(owners, { stateDir: rt.stateDir }))
+        violate(`${label}: orphan ${o.kind} ${o.path}${o.pid ? ` pid ${o.pid}` : ''}`);
+      const ids = new Set(owners.sandboxes.map((s) => s.id));
+      for (const dir of await cgroupDirsUnder(rt.cgroupRoot)) {
+        const m = /\/kata-ts-([0-9a-f]{64})$/.exec(dir);
+        if (m !== null && !ids.has(m[1]!)) violate(`${label}: orphan cgroup ${dir}`);
+      }
+    };
+
+    const info = async (pod: Pod) => {
+      const res = await call<{ info: Record<string, string> }>('runtime', 'PodSandboxStatus', { pod_sandbox_id: pod.id, verbose: true });
+      return JSON.parse(res.info.info ?? '{}') as { pid?: number; virtiofsd?: { pid: number } | null };
+    };
+
+    const injectFault = async (kind: FaultKind, pod: Pod): Promise<void> => {
+      result.faults++;
+      result.faultKinds[kind]++;
+      progress(`fault ${result.faults}: ${kind} (pod ${pod.id.slice(0, 12)}) after ${result.requests} requests`);
+      if (kind === 'daemon-kill') {
+        process.kill(rt.pid(), 'SIGKILL');
+        await rt.stop();
+        await rt.start();
+      } else if (kind === 'qemu-kill') {
+        const { pid } = await info(pod);
+        const t0 = performance.now();
+        signal(pid, 'SIGKILL');
+        for (;;) {
+          const st = await call<{ status: { state: string } }>('runtime', 'PodSandboxStatus', { pod_sandbox_id: pod.id });
+          if (st.status.state === 'SANDBOX_NOTREADY') {
+            result.notReadyMs.push(performance.now() - t0);
+            break;
+          }
+          if (performance.now() - t0 > 10_000) {
+            violate(`qemu-kill: sandbox ${pod.id.slice(0, 12)} still READY 10 s after its QEMU was killed`);
+            break;
+          }
+          await sleep(20);
+        }
+      } else if (kind === 'virtiofsd-kill') {
+        const { virtiofsd } = await info(pod);
+        signal(virtiofsd?.pid, 'SIGKILL');
+        // The daemon notices within its watch period and ends the VM: the sandbox goes NOTREADY.
+        await sleep(2_000);
+      } else {
+        const { pid } = await info(pod);
+        signal(pid, 'SIGSTOP');
+        try {
+          // The daemon must keep answering, within deadlines, while a guest does not.
+          const t0 = Date.now();
+          await call('runtime', 'ExecSync', { container_id: pod.ticker, cmd: ['true'], timeout: 2 }, 8_000).catch(() => undefined);
+          await call('runtime', 'Version', {}, 2_000).catch((err: Error) => violate(`guest-hang: Version did not answer: ${err.message}`));
+          if (Date.now() - t0 > 9_000) violate('guest-hang: an rpc outlived its deadline');
+          await sleep(Math.max(0, 3_000 - (Date.now() - t0)));
+        } finally {
+          signal(pid, 'SIGCONT');
+        }
+        await sleep(1_000);
+      }
+      await checkInvariants(`after ${kind} #${result.faultKinds[kind]}`);
+    };
+
+    const faultEvery = Math.max(5, Math.floor(opts.requests / Math.max(1, opts.faults + 1)));
+    let nextFault = faultEvery;
+    while (result.requests < opts.requests && opts.signal?.aborted !== true) {
+      let pod = [...pods.values()][0];
+      if (pod === undefined) pod = await bootPod();
+      if (result.faults < opts.faults && result.requests >= nextFault) {
+        // Faults hit a READY pod; one that is not is first judged (and removed) by the invariants.
+        const st = await call<{ status: { state: string } }>('runtime', 'PodSandboxStatus', { pod_sandbox_id: pod.id }).catch(
+          () => undefined,
+        );
+        if (st?.status.state !== 'SANDBOX_READY') {
+          await checkInvariants('before a fault');
+          continue;
+        }
+        nextFault += faultEvery;
+        await injectFault(FAULT_ORDER[result.faults % FAULT_ORDER.length]!, pod);
+        continue;
+      }
+      const r = random();
+      try {
+        if (r < 0.5) {
+          const cheap: Array<['runtime' | 'image', string, object]> = [
+            ['runtime', 'Version', {}],
+            ['runtime', 'Status', {}],
+            ['runtime', 'ListPodSandbox', {}],
+            ['runtime', 'ListContainers', {}],
+            ['image', 'ListImages', {}],
+            ['runtime', 'PodSandboxStatus', { pod_sandbox_id: pod.id }],
+            ['runtime', 'ContainerStatus', { container_id: pod.ticker }],
+            ['image', 'ImageFsInfo', {}],
+          ];
+          const [svc, method, req] = cheap[Math.floor(random() * cheap.length)]!;
+          await call(svc, method, req);
+        } else if (r < 0.8) {
+          await call('runtime', 'ExecSync', { container_id: pod.ticker, cmd: ['echo', 'x'], timeout: 30 });
+        } else if (r < 0.97) {
+          await containerCycle(pod);
+        } else {
+          await call('runtime', 'StopPodSandbox', { pod_sandbox_id: pod.id });
+          await checkTicker(pod, 'pod churn');
+          await call('runtime', 'RemovePodSandbox', { pod_sandbox_id: pod.id });
+          pods.delete(pod.id);
+        }
+      } catch (err) {
+        // A request may fail right after a fault (the pod is NOTREADY); the invariants judge the state.
+        progress(`request failed: ${(err as Error).message.slice(0, 200)}`);
+      }
+    }
+    await checkInvariants('at the end');
+    for (const pod of [...pods.values()]) {
+      await call('runtime', 'StopPodSandbox', { pod_sandbox_id: pod.id });
+      await call('runtime', 'RemovePodSandbox', { pod_sandbox_id: pod.id });
+    }
+    return result;
+  } finally {
+    result.durationMs = Date.now() - started;
+    if (process.env.KATA_TS_SOAK_LOG !== undefined) await fsp.copyFile(rt.logFile, process.env.KATA_TS_SOAK_LOG).catch(() => undefined);
+    await rt.cleanup();
+    await registry.stop();
+  }
+}
+
+export function formatSoakReport(r: SoakResult): string {
+  const kinds = Object.entries(r.faultKinds)
+    .map(([k, n]) => `${k} ${n}`)
+    .join(', ');
+  return [
+    `soak: ${r.requests} requests, ${r.faults} faults, ${r.violations.length} invariant violations`,
+    `  faults: ${kinds}; VM boots ${r.boots}; ${(r.durationMs / 1000).toFixed(0)} s`,
+    `  dead QEMU -> NOTREADY: p50 ${percentile(r.notReadyMs, 50).toFixed(0)} ms, p99 ${percentile(r.notReadyMs, 99).toFixed(0)} ms (${r.notReadyMs.length} samples)`,
+    ...r.violations.map((v) => `  violation: ${v}`),
+  ].join('\n');
+}
+
+if (import.meta.url === `file://${process.argv[1]}`) {
+  const { values } = parseArgs({
+    options: {
+      requests: { type: 'string', default: '1000' },
+      faults: { type: 'string', default: '40' },
+      seed: { type: 'string', default: '1' },
+      json: { type: 'boolean', default: false },
+    },
+  });
+  const stop = new AbortController();
+  for (const sig of ['SIGINT', 'SIGTERM'] as const) process.once(sig, () => stop.abort());
+  const result = await runSoak({
+    requests: Number(values.requests),
+    faults: Number(values.faults),
+    seed: Number(values.seed),
+    signal: stop.signal,
+  });
+  process.stdout.write(values.json ? `${JSON.stringify({ bench: 'soak', ...result })}\n` : `${formatSoakReport(result)}\n`);
+  process.exitCode = result.violations.length === 0 ? 0 : 1;
+}

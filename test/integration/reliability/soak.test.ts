@@ -1,0 +1,21 @@
+/**
+ * The fault-injection soak, short: about 100 CRI requests over the socket of a real daemon with
+ * real VMs (a few boots: the first pod, and one after each fault that ends a VM), one fault of
+ * each kind (daemon SIGKILL + restart, QEMU SIGKILL, virtiofsd SIGKILL, a hung guest), invariants
+ * after each fault and at the end (see bench/soak.ts). The long run is documented in bench/README.md.
+ */
+import { describe, expect, it } from 'vitest';
+import { formatSoakReport, runSoak } from '../../../bench/soak.js';
+
+describe('fault-injection soak (short)', () => {
+  it('keeps every invariant through one fault of each kind', async () => {
+    const lines: string[] = [];
+    const result = await runSoak({ requests: 100, faults: 4, seed: 17, progress: (l) => lines.push(l) });
+    const report = formatSoakReport(result);
+    console.log(report);
+    expect(result.violations, `${report}\n${lines.join('\n')}`).toEqual([]);
+    expect(result.faults).toBe(4);
+    expect(result.notReadyMs.length).toBe(1);
+    expect(result.requests).toBeGreaterThanOrEqual(100);
+  }, 900_000);
+});

@@ -1,0 +1,45 @@
+/**
+ * The first error of a failed RunPodSandbox is the one answered: a placement the kernel refuses
+ * (the pod's cgroup parent has a smaller CPU quota than the VMM needs) is FAILED_PRECONDITION
+ * CGROUP_WRITE_REFUSED, never the QEMU exit that the rollback's own SIGKILL causes a moment later.
+ * Real QEMU (started paused, never booted) and real cgroupfs under the test's private root.
+ */
+import { promises as fsp } from 'node:fs';
+import path from 'node:path';
+import { status } from '@grpc/grpc-js';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { rpc } from '../../helpers/cri-client.js';
+import { expectGrpcError } from '../../helpers/cri-expect.js';
+import { ensureGuestAssets } from '../../helpers/hypervisor-guest.js';
+import { createTestRuntime, leftovers, podConfig, type TestRuntime } from '../../helpers/runtime-daemon.js';
+
+describe('a failed RunPodSandbox answers its first error', () => {
+  let rt: TestRuntime;
+  beforeAll(async () => {
+    await ensureGuestAssets();
+    rt = await createTestRuntime();
+    await rt.start();
+  });
+  afterAll(async () => {
+    await rt?.cleanup();
+  });
+
+  it('a cgroup refusal after QEMU started is FAILED_PRECONDITION, not the rollback kill of QEMU', async () => {
+    const config = podConfig(rt, 'tight');
+    const parent = (config.linux as { cgroup_parent: string }).cgroup_parent;
+    // The kubelet's pod cgroup, made before the pod, with 0.05 CPU: the VMM's quota cannot fit.
+    const cpuDir = path.join('/sys/fs/cgroup/cpu', parent);
+    await fsp.mkdir(cpuDir, { recursive: true });
+    await fsp.writeFile(path.join(cpuDir, 'cpu.cfs_quota_us'), '5000');
+    const err = await expectGrpcError(rpc(rt.cri.runtime, 'RunPodSandbox', { config }), status.FAILED_PRECONDITION, 'CGROUP_WRITE_REFUSED');
+    expect(err.details).toContain('cpu.cfs_quota_us');
+    // QEMU did start for it (and was killed by the rollback): the log says both, in that order.
+    const lines = await rt.logLines();
+    const failed = lines.findIndex((l) => l.msg === 'sandbox creation failed; rolling back');
+    expect(failed).toBeGreaterThan(-1);
+    expect(lines.slice(failed).some((l) => l.msg === 'QEMU exited')).toBe(true);
+    expect(lines.some((l) => l.msg === 'request refused' && l.rpc === 'RunPodSandbox' && l.reason === 'CGROUP_WRITE_REFUSED')).toBe(true);
+    const left = await leftovers(rt, { vmmCgroupsOnly: true });
+    expect(left).toEqual({ processes: [], workDirs: [], records: [], cgroups: [] });
+  }, 120_000);
+});

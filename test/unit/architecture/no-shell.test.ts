@@ -1,0 +1,60 @@
+/**
+ * No request field reaches a shell: every process kata-ts (host and guest agent) starts is started
+ * with spawn/execFile and an argument array, never `exec`/`execSync` or `shell: true`. The files
+ * that start processes are listed: a new one fails here until it is audited and added, with what
+ * its arguments are made of.
+ */
+import { readdirSync, readFileSync } from 'node:fs';
+import path from 'node:path';
+import { describe, expect, it } from 'vitest';
+import { packageRoot } from '../../../src/common/paths.js';
+
+/** Audited: where each argv comes from. Request fields appear only as whole arguments, never parsed by a shell. */
+const AUDITED: Record<string, string> = {
+  'guest/agent/containers/reaper.ts': 'reaper + crun argv built from agent paths and kata-ts container ids',
+  'guest/agent/containers/runtime.ts': 'crun argv: fixed verbs, file paths under the agent state dir, container ids',
+  'guest/agent/network.ts': 'busybox ip: the NIC found by MAC, addresses and routes CNI returned, in argument arrays',
+  'guest/agent/pods.ts': 'mount/umount of the pod shm (size a number), pause with the pod id and a validated hostname',
+  'src/hypervisor/launcher.ts': 'QEMU argv from the pure plan (ids, paths under the state dir, host inventory)',
+  'src/hypervisor/virtiofsd.ts': 'virtiofsd argv: socket and shared dir under the state dir',
+  'src/images/snapshot.ts': 'cp between content-addressed store paths',
+  'src/images/unpack-applier.ts': 'mkfifo/mknod after "--" on paths resolved inside the unpack root',
+  'src/network/cni-exec.ts': 'CNI plugins: the binary found in cniBinDirs, the config on stdin, pod metadata only as CNI_ARGS env values',
+  'src/network/wiring.ts': 'ip/tc argv: the pod netns name, fixed TAP name, the CNI interface name, numeric MTU',
+  'src/runtime/container/shared-dir.ts': 'mount/umount: sources pinned as /proc/self/fd/N, targets under the shared dir, "--" before paths',
+  'src/runtime/gather-facts.ts': 'fixed version probes of configured binaries',
+  'src/runtime/sandbox/shared-dir.ts': 'mount/umount of the sandbox shared dir (a path under the state dir)',
+};
+
+function tsFiles(dir: string): string[] {
+  return readdirSync(dir, { withFileTypes: true, recursive: true })
+    .filter((e) => e.isFile() && e.name.endsWith('.ts'))
+    .map((e) => path.join(e.parentPath, e.name));
+}
+
+describe('no shell anywhere', () => {
+  const root = packageRoot();
+  const files = [...tsFiles(path.join(root, 'src')), ...tsFiles(path.join(root, 'guest'))].filter((f) => !f.includes('/generated/'));
+  const starting = files.filter((f) => /from 'node:child_process'/.test(readFileSync(f, 'utf8')));
+
+  it('only audited files start processes', () => {
+    expect(starting.map((f) => path.relative(root, f)).sort()).toEqual(Object.keys(AUDITED).sort());
+  });
+
+  it.each(Object.keys(AUDITED))('%s uses spawn/execFile with an argument array, never a shell', (rel) => {
+    const text = readFileSync(path.join(root, rel), 'utf8');
+    const imported = /import\s*\{([^}]*)\}\s*from 'node:child_process'/.exec(text)?.[1] ?? '';
+    for (const name of imported.split(',').map(
+      (n) =>
+        n
+          .trim()
+          .replace(/^type\s+/, '')
+          .split(/\s+as\s+/)[0]!,
+    )) {
+      if (name === '') continue;
+      expect(['spawn', 'execFile', 'ChildProcess', 'SpawnOptions']).toContain(name);
+    }
+    expect(text).not.toMatch(/shell\s*:\s*(true|'|")/);
+    expect(text).not.toMatch(/\bexecSync\s*\(|\bspawnSync\s*\(/);
+  });
+});

@@ -1,0 +1,102 @@
+/** The orphan audit on a fixture state dir, /proc and cgroup tree: what no record owns is named, the rest is not. */
+import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import { auditOrphans, ownersFromRecords } from '../../../src/runtime/sandbox/orphan-audit.js';
+
+const A = 'a'.repeat(64);
+const B = 'b'.repeat(64);
+const C = 'c'.repeat(64);
+const D = 'd'.repeat(64);
+const E = 'e'.repeat(64);
+
+describe('auditOrphans', () => {
+  let root: string;
+  beforeEach(async () => {
+    root = await mkdtemp(path.join(os.tmpdir(), 'kts-orphans-'));
+  });
+  afterEach(async () => {
+    await rm(root, { recursive: true, force: true });
+  });
+
+  async function proc(pid: number, argv: string[]): Promise<void> {
+    await mkdir(path.join(root, 'proc', String(pid)), { recursive: true });
+    await writeFile(path.join(root, 'proc', String(pid), 'cmdline'), `${argv.join('\0')}\0`);
+  }
+  async function cgroup(rel: string, procs: string): Promise<void> {
+    await mkdir(path.join(root, 'cg', rel), { recursive: true });
+    await writeFile(path.join(root, 'cg', rel, 'cgroup.procs'), procs);
+  }
+
+  it('names unowned processes, work dirs, mounts, files, root filesystems and cgroups, and nothing owned', async () => {
+    const state = path.join(root, 'state');
+    const vm = path.join(state, 'vm');
+    await mkdir(path.join(vm, A.slice(0, 16)), { recursive: true });
+    await mkdir(path.join(vm, B.slice(0, 16)), { recursive: true });
+    await writeFile(path.join(vm, 'junk'), '');
+    await mkdir(path.join(state, 'rootfs', 'c1'), { recursive: true });
+    await mkdir(path.join(state, 'rootfs', 'gone'), { recursive: true });
+    await mkdir(path.join(state, 'logs'), { recursive: true });
+    await writeFile(path.join(state, 'logs', 'gone.json'), '{}');
+    await writeFile(path.join(state, 'logs', 'c1.json'), '{}');
+    await mkdir(path.join(state, 'sandboxes'), { recursive: true });
+    await writeFile(path.join(state, 'sandboxes', `${A}.json`), JSON.stringify({ record: { vmm: { pid: 100 }, virtiofsd: null } }));
+    await mkdir(path.join(state, 'containers'), { recursive: true });
+    await writeFile(path.join(state, 'containers', 'c1.json'), '{}');
+
+    await proc(100, ['/usr/bin/qemu-system-x86_64', '-qmp', `unix:path=${vm}/${A.slice(0, 16)}/qmp.sock,server=on`]);
+    await proc(101, ['qemu-system-x86_64', '-chardev', `socket,id=r,path=${vm}/${A.slice(0, 16)}/ready.sock`]);
+    await proc(102, ['/usr/lib/qemu/virtiofsd', `--socket-path=${vm}/${B.slice(0, 16)}/vfs.sock`]);
+    await proc(103, ['bash', `${vm}/${B.slice(0, 16)}`]);
+    // virtiofsd's sandbox=namespace child of the recorded virtiofsd is owned through its parent.
+    await proc(104, ['/usr/lib/qemu/virtiofsd', `--socket-path=${vm}/${A.slice(0, 16)}/vfs.sock`]);
+    await writeFile(path.join(root, 'proc', '104', 'stat'), '104 (virtiofsd) S 100 104 104 0 -1');
+    await mkdir(path.join(root, 'proc', 'self'), { recursive: true });
+
+    await cgroup('', '1\n');
+    await cgroup(`kubepods/kata-ts-${A}`, '100\n');
+    await cgroup(`kubepods/kata-ts-${C}`, '');
+    await cgroup(`kubepods/kata-ts-${D}`, '999\n');
+    await cgroup(`kata-ts-${E}.scope`, '102\n');
+
+    const line = (point: string) => `36 25 0:32 / ${point.replaceAll(' ', '\\040')} rw - tmpfs tmpfs rw`;
+    const mountinfo = [
+      line(`${vm}/${A.slice(0, 16)}/shared`),
+      line(`${vm}/${A.slice(0, 16)}/shared/containers/c1/rootfs`),
+      line(`${vm}/${B.slice(0, 16)}/shared`),
+      line('/elsewhere'),
+    ].join('\n');
+
+    const owners = await ownersFromRecords(state);
+    expect(owners).toEqual({ sandboxes: [{ id: A, pids: [100] }], containerIds: ['c1'] });
+    const orphans = await auditOrphans(owners, {
+      stateDir: state,
+      procRoot: path.join(root, 'proc'),
+      mountinfo,
+      cgroupRoot: path.join(root, 'cg'),
+    });
+    const named = orphans.map((o) => `${o.kind} ${path.relative(root, o.path)}${o.pid === undefined ? '' : ` ${o.pid}`}`).sort();
+    expect(named).toEqual(
+      [
+        `qemu state/vm/${A.slice(0, 16)} 101`,
+        `virtiofsd state/vm/${B.slice(0, 16)} 102`,
+        `workdir state/vm/${B.slice(0, 16)}`,
+        'file state/vm/junk',
+        `mount state/vm/${B.slice(0, 16)}/shared`,
+        'rootfs state/rootfs/gone',
+        'file state/logs/gone.json',
+        `cgroup cg/kubepods/kata-ts-${C}`,
+        `cgroup cg/kata-ts-${E}.scope`,
+      ].sort(),
+    );
+  });
+
+  it('finds nothing in an empty or missing state dir', async () => {
+    const state = path.join(root, 'none');
+    await mkdir(path.join(root, 'proc', 'self'), { recursive: true });
+    expect(
+      await auditOrphans(await ownersFromRecords(state), { stateDir: state, procRoot: path.join(root, 'proc'), mountinfo: '' }),
+    ).toEqual([]);
+  });
+});
