@@ -158,13 +158,14 @@ class SpoolTail {
   private async read(): Promise<void> {
     this.fd ??= await open(this.spoolPath, 'r');
     const chunk = Buffer.alloc(64 * 1024);
-    while (!this.stopped && this.journal.hasRoom) {
-      const { bytesRead } = await this.fd.read(chunk, 0, chunk.length, this.filePos + this.pending.length);
-      if (bytesRead === 0) return;
-      this.pending = Buffer.concat([this.pending, chunk.subarray(0, bytesRead)]);
+    while (!this.stopped) {
+      // Frames already read come first: the bound may have stopped us in the middle of them.
       let at = 0;
-      for (let f = parseFrame(this.pending, at); f !== undefined; f = parseFrame(this.pending, at)) {
+      for (let f = parseFrame(this.pending, at); f !== undefined && this.journal.hasRoom; f = parseFrame(this.pending, at)) {
         if (f.stream === END) {
+          // Positions stay paired (data offset, file offset) for the acknowledgements to come.
+          this.filePos += at;
+          this.pending = Buffer.alloc(0);
           this.stop();
           return;
         }
@@ -178,6 +179,10 @@ class SpoolTail {
       }
       this.filePos += at;
       this.pending = this.pending.subarray(at);
+      if (!this.journal.hasRoom) return;
+      const { bytesRead } = await this.fd.read(chunk, 0, chunk.length, this.filePos + this.pending.length);
+      if (bytesRead === 0) return;
+      this.pending = Buffer.concat([this.pending, chunk.subarray(0, bytesRead)]);
     }
   }
 }
