@@ -5,6 +5,9 @@
  * line once (those written before the crash, while down, and the unterminated tail), and the
  * event stream after the restart reports the stop. A tty container runs through the same crash:
  * its terminal output is logged as stdout (stderr included, as the CRI log format wants for tty).
+ * Then the agent inside the guest is killed (SIGKILL, from a container in the guest's root PID
+ * namespace) and restarted by the guest's init: the output the containers write meanwhile is
+ * kept by the reaper's spool, so the CRI logs have every line once; exec and stop still work.
  *
  * The containers wait for a file the test creates in a hostPath volume while the daemon is dead,
  * so "exits while the daemon is down" does not depend on timing.
@@ -21,7 +24,7 @@ import { type RegistryHandle, startRegistry } from '../../helpers/images-registr
 import type { TarEntrySpec } from '../../helpers/images-tar.js';
 import { createTestRuntime, podConfig, type TestRuntime } from '../../helpers/runtime-daemon.js';
 
-const APPLETS = ['sleep', 'printf', 'touch', 'cat'];
+const APPLETS = ['sleep', 'printf', 'touch', 'cat', 'grep', 'kill'];
 
 interface Status {
   state: string;
@@ -213,10 +216,80 @@ describe('a daemon crash while containers run in a pod VM (real QEMU, crun in th
       await rpc(rt.cri.runtime, 'StopContainer', { container_id: runner, timeout: 1 });
       expect((await status_(runner)).state).toBe('CONTAINER_EXITED');
       for (const id of [late, tty, runner]) await rpc(rt.cri.runtime, 'RemoveContainer', { container_id: id });
-      await rpc(rt.cri.runtime, 'StopPodSandbox', { pod_sandbox_id: sid });
-      await rpc(rt.cri.runtime, 'RemovePodSandbox', { pod_sandbox_id: sid });
     } finally {
       stream.cancel();
     }
   });
+
+  it('the agent in the guest is killed (SIGKILL) and restarted by the guest init: output is not lost or repeated, exec and stop work', async () => {
+    // Each writes until the agent is killed, then a burst while the agent is down, then "end".
+    const burst = (out: string, n: number) => `j=0; while [ $j -lt ${n} ]; do ${out}; i=$((i+1)); j=$((j+1)); done`;
+    const ticker = await create('ticker', {
+      command: [
+        'sh',
+        '-c',
+        `i=0; while [ ! -e /vol/agent-killed ]; do echo tick-$i; echo tock-$i >&2; i=$((i+1)); sleep 0.2; done; ` +
+          `${burst('echo tick-$i; echo tock-$i >&2', 50)}; echo end; sleep 1000`,
+      ],
+    });
+    const ttyTicker = await create('tty-ticker', {
+      tty: true,
+      command: [
+        'sh',
+        '-c',
+        `i=0; while [ ! -e /vol/agent-killed ]; do echo tty-$i; i=$((i+1)); sleep 0.2; done; ${burst('echo tty-$i', 30)}; echo tty-end; sleep 1000`,
+      ],
+    });
+    // In the guest's root PID namespace (pid NODE): it sees the agent and kills it on a signal
+    // file. The pattern is written so that it does not match this shell's own command line.
+    const killer = await create('killer', {
+      command: [
+        'sh',
+        '-c',
+        'while [ ! -e /vol/kill-agent ]; do sleep 0.1; done; ' +
+          'cd /proc; for p in [0-9]*; do if grep -q "agent[.]mjs" $p/cmdline 2>/dev/null; then kill -9 $p; echo killed $p; break; fi; done; ' +
+          'touch /vol/agent-killed; sleep 1000',
+      ],
+      linux: { security_context: { namespace_options: { pid: 'NODE' } } },
+    });
+    for (const id of [ticker, ttyTicker, killer]) await start(id);
+    const tickerLog = (await status_(ticker)).log_path;
+    const ttyLog = (await status_(ttyTicker)).log_path;
+    await until('a few ticks', async () => ((await logLines(tickerLog)).length > 10 ? true : undefined));
+    await fsp.writeFile(path.join(volume, 'kill-agent'), '');
+    // Under TCG each grep is a fork and exec: walking /proc takes a while.
+    await until('the agent to be killed', async () => exists(path.join(volume, 'agent-killed')), 180_000);
+    const killerLog = (await status_(killer)).log_path;
+    await until('the killer log', async () => ((await logLines(killerLog)).length > 0 ? true : undefined));
+    expect((await logLines(killerLog))[0]).toMatch(/^stdout F killed \d+$/);
+
+    const ended = async (file: string, last: string) => ((await logLines(file)).includes(last) ? true : undefined);
+    await until('the ticker to end', () => ended(tickerLog, 'stdout F end'), 180_000);
+    const lines = await logLines(tickerLog);
+    const ticks = lines.filter((l) => l.startsWith('stdout') && l !== 'stdout F end');
+    expect(ticks.length).toBeGreaterThan(50);
+    expect(ticks).toEqual(Array.from({ length: ticks.length }, (_, i) => `stdout F tick-${i}`));
+    expect(lines.filter((l) => l.startsWith('stderr'))).toEqual(Array.from({ length: ticks.length }, (_, i) => `stderr F tock-${i}`));
+    await until('the tty ticker to end', () => ended(ttyLog, 'stdout F tty-end'), 120_000);
+    const ttyLines = (await logLines(ttyLog)).filter((l) => l !== 'stdout F tty-end');
+    expect(ttyLines.length).toBeGreaterThan(30);
+    expect(ttyLines).toEqual(Array.from({ length: ttyLines.length }, (_, i) => `stdout F tty-${i}`));
+
+    const exec = await rpc<{ stdout: Buffer; exit_code: number }>(rt.cri.runtime, 'ExecSync', {
+      container_id: ticker,
+      cmd: ['echo', 'after the agent restart'],
+      timeout: 30,
+    });
+    expect([exec.stdout.toString(), exec.exit_code]).toEqual(['after the agent restart\n', 0]);
+    for (const id of [ticker, ttyTicker, killer]) {
+      await rpc(rt.cri.runtime, 'StopContainer', { container_id: id, timeout: 1 });
+      const st = await status_(id);
+      // SIGTERM ends a shell that is not its PID namespace's init (143); otherwise SIGKILL (137).
+      expect(st.state).toBe('CONTAINER_EXITED');
+      expect([137, 143]).toContain(st.exit_code);
+      await rpc(rt.cri.runtime, 'RemoveContainer', { container_id: id });
+    }
+    await rpc(rt.cri.runtime, 'StopPodSandbox', { pod_sandbox_id: sid });
+    await rpc(rt.cri.runtime, 'RemovePodSandbox', { pod_sandbox_id: sid });
+  }, 400_000);
 });
