@@ -9,6 +9,8 @@
  * namespace) and restarted by the guest's init: the output the containers write meanwhile is
  * kept by the reaper's spool, so the CRI logs have every line once; exec and stop still work.
  *
+ * Last, in the same VM: a CRI device (/dev/fuse) mapped to the guest's own node (devices.ts).
+ *
  * The containers wait for a file the test creates in a hostPath volume while the daemon is dead,
  * so "exits while the daemon is down" does not depend on timing.
  */
@@ -24,7 +26,7 @@ import { type RegistryHandle, startRegistry } from '../../helpers/images-registr
 import type { TarEntrySpec } from '../../helpers/images-tar.js';
 import { createTestRuntime, podConfig, type TestRuntime } from '../../helpers/runtime-daemon.js';
 
-const APPLETS = ['sleep', 'printf', 'touch', 'cat', 'grep', 'kill'];
+const APPLETS = ['sleep', 'printf', 'touch', 'cat', 'grep', 'kill', 'stat', 'head', 'mknod'];
 
 interface Status {
   state: string;
@@ -289,7 +291,23 @@ describe('a daemon crash while containers run in a pod VM (real QEMU, crun in th
       expect([137, 143]).toContain(st.exit_code);
       await rpc(rt.cri.runtime, 'RemoveContainer', { container_id: id });
     }
+  }, 400_000);
+
+  it('a CRI device is mapped to the guest node of the same path: linux.devices with the guest numbers, allowed by the device cgroup', async () => {
+    const fuse = await create('fuse', {
+      command: ['sleep', '100000'],
+      devices: [{ host_path: '/dev/fuse', container_path: '/dev/fuse', permissions: 'rw' }],
+    });
+    const plain = await create('plain', { command: ['sleep', '100000'] });
+    for (const id of [fuse, plain]) await start(id);
+    const probe = 'stat -c %t:%T /dev/fuse; head -c 0 /dev/fuse && echo opened';
+    const exec = (id: string, cmd: string) =>
+      rpc<{ stdout: Buffer; exit_code: number }>(rt.cri.runtime, 'ExecSync', { container_id: id, cmd: ['sh', '-c', cmd], timeout: 60 });
+    // 10:229 is the misc major and fuse's minor in the guest kernel.
+    expect((await exec(fuse, probe)).stdout.toString()).toBe('a:e5\nopened\n');
+    // Without the device: no node, and one made by hand is refused by the device cgroup.
+    expect((await exec(plain, 'mknod /tmp/f c 10 229 && head -c 0 /tmp/f && echo opened')).stdout.toString()).not.toContain('opened');
     await rpc(rt.cri.runtime, 'StopPodSandbox', { pod_sandbox_id: sid });
     await rpc(rt.cri.runtime, 'RemovePodSandbox', { pod_sandbox_id: sid });
-  }, 400_000);
+  });
 });
