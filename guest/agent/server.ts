@@ -108,8 +108,8 @@ export class AgentService {
       ListContainers: async (req) => ({
         containers: (await backend.listContainers(req.containerIds)).map((c) => ({
           ...c,
-          outputOffset: this.containers.get(c.containerId)?.journal.produced ?? 0,
-          outputAckedOffset: this.containers.get(c.containerId)?.journal.acked ?? 0,
+          outputOffset: this.known(c.containerId)?.journal.produced ?? 0,
+          outputAckedOffset: this.known(c.containerId)?.journal.acked ?? 0,
         })),
       }),
       ContainerStats: async (req) => ({ stats: await backend.containerStats(req.containerIds) }),
