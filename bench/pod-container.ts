@@ -38,7 +38,8 @@ export interface PodContainerBenchResult {
   bench: 'pod-container';
   date: string;
   loadavg1: [number, number];
-  rounds: Array<{ first: 'runtime' | 'bare'; runtimeMs: number; bareMs: number }>;
+  /** runtimeMs is RunPodSandbox (podMs) + CreateContainer and StartContainer. */
+  rounds: Array<{ first: 'runtime' | 'bare'; runtimeMs: number; podMs: number; bareMs: number }>;
   medianRuntimeMs: number;
   medianBareMs: number;
   ratio: number;
@@ -111,8 +112,9 @@ export async function runPodContainerBench(
       const config = podConfig(rt, name);
       const t0 = performance.now();
       const { pod_sandbox_id: sid } = await rpc<{ pod_sandbox_id: string }>(rt.cri.runtime, 'RunPodSandbox', { config });
+      const podMs = performance.now() - t0;
       await startContainer(sid, config);
-      return { sid, config, ms: performance.now() - t0 };
+      return { sid, config, podMs, ms: performance.now() - t0 };
     };
     const removePod = async (sid: string) => {
       await rpc(rt.cri.runtime, 'StopPodSandbox', { pod_sandbox_id: sid });
@@ -130,10 +132,11 @@ export async function runPodContainerBench(
     const samples: PodContainerBenchResult['rounds'] = [];
     for (let r = 0; r < rounds; r++) {
       const first = r % 2 === 0 ? 'runtime' : 'bare';
-      const s = { first, runtimeMs: 0, bareMs: 0 } as PodContainerBenchResult['rounds'][number];
+      const s = { first, runtimeMs: 0, podMs: 0, bareMs: 0 } as PodContainerBenchResult['rounds'][number];
       const runtime = async () => {
         const pod = await podWithContainer(`round-${r}`);
         s.runtimeMs = pod.ms;
+        s.podMs = pod.podMs;
         await removePod(pod.sid);
       };
       const bare = async () => {
@@ -233,8 +236,10 @@ export function formatPodContainerReport(r: PodContainerBenchResult): string {
   return [
     `pod + first container against a bare QEMU of the same argv (${r.rounds.length} rounds, alternating; load ${r.loadavg1.map((l) => l.toFixed(1)).join(' -> ')})`,
     ...r.rounds.map(
-      (s, i) => `  round ${i + 1} (${s.first} first): pod+container ${s.runtimeMs.toFixed(0)} ms, bare ${s.bareMs.toFixed(0)} ms`,
+      (s, i) =>
+        `  round ${i + 1} (${s.first} first): pod+container ${s.runtimeMs.toFixed(0)} ms (RunPodSandbox ${s.podMs.toFixed(0)}), bare ${s.bareMs.toFixed(0)} ms`,
     ),
+    `  median RunPodSandbox alone ${median(r.rounds.map((s) => s.podMs)).toFixed(0)} ms: ratio to bare ${(median(r.rounds.map((s) => s.podMs)) / r.medianBareMs).toFixed(3)}`,
     `  median: pod+container ${r.medianRuntimeMs.toFixed(0)} ms, bare to ready ${r.medianBareMs.toFixed(0)} ms, ratio ${r.ratio.toFixed(3)} (goal <= 1.15: ${r.ratio <= 1.15 ? 'met' : 'not met'})`,
     `guest, ${r.guest.containers} containers running: agent VmRSS ${mib(r.guest.agentRssKiB)}, ${r.guest.reapers} reapers ${mib(r.guest.reapersRssKiB)} together, guest memory used ${mib(r.guest.guestUsedKiB)}`,
     `daemon VmRSS with 0..${r.daemonRssByContainersKiB.length - 1} containers: ${r.daemonRssByContainersKiB.map(mib).join(' / ')}; per container (slope) ${(r.slopeKiBPerContainer / 1024).toFixed(2)} MiB`,
