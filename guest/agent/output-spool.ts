@@ -18,6 +18,9 @@ const STREAMS: Record<number, OutputStream> = { 1: 'OUTPUT_STREAM_STDOUT', 2: 'O
 const END = 255;
 /** Checked this often as well as on inotify events (a missed event must not stall the output). */
 const POLL_MS = 1000;
+/** The acknowledged position is written this long after an acknowledgement, or at once after this much progress. */
+const ACK_WRITE_DELAY_MS = 250;
+const ACK_WRITE_BYTES = 256 * 1024;
 
 export interface SpoolPosition {
   /** Offset in the journal's numbering (output bytes only). */
@@ -74,6 +77,8 @@ class SpoolTail {
   private timer: NodeJS.Timeout | undefined;
   private ackWrite: Promise<void> = Promise.resolve();
   private ackWanted: SpoolPosition | undefined;
+  private ackTimer: NodeJS.Timeout | undefined;
+  private ackStored = 0;
 
   constructor(
     private readonly spoolPath: string,
@@ -83,6 +88,7 @@ class SpoolTail {
     this.feed = journal.openFeed();
     this.filePos = start.file;
     this.dataPos = start.data;
+    this.ackStored = start.data;
   }
 
   start(): void {
@@ -125,16 +131,34 @@ class SpoolTail {
     this.kick();
   }
 
+  /**
+   * Remember the position, written at most every ACK_WRITE_DELAY_MS or ACK_WRITE_BYTES of
+   * progress: the host acknowledges every flush (a line at a time for a slow writer), and a file
+   * write per line costs the guest's one emulated vCPU. An older stored position only means a
+   * restarted agent re-sends a little more (the host drops what it has), and the reaper, which
+   * releases spool space up to the stored position, sees progress a little later.
+   */
   private storeAck(pos: SpoolPosition): void {
-    const first = this.ackWanted === undefined;
     this.ackWanted = pos;
-    if (!first) return;
-    // One write at a time, the newest position wins.
-    this.ackWrite = this.ackWrite.then(async () => {
-      const want = this.ackWanted!;
-      this.ackWanted = undefined;
-      await writeFile(`${this.spoolPath}.ack`, `${want.data} ${want.file}\n`).catch(() => {});
-    });
+    if (pos.data - this.ackStored >= ACK_WRITE_BYTES) {
+      this.flushAck();
+      return;
+    }
+    if (this.ackTimer === undefined) {
+      this.ackTimer = setTimeout(() => this.flushAck(), ACK_WRITE_DELAY_MS);
+      this.ackTimer.unref();
+    }
+  }
+
+  private flushAck(): void {
+    clearTimeout(this.ackTimer);
+    this.ackTimer = undefined;
+    const want = this.ackWanted;
+    if (want === undefined) return;
+    this.ackWanted = undefined;
+    this.ackStored = want.data;
+    // One write at a time, in order.
+    this.ackWrite = this.ackWrite.then(() => writeFile(`${this.spoolPath}.ack`, `${want.data} ${want.file}\n`).catch(() => {}));
   }
 
   private kick(): void {

@@ -65,7 +65,8 @@ describe('spoolJournal', () => {
     ]);
     // The host stored 8 bytes: the frame holding offset 8 starts at data 6, file 11.
     first.ack(8);
-    await new Promise((r) => setTimeout(r, 100));
+    // Written after a short delay (one write per flush of the host would cost the guest's vCPU).
+    await new Promise((r) => setTimeout(r, 500));
     expect(readSpoolAck(spool)).toEqual({ data: 6, file: 11 });
     first.close();
 
@@ -79,7 +80,7 @@ describe('spoolJournal', () => {
       ['OUTPUT_STREAM_STDERR', 18, 'err-2\n'],
     ]);
     second.ack(24);
-    await new Promise((r) => setTimeout(r, 100));
+    await new Promise((r) => setTimeout(r, 500));
     // Everything acknowledged: the exact boundary after the last data frame.
     expect((await readFile(`${spool}.ack`, 'utf8')).trim()).toBe('24 44');
   });
