@@ -68,6 +68,7 @@ class SpoolTail {
   private readonly frames: SpoolPosition[] = [];
   private fd: FileHandle | undefined;
   private pending = Buffer.alloc(0);
+  private chunk: Buffer | undefined;
   private filePos: number;
   private dataPos: number;
   private reading = false;
@@ -181,7 +182,9 @@ class SpoolTail {
 
   private async read(): Promise<void> {
     this.fd ??= await open(this.spoolPath, 'r');
-    const chunk = Buffer.alloc(64 * 1024);
+    // One buffer per tail, reused: a zero-filled 64 KiB per read costs under TCG (pending copies).
+    this.chunk ??= Buffer.allocUnsafe(64 * 1024);
+    const chunk = this.chunk;
     while (!this.stopped) {
       // Frames already read come first: the bound may have stopped us in the middle of them.
       let at = 0;

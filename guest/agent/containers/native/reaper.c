@@ -51,6 +51,7 @@
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <termios.h>
@@ -151,7 +152,15 @@ static void spool_refresh(void);
 static void spool_frame(int stream, const char *buf, ssize_t len) {
   unsigned char head[5] = {(unsigned char)stream, (unsigned char)(len >> 24), (unsigned char)(len >> 16), (unsigned char)(len >> 8),
                            (unsigned char)len};
-  if (write_all(spool_fd, (const char *)head, 5) < 0 || (len > 0 && write_all(spool_fd, buf, len) < 0)) fail("write spool");
+  /* One writev: the agent wakes once per frame (inotify), not once for the header. */
+  struct iovec iov[2] = {{.iov_base = head, .iov_len = 5}, {.iov_base = (void *)buf, .iov_len = (size_t)len}};
+  ssize_t n = writev(spool_fd, iov, len > 0 ? 2 : 1);
+  if (n < 0 && errno != EINTR) fail("write spool");
+  if (n < 0) n = 0;
+  /* A short write (rare on tmpfs): the rest in order. */
+  if (n < 5 && write_all(spool_fd, (const char *)head + n, 5 - n) < 0) fail("write spool");
+  ssize_t done = n > 5 ? n - 5 : 0;
+  if (len > done && write_all(spool_fd, buf + done, len - done) < 0) fail("write spool");
   spool_written += 5 + len;
   /* Release what the host stored every 64 KiB of output, not only when the spool is full. */
   if (spool_written - spool_checked >= 64 * 1024) spool_refresh();
