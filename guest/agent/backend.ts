@@ -27,6 +27,8 @@ export interface ProcessStdio {
   stdin?: Writable;
   stdout?: Readable;
   stderr?: Readable;
+  /** Instead of stdout/stderr: the output as the reaper's spool file (output-spool.ts). */
+  spool?: string;
 }
 
 export interface CreatedContainer {
@@ -86,6 +88,12 @@ export interface ContainerBackend {
   waitProcess(containerId: string, execId: string, signal: AbortSignal): Promise<ExitStatus>;
   /** Forgets an exited exec'd process; refuses (`precondition`) one that still runs. */
   deleteProcess(containerId: string, execId: string): Promise<void>;
+
+  /**
+   * The output spool of a container this agent did not create (found again after an agent
+   * restart), so the server can resume its output; undefined when there is none.
+   */
+  outputSpool?(containerId: string): string | undefined;
 
   /** Subscribe to guest events; returns the unsubscribe function. */
   onEvent(listener: (event: BackendEvent) => void): () => void;

@@ -24,10 +24,20 @@ export class OutputJournal {
   private readonly sources: Readable[] = [];
   private closedFlag = false;
 
+  private readonly ackListeners = new Set<(offset: number) => void>();
+  private readonly closeListeners = new Set<() => void>();
+
+  /**
+   * `startOffset`: where the numbering starts (a journal recovered from a spool file resumes at
+   * the offset the host acknowledged before the agent restarted).
+   */
   constructor(
     sources: { stream: OutputStream; readable: Readable | undefined }[],
     private readonly limitBytes: number,
+    startOffset = 0,
   ) {
+    this.ackedOffset = startOffset;
+    this.endOffset = startOffset;
     for (const { stream, readable } of sources) {
       if (readable === undefined) continue;
       this.sources.push(readable);
@@ -51,6 +61,41 @@ export class OutputJournal {
     return this.openSources === 0;
   }
 
+  /** Room for more output before the bound: a fed source reads only while this is true. */
+  get hasRoom(): boolean {
+    return this.endOffset - this.ackedOffset < this.limitBytes;
+  }
+
+  /**
+   * A source fed by the caller (the reaper's spool file, output-spool.ts) rather than a Readable:
+   * `push` appends, `end` counts as its end of file. The feeder applies the bound itself (hasRoom).
+   */
+  openFeed(): { push(stream: OutputStream, data: Buffer): void; end(): void } {
+    this.openSources += 1;
+    let open = true;
+    return {
+      push: (stream, data) => {
+        if (open && data.length > 0) this.append(stream, data);
+      },
+      end: () => {
+        if (!open) return;
+        open = false;
+        this.sourceEnded();
+      },
+    };
+  }
+
+  /** Called after each acknowledgement that moved the offset; returns the unsubscribe function. */
+  onAck(listener: (offset: number) => void): () => void {
+    this.ackListeners.add(listener);
+    return () => this.ackListeners.delete(listener);
+  }
+
+  /** Called once when the journal is closed. */
+  onClose(listener: () => void): void {
+    this.closeListeners.add(listener);
+  }
+
   /** Forget bytes below `offset`: the host stored them. */
   ack(offset: number): void {
     if (offset > this.endOffset)
@@ -59,6 +104,7 @@ export class OutputJournal {
     this.ackedOffset = offset;
     while (this.held.length > 0 && this.held[0]!.offset + this.held[0]!.data.length <= offset) this.held.shift();
     this.throttle();
+    for (const listener of this.ackListeners) listener(offset);
   }
 
   /** Chunks from `fromOffset` on, waiting for more, until end of file (a last chunk with eof). */
@@ -96,6 +142,8 @@ export class OutputJournal {
   close(): void {
     this.closedFlag = true;
     for (const s of this.sources) s.destroy();
+    for (const listener of this.closeListeners) listener();
+    this.closeListeners.clear();
     this.wake();
   }
 

@@ -15,6 +15,7 @@ import { AGENT_API_VERSION, AGENT_DESCRIPTOR, AGENT_METHODS, type AgentMethods, 
 import type { BackendEvent, ContainerBackend, ProcessStdio } from './backend.js';
 import type { GuestNetwork } from './network.js';
 import { OutputJournal } from './output-journal.js';
+import { spoolJournal } from './output-spool.js';
 import type { PodService } from './pods.js';
 
 export interface AgentServiceOptions {
@@ -81,13 +82,16 @@ export class AgentService {
         if (req.containerId === '') throw invalid('CONTAINER_ID_MISSING', 'container_id is empty.');
         if (this.containers.has(req.containerId)) throw alreadyExists('CONTAINER_EXISTS', `container ${req.containerId} exists.`);
         const created = await backend.createContainer(req);
-        const journal = new OutputJournal(
-          [
-            { stream: 'OUTPUT_STREAM_STDOUT', readable: created.stdio.stdout },
-            { stream: 'OUTPUT_STREAM_STDERR', readable: created.stdio.stderr },
-          ],
-          this.outputLimitBytes,
-        );
+        const journal =
+          created.stdio.spool !== undefined
+            ? spoolJournal(created.stdio.spool, this.outputLimitBytes)
+            : new OutputJournal(
+                [
+                  { stream: 'OUTPUT_STREAM_STDOUT', readable: created.stdio.stdout },
+                  { stream: 'OUTPUT_STREAM_STDERR', readable: created.stdio.stderr },
+                ],
+                this.outputLimitBytes,
+              );
         this.containers.set(req.containerId, { journal, stdin: created.stdio.stdin, stdinOnce: req.stdinOnce });
         return { pid: created.pid };
       },
@@ -107,8 +111,8 @@ export class AgentService {
       ListContainers: async (req) => ({
         containers: (await backend.listContainers(req.containerIds)).map((c) => ({
           ...c,
-          outputOffset: this.containers.get(c.containerId)?.journal.produced ?? 0,
-          outputAckedOffset: this.containers.get(c.containerId)?.journal.acked ?? 0,
+          outputOffset: this.known(c.containerId)?.journal.produced ?? 0,
+          outputAckedOffset: this.known(c.containerId)?.journal.acked ?? 0,
         })),
       }),
       ContainerStats: async (req) => ({ stats: await backend.containerStats(req.containerIds) }),
@@ -120,7 +124,10 @@ export class AgentService {
       },
       ExecProcess: async (req) => {
         if (req.execId === '') throw invalid('EXEC_ID_MISSING', 'exec_id is empty.');
-        this.io(req.containerId);
+        // A container found again after an agent restart has no output journal yet: the
+        // backend, not the journal, decides whether it exists.
+        if (this.known(req.containerId) === undefined && (await backend.listContainers([req.containerId])).length === 0)
+          this.io(req.containerId);
         const key = `${req.containerId}/${req.execId}`;
         if (this.processes.has(key)) throw alreadyExists('EXEC_EXISTS', `exec ${req.execId} exists in container ${req.containerId}.`);
         const started = await backend.execProcess(req);
@@ -176,9 +183,20 @@ export class AgentService {
   }
 
   private io(containerId: string): ContainerIo {
-    const io = this.containers.get(containerId);
+    const io = this.known(containerId);
     if (io === undefined) throw notFound('CONTAINER_NOT_FOUND', `container ${containerId} is not known to the agent.`);
     return io;
+  }
+
+  /** The container's io; after an agent restart built on first use from the reaper's spool. */
+  private known(containerId: string): ContainerIo | undefined {
+    const io = this.containers.get(containerId);
+    if (io !== undefined) return io;
+    const spool = this.options.backend.outputSpool?.(containerId);
+    if (spool === undefined) return undefined;
+    const recovered: ContainerIo = { journal: spoolJournal(spool, this.outputLimitBytes), stdin: undefined, stdinOnce: false };
+    this.containers.set(containerId, recovered);
+    return recovered;
   }
 
   private stdinOf(containerId: string, execId: string): { target: Writable; closeAtEnd: boolean } {

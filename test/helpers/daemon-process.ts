@@ -12,6 +12,8 @@ export interface SpawnedDaemon {
   child: ChildProcess;
   /** SIGTERM and wait (SIGKILL after 15 s), what `systemctl stop` does. Pod VMs keep running. */
   stop(): Promise<void>;
+  /** SIGKILL and wait: a crash (no shutdown code runs). Pod VMs keep running. */
+  kill(): Promise<void>;
 }
 
 /** True when something accepts connections on the unix socket. */
@@ -79,6 +81,11 @@ export async function spawnDaemon(
       const timer = setTimeout(() => child.kill('SIGKILL'), 15_000);
       await exited;
       clearTimeout(timer);
+    },
+    async kill() {
+      if (child.exitCode !== null || child.signalCode !== null) return;
+      child.kill('SIGKILL');
+      await exited;
     },
   };
 }

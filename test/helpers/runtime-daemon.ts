@@ -34,6 +34,8 @@ export interface TestRuntime {
   /** SIGTERM and wait: what `systemctl stop` does. VMs keep running. */
   stop(): Promise<void>;
   restart(): Promise<void>;
+  /** SIGKILL the daemon and wait (a crash: no shutdown code runs); start() brings it back. */
+  crash(): Promise<void>;
   /** The daemon's JSON log lines so far. */
   logLines(): Promise<Array<Record<string, unknown>>>;
   /** Stop the daemon, kill any QEMU of this runtime, remove the private cgroups and the temp dir. */
@@ -122,6 +124,11 @@ export async function createTestRuntime(configDoc: Record<string, unknown> = {},
     async restart() {
       await runtime.stop();
       await runtime.start();
+    },
+    async crash() {
+      cri?.close();
+      cri = undefined;
+      await daemon?.kill();
     },
     logLines: () => readLogLines(logFile),
     async cleanup() {

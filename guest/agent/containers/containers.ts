@@ -1,8 +1,9 @@
-import { mkdir, rm, writeFile } from 'node:fs/promises';
+import { mkdir, rm, stat, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import type { Readable, Writable } from 'node:stream';
 import { alreadyExists, errnoCode, invalid, notFound, precondition } from '../../../src/common/errors.js';
 import { cgroupDir, diskUsage, ensureParentCgroups, readCgroupStats, readOomKills } from './cgroup.js';
+import { GUEST_ROOTS, type GuestRoots, guestDeviceRequests, resolveGuestDevices, withGuestDevices } from './devices.js';
 import { type Reaped, reap, type WaitStatus } from './reaper.js';
 import { findBundles, INIT_PID_FILE, pollExitFile, runtimeStatus, writeBundleRecord } from './recover.js';
 import { RuntimeArgv, type RuntimeOptions, runRuntime } from './runtime.js';
@@ -25,6 +26,13 @@ export interface ContainersOptions {
   reaperPath: string;
   /** Where cgroup2 is mounted in the guest. */
   cgroupRoot: string;
+  /**
+   * The init's output goes through the reaper's spool file (default true), so an agent restart
+   * loses none of it; false: plain pipes to the agent (lost with the agent).
+   */
+  spoolOutput?: boolean;
+  /** Where device nodes are looked up for the host's device requests (default /sys and /dev). */
+  deviceRoots?: GuestRoots;
   now?: () => number;
 }
 
@@ -33,6 +41,8 @@ export interface ProcessStdio {
   stdin?: Writable;
   stdout?: Readable;
   stderr?: Readable;
+  /** The container's output as the reaper's spool file (instead of stdout/stderr): survives an agent restart. */
+  spool?: string;
 }
 
 /**
@@ -70,6 +80,9 @@ interface ContainerRecord {
   execs: Map<string, ExecHandle>;
 }
 
+/** The reaper's spool of the init's output, in the bundle. */
+export const OUTPUT_SPOOL_FILE = 'output.spool';
+
 const ID = /^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$/;
 const SIGKILL = 9;
 
@@ -99,7 +112,9 @@ export class Containers implements ContainerBackendCore {
     if (!ID.test(id)) throw invalid('CONTAINER_ID_INVALID', 'The container id is not a valid runtime id.', { details: { id } });
     if (this.records.has(id)) throw alreadyExists('CONTAINER_EXISTS', 'A container with this id exists in the guest.', { details: { id } });
     const bundle = path.join(this.options.bundlesDir, id);
-    const spec = bundleSpec(request.spec, request.rootfsPath, request.stdio);
+    // Hot-plugged devices get their guest nodes now: the host could not know their numbers.
+    const devices = await resolveGuestDevices(guestDeviceRequests(request.spec), this.options.deviceRoots ?? GUEST_ROOTS);
+    const spec = withGuestDevices(bundleSpec(request.spec, request.rootfsPath, request.stdio), devices);
     const cgroupsPath = spec.linux?.cgroupsPath;
     const cgroup =
       this.options.runtime.cgroupManager === 'cgroupfs' && cgroupsPath !== undefined
@@ -113,6 +128,7 @@ export class Containers implements ContainerBackendCore {
       const pidFile = path.join(bundle, INIT_PID_FILE);
       const logFile = path.join(bundle, 'runtime.log');
       const consoleSocket = request.stdio.tty ? path.join(bundle, 'console.sock') : undefined;
+      const spool = this.options.spoolOutput === false ? undefined : path.join(bundle, OUTPUT_SPOOL_FILE);
       const reaped = reap({
         reaperPath: this.options.reaperPath,
         runtimeArgv: this.argv.create(id, bundle, pidFile, logFile, consoleSocket),
@@ -120,8 +136,10 @@ export class Containers implements ContainerBackendCore {
         logFile,
         consoleSocket,
         stdin: request.stdio.stdin,
+        ...(spool === undefined ? {} : { spool }),
       });
       const handle = await this.handle(reaped, async () => (cgroup ? (await readOomKills(cgroup)) > 0n : false));
+      if (spool !== undefined) handle.stdio.spool = spool;
       const state: ContainerState = { id, status: 'created', pid: handle.pid, createdAtMs: this.now() };
       await writeBundleRecord(bundle, { createdAtMs: state.createdAtMs, cgroup, writableLayerPath: request.writableLayerPath });
       const record: ContainerRecord = { state, bundle, cgroup, writableLayerPath: request.writableLayerPath, handle, execs: new Map() };
@@ -317,8 +335,9 @@ export class Containers implements ContainerBackendCore {
   /**
    * After an agent restart: knows again the containers whose bundles remain, with their state
    * from crun and their exit from the reaper's exit file (watched until it appears; the reaper
-   * outlives the agent). Their stdio is gone with the old agent: handles have none, and a
-   * container that writes to a pipe nobody reads any more gets EPIPE. Returns the ids recovered.
+   * outlives the agent). Their output continues in the reaper's spool file (the handle names it);
+   * stdin, and the output of a container created without a spool, died with the old agent's
+   * pipes (such a container gets EPIPE on its next write). Returns the ids recovered.
    */
   async recover(pollMs = 250): Promise<string[]> {
     const recovered: string[] = [];
@@ -338,9 +357,15 @@ export class Containers implements ContainerBackendCore {
         exited = toExitStatus(s, cgroup ? (await readOomKills(cgroup).catch(() => 0n)) > 0n : false, finishedAtMs);
         return exited;
       });
+      // The reaper kept writing the output to the spool: the server resumes it from there.
+      const spool = path.join(found.bundle, OUTPUT_SPOOL_FILE);
+      const hasSpool = await stat(spool).then(
+        () => true,
+        () => false,
+      );
       const handle: ProcessHandle = {
         pid: found.pid,
-        stdio: {},
+        stdio: hasSpool ? { spool } : {},
         resize: () => {},
         exit,
         get exited() {

@@ -67,6 +67,14 @@ export class CrunBackend implements ContainerBackend {
     return readGuestFacts(this.options.roots);
   }
 
+  outputSpool(containerId: string): string | undefined {
+    try {
+      return this.containers.process(containerId).stdio.spool;
+    } catch {
+      return undefined;
+    }
+  }
+
   async createContainer(request: CreateContainerRequest): Promise<CreatedContainer> {
     const spec = parseJson<OciSpec>(request.ociConfigJson, 'oci_config_json');
     const created = await this.containers.create({

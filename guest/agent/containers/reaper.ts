@@ -14,8 +14,9 @@ export interface Reaped {
   /** Resolves with the watched process's wait status (never rejects; a lost reaper reads as 255). */
   exited: Promise<WaitStatus>;
   stdin: Writable | undefined;
-  stdout: Readable;
-  /** Absent with a terminal. */
+  /** Absent with a spool (the reaper writes the output there). */
+  stdout: Readable | undefined;
+  /** Absent with a terminal or a spool. */
   stderr: Readable | undefined;
   /** Terminal size requests (tty mode): lines "ROWS COLS". */
   resize: Writable | undefined;
@@ -31,6 +32,11 @@ export interface ReapOptions {
   /** tty mode: the reaper listens here for crun's pty master and relays it as stdin/stdout. */
   consoleSocket?: string;
   stdin: boolean;
+  /**
+   * The reaper holds the output pipes (or the pty) itself and appends the output to this file
+   * (output-spool.ts reads it): the output survives an agent restart.
+   */
+  spool?: string;
 }
 
 /** Parses one status line of the reaper. */
@@ -45,13 +51,19 @@ export function parseStatusLine(line: string): { event: string; value: string } 
  * copies, so EOF arrives when the container's processes close them.
  */
 export function reap(options: ReapOptions): Reaped {
-  const args = [...(options.consoleSocket ? ['-t', options.consoleSocket] : []), options.pidFile, '--', ...options.runtimeArgv];
+  const args = [
+    ...(options.consoleSocket ? ['-t', options.consoleSocket] : []),
+    ...(options.spool ? ['-s', options.spool] : []),
+    options.pidFile,
+    '--',
+    ...options.runtimeArgv,
+  ];
   const child = spawn(options.reaperPath, args, {
     // With a terminal the pty carries both output streams: the reaper relays it as stdout.
     stdio: [
       options.stdin ? 'pipe' : 'ignore',
-      'pipe',
-      options.consoleSocket ? 'ignore' : 'pipe',
+      options.spool ? 'ignore' : 'pipe',
+      options.consoleSocket || options.spool ? 'ignore' : 'pipe',
       'pipe',
       options.consoleSocket ? 'pipe' : 'ignore',
     ],
@@ -103,7 +115,7 @@ export function reap(options: ReapOptions): Reaped {
     pid,
     exited,
     stdin: child.stdin ?? undefined,
-    stdout: relay(child.stdout!),
+    stdout: child.stdout ? relay(child.stdout) : undefined,
     stderr: child.stderr ? relay(child.stderr) : undefined,
     resize: (child.stdio[4] as Writable | null) ?? undefined,
   };

@@ -19,9 +19,9 @@ import type { SandboxHandle } from '../sandbox/manager.js';
 import { nowNs, type SandboxRecord } from '../sandbox/record.js';
 import { type ContainerSpec, decodeContainerSpec } from '../spec/container.js';
 import { announcedPodResources, type SandboxSpec } from '../spec/sandbox.js';
-import { applyHotplug, detachDevices, planContainerHotplug } from './devices.js';
+import { applyHotplug, detachDevices, planContainerHotplug, vfioGroupFunctions } from './devices.js';
 import type { ContainerManagerDeps } from './manager.js';
-import { prepareGuest } from './prepare.js';
+import { type GuestDeviceFacts, prepareGuest } from './prepare.js';
 import type { AttachedDevice, ContainerRecord } from './record.js';
 import { RollbackSteps } from './rollback.js';
 import { unmountAndRemove } from './shared-dir.js';
@@ -70,9 +70,13 @@ export async function createContainer(host: CreateHost, req: CreateContainerRequ
     }
     // The host inventory is read only for a container that brings devices at all.
     const bringsDevices = spec.devices.length > 0 || spec.CDI_devices.length > 0;
-    const hotplug = bringsDevices
-      ? planContainerHotplug(sandbox.record.topology, spec, await deps.readPcieFacts(), deps.config.pcie.simulateVfioWith)
-      : undefined;
+    const facts = bringsDevices ? await deps.readPcieFacts() : undefined;
+    const hotplug = facts ? planContainerHotplug(sandbox.record.topology, spec, facts, deps.config.pcie.simulateVfioWith) : undefined;
+    // The guest finds each device's node by where the hot-plug puts it (the planned topology).
+    const devices: GuestDeviceFacts = {
+      topology: hotplug?.topology ?? sandbox.record.topology,
+      vfioFunctions: facts && spec.devices.length > 0 ? vfioGroupFunctions(facts.inventory, spec.devices) : {},
+    };
 
     const id = newObjectId();
     ctx.annotate({ containerId: id });
@@ -83,7 +87,7 @@ export async function createContainer(host: CreateHost, req: CreateContainerRequ
     try {
       await createContainerSnapshot(deps.images.rootfsFor(image.id), rootfs, { signal: ctx.signal });
       undo.push('remove root filesystem', () => removeContainerSnapshot(rootfs));
-      const guest = await prepareContainerGuest(deps, sandbox, id, spec, image.id, rootfs, log);
+      const guest = await prepareContainerGuest(deps, sandbox, id, spec, image.id, rootfs, log, devices);
       if (guest !== null) undo.push('unmount the shared directory', () => unmountAndRemove(guest.hostDir, guest.bindMounts, log));
       let attached: AttachedDevice[] = [];
       if (hotplug !== undefined) {
@@ -173,6 +177,7 @@ async function prepareContainerGuest(
   imageId: string,
   rootfs: string,
   logger: Logger,
+  devices: GuestDeviceFacts,
 ): Promise<ContainerRecord['guest']> {
   const sandboxId = sandbox.record.id;
   const pod = deps.guests.guestPodOf(sandboxId);
@@ -187,6 +192,7 @@ async function prepareContainerGuest(
     sharedGuestDir: deps.guests.guestSharedDir,
     pod: pod ?? { pausePid: 1, shmPath: '/dev/shm' },
     logger,
+    devices,
     checkOnly: pod === null,
   });
   return plan;

@@ -50,6 +50,24 @@ export function planContainerHotplug(
 }
 
 /**
+ * host_path of each VFIO group node a container names -> the host functions of that group (the
+ * ones the hot-plug placed), for planGuestDevices. `/dev/vfio/vfio` names no group.
+ */
+export function vfioGroupFunctions(
+  inventory: PcieHostFacts['inventory'],
+  devices: ReadonlyArray<{ host_path: string }>,
+): Record<string, string[]> {
+  const out: Record<string, string[]> = {};
+  for (const d of devices) {
+    if (!d.host_path.startsWith('/dev/vfio/') || d.host_path === '/dev/vfio/vfio') continue;
+    out[d.host_path] = selectVfioGroups(inventory, [{ hostPath: d.host_path, origin: `device ${d.host_path}` }]).flatMap(
+      (g) => g.functions,
+    );
+  }
+  return out;
+}
+
+/**
  * Send a hot-plug plan's device_add commands. All or nothing: when one fails, the ones already
  * added are removed again (device_del, waiting for DEVICE_DELETED) before the error is rethrown.
  */

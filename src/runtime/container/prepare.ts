@@ -3,10 +3,13 @@
  * happens before anything changes on the host), then the root filesystem and the CRI mounts are
  * bind-mounted into the sandbox's shared directory and the etc files written there.
  */
+import { lstat } from 'node:fs/promises';
 import path from 'node:path';
 import type { Logger } from '../../common/logger.js';
 import { buildOciSpec, type OciSpecInput } from '../../oci/index.js';
+import type { PcieTopology } from '../../pcie/index.js';
 import type { ContainerSpec } from '../spec/container.js';
+import { GUEST_DEVICES_ANNOTATION, type HostNodeType, planGuestDevices } from './guest-devices.js';
 import { type GuestPod, guestLayout, ociInput, readFileInRoot, readSeccompProfile } from './guest-spec.js';
 import type { ContainerGuestPlan } from './record.js';
 import { containerDirs, type HostMountRequest, hostSubmounts, SharedDirMounts } from './shared-dir.js';
@@ -25,8 +28,22 @@ export interface PrepareInput {
   sharedGuestDir: string;
   pod: GuestPod;
   logger: Logger;
+  /** Where the container's hot-plugged devices are in the VM (needed when the container has devices). */
+  devices?: GuestDeviceFacts;
   /** Build and check the spec only (no guest pod to run it in): nothing is mounted, plan is null. */
   checkOnly?: boolean;
+}
+
+/** The VM's PCIe layout once the container's devices are plugged, and each VFIO group's functions. */
+export interface GuestDeviceFacts {
+  topology: PcieTopology;
+  vfioFunctions: Readonly<Record<string, readonly string[]>>;
+}
+
+async function hostNodeType(p: string): Promise<HostNodeType> {
+  const st = await lstat(p).catch(() => undefined);
+  if (st === undefined) return 'missing';
+  return st.isCharacterDevice() ? 'char' : st.isBlockDevice() ? 'block' : 'other';
 }
 
 /**
@@ -67,15 +84,24 @@ export async function prepareGuest(input: PrepareInput): Promise<{ plan: Contain
     mountSubmounts,
     pod: input.pod,
   });
-  // Hot-plugged devices reach the guest as PCI functions; the device nodes their guest drivers
-  // create are not mapped into the container's spec yet (README, known limits): said, not hidden.
-  if (input.spec.devices.length > 0) {
-    input.logger.warn(
-      { devices: input.spec.devices.map((d) => d.container_path) },
-      "the container's devices are hot-plugged into the VM but their guest device nodes are not mapped into the container yet",
-    );
-  }
-  const container = { ...input.spec, devices: [] };
+  // Device nodes exist in the guest only once its kernel bound the hot-plugged function: the
+  // agent resolves these requests to nodes (guest/agent/containers/devices.ts).
+  const deviceRequests =
+    input.spec.devices.length === 0
+      ? []
+      : planGuestDevices({
+          devices: input.spec.devices,
+          topology: input.devices?.topology,
+          vfioFunctions: input.devices?.vfioFunctions ?? {},
+          hostNodeTypes: Object.fromEntries(
+            await Promise.all(input.spec.devices.map(async (d) => [d.host_path, await hostNodeType(d.host_path)] as const)),
+          ),
+        });
+  const annotations =
+    deviceRequests.length === 0
+      ? input.spec.annotations
+      : { ...input.spec.annotations, [GUEST_DEVICES_ANNOTATION]: JSON.stringify(deviceRequests) };
+  const container = { ...input.spec, annotations, devices: [] };
   const built = buildOciSpec(ociInput({ container, sandbox: input.sandboxSpec, image: input.imageConfig, passwd, group, seccomp, guest }));
   if (input.checkOnly === true) return { plan: null };
   const mounts = new SharedDirMounts(dirs, input.logger);

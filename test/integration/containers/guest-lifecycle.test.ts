@@ -98,19 +98,25 @@ describe.skipIf(!HAVE_CRUN)('containers through the real guest agent and crun (h
   beforeAll(async () => {
     host = await startHostCrun();
     dir = await fsp.mkdtemp(path.join(os.tmpdir(), 'kata-ts-w3-'));
+    socketPath = path.join(dir, 'agent.sock');
+    await startAgent();
+    agent = await AgentClient.connect({ socketPath, logger, hostVersion: 'test' }, 10_000);
+    tasks = newTasks();
+  });
+
+  /** An agent (core + service) on `socketPath`; a second call stands for the restarted agent. */
+  async function startAgent(): Promise<void> {
     const containers = new Containers({
       runtime: { command: host.command, stateDir: host.stateDir, cgroupManager: 'disabled' },
       bundlesDir: host.bundlesDir,
       reaperPath: host.reaperPath,
       cgroupRoot: '/nonexistent-cgroup-root',
     });
+    await containers.recover(50);
     const service = new AgentService({ backend: new CrunBackend(containers, { roots: GUEST_ROOTS }), agentVersion: 'test', logger });
-    socketPath = path.join(dir, 'agent.sock');
     server = net.createServer((socket) => serveDuplex(socket, (session) => service.attach(session)));
     await new Promise<void>((r) => server.listen(socketPath, r));
-    agent = await AgentClient.connect({ socketPath, logger, hostVersion: 'test' }, 10_000);
-    tasks = newTasks();
-  });
+  }
 
   afterAll(async () => {
     await tasks?.detachAll();
@@ -204,5 +210,56 @@ describe.skipIf(!HAVE_CRUN)('containers through the real guest agent and crun (h
     const lines = [...(await logRecords(rotated)), ...(await logRecords(r.logPath))].map(([s, t, text]) => `${s} ${t} ${text}`);
     expect(lines).toEqual(Array.from({ length: 300 }, (_, i) => `stdout F line-${i}`));
     expect((await logRecords(r.logPath)).length).toBeGreaterThan(0);
+  });
+
+  it('unread output is bounded in the guest: the reaper stops at its spool limit, the container blocks, then every line arrives', async () => {
+    const r = record(
+      'c-bound',
+      ['sh', '-c', 'yes abcdefghijklmnopqrstuvwxyz0123456789 | head -n 60000; echo done'],
+      { logDir: dir },
+      host.rootfs,
+    );
+    await createAndStart(agent, r);
+    const spool = path.join(host.bundlesDir, r.id, 'output.spool');
+    // Nobody reads: the spool grows to its 1 MiB bound and stops there.
+    await until('a full spool', async () => ((await fsp.stat(spool)).size >= 1024 * 1024 ? true : undefined));
+    await new Promise((res) => setTimeout(res, 500));
+    expect((await fsp.stat(spool)).size).toBeLessThan(1024 * 1024 + 64 * 1024);
+    expect((await agent.listContainers([r.id], { timeoutMs: 5000 }))[0]!.status).toBe('CONTAINER_STATUS_RUNNING');
+    tasks.attach(r, agent);
+    await tasks.exited(r.id);
+    await tasks.drain(r.id);
+    const lines = await logRecords(r.logPath);
+    expect(lines).toHaveLength(60_001);
+    expect(lines.every(([, , text], i) => text === (i < 60_000 ? 'abcdefghijklmnopqrstuvwxyz0123456789' : 'done'))).toBe(true);
+    // Acknowledged output is released as it goes: the file keeps its size, not all its blocks.
+    const st = await fsp.stat(spool);
+    expect(st.blocks * 512).toBeLessThan(st.size / 2);
+  });
+
+  it('an agent restart in the middle: the output continues from the reaper spool with nothing lost or repeated; exec works', async () => {
+    const script = 'i=0; while [ $i -lt 300 ]; do echo line-$i; echo err-$i >&2; i=$((i+1)); sleep 0.01; done; sleep 1000';
+    const r = record('c-agent', ['sh', '-c', script], { logDir: dir }, host.rootfs);
+    await createAndStart(agent, r);
+    tasks.attach(r, agent);
+    await until('some lines', async () => ((await logRecords(r.logPath)).length > 60 ? true : undefined));
+    // "The agent dies": the host loses its session, the agent's server and journals go away;
+    // the container keeps writing into the reaper's spool meanwhile.
+    await tasks.detachAll();
+    agent.close();
+    await new Promise<void>((res) => server.close(() => res()));
+    await new Promise((res) => setTimeout(res, 1000));
+    await startAgent();
+    agent = await AgentClient.connect({ socketPath, logger, hostVersion: 'test' }, 10_000);
+    tasks = newTasks();
+    tasks.attach(r, agent);
+    await until('every line', async () => ((await logRecords(r.logPath)).length >= 600 ? true : undefined));
+    const lines = (await logRecords(r.logPath)).map(([st, t, text]) => `${st} ${t} ${text}`);
+    expect(lines.filter((l) => l.startsWith('stdout'))).toEqual(Array.from({ length: 300 }, (_, i) => `stdout F line-${i}`));
+    expect(lines.filter((l) => l.startsWith('stderr'))).toEqual(Array.from({ length: 300 }, (_, i) => `stderr F err-${i}`));
+    const res = await execSync(agent, r, ['echo', 'after agent restart'], 10_000);
+    expect(res.stdout.toString()).toBe('after agent restart\n');
+    await stopInGuest(agent, r, 0, tasks.exited(r.id));
+    expect(exits.get(r.id)).toMatchObject({ exitCode: 137 });
   });
 });

@@ -38,6 +38,8 @@ describe.skipIf(!HAVE_CRUN)('guest agent container core with real crun (host, cg
       bundlesDir: host.bundlesDir,
       reaperPath: host.reaperPath,
       cgroupRoot: '/nonexistent-cgroup-root',
+      // These tests read the processes' pipes; the spool path is tested through the agent service.
+      spoolOutput: false,
     });
   });
 
@@ -205,6 +207,8 @@ describe.skipIf(!HAVE_CRUN)('guest agent container core with real crun (host, cg
       bundlesDir: host.bundlesDir,
       reaperPath: host.reaperPath,
       cgroupRoot: '/nonexistent-cgroup-root',
+      // These tests read the processes' pipes; the spool path is tested through the agent service.
+      spoolOutput: false,
     });
     expect((await restarted.recover(50)).sort()).toEqual([running, done].sort());
     expect(await restarted.wait(done)).toMatchObject({ exitCode: 3 });

@@ -29,6 +29,8 @@ describe.skipIf(!HAVE_CRUN)('CrunBackend with real crun (host, cgroups disabled)
       bundlesDir: host.bundlesDir,
       reaperPath: host.reaperPath,
       cgroupRoot: '/nonexistent-cgroup-root',
+      // These tests read the processes' pipes; the spool path is tested through the agent service.
+      spoolOutput: false,
     });
     backend = new CrunBackend(containers, { roots: GUEST_ROOTS });
     backend.onEvent((e) => events.push(e));
