@@ -330,6 +330,7 @@ describe('containers in pod VMs', () => {
       pod_resources: {
         containers: [
           { name: 'gpu', type: 'REGULAR_CONTAINER', kubernetes_resources: res({ cpu: '100m', memory: '64Mi' }), devices: [GPU_DEVICE] },
+          { name: 'app', type: 'REGULAR_CONTAINER', kubernetes_resources: res({ cpu: '100m', memory: '64Mi' }) },
         ],
       },
     });
@@ -355,6 +356,24 @@ describe('containers in pod VMs', () => {
       status.FAILED_PRECONDITION,
       'RESIZE_CONFIDENTIAL_STATIC',
     );
+    expect((await info(sid)).shape).toEqual(boot.shape);
+    // The simulated VFIO function (an e1000e) gives the guest no /dev/vfio node: starting the
+    // container that asks for one is refused, naming the device, and changes nothing.
+    const noNode = await expectGrpcError(rpc(rt.cri.runtime, 'StartContainer', { container_id: gpu }), status.FAILED_PRECONDITION);
+    expect(noNode.details).toMatch(/\/dev\/vfio\/12/);
+    const stillCreated = await rpc<{ status: { state: string } }>(rt.cri.runtime, 'ContainerStatus', { container_id: gpu });
+    expect(stillCreated.status.state).toBe('CONTAINER_CREATED');
+    // Containers run in a confidential pod as in any other: the image's /bin/sh ends at once (no
+    // stdin) with exit 0, and the VM keeps its static shape.
+    const app = await create(sid, sandboxConfig, containerConfig('app', { kubernetes_resources: res({ cpu: '100m', memory: '64Mi' }) }));
+    await rpc(rt.cri.runtime, 'StartContainer', { container_id: app });
+    await expect
+      .poll(
+        async () =>
+          (await rpc<{ status: { state: string; exit_code: number } }>(rt.cri.runtime, 'ContainerStatus', { container_id: app })).status,
+        { timeout: 60_000, interval: 250 },
+      )
+      .toMatchObject({ state: 'CONTAINER_EXITED', exit_code: 0 });
     expect((await info(sid)).shape).toEqual(boot.shape);
     await rpc(rt.cri.runtime, 'RemovePodSandbox', { pod_sandbox_id: sid });
     expect(await leftovers(rt)).toEqual(NOTHING);
