@@ -127,6 +127,10 @@ export class BlobStore {
       await fsyncDir(this.blobDir);
     } catch (err) {
       source.destroy();
+      // The write stream opens its file asynchronously: wait until it is closed, or an open that
+      // completes after the rm below would leave the temp file behind.
+      out.destroy();
+      if (!out.closed) await new Promise<void>((resolve) => out.once('close', () => resolve()));
       await fsp.rm(tmp, { force: true });
       if (opts.signal.aborted) throw abortReason(opts.signal);
       if (isKataError(err)) throw err;
