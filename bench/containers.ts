@@ -12,14 +12,14 @@
  *
  *   node --import tsx bench/containers.ts [--rounds N] [--json]
  */
-import { promises as fsp } from 'node:fs';
+
 import path from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { parseArgs } from 'node:util';
 import { confidentialHandlerProfile, defaultHandlerProfile } from '../src/config/defaults.js';
+import { allowLoopbackRegistries, pushBusyboxImage } from '../test/helpers/busybox-image.js';
 import { rpc } from '../test/helpers/cri-client.js';
 import { ensureGuestAssets } from '../test/helpers/hypervisor-guest.js';
-import { buildImage, busyboxBaseEntries, RegistryPusher } from '../test/helpers/images-builder.js';
 import { startRegistry } from '../test/helpers/images-registry.js';
 import { podConfig } from '../test/helpers/runtime-daemon.js';
 import { createBenchDaemon } from './lib/daemon.js';
@@ -53,15 +53,8 @@ export async function runContainerBench(
   const profile = { ...defaultHandlerProfile(), vmmOverhead: { cpuMillicores: 100, memoryMiB: 1024 } };
   const rt = await createBenchDaemon({ handlers: { 'kata-ts': profile, 'kata-ts-cvm': confidentialHandlerProfile() } });
   try {
-    const entries = [...busyboxBaseEntries(), { name: 'bin/sleep', type: 'symlink' as const, linkname: 'busybox' }];
-    const built = await buildImage({ layers: [{ entries, compression: 'gzip' }], cmd: ['/bin/sh'] });
-    await new RegistryPusher(registry.url).pushImage('bench/busybox', '1.0', built);
-    const image = `${registry.host}/bench/busybox:1.0`;
-    const registries = path.join(rt.dir, 'registries.json');
-    await fsp.writeFile(registries, JSON.stringify({ registries: { '127.0.0.1:*': { plainHttp: true } } }));
-    const cfg = JSON.parse(await fsp.readFile(rt.configPath, 'utf8')) as { images?: Record<string, unknown> };
-    cfg.images = { ...(cfg.images ?? {}), registriesConfigPath: registries };
-    await fsp.writeFile(rt.configPath, JSON.stringify(cfg));
+    const image = await pushBusyboxImage(registry, 'bench/busybox', '1.0', ['sleep']);
+    await allowLoopbackRegistries(rt);
     await rt.start();
     await rpc(rt.cri.image, 'PullImage', { image: { image } });
     const sandboxConfig = { ...podConfig(rt, 'bench'), log_directory: path.join(rt.dir, 'logs') };

@@ -16,6 +16,7 @@
  *
  *   node --import tsx bench/network.ts [--rounds N] [--mib M] [--requests R] [--json]
  */
+
 import { type ChildProcess, execFile, spawn } from 'node:child_process';
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
@@ -24,10 +25,9 @@ import { fileURLToPath } from 'node:url';
 import { parseArgs, promisify } from 'node:util';
 import { defaultHandlerProfile } from '../src/config/defaults.js';
 import { netnsNameFor } from '../src/network/index.js';
+import { allowLoopbackRegistries, pushBusyboxImage } from '../test/helpers/busybox-image.js';
 import { rpc } from '../test/helpers/cri-client.js';
-import { buildImage, busyboxBaseEntries, RegistryPusher } from '../test/helpers/images-builder.js';
 import { startRegistry } from '../test/helpers/images-registry.js';
-import type { TarEntrySpec } from '../test/helpers/images-tar.js';
 import { createNetworkNode, type NetworkNode } from '../test/helpers/network-node.js';
 import { createTestRuntime, podConfig } from '../test/helpers/runtime-daemon.js';
 import { median } from './lib/proc.js';
@@ -122,20 +122,8 @@ export async function runNetworkBench(
   let sid: string | undefined;
   try {
     registry = await startRegistry();
-    const entries: TarEntrySpec[] = [
-      ...busyboxBaseEntries(),
-      ...['sleep', 'httpd', 'nc', 'mkdir', 'echo', 'wc'].map(
-        (a): TarEntrySpec => ({ name: `bin/${a}`, type: 'symlink', linkname: 'busybox' }),
-      ),
-    ];
-    const built = await buildImage({ layers: [{ entries, compression: 'gzip' }], cmd: ['/bin/sh'] });
-    await new RegistryPusher(registry.url).pushImage('bench/busybox', '1.0', built);
-    const image = `${registry.host}/bench/busybox:1.0`;
-    const registries = path.join(rt.dir, 'registries.json');
-    await fsp.writeFile(registries, JSON.stringify({ registries: { '127.0.0.1:*': { plainHttp: true } } }));
-    const cfg = JSON.parse(await fsp.readFile(rt.configPath, 'utf8')) as { images?: Record<string, unknown> };
-    cfg.images = { ...(cfg.images ?? {}), registriesConfigPath: registries };
-    await fsp.writeFile(rt.configPath, JSON.stringify(cfg));
+    const image = await pushBusyboxImage(registry, 'bench/busybox', '1.0', ['sleep', 'httpd', 'nc', 'mkdir', 'echo', 'wc']);
+    await allowLoopbackRegistries(rt);
     // Pulled from the host's loopback registry first; then the daemon runs in the node namespace.
     await rt.start();
     await rpc(rt.cri.image, 'PullImage', { image: { image } });

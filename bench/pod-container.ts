@@ -17,6 +17,7 @@
  *
  *   node --import tsx bench/pod-container.ts [--rounds N] [--containers N] [--json]
  */
+
 import { randomBytes } from 'node:crypto';
 import { promises as fsp } from 'node:fs';
 import net from 'node:net';
@@ -27,9 +28,9 @@ import { parseArgs } from 'node:util';
 import { silentLogger } from '../src/common/logger.js';
 import { confidentialHandlerProfile, defaultHandlerProfile } from '../src/config/defaults.js';
 import { startVirtiofsd } from '../src/hypervisor/virtiofsd.js';
+import { allowLoopbackRegistries, pushBusyboxImage } from '../test/helpers/busybox-image.js';
 import { rpc } from '../test/helpers/cri-client.js';
 import { ensureGuestAssets } from '../test/helpers/hypervisor-guest.js';
-import { buildImage, busyboxBaseEntries, RegistryPusher } from '../test/helpers/images-builder.js';
 import { startRegistry } from '../test/helpers/images-registry.js';
 import { bareArgv, bootBare } from './lib/bare-qemu.js';
 import { type BenchDaemon, createBenchDaemon } from './lib/daemon.js';
@@ -104,16 +105,8 @@ export async function runPodContainerBench(
   const rt = await createBenchDaemon({ handlers: { 'kata-ts': profile, 'kata-ts-cvm': confidentialHandlerProfile() } });
   const barePids = new Set<number>();
   try {
-    const applets = ['sleep'];
-    const entries = [...busyboxBaseEntries(), ...applets.map((a) => ({ name: `bin/${a}`, type: 'symlink' as const, linkname: 'busybox' }))];
-    const built = await buildImage({ layers: [{ entries, compression: 'gzip' }], cmd: ['/bin/sh'] });
-    await new RegistryPusher(registry.url).pushImage('bench/busybox', '1.0', built);
-    const image = `${registry.host}/bench/busybox:1.0`;
-    const registries = path.join(rt.dir, 'registries.json');
-    await fsp.writeFile(registries, JSON.stringify({ registries: { '127.0.0.1:*': { plainHttp: true } } }));
-    const cfg = JSON.parse(await fsp.readFile(rt.configPath, 'utf8')) as { images?: Record<string, unknown> };
-    cfg.images = { ...(cfg.images ?? {}), registriesConfigPath: registries };
-    await fsp.writeFile(rt.configPath, JSON.stringify(cfg));
+    const image = await pushBusyboxImage(registry, 'bench/busybox', '1.0', ['sleep']);
+    await allowLoopbackRegistries(rt);
     const loadBefore = os.loadavg()[0]!;
     await rt.start();
     await rpc(rt.cri.image, 'PullImage', { image: { image } });

@@ -16,13 +16,14 @@
  *
  *   node --import tsx bench/soak.ts [--requests 1000] [--faults 40] [--seed 1] [--json]
  */
+
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
 import { parseArgs } from 'node:util';
 import { auditOrphans, ownersFromRecords } from '../src/runtime/sandbox/orphan-audit.js';
+import { allowLoopbackRegistries, pushBusyboxImage } from '../test/helpers/busybox-image.js';
 import { rpc } from '../test/helpers/cri-client.js';
 import { ensureGuestAssets } from '../test/helpers/hypervisor-guest.js';
-import { buildImage, busyboxBaseEntries, RegistryPusher } from '../test/helpers/images-builder.js';
 import { startRegistry } from '../test/helpers/images-registry.js';
 import { cgroupDirsUnder, podConfig } from '../test/helpers/runtime-daemon.js';
 import { createBenchDaemon } from './lib/daemon.js';
@@ -115,15 +116,8 @@ export async function runSoak(opts: SoakOptions): Promise<SoakResult> {
   };
 
   try {
-    const entries = [...busyboxBaseEntries(), { name: 'bin/sleep', type: 'symlink' as const, linkname: 'busybox' }];
-    const built = await buildImage({ layers: [{ entries, compression: 'gzip' }], cmd: ['/bin/sh'] });
-    await new RegistryPusher(registry.url).pushImage('soak/busybox', '1.0', built);
-    image = `${registry.host}/soak/busybox:1.0`;
-    const registries = path.join(rt.dir, 'registries.json');
-    await fsp.writeFile(registries, JSON.stringify({ registries: { '127.0.0.1:*': { plainHttp: true } } }));
-    const cfg = JSON.parse(await fsp.readFile(rt.configPath, 'utf8')) as { images?: Record<string, unknown> };
-    cfg.images = { ...(cfg.images ?? {}), registriesConfigPath: registries };
-    await fsp.writeFile(rt.configPath, JSON.stringify(cfg));
+    image = await pushBusyboxImage(registry, 'soak/busybox', '1.0', ['sleep']);
+    await allowLoopbackRegistries(rt);
     await rt.start();
     await call('image', 'PullImage', { image: { image } });
 

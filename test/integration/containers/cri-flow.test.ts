@@ -6,18 +6,18 @@
  * across the restart), ExecSync (output, exit code, timeout that kills), stats that move with CPU
  * use, GetContainerEvents, and escape attempts through the shared directory.
  */
+
 import { promises as fsp } from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
 import { type ClientReadableStream, status } from '@grpc/grpc-js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { confidentialHandlerProfile, defaultHandlerProfile } from '../../../src/config/defaults.js';
+import { allowLoopbackRegistries, pushBusyboxImage } from '../../helpers/busybox-image.js';
 import { rpc } from '../../helpers/cri-client.js';
 import { expectGrpcError } from '../../helpers/cri-expect.js';
 import { ensureGuestAssets } from '../../helpers/hypervisor-guest.js';
-import { buildImage, busyboxBaseEntries, RegistryPusher } from '../../helpers/images-builder.js';
 import { type RegistryHandle, startRegistry } from '../../helpers/images-registry.js';
-import type { TarEntrySpec } from '../../helpers/images-tar.js';
 import { createTestRuntime, podConfig, type TestRuntime } from '../../helpers/runtime-daemon.js';
 
 const APPLETS = ['sleep', 'yes', 'head', 'dd', 'kill', 'mknod', 'ln', 'wc', 'printf', 'hostname', 'grep', 'stat'];
@@ -84,13 +84,7 @@ describe('the crictl sequence in a pod VM (real QEMU, crun in the guest, virtio-
   beforeAll(async () => {
     await ensureGuestAssets();
     registry = await startRegistry();
-    const entries: TarEntrySpec[] = [
-      ...busyboxBaseEntries(),
-      ...APPLETS.map((a): TarEntrySpec => ({ name: `bin/${a}`, type: 'symlink', linkname: 'busybox' })),
-    ];
-    const built = await buildImage({ layers: [{ entries, compression: 'gzip' }], cmd: ['/bin/sh'] });
-    await new RegistryPusher(registry.url).pushImage('kata/busybox', '1.0', built);
-    image = `${registry.host}/kata/busybox:1.0`;
+    image = await pushBusyboxImage(registry, 'kata/busybox', '1.0', APPLETS);
     // The default handler: under TCG its VMM budget holds QEMU's bounded translation cache
     // (hypervisor.tcgTranslationCacheMiB); with QEMU's unbounded default the VMM cgroup OOM-killed
     // the VM within a minute.
@@ -99,11 +93,7 @@ describe('the crictl sequence in a pod VM (real QEMU, crun in the guest, virtio-
       images: { registriesConfigPath: '/dev/null' },
       handlers: { 'kata-ts': profile, 'kata-ts-cvm': confidentialHandlerProfile() },
     });
-    const registries = path.join(rt.dir, 'registries.json');
-    await fsp.writeFile(registries, JSON.stringify({ registries: { '127.0.0.1:*': { plainHttp: true } } }));
-    const cfg = JSON.parse(await fsp.readFile(rt.configPath, 'utf8')) as { images: Record<string, unknown> };
-    cfg.images.registriesConfigPath = registries;
-    await fsp.writeFile(rt.configPath, JSON.stringify(cfg));
+    await allowLoopbackRegistries(rt);
     await rt.start();
     watchEvents();
     await rpc(rt.cri.image, 'PullImage', { image: { image } });

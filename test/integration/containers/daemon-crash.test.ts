@@ -14,16 +14,16 @@
  * The containers wait for a file the test creates in a hostPath volume while the daemon is dead,
  * so "exits while the daemon is down" does not depend on timing.
  */
+
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
 import type { ClientReadableStream } from '@grpc/grpc-js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { confidentialHandlerProfile, defaultHandlerProfile } from '../../../src/config/defaults.js';
+import { allowLoopbackRegistries, pushBusyboxImage } from '../../helpers/busybox-image.js';
 import { rpc } from '../../helpers/cri-client.js';
 import { ensureGuestAssets } from '../../helpers/hypervisor-guest.js';
-import { buildImage, busyboxBaseEntries, RegistryPusher } from '../../helpers/images-builder.js';
 import { type RegistryHandle, startRegistry } from '../../helpers/images-registry.js';
-import type { TarEntrySpec } from '../../helpers/images-tar.js';
 import { createTestRuntime, podConfig, type TestRuntime } from '../../helpers/runtime-daemon.js';
 
 const APPLETS = ['sleep', 'printf', 'touch', 'cat', 'grep', 'kill', 'stat', 'head', 'mknod'];
@@ -101,24 +101,14 @@ describe('a daemon crash while containers run in a pod VM (real QEMU, crun in th
   beforeAll(async () => {
     await ensureGuestAssets();
     registry = await startRegistry();
-    const entries: TarEntrySpec[] = [
-      ...busyboxBaseEntries(),
-      ...APPLETS.map((a): TarEntrySpec => ({ name: `bin/${a}`, type: 'symlink', linkname: 'busybox' })),
-    ];
-    const built = await buildImage({ layers: [{ entries, compression: 'gzip' }], cmd: ['/bin/sh'] });
-    await new RegistryPusher(registry.url).pushImage('kata/busybox', '1.0', built);
-    image = `${registry.host}/kata/busybox:1.0`;
-    // TCG's translation cache needs more than the default VMM overhead (see cri-flow.test.ts).
-    const profile = { ...defaultHandlerProfile(), vmmOverhead: { cpuMillicores: 100, memoryMiB: 1024 } };
+    image = await pushBusyboxImage(registry, 'kata/busybox', '1.0', APPLETS);
+    // The default handler: under TCG its VMM budget holds QEMU's bounded translation cache.
+    const profile = defaultHandlerProfile();
     rt = await createTestRuntime({
       images: { registriesConfigPath: '/dev/null' },
       handlers: { 'kata-ts': profile, 'kata-ts-cvm': confidentialHandlerProfile() },
     });
-    const registries = path.join(rt.dir, 'registries.json');
-    await fsp.writeFile(registries, JSON.stringify({ registries: { '127.0.0.1:*': { plainHttp: true } } }));
-    const cfg = JSON.parse(await fsp.readFile(rt.configPath, 'utf8')) as { images: Record<string, unknown> };
-    cfg.images.registriesConfigPath = registries;
-    await fsp.writeFile(rt.configPath, JSON.stringify(cfg));
+    await allowLoopbackRegistries(rt);
     volume = path.join(rt.dir, 'volume');
     await fsp.mkdir(volume);
     await rt.start();

@@ -5,6 +5,7 @@
  * and every request to a pod is made from inside that namespace. Two pod VMs serve all the
  * assertions; a third is killed with the daemon in the middle of RunPodSandbox.
  */
+
 import { execFileSync } from 'node:child_process';
 import { promises as fsp, readFileSync } from 'node:fs';
 import path from 'node:path';
@@ -12,11 +13,10 @@ import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { defaultHandlerProfile } from '../../../src/config/defaults.js';
 import { netnsNameFor } from '../../../src/network/index.js';
+import { allowLoopbackRegistries, pushBusyboxImage } from '../../helpers/busybox-image.js';
 import { rpc } from '../../helpers/cri-client.js';
 import { processesMentioning } from '../../helpers/hypervisor-guest.js';
-import { buildImage, busyboxBaseEntries, RegistryPusher } from '../../helpers/images-builder.js';
 import { type RegistryHandle, startRegistry } from '../../helpers/images-registry.js';
-import type { TarEntrySpec } from '../../helpers/images-tar.js';
 import { createNetworkNode, type NetworkNode } from '../../helpers/network-node.js';
 import { createTestRuntime, podConfig, type TestRuntime } from '../../helpers/runtime-daemon.js';
 
@@ -112,14 +112,9 @@ describe('pod networking through CNI (real plugins, real QEMU, a node namespace 
     const guestDir = networkGuestDir();
     node = await createNetworkNode();
     registry = await startRegistry();
-    const entries: TarEntrySpec[] = [
-      ...busyboxBaseEntries(),
-      ...APPLETS.map((a): TarEntrySpec => ({ name: `bin/${a}`, type: 'symlink', linkname: 'busybox' })),
-    ];
-    const built = await buildImage({ layers: [{ entries, compression: 'gzip' }], cmd: ['/bin/sh'] });
-    await new RegistryPusher(registry.url).pushImage('kata/busybox', '1.0', built);
-    image = `${registry.host}/kata/busybox:1.0`;
-    const profile = { ...defaultHandlerProfile(), vmmOverhead: { cpuMillicores: 100, memoryMiB: 1024 } };
+    image = await pushBusyboxImage(registry, 'kata/busybox', '1.0', APPLETS);
+    // The default handler: under TCG its VMM budget holds QEMU's bounded translation cache.
+    const profile = defaultHandlerProfile();
     rt = await createTestRuntime({
       images: { registriesConfigPath: '/dev/null' },
       network: node.networkConfig(),
@@ -130,11 +125,7 @@ describe('pod networking through CNI (real plugins, real QEMU, a node namespace 
         guestImagePath: path.join(guestDir, 'guest.img'),
       },
     });
-    const registries = path.join(rt.dir, 'registries.json');
-    await fsp.writeFile(registries, JSON.stringify({ registries: { '127.0.0.1:*': { plainHttp: true } } }));
-    const cfg = JSON.parse(await fsp.readFile(rt.configPath, 'utf8')) as { images: Record<string, unknown> };
-    cfg.images.registriesConfigPath = registries;
-    await fsp.writeFile(rt.configPath, JSON.stringify(cfg));
+    await allowLoopbackRegistries(rt);
     // The image is pulled while the daemon runs in the host namespace (the registry listens on the
     // host's loopback; no pod exists yet), then the daemon moves into the node namespace for good.
     await rt.start();

@@ -6,16 +6,16 @@
  * port-forward. Also a slow reader (the process is held back), a client killed mid-stream (its
  * process goes), and a daemon restart (open streams end with an error, new ones work).
  */
+
 import { execFile, execFileSync, spawn } from 'node:child_process';
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { confidentialHandlerProfile, defaultHandlerProfile } from '../../../src/config/defaults.js';
+import { allowLoopbackRegistries, pushBusyboxImage } from '../../helpers/busybox-image.js';
 import { rpc } from '../../helpers/cri-client.js';
 import { criToolPath } from '../../helpers/cri-tools.js';
-import { buildImage, busyboxBaseEntries, RegistryPusher } from '../../helpers/images-builder.js';
 import { type RegistryHandle, startRegistry } from '../../helpers/images-registry.js';
-import type { TarEntrySpec } from '../../helpers/images-tar.js';
 import { createTestRuntime, podConfig, type TestRuntime } from '../../helpers/runtime-daemon.js';
 import { exitCodeOf, spdyCommand, spdyPortForward, wsCommand, wsPortForward } from '../../helpers/streaming-client.js';
 
@@ -91,24 +91,15 @@ describe('streaming through a pod VM (real QEMU, agent, crun; SPDY, WebSocket, c
 
   beforeAll(async () => {
     registry = await startRegistry();
-    const entries: TarEntrySpec[] = [
-      ...busyboxBaseEntries(),
-      ...APPLETS.map((a): TarEntrySpec => ({ name: `bin/${a}`, type: 'symlink', linkname: 'busybox' })),
-    ];
-    const built = await buildImage({ layers: [{ entries, compression: 'gzip' }], cmd: ['/bin/sh'] });
-    await new RegistryPusher(registry.url).pushImage('kata/busybox', 'stream', built);
-    image = `${registry.host}/kata/busybox:stream`;
-    const profile = { ...defaultHandlerProfile(), vmmOverhead: { cpuMillicores: 100, memoryMiB: 1024 } };
+    image = await pushBusyboxImage(registry, 'kata/busybox', 'stream', APPLETS);
+    // The default handler: under TCG its VMM budget holds QEMU's bounded translation cache.
+    const profile = defaultHandlerProfile();
     rt = await createTestRuntime({
       hypervisor: branchGuest(),
       images: { registriesConfigPath: '/dev/null' },
       handlers: { 'kata-ts': profile, 'kata-ts-cvm': confidentialHandlerProfile() },
     });
-    const registries = path.join(rt.dir, 'registries.json');
-    await fsp.writeFile(registries, JSON.stringify({ registries: { '127.0.0.1:*': { plainHttp: true } } }));
-    const cfg = JSON.parse(await fsp.readFile(rt.configPath, 'utf8')) as { images: Record<string, unknown> };
-    cfg.images.registriesConfigPath = registries;
-    await fsp.writeFile(rt.configPath, JSON.stringify(cfg));
+    await allowLoopbackRegistries(rt);
     await rt.start();
     await rpc(rt.cri.image, 'PullImage', { image: { image } });
     sandboxConfig = { ...podConfig(rt, 'stream'), hostname: 'stream-pod', log_directory: path.join(rt.dir, 'pod-logs') };
