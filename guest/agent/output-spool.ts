@@ -57,7 +57,7 @@ export function spoolJournal(spoolPath: string, limitBytes: number): OutputJourn
   const journal = new OutputJournal([], limitBytes, start.data);
   const tail = new SpoolTail(spoolPath, start, journal);
   journal.onAck((offset) => tail.acked(offset));
-  journal.onClose(() => tail.stop());
+  journal.onClose(() => tail.close());
   tail.start();
   return journal;
 }
@@ -74,6 +74,7 @@ class SpoolTail {
   private reading = false;
   private again = false;
   private stopped = false;
+  private closed = false;
   private watcher: FSWatcher | undefined;
   private timer: NodeJS.Timeout | undefined;
   private ackWrite: Promise<void> = Promise.resolve();
@@ -104,6 +105,20 @@ class SpoolTail {
     this.kick();
   }
 
+  /**
+   * The journal is closed (the container is being deleted): stop reading, and write no
+   * acknowledged position any more, since a late write would recreate `.ack` in a bundle that
+   * DeleteContainer is removing (found by the soak: ENOTEMPTY from rm).
+   */
+  close(): void {
+    this.closed = true;
+    clearTimeout(this.ackTimer);
+    this.ackTimer = undefined;
+    this.ackWanted = undefined;
+    this.stop();
+  }
+
+  /** Stop reading (the end frame, or close()); acknowledgements are still stored until close(). */
   stop(): void {
     this.stopped = true;
     this.watcher?.close();
@@ -155,7 +170,7 @@ class SpoolTail {
     clearTimeout(this.ackTimer);
     this.ackTimer = undefined;
     const want = this.ackWanted;
-    if (want === undefined) return;
+    if (want === undefined || this.closed) return;
     this.ackWanted = undefined;
     this.ackStored = want.data;
     // One write at a time, in order.

@@ -102,6 +102,8 @@ export class AgentService {
       },
       WaitContainer: (req, ctx) => backend.waitContainer(req.containerId, ctx.signal),
       DeleteContainer: async (req) => {
+        // A forced delete removes the bundle whatever runs: stop the output spool's writes into it first.
+        if (req.force) this.containers.get(req.containerId)?.journal.close();
         await backend.deleteContainer(req.containerId, req.force);
         this.containers.get(req.containerId)?.journal.close();
         this.containers.delete(req.containerId);

@@ -209,7 +209,7 @@ export class Containers implements ContainerBackendCore {
     // `delete --force` killed the init; its reaper reports shortly after.
     await record.handle.exit;
     await Promise.all([...record.execs.values()].map((e) => e.exit));
-    await rm(record.bundle, { recursive: true, force: true });
+    await removeBundle(record.bundle);
     this.records.delete(id);
   }
 
@@ -424,5 +424,22 @@ function killPid(pid: number, signal: number): void {
     process.kill(pid, signal);
   } catch (err) {
     if (errnoCode(err) !== 'ESRCH') throw err;
+  }
+}
+
+/**
+ * Removes a container's bundle. A write already under way when the container was deleted (the
+ * output spool's acknowledged position, written off the request path) can land in the directory
+ * while rm walks it: rm then fails with ENOTEMPTY, and a second pass finds the directory quiet.
+ */
+async function removeBundle(bundle: string, attempts = 5): Promise<void> {
+  for (let attempt = 1; ; attempt++) {
+    try {
+      await rm(bundle, { recursive: true, force: true });
+      return;
+    } catch (err) {
+      if (errnoCode(err) !== 'ENOTEMPTY' || attempt >= attempts) throw err;
+      await new Promise((resolve) => setTimeout(resolve, 20 * attempt));
+    }
   }
 }
