@@ -4,7 +4,10 @@
  * injected at spread-out points, in turn: SIGKILL of the daemon (and restart), SIGKILL of a QEMU,
  * SIGKILL of a virtiofsd, and a hung guest (its QEMU SIGSTOPped for a few seconds, then SIGCONT:
  * QMP `stop` cannot be sent from outside, since QEMU's QMP socket serves one client and the daemon
- * holds it). After every fault and at the end the invariants are checked:
+ * holds it), the agent SIGKILLed inside the guest (by a container in the guest's root PID
+ * namespace; the guest's init restarts it), and a registry that drops every blob transfer midway
+ * (a pull through it must fail as UNAVAILABLE and leave no partial file). A full state disk is not
+ * injected. After every fault and at the end the invariants are checked:
  * - every listed sandbox is READY and usable (a container starts in it) or NOTREADY and removable
  *   (Stop + Remove succeed); no id and no pod uid is listed twice;
  * - the orphan audit finds nothing under the state dir, and no `kata-ts-<id>` cgroup under the
@@ -20,16 +23,18 @@
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
 import { parseArgs } from 'node:util';
+import { status } from '@grpc/grpc-js';
 import { auditOrphans, ownersFromRecords } from '../src/runtime/sandbox/orphan-audit.js';
 import { allowLoopbackRegistries, pushBusyboxImage } from '../test/helpers/busybox-image.js';
 import { rpc } from '../test/helpers/cri-client.js';
 import { ensureGuestAssets } from '../test/helpers/hypervisor-guest.js';
+import { startProxy } from '../test/helpers/images-proxy.js';
 import { startRegistry } from '../test/helpers/images-registry.js';
 import { cgroupDirsUnder, podConfig } from '../test/helpers/runtime-daemon.js';
 import { createBenchDaemon } from './lib/daemon.js';
 
-export type FaultKind = 'daemon-kill' | 'qemu-kill' | 'virtiofsd-kill' | 'guest-hang';
-const FAULT_ORDER: FaultKind[] = ['daemon-kill', 'qemu-kill', 'virtiofsd-kill', 'guest-hang'];
+export type FaultKind = 'daemon-kill' | 'qemu-kill' | 'virtiofsd-kill' | 'guest-hang' | 'agent-kill' | 'registry-drop';
+const FAULT_ORDER: FaultKind[] = ['daemon-kill', 'qemu-kill', 'virtiofsd-kill', 'guest-hang', 'agent-kill', 'registry-drop'];
 
 export interface SoakOptions {
   requests: number;
@@ -98,7 +103,7 @@ export async function runSoak(opts: SoakOptions): Promise<SoakResult> {
   const result: SoakResult = {
     requests: 0,
     faults: 0,
-    faultKinds: { 'daemon-kill': 0, 'qemu-kill': 0, 'virtiofsd-kill': 0, 'guest-hang': 0 },
+    faultKinds: { 'daemon-kill': 0, 'qemu-kill': 0, 'virtiofsd-kill': 0, 'guest-hang': 0, 'agent-kill': 0, 'registry-drop': 0 },
     violations: [],
     notReadyMs: [],
     boots: 0,
@@ -116,7 +121,9 @@ export async function runSoak(opts: SoakOptions): Promise<SoakResult> {
   };
 
   try {
-    image = await pushBusyboxImage(registry, 'soak/busybox', '1.0', ['sleep']);
+    image = await pushBusyboxImage(registry, 'soak/busybox', '1.0', ['sleep', 'grep']);
+    // Pulled only through a proxy that drops every blob transfer midway (the registry-drop fault).
+    const unpullable = await pushBusyboxImage(registry, 'soak/dropped', '1.0', ['sleep', 'grep', 'wc']);
     await allowLoopbackRegistries(rt);
     await rt.start();
     await call('image', 'PullImage', { image: { image } });
@@ -135,10 +142,11 @@ export async function runSoak(opts: SoakOptions): Promise<SoakResult> {
       progress(`pod ${name} ${id.slice(0, 12)} ready with its ticker`);
       return pod;
     };
-    const startContainer = async (pod: Pod, name: string, command: string[]): Promise<string> => {
+    const startContainer = async (pod: Pod, name: string, command: string[], namespaces?: { pid: 'NODE' }): Promise<string> => {
+      const linux = namespaces === undefined ? {} : { linux: { security_context: { namespace_options: namespaces } } };
       const { container_id: cid } = await call<{ container_id: string }>('runtime', 'CreateContainer', {
         pod_sandbox_id: pod.id,
-        config: { metadata: { name, attempt: 0 }, image: { image }, command, log_path: `${name}.log` },
+        config: { metadata: { name, attempt: 0 }, image: { image }, command, log_path: `${name}.log`, ...linux },
         sandbox_config: pod.config,
       });
       await call('runtime', 'StartContainer', { container_id: cid });
@@ -231,6 +239,56 @@ export async function runSoak(opts: SoakOptions): Promise<SoakResult> {
             break;
           }
           await sleep(20);
+        }
+      } else if (kind === 'agent-kill') {
+        // From a container in the guest's root PID namespace (pid NODE): SIGKILL the agent; the
+        // guest's init restarts it and the daemon's session reconnects. The ticker's log must stay
+        // whole (checked with the invariants) and the pod usable again within a minute.
+        const killer = await startContainer(
+          pod,
+          `agent-killer${cycle++}`,
+          [
+            'sh',
+            '-c',
+            'cd /proc; for p in [0-9]*; do if grep -q "agent[.]mjs" $p/cmdline 2>/dev/null; then kill -9 $p; fi; done; sleep 1000',
+          ],
+          { pid: 'NODE' },
+        );
+        const t0 = Date.now();
+        for (;;) {
+          const ok = await call('runtime', 'ExecSync', { container_id: pod.ticker, cmd: ['true'], timeout: 10 }, 15_000).then(
+            () => true,
+            () => false,
+          );
+          if (ok && Date.now() - t0 > 1_000) break;
+          if (Date.now() - t0 > 60_000) {
+            violate(`agent-kill: the pod ${pod.id.slice(0, 12)} did not answer ExecSync within 60 s of its agent's SIGKILL`);
+            break;
+          }
+          await sleep(500);
+        }
+        await call('runtime', 'StopContainer', { container_id: killer, timeout: 0 }).catch((err: Error) =>
+          violate(`agent-kill: the killer container cannot be stopped: ${err.message}`),
+        );
+        await call('runtime', 'RemoveContainer', { container_id: killer }).catch((err: Error) =>
+          violate(`agent-kill: the killer container cannot be removed: ${err.message}`),
+        );
+      } else if (kind === 'registry-drop') {
+        // A registry that breaks every blob transfer off: the pull fails as UNAVAILABLE (worth a
+        // retry), within its deadline, and leaves no partial file in the store.
+        const proxy = await startProxy(registry.url, { dropBlobs: { afterBytes: 4096 } });
+        try {
+          const ref = unpullable.replace(registry.host, proxy.host);
+          const err = await call('image', 'PullImage', { image: { image: ref } }, 60_000).then(
+            () => undefined,
+            (e: { code?: number; message: string }) => e,
+          );
+          if (err === undefined) violate('registry-drop: a pull through a registry that drops connections succeeded');
+          else if (err.code !== status.UNAVAILABLE) violate(`registry-drop: the pull failed with ${err.message}, not UNAVAILABLE`);
+          const left = await fsp.readdir(path.join(rt.stateDir, 'images', 'ingest')).catch(() => []);
+          if (left.length > 0) violate(`registry-drop: ${left.length} partial files left in the image store`);
+        } finally {
+          await proxy.stop();
         }
       } else if (kind === 'virtiofsd-kill') {
         const { virtiofsd } = await info(pod);

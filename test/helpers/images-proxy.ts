@@ -12,6 +12,8 @@ export interface ProxyOptions {
    * it was sent.
    */
   redirectBlobs?: { authorization: string | undefined };
+  /** Send only this many bytes of every blob, then drop the connection: a registry that breaks off. */
+  dropBlobs?: { afterBytes: number };
 }
 
 export interface ProxyHandle {
@@ -71,7 +73,8 @@ export async function startProxy(targetUrl: string, opts: ProxyOptions = {}): Pr
         if (location !== undefined) headers.location = location.replace(target.origin, `http://127.0.0.1:${port}`);
         const damage = blob !== undefined && status === 200 && blob === opts.corruptBlob;
         const stall = blob !== undefined && status === 200 && blob === opts.stallBlob?.digest;
-        if (!damage && !stall) {
+        const drop = blob !== undefined && status === 200 && opts.dropBlobs !== undefined;
+        if (!damage && !stall && !drop) {
           res.writeHead(status, headers);
           up.pipe(res);
           return;
@@ -85,6 +88,8 @@ export async function startProxy(targetUrl: string, opts: ProxyOptions = {}): Pr
             const at = Math.floor(body.length / 2);
             body[at] = (body[at] ?? 0) ^ 0x5a;
             res.end(body);
+          } else if (drop) {
+            res.write(body.subarray(0, opts.dropBlobs?.afterBytes ?? 0), () => res.socket?.destroy());
           } else {
             res.write(body.subarray(0, opts.stallBlob?.afterBytes ?? 0), () => markStalled());
             // ...and never end: the client sees a transfer that stops midway.
