@@ -33,7 +33,13 @@ export async function processesInTestCgroups(): Promise<string[]> {
     if (!/^[0-9]+$/.test(entry)) continue;
     const text = await fsp.readFile(`/proc/${entry}/cgroup`, 'utf8').catch(() => '');
     const line = text.split('\n').find((l) => l.includes(`/${TEST_PREFIX}`));
-    if (line !== undefined) out.push(`${entry}: ${line}`);
+    if (line === undefined) continue;
+    // A zombie is no process left running: it has exited and released everything but its pid,
+    // and waits for its parent to reap it. A VMM whose daemon a test SIGKILLed is reparented to
+    // PID 1, which reaps it in its own time (its cgroup, already removed, shows as "(deleted)").
+    const stat = await fsp.readFile(`/proc/${entry}/stat`, 'utf8').catch(() => '');
+    if (stat.slice(stat.lastIndexOf(')') + 2, stat.lastIndexOf(')') + 3) === 'Z') continue;
+    out.push(`${entry}: ${line}`);
   }
   return out;
 }
