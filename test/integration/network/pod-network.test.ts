@@ -247,6 +247,8 @@ describe('pod networking through CNI (real plugins, real QEMU, a node namespace 
   it('kill -9 of the daemon in the middle of RunPodSandbox: the next start leaves no veth, TAP, namespace or allocation', async () => {
     const allocationsBefore = await node.allocations();
     const linksBefore = await node.links();
+    // /run/netns is the machine's: only names that appear during this test are the pod's.
+    const netnsBefore = new Set(await fsp.readdir('/run/netns').catch(() => []));
     const config = { ...podConfig(rt, 'net-c'), hostname: 'net-c' };
     const pending = rpc(rt.cri.runtime, 'RunPodSandbox', { config }, { deadline: Date.now() + 180_000 }).catch((e: unknown) => e);
     // Killed once CNI ADD has allocated the pod's address and QEMU runs in the pod's namespace.
@@ -255,7 +257,9 @@ describe('pod networking through CNI (real plugins, real QEMU, a node namespace 
     await until('the third pod VM', async () => (qemusUnder(path.join(rt.stateDir, 'vm')).length > vmsBefore ? true : undefined));
     process.kill(rt.pid(), 'SIGKILL');
     await pending;
-    const made = (await fsp.readdir('/run/netns')).filter((n) => n.startsWith('kata-ts-') && !sandboxes.map(netnsNameFor).includes(n));
+    const made = (await fsp.readdir('/run/netns')).filter(
+      (n) => n.startsWith('kata-ts-') && !netnsBefore.has(n) && !sandboxes.map(netnsNameFor).includes(n),
+    );
     await rt.start();
     expect(await node.allocations()).toEqual(allocationsBefore);
     expect((await node.links()).sort()).toEqual([...linksBefore].sort());
