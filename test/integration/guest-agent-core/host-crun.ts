@@ -9,7 +9,7 @@
  */
 import { execFileSync, spawn, spawnSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { copyFileSync, mkdirSync, mkdtempSync, readdirSync, rmdirSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
+import { copyFileSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmdirSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import type { OciSpec } from '../../../guest/agent/containers/types.js';
@@ -91,10 +91,34 @@ export async function startHostCrun(options: { cgroup2?: boolean } = {}): Promis
     bundlesDir,
     close() {
       holder.kill('SIGKILL');
+      killStartedUnder(dir);
       rmSync(dir, { recursive: true, force: true });
       if (priv) removeCgroupTree(priv);
     },
   };
+}
+
+/**
+ * SIGKILLs every process whose command line names `dir` (this harness's unique temp dir): reapers
+ * and containers of a test that ended without deleting them (a failed assertion, a delete that
+ * threw), which would otherwise outlive the run.
+ */
+function killStartedUnder(dir: string): void {
+  for (const entry of readdirSync('/proc')) {
+    if (!/^[0-9]+$/.test(entry) || Number(entry) === process.pid) continue;
+    let cmdline = '';
+    try {
+      cmdline = readFileSync(`/proc/${entry}/cmdline`, 'utf8');
+    } catch {
+      continue;
+    }
+    if (!cmdline.includes(`${dir}/`)) continue;
+    try {
+      process.kill(Number(entry), 'SIGKILL');
+    } catch {
+      // already gone
+    }
+  }
 }
 
 /** Removes a cgroup tree deepest first, waiting briefly for dying processes to leave. */
