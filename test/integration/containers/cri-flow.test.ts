@@ -18,6 +18,7 @@ import { rpc } from '../../helpers/cri-client.js';
 import { expectGrpcError } from '../../helpers/cri-expect.js';
 import { ensureGuestAssets } from '../../helpers/hypervisor-guest.js';
 import { type RegistryHandle, startRegistry } from '../../helpers/images-registry.js';
+import { criLogLines, until } from '../../helpers/poll.js';
 import { createTestRuntime, podConfig, type TestRuntime } from '../../helpers/runtime-daemon.js';
 
 const APPLETS = ['sleep', 'yes', 'head', 'dd', 'kill', 'mknod', 'ln', 'wc', 'printf', 'hostname', 'grep', 'stat'];
@@ -30,25 +31,6 @@ interface Status {
   started_at: string;
   finished_at: string;
   log_path: string;
-}
-
-async function until<T>(what: string, fn: () => Promise<T | undefined>, timeoutMs = 60_000): Promise<T> {
-  const end = Date.now() + timeoutMs;
-  for (;;) {
-    const v = await fn();
-    if (v !== undefined) return v;
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 100));
-  }
-}
-
-/** CRI log file -> "stream tag text" lines. */
-async function logLines(file: string): Promise<string[]> {
-  const text = await fsp.readFile(file, 'utf8').catch(() => '');
-  return text
-    .split('\n')
-    .filter((l) => l !== '')
-    .map((l) => l.split(' ').slice(1).join(' '));
 }
 
 describe('the crictl sequence in a pod VM (real QEMU, crun in the guest, virtio-fs)', () => {
@@ -132,9 +114,9 @@ describe('the crictl sequence in a pod VM (real QEMU, crun in the guest, virtio-
     expect(s3).toMatchObject({ exit_code: 3, reason: 'Error' });
     expect(BigInt(s3.started_at)).toBeGreaterThan(0n);
     expect(BigInt(s3.finished_at)).toBeGreaterThanOrEqual(BigInt(s3.started_at));
-    await until('the ok log', async () => ((await logLines(s0.log_path)).length === 2 ? true : undefined));
-    expect(await logLines(s0.log_path)).toEqual(['stdout F hello', 'stdout P partial']);
-    expect(await logLines(s3.log_path)).toEqual(['stderr F oops']);
+    await until('the ok log', async () => ((await criLogLines(s0.log_path)).length === 2 ? true : undefined));
+    expect(await criLogLines(s0.log_path)).toEqual(['stdout F hello', 'stdout P partial']);
+    expect(await criLogLines(s3.log_path)).toEqual(['stderr F oops']);
   });
 
   it('a running container: list, ExecSync, timeout kills, stats move, escapes fail', async () => {
@@ -225,16 +207,16 @@ describe('the crictl sequence in a pod VM (real QEMU, crun in the guest, virtio-
     });
     await start(ticker);
     const logPath = (await status_(ticker)).log_path;
-    await until('a few ticks', async () => ((await logLines(logPath)).length > 10 ? true : undefined));
+    await until('a few ticks', async () => ((await criLogLines(logPath)).length > 10 ? true : undefined));
     eventStream?.cancel();
     await rt.restart();
     watchEvents();
     expect((await status_(ticker)).state).toBe('CONTAINER_RUNNING');
-    await until('more ticks', async () => ((await logLines(logPath)).length > 100 ? true : undefined));
+    await until('more ticks', async () => ((await criLogLines(logPath)).length > 100 ? true : undefined));
     await fsp.rename(logPath, `${logPath}.1`);
     await rpc(rt.cri.runtime, 'ReopenContainerLog', { container_id: ticker });
-    await until('all ticks', async () => ((await logLines(logPath)).some((l) => l.endsWith('tick-399')) ? true : undefined), 120_000);
-    const all = [...(await logLines(`${logPath}.1`)), ...(await logLines(logPath))];
+    await until('all ticks', async () => ((await criLogLines(logPath)).some((l) => l.endsWith('tick-399')) ? true : undefined), 120_000);
+    const all = [...(await criLogLines(`${logPath}.1`)), ...(await criLogLines(logPath))];
     expect(all).toEqual(Array.from({ length: 400 }, (_, i) => `stdout F tick-${i}`));
     expect((await exec(ticker, ['echo', 'after restart'])).stdout.toString()).toBe('after restart\n');
 

@@ -24,6 +24,7 @@ import { allowLoopbackRegistries, pushBusyboxImage } from '../../helpers/busybox
 import { rpc } from '../../helpers/cri-client.js';
 import { ensureGuestAssets } from '../../helpers/hypervisor-guest.js';
 import { type RegistryHandle, startRegistry } from '../../helpers/images-registry.js';
+import { criLogLines, until } from '../../helpers/poll.js';
 import { createTestRuntime, podConfig, type TestRuntime } from '../../helpers/runtime-daemon.js';
 
 const APPLETS = ['sleep', 'printf', 'touch', 'cat', 'grep', 'kill', 'stat', 'head', 'mknod'];
@@ -40,25 +41,6 @@ interface Status {
 interface Event {
   container_id: string;
   container_event_type: string;
-}
-
-async function until<T>(what: string, fn: () => Promise<T | undefined>, timeoutMs = 60_000): Promise<T> {
-  const end = Date.now() + timeoutMs;
-  for (;;) {
-    const v = await fn();
-    if (v !== undefined) return v;
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 100));
-  }
-}
-
-/** CRI log file -> "stream tag text" lines (the timestamp dropped). */
-async function logLines(file: string): Promise<string[]> {
-  const text = await fsp.readFile(file, 'utf8').catch(() => '');
-  return text
-    .split('\n')
-    .filter((l) => l !== '')
-    .map((l) => l.split(' ').slice(1).join(' '));
 }
 
 const exists = (file: string) =>
@@ -147,7 +129,7 @@ describe('a daemon crash while containers run in a pod VM (real QEMU, crun in th
     const latePath = (await status_(late)).log_path;
     const ttyPath = (await status_(tty)).log_path;
     await until('the output before the crash', async () =>
-      (await logLines(latePath)).length === 51 && (await logLines(ttyPath)).length === 2 ? true : undefined,
+      (await criLogLines(latePath)).length === 51 && (await criLogLines(ttyPath)).length === 2 ? true : undefined,
     );
 
     await rt.crash();
@@ -180,9 +162,9 @@ describe('a daemon crash while containers run in a pod VM (real QEMU, crun in th
         'stderr F err-down',
         'stdout P tail',
       ];
-      await until('the whole late log', async () => ((await logLines(latePath)).length >= want.length ? true : undefined));
+      await until('the whole late log', async () => ((await criLogLines(latePath)).length >= want.length ? true : undefined));
       // Stdout and stderr are separate pipes: only the order within each stream is defined.
-      const lines = await logLines(latePath);
+      const lines = await criLogLines(latePath);
       expect(lines.filter((l) => l.startsWith('stdout'))).toEqual(want.filter((l) => l.startsWith('stdout')));
       expect(lines.filter((l) => l.startsWith('stderr'))).toEqual(want.filter((l) => l.startsWith('stderr')));
 
@@ -191,8 +173,8 @@ describe('a daemon crash while containers run in a pod VM (real QEMU, crun in th
         return st.state === 'CONTAINER_EXITED' ? st : undefined;
       });
       expect(t).toMatchObject({ exit_code: 0, reason: 'Completed' });
-      await until('the whole tty log', async () => ((await logLines(ttyPath)).length >= 3 ? true : undefined));
-      expect(await logLines(ttyPath)).toEqual(['stdout F tty-out', 'stdout F tty-err', 'stdout F tty-down']);
+      await until('the whole tty log', async () => ((await criLogLines(ttyPath)).length >= 3 ? true : undefined));
+      expect(await criLogLines(ttyPath)).toEqual(['stdout F tty-out', 'stdout F tty-err', 'stdout F tty-down']);
 
       // Events after the restart: the stops learnt on recovery, nothing about the running one.
       await until('the stopped events', async () =>
@@ -247,23 +229,23 @@ describe('a daemon crash while containers run in a pod VM (real QEMU, crun in th
     for (const id of [ticker, ttyTicker, killer]) await start(id);
     const tickerLog = (await status_(ticker)).log_path;
     const ttyLog = (await status_(ttyTicker)).log_path;
-    await until('a few ticks', async () => ((await logLines(tickerLog)).length > 10 ? true : undefined));
+    await until('a few ticks', async () => ((await criLogLines(tickerLog)).length > 10 ? true : undefined));
     await fsp.writeFile(path.join(volume, 'kill-agent'), '');
     // Under TCG each grep is a fork and exec: walking /proc takes a while.
     await until('the agent to be killed', async () => exists(path.join(volume, 'agent-killed')), 180_000);
     const killerLog = (await status_(killer)).log_path;
-    await until('the killer log', async () => ((await logLines(killerLog)).length > 0 ? true : undefined));
-    expect((await logLines(killerLog))[0]).toMatch(/^stdout F killed \d+$/);
+    await until('the killer log', async () => ((await criLogLines(killerLog)).length > 0 ? true : undefined));
+    expect((await criLogLines(killerLog))[0]).toMatch(/^stdout F killed \d+$/);
 
-    const ended = async (file: string, last: string) => ((await logLines(file)).includes(last) ? true : undefined);
+    const ended = async (file: string, last: string) => ((await criLogLines(file)).includes(last) ? true : undefined);
     await until('the ticker to end', () => ended(tickerLog, 'stdout F end'), 180_000);
-    const lines = await logLines(tickerLog);
+    const lines = await criLogLines(tickerLog);
     const ticks = lines.filter((l) => l.startsWith('stdout') && l !== 'stdout F end');
     expect(ticks.length).toBeGreaterThan(50);
     expect(ticks).toEqual(Array.from({ length: ticks.length }, (_, i) => `stdout F tick-${i}`));
     expect(lines.filter((l) => l.startsWith('stderr'))).toEqual(Array.from({ length: ticks.length }, (_, i) => `stderr F tock-${i}`));
     await until('the tty ticker to end', () => ended(ttyLog, 'stdout F tty-end'), 120_000);
-    const ttyLines = (await logLines(ttyLog)).filter((l) => l !== 'stdout F tty-end');
+    const ttyLines = (await criLogLines(ttyLog)).filter((l) => l !== 'stdout F tty-end');
     expect(ttyLines.length).toBeGreaterThan(30);
     expect(ttyLines).toEqual(Array.from({ length: ttyLines.length }, (_, i) => `stdout F tty-${i}`));
 

@@ -6,6 +6,7 @@
  * namespace), reached through the real channel over a unix socket with the real AgentClient.
  * No VM: the pod-VM tests of the CRI surface are in cri-flow.test.ts.
  */
+
 import { promises as fsp } from 'node:fs';
 import net from 'node:net';
 import os from 'node:os';
@@ -22,6 +23,7 @@ import type { ExitStatus } from '../../../src/generated/agent/agent.js';
 import { createAndStart, execSync, exitReason, stopInGuest } from '../../../src/runtime/container/guest-ops.js';
 import type { ContainerRecord } from '../../../src/runtime/container/record.js';
 import { ContainerTasks } from '../../../src/runtime/container/tasks.js';
+import { until as pollUntil } from '../../helpers/poll.js';
 import { HAVE_CRUN, type HostCrun, startHostCrun, testSpec } from '../guest-agent-core/host-crun.js';
 
 const logger = pino({ level: process.env.TEST_LOG_LEVEL ?? 'silent' });
@@ -68,15 +70,8 @@ async function logRecords(file: string): Promise<Array<[string, string, string]>
     });
 }
 
-async function until<T>(what: string, fn: () => Promise<T | undefined>, timeoutMs = 20_000): Promise<T> {
-  const end = Date.now() + timeoutMs;
-  for (;;) {
-    const v = await fn();
-    if (v !== undefined) return v;
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 50));
-  }
-}
+const until = <T>(what: string, fn: () => Promise<T | undefined>, timeoutMs = 20_000): Promise<T> =>
+  pollUntil(what, () => fn(), timeoutMs, 50);
 
 describe.skipIf(!HAVE_CRUN)('containers through the real guest agent and crun (host, no VM)', () => {
   let host: HostCrun;

@@ -16,6 +16,7 @@ import { allowLoopbackRegistries, pushBusyboxImage } from '../../helpers/busybox
 import { rpc } from '../../helpers/cri-client.js';
 import { criToolPath } from '../../helpers/cri-tools.js';
 import { type RegistryHandle, startRegistry } from '../../helpers/images-registry.js';
+import { until as pollUntil } from '../../helpers/poll.js';
 import { createTestRuntime, podConfig, type TestRuntime } from '../../helpers/runtime-daemon.js';
 import { exitCodeOf, spdyCommand, spdyPortForward, wsCommand, wsPortForward } from '../../helpers/streaming-client.js';
 
@@ -54,15 +55,8 @@ function run(file: string, args: string[], input?: string, timeoutMs = 60_000): 
   });
 }
 
-async function until<T>(what: string, fn: () => Promise<T | undefined>, timeoutMs = 60_000): Promise<T> {
-  const end = Date.now() + timeoutMs;
-  for (;;) {
-    const v = await fn();
-    if (v !== undefined) return v;
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 200));
-  }
-}
+const until = <T>(what: string, fn: () => Promise<T | undefined>, timeoutMs = 60_000): Promise<T> =>
+  pollUntil(what, () => fn(), timeoutMs, 200);
 
 describe('streaming through a pod VM (real QEMU, agent, crun; SPDY, WebSocket, crictl)', () => {
   let rt: TestRuntime;
