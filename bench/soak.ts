@@ -6,8 +6,10 @@
  * QMP `stop` cannot be sent from outside, since QEMU's QMP socket serves one client and the daemon
  * holds it), the agent SIGKILLed inside the guest (by a container in the guest's root PID
  * namespace; the guest's init restarts it), and a registry that drops every blob transfer midway
- * (a pull through it must fail as UNAVAILABLE and leave no partial file). A full state disk is not
- * injected. After every fault and at the end the invariants are checked:
+ * (a pull through it must fail as UNAVAILABLE and leave no partial file), and a full state disk
+ * (the state dir is a small tmpfs, filled to its last page by a ballast file: reads and execs keep
+ * answering, a new pod, container and pull are refused RESOURCE_EXHAUSTED and change nothing, the
+ * daemon restarts on the full disk and finds everything again). After every fault and at the end the invariants are checked:
  * - every listed sandbox is READY and usable (a container starts in it) or NOTREADY and removable
  *   (Stop + Remove succeed); no id and no pod uid is listed twice;
  * - the orphan audit finds nothing under the state dir, and no `kata-ts-<id>` cgroup under the
@@ -17,13 +19,14 @@
  * - a killed QEMU turns its sandbox NOTREADY (latency measured: p50/p99; not within 10 s is a violation).
  * Prints `soak: N requests, N faults, N invariant violations`; exits 1 on any violation.
  *
- *   node --import tsx bench/soak.ts [--requests 1000] [--faults 40] [--seed 1] [--json]
+ *   node --import tsx bench/soak.ts [--requests 1000] [--faults 40] [--seed 1] [--kinds disk-full,...] [--json]
  */
 
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
 import { parseArgs } from 'node:util';
 import { status } from '@grpc/grpc-js';
+import { errnoCode } from '../src/common/errors.js';
 import { auditOrphans, ownersFromRecords } from '../src/runtime/sandbox/orphan-audit.js';
 import { allowLoopbackRegistries, pushBusyboxImage } from '../test/helpers/busybox-image.js';
 import { rpc } from '../test/helpers/cri-client.js';
@@ -33,13 +36,26 @@ import { startRegistry } from '../test/helpers/images-registry.js';
 import { cgroupDirsUnder, podConfig } from '../test/helpers/runtime-daemon.js';
 import { createBenchDaemon } from './lib/daemon.js';
 
-export type FaultKind = 'daemon-kill' | 'qemu-kill' | 'virtiofsd-kill' | 'guest-hang' | 'agent-kill' | 'registry-drop';
-const FAULT_ORDER: FaultKind[] = ['daemon-kill', 'qemu-kill', 'virtiofsd-kill', 'guest-hang', 'agent-kill', 'registry-drop'];
+export const FAULT_KINDS = [
+  'daemon-kill',
+  'qemu-kill',
+  'virtiofsd-kill',
+  'guest-hang',
+  'agent-kill',
+  'registry-drop',
+  'disk-full',
+] as const;
+export type FaultKind = (typeof FAULT_KINDS)[number];
+
+/** The state dir is a tmpfs this small, so the disk-full fault can fill it in a moment. */
+const STATE_DISK_MIB = 256;
 
 export interface SoakOptions {
   requests: number;
   faults: number;
   seed: number;
+  /** The fault kinds injected, in turn (default: every kind, in FAULT_KINDS order). */
+  kinds?: readonly FaultKind[];
   progress?: (line: string) => void;
   /** Ends the loop early (SIGINT/SIGTERM in the CLI); the end checks and the clean-up still run. */
   signal?: AbortSignal;
@@ -65,6 +81,31 @@ function prng(seed: number): () => number {
     t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
     return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
   };
+}
+
+/** Fill the file system holding `file` to its last page: write until ENOSPC. Returns the bytes written. */
+async function fillDisk(file: string): Promise<number> {
+  const handle = await fsp.open(file, 'wx', 0o600);
+  let total = 0;
+  try {
+    for (const size of [1 << 20, 4096]) {
+      const chunk = Buffer.alloc(size, 0x61);
+      for (;;) {
+        const written = await handle.write(chunk).then(
+          (r) => r.bytesWritten,
+          (err: unknown) => {
+            if (errnoCode(err) === 'ENOSPC') return 0;
+            throw err;
+          },
+        );
+        total += written;
+        if (written < size) break;
+      }
+    }
+  } finally {
+    await handle.close();
+  }
+  return total;
 }
 
 export function percentile(values: readonly number[], p: number): number {
@@ -99,11 +140,12 @@ export async function runSoak(opts: SoakOptions): Promise<SoakResult> {
   const started = Date.now();
   await ensureGuestAssets();
   const registry = await startRegistry();
-  const rt = await createBenchDaemon({});
+  const rt = await createBenchDaemon({}, { stateTmpfsMiB: STATE_DISK_MIB });
+  const kinds = opts.kinds ?? FAULT_KINDS;
   const result: SoakResult = {
     requests: 0,
     faults: 0,
-    faultKinds: { 'daemon-kill': 0, 'qemu-kill': 0, 'virtiofsd-kill': 0, 'guest-hang': 0, 'agent-kill': 0, 'registry-drop': 0 },
+    faultKinds: Object.fromEntries(FAULT_KINDS.map((k) => [k, 0])) as Record<FaultKind, number>,
     violations: [],
     notReadyMs: [],
     boots: 0,
@@ -124,6 +166,8 @@ export async function runSoak(opts: SoakOptions): Promise<SoakResult> {
     image = await pushBusyboxImage(registry, 'soak/busybox', '1.0', ['sleep', 'grep']);
     // Pulled only through a proxy that drops every blob transfer midway (the registry-drop fault).
     const unpullable = await pushBusyboxImage(registry, 'soak/dropped', '1.0', ['sleep', 'grep', 'wc']);
+    // Pulled only while the state disk is full (the disk-full fault): refused every time.
+    const onFullDisk = await pushBusyboxImage(registry, 'soak/full', '1.0', ['sleep', 'head']);
     await allowLoopbackRegistries(rt);
     await rt.start();
     await call('image', 'PullImage', { image: { image } });
@@ -216,6 +260,75 @@ export async function runSoak(opts: SoakOptions): Promise<SoakResult> {
       return JSON.parse(res.info.info ?? '{}') as { pid?: number; virtiofsd?: { pid: number } | null };
     };
 
+    /** What a refused request must leave unchanged: the listed pods and containers, images and VM dirs. */
+    const stateSummary = async (): Promise<string> => {
+      const sandboxes = (await call<{ items: Array<{ id: string; state: string }> }>('runtime', 'ListPodSandbox', {})).items;
+      const containers = (await call<{ containers: Array<{ id: string; state: string }> }>('runtime', 'ListContainers', {})).containers;
+      const images = (await call<{ images: Array<{ id: string }> }>('image', 'ListImages', {})).images;
+      const vmDirs = await fsp.readdir(path.join(rt.stateDir, 'vm')).catch(() => []);
+      return JSON.stringify({
+        sandboxes: sandboxes.map((x) => `${x.id}:${x.state}`).sort(),
+        containers: containers.map((x) => `${x.id}:${x.state}`).sort(),
+        images: images.map((x) => x.id).sort(),
+        vmDirs: vmDirs.sort(),
+      });
+    };
+
+    /**
+     * The state disk full to the last page: reads keep answering (an exec included); a new pod, a
+     * new container and a pull are refused as RESOURCE_EXHAUSTED and leave nothing behind; the
+     * daemon restarts on the full disk and finds every pod and container again. Then the space is
+     * given back and the invariants (a container starts in every READY pod) are checked.
+     */
+    const diskFull = async (pod: Pod): Promise<void> => {
+      const ballast = path.join(rt.stateDir, 'soak-ballast');
+      const filledBytes = await fillDisk(ballast);
+      progress(`  state disk filled with ${(filledBytes / 2 ** 20).toFixed(1)} MiB of ballast`);
+      try {
+        const before = await stateSummary();
+        const reads: Array<['runtime' | 'image', string, object]> = [
+          ['runtime', 'Status', {}],
+          ['runtime', 'PodSandboxStatus', { pod_sandbox_id: pod.id }],
+          ['runtime', 'ContainerStatus', { container_id: pod.ticker }],
+          ['image', 'ImageFsInfo', {}],
+          ['runtime', 'ExecSync', { container_id: pod.ticker, cmd: ['echo', 'x'], timeout: 30 }],
+        ];
+        for (const [svc, method, req] of reads)
+          await call(svc, method, req).catch((err: Error) => violate(`disk-full: ${method} failed on a full state disk: ${err.message}`));
+        const refused = async (what: string, request: Promise<unknown>): Promise<void> => {
+          const err = await request.then(
+            () => undefined,
+            (e: { code?: number; details?: string; message: string }) => e,
+          );
+          if (err === undefined) violate(`disk-full: ${what} succeeded on a full state disk`);
+          else if (err.code !== status.RESOURCE_EXHAUSTED)
+            violate(`disk-full: ${what} failed with "${err.message}", not RESOURCE_EXHAUSTED`);
+          else progress(`  ${what} refused: ${err.details ?? err.message}`);
+        };
+        const name = `soak${podSeq++}`;
+        const config = podConfig(rt, name);
+        await refused('RunPodSandbox', call('runtime', 'RunPodSandbox', { config }));
+        await refused(
+          'CreateContainer',
+          call('runtime', 'CreateContainer', {
+            pod_sandbox_id: pod.id,
+            config: { metadata: { name: `full${cycle++}`, attempt: 0 }, image: { image }, command: ['true'], log_path: 'full.log' },
+            sandbox_config: pod.config,
+          }),
+        );
+        await refused('PullImage', call('image', 'PullImage', { image: { image: onFullDisk } }));
+        const afterRefusals = await stateSummary();
+        if (afterRefusals !== before) violate(`disk-full: refused requests changed the state: ${before} -> ${afterRefusals}`);
+        process.kill(rt.pid(), 'SIGKILL');
+        await rt.stop();
+        await rt.start().catch((err: Error) => violate(`disk-full: the daemon does not start on a full state disk: ${err.message}`));
+        const afterRestart = await stateSummary();
+        if (afterRestart !== before) violate(`disk-full: a restart on the full disk changed the state: ${before} -> ${afterRestart}`);
+      } finally {
+        await fsp.rm(ballast, { force: true });
+      }
+    };
+
     const injectFault = async (kind: FaultKind, pod: Pod): Promise<void> => {
       result.faults++;
       result.faultKinds[kind]++;
@@ -290,6 +403,8 @@ export async function runSoak(opts: SoakOptions): Promise<SoakResult> {
         } finally {
           await proxy.stop();
         }
+      } else if (kind === 'disk-full') {
+        await diskFull(pod);
       } else if (kind === 'virtiofsd-kill') {
         const { virtiofsd } = await info(pod);
         signal(virtiofsd?.pid, 'SIGKILL');
@@ -328,7 +443,7 @@ export async function runSoak(opts: SoakOptions): Promise<SoakResult> {
           continue;
         }
         nextFault += faultEvery;
-        await injectFault(FAULT_ORDER[result.faults % FAULT_ORDER.length]!, pod);
+        await injectFault(kinds[result.faults % kinds.length]!, pod);
         continue;
       }
       const r = random();
@@ -387,12 +502,21 @@ export function formatSoakReport(r: SoakResult): string {
   ].join('\n');
 }
 
+function parseKinds(list: string): FaultKind[] {
+  const kinds = list.split(',').filter((k) => k !== '');
+  for (const k of kinds)
+    if (!(FAULT_KINDS as readonly string[]).includes(k))
+      throw new Error(`--kinds: unknown fault kind "${k}" (known: ${FAULT_KINDS.join(', ')})`);
+  return kinds as FaultKind[];
+}
+
 if (import.meta.url === `file://${process.argv[1]}`) {
   const { values } = parseArgs({
     options: {
       requests: { type: 'string', default: '1000' },
       faults: { type: 'string', default: '40' },
       seed: { type: 'string', default: '1' },
+      kinds: { type: 'string', default: FAULT_KINDS.join(',') },
       json: { type: 'boolean', default: false },
     },
   });
@@ -402,6 +526,7 @@ if (import.meta.url === `file://${process.argv[1]}`) {
     requests: Number(values.requests),
     faults: Number(values.faults),
     seed: Number(values.seed),
+    kinds: parseKinds(values.kinds),
     signal: stop.signal,
   });
   process.stdout.write(values.json ? `${JSON.stringify({ bench: 'soak', ...result })}\n` : `${formatSoakReport(result)}\n`);

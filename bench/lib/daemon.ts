@@ -4,10 +4,13 @@
  * (`kata-ts-bench-<random>`) and info-level logging, as a deployment would run it: debug logging
  * would tax the daemon's side of the comparison only.
  */
-import { createTestRuntime, type TestRuntime } from '../../test/helpers/runtime-daemon.js';
+import { createTestRuntime, type TestRuntime, type TestRuntimeOptions } from '../../test/helpers/runtime-daemon.js';
 
 export type BenchDaemon = TestRuntime;
 
-export function createBenchDaemon(configDoc: Record<string, unknown> = {}): Promise<BenchDaemon> {
-  return createTestRuntime({ logLevel: 'info', ...configDoc }, { cgroupPrefix: 'kata-ts-bench-', tmpPrefix: 'ktb-' });
+export function createBenchDaemon(
+  configDoc: Record<string, unknown> = {},
+  options: Pick<TestRuntimeOptions, 'stateTmpfsMiB'> = {},
+): Promise<BenchDaemon> {
+  return createTestRuntime({ logLevel: 'info', ...configDoc }, { cgroupPrefix: 'kata-ts-bench-', tmpPrefix: 'ktb-', ...options });
 }

@@ -12,15 +12,19 @@ export async function writeFileAtomic(file: string, data: string | Uint8Array, m
   const tmp = path.join(dir, `.${path.basename(file)}.${randomBytes(6).toString('hex')}.tmp`);
   const handle = await fsp.open(tmp, 'wx', mode);
   try {
-    await handle.writeFile(data);
-    await handle.sync();
-  } finally {
-    await handle.close();
-  }
-  try {
+    try {
+      await handle.writeFile(data);
+      await handle.sync();
+    } finally {
+      await handle.close();
+    }
     await fsp.rename(tmp, file);
   } catch (err) {
+    // A full disk fails the write: the temporary file must not stay behind to fill it further.
     await fsp.rm(tmp, { force: true });
+    // A failed write(2) names no path: name the file, so the error says where the disk is full.
+    if (err instanceof Error && errnoCode(err) !== undefined && (err as { path?: string }).path === undefined)
+      Object.assign(err, { path: file });
     throw err;
   }
   await fsyncDir(dir);

@@ -44,6 +44,7 @@ export type ImageReason =
   | 'REGISTRIES_CONFIG_NOT_FOUND'
   | 'REGISTRIES_CONFIG_UNREADABLE'
   | 'SNAPSHOT_COPY_FAILED'
+  | 'SNAPSHOT_DISK_FULL'
   | 'SNAPSHOT_EXISTS';
 
 declare module '../common/errors.js' {

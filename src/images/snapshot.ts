@@ -2,7 +2,7 @@ import { spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
-import { alreadyExists, internal } from '../common/errors.js';
+import { alreadyExists, exhausted, internal, type KataError } from '../common/errors.js';
 import { pathExists } from '../common/fsutil.js';
 import { abortReason, throwIfAborted } from './abort.js';
 
@@ -27,7 +27,7 @@ export async function createContainerSnapshot(imageRootfs: string, dest: string,
   await fsp.mkdir(path.dirname(dest), { recursive: true, mode: 0o700 });
   const tmp = path.join(path.dirname(dest), `.tmp-${path.basename(dest)}-${randomBytes(6).toString('hex')}`);
   try {
-    await runCp(['-a', '--reflink=auto', '--', imageRootfs, tmp], opts.signal);
+    await runCp(['-a', '--reflink=auto', '--', imageRootfs, tmp], path.dirname(dest), opts.signal);
     await fsp.rename(tmp, dest);
   } catch (err) {
     await fsp.rm(tmp, { recursive: true, force: true });
@@ -40,7 +40,17 @@ export async function removeContainerSnapshot(dest: string): Promise<void> {
   await fsp.rm(dest, { recursive: true, force: true });
 }
 
-function runCp(args: string[], signal: AbortSignal | undefined): Promise<void> {
+/** cp's failure as one sentence: its first complaint, and RESOURCE_EXHAUSTED when the disk is full. */
+function copyFailure(code: number | null, stderr: string, into: string): KataError {
+  const first = stderr.trim().split('\n')[0] ?? '';
+  if (/No space left on device|Disk quota exceeded/.test(stderr))
+    return exhausted('SNAPSHOT_DISK_FULL', `no space left in ${into} for a copy of the container's root filesystem`, {
+      details: { cp: first },
+    });
+  return internal('SNAPSHOT_COPY_FAILED', `cp exited ${code} copying the container root filesystem: ${first}`);
+}
+
+function runCp(args: string[], into: string, signal: AbortSignal | undefined): Promise<void> {
   return new Promise((resolve, reject) => {
     const child = spawn('cp', args, { stdio: ['ignore', 'ignore', 'pipe'], signal });
     let stderr = '';
@@ -54,7 +64,7 @@ function runCp(args: string[], signal: AbortSignal | undefined): Promise<void> {
     child.on('close', (code) => {
       if (signal?.aborted === true) reject(abortReason(signal, 'copying the container root filesystem'));
       else if (code === 0) resolve();
-      else reject(internal('SNAPSHOT_COPY_FAILED', `cp exited ${code} copying the container root filesystem: ${stderr.trim()}`));
+      else reject(copyFailure(code, stderr, into));
     });
   });
 }

@@ -3,16 +3,20 @@
  * cgroupfs driver placing VMMs under a private cgroup parent that the test owns, so tests can
  * restart it, kill its VMs, and check that nothing is left behind.
  */
+import { execFile } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { promises as fsp } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
+import { promisify } from 'node:util';
 import { silentLogger } from '../../src/common/logger.js';
 import { releaseSharedMounts } from '../../src/runtime/sandbox/shared-dir.js';
 import { mountedHierarchies, treeDeepestFirst } from './cgroups-private.js';
 import { type CriClients, criClients } from './cri-client.js';
 import { readLogLines, type SpawnedDaemon, spawnDaemon } from './daemon-process.js';
 import { processesMentioning } from './hypervisor-guest.js';
+
+const execFileAsync = promisify(execFile);
 
 export interface TestRuntime {
   dir: string;
@@ -49,6 +53,11 @@ export interface TestRuntimeOptions {
   tmpPrefix?: string;
   /** Run the daemon in this network namespace (`nsenter --net=`), e.g. a test's "node" namespace. */
   netnsPath?: string;
+  /**
+   * Put the state dir on a tmpfs of this many MiB (the soak's full-disk fault fills it). Mounted
+   * under the runtime's temp dir only, and unmounted by cleanup() with the sandboxes' mounts.
+   */
+  stateTmpfsMiB?: number;
 }
 
 /**
@@ -74,6 +83,10 @@ export async function createTestRuntime(configDoc: Record<string, unknown> = {},
   const socketPath = path.join(dir, 'kata-ts.sock');
   const configPath = path.join(dir, 'config.json');
   const cgroupRoot = `${cgroupPrefix}${randomBytes(5).toString('hex')}`;
+  if (options.stateTmpfsMiB !== undefined) {
+    await fsp.mkdir(stateDir, { mode: 0o700 });
+    await execFileAsync('mount', ['-t', 'tmpfs', '-o', `size=${options.stateTmpfsMiB}m,mode=0700`, 'kata-ts-state', stateDir]);
+  }
   await fsp.writeFile(
     configPath,
     JSON.stringify(

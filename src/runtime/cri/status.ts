@@ -1,5 +1,5 @@
 import { status as GrpcStatus, Metadata, type ServiceError } from '@grpc/grpc-js';
-import { type ErrorKind, isKataError } from '../../common/errors.js';
+import { type ErrorKind, errnoCode, isKataError } from '../../common/errors.js';
 
 const KIND_TO_STATUS: Record<ErrorKind, GrpcStatus> = {
   invalid: GrpcStatus.INVALID_ARGUMENT,
@@ -33,12 +33,31 @@ export function boundedDetails(text: string): string {
 /** Metadata key carrying the stable reason code of a KataError, for clients and tests. */
 export const REASON_METADATA_KEY = 'kata-ts-reason';
 
+/** The disk-full system error (ENOSPC, EDQUOT) in `err` or its chain of causes, if any. */
+function diskFullCause(err: unknown): (Error & { path?: string; syscall?: string }) | undefined {
+  for (let e = err, depth = 0; e instanceof Error && depth < 8; e = e.cause, depth++) {
+    const code = errnoCode(e);
+    if (code === 'ENOSPC' || code === 'EDQUOT') return e;
+  }
+  return undefined;
+}
+
 /**
  * The one place where errors become gRPC statuses. A KataError maps by kind and keeps its
- * sentence; anything else is a bug or an unexpected host failure: INTERNAL, with its message.
+ * sentence. A full disk met where no layer expected it (a record, a work dir, a position file:
+ * a raw ENOSPC or EDQUOT, or one an INTERNAL error carries as its cause) is RESOURCE_EXHAUSTED,
+ * STATE_DISK_FULL, naming the path: the request was refused for want of space, not by a bug.
+ * Anything else is a bug or an unexpected host failure: INTERNAL, with its message.
  */
 export function toServiceError(err: unknown): Partial<ServiceError> & { code: GrpcStatus } {
   const metadata = new Metadata();
+  const full = isKataError(err) && err.kind !== 'internal' ? undefined : diskFullCause(err);
+  if (full !== undefined) {
+    metadata.set(REASON_METADATA_KEY, 'STATE_DISK_FULL');
+    const where = full.path === undefined ? 'the state disk' : `the disk holding ${full.path}`;
+    const doing = isKataError(err) ? `: ${err.message}` : full.syscall === undefined ? '' : ` (${full.syscall})`;
+    return { code: GrpcStatus.RESOURCE_EXHAUSTED, details: boundedDetails(`no space left on ${where}${doing}`), metadata };
+  }
   if (isKataError(err)) {
     metadata.set(REASON_METADATA_KEY, err.reason);
     return { code: KIND_TO_STATUS[err.kind], details: boundedDetails(err.message), metadata };

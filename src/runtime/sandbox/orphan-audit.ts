@@ -158,7 +158,8 @@ export async function auditOrphans(owners: AuditOwners, opts: AuditOptions): Pro
   const stateRoot = `${opts.stateDir}/`;
   for (const point of mountPointsOf(mountinfo)) {
     const under = `${point}/`;
-    if (!under.startsWith(stateRoot)) continue;
+    // A mount at the state dir itself is the disk the state lives on, not something we mounted.
+    if (!under.startsWith(stateRoot) || under === stateRoot) continue;
     if (!owned.some((o) => under.startsWith(o))) orphans.push({ kind: 'mount', path: point });
   }
   const containers = new Set(owners.containerIds);

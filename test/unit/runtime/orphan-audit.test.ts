@@ -62,6 +62,8 @@ describe('auditOrphans', () => {
 
     const line = (point: string) => `36 25 0:32 / ${point.replaceAll(' ', '\\040')} rw - tmpfs tmpfs rw`;
     const mountinfo = [
+      // The state dir's own disk (a tmpfs, a volume): not an orphan.
+      line(state),
       line(`${vm}/${A.slice(0, 16)}/shared`),
       line(`${vm}/${A.slice(0, 16)}/shared/containers/c1/rootfs`),
       line(`${vm}/${B.slice(0, 16)}/shared`),
