@@ -2,10 +2,37 @@ import { spawn } from 'node:child_process';
 import { readFile } from 'node:fs/promises';
 import { createInterface } from 'node:readline';
 import { PassThrough, type Readable, type Writable } from 'node:stream';
-import { internal } from '../../../src/common/errors.js';
+import { internal, type KataError, precondition } from '../../../src/common/errors.js';
 
 /** What the reaper (native/reaper.c) reports about the process it watches. */
 export type WaitStatus = { kind: 'exit'; code: number } | { kind: 'signal'; signal: number };
+
+const PROCESS_NOT_RUNNABLE: readonly RegExp[] = [
+  // crun's own steps on the process's behalf: finding and opening the executable, its cwd.
+  /^(open executable|chdir to .*|exec(ve)? .*): /,
+  /executable file .* not found/,
+  /: (No such file or directory|Permission denied|Not a directory|Is a directory|Exec format error)$/,
+];
+
+/**
+ * Why the OCI runtime did not start a process, from the last line of its log. The process the
+ * request names cannot be run (no such executable, not executable, a working directory that is
+ * not there): FAILED_PRECONDITION, the request's doing, quoting the runtime. Anything else is
+ * ours: INTERNAL. Either way the runtime's own words are in the sentence.
+ */
+export function startFailure(reason: string, runtimeLog: string): KataError {
+  const line =
+    runtimeLog
+      .trim()
+      .split('\n')
+      .map((l) => l.trim())
+      .filter((l) => l !== '')
+      .at(-1) ?? '';
+  const details = { reason, runtimeLog: runtimeLog.trim() };
+  if (PROCESS_NOT_RUNNABLE.some((re) => re.test(line)))
+    return precondition('RUNTIME_PROCESS_NOT_RUNNABLE', `The process cannot be started in the container: ${line}.`, { details });
+  return internal('RUNTIME_START_FAILED', `The OCI runtime could not start the process${line === '' ? '' : `: ${line}`}.`, { details });
+}
 
 /** A process running under kata-ts-reaper: the runtime command first, then what it started. */
 export interface Reaped {
@@ -83,11 +110,7 @@ export function reap(options: ReapOptions): Reaped {
   const failStart = (reason: string) => {
     void readFile(options.logFile, 'utf8')
       .catch(() => '')
-      .then((log) =>
-        rejectPid(
-          internal('RUNTIME_START_FAILED', 'The OCI runtime could not start the process.', { details: { reason, runtimeLog: log.trim() } }),
-        ),
-      );
+      .then((log) => rejectPid(startFailure(reason, log)));
   };
   const lines = createInterface({ input: status });
   lines.on('line', (line) => {

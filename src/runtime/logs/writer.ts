@@ -90,8 +90,14 @@ async function openLog(logPath: string): Promise<FileHandle> {
   try {
     return await fsp.open(logPath, 'a', 0o640);
   } catch (err) {
-    if (errnoCode(err) === 'ENOENT') {
+    const code = errnoCode(err);
+    if (code === 'ENOENT') {
       throw precondition('LOGS_DIR_MISSING', `log directory of ${logPath} does not exist.`, { cause: err });
+    }
+    // The path the request named is something a log cannot be appended to (a directory, a
+    // symlink loop, a name too long): the request's doing, said so, not a fault of ours.
+    if (code === 'EISDIR' || code === 'ENOTDIR' || code === 'ELOOP' || code === 'ENAMETOOLONG') {
+      throw precondition('LOGS_PATH_UNUSABLE', `log file ${logPath} cannot be opened for appending (${code}).`, { cause: err });
     }
     throw err;
   }

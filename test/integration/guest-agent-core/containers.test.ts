@@ -101,7 +101,9 @@ describe.skipIf(!HAVE_CRUN)('guest agent container core with real crun (host, cg
     await expect(
       containers.create({ id, spec: testSpec(['/no/such/binary']), rootfsPath: host.rootfs, stdio: pipes }),
     ).rejects.toMatchObject({
-      reason: 'RUNTIME_START_FAILED',
+      kind: 'precondition',
+      reason: 'RUNTIME_PROCESS_NOT_RUNNABLE',
+      message: expect.stringContaining('/no/such/binary'),
     });
     expect(existsSync(`${host.bundlesDir}/${id}`)).toBe(false);
     expect(containers.list().map((c) => c.id)).not.toContain(id);

@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { bundleSpec, toExitStatus } from '../../../guest/agent/containers/containers.js';
-import { parseStatusLine } from '../../../guest/agent/containers/reaper.js';
+import { parseStatusLine, startFailure } from '../../../guest/agent/containers/reaper.js';
 import { RuntimeArgv, rootIsInitramfs } from '../../../guest/agent/containers/runtime.js';
 
 const argv = new RuntimeArgv({ command: ['crun'], stateDir: '/run/crun', cgroupManager: 'cgroupfs' });
@@ -50,6 +50,25 @@ describe('exit status', () => {
     expect(parseStatusLine('pid 123')).toEqual({ event: 'pid', value: '123' });
     expect(parseStatusLine('error read pid file: No such file')).toEqual({ event: 'error', value: 'read pid file: No such file' });
     expect(parseStatusLine('lost')).toEqual({ event: 'lost', value: '' });
+  });
+
+  it('tells a process the request names that cannot run (FAILED_PRECONDITION) from a runtime failure (INTERNAL)', () => {
+    const notFound = startFailure('runtime-exit 255', 'executable file `nope` not found in $PATH: No such file or directory\n');
+    expect([notFound.kind, notFound.reason, notFound.message]).toEqual([
+      'precondition',
+      'RUNTIME_PROCESS_NOT_RUNNABLE',
+      'The process cannot be started in the container: executable file `nope` not found in $PATH: No such file or directory.',
+    ]);
+    expect(startFailure('runtime-exit 1', 'chdir to `/nowhere`: No such file or directory').kind).toBe('precondition');
+    expect(startFailure('runtime-exit 1', 'open executable: File name too long').kind).toBe('precondition');
+    expect(startFailure('runtime-exit 1', 'open executable: Operation not permitted').kind).toBe('precondition');
+    const ours = startFailure('runtime-exit 1', 'cannot open cgroup: Read-only file system\n');
+    expect([ours.kind, ours.reason, ours.message]).toEqual([
+      'internal',
+      'RUNTIME_START_FAILED',
+      'The OCI runtime could not start the process: cannot open cgroup: Read-only file system.',
+    ]);
+    expect(startFailure('error spawn', '').message).toBe('The OCI runtime could not start the process.');
   });
 });
 

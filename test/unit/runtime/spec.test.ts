@@ -143,7 +143,18 @@ describe('decodeContainerSpec', () => {
   });
 
   it('keeps a log path inside the pod log directory: relative, no ".." segment, no NUL', () => {
-    for (const logPath of ['../../etc/cron.d/x', 'app/../../x', '/etc/passwd', 'a\u0000b']) {
+    // Too long for open(2) (a segment over NAME_MAX, or the whole too long): refused here, not at start.
+    for (const logPath of [
+      '../../etc/cron.d/x',
+      'app/../../x',
+      '/etc/passwd',
+      'a\u0000b',
+      `${'z'.repeat(256)}.log`,
+      'a/'.repeat(600),
+      '.',
+      'app/',
+      'app/.',
+    ]) {
       const err = thrown(() => decodeContainerSpec(containerConfig({ ...base, logPath })));
       expect([err.kind, err.reason, err.message]).toEqual([
         'invalid',
@@ -153,6 +164,7 @@ describe('decodeContainerSpec', () => {
     }
     expect(decodeContainerSpec(containerConfig({ ...base, logPath: 'app/0.log' })).log_path).toBe('app/0.log');
     expect(decodeContainerSpec(containerConfig({ ...base, logPath: 'a..b/0.log' })).log_path).toBe('a..b/0.log');
+    expect(decodeContainerSpec(containerConfig({ ...base, logPath: `${'é'.repeat(125)}/0.log` })).log_path).toHaveLength(131);
   });
 });
 
