@@ -11,13 +11,15 @@ const PROCESS_NOT_RUNNABLE: readonly RegExp[] = [
   // crun's own steps on the process's behalf: finding and opening the executable, its cwd.
   /^(open executable|chdir to .*|exec(ve)? .*): /,
   /executable file .* not found/,
+  // The container's own memory limit is too small for the runtime to set the process up.
+  /^OOM: the memory limit could be too low/,
   /: (No such file or directory|Permission denied|Not a directory|Is a directory|Exec format error)$/,
 ];
 
 /**
  * Why the OCI runtime did not start a process, from the last line of its log. The process the
  * request names cannot be run (no such executable, not executable, a working directory that is
- * not there): FAILED_PRECONDITION, the request's doing, quoting the runtime. Anything else is
+ * not there, a memory limit too small to start in): FAILED_PRECONDITION, the request's doing, quoting the runtime. Anything else is
  * ours: INTERNAL. Either way the runtime's own words are in the sentence.
  */
 export function startFailure(reason: string, runtimeLog: string): KataError {

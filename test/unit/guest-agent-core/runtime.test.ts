@@ -62,6 +62,9 @@ describe('exit status', () => {
     expect(startFailure('runtime-exit 1', 'chdir to `/nowhere`: No such file or directory').kind).toBe('precondition');
     expect(startFailure('runtime-exit 1', 'open executable: File name too long').kind).toBe('precondition');
     expect(startFailure('runtime-exit 1', 'open executable: Operation not permitted').kind).toBe('precondition');
+    expect(startFailure('runtime-exit 1', 'OOM: the memory limit could be too low: write to sync socket: Broken pipe').reason).toBe(
+      'RUNTIME_PROCESS_NOT_RUNNABLE',
+    );
     const ours = startFailure('runtime-exit 1', 'cannot open cgroup: Read-only file system\n');
     expect([ours.kind, ours.reason, ours.message]).toEqual([
       'internal',
