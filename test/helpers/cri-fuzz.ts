@@ -4,10 +4,32 @@
  * strings, traversal, negative and absurd numbers, unknown enum values, big maps), mutations of
  * encoded requests (bit flips, truncation, wrong wire types), and raw bytes.
  */
+import { createHash } from 'node:crypto';
+import { promises as fsp } from 'node:fs';
+import path from 'node:path';
 import { Client, credentials, Metadata, type ServiceError } from '@grpc/grpc-js';
 import fc from 'fast-check';
 import type protobuf from 'protobufjs';
 import { criReflectionRoot } from '../../src/runtime/cri/proto.js';
+
+/** Every file and directory under `dir`, relative, a file with a hash of its contents, sorted. */
+export async function hashedFiles(dir: string): Promise<string[]> {
+  const out: string[] = [];
+  async function walk(d: string): Promise<void> {
+    for (const e of await fsp.readdir(d, { withFileTypes: true }).catch(() => [])) {
+      const p = path.join(d, e.name);
+      if (e.isDirectory()) {
+        out.push(`${path.relative(dir, p)}/`);
+        await walk(p);
+      } else {
+        const body = await fsp.readFile(p).catch(() => Buffer.alloc(0));
+        out.push(`${path.relative(dir, p)} ${createHash('sha256').update(body).digest('hex').slice(0, 12)}`);
+      }
+    }
+  }
+  await walk(dir);
+  return out.sort();
+}
 
 /** One unary rpc of the CRI: its gRPC path and request type. */
 export interface FuzzRpc {

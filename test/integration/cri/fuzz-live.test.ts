@@ -12,7 +12,6 @@
  * RUNNING and answering throughout. (test/integration/cri/fuzz.test.ts fuzzes every rpc with
  * no VM behind it.)
  */
-import { createHash } from 'node:crypto';
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
 import { type Client, status } from '@grpc/grpc-js';
@@ -24,6 +23,7 @@ import {
   arbMessage,
   encodeLoosely,
   type FuzzRpc,
+  hashedFiles,
   nastyString,
   type RawOutcome,
   rawCall,
@@ -51,18 +51,6 @@ const CONTAINER_RPCS = [
 ];
 const POD_RPCS = ['PortForward', 'PodSandboxStatus', 'PodSandboxStats', 'CreateContainer'];
 
-/** The files of the sandbox and container records, hashed: what a refused request must not touch. */
-async function recordFiles(stateDir: string): Promise<string[]> {
-  const out: string[] = [];
-  for (const dir of ['sandboxes', 'containers']) {
-    for (const name of (await fsp.readdir(path.join(stateDir, dir)).catch(() => [])).sort()) {
-      const body = await fsp.readFile(path.join(stateDir, dir, name)).catch(() => Buffer.alloc(0));
-      out.push(`${dir}/${name} ${createHash('sha256').update(body).digest('hex').slice(0, 12)}`);
-    }
-  }
-  return out;
-}
-
 describe('fuzzing the container rpcs against a live sandbox (real VM)', () => {
   let rt: TestRuntime;
   let registry: RegistryHandle;
@@ -86,7 +74,8 @@ describe('fuzzing the container rpcs against a live sandbox (real VM)', () => {
     return JSON.stringify({
       sandboxes: items.map((s) => `${s.id}:${s.state}`).sort(),
       containers: containers.map((c) => `${c.id}:${c.state}`).sort(),
-      records: await recordFiles(rt.stateDir),
+      // The sandbox and container records: what a refused request must not touch.
+      records: [...(await hashedFiles(path.join(rt.stateDir, 'sandboxes'))), ...(await hashedFiles(path.join(rt.stateDir, 'containers')))],
     });
   }
 

@@ -9,7 +9,6 @@
  * QEMU here is a stand-in that exits at once, so no VM boots and every RunPodSandbox that gets as
  * far as starting it is rolled back). Findings are collected and reported together.
  */
-import { createHash } from 'node:crypto';
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
 import { type Client, status } from '@grpc/grpc-js';
@@ -20,6 +19,7 @@ import {
   arbMessage,
   encodeLoosely,
   type FuzzRpc,
+  hashedFiles,
   mutation,
   nastyString,
   type RawOutcome,
@@ -35,28 +35,6 @@ const DEADLINE_MS = 15_000;
 const SEED = Number(process.env.KATA_TS_FUZZ_SEED ?? 20261124);
 const RUNS = Number(process.env.KATA_TS_FUZZ_RUNS ?? 2);
 
-/** Every file under the state dir with a hash of its contents (the lock file included: it must not change either). */
-async function stateFiles(dir: string): Promise<string[]> {
-  const out: string[] = [];
-  async function walk(d: string): Promise<void> {
-    for (const e of await fsp.readdir(d, { withFileTypes: true }).catch(() => [])) {
-      const p = path.join(d, e.name);
-      if (e.isDirectory()) {
-        out.push(`${path.relative(dir, p)}/`);
-        await walk(p);
-      } else {
-        const hash = createHash('sha256')
-          .update(await fsp.readFile(p).catch(() => Buffer.alloc(0)))
-          .digest('hex')
-          .slice(0, 12);
-        out.push(`${path.relative(dir, p)} ${hash}`);
-      }
-    }
-  }
-  await walk(dir);
-  return out.sort();
-}
-
 describe('fuzzing the CRI surface over the socket', () => {
   let rt: TestRuntime;
   let raw: Client;
@@ -70,7 +48,7 @@ describe('fuzzing the CRI surface over the socket', () => {
     const containers = await rpc(rt.cri.runtime, 'ListContainers', {});
     const images = await rpc(rt.cri.image, 'ListImages', {});
     calls += 3;
-    return JSON.stringify({ sandboxes, containers, images, files: await stateFiles(rt.stateDir) });
+    return JSON.stringify({ sandboxes, containers, images, files: await hashedFiles(rt.stateDir) });
   }
 
   /** Send one body and check every property; a violation is recorded, not thrown, to see them all. */
