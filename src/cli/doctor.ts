@@ -2,7 +2,7 @@ import { detectCgroupMode, probeSystemdManager } from '../cgroups/index.js';
 import { errorMessage } from '../common/errors.js';
 import { createLogger } from '../common/logger.js';
 import type { KataConfig } from '../config/types.js';
-import { networkReadiness } from '../network/index.js';
+import { NETNS_DIR, networkReadiness } from '../network/index.js';
 import { readHostInventory } from '../pcie/index.js';
 import { gatherFacts } from '../runtime/gather-facts.js';
 import { auditOrphans, ownersFromRecords } from '../runtime/sandbox/orphan-audit.js';
@@ -92,10 +92,11 @@ export async function runDoctorChecks(config: KataConfig, configPath: string | n
     const orphans = await auditOrphans(await ownersFromRecords(config.stateDir), {
       stateDir: config.stateDir,
       cgroupRoot: config.cgroupRoot,
+      netnsDir: NETNS_DIR,
     });
     checks.push(
       orphans.length === 0
-        ? { name: 'orphans', verdict: 'ok', message: `nothing unowned under ${config.stateDir} or in kata-ts cgroups` }
+        ? { name: 'orphans', verdict: 'ok', message: `nothing unowned under ${config.stateDir}, in ${NETNS_DIR} or in kata-ts cgroups` }
         : {
             name: 'orphans',
             verdict: 'warn',

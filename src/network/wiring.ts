@@ -25,6 +25,9 @@ export function netnsNameFor(sandboxId: string): string {
   return `kata-ts-${sandboxId.slice(0, 16)}`;
 }
 
+/** What netnsNameFor makes, to tell a pod namespace among others in NETNS_DIR. */
+export const POD_NETNS_NAME = /^kata-ts-[0-9a-f]{16}$/;
+
 /** The argv lists that create the TAP and redirect both ways between it and `ifName`. */
 export function planTapWiring(netns: string, ifName: string, tapName: string, mtu: number): string[][] {
   const redirect = (from: string, to: string): string[][] => [

@@ -8,7 +8,7 @@ import type { UpdateRuntimeConfigRequest__Output } from '../../generated/runtime
 import { GUEST_SHARED_DIR } from '../../hypervisor/argv.js';
 import { imageServiceHandlers } from '../../images/handlers.js';
 import { ImageService } from '../../images/service.js';
-import { networkReadiness, PodNetworks } from '../../network/index.js';
+import { NETNS_DIR, networkReadiness, PodNetworks } from '../../network/index.js';
 import { readPcieHostFacts } from '../../pcie/index.js';
 import { ContainerManager, type SandboxGuestAccess } from '../container/manager.js';
 import { CONTAINER_RECORD_KIND, type ContainerRecord } from '../container/record.js';
@@ -240,6 +240,7 @@ async function logOrphans(config: KataConfig, logger: Logger): Promise<void> {
     const orphans = await auditOrphans(await ownersFromRecords(config.stateDir), {
       stateDir: config.stateDir,
       cgroupRoot: config.cgroupRoot,
+      netnsDir: NETNS_DIR,
     });
     for (const orphan of orphans) logger.warn({ orphan }, 'orphan: no record owns it');
     logger.info({ orphans: orphans.length }, 'orphan audit done');

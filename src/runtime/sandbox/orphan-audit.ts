@@ -2,20 +2,25 @@ import { type Dirent, promises as fsp, readdirSync, readFileSync } from 'node:fs
 import path from 'node:path';
 import { errnoCode } from '../../common/errors.js';
 import { readCmdline } from '../../hypervisor/index.js';
+import { POD_NETNS_NAME } from '../../network/index.js';
 import { sandboxSharedDir, sandboxVmRoot, sandboxWorkDir } from './paths.js';
 
 /** Something under the daemon's roots that no record owns. */
 export interface Orphan {
-  kind: 'qemu' | 'virtiofsd' | 'mount' | 'cgroup' | 'workdir' | 'socket' | 'file' | 'rootfs';
+  kind: 'qemu' | 'virtiofsd' | 'mount' | 'cgroup' | 'workdir' | 'socket' | 'file' | 'rootfs' | 'netns';
   /** The path (work dir, mount point, cgroup dir, file) or the process's work dir. */
   path: string;
   pid?: number;
 }
 
-/** What the records own: sandbox ids with the pids of their QEMU and virtiofsd, and container ids. */
+/**
+ * What the records own: sandbox ids with the pids of their QEMU and virtiofsd, container ids, and
+ * the pod network namespaces (by name) of the sandboxes that have one.
+ */
 export interface AuditOwners {
   sandboxes: Array<{ id: string; pids: number[] }>;
   containerIds: string[];
+  netnsNames: string[];
 }
 
 export interface AuditOptions {
@@ -25,6 +30,12 @@ export interface AuditOptions {
   procRoot?: string;
   /** The mount table to read (tests give a fixture); /proc/self/mountinfo otherwise. */
   mountinfo?: string;
+  /**
+   * Where pod network namespaces are pinned (`/run/netns`): a `kata-ts-<16 hex>` one that no record
+   * names is an orphan (and so is the TAP inside it: a pod's TAP lives only in its namespace),
+   * unless a QEMU of another state dir runs in it: another daemon's pod is not ours to name.
+   */
+  netnsDir?: string;
 }
 
 const VMM_CGROUP = /^kata-ts-([0-9a-f]{64})(\.scope)?$/;
@@ -62,6 +73,19 @@ function vmmProcesses(vmRoot: string, procRoot: string): Array<{ pid: number; ki
     out.push({ pid: Number(entry), kind, workDir: rest.split('/')[0] ?? '' });
   }
   return out;
+}
+
+/** The network namespace inodes of QEMU processes that do not serve a work dir under `vmRoot`. */
+async function foreignQemuNetns(vmRoot: string, procRoot: string): Promise<Set<number>> {
+  const inodes = new Set<number>();
+  for (const e of await entries(procRoot)) {
+    if (!/^[0-9]+$/.test(e.name)) continue;
+    const argv = readCmdline(Number(e.name), procRoot);
+    if (!path.basename(argv[0] ?? '').startsWith('qemu-system') || argv.some((a) => a.includes(`${vmRoot}/`))) continue;
+    const st = await fsp.stat(path.join(procRoot, e.name, 'ns', 'net')).catch(() => undefined);
+    if (st !== undefined) inodes.add(st.ino);
+  }
+  return inodes;
 }
 
 /** The parent pid from /proc/<pid>/stat (field 4), undefined when the process is gone. */
@@ -124,7 +148,8 @@ async function hierarchies(root: string): Promise<string[]> {
  * Everything under the daemon's roots that no record owns: QEMU and virtiofsd processes serving a
  * work dir without a record (or a second one beside the recorded pid), work dirs, mounts under the
  * state dir outside a recorded sandbox's shared dir, sockets and files where none belong, container
- * root filesystems without a container record, and `kata-ts-<id>` cgroups of no record that are
+ * root filesystems without a container record, pod network namespaces no record names (given
+ * `netnsDir`), and `kata-ts-<id>` cgroups of no record that are
  * empty or hold one of those processes (a cgroup holding another daemon's VMM is not ours to name).
  * Read-only: it reports, it removes nothing.
  */
@@ -170,6 +195,17 @@ export async function auditOrphans(owners: AuditOwners, opts: AuditOptions): Pro
     if (!containers.has(e.name.replace(/\.json$/, ''))) orphans.push({ kind: 'file', path: path.join(opts.stateDir, 'logs', e.name) });
   }
 
+  if (opts.netnsDir !== undefined) {
+    const named = new Set(owners.netnsNames);
+    const unowned = (await entries(opts.netnsDir)).filter((e) => POD_NETNS_NAME.test(e.name) && !named.has(e.name));
+    const foreign = unowned.length === 0 ? new Set<number>() : await foreignQemuNetns(vmRoot, procRoot);
+    for (const e of unowned) {
+      const p = path.join(opts.netnsDir, e.name);
+      const st = await fsp.stat(p).catch(() => undefined);
+      if (st !== undefined && !foreign.has(st.ino)) orphans.push({ kind: 'netns', path: p });
+    }
+  }
+
   if (opts.cgroupRoot !== undefined) {
     const ours = new Set(processes.filter((p) => !knownDirs.has(p.workDir)).map((p) => p.pid));
     const found: Array<{ dir: string; id: string }> = [];
@@ -192,15 +228,17 @@ export async function auditOrphans(owners: AuditOwners, opts: AuditOptions): Pro
  */
 export async function ownersFromRecords(stateDir: string): Promise<AuditOwners> {
   const sandboxes: AuditOwners['sandboxes'] = [];
+  const netnsNames: string[] = [];
   for (const e of await entries(path.join(stateDir, 'sandboxes'))) {
     if (!e.isFile() || !e.name.endsWith('.json')) continue;
     const id = e.name.slice(0, -'.json'.length);
     const pids: number[] = [];
     try {
       const doc = JSON.parse(await fsp.readFile(path.join(stateDir, 'sandboxes', e.name), 'utf8')) as {
-        record?: { vmm?: { pid?: number } | null; virtiofsd?: { pid?: number } | null };
+        record?: { vmm?: { pid?: number } | null; virtiofsd?: { pid?: number } | null; network?: { netnsName?: string } | null };
       };
       for (const pid of [doc.record?.vmm?.pid, doc.record?.virtiofsd?.pid]) if (typeof pid === 'number') pids.push(pid);
+      if (typeof doc.record?.network?.netnsName === 'string') netnsNames.push(doc.record.network.netnsName);
     } catch {
       // unreadable: its id still owns its work dir; recovery reports the record itself
     }
@@ -209,5 +247,5 @@ export async function ownersFromRecords(stateDir: string): Promise<AuditOwners> 
   const containerIds = (await entries(path.join(stateDir, 'containers')))
     .filter((e) => e.isFile() && e.name.endsWith('.json'))
     .map((e) => e.name.slice(0, -'.json'.length));
-  return { sandboxes, containerIds };
+  return { sandboxes, containerIds, netnsNames };
 }

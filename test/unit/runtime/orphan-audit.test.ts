@@ -1,5 +1,5 @@
 /** The orphan audit on a fixture state dir, /proc and cgroup tree: what no record owns is named, the rest is not. */
-import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { link, mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
@@ -41,7 +41,16 @@ describe('auditOrphans', () => {
     await writeFile(path.join(state, 'logs', 'gone.json'), '{}');
     await writeFile(path.join(state, 'logs', 'c1.json'), '{}');
     await mkdir(path.join(state, 'sandboxes'), { recursive: true });
-    await writeFile(path.join(state, 'sandboxes', `${A}.json`), JSON.stringify({ record: { vmm: { pid: 100 }, virtiofsd: null } }));
+    await writeFile(
+      path.join(state, 'sandboxes', `${A}.json`),
+      JSON.stringify({ record: { vmm: { pid: 100 }, virtiofsd: null, network: { netnsName: `kata-ts-${A.slice(0, 16)}` } } }),
+    );
+    // Pinned pod namespaces: A's (recorded), B's (no record), another daemon's (a QEMU of another
+    // state dir runs in it: the same inode as its /proc/<pid>/ns/net), and one not of kata-ts.
+    const netns = path.join(root, 'netns');
+    await mkdir(netns);
+    for (const n of [A, B, C]) await writeFile(path.join(netns, `kata-ts-${n.slice(0, 16)}`), '');
+    await writeFile(path.join(netns, 'cni-1234'), '');
     await mkdir(path.join(state, 'containers'), { recursive: true });
     await writeFile(path.join(state, 'containers', 'c1.json'), '{}');
 
@@ -52,6 +61,9 @@ describe('auditOrphans', () => {
     // virtiofsd's sandbox=namespace child of the recorded virtiofsd is owned through its parent.
     await proc(104, ['/usr/lib/qemu/virtiofsd', `--socket-path=${vm}/${A.slice(0, 16)}/vfs.sock`]);
     await writeFile(path.join(root, 'proc', '104', 'stat'), '104 (virtiofsd) S 100 104 104 0 -1');
+    await proc(105, ['qemu-system-x86_64', '-qmp', 'unix:path=/var/lib/other-kata-ts/vm/cccc/qmp.sock']);
+    await mkdir(path.join(root, 'proc', '105', 'ns'));
+    await link(path.join(netns, `kata-ts-${C.slice(0, 16)}`), path.join(root, 'proc', '105', 'ns', 'net'));
     await mkdir(path.join(root, 'proc', 'self'), { recursive: true });
 
     await cgroup('', '1\n');
@@ -71,12 +83,13 @@ describe('auditOrphans', () => {
     ].join('\n');
 
     const owners = await ownersFromRecords(state);
-    expect(owners).toEqual({ sandboxes: [{ id: A, pids: [100] }], containerIds: ['c1'] });
+    expect(owners).toEqual({ sandboxes: [{ id: A, pids: [100] }], containerIds: ['c1'], netnsNames: [`kata-ts-${A.slice(0, 16)}`] });
     const orphans = await auditOrphans(owners, {
       stateDir: state,
       procRoot: path.join(root, 'proc'),
       mountinfo,
       cgroupRoot: path.join(root, 'cg'),
+      netnsDir: netns,
     });
     const named = orphans.map((o) => `${o.kind} ${path.relative(root, o.path)}${o.pid === undefined ? '' : ` ${o.pid}`}`).sort();
     expect(named).toEqual(
@@ -88,6 +101,7 @@ describe('auditOrphans', () => {
         `mount state/vm/${B.slice(0, 16)}/shared`,
         'rootfs state/rootfs/gone',
         'file state/logs/gone.json',
+        `netns netns/kata-ts-${B.slice(0, 16)}`,
         `cgroup cg/kubepods/kata-ts-${C}`,
         `cgroup cg/kata-ts-${E}.scope`,
       ].sort(),
