@@ -9,17 +9,19 @@
  * (a pull through it must fail as UNAVAILABLE and leave no partial file), and a full state disk
  * (the state dir is a small tmpfs, filled to its last page by a ballast file: reads and execs keep
  * answering, a new pod, container and pull are refused RESOURCE_EXHAUSTED and change nothing, the
- * daemon restarts on the full disk and finds everything again). After every fault and at the end the invariants are checked:
+ * daemon restarts on the full disk and finds everything again), on pods with a CNI network (see
+ * SoakOptions.podNetwork). After every fault and at the end the invariants are checked:
  * - every listed sandbox is READY and usable (a container starts in it) or NOTREADY and removable
  *   (Stop + Remove succeed); no id and no pod uid is listed twice;
- * - the orphan audit finds nothing under the state dir, and no `kata-ts-<id>` cgroup under the
- *   soak's private cgroup parent belongs to no record;
+ * - the orphan audit finds nothing under the state dir nor a pod network namespace (with its TAP)
+ *   that no record names, and no `kata-ts-<id>` cgroup under the soak's private cgroup parent
+ *   belongs to no record; a READY pod has its pod IP (with `--network cni`, the default);
  * - each pod's ticker container (printing tick-0, tick-1, ... ) has a CRI log with every tick from
  *   0 on, none lost, none twice;
  * - a killed QEMU turns its sandbox NOTREADY (latency measured: p50/p99; not within 10 s is a violation).
  * Prints `soak: N requests, N faults, N invariant violations`; exits 1 on any violation.
  *
- *   node --import tsx bench/soak.ts [--requests 1000] [--faults 40] [--seed 1] [--kinds disk-full,...] [--json]
+ *   node --import tsx bench/soak.ts [--requests 1000] [--faults 40] [--seed 1] [--kinds disk-full,...] [--network cni|none] [--json]
  */
 
 import { promises as fsp } from 'node:fs';
@@ -27,12 +29,14 @@ import path from 'node:path';
 import { parseArgs } from 'node:util';
 import { status } from '@grpc/grpc-js';
 import { errnoCode } from '../src/common/errors.js';
+import { NETNS_DIR, netnsNameFor } from '../src/network/index.js';
 import { auditOrphans, ownersFromRecords } from '../src/runtime/sandbox/orphan-audit.js';
 import { allowLoopbackRegistries, pushBusyboxImage } from '../test/helpers/busybox-image.js';
 import { rpc } from '../test/helpers/cri-client.js';
 import { ensureGuestAssets } from '../test/helpers/hypervisor-guest.js';
 import { startProxy } from '../test/helpers/images-proxy.js';
 import { startRegistry } from '../test/helpers/images-registry.js';
+import { createNetworkNode } from '../test/helpers/network-node.js';
 import { cgroupDirsUnder, podConfig } from '../test/helpers/runtime-daemon.js';
 import { createBenchDaemon } from './lib/daemon.js';
 
@@ -56,6 +60,13 @@ export interface SoakOptions {
   seed: number;
   /** The fault kinds injected, in turn (default: every kind, in FAULT_KINDS order). */
   kinds?: readonly FaultKind[];
+  /**
+   * Pods get a CNI network (default true): the daemon runs in a "node" network namespace of the
+   * soak's own with a bridge CNI config, every pod gets its namespace, CNI ADD/DEL and a TAP, and
+   * the audit also looks for pod namespaces no record names. The registry and the dropping proxy
+   * stay on the host's loopback and are relayed into the node.
+   */
+  podNetwork?: boolean;
   progress?: (line: string) => void;
   /** Ends the loop early (SIGINT/SIGTERM in the CLI); the end checks and the clean-up still run. */
   signal?: AbortSignal;
@@ -124,7 +135,7 @@ interface Pod {
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 /** Send a signal to a process the soak's daemon started; false when it is already gone. */
-function signal(pid: number | undefined, sig: NodeJS.Signals): boolean {
+function signal(pid: number | undefined, sig: NodeJS.Signals | 0): boolean {
   if (pid === undefined) return false;
   try {
     process.kill(pid, sig);
@@ -140,7 +151,14 @@ export async function runSoak(opts: SoakOptions): Promise<SoakResult> {
   const started = Date.now();
   await ensureGuestAssets();
   const registry = await startRegistry();
-  const rt = await createBenchDaemon({}, { stateTmpfsMiB: STATE_DISK_MIB });
+  const podNetwork = opts.podNetwork ?? true;
+  const node = podNetwork ? await createNetworkNode() : undefined;
+  const rt = await createBenchDaemon(node === undefined ? {} : { network: node.networkConfig() }, {
+    stateTmpfsMiB: STATE_DISK_MIB,
+    netnsPath: node?.netnsPath,
+  });
+  /** Every sandbox the soak made, for the node's clean-up of any namespace left behind. */
+  const everyPod: string[] = [];
   const kinds = opts.kinds ?? FAULT_KINDS;
   const result: SoakResult = {
     requests: 0,
@@ -169,6 +187,7 @@ export async function runSoak(opts: SoakOptions): Promise<SoakResult> {
     // Pulled only while the state disk is full (the disk-full fault): refused every time.
     const onFullDisk = await pushBusyboxImage(registry, 'soak/full', '1.0', ['sleep', 'head']);
     await allowLoopbackRegistries(rt);
+    await node?.relayLoopbackPort(portOf(registry.host));
     await rt.start();
     await call('image', 'PullImage', { image: { image } });
 
@@ -182,6 +201,7 @@ export async function runSoak(opts: SoakOptions): Promise<SoakResult> {
       const { pod_sandbox_id: id } = await call<{ pod_sandbox_id: string }>('runtime', 'RunPodSandbox', { config });
       const pod: Pod = { id, config, logDir, ticker: undefined };
       pods.set(id, pod);
+      everyPod.push(id);
       pod.ticker = await startContainer(pod, 'ticker', ['sh', '-c', 'i=0; while :; do echo tick-$i; i=$((i+1)); sleep 0.2; done']);
       progress(`pod ${name} ${id.slice(0, 12)} ready with its ticker`);
       return pod;
@@ -230,6 +250,12 @@ export async function runSoak(opts: SoakOptions): Promise<SoakResult> {
         await checkTicker(pod, label);
         if (s.state === 'SANDBOX_READY') {
           try {
+            if (podNetwork) {
+              const st = await call<{ status: { network?: { ip?: string } | null } }>('runtime', 'PodSandboxStatus', {
+                pod_sandbox_id: s.id,
+              });
+              if ((st.status.network?.ip ?? '') === '') violate(`${label}: sandbox ${s.id.slice(0, 12)} is READY without a pod IP`);
+            }
             await containerCycle(pod);
           } catch (err) {
             violate(`${label}: sandbox ${s.id.slice(0, 12)} is READY but a container cannot start: ${(err as Error).message}`);
@@ -246,7 +272,7 @@ export async function runSoak(opts: SoakOptions): Promise<SoakResult> {
       }
       for (const id of [...pods.keys()]) if (!listed.some((s) => s.id === id)) violate(`${label}: sandbox ${id.slice(0, 12)} vanished`);
       const owners = await ownersFromRecords(rt.stateDir);
-      for (const o of await auditOrphans(owners, { stateDir: rt.stateDir }))
+      for (const o of await auditOrphans(owners, { stateDir: rt.stateDir, netnsDir: podNetwork ? NETNS_DIR : undefined }))
         violate(`${label}: orphan ${o.kind} ${o.path}${o.pid ? ` pid ${o.pid}` : ''}`);
       const ids = new Set(owners.sandboxes.map((s) => s.id));
       for (const dir of await cgroupDirsUnder(rt.cgroupRoot)) {
@@ -390,6 +416,7 @@ export async function runSoak(opts: SoakOptions): Promise<SoakResult> {
         // A registry that breaks every blob transfer off: the pull fails as UNAVAILABLE (worth a
         // retry), within its deadline, and leaves no partial file in the store.
         const proxy = await startProxy(registry.url, { dropBlobs: { afterBytes: 4096 } });
+        const stopRelay = await node?.relayLoopbackPort(portOf(proxy.host));
         try {
           const ref = unpullable.replace(registry.host, proxy.host);
           const err = await call('image', 'PullImage', { image: { image: ref } }, 60_000).then(
@@ -401,6 +428,7 @@ export async function runSoak(opts: SoakOptions): Promise<SoakResult> {
           const left = await fsp.readdir(path.join(rt.stateDir, 'images', 'ingest')).catch(() => []);
           if (left.length > 0) violate(`registry-drop: ${left.length} partial files left in the image store`);
         } finally {
+          await stopRelay?.();
           await proxy.stop();
         }
       } else if (kind === 'disk-full') {
@@ -476,6 +504,12 @@ export async function runSoak(opts: SoakOptions): Promise<SoakResult> {
         progress(`request failed: ${(err as Error).message.slice(0, 200)}`);
       }
     }
+    if (opts.signal?.aborted === true && !signal(rt.pid(), 0)) {
+      // A Ctrl-C reaches the daemon too (it is in the terminal's process group) and it stops as
+      // for SIGTERM, VMs left running: start it again for the end checks and the clean-up.
+      await rt.stop();
+      await rt.start();
+    }
     await checkInvariants('at the end');
     for (const pod of [...pods.values()]) {
       await call('runtime', 'StopPodSandbox', { pod_sandbox_id: pod.id });
@@ -486,8 +520,13 @@ export async function runSoak(opts: SoakOptions): Promise<SoakResult> {
     result.durationMs = Date.now() - started;
     if (process.env.KATA_TS_SOAK_LOG !== undefined) await fsp.copyFile(rt.logFile, process.env.KATA_TS_SOAK_LOG).catch(() => undefined);
     await rt.cleanup();
+    await node?.cleanup(everyPod.map(netnsNameFor));
     await registry.stop();
   }
+}
+
+function portOf(host: string): number {
+  return Number(host.slice(host.lastIndexOf(':') + 1));
 }
 
 export function formatSoakReport(r: SoakResult): string {
@@ -517,6 +556,7 @@ if (import.meta.url === `file://${process.argv[1]}`) {
       faults: { type: 'string', default: '40' },
       seed: { type: 'string', default: '1' },
       kinds: { type: 'string', default: FAULT_KINDS.join(',') },
+      network: { type: 'string', default: 'cni' },
       json: { type: 'boolean', default: false },
     },
   });
@@ -527,6 +567,7 @@ if (import.meta.url === `file://${process.argv[1]}`) {
     faults: Number(values.faults),
     seed: Number(values.seed),
     kinds: parseKinds(values.kinds),
+    podNetwork: values.network !== 'none',
     signal: stop.signal,
   });
   process.stdout.write(values.json ? `${JSON.stringify({ bench: 'soak', ...result })}\n` : `${formatSoakReport(result)}\n`);

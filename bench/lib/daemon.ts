@@ -10,7 +10,7 @@ export type BenchDaemon = TestRuntime;
 
 export function createBenchDaemon(
   configDoc: Record<string, unknown> = {},
-  options: Pick<TestRuntimeOptions, 'stateTmpfsMiB'> = {},
+  options: Pick<TestRuntimeOptions, 'stateTmpfsMiB' | 'netnsPath'> = {},
 ): Promise<BenchDaemon> {
   return createTestRuntime({ logLevel: 'info', ...configDoc }, { cgroupPrefix: 'kata-ts-bench-', tmpPrefix: 'ktb-', ...options });
 }

@@ -6,9 +6,10 @@
  * go with it), the pods' namespaces the test names, and the temp dir.
  * vitest-free, so that benches share it.
  */
-import { execFile } from 'node:child_process';
+import { execFile, spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { promises as fsp } from 'node:fs';
+import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { promisify } from 'node:util';
@@ -45,8 +46,28 @@ export interface NetworkNode {
   allocations(): Promise<string[]>;
   /** Interface names in the node namespace (veths, bridge). */
   links(): Promise<string[]>;
+  /**
+   * Make the host's 127.0.0.1:`port` (a registry, a proxy) answer on 127.0.0.1:`port` inside the
+   * node too, so a daemon running in the node can pull: a relay listening in the node (a node
+   * process under nsenter) hands each connection through a unix socket (file systems are shared,
+   * network namespaces are not) to this process, which connects to the host's port. No interface
+   * is added anywhere. Stopped by cleanup() or the returned function.
+   */
+  relayLoopbackPort(port: number): Promise<() => Promise<void>>;
   cleanup(podNetnsNames?: string[]): Promise<void>;
 }
+
+/** The node-side half of relayLoopbackPort: TCP on the node's loopback -> the unix socket. */
+const RELAY_SCRIPT = `
+const net = require('node:net');
+const [port, sock] = process.argv.slice(1);
+net.createServer((c) => {
+  const u = net.connect(sock);
+  c.pipe(u); u.pipe(c);
+  c.on('error', () => u.destroy()); u.on('error', () => c.destroy());
+  c.on('close', () => u.destroy()); u.on('close', () => c.destroy());
+}).listen(Number(port), '127.0.0.1', () => process.stdout.write('ready\\n'));
+`;
 
 export async function createNetworkNode(): Promise<NetworkNode> {
   const tag = randomBytes(3).toString('hex');
@@ -93,7 +114,45 @@ export async function createNetworkNode(): Promise<NetworkNode> {
   const exec = async (argv: string[], timeoutMs = 30_000): Promise<string> =>
     (await execFileAsync('nsenter', [`--net=${netnsPath}`, '--', ...argv], { timeout: timeoutMs })).stdout;
   await exec(['ip', 'link', 'set', 'dev', 'lo', 'up']);
+  const relays = new Set<() => Promise<void>>();
+  const relayLoopbackPort = async (port: number): Promise<() => Promise<void>> => {
+    const sock = path.join(dir, `relay-${port}.sock`);
+    const server = net.createServer((c) => {
+      const t = net.connect(port, '127.0.0.1');
+      c.pipe(t);
+      t.pipe(c);
+      c.on('error', () => t.destroy());
+      t.on('error', () => c.destroy());
+      c.on('close', () => t.destroy());
+      t.on('close', () => c.destroy());
+    });
+    await new Promise<void>((resolve, reject) => server.once('error', reject).listen(sock, resolve));
+    const child = spawn('nsenter', [`--net=${netnsPath}`, '--', process.execPath, '-e', RELAY_SCRIPT, String(port), sock], {
+      stdio: ['ignore', 'pipe', 'inherit'],
+    });
+    const stop = async (): Promise<void> => {
+      relays.delete(stop);
+      if (child.exitCode === null && child.signalCode === null) {
+        const gone = new Promise((r) => child.once('exit', r));
+        child.kill('SIGKILL');
+        await gone;
+      }
+      await new Promise<void>((r) => server.close(() => r()));
+    };
+    relays.add(stop);
+    try {
+      await new Promise<void>((resolve, reject) => {
+        child.stdout.once('data', () => resolve());
+        child.once('exit', (code) => reject(new Error(`the relay for port ${port} in ${name} exited with ${code}`)));
+      });
+    } catch (err) {
+      await stop();
+      throw err;
+    }
+    return stop;
+  };
   return {
+    relayLoopbackPort,
     name,
     netnsPath,
     dir,
@@ -126,6 +185,7 @@ export async function createNetworkNode(): Promise<NetworkNode> {
       return (JSON.parse(out) as Array<{ ifname: string }>).map((l) => l.ifname);
     },
     async cleanup(podNetnsNames = []) {
+      for (const stop of [...relays]) await stop();
       for (const pod of podNetnsNames) await execFileAsync('ip', ['netns', 'del', pod]).catch(() => undefined);
       // Namespaces a test or bench added next to the node (`<name>-...`), then the node itself.
       for (const extra of (await fsp.readdir('/run/netns').catch(() => [] as string[])).filter((n) => n.startsWith(`${name}-`))) {
