@@ -6,10 +6,11 @@
  * QMP `stop` cannot be sent from outside, since QEMU's QMP socket serves one client and the daemon
  * holds it), the agent SIGKILLed inside the guest (by a container in the guest's root PID
  * namespace; the guest's init restarts it), and a registry that drops every blob transfer midway
- * (a pull through it must fail as UNAVAILABLE and leave no partial file), and a full state disk
- * (the state dir is a small tmpfs, filled to its last page by a ballast file: reads and execs keep
- * answering, a new pod, container and pull are refused RESOURCE_EXHAUSTED and change nothing, the
- * daemon restarts on the full disk and finds everything again), on pods with a CNI network (see
+ * (a pull through it must fail as UNAVAILABLE and leave no partial file), and a full disk (the
+ * state dir and the pods' log dirs are small tmpfs, filled to their last page by ballast files:
+ * reads and execs keep answering, a new pod, container and pull are refused RESOURCE_EXHAUSTED and
+ * change nothing, the daemon restarts on the full disk and finds everything again, and the tickers'
+ * logs catch up without a gap once there is room again), on pods with a CNI network (see
  * SoakOptions.podNetwork). After every fault and at the end the invariants are checked:
  * - every listed sandbox is READY and usable (a container starts in it) or NOTREADY and removable
  *   (Stop + Remove succeed); no id and no pod uid is listed twice;
@@ -24,9 +25,10 @@
  *   node --import tsx bench/soak.ts [--requests 1000] [--faults 40] [--seed 1] [--kinds disk-full,...] [--network cni|none] [--json]
  */
 
+import { execFile } from 'node:child_process';
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
-import { parseArgs } from 'node:util';
+import { parseArgs, promisify } from 'node:util';
 import { status } from '@grpc/grpc-js';
 import { errnoCode } from '../src/common/errors.js';
 import { NETNS_DIR, netnsNameFor } from '../src/network/index.js';
@@ -51,8 +53,12 @@ export const FAULT_KINDS = [
 ] as const;
 export type FaultKind = (typeof FAULT_KINDS)[number];
 
+const execFileAsync = promisify(execFile);
+
 /** The state dir is a tmpfs this small, so the disk-full fault can fill it in a moment. */
 const STATE_DISK_MIB = 256;
+/** The pods' log directories are on a tmpfs too, filled with the state disk. */
+const LOG_DISK_MIB = 64;
 
 export interface SoakOptions {
   requests: number;
@@ -157,6 +163,7 @@ export async function runSoak(opts: SoakOptions): Promise<SoakResult> {
     stateTmpfsMiB: STATE_DISK_MIB,
     netnsPath: node?.netnsPath,
   });
+  const logDisk = path.join(rt.dir, 'logs');
   /** Every sandbox the soak made, for the node's clean-up of any namespace left behind. */
   const everyPod: string[] = [];
   const kinds = opts.kinds ?? FAULT_KINDS;
@@ -187,6 +194,10 @@ export async function runSoak(opts: SoakOptions): Promise<SoakResult> {
     // Pulled only while the state disk is full (the disk-full fault): refused every time.
     const onFullDisk = await pushBusyboxImage(registry, 'soak/full', '1.0', ['sleep', 'head']);
     await allowLoopbackRegistries(rt);
+    // The pods' log directories (the kubelet's /var/log/pods) on a small disk of their own, under
+    // the runtime's temp dir: rt.cleanup() unmounts it with everything mounted there.
+    await fsp.mkdir(logDisk, { mode: 0o700 });
+    await execFileAsync('mount', ['-t', 'tmpfs', '-o', `size=${LOG_DISK_MIB}m,mode=0700`, 'kata-ts-soak-logs', logDisk]);
     await node?.relayLoopbackPort(portOf(registry.host));
     await rt.start();
     await call('image', 'PullImage', { image: { image } });
@@ -194,7 +205,7 @@ export async function runSoak(opts: SoakOptions): Promise<SoakResult> {
     let podSeq = 0;
     const bootPod = async (): Promise<Pod> => {
       const name = `soak${podSeq++}`;
-      const logDir = path.join(rt.dir, 'logs', name);
+      const logDir = path.join(logDisk, name);
       await fsp.mkdir(logDir, { recursive: true });
       const config = { ...podConfig(rt, name), log_directory: logDir };
       result.boots++;
@@ -307,9 +318,10 @@ export async function runSoak(opts: SoakOptions): Promise<SoakResult> {
      * given back and the invariants (a container starts in every READY pod) are checked.
      */
     const diskFull = async (pod: Pod): Promise<void> => {
-      const ballast = path.join(rt.stateDir, 'soak-ballast');
-      const filledBytes = await fillDisk(ballast);
-      progress(`  state disk filled with ${(filledBytes / 2 ** 20).toFixed(1)} MiB of ballast`);
+      // The node's disk as a whole: the runtime's state and the kubelet's pod logs both full.
+      const ballasts = [path.join(rt.stateDir, 'soak-ballast'), path.join(logDisk, 'soak-ballast')];
+      const filledBytes = [await fillDisk(ballasts[0]!), await fillDisk(ballasts[1]!)];
+      progress(`  state and log disks filled with ${filledBytes.map((b) => (b / 2 ** 20).toFixed(1)).join(' + ')} MiB of ballast`);
       try {
         const before = await stateSummary();
         const reads: Array<['runtime' | 'image', string, object]> = [
@@ -351,7 +363,7 @@ export async function runSoak(opts: SoakOptions): Promise<SoakResult> {
         const afterRestart = await stateSummary();
         if (afterRestart !== before) violate(`disk-full: a restart on the full disk changed the state: ${before} -> ${afterRestart}`);
       } finally {
-        await fsp.rm(ballast, { force: true });
+        for (const b of ballasts) await fsp.rm(b, { force: true });
       }
     };
 
