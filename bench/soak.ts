@@ -1,5 +1,6 @@
 /**
- * Fault-injection soak: a seeded loop of CRI requests over the socket of a real `kata-ts serve`
+ * Fault-injection soak: a seeded loop of CRI requests (pods run, stopped and removed, containers
+ * created, started, stopped and removed, exec, resize) over the socket of a real `kata-ts serve`
  * (real VMs, a real registry on loopback, the cgroupfs driver under a private parent), with faults
  * injected at spread-out points, in turn: SIGKILL of the daemon (and restart), SIGKILL of a QEMU,
  * SIGKILL of a virtiofsd, and a hung guest (its QEMU SIGSTOPped for a few seconds, then SIGCONT:
@@ -85,6 +86,10 @@ export interface SoakResult {
   violations: string[];
   notReadyMs: number[];
   boots: number;
+  /** UpdateContainerResources requests that succeeded. */
+  resizes: number;
+  /** Requests of the loop that failed (right after a fault, mostly): logged, judged by the invariants. */
+  failed: number;
   durationMs: number;
 }
 
@@ -174,6 +179,8 @@ export async function runSoak(opts: SoakOptions): Promise<SoakResult> {
     violations: [],
     notReadyMs: [],
     boots: 0,
+    resizes: 0,
+    failed: 0,
     durationMs: 0,
   };
   const pods = new Map<string, Pod>();
@@ -501,8 +508,21 @@ export async function runSoak(opts: SoakOptions): Promise<SoakResult> {
           ];
           const [svc, method, req] = cheap[Math.floor(random() * cheap.length)]!;
           await call(svc, method, req);
-        } else if (r < 0.8) {
+        } else if (r < 0.75) {
           await call('runtime', 'ExecSync', { container_id: pod.ticker, cmd: ['echo', 'x'], timeout: 30 });
+        } else if (r < 0.82) {
+          // A resize as the kubelet sends one (in-place pod resize): the ticker's CPU and memory
+          // limits within the pod's planned headroom. A refusal is logged like any failed request.
+          await call('runtime', 'UpdateContainerResources', {
+            container_id: pod.ticker,
+            linux: {
+              cpu_period: 100_000,
+              cpu_quota: 20_000 + Math.floor(random() * 80_000),
+              cpu_shares: 2 + Math.floor(random() * 1022),
+              memory_limit_in_bytes: (64 + Math.floor(random() * 192)) * 2 ** 20,
+            },
+          });
+          result.resizes++;
         } else if (r < 0.97) {
           await containerCycle(pod);
         } else {
@@ -513,6 +533,7 @@ export async function runSoak(opts: SoakOptions): Promise<SoakResult> {
         }
       } catch (err) {
         // A request may fail right after a fault (the pod is NOTREADY); the invariants judge the state.
+        result.failed++;
         progress(`request failed: ${(err as Error).message.slice(0, 200)}`);
       }
     }
@@ -547,7 +568,8 @@ export function formatSoakReport(r: SoakResult): string {
     .join(', ');
   return [
     `soak: ${r.requests} requests, ${r.faults} faults, ${r.violations.length} invariant violations`,
-    `  faults: ${kinds}; VM boots ${r.boots}; ${(r.durationMs / 1000).toFixed(0)} s`,
+    `  requests of the loop that failed: ${r.failed}`,
+    `  faults: ${kinds}; VM boots ${r.boots}; resizes ${r.resizes}; ${(r.durationMs / 1000).toFixed(0)} s`,
     `  dead QEMU -> NOTREADY: p50 ${percentile(r.notReadyMs, 50).toFixed(0)} ms, p99 ${percentile(r.notReadyMs, 99).toFixed(0)} ms (${r.notReadyMs.length} samples)`,
     ...r.violations.map((v) => `  violation: ${v}`),
   ].join('\n');
