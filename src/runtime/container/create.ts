@@ -189,6 +189,7 @@ async function prepareContainerGuest(
     imageConfig: await deps.images.imageConfig(imageId),
     rootfs,
     sharedHostDir: deps.guests.sharedDirOf(sandboxId),
+    sharedDirsRoot: deps.guests.sharedDirsRoot,
     sharedGuestDir: deps.guests.guestSharedDir,
     pod: pod ?? { pausePid: 1, shmPath: '/dev/shm' },
     logger,

@@ -40,6 +40,8 @@ export interface SandboxGuestAccess {
   agentOf(sandboxId: string): AgentClient | undefined;
   /** The sandbox's shared directory on the host (virtio-fs source). */
   sharedDirOf(sandboxId: string): string;
+  /** The directory every sandbox's shared directory is under (the state dir's `vm/`). */
+  sharedDirsRoot: string;
   /** Where the shared directory is in the guest. */
   guestSharedDir: string;
   /** The pod's namespaces holder and /dev/shm in the guest; null when the guest has none (no container can start). */

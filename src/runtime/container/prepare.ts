@@ -26,6 +26,8 @@ export interface PrepareInput {
   /** The sandbox's shared directory on the host and in the guest. */
   sharedHostDir: string;
   sharedGuestDir: string;
+  /** Where every sandbox's shared directory is (see SharedDirMounts). */
+  sharedDirsRoot: string;
   pod: GuestPod;
   logger: Logger;
   /** Where the container's hot-plugged devices are in the VM (needed when the container has devices). */
@@ -104,7 +106,7 @@ export async function prepareGuest(input: PrepareInput): Promise<{ plan: Contain
   const container = { ...input.spec, annotations, devices: [] };
   const built = buildOciSpec(ociInput({ container, sandbox: input.sandboxSpec, image: input.imageConfig, passwd, group, seccomp, guest }));
   if (input.checkOnly === true) return { plan: null };
-  const mounts = new SharedDirMounts(dirs, input.logger);
+  const mounts = new SharedDirMounts(dirs, input.sharedDirsRoot, input.logger);
   try {
     await mounts.bindRootfs(input.rootfs);
     await mounts.bindCriMounts(criMounts);

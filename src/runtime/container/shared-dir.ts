@@ -58,6 +58,12 @@ export class SharedDirMounts {
 
   constructor(
     readonly dirs: ContainerDirs,
+    /**
+     * Where every sandbox's shared directory is. A private volume whose host path holds it ("/",
+     * "/var/lib") copies, through its recursive bind, every mount there (the shared directories
+     * and the container mounts inside them); those copies are taken down at once (see bindPinned).
+     */
+    private readonly sharedDirsRoot: string,
     private readonly logger: Logger,
   ) {}
 
@@ -82,7 +88,12 @@ export class SharedDirMounts {
     for (const [i, m] of mounts.entries()) {
       const field = `container.mounts[${i}] (${m.container_path})`;
       const target = path.join(this.dirs.hostDir, 'mounts', String(i));
-      const opts = { readonly: m.readonly, recursive: m.recursive_read_only === true, propagationFlag: PROPAGATION_FLAG[m.propagation] };
+      const opts = {
+        readonly: m.readonly,
+        recursive: m.recursive_read_only === true,
+        propagationFlag: PROPAGATION_FLAG[m.propagation],
+        sharedDirsRoot: this.sharedDirsRoot,
+      };
       await bindPinned(m.host_path, target, opts, field);
       this.bindMounts.push(target);
       sources[m.container_path] = path.posix.join(this.dirs.guestDir, 'mounts', String(i));
@@ -168,7 +179,7 @@ async function isMountPoint(p: string): Promise<boolean> {
 async function bindPinned(
   source: string,
   target: string,
-  opts: { readonly: boolean; recursive?: boolean; propagationFlag: string },
+  opts: { readonly: boolean; recursive?: boolean; propagationFlag: string; sharedDirsRoot?: string },
   field: string,
 ): Promise<void> {
   if (!path.isAbsolute(source)) throw invalid('CONTAINER_MOUNT_SOURCE_INVALID', `${field}: host_path "${source}" is not absolute`);
@@ -213,6 +224,8 @@ async function bindPinned(
       const options = ['remount', 'bind', 'nodev', 'nosuid', opts.readonly ? 'ro' : 'rw'].join(',');
       await mountCmd(['--no-canonicalize', '-o', options, target], field);
       await mountCmd([opts.propagationFlag, target], field);
+      if (opts.sharedDirsRoot !== undefined && opts.propagationFlag === PROPAGATION_FLAG.PROPAGATION_PRIVATE)
+        await dropSharedDirCopies(resolved, target, opts.sharedDirsRoot, field);
       // The remount above changes the top mount only; the guest reaches the submounts through
       // virtiofsd on the host, so each one must refuse writes here, whatever the guest does.
       if (opts.recursive === true) {
@@ -225,6 +238,34 @@ async function bindPinned(
     }
   } finally {
     await handle.close();
+  }
+}
+
+/**
+ * After a private recursive bind of `source` at `target`: when `source` holds `sharedDirsRoot`,
+ * the bind copied every sandbox's shared directory with the container mounts in it. Private
+ * copies no longer follow the originals, so each would keep its container's mount point busy in
+ * this namespace after that container's own unmount, and its removal would fail (rmdir: EBUSY)
+ * for as long as this volume lives. They are detached here (lazily: a subtree at once); being
+ * private, their unmount reaches nothing else. What the volume shows there is the directories
+ * underneath, as a recursive bind made before any pod ran would. Slave and shared volumes keep
+ * their copies: those follow the originals' unmounts by propagation.
+ */
+async function dropSharedDirCopies(source: string, target: string, sharedDirsRoot: string, field: string): Promise<void> {
+  const rel = path.relative(source, sharedDirsRoot);
+  if (rel.startsWith('..') || path.isAbsolute(rel)) return;
+  const copyRoot = path.join(target, rel);
+  const copies = mountsUnder(await fsp.readFile('/proc/self/mountinfo', 'utf8'), copyRoot);
+  // Shallowest first: a lazy unmount detaches everything below it too.
+  const shallowest = copies.filter((p) => !copies.some((q) => q !== p && p.startsWith(`${q}/`)));
+  for (const point of shallowest) {
+    if (await isMountPoint(point))
+      await run('umount', ['--lazy', '--', point]).catch((err: unknown) => {
+        throw internal(
+          'CONTAINER_MOUNT_FAILED',
+          `${field}: the copy of ${point} in the volume could not be detached: ${errorMessage(err)}`,
+        );
+      });
   }
 }
 

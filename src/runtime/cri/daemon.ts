@@ -20,7 +20,7 @@ import { type MetricsEndpoint, RuntimeMetrics, serveMetrics } from '../metrics.j
 import { ResourceUpdates } from '../resize/index.js';
 import { SandboxManager } from '../sandbox/manager.js';
 import { auditOrphans, ownersFromRecords } from '../sandbox/orphan-audit.js';
-import { sandboxSharedDir } from '../sandbox/paths.js';
+import { sandboxSharedDir, sandboxVmRoot } from '../sandbox/paths.js';
 import { SANDBOX_RECORD_KIND, type SandboxRecord } from '../sandbox/record.js';
 import { podSandboxStatusView } from '../sandbox/views.js';
 import { acquireStateLock } from '../state-lock.js';
@@ -123,6 +123,7 @@ async function composeDaemon(options: DaemonOptions, releaseLock: () => Promise<
       return live?.vm !== undefined ? live.agent : undefined;
     },
     sharedDirOf: (id) => sandboxSharedDir(config.stateDir, id),
+    sharedDirsRoot: sandboxVmRoot(config.stateDir),
     guestSharedDir: GUEST_SHARED_DIR,
     guestPodOf: (id) => sandboxes.find(id)?.record.guestPod ?? null,
   };

@@ -35,7 +35,11 @@ describe('SharedDirMounts: read-only volumes with a submount', () => {
   });
 
   const bind = async (recursive: boolean) => {
-    const mounts = new SharedDirMounts({ hostDir: path.join(dir, 'share', 'c1'), guestDir: '/run/share/c1' }, silentLogger());
+    const mounts = new SharedDirMounts(
+      { hostDir: path.join(dir, 'share', 'c1'), guestDir: '/run/share/c1' },
+      path.join(dir, 'share'),
+      silentLogger(),
+    );
     const sources = await mounts.bindCriMounts([
       { container_path: '/mnt', host_path: volume, readonly: true, recursive_read_only: recursive, propagation: 'PROPAGATION_PRIVATE' },
     ]);

@@ -232,11 +232,18 @@ describe('fuzzing the container rpcs against a live sandbox (real VM)', () => {
     expect(findings).toEqual([]);
   }, 900_000);
 
-  it("a hostPath volume of the host's root (/) mounts read-only, is read in the guest, and leaves no mount behind", async () => {
+  it("a hostPath volume of the host's root (/) mounts read-only, is read in the guest, pins no other container's mounts, and leaves none behind", async () => {
     // The widest host path a request can name: bound recursively into the shared directory (an
     // rshared tree) and served to the guest. Its removal must take every mount it made with it.
     const mounts = async () => mountsUnder(await fsp.readFile('/proc/self/mountinfo', 'utf8'), rt.dir);
     const before = await mounts();
+    // A container made before the volume: its root filesystem's mount is copied by the recursive
+    // bind of "/", and its removal must not be pinned by that copy (it was: EBUSY at rmdir).
+    const { container_id: earlier } = await rpc<{ container_id: string }>(rt.cri.runtime, 'CreateContainer', {
+      pod_sandbox_id: sid,
+      config: { metadata: { name: 'earlier', attempt: 0 }, image: { image }, command: ['sleep', '1000'], log_path: 'earlier.log' },
+      sandbox_config: sandboxConfig,
+    });
     const { container_id: id } = await rpc<{ container_id: string }>(rt.cri.runtime, 'CreateContainer', {
       pod_sandbox_id: sid,
       config: {
@@ -255,6 +262,7 @@ describe('fuzzing the container rpcs against a live sandbox (real VM)', () => {
       timeout: 30,
     });
     expect(ls.stdout.toString()).toBe('seen\nrefused\n');
+    await rpc(rt.cri.runtime, 'RemoveContainer', { container_id: earlier });
     await rpc(rt.cri.runtime, 'StopContainer', { container_id: id, timeout: 0 });
     await rpc(rt.cri.runtime, 'RemoveContainer', { container_id: id });
     expect(await mounts()).toEqual(before);

@@ -100,6 +100,7 @@ async function world(stateDir: string, failRecord: boolean): Promise<World> {
     guests: {
       agentOf: () => undefined,
       sharedDirOf: () => path.join(stateDir, 'shared'),
+      sharedDirsRoot: stateDir,
       guestSharedDir: '/run/kata-ts/shared',
       guestPodOf: () => null,
     },

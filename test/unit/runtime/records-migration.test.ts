@@ -148,6 +148,7 @@ describe('loading and recovering format-1 records', () => {
       guests: {
         agentOf: () => undefined,
         sharedDirOf: () => '/nonexistent',
+        sharedDirsRoot: '/nonexistent',
         guestSharedDir: '/run/kata-ts/shared',
         guestPodOf: () => null,
       },
