@@ -232,42 +232,51 @@ describe('fuzzing the container rpcs against a live sandbox (real VM)', () => {
     expect(findings).toEqual([]);
   }, 900_000);
 
-  it("a hostPath volume of the host's root (/) mounts read-only, is read in the guest, pins no other container's mounts, and leaves none behind", async () => {
-    // The widest host path a request can name: bound recursively into the shared directory (an
-    // rshared tree) and served to the guest. Its removal must take every mount it made with it.
-    const mounts = async () => mountsUnder(await fsp.readFile('/proc/self/mountinfo', 'utf8'), rt.dir);
-    const before = await mounts();
-    // A container made before the volume: its root filesystem's mount is copied by the recursive
-    // bind of "/", and its removal must not be pinned by that copy (it was: EBUSY at rmdir).
-    const { container_id: earlier } = await rpc<{ container_id: string }>(rt.cri.runtime, 'CreateContainer', {
-      pod_sandbox_id: sid,
-      config: { metadata: { name: 'earlier', attempt: 0 }, image: { image }, command: ['sleep', '1000'], log_path: 'earlier.log' },
-      sandbox_config: sandboxConfig,
-    });
-    const { container_id: id } = await rpc<{ container_id: string }>(rt.cri.runtime, 'CreateContainer', {
-      pod_sandbox_id: sid,
-      config: {
-        metadata: { name: 'hostroot', attempt: 0 },
-        image: { image },
-        command: ['sleep', '1000'],
-        log_path: 'hostroot.log',
-        mounts: [{ container_path: '/host', host_path: '/', readonly: true }],
-      },
-      sandbox_config: sandboxConfig,
-    });
-    await rpc(rt.cri.runtime, 'StartContainer', { container_id: id });
-    const ls = await rpc<{ stdout: Buffer; exit_code: number }>(rt.cri.runtime, 'ExecSync', {
-      container_id: id,
-      cmd: ['sh', '-c', 'test -f /host/etc/os-release && echo seen; touch /host/kata-ts-fuzz-write 2>/dev/null || echo refused'],
-      timeout: 30,
-    });
-    expect(ls.stdout.toString()).toBe('seen\nrefused\n');
-    await rpc(rt.cri.runtime, 'RemoveContainer', { container_id: earlier });
-    await rpc(rt.cri.runtime, 'StopContainer', { container_id: id, timeout: 0 });
-    await rpc(rt.cri.runtime, 'RemoveContainer', { container_id: id });
-    expect(await mounts()).toEqual(before);
-    expect(await fsp.stat('/kata-ts-fuzz-write').catch(() => undefined)).toBeUndefined();
-  }, 300_000);
+  it.each(['PROPAGATION_PRIVATE', 'PROPAGATION_HOST_TO_CONTAINER'])(
+    "a hostPath volume of the host's root (/, %s) mounts read-only, is read in the guest, pins no other container's mounts, and leaves none behind",
+    async (propagation) => {
+      // The widest host path a request can name: bound recursively into the shared directory (an
+      // rshared tree) and served to the guest. Its removal must take every mount it made with it.
+      const mounts = async () => mountsUnder(await fsp.readFile('/proc/self/mountinfo', 'utf8'), rt.dir);
+      const before = await mounts();
+      // A container made before the volume: its root filesystem's mount is copied by the recursive
+      // bind of "/", and its removal must not be pinned by that copy (it was: EBUSY at rmdir).
+      const { container_id: earlier } = await rpc<{ container_id: string }>(rt.cri.runtime, 'CreateContainer', {
+        pod_sandbox_id: sid,
+        config: {
+          metadata: { name: `earlier-${propagation}`, attempt: 0 },
+          image: { image },
+          command: ['sleep', '1000'],
+          log_path: 'earlier.log',
+        },
+        sandbox_config: sandboxConfig,
+      });
+      const { container_id: id } = await rpc<{ container_id: string }>(rt.cri.runtime, 'CreateContainer', {
+        pod_sandbox_id: sid,
+        config: {
+          metadata: { name: `hostroot-${propagation}`, attempt: 0 },
+          image: { image },
+          command: ['sleep', '1000'],
+          log_path: 'hostroot.log',
+          mounts: [{ container_path: '/host', host_path: '/', readonly: true, propagation }],
+        },
+        sandbox_config: sandboxConfig,
+      });
+      await rpc(rt.cri.runtime, 'StartContainer', { container_id: id });
+      const ls = await rpc<{ stdout: Buffer; exit_code: number }>(rt.cri.runtime, 'ExecSync', {
+        container_id: id,
+        cmd: ['sh', '-c', 'test -f /host/etc/os-release && echo seen; touch /host/kata-ts-fuzz-write 2>/dev/null || echo refused'],
+        timeout: 30,
+      });
+      expect(ls.stdout.toString()).toBe('seen\nrefused\n');
+      await rpc(rt.cri.runtime, 'RemoveContainer', { container_id: earlier });
+      await rpc(rt.cri.runtime, 'StopContainer', { container_id: id, timeout: 0 });
+      await rpc(rt.cri.runtime, 'RemoveContainer', { container_id: id });
+      expect(await mounts()).toEqual(before);
+      expect(await fsp.stat('/kata-ts-fuzz-write').catch(() => undefined)).toBeUndefined();
+    },
+    300_000,
+  );
 
   it('left the pod READY and its container RUNNING and answering; removing it leaves nothing', async () => {
     const pod = await rpc<{ status: { state: string } }>(rt.cri.runtime, 'PodSandboxStatus', { pod_sandbox_id: sid });
