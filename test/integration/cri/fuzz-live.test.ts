@@ -69,6 +69,14 @@ describe('fuzzing the container rpcs against a live sandbox (real VM)', () => {
   const rpcs = unaryRpcs();
   const byName = (name: string): FuzzRpc => rpcs.find((r) => r.name === name)!;
 
+  /** A `sleep` container in the live pod, with `extra` config fields. */
+  async function create(name: string, extra: Record<string, unknown> = {}): Promise<string> {
+    const config = { metadata: { name, attempt: 0 }, image: { image }, command: ['sleep', '100000'], log_path: `${name}.log`, ...extra };
+    return (
+      await rpc<{ container_id: string }>(rt.cri.runtime, 'CreateContainer', { pod_sandbox_id: sid, config, sandbox_config: sandboxConfig })
+    ).container_id;
+  }
+
   async function snapshot(): Promise<string> {
     const { items } = await rpc<{ items: Array<{ id: string; state: string }> }>(rt.cri.runtime, 'ListPodSandbox', {});
     const { containers } = await rpc<{ containers: Array<{ id: string; state: string }> }>(rt.cri.runtime, 'ListContainers', {});
@@ -134,14 +142,6 @@ describe('fuzzing the container rpcs against a live sandbox (real VM)', () => {
     await rpc(rt.cri.image, 'PullImage', { image: { image } });
     sandboxConfig = { ...podConfig(rt, 'fuzz-live'), log_directory: path.join(rt.dir, 'pod-logs') };
     sid = (await rpc<{ pod_sandbox_id: string }>(rt.cri.runtime, 'RunPodSandbox', { config: sandboxConfig })).pod_sandbox_id;
-    const create = async (name: string) =>
-      (
-        await rpc<{ container_id: string }>(rt.cri.runtime, 'CreateContainer', {
-          pod_sandbox_id: sid,
-          config: { metadata: { name, attempt: 0 }, image: { image }, command: ['sleep', '100000'], log_path: `${name}.log` },
-          sandbox_config: sandboxConfig,
-        })
-      ).container_id;
     running = await create('running');
     await rpc(rt.cri.runtime, 'StartContainer', { container_id: running });
     created = await create('created');
@@ -241,26 +241,9 @@ describe('fuzzing the container rpcs against a live sandbox (real VM)', () => {
       const before = await mounts();
       // A container made before the volume: its root filesystem's mount is copied by the recursive
       // bind of "/", and its removal must not be pinned by that copy (it was: EBUSY at rmdir).
-      const { container_id: earlier } = await rpc<{ container_id: string }>(rt.cri.runtime, 'CreateContainer', {
-        pod_sandbox_id: sid,
-        config: {
-          metadata: { name: `earlier-${propagation}`, attempt: 0 },
-          image: { image },
-          command: ['sleep', '1000'],
-          log_path: 'earlier.log',
-        },
-        sandbox_config: sandboxConfig,
-      });
-      const { container_id: id } = await rpc<{ container_id: string }>(rt.cri.runtime, 'CreateContainer', {
-        pod_sandbox_id: sid,
-        config: {
-          metadata: { name: `hostroot-${propagation}`, attempt: 0 },
-          image: { image },
-          command: ['sleep', '1000'],
-          log_path: 'hostroot.log',
-          mounts: [{ container_path: '/host', host_path: '/', readonly: true, propagation }],
-        },
-        sandbox_config: sandboxConfig,
+      const earlier = await create(`earlier-${propagation}`);
+      const id = await create(`hostroot-${propagation}`, {
+        mounts: [{ container_path: '/host', host_path: '/', readonly: true, propagation }],
       });
       await rpc(rt.cri.runtime, 'StartContainer', { container_id: id });
       const ls = await rpc<{ stdout: Buffer; exit_code: number }>(rt.cri.runtime, 'ExecSync', {
