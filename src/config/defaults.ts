@@ -89,6 +89,8 @@ export function defaultConfig(): KataConfig {
       tokenTtlMs: 60_000,
       maxTokensInFlight: 1000,
       streamCreationTimeoutMs: 30_000,
+      // containerd's stream_idle_timeout and the kubelet's streaming default: 4 hours.
+      streamIdleTimeoutMs: 4 * 60 * 60 * 1000,
     },
     defaultHandler: DEFAULT_HANDLER,
     handlers: {

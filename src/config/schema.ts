@@ -117,6 +117,8 @@ export const configFileSchema = {
         tokenTtlMs: positiveInt,
         maxTokensInFlight: positiveInt,
         streamCreationTimeoutMs: positiveInt,
+        // A socket timer: node clamps anything past 2^31 - 1 ms to 1 ms, so that is the most.
+        streamIdleTimeoutMs: { type: 'integer', minimum: 1, maximum: 2_147_483_647 },
       },
     },
     defaultHandler: nonEmptyString,

@@ -131,6 +131,8 @@ export interface StreamingConfig {
   maxTokensInFlight: number;
   /** How long a client has to open every stream of an exec or attach after upgrading. */
   streamCreationTimeoutMs: number;
+  /** A stream connection with no byte either way for this long is closed (its exec is killed). */
+  streamIdleTimeoutMs: number;
 }
 
 export interface KataConfig {

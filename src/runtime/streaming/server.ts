@@ -39,6 +39,8 @@ export interface StreamingServerOptions {
   tokenTtlMs: number;
   maxTokensInFlight: number;
   streamCreationTimeoutMs: number;
+  /** A connection with no byte in or out for this long is closed, as a client that left would be. */
+  streamIdleTimeoutMs: number;
   targets: StreamingTargets;
   logger: Logger;
 }
@@ -172,6 +174,7 @@ export class StreamingServer {
     const request = this.tokens.consume(match[2]!);
     if (request === undefined || request.kind !== match[1]) return void refuse(404, 'unknown or expired token');
     const upgrade = (req.headers.upgrade ?? '').toLowerCase();
+    this.closeWhenIdle(socket, match[1]!);
     if (upgrade === 'websocket') {
       const offered = req.headers['sec-websocket-protocol'];
       if (typeof offered === 'string' && offered.includes(WS_SPDY_TUNNEL)) {
@@ -197,6 +200,20 @@ export class StreamingServer {
     (socket as { setNoDelay?: (on: boolean) => void }).setNoDelay?.(true);
     if (head.length > 0) socket.unshift(head);
     this.serveSpdy(socket, request, protocol);
+  }
+
+  /**
+   * No byte either way for streamIdleTimeoutMs: the connection is destroyed, which every session
+   * treats as a client that left (an exec is killed, a port-forward's connections closed).
+   * kubectl and the kubelet's proxy send nothing while a session is quiet, so this is an idle
+   * limit, not a keep-alive: 4 hours by default, as containerd's stream_idle_timeout.
+   */
+  private closeWhenIdle(socket: Duplex, kind: string): void {
+    const timed = socket as Duplex & { setTimeout?: (ms: number, cb: () => void) => void };
+    timed.setTimeout?.(this.options.streamIdleTimeoutMs, () => {
+      this.options.logger.info({ kind, idleMs: this.options.streamIdleTimeoutMs }, 'stream connection idle: closed');
+      socket.destroy();
+    });
   }
 
   private serveSpdy(socket: Duplex, request: StreamRequest, protocol: string): void {

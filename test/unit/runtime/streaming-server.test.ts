@@ -121,6 +121,7 @@ describe('the streaming server (stand-in agent, real protocols on loopback)', ()
       tokenTtlMs: 60_000,
       maxTokensInFlight: 10,
       streamCreationTimeoutMs: 2000,
+      streamIdleTimeoutMs: 60_000,
       logger: pino({ level: 'silent' }),
       targets: {
         container: () => ({ agent: agent as unknown as AgentClient, record }),
@@ -193,6 +194,7 @@ describe('the streaming server (stand-in agent, real protocols on loopback)', ()
       tokenTtlMs: 60_000,
       maxTokensInFlight: 10,
       streamCreationTimeoutMs: 2000,
+      streamIdleTimeoutMs: 60_000,
       logger: pino({ level: 'silent' }),
       targets: {
         container: () => ({ agent: agent as unknown as AgentClient, record: attached }),
@@ -239,6 +241,43 @@ describe('the streaming server (stand-in agent, real protocols on loopback)', ()
     expect(server.openStreams).toBe(0);
   });
 
+  it('a connection idle for streamIdleTimeoutMs is closed like a client that left: its process is killed', async () => {
+    const idleServer = await StreamingServer.start({
+      address: '127.0.0.1:0',
+      tlsCertPath: null,
+      tlsKeyPath: null,
+      tokenTtlMs: 60_000,
+      maxTokensInFlight: 10,
+      streamCreationTimeoutMs: 2000,
+      streamIdleTimeoutMs: 400,
+      logger: pino({ level: 'silent' }),
+      targets: {
+        container: () => ({ agent: agent as unknown as AgentClient, record }),
+        sandboxAgent: () => agent as unknown as AgentClient,
+      },
+    });
+    try {
+      const url = idleServer.urlFor(decodeExecRequest({ container_id: 'c1', cmd: ['sleep', '30'], stdout: true, stderr: true }));
+      const client = await SpdyClient.connect(url, ['v4.channel.k8s.io']);
+      const closed = new Promise<void>((resolve) => client.socket.once('close', () => resolve()));
+      await client.open({ streamType: 'error' });
+      await client.open({ streamType: 'stdout' });
+      await client.open({ streamType: 'stderr' });
+      let running: (typeof agent.procs extends Map<unknown, infer P> ? P : never) | undefined;
+      for (let i = 0; i < 100 && running === undefined; i++) {
+        running = [...agent.procs.values()].find((p) => p.child.exitCode === null);
+        if (running === undefined) await new Promise((r) => setTimeout(r, 20));
+      }
+      // `sleep` prints nothing and the client sends nothing: the connection goes quiet.
+      expect(await running!.exit).toBe(137);
+      await closed;
+      for (let i = 0; i < 100 && idleServer.openStreams > 0; i++) await new Promise((r) => setTimeout(r, 20));
+      expect(idleServer.openStreams).toBe(0);
+    } finally {
+      await idleServer.close();
+    }
+  });
+
   it('port-forward over SPDY (data + error pair), WebSocket channels and SPDY tunnelled in a WebSocket', async () => {
     const pf = () => server.urlFor(decodePortForwardRequest({ pod_sandbox_id: 's1', port: [echoPort] }));
     const spdy = await spdyPortForward(pf(), echoPort, Buffer.from('ping\n'));
@@ -260,6 +299,7 @@ describe('the streaming server (stand-in agent, real protocols on loopback)', ()
       tokenTtlMs: 60_000,
       maxTokensInFlight: 10,
       streamCreationTimeoutMs: 2000,
+      streamIdleTimeoutMs: 60_000,
       logger: pino({ level: 'silent' }),
       targets: {
         container: () => ({ agent: agent as unknown as AgentClient, record }),
@@ -310,6 +350,7 @@ describe('the streaming server over TLS', () => {
         tokenTtlMs: 60_000,
         maxTokensInFlight: 10,
         streamCreationTimeoutMs: 2000,
+        streamIdleTimeoutMs: 60_000,
         logger: pino({ level: 'silent' }),
         targets: {
           container: () => ({ agent: fakeAgent() as unknown as AgentClient, record }),
