@@ -19,8 +19,8 @@ const PROCESS_NOT_RUNNABLE: readonly RegExp[] = [
 /**
  * Why the OCI runtime did not start a process, from the last line of its log. The process the
  * request names cannot be run (no such executable, not executable, a working directory that is
- * not there, a memory limit too small to start in): FAILED_PRECONDITION, the request's doing, quoting the runtime. Anything else is
- * ours: INTERNAL. Either way the runtime's own words are in the sentence.
+ * not there, a memory limit too small to start in): FAILED_PRECONDITION, the request's doing.
+ * Anything else is ours: INTERNAL. Either way the runtime's own words are in the sentence.
  */
 export function startFailure(reason: string, runtimeLog: string): KataError {
   const line =

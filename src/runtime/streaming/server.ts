@@ -205,8 +205,8 @@ export class StreamingServer {
   /**
    * No byte either way for streamIdleTimeoutMs: the connection is destroyed, which every session
    * treats as a client that left (an exec is killed, a port-forward's connections closed).
-   * kubectl and the kubelet's proxy send nothing while a session is quiet, so this is an idle
-   * limit, not a keep-alive: 4 hours by default, as containerd's stream_idle_timeout.
+   * Any frame counts, pings included: a client that pings is never idle. 4 hours by default, as
+   * containerd's stream_idle_timeout.
    */
   private closeWhenIdle(socket: Duplex, kind: string): void {
     const timed = socket as Duplex & { setTimeout?: (ms: number, cb: () => void) => void };
