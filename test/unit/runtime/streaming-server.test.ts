@@ -110,24 +110,29 @@ describe('the streaming server (stand-in agent, real protocols on loopback)', ()
   let echo: net.Server;
   let echoPort: number;
   const agent = fakeAgent();
-  const exec = (cmd: string[], extra: Partial<{ stdin: boolean; tty: boolean; stderr: boolean }> = {}) =>
-    server.urlFor(decodeExecRequest({ container_id: 'c1', cmd, stdout: true, stderr: !extra.tty, ...extra }));
-
-  beforeAll(async () => {
-    server = await StreamingServer.start({
+  /** A streaming server on loopback with the stand-in agent; `overrides` for one test's needs. */
+  function startServer(overrides: { record?: ContainerRecord; streamIdleTimeoutMs?: number } = {}): Promise<StreamingServer> {
+    const target = overrides.record ?? record;
+    return StreamingServer.start({
       address: '127.0.0.1:0',
       tlsCertPath: null,
       tlsKeyPath: null,
       tokenTtlMs: 60_000,
       maxTokensInFlight: 10,
       streamCreationTimeoutMs: 2000,
-      streamIdleTimeoutMs: 60_000,
+      streamIdleTimeoutMs: overrides.streamIdleTimeoutMs ?? 60_000,
       logger: pino({ level: 'silent' }),
       targets: {
-        container: () => ({ agent: agent as unknown as AgentClient, record }),
+        container: () => ({ agent: agent as unknown as AgentClient, record: target }),
         sandboxAgent: () => agent as unknown as AgentClient,
       },
     });
+  }
+  const exec = (cmd: string[], extra: Partial<{ stdin: boolean; tty: boolean; stderr: boolean }> = {}) =>
+    server.urlFor(decodeExecRequest({ container_id: 'c1', cmd, stdout: true, stderr: !extra.tty, ...extra }));
+
+  beforeAll(async () => {
+    server = await startServer();
     echo = net.createServer((s) => s.on('data', (d) => s.end(`HTTP/1.0 200 OK\r\n\r\nyou said ${d.toString().trim()}`)));
     await new Promise<void>((r) => echo.listen(0, '127.0.0.1', r));
     echoPort = (echo.address() as net.AddressInfo).port;
@@ -187,20 +192,7 @@ describe('the streaming server (stand-in agent, real protocols on loopback)', ()
     agent.attachOutput = ['one\n', 'two\n'];
     agent.attachStdin.length = 0;
     const attached = { ...record, spec: { stdin: true, tty: false } } as unknown as ContainerRecord;
-    const other = await StreamingServer.start({
-      address: '127.0.0.1:0',
-      tlsCertPath: null,
-      tlsKeyPath: null,
-      tokenTtlMs: 60_000,
-      maxTokensInFlight: 10,
-      streamCreationTimeoutMs: 2000,
-      streamIdleTimeoutMs: 60_000,
-      logger: pino({ level: 'silent' }),
-      targets: {
-        container: () => ({ agent: agent as unknown as AgentClient, record: attached }),
-        sandboxAgent: () => agent as unknown as AgentClient,
-      },
-    });
+    const other = await startServer({ record: attached });
     try {
       const url = () => other.urlFor(decodeAttachRequest({ container_id: 'c1', stdin: true, stdout: true, stderr: true }));
       const r = await spdyCommand(url(), { stdin: Buffer.from('typed\n') });
@@ -242,20 +234,7 @@ describe('the streaming server (stand-in agent, real protocols on loopback)', ()
   });
 
   it('a connection idle for streamIdleTimeoutMs is closed like a client that left: its process is killed', async () => {
-    const idleServer = await StreamingServer.start({
-      address: '127.0.0.1:0',
-      tlsCertPath: null,
-      tlsKeyPath: null,
-      tokenTtlMs: 60_000,
-      maxTokensInFlight: 10,
-      streamCreationTimeoutMs: 2000,
-      streamIdleTimeoutMs: 400,
-      logger: pino({ level: 'silent' }),
-      targets: {
-        container: () => ({ agent: agent as unknown as AgentClient, record }),
-        sandboxAgent: () => agent as unknown as AgentClient,
-      },
-    });
+    const idleServer = await startServer({ streamIdleTimeoutMs: 400 });
     try {
       const url = idleServer.urlFor(decodeExecRequest({ container_id: 'c1', cmd: ['sleep', '30'], stdout: true, stderr: true }));
       const client = await SpdyClient.connect(url, ['v4.channel.k8s.io']);
@@ -292,20 +271,7 @@ describe('the streaming server (stand-in agent, real protocols on loopback)', ()
   });
 
   it('close() ends an open stream with an error status', async () => {
-    const other = await StreamingServer.start({
-      address: '127.0.0.1:0',
-      tlsCertPath: null,
-      tlsKeyPath: null,
-      tokenTtlMs: 60_000,
-      maxTokensInFlight: 10,
-      streamCreationTimeoutMs: 2000,
-      streamIdleTimeoutMs: 60_000,
-      logger: pino({ level: 'silent' }),
-      targets: {
-        container: () => ({ agent: agent as unknown as AgentClient, record }),
-        sandboxAgent: () => agent as unknown as AgentClient,
-      },
-    });
+    const other = await startServer();
     const url = other.urlFor(decodeExecRequest({ container_id: 'c1', cmd: ['sleep', '30'], stdout: true }));
     const pending = spdyCommand(url);
     for (let i = 0; i < 100 && other.openStreams === 0; i++) await new Promise((r) => setTimeout(r, 20));
