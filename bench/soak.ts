@@ -26,10 +26,9 @@
  *   node --import tsx bench/soak.ts [--requests 1000] [--faults 40] [--seed 1] [--kinds disk-full,...] [--network cni|none] [--json]
  */
 
-import { execFile } from 'node:child_process';
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
-import { parseArgs, promisify } from 'node:util';
+import { parseArgs } from 'node:util';
 import { status } from '@grpc/grpc-js';
 import { errnoCode } from '../src/common/errors.js';
 import { NETNS_DIR, netnsNameFor } from '../src/network/index.js';
@@ -40,7 +39,7 @@ import { ensureGuestAssets } from '../test/helpers/hypervisor-guest.js';
 import { startProxy } from '../test/helpers/images-proxy.js';
 import { startRegistry } from '../test/helpers/images-registry.js';
 import { createNetworkNode } from '../test/helpers/network-node.js';
-import { cgroupDirsUnder, podConfig } from '../test/helpers/runtime-daemon.js';
+import { cgroupDirsUnder, mountTmpfs, podConfig } from '../test/helpers/runtime-daemon.js';
 import { createBenchDaemon } from './lib/daemon.js';
 
 export const FAULT_KINDS = [
@@ -53,8 +52,6 @@ export const FAULT_KINDS = [
   'disk-full',
 ] as const;
 export type FaultKind = (typeof FAULT_KINDS)[number];
-
-const execFileAsync = promisify(execFile);
 
 /** The state dir is a tmpfs this small, so the disk-full fault can fill it in a moment. */
 const STATE_DISK_MIB = 256;
@@ -203,8 +200,7 @@ export async function runSoak(opts: SoakOptions): Promise<SoakResult> {
     await allowLoopbackRegistries(rt);
     // The pods' log directories (the kubelet's /var/log/pods) on a small disk of their own, under
     // the runtime's temp dir: rt.cleanup() unmounts it with everything mounted there.
-    await fsp.mkdir(logDisk, { mode: 0o700 });
-    await execFileAsync('mount', ['-t', 'tmpfs', '-o', `size=${LOG_DISK_MIB}m,mode=0700`, 'kata-ts-soak-logs', logDisk]);
+    await mountTmpfs(logDisk, LOG_DISK_MIB, 'kata-ts-soak-logs');
     await node?.relayLoopbackPort(portOf(registry.host));
     await rt.start();
     await call('image', 'PullImage', { image: { image } });

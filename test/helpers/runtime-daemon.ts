@@ -83,10 +83,7 @@ export async function createTestRuntime(configDoc: Record<string, unknown> = {},
   const socketPath = path.join(dir, 'kata-ts.sock');
   const configPath = path.join(dir, 'config.json');
   const cgroupRoot = `${cgroupPrefix}${randomBytes(5).toString('hex')}`;
-  if (options.stateTmpfsMiB !== undefined) {
-    await fsp.mkdir(stateDir, { mode: 0o700 });
-    await execFileAsync('mount', ['-t', 'tmpfs', '-o', `size=${options.stateTmpfsMiB}m,mode=0700`, 'kata-ts-state', stateDir]);
-  }
+  if (options.stateTmpfsMiB !== undefined) await mountTmpfs(stateDir, options.stateTmpfsMiB, 'kata-ts-state');
   await fsp.writeFile(
     configPath,
     JSON.stringify(
@@ -161,6 +158,15 @@ export async function createTestRuntime(configDoc: Record<string, unknown> = {},
     },
   };
   return runtime;
+}
+
+/**
+ * A new directory `dir` (0700) with a tmpfs of `mib` MiB on it: a small disk a test can fill.
+ * Put it under a runtime's temp dir, whose cleanup() unmounts everything mounted there.
+ */
+export async function mountTmpfs(dir: string, mib: number, name: string): Promise<void> {
+  await fsp.mkdir(dir, { mode: 0o700 });
+  await execFileAsync('mount', ['-t', 'tmpfs', '-o', `size=${mib}m,mode=0700`, name, dir]);
 }
 
 /** Directories named `name` at the top of each hierarchy, deepest first; our QEMUs inside are killed. */

@@ -12,7 +12,6 @@ import net from 'node:net';
 import path from 'node:path';
 import { type ClientReadableStream, status } from '@grpc/grpc-js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { confidentialHandlerProfile, defaultHandlerProfile } from '../../../src/config/defaults.js';
 import { allowLoopbackRegistries, pushBusyboxImage } from '../../helpers/busybox-image.js';
 import { rpc } from '../../helpers/cri-client.js';
 import { expectGrpcError } from '../../helpers/cri-expect.js';
@@ -67,13 +66,8 @@ describe('the crictl sequence in a pod VM (real QEMU, crun in the guest, virtio-
     await ensureGuestAssets();
     registry = await startRegistry();
     image = await pushBusyboxImage(registry, 'kata/busybox', '1.0', APPLETS);
-    // The default handler: under TCG its VMM budget holds QEMU's bounded translation cache
-    // (hypervisor.tcgTranslationCacheMiB); with QEMU's unbounded default the VMM cgroup OOM-killed
-    // the VM within a minute.
-    const profile = defaultHandlerProfile();
     rt = await createTestRuntime({
       images: { registriesConfigPath: '/dev/null' },
-      handlers: { 'kata-ts': profile, 'kata-ts-cvm': confidentialHandlerProfile() },
     });
     await allowLoopbackRegistries(rt);
     await rt.start();

@@ -19,7 +19,6 @@ import { promises as fsp } from 'node:fs';
 import path from 'node:path';
 import type { ClientReadableStream } from '@grpc/grpc-js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { confidentialHandlerProfile, defaultHandlerProfile } from '../../../src/config/defaults.js';
 import { allowLoopbackRegistries, pushBusyboxImage } from '../../helpers/busybox-image.js';
 import { rpc } from '../../helpers/cri-client.js';
 import { ensureGuestAssets } from '../../helpers/hypervisor-guest.js';
@@ -84,11 +83,8 @@ describe('a daemon crash while containers run in a pod VM (real QEMU, crun in th
     await ensureGuestAssets();
     registry = await startRegistry();
     image = await pushBusyboxImage(registry, 'kata/busybox', '1.0', APPLETS);
-    // The default handler: under TCG its VMM budget holds QEMU's bounded translation cache.
-    const profile = defaultHandlerProfile();
     rt = await createTestRuntime({
       images: { registriesConfigPath: '/dev/null' },
-      handlers: { 'kata-ts': profile, 'kata-ts-cvm': confidentialHandlerProfile() },
     });
     await allowLoopbackRegistries(rt);
     volume = path.join(rt.dir, 'volume');

@@ -11,7 +11,6 @@ import { promises as fsp, readFileSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { defaultHandlerProfile } from '../../../src/config/defaults.js';
 import { netnsNameFor } from '../../../src/network/index.js';
 import { allowLoopbackRegistries, pushBusyboxImage } from '../../helpers/busybox-image.js';
 import { rpc } from '../../helpers/cri-client.js';
@@ -107,12 +106,9 @@ describe('pod networking through CNI (real plugins, real QEMU, a node namespace 
     node = await createNetworkNode();
     registry = await startRegistry();
     image = await pushBusyboxImage(registry, 'kata/busybox', '1.0', APPLETS);
-    // The default handler: under TCG its VMM budget holds QEMU's bounded translation cache.
-    const profile = defaultHandlerProfile();
     rt = await createTestRuntime({
       images: { registriesConfigPath: '/dev/null' },
       network: node.networkConfig(),
-      handlers: { 'kata-ts': profile },
       hypervisor: {
         kernelPath: path.join(guestDir, 'vmlinuz'),
         initrdPath: path.join(guestDir, 'initramfs.cpio.gz'),

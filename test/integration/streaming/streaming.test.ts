@@ -11,7 +11,6 @@ import { execFile, execFileSync, spawn } from 'node:child_process';
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { confidentialHandlerProfile, defaultHandlerProfile } from '../../../src/config/defaults.js';
 import { allowLoopbackRegistries, pushBusyboxImage } from '../../helpers/busybox-image.js';
 import { rpc } from '../../helpers/cri-client.js';
 import { criToolPath } from '../../helpers/cri-tools.js';
@@ -86,12 +85,9 @@ describe('streaming through a pod VM (real QEMU, agent, crun; SPDY, WebSocket, c
   beforeAll(async () => {
     registry = await startRegistry();
     image = await pushBusyboxImage(registry, 'kata/busybox', 'stream', APPLETS);
-    // The default handler: under TCG its VMM budget holds QEMU's bounded translation cache.
-    const profile = defaultHandlerProfile();
     rt = await createTestRuntime({
       hypervisor: branchGuest(),
       images: { registriesConfigPath: '/dev/null' },
-      handlers: { 'kata-ts': profile, 'kata-ts-cvm': confidentialHandlerProfile() },
     });
     await allowLoopbackRegistries(rt);
     await rt.start();
