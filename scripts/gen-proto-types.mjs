@@ -1,6 +1,6 @@
 // Generate TypeScript declarations for proto/api.proto into src/generated/ (git-ignored), and the
 // guest agent API's types and embedded schema into src/generated/agent/ (scripts/gen-agent-types.mjs).
-// The options must match PROTO_LOADER_OPTIONS in src/runtime/cri/proto.ts, because the
+// The options must match PROTO_LOADER_OPTIONS in src/cri/proto.ts, because the
 // declarations describe the objects that loader produces at run time.
 import { spawnSync } from 'node:child_process';
 import { existsSync, rmSync } from 'node:fs';

@@ -2,7 +2,7 @@ import path from 'node:path';
 import { createLogger } from '../common/logger.js';
 import { loadConfig } from '../config/load.js';
 import type { LoadedConfig } from '../config/types.js';
-import { startDaemon } from '../runtime/cri/daemon.js';
+import { startDaemon } from '../daemon/daemon.js';
 import { type CliIo, parseCommandArgs, UsageError } from './args.js';
 
 const HELP = `Usage: kata-ts serve [--config FILE] [--socket PATH] [--state-dir DIR]

@@ -2,7 +2,7 @@
  * The one error type kata-ts raises on purpose.
  *
  * Every error carries a `kind` (what class of failure it is, which decides the gRPC status in
- * exactly one place: src/runtime/cri/status.ts) and a stable `reason` code that tests and
+ * exactly one place: src/cri/status.ts) and a stable `reason` code that tests and
  * operators can match on without parsing prose. The message is one short sentence naming the
  * field or object concerned; it does not repeat the `cause`.
  */

@@ -118,7 +118,7 @@ export interface NetworkConfig {
   cniTimeoutMs: number;
 }
 
-/** The streaming server behind Exec, Attach and PortForward (src/runtime/streaming). */
+/** The streaming server behind Exec, Attach and PortForward (src/cri/streaming). */
 export interface StreamingConfig {
   /** `host:port` it listens on; port 0 picks a free port (reported in verbose Status). */
   address: string;

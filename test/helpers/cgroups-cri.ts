@@ -5,7 +5,7 @@
  * with what the server answered, so a scenario records every outcome for the outer test.
  */
 import { type Client, status as GrpcStatus, type ServiceError } from '@grpc/grpc-js';
-import { REASON_METADATA_KEY } from '../../src/runtime/cri/status.js';
+import { REASON_METADATA_KEY } from '../../src/cri/status.js';
 import { criClients, rpc } from './cri-client.js';
 
 /** What one rpc came back with: the decoded response, or the gRPC status and kata-ts reason. */

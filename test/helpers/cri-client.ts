@@ -1,5 +1,5 @@
 import { type CallOptions, type Client, credentials, Metadata, type ServiceError } from '@grpc/grpc-js';
-import { loadCriPackage } from '../../src/runtime/cri/proto.js';
+import { loadCriPackage } from '../../src/cri/proto.js';
 
 // No vitest import here: benches and the systemd harness scenarios use this outside the runner.
 

@@ -1,6 +1,6 @@
 import type { ServiceError } from '@grpc/grpc-js';
 import { expect } from 'vitest';
-import { REASON_METADATA_KEY } from '../../src/runtime/cri/status.js';
+import { REASON_METADATA_KEY } from '../../src/cri/status.js';
 
 /** Expect a call to fail with the given gRPC status (and, when given, kata-ts reason code). */
 export async function expectGrpcError(call: Promise<unknown>, code: number, reason?: string): Promise<ServiceError> {

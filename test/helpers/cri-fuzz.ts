@@ -10,7 +10,7 @@ import path from 'node:path';
 import { Client, credentials, Metadata, type ServiceError } from '@grpc/grpc-js';
 import fc from 'fast-check';
 import type protobuf from 'protobufjs';
-import { criReflectionRoot } from '../../src/runtime/cri/proto.js';
+import { criReflectionRoot } from '../../src/cri/proto.js';
 
 /** Every file and directory under `dir`, relative, a file with a hash of its contents, sorted. */
 export async function hashedFiles(dir: string): Promise<string[]> {

@@ -1,6 +1,6 @@
 import protobuf from 'protobufjs';
-import { criReflectionRoot } from '../../src/runtime/cri/proto.js';
-import { jsonNameOf } from '../../src/runtime/cri/protojson.js';
+import { criReflectionRoot } from '../../src/cri/proto.js';
+import { jsonNameOf } from '../../src/cri/protojson.js';
 
 /**
  * Write a decoded CRI message (snake_case, proto-loader shape) as proto3 JSON (lowerCamelCase

@@ -3,7 +3,7 @@
  * as spdystream (upgrade with `X-Stream-Protocol-Version` offers, odd stream ids, the error stream
  * first, then stdin, stdout, stderr, resize; stdin closed with FIN; no WINDOW_UPDATE unless
  * `flowControl` asks for SPDY/3.1 windows), and WebSocket with channel-prefixed messages. Built on
- * the framer in src/runtime/streaming/spdy (the server side of the same frames).
+ * the framer in src/spdy (the server side of the same frames).
  */
 import { Buffer } from 'node:buffer';
 import { randomBytes } from 'node:crypto';
@@ -11,8 +11,8 @@ import http from 'node:http';
 import type { Socket } from 'node:net';
 import type { Duplex } from 'node:stream';
 import { createWebSocketStream, WebSocket } from 'ws';
-import { encodeFrame, FrameReader } from '../../src/runtime/streaming/spdy/frames.js';
-import { HeaderCompressor, HeaderDecompressor } from '../../src/runtime/streaming/spdy/headers.js';
+import { encodeFrame, FrameReader } from '../../src/spdy/frames.js';
+import { HeaderCompressor, HeaderDecompressor } from '../../src/spdy/headers.js';
 
 interface ClientStream {
   id: number;

@@ -1,8 +1,8 @@
 import { invalid } from '../../common/errors.js';
+import { parseProtoJson } from '../../cri/protojson.js';
 import { type ConvertOptions, manifestToRunPodSandboxRequest } from '../../manifest/convert.js';
 import { parseYamlDocument } from '../../manifest/parse.js';
 import { looksLikeKubernetesObject } from '../../manifest/pod.js';
-import { parseProtoJson } from '../../runtime/cri/protojson.js';
 import type { RunPodSandboxRequestInput } from '../../sizing/input.js';
 
 /** The two spellings `kata-ts plan --request` accepts. */

@@ -6,7 +6,7 @@ import { type Client, Metadata, type ServiceError, status } from '@grpc/grpc-js'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { silentLogger } from '../../../src/common/logger.js';
 import { parseConfigDocument } from '../../../src/config/load.js';
-import { type Daemon, startDaemon } from '../../../src/runtime/cri/daemon.js';
+import { type Daemon, startDaemon } from '../../../src/daemon/daemon.js';
 import { type CriClients, criClients, rpc } from '../../helpers/cri-client.js';
 import { expectGrpcError } from '../../helpers/cri-expect.js';
 

@@ -1,4 +1,5 @@
 import { describe, expect, it } from 'vitest';
+import { decodeProtoJson } from '../../../src/cri/protojson.js';
 import type { ContainerConfig__Output } from '../../../src/generated/runtime/v1/ContainerConfig.js';
 import type { PodSandboxConfig__Output } from '../../../src/generated/runtime/v1/PodSandboxConfig.js';
 import {
@@ -12,7 +13,6 @@ import {
   KATA_CONTAINER_TYPE_ANNOTATION,
   KUBELET_CONTAINER_TYPE_ANNOTATION,
 } from '../../../src/runtime/admission/index.js';
-import { decodeProtoJson } from '../../../src/runtime/cri/protojson.js';
 import type { MountInput } from '../../../src/sizing/input.js';
 
 describe('quantities are compared by value', () => {

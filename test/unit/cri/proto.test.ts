@@ -5,8 +5,8 @@ import path from 'node:path';
 import protobuf from 'protobufjs';
 import * as descriptor from 'protobufjs/ext/descriptor/index.js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { criReflectionRoot, loadCriPackage, PROTO_LOADER_OPTIONS, protoFilePath } from '../../../src/cri/proto.js';
 import type { RunPodSandboxRequest__Output } from '../../../src/generated/runtime/v1/RunPodSandboxRequest.js';
-import { criReflectionRoot, loadCriPackage, PROTO_LOADER_OPTIONS, protoFilePath } from '../../../src/runtime/cri/proto.js';
 
 // Facts of upstream k8s.io/cri-api runtime/v1 (revision in proto/README.md), written as
 // "Message: [repeated|optional] type name = number". Types are short names within runtime.v1.

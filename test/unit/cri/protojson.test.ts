@@ -1,11 +1,11 @@
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import { KataError } from '../../../src/common/errors.js';
+import { loadCriPackage } from '../../../src/cri/proto.js';
+import { decodeProtoJson, jsonNameOf, parseProtoJson } from '../../../src/cri/protojson.js';
 import type { ExecSyncResponse__Output } from '../../../src/generated/runtime/v1/ExecSyncResponse.js';
 import type { LinuxContainerResources__Output } from '../../../src/generated/runtime/v1/LinuxContainerResources.js';
 import type { RunPodSandboxRequest__Output } from '../../../src/generated/runtime/v1/RunPodSandboxRequest.js';
-import { loadCriPackage } from '../../../src/runtime/cri/proto.js';
-import { decodeProtoJson, jsonNameOf, parseProtoJson } from '../../../src/runtime/cri/protojson.js';
 
 const RUN = 'runtime.v1.RunPodSandboxRequest';
 

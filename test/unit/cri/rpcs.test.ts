@@ -1,21 +1,16 @@
 /**
- * The rpc handler maps are typed from the generated service definitions (src/runtime/cri/rpcs.ts):
+ * The rpc handler maps are typed from the generated service definitions (src/cri/rpcs.ts):
  * a misspelled or missing rpc does not compile. `tsc -p tsconfig.json` covers test/, so each
  * `@ts-expect-error` below fails the type check the day such a map would compile again.
  */
 import { describe, expect, it } from 'vitest';
-import { imageServiceHandlers } from '../../../src/images/handlers.js';
+import { containerHandlers } from '../../../src/cri/container-handlers.js';
+import { imageServiceHandlers } from '../../../src/cri/image-handlers.js';
+import { loadCriPackage } from '../../../src/cri/proto.js';
+import { type ImageRpcHandlers, notImplementedYet, RUNTIME_RPCS_NOT_IMPLEMENTED, type RuntimeRpcHandlers } from '../../../src/cri/rpcs.js';
+import { sandboxHandlers } from '../../../src/cri/sandbox-handlers.js';
+import { streamingHandlers } from '../../../src/cri/streaming-handlers.js';
 import type { RequestContext } from '../../../src/runtime/context.js';
-import { containerHandlers } from '../../../src/runtime/cri/container-handlers.js';
-import { loadCriPackage } from '../../../src/runtime/cri/proto.js';
-import {
-  type ImageRpcHandlers,
-  notImplementedYet,
-  RUNTIME_RPCS_NOT_IMPLEMENTED,
-  type RuntimeRpcHandlers,
-} from '../../../src/runtime/cri/rpcs.js';
-import { sandboxHandlers } from '../../../src/runtime/cri/sandbox-handlers.js';
-import { streamingHandlers } from '../../../src/runtime/cri/streaming-handlers.js';
 
 const version = async () => ({ version: '0.1.0', runtime_name: 'kata-ts', runtime_version: '0', runtime_api_version: 'v1' });
 

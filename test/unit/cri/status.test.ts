@@ -2,7 +2,7 @@
 import { status } from '@grpc/grpc-js';
 import { describe, expect, it } from 'vitest';
 import { internal, invalid, notFound } from '../../../src/common/errors.js';
-import { boundedDetails, MAX_DETAILS_BYTES, toServiceError } from '../../../src/runtime/cri/status.js';
+import { boundedDetails, MAX_DETAILS_BYTES, toServiceError } from '../../../src/cri/status.js';
 
 describe('toServiceError', () => {
   it('keeps an ordinary sentence as it is, with its reason', () => {

@@ -1,9 +1,9 @@
 /** validate -> spec: what RunPodSandbox and CreateContainer accept, and the typed specs they make of it. */
 import { describe, expect, it } from 'vitest';
+import { decodeProtoJson } from '../../../src/cri/protojson.js';
 import type { ContainerConfig__Output } from '../../../src/generated/runtime/v1/ContainerConfig.js';
 import type { CreateContainerRequest__Output } from '../../../src/generated/runtime/v1/CreateContainerRequest.js';
 import type { RunPodSandboxRequest__Output } from '../../../src/generated/runtime/v1/RunPodSandboxRequest.js';
-import { decodeProtoJson } from '../../../src/runtime/cri/protojson.js';
 import { decodeContainerSpec } from '../../../src/runtime/spec/container.js';
 import { announcedPodResources, decodeSandboxSpec } from '../../../src/runtime/spec/sandbox.js';
 import { thrown } from '../../helpers/kata-error.js';

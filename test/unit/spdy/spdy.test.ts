@@ -1,5 +1,5 @@
 /**
- * The SPDY/3 framer and session of src/runtime/streaming/spdy: frames round-trip byte for byte,
+ * The SPDY/3 framer and session of src/spdy: frames round-trip byte for byte,
  * header blocks survive compression with the SPDY/3 dictionary across several blocks of one
  * context, the reader cuts arbitrary chunking into frames, and the session's window accounting
  * (grants as the consumer reads; send windows enforced only for a peer that does flow control).
@@ -9,10 +9,10 @@ import { createHash } from 'node:crypto';
 import { Duplex, PassThrough } from 'node:stream';
 import zlib from 'node:zlib';
 import { describe, expect, it } from 'vitest';
-import { SPDY3_DICTIONARY } from '../../../src/runtime/streaming/spdy/dictionary.js';
-import { encodeFrame, FrameReader, type SpdyFrame } from '../../../src/runtime/streaming/spdy/frames.js';
-import { decodeHeaderBlock, encodeHeaderBlock, HeaderCompressor, HeaderDecompressor } from '../../../src/runtime/streaming/spdy/headers.js';
-import { SpdySession, type SpdyStream } from '../../../src/runtime/streaming/spdy/session.js';
+import { SPDY3_DICTIONARY } from '../../../src/spdy/dictionary.js';
+import { encodeFrame, FrameReader, type SpdyFrame } from '../../../src/spdy/frames.js';
+import { decodeHeaderBlock, encodeHeaderBlock, HeaderCompressor, HeaderDecompressor } from '../../../src/spdy/headers.js';
+import { SpdySession, type SpdyStream } from '../../../src/spdy/session.js';
 
 describe('SPDY/3 frames', () => {
   it('the dictionary is the protocol constant (1423 bytes, known SHA-256)', () => {

@@ -6,12 +6,12 @@
  * Streaming rpcs are not in the maps: the server answers every one of them UNIMPLEMENTED.
  */
 import type { ServerUnaryCall } from '@grpc/grpc-js';
-import { unimplemented } from '../../common/errors.js';
-import type { ContainerEventResponse } from '../../generated/runtime/v1/ContainerEventResponse.js';
-import type { GetEventsRequest__Output } from '../../generated/runtime/v1/GetEventsRequest.js';
-import type { ImageServiceHandlers } from '../../generated/runtime/v1/ImageService.js';
-import type { RuntimeServiceHandlers } from '../../generated/runtime/v1/RuntimeService.js';
-import type { RequestContext } from '../context.js';
+import { unimplemented } from '../common/errors.js';
+import type { ContainerEventResponse } from '../generated/runtime/v1/ContainerEventResponse.js';
+import type { GetEventsRequest__Output } from '../generated/runtime/v1/GetEventsRequest.js';
+import type { ImageServiceHandlers } from '../generated/runtime/v1/ImageService.js';
+import type { RuntimeServiceHandlers } from '../generated/runtime/v1/RuntimeService.js';
+import type { RequestContext } from '../runtime/context.js';
 
 /** A unary rpc as kata-ts implements it: decoded request and call context in, response out. */
 export type RpcHandler<Request, Response> = (request: Request, ctx: RequestContext) => Promise<Response>;

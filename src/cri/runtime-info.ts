@@ -1,12 +1,12 @@
-import { packageVersion } from '../../common/paths.js';
-import type { KataConfig } from '../../config/types.js';
-import type { RuntimeConfigResponse } from '../../generated/runtime/v1/RuntimeConfigResponse.js';
-import type { StatusRequest__Output } from '../../generated/runtime/v1/StatusRequest.js';
-import type { StatusResponse } from '../../generated/runtime/v1/StatusResponse.js';
-import type { UpdateRuntimeConfigRequest__Output } from '../../generated/runtime/v1/UpdateRuntimeConfigRequest.js';
-import type { VersionResponse } from '../../generated/runtime/v1/VersionResponse.js';
-import type { NetworkReadiness } from '../../network/index.js';
-import type { RuntimeFacts } from '../facts.js';
+import { packageVersion } from '../common/paths.js';
+import type { KataConfig } from '../config/types.js';
+import type { RuntimeConfigResponse } from '../generated/runtime/v1/RuntimeConfigResponse.js';
+import type { StatusRequest__Output } from '../generated/runtime/v1/StatusRequest.js';
+import type { StatusResponse } from '../generated/runtime/v1/StatusResponse.js';
+import type { UpdateRuntimeConfigRequest__Output } from '../generated/runtime/v1/UpdateRuntimeConfigRequest.js';
+import type { VersionResponse } from '../generated/runtime/v1/VersionResponse.js';
+import type { NetworkReadiness } from '../network/index.js';
+import type { RuntimeFacts } from '../runtime/facts.js';
 import type { CallContext } from './server.js';
 
 /** The CRI API version this runtime speaks. */

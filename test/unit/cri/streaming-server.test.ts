@@ -15,10 +15,10 @@ import path from 'node:path';
 import pino from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { AgentClient } from '../../../src/agent-client/index.js';
+import { decodeAttachRequest, decodeExecRequest, decodePortForwardRequest } from '../../../src/cri/streaming/requests.js';
+import { StreamingServer } from '../../../src/cri/streaming/server.js';
+import { TokenStore } from '../../../src/cri/streaming/tokens.js';
 import type { ContainerRecord } from '../../../src/runtime/container/record.js';
-import { decodeAttachRequest, decodeExecRequest, decodePortForwardRequest } from '../../../src/runtime/streaming/requests.js';
-import { StreamingServer } from '../../../src/runtime/streaming/server.js';
-import { TokenStore } from '../../../src/runtime/streaming/tokens.js';
 import { exitCodeOf, SpdyClient, spdyCommand, spdyPortForward, wsCommand, wsPortForward } from '../../helpers/streaming-client.js';
 
 /** A stand-in agent: exec = a local process; port-forward = a local TCP connection. */

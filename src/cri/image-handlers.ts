@@ -1,5 +1,5 @@
-import type { CallOptions } from './cri-types.js';
-import type { ImageService } from './service.js';
+import type { CallOptions } from '../images/cri-types.js';
+import type { ImageService } from '../images/service.js';
 
 /** What a gRPC handler knows about its call (a structural subset of the CRI server's CallContext). */
 export interface ImageCallContext {
@@ -15,7 +15,7 @@ function call(ctx: ImageCallContext): CallOptions {
  * The unary rpcs of `runtime.v1.ImageService`, by method name, bound to `service`: ready to pass
  * as the `handlers` of the CRI server's ImageService binding. StreamImages is left to the
  * server's UNIMPLEMENTED answer. The binding checks this map against the generated ImageService
- * (src/runtime/cri/rpcs.ts): a missing or misspelled rpc does not compile there.
+ * (src/cri/rpcs.ts): a missing or misspelled rpc does not compile there.
  */
 export function imageServiceHandlers(service: ImageService) {
   return {

@@ -2,19 +2,19 @@
  * Exec, Attach and PortForward: validate as the kubelet does, check the target exists now
  * (NOT_FOUND naming it), and answer a single-use URL of the streaming server.
  */
-import type { AgentClient } from '../../agent-client/index.js';
-import { precondition } from '../../common/errors.js';
-import type { AttachRequest__Output } from '../../generated/runtime/v1/AttachRequest.js';
-import type { AttachResponse } from '../../generated/runtime/v1/AttachResponse.js';
-import type { ExecRequest__Output } from '../../generated/runtime/v1/ExecRequest.js';
-import type { ExecResponse } from '../../generated/runtime/v1/ExecResponse.js';
-import type { PortForwardRequest__Output } from '../../generated/runtime/v1/PortForwardRequest.js';
-import type { PortForwardResponse } from '../../generated/runtime/v1/PortForwardResponse.js';
-import type { ContainerManager, SandboxGuestAccess } from '../container/manager.js';
-import type { SandboxManager } from '../sandbox/manager.js';
-import { decodeAttachRequest, decodeExecRequest, decodePortForwardRequest } from '../streaming/requests.js';
-import type { StreamingServer, StreamingTargets } from '../streaming/server.js';
+import type { AgentClient } from '../agent-client/index.js';
+import { precondition } from '../common/errors.js';
+import type { AttachRequest__Output } from '../generated/runtime/v1/AttachRequest.js';
+import type { AttachResponse } from '../generated/runtime/v1/AttachResponse.js';
+import type { ExecRequest__Output } from '../generated/runtime/v1/ExecRequest.js';
+import type { ExecResponse } from '../generated/runtime/v1/ExecResponse.js';
+import type { PortForwardRequest__Output } from '../generated/runtime/v1/PortForwardRequest.js';
+import type { PortForwardResponse } from '../generated/runtime/v1/PortForwardResponse.js';
+import type { ContainerManager, SandboxGuestAccess } from '../runtime/container/manager.js';
+import type { SandboxManager } from '../runtime/sandbox/manager.js';
 import type { CallContext } from './server.js';
+import { decodeAttachRequest, decodeExecRequest, decodePortForwardRequest } from './streaming/requests.js';
+import type { StreamingServer, StreamingTargets } from './streaming/server.js';
 
 /** Where the streaming server finds containers and sandbox agents. */
 export function streamingTargets(containers: ContainerManager, sandboxes: SandboxManager, guests: SandboxGuestAccess): StreamingTargets {

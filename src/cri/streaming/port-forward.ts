@@ -11,7 +11,7 @@ import type { Duplex, Writable } from 'node:stream';
 import type { WebSocket } from 'ws';
 import type { PortForwardStream } from '../../agent-client/client.js';
 import type { Logger } from '../../common/logger.js';
-import { SpdySession, type SpdyStream } from './spdy/session.js';
+import { SpdySession, type SpdyStream } from '../../spdy/session.js';
 import { sendOn } from './ws-command.js';
 
 /** Opens an agent connection to a port of the pod (throws when the sandbox has no agent). */

@@ -14,7 +14,7 @@ import { createWebSocketStream, type WebSocket, WebSocketServer } from 'ws';
 import type { AgentClient } from '../../agent-client/index.js';
 import { invalid } from '../../common/errors.js';
 import type { Logger } from '../../common/logger.js';
-import type { ContainerRecord } from '../container/record.js';
+import type { ContainerRecord } from '../../runtime/container/record.js';
 import { COMMAND_PROTOCOLS, type CommandChannels, PORT_FORWARD_PROTOCOL } from './channels.js';
 import { serveSpdyPortForward, serveWsPortForward } from './port-forward.js';
 import type { StreamRequest } from './requests.js';

@@ -1,5 +1,5 @@
 import { status as GrpcStatus, Metadata, type ServiceError } from '@grpc/grpc-js';
-import { type ErrorKind, errnoCode, isKataError } from '../../common/errors.js';
+import { type ErrorKind, errnoCode, isKataError } from '../common/errors.js';
 
 const KIND_TO_STATUS: Record<ErrorKind, GrpcStatus> = {
   invalid: GrpcStatus.INVALID_ARGUMENT,

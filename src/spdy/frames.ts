@@ -5,7 +5,7 @@
  * because zlib's context spans every header block of a connection and is stateful.
  */
 import { Buffer } from 'node:buffer';
-import { invalid } from '../../../common/errors.js';
+import { invalid } from '../common/errors.js';
 
 export const SPDY_VERSION = 3;
 

@@ -1,8 +1,8 @@
 import { promises as fsp, type Stats } from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
-import { errnoCode, precondition } from '../../common/errors.js';
-import type { Logger } from '../../common/logger.js';
+import { errnoCode, precondition } from '../common/errors.js';
+import type { Logger } from '../common/logger.js';
 
 /** True when something accepts connections on the unix socket at `socketPath`. */
 function somethingListens(socketPath: string, timeoutMs = 1000): Promise<boolean> {

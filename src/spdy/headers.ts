@@ -6,7 +6,7 @@
  */
 import { Buffer } from 'node:buffer';
 import zlib from 'node:zlib';
-import { invalid } from '../../../common/errors.js';
+import { invalid } from '../common/errors.js';
 import { SPDY3_DICTIONARY } from './dictionary.js';
 
 /** Header names (lower case) to their values. */

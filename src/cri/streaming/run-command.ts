@@ -12,7 +12,7 @@ import type { Readable, Writable } from 'node:stream';
 import type { AgentClient } from '../../agent-client/index.js';
 import { isKataError, isReason } from '../../common/errors.js';
 import type { Logger } from '../../common/logger.js';
-import type { ContainerRecord } from '../container/record.js';
+import type { ContainerRecord } from '../../runtime/container/record.js';
 import type { CommandChannels, TerminalSize } from './channels.js';
 
 const CALL_MS = 30_000;

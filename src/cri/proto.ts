@@ -2,8 +2,8 @@ import path from 'node:path';
 import * as grpc from '@grpc/grpc-js';
 import * as protoLoader from '@grpc/proto-loader';
 import protobuf from 'protobufjs';
-import { packageRoot } from '../../common/paths.js';
-import type { ProtoGrpcType } from '../../generated/api.js';
+import { packageRoot } from '../common/paths.js';
+import type { ProtoGrpcType } from '../generated/api.js';
 
 /**
  * How proto/api.proto is turned into JavaScript objects, everywhere in kata-ts.

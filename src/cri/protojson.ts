@@ -1,6 +1,6 @@
 import type { MessageTypeDefinition } from '@grpc/proto-loader';
 import protobuf from 'protobufjs';
-import { invalid } from '../../common/errors.js';
+import { invalid } from '../common/errors.js';
 import { criReflectionRoot, loadCriPackage } from './proto.js';
 
 /**

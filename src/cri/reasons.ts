@@ -13,7 +13,7 @@ export type CriReason =
   | 'SOCKET_PATH_OCCUPIED'
   | 'START_CONTAINER_UNIMPLEMENTED';
 
-declare module '../../common/errors.js' {
+declare module '../common/errors.js' {
   interface KataReasons {
     cri: CriReason;
   }

@@ -9,9 +9,9 @@
 import type { Duplex } from 'node:stream';
 import { finished } from 'node:stream/promises';
 import type { Logger } from '../../common/logger.js';
+import { SpdySession, type SpdyStream } from '../../spdy/session.js';
 import { type CommandChannels, type CommandResult, SizeQueue, statusBytes, TerminalSizeParser } from './channels.js';
 import type { StdioRequest } from './requests.js';
-import { SpdySession, type SpdyStream } from './spdy/session.js';
 
 export interface SpdyCommandOptions {
   socket: Duplex;

@@ -10,10 +10,10 @@ import {
   type sendUnaryData,
   type UntypedServiceImplementation,
 } from '@grpc/grpc-js';
-import { cancelled, invalid, isKataError, unimplemented } from '../../common/errors.js';
-import type { Logger } from '../../common/logger.js';
-import type { RequestContext } from '../context.js';
-import type { RuntimeMetrics } from '../metrics.js';
+import { cancelled, invalid, isKataError, unimplemented } from '../common/errors.js';
+import type { Logger } from '../common/logger.js';
+import type { RequestContext } from '../runtime/context.js';
+import type { RuntimeMetrics } from '../runtime/metrics.js';
 import type { ImageRpcHandlers, RuntimeRpcHandlers, RuntimeStreamHandlers } from './rpcs.js';
 import { prepareSocketPath } from './socket.js';
 import { statusName, toServiceError } from './status.js';
@@ -26,7 +26,7 @@ type UnaryHandler = (request: never, ctx: CallContext) => Promise<unknown>;
 
 /**
  * A service to serve with its handlers, typed by the generated service definition: every unary
- * rpc has its handler (src/runtime/cri/rpcs.ts). Streaming rpcs answer UNIMPLEMENTED.
+ * rpc has its handler (src/cri/rpcs.ts). Streaming rpcs answer UNIMPLEMENTED.
  */
 export type ServiceBinding =
   | { name: 'runtime.v1.RuntimeService'; definition: ServiceDefinition; handlers: RuntimeRpcHandlers; streams?: RuntimeStreamHandlers }
