@@ -11,6 +11,7 @@ import type { LinuxContainerSecurityContext__Output } from '../../generated/runt
 import type { Mount__Output } from '../../generated/runtime/v1/Mount.js';
 import type { Signal__Output } from '../../generated/runtime/v1/Signal.js';
 import { checkLogPath } from './log-path.js';
+import { containerNameProblems, refuseNames } from './names.js';
 import { containerMetadata, nullable, protoMessage, stringList, stringMap } from './schema.js';
 
 /** The Linux part of a container: its cgroup resources and its security context. */
@@ -59,6 +60,7 @@ export function decodeContainerSpec(config: ContainerConfig__Output | null): Con
   if (config.metadata === null || config.metadata.name === '')
     throw invalid('CONTAINER_METADATA_INVALID', 'config.metadata.name must not be empty');
   if (config.image === null || config.image.image === '') throw invalid('CONTAINER_IMAGE_MISSING', 'config.image.image must not be empty');
+  refuseNames(containerNameProblems(config));
   checkLogPath(config.log_path, 'config.log_path');
   const security = config.linux?.security_context ?? null;
   if (security !== null && security.run_as_group !== null && security.run_as_user === null && security.run_as_username === '') {

@@ -7,6 +7,7 @@ import type { PodSandboxConfig__Output } from '../../generated/runtime/v1/PodSan
 import type { PodSandboxMetadata__Output } from '../../generated/runtime/v1/PodSandboxMetadata.js';
 import type { PortMapping__Output } from '../../generated/runtime/v1/PortMapping.js';
 import { checkLogDirectory } from './log-path.js';
+import { refuseNames, sandboxNameProblems } from './names.js';
 import { nullable, protoMessage, stringList, stringMap } from './schema.js';
 
 /**
@@ -66,6 +67,7 @@ export function decodeSandboxSpec(config: PodSandboxConfig__Output | null, optio
   if (options.recorded !== true) {
     refuseHostNamespaces(config.linux);
     checkLogDirectory(config.log_directory, 'config.log_directory');
+    refuseNames(sandboxNameProblems(config));
   }
   return {
     metadata: { name: m.name, uid: m.uid, namespace: m.namespace, attempt: m.attempt },
