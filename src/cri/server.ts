@@ -18,6 +18,16 @@ import type { ImageRpcHandlers, RuntimeRpcHandlers, RuntimeStreamHandlers } from
 import { prepareSocketPath } from './socket.js';
 import { statusName, toServiceError } from './status.js';
 
+/**
+ * The largest request body the server reads (bytes, after decompression). Larger ones are
+ * answered RESOURCE_EXHAUSTED by grpc-js from the length prefix, before the body is buffered or
+ * decoded. 16 MiB is what the kubelet's CRI client sends at most (and containerd's CRI server
+ * reads): a smaller cap would refuse requests the kubelet really sends, such as a CreateContainer
+ * whose environment expands several ConfigMaps (1 MiB each); the fields inside are bounded by the
+ * decoders (src/runtime/spec/names.ts).
+ */
+export const MAX_REQUEST_BYTES = 16 * 1024 * 1024;
+
 /** What a handler learns about the call besides the request (the runtime's RequestContext). */
 export type CallContext = RequestContext;
 
@@ -224,8 +234,8 @@ function implementService(binding: ServiceBinding, opts: CriServerOptions): Unty
 export async function startCriServer(opts: CriServerOptions): Promise<CriServer> {
   await prepareSocketPath(opts.socketPath, opts.logger);
   const server = new Server({
-    // The kubelet's CRI client allows 16 MiB messages; match it so large ListContainers answers pass.
-    'grpc.max_receive_message_length': 16 * 1024 * 1024,
+    'grpc.max_receive_message_length': MAX_REQUEST_BYTES,
+    // The kubelet's CRI client accepts 16 MiB answers too, so large ListContainers answers pass.
     'grpc.max_send_message_length': 16 * 1024 * 1024,
   });
   for (const binding of opts.services) {
