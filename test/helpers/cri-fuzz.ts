@@ -88,6 +88,56 @@ const NASTY_STRINGS = [
   '{}',
 ];
 
+/**
+ * Names a kubelet never sends, each refused by the names validator (src/runtime/spec/names.ts)
+ * wherever a name goes (pod and container name, namespace, uid, hostname, label and annotation
+ * key): NUL and other control characters (C0, DEL, C1), and lengths past every bound (the issue's
+ * 300 KB pod name).
+ */
+const HOSTILE_NAMES = [
+  'web\u0000',
+  '\u0000',
+  'a\u0007b',
+  'a\u007fb',
+  'a\u0085b',
+  'tab\there',
+  'line\nbreak',
+  'n'.repeat(254),
+  'n'.repeat(300 * 1024),
+  `${'p'.repeat(254)}/app`,
+];
+
+/** Keys that are printable and short, yet not Kubernetes qualified names (refused as label and annotation keys). */
+const HOSTILE_KEYS = ['a/b/c', '/app', 'app/', 'app.', '-app', 'a b', '../../etc/passwd', `example.com/${'k'.repeat(64)}`];
+
+/** A hostile name: one of the list above, or a valid-looking name with a control character inside. */
+export const hostileName: fc.Arbitrary<string> = fc.oneof(
+  { weight: 3, arbitrary: fc.constantFrom(...HOSTILE_NAMES) },
+  {
+    weight: 1,
+    arbitrary: fc
+      .tuple(
+        fc.stringMatching(/^[a-z0-9]{1,10}$/),
+        fc.integer({ min: 0, max: 0x9f }).filter((c) => c < 0x20 || c >= 0x7f),
+      )
+      .map(([s, c]) => `${s}${String.fromCharCode(c)}${s}`),
+  },
+);
+
+/** A hostile label or annotation key: a hostile name, or a printable key that is not a qualified name. */
+export const hostileKey: fc.Arbitrary<string> = fc.oneof(hostileName, fc.constantFrom(...HOSTILE_KEYS));
+
+/** Annotations whose keys and values take more than `limitBytes`: in one value, or spread over many keys. */
+export function annotationsOver(limitBytes: number): fc.Arbitrary<Record<string, string>> {
+  const key = 'example.com/big';
+  return fc.oneof(
+    fc.integer({ min: 1, max: 64 * 1024 }).map((extra) => ({ [key]: 'x'.repeat(limitBytes - key.length + extra) })),
+    fc.constant(
+      Object.fromEntries(Array.from({ length: Math.ceil(limitBytes / 1024) + 1 }, (_, i) => [`example.com/k${i}`, 'v'.repeat(1024)])),
+    ),
+  );
+}
+
 /** Strings: a nasty one, random unicode, or (rarely) a very long one. */
 export const nastyString: fc.Arbitrary<string> = fc.oneof(
   { weight: 4, arbitrary: fc.constantFrom(...NASTY_STRINGS) },

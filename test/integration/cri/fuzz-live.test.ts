@@ -18,13 +18,17 @@ import { type Client, status } from '@grpc/grpc-js';
 import fc from 'fast-check';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { mountsUnder } from '../../../src/runtime/sandbox/shared-dir.js';
+import { MAX_CONTAINER_ANNOTATIONS_BYTES } from '../../../src/runtime/spec/names.js';
 import { allowLoopbackRegistries, pushBusyboxImage } from '../../helpers/busybox-image.js';
 import { rpc } from '../../helpers/cri-client.js';
 import {
+  annotationsOver,
   arbMessage,
   encodeLoosely,
   type FuzzRpc,
   hashedFiles,
+  hostileKey,
+  hostileName,
   nastyString,
   type RawOutcome,
   rawCall,
@@ -228,6 +232,32 @@ describe('fuzzing the container rpcs against a live sandbox (real VM)', () => {
         await settle('hostile container');
       }),
       { seed: SEED + 1, numRuns: 60 * RUNS },
+    );
+    expect(findings).toEqual([]);
+  }, 900_000);
+
+  it('containers in the live pod but for one hostile name: INVALID_ARGUMENT at decode, nothing changes', async () => {
+    // Issue 21: refused before a root filesystem, a shared directory or a guest call exists.
+    const createRpc = byName('CreateContainer');
+    const edit = fc.oneof(
+      hostileName.map((v) => ({ metadata: { name: v, attempt: 0 } })),
+      fc.tuple(hostileKey, nastyString).map(([k, v]) => ({ labels: { [k]: v } })),
+      fc.tuple(hostileKey, nastyString).map(([k, v]) => ({ annotations: { [k]: v } })),
+      annotationsOver(MAX_CONTAINER_ANNOTATIONS_BYTES).map((a) => ({ annotations: a })),
+    );
+    await fc.assert(
+      fc.asyncProperty(edit, async (e) => {
+        const config = { metadata: { name: 'hostile-name', attempt: 0 }, image: { image }, command: ['sleep', '1000'], ...e };
+        const out = await check(
+          createRpc,
+          encodeLoosely(createRpc.requestType, { pod_sandbox_id: sid, config, sandbox_config: sandboxConfig }),
+          `hostile name ${JSON.stringify(e).slice(0, 80)}`,
+        );
+        if (out.code !== status.INVALID_ARGUMENT)
+          findings.push(`hostile name ${JSON.stringify(e).slice(0, 80)}: answered ${status[out.code]} ${out.reason}, not INVALID_ARGUMENT`);
+        if (out.code === status.OK) await settle('hostile name');
+      }),
+      { seed: SEED + 2, numRuns: 20 * RUNS },
     );
     expect(findings).toEqual([]);
   }, 900_000);

@@ -14,12 +14,17 @@ import path from 'node:path';
 import { type Client, status } from '@grpc/grpc-js';
 import fc from 'fast-check';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { MAX_REQUEST_BYTES } from '../../../src/cri/server.js';
+import { MAX_POD_ANNOTATIONS_BYTES } from '../../../src/runtime/spec/names.js';
 import { rpc } from '../../helpers/cri-client.js';
 import {
+  annotationsOver,
   arbMessage,
   encodeLoosely,
   type FuzzRpc,
   hashedFiles,
+  hostileKey,
+  hostileName,
   mutation,
   nastyString,
   type RawOutcome,
@@ -53,6 +58,11 @@ describe('fuzzing the CRI surface over the socket', () => {
 
   /** Send one body and check every property; a violation is recorded, not thrown, to see them all. */
   async function check(target: FuzzRpc, body: Buffer, what: string): Promise<void> {
+    await checkedOutcome(target, body, what);
+  }
+
+  /** check(), answering with the outcome for properties of its own. */
+  async function checkedOutcome(target: FuzzRpc, body: Buffer, what: string): Promise<RawOutcome> {
     calls++;
     const out: RawOutcome = await rawCall(raw, target.path, body, DEADLINE_MS);
     const label = `${target.name} (${what}, ${body.length} bytes)`;
@@ -68,7 +78,7 @@ describe('fuzzing the CRI surface over the socket', () => {
       findings.push(`${label}: the daemon died`);
       await rt.start();
       baseline = await snapshot();
-      return;
+      return out;
     }
     if (out.code === status.UNKNOWN) findings.push(`${label}: UNKNOWN ${out.details}`);
     if (out.code === status.DEADLINE_EXCEEDED && out.reason === undefined) findings.push(`${label}: no answer within ${DEADLINE_MS} ms`);
@@ -87,6 +97,7 @@ describe('fuzzing the CRI surface over the socket', () => {
       findings.push(`${label}: answered ${status[out.code]} ${out.reason} but the state changed: ${diff.join(' ') || 'listings'}`);
       baseline = now;
     }
+    return out;
   }
 
   beforeAll(async () => {
@@ -191,6 +202,9 @@ describe('fuzzing the CRI surface over the socket', () => {
       nastyString.map((v) => ({ image: { image: ` ${v}` } })),
       fc.array(nastyString, { maxLength: 3 }).map((v) => ({ command: v, args: v })),
       fc.tuple(nastyString, nastyString).map(([k, v]) => ({ envs: [{ key: k, value: v }] })),
+      hostileName.map((v) => ({ metadata: { name: v, attempt: 0 } })),
+      fc.tuple(hostileKey, nastyString).map(([k, v]) => ({ labels: { [k]: v } })),
+      fc.tuple(hostileKey, nastyString).map(([k, v]) => ({ annotations: { [k]: v } })),
     );
     await fc.assert(
       fc.asyncProperty(containerEdit, nastyString, async (edit, sandboxId) => {
@@ -204,6 +218,53 @@ describe('fuzzing the CRI surface over the socket', () => {
       { seed: SEED + 4, numRuns: 40 * RUNS },
     );
     expect(findings).toEqual([]);
+  }, 240_000);
+
+  it('valid RunPodSandbox requests but for one hostile name: INVALID_ARGUMENT at decode, nothing changes', async () => {
+    // Issue 21: a NUL byte, control characters, 300 KB, keys that are not qualified names and
+    // annotation floods are refused before any directory, cgroup, netns or process exists.
+    const run = rpcs.find((r) => r.name === 'RunPodSandbox')!;
+    const nameEdit = fc.oneof(
+      fc.tuple(fc.constantFrom('name', 'namespace', 'uid'), hostileName).map(([field, v]) => (c: Record<string, unknown>) => ({
+        ...c,
+        metadata: { ...(c.metadata as object), [field]: v },
+      })),
+      hostileName.map((v) => (c: Record<string, unknown>) => ({ ...c, hostname: v })),
+      fc.tuple(hostileKey, nastyString).map(([k, v]) => (c: Record<string, unknown>) => ({
+        ...c,
+        labels: { ...(c.labels as object), [k]: v },
+      })),
+      fc.tuple(hostileKey, nastyString).map(([k, v]) => (c: Record<string, unknown>) => ({
+        ...c,
+        annotations: { ...(c.annotations as object), [k]: v },
+      })),
+      annotationsOver(MAX_POD_ANNOTATIONS_BYTES).map((a) => (c: Record<string, unknown>) => ({ ...c, annotations: a })),
+    );
+    await fc.assert(
+      fc.asyncProperty(nameEdit, async (edit) => {
+        const config = edit(podConfig(rt, 'fuzz'));
+        const out = await checkedOutcome(run, encodeLoosely(run.requestType, { config, runtime_handler: '' }), 'hostile name');
+        if (out.code !== status.INVALID_ARGUMENT)
+          findings.push(`hostile name: answered ${status[out.code]} ${out.reason}, not INVALID_ARGUMENT`);
+      }),
+      { seed: SEED + 6, numRuns: 40 * RUNS },
+    );
+    expect(findings).toEqual([]);
+  }, 240_000);
+
+  it('a request over the size cap is RESOURCE_EXHAUSTED from grpc-js and changes nothing', async () => {
+    const run = rpcs.find((r) => r.name === 'RunPodSandbox')!;
+    // A valid pod but for a name that takes the request past the cap.
+    const config = podConfig(rt, 'fuzz');
+    const fits = encodeLoosely(run.requestType, { config: { ...config, metadata: { ...(config.metadata as object), name: '' } } });
+    const name = 'n'.repeat(MAX_REQUEST_BYTES - fits.length);
+    const body = encodeLoosely(run.requestType, { config: { ...config, metadata: { ...(config.metadata as object), name } } });
+    expect(body.length).toBeGreaterThan(MAX_REQUEST_BYTES);
+    // Not counted in `calls`: grpc-js answers before the handler, so the daemon logs no line for it.
+    const out = await rawCall(raw, run.path, body, DEADLINE_MS);
+    expect(status[out.code]).toBe('RESOURCE_EXHAUSTED');
+    const now = await snapshot();
+    expect(now).toBe(baseline);
   }, 240_000);
 
   it('server-streaming rpcs: random and raw bodies get a status or a stream, never a crash', async () => {
