@@ -15,6 +15,7 @@ import type { OciSpecInput } from '../../oci/index.js';
 import { admissionError, admitAnnounced, containerDemand } from '../admission/index.js';
 import type { RequestContext } from '../context.js';
 import { applyResize, type ResizePlan, resizeCheckpoint, revertResize } from '../resize/index.js';
+import { RollbackSteps } from '../rollback.js';
 import type { SandboxHandle } from '../sandbox/manager.js';
 import { nowNs, type SandboxRecord } from '../sandbox/record.js';
 import { type ContainerSpec, decodeContainerSpec } from '../spec/container.js';
@@ -23,7 +24,6 @@ import { applyHotplug, detachDevices, planContainerHotplug, vfioGroupFunctions }
 import type { ContainerManagerDeps } from './manager.js';
 import { type GuestDeviceFacts, prepareGuest } from './prepare.js';
 import type { AttachedDevice, ContainerRecord } from './record.js';
-import { RollbackSteps } from './rollback.js';
 import { unmountAndRemove } from './shared-dir.js';
 
 /** How long a detached device may take to leave the guest (the guest acknowledges the unplug). */

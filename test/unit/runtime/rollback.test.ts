@@ -4,8 +4,8 @@ import { describe, expect, it } from 'vitest';
 import type { CgroupDriver, PlacementRecord } from '../../../src/cgroups/index.js';
 import type { Logger } from '../../../src/common/logger.js';
 import type { VmProcess } from '../../../src/hypervisor/index.js';
-import { RollbackSteps } from '../../../src/runtime/container/rollback.js';
 import { resizeCheckpoint, revertResize } from '../../../src/runtime/resize/index.js';
+import { RollbackSteps } from '../../../src/runtime/rollback.js';
 import type { SandboxHandle } from '../../../src/runtime/sandbox/manager.js';
 import type { SandboxRecord } from '../../../src/runtime/sandbox/record.js';
 

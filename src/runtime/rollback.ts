@@ -1,5 +1,5 @@
-import { errorMessage } from '../../common/errors.js';
-import type { Logger } from '../../common/logger.js';
+import { errorMessage } from '../common/errors.js';
+import type { Logger } from '../common/logger.js';
 
 /**
  * The undo steps of a multi-step operation, run newest first when it fails. Every step runs even

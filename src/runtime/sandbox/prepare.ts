@@ -1,0 +1,149 @@
+/**
+ * RunPodSandbox's first half: validate the request, gather the facts it needs (cgroup parent,
+ * guest assets, the kubelet's PodResources, the CNI config, the host's PCIe inventory) and plan
+ * the VM. Reads only: no file, directory, cgroup, namespace, process or record is made here, so a
+ * request refused at any point of it leaves the node exactly as it was.
+ */
+import { existsSync } from 'node:fs';
+import { precondition } from '../../common/errors.js';
+import type { KataConfig } from '../../config/types.js';
+import { checkGuestAssets, type VmPaths } from '../../hypervisor/index.js';
+import type { PodNetworkRecord, PodNetworks } from '../../network/index.js';
+import { getKubeletPodResources, type KubeletPodResources } from '../../pcie/index.js';
+import { planSandbox, type SandboxPlan, type SandboxPlanInput } from '../plan.js';
+import { cgroupParentOf } from '../spec/sandbox.js';
+import type { CreateDeps, CreateRequest } from './create.js';
+import { PLANNED_MAC, podNetworkRequest } from './network.js';
+import { sandboxArgvPaths, sandboxSharedDir, sandboxVmPaths, sandboxWorkDir, vmNameFor } from './paths.js';
+import { nowNs, type SandboxRecord } from './record.js';
+
+/** Where a sandbox's files and sockets go on the host (all under its work dir). */
+export interface SandboxLayout {
+  workDir: string;
+  /** What virtiofsd shares with the guest. */
+  sharedDir: string;
+  /** QEMU's own: QMP, ready, console and log. */
+  vmPaths: VmPaths;
+  agentSocket: string;
+  virtiofsSocket: string;
+  virtiofsdLog: string;
+  /**
+   * The guest image carries the agent: without one the VM runs no containers, so it gets neither
+   * the agent's port nor virtio-fs (a VM shaped as before the agent existed).
+   */
+  withAgent: boolean;
+}
+
+/** Everything RunPodSandbox decided before changing anything; executeSandbox carries it out. */
+export interface SandboxPreparation {
+  req: CreateRequest;
+  cgroupParent: string;
+  layout: SandboxLayout;
+  /** The pod network to make (validated; nothing made yet), or null without pod networking. */
+  network: { networks: PodNetworks; record: PodNetworkRecord } | null;
+  /** What the plan was made from: planned again with the CNI interface's MAC once it is known. */
+  planInput: SandboxPlanInput;
+  /** The record as it is first written (phase `creating`), holding the plan. */
+  record: SandboxRecord;
+}
+
+/** Validate, gather facts, plan; side-effect free (see the file's comment). */
+export async function prepareSandbox(deps: CreateDeps, req: CreateRequest): Promise<SandboxPreparation> {
+  const { config } = deps;
+  const { spec } = req;
+  const cgroupParent = cgroupParentOf(spec);
+  deps.cgroups.validateParent(cgroupParent);
+  const assets = await checkGuestAssets({
+    kernelPath: config.hypervisor.kernelPath,
+    initrdPath: config.hypervisor.initrdPath,
+    guestImagePath: config.hypervisor.guestImagePath,
+  });
+  if (!assets.ok) throw precondition('GUEST_ASSETS_MISSING', assets.message);
+
+  const layout = sandboxLayout(config, req.id);
+  const kubelet = await askKubelet(config, req);
+  // Checked before anything is made: a host-network pod, a missing CNI config or plugin refuse here.
+  const network =
+    deps.network === undefined
+      ? null
+      : { networks: deps.network, record: await deps.network.prepare(req.id, podNetworkRequest(req.id, spec)) };
+  const planInput: SandboxPlanInput = {
+    config: spec,
+    handler: req.handler,
+    host: deps.host,
+    pcieFacts: await deps.readPcieFacts(),
+    ...(kubelet === null ? {} : { kubelet }),
+    accel: deps.facts.acceleration,
+    hypervisor: config.hypervisor,
+    vmName: vmNameFor(req.id),
+    paths: sandboxArgvPaths(layout.workDir, config.hypervisor),
+    simulateVfioWith: config.pcie.simulateVfioWith,
+    // The NIC takes the CNI interface's MAC, known only after CNI ADD: planned now with a
+    // placeholder (same slot, same everything else), planned again before QEMU starts.
+    // vhost-net where the host has it, QEMU's userspace virtio-net backend otherwise (the dev machines).
+    ...(network === null ? {} : { nic: { tapName: network.record.tapName, mac: PLANNED_MAC, vhost: existsSync('/dev/vhost-net') } }),
+  };
+  const plan = planSandbox(planInput);
+  req.logger.info(
+    { handler: plan.handler, source: plan.sizing.source, vm: plan.sizing.vm, pcie: plan.pcie.description },
+    'sandbox planned',
+  );
+  return { req, cgroupParent, layout, network, planInput, record: firstRecord(deps, req, plan, network?.record ?? null) };
+}
+
+/** The plan of `input` with the NIC's real MAC (input has no NIC: the same plan). Pure. */
+export function planWithMac(input: SandboxPlanInput, mac: string): SandboxPlan {
+  return planSandbox(input.nic === undefined ? input : { ...input, nic: { ...input.nic, mac } });
+}
+
+function sandboxLayout(config: KataConfig, sandboxId: string): SandboxLayout {
+  const workDir = sandboxWorkDir(config.stateDir, sandboxId);
+  const { agentSocket, virtiofsSocket, virtiofsdLog, ...vmPaths } = sandboxVmPaths(workDir);
+  return {
+    workDir,
+    sharedDir: sandboxSharedDir(config.stateDir, sandboxId),
+    vmPaths,
+    agentSocket,
+    virtiofsSocket,
+    virtiofsdLog,
+    withAgent: config.hypervisor.guestImagePath !== null,
+  };
+}
+
+function firstRecord(deps: CreateDeps, req: CreateRequest, plan: SandboxPlan, network: PodNetworkRecord | null): SandboxRecord {
+  const { spec } = req;
+  return {
+    id: req.id,
+    phase: 'creating',
+    state: 'SANDBOX_NOTREADY',
+    createdAtNs: nowNs(),
+    metadata: spec.metadata,
+    labels: spec.labels,
+    annotations: spec.annotations,
+    runtimeHandler: req.runtimeHandler,
+    handler: plan.handler,
+    cgroupDriver: deps.cgroups.name,
+    spec,
+    plan,
+    shape: plan.sizing.vm,
+    topology: plan.pcie.topology,
+    vmm: null,
+    virtiofsd: null,
+    placement: null,
+    guest: null,
+    guestPod: null,
+    network,
+    exit: null,
+  };
+}
+
+/**
+ * Where a kubelet sends no pod_resources (all released kubelets), the devices assigned to the pod
+ * can be asked of the kubelet's PodResources API, as Kata does; off unless a socket is configured.
+ */
+async function askKubelet(config: KataConfig, req: CreateRequest): Promise<KubeletPodResources | null> {
+  const socket = config.pcie.podResourcesSocket;
+  if (socket === null || (req.spec.pod_resources?.containers.length ?? 0) > 0) return null;
+  const { namespace, name } = req.spec.metadata;
+  return getKubeletPodResources(socket, namespace, name, { timeoutMs: 5000 });
+}

@@ -1,0 +1,404 @@
+/**
+ * RunPodSandbox's two halves, driven with every host effect faked (QEMU, virtiofsd, the shared
+ * dir's mount, the cgroup driver, the pod network, the guest agent) and the record store and work
+ * dir real, in a temporary state dir:
+ * - prepareSandbox changes nothing on disk, whether it succeeds or is refused at its last step;
+ * - executeSandbox, failing at each of its steps in turn, undoes every earlier step, newest first,
+ *   and leaves neither the record nor the work dir behind.
+ */
+import { existsSync } from 'node:fs';
+import { mkdir, mkdtemp, readdir, rm, stat, writeFile } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import type { AgentClient } from '../../../src/agent-client/index.js';
+import type { CgroupDriver, PlacementRecord } from '../../../src/cgroups/index.js';
+import { KataError } from '../../../src/common/errors.js';
+import { silentLogger } from '../../../src/common/logger.js';
+import { defaultConfig } from '../../../src/config/defaults.js';
+import { resolveHandler } from '../../../src/config/handlers.js';
+import type { KataConfig } from '../../../src/config/types.js';
+import { decodeProtoJson } from '../../../src/cri/protojson.js';
+import type { RunPodSandboxRequest__Output } from '../../../src/generated/runtime/v1/RunPodSandboxRequest.js';
+import type { VirtiofsdProcess, VmProcess } from '../../../src/hypervisor/index.js';
+import type { PodNetworkRecord, PodNetworks } from '../../../src/network/index.js';
+import type { CreateDeps, CreateRequest, SandboxLaunchers } from '../../../src/runtime/sandbox/create.js';
+import { executeSandbox } from '../../../src/runtime/sandbox/execute.js';
+import { PLANNED_MAC } from '../../../src/runtime/sandbox/network.js';
+import { sandboxWorkDir } from '../../../src/runtime/sandbox/paths.js';
+import { prepareSandbox } from '../../../src/runtime/sandbox/prepare.js';
+import { SANDBOX_RECORD_KIND, type SandboxRecord } from '../../../src/runtime/sandbox/record.js';
+import { decodeSandboxSpec } from '../../../src/runtime/spec/sandbox.js';
+import { RecordStore } from '../../../src/runtime/store.js';
+import { fixturePlanEnvironment } from '../../helpers/plan-env.js';
+
+const ID = 'c3'.repeat(32);
+const CNI_MAC = '0a:58:0a:f4:00:07';
+
+/** The execute steps a failure can be injected at, in the order they run. */
+const STEPS = [
+  'write record',
+  'network setup',
+  'shared dir',
+  'virtiofsd',
+  'QEMU',
+  'cgroup placement',
+  'guest ready',
+  'agent connect',
+  'CreatePod',
+  'ConfigureNetwork',
+  'final record',
+] as const;
+type Step = (typeof STEPS)[number];
+
+/**
+ * What a failure at each step must undo, in this order (the work dir, removed last of all, is
+ * checked on disk). Placing QEMU makes its cgroup's undo end QEMU and virtiofsd before removing it.
+ */
+const AFTER_NETWORK = ['tear down the pod network', 'delete record'];
+const AFTER_SHARED_DIR = ['unmount the shared dir', ...AFTER_NETWORK];
+const AFTER_VIRTIOFSD = ['stop virtiofsd', ...AFTER_SHARED_DIR];
+const AFTER_QEMU = ['kill QEMU', ...AFTER_VIRTIOFSD];
+const AFTER_PLACEMENT = ['kill QEMU', 'stop virtiofsd', 'remove cgroup', ...AFTER_SHARED_DIR];
+const AFTER_AGENT = ['close the agent client', ...AFTER_PLACEMENT];
+const EXPECTED_UNDO: Record<Step, string[]> = {
+  'write record': [],
+  // Registered before setup: what a half-made network recorded is torn down.
+  'network setup': AFTER_NETWORK,
+  // Registered before the mount: a half-made mount is released.
+  'shared dir': AFTER_SHARED_DIR,
+  virtiofsd: AFTER_SHARED_DIR,
+  QEMU: AFTER_VIRTIOFSD,
+  'cgroup placement': AFTER_QEMU,
+  'guest ready': AFTER_PLACEMENT,
+  'agent connect': AFTER_PLACEMENT,
+  CreatePod: AFTER_AGENT,
+  ConfigureNetwork: AFTER_AGENT,
+  'final record': AFTER_AGENT,
+};
+
+interface World {
+  deps: CreateDeps;
+  req: CreateRequest;
+  store: RecordStore<SandboxRecord>;
+  workDir: string;
+  /** The forward effects, in the order they were made. */
+  done: string[];
+  /** The undo effects, in the order they ran, each checked against the state it needs. */
+  undone: string[];
+  /** The record's phase in the store when QEMU was started. */
+  phaseAtQemuStart: string | undefined;
+}
+
+/** A bzImage header, a gzip magic and an erofs superblock: enough for checkGuestAssets. */
+async function fakeGuestAssets(dir: string): Promise<Pick<KataConfig['hypervisor'], 'kernelPath' | 'initrdPath' | 'guestImagePath'>> {
+  const kernel = Buffer.alloc(0x300);
+  kernel.write('HdrS', 0x202, 'latin1');
+  const image = Buffer.alloc(2048);
+  image.writeUInt32LE(0xe0f5e1e2, 1024);
+  const paths = {
+    kernelPath: path.join(dir, 'vmlinuz'),
+    initrdPath: path.join(dir, 'initrd'),
+    guestImagePath: path.join(dir, 'guest.img'),
+  };
+  await writeFile(paths.kernelPath, kernel);
+  await writeFile(paths.initrdPath, Buffer.from([0x1f, 0x8b, 0, 0]));
+  await writeFile(paths.guestImagePath, image);
+  return paths;
+}
+
+function requestFor(podConfig: Record<string, unknown>): RunPodSandboxRequest__Output {
+  return decodeProtoJson<RunPodSandboxRequest__Output>('runtime.v1.RunPodSandboxRequest', {
+    config: { metadata: { name: 'web', namespace: 'default', uid: 'uid-1', attempt: 0 }, hostname: 'web', ...podConfig },
+  });
+}
+
+function networkRecordFor(id: string): PodNetworkRecord {
+  const netnsName = `kata-ts-${id.slice(0, 16)}`;
+  return {
+    netnsName,
+    netnsPath: `/run/netns/${netnsName}`,
+    ifName: 'eth0',
+    tapName: 'tap0_kata',
+    cniNetwork: { cniVersion: '1.0.0', name: 'n', plugins: [{ type: 'bridge' }], file: '/etc/cni/net.d/10.conflist' },
+    attachment: { containerId: id, netnsPath: `/run/netns/${netnsName}`, ifName: 'eth0', args: '', runtimeConfig: {} },
+    cniAttached: false,
+    cniResult: null,
+    result: null,
+    mac: null,
+    mtu: null,
+    tapWired: false,
+  };
+}
+
+async function world(
+  stateDir: string,
+  assetsDir: string,
+  options: { failAt?: Step; hostCpus?: number; pod?: Record<string, unknown> } = {},
+) {
+  const fail = (step: Step) => {
+    if (options.failAt === step) throw new Error(`injected: ${step} failed`);
+  };
+  const config: KataConfig = { ...defaultConfig(), stateDir };
+  config.hypervisor = { ...config.hypervisor, ...(await fakeGuestAssets(assetsDir)) };
+  const env = await fixturePlanEnvironment({ cpus: options.hostCpus ?? 8, memoryMiB: 16_384 }, 'no-iommu', config);
+  const logger = silentLogger();
+  const realStore = new RecordStore<SandboxRecord>(stateDir, SANDBOX_RECORD_KIND, logger);
+  await realStore.init();
+  const w = { done: [], undone: [], phaseAtQemuStart: undefined } as unknown as World;
+  w.workDir = sandboxWorkDir(stateDir, ID);
+  // Every undo must run while the work dir (removed last) is still there.
+  const undid = (what: string) => w.undone.push(existsSync(w.workDir) ? what : `${what} (after the work dir went)`);
+
+  let puts = 0;
+  let runningPuts = 0;
+  const store = {
+    put: async (record: SandboxRecord) => {
+      if (puts++ === 0) fail('write record');
+      // Only the first: the rollback's own saves (the network's teardown) go through.
+      if (record.phase === 'running' && runningPuts++ === 0) fail('final record');
+      await realStore.put(record);
+    },
+    delete: async (id: string) => {
+      undid('delete record');
+      await realStore.delete(id);
+    },
+  } as unknown as RecordStore<SandboxRecord>;
+
+  const network = {
+    prepare: async (id: string) => networkRecordFor(id),
+    setup: async (net: PodNetworkRecord, persist: () => Promise<void>) => {
+      net.cniAttached = true; // what the real one records before CNI ADD
+      await persist();
+      fail('network setup');
+      w.done.push('network setup');
+      net.result = {
+        ips: [{ address: '10.244.0.7', prefixLength: 24, family: 4, gateway: '10.244.0.1' }],
+        routes: [],
+        dns: { servers: [], searches: [], options: [] },
+      };
+      Object.assign(net, { mac: CNI_MAC, mtu: 1500, tapWired: true });
+      await persist();
+    },
+    teardown: async (net: PodNetworkRecord, persist: () => Promise<void>) => {
+      undid('tear down the pod network');
+      Object.assign(net, { cniAttached: false, tapWired: false });
+      await persist();
+    },
+  } as unknown as PodNetworks;
+
+  // Processes that end once: a second kill or stop finds them gone and does nothing, as the real ones.
+  let qemuAlive = false;
+  let virtiofsdAlive = false;
+  const vm = {
+    pid: 4242,
+    startTimeTicks: 7,
+    kill: async () => {
+      if (qemuAlive) undid('kill QEMU');
+      qemuAlive = false;
+      return { code: null, signal: 'SIGKILL' };
+    },
+    resume: async () => void w.done.push('resume'),
+    waitForReady: async () => {
+      fail('guest ready');
+      w.done.push('guest ready');
+      return { vcpus: 1, memoryKiB: 500_000 };
+    },
+  } as unknown as VmProcess;
+  const virtiofsd: VirtiofsdProcess = {
+    pid: 4241,
+    startTimeTicks: 6,
+    socketPath: '',
+    stop: async () => {
+      if (virtiofsdAlive) undid('stop virtiofsd');
+      virtiofsdAlive = false;
+    },
+  };
+  const launchers: SandboxLaunchers = {
+    prepareSharedDir: async (dir) => {
+      await mkdir(dir);
+      fail('shared dir');
+      w.done.push('shared dir');
+    },
+    releaseSharedMounts: async () => void undid('unmount the shared dir'),
+    startVirtiofsd: async () => {
+      fail('virtiofsd');
+      virtiofsdAlive = true;
+      w.done.push('virtiofsd');
+      return virtiofsd;
+    },
+    startVm: async (o) => {
+      w.phaseAtQemuStart = (await realStore.load()).records.find((r) => r.id === ID)?.phase;
+      // The plan QEMU is started with carries the CNI interface's MAC, not the placeholder.
+      if (!o.argv.join(' ').includes(CNI_MAC)) throw new Error('QEMU started with the placeholder MAC');
+      fail('QEMU');
+      qemuAlive = true;
+      w.done.push('QEMU');
+      return vm;
+    },
+  };
+  const cgroups = {
+    name: 'cgroupfs',
+    validateParent: () => {},
+    place: async (req: { limits: PlacementRecord['limits'] }) => {
+      fail('cgroup placement');
+      w.done.push('cgroup placement');
+      return { driver: 'cgroupfs', cgroupParent: '', mode: 'v1', paths: {}, limits: req.limits };
+    },
+    // The kernel refuses to remove a cgroup that still holds a process.
+    remove: async () => undid(qemuAlive || virtiofsdAlive ? 'remove cgroup (processes still in it)' : 'remove cgroup'),
+    describe: () => ({}),
+  } as unknown as CgroupDriver;
+  const agent = {
+    close: () => undid('close the agent client'),
+    createPod: async () => {
+      fail('CreatePod');
+      w.done.push('CreatePod');
+      return { pausePid: 12, shmPath: '/run/kata-ts/shm', sharedDir: '/run/kata-ts/shared', sharedDirMounted: true };
+    },
+    configureNetwork: async () => {
+      fail('ConfigureNetwork');
+      w.done.push('ConfigureNetwork');
+      return {};
+    },
+  } as unknown as AgentClient;
+
+  w.store = realStore;
+  w.deps = {
+    config,
+    facts: {
+      configPath: null,
+      acceleration: env.accel,
+      cgroupDriver: { name: 'cgroupfs', source: 'config' },
+      qemu: { ok: true, message: '' },
+      guestAssets: { ok: true, message: '' },
+    },
+    store,
+    cgroups,
+    host: env.host,
+    readPcieFacts: async () => env.pcieFacts,
+    network,
+    launchers,
+    connectAgent: async () => {
+      fail('agent connect');
+      w.done.push('agent connect');
+      return agent;
+    },
+  };
+  const request = requestFor(options.pod ?? {});
+  w.req = {
+    id: ID,
+    spec: decodeSandboxSpec(request.config),
+    runtimeHandler: '',
+    handler: resolveHandler(config, ''),
+    logger,
+    signal: new AbortController().signal,
+    readyTimeoutMs: 60_000,
+  };
+  return w;
+}
+
+/** Every path under `dir` with its type, mode, size and mtime: a file made and removed again shows as a changed mtime. */
+async function snapshot(dir: string): Promise<string[]> {
+  const out: string[] = [];
+  const walk = async (at: string): Promise<void> => {
+    const st = await stat(at);
+    out.push(`${path.relative(dir, at) || '.'} ${st.mode.toString(8)} ${st.size} ${st.mtimeMs}`);
+    if (st.isDirectory()) for (const name of (await readdir(at)).sort()) await walk(path.join(at, name));
+  };
+  await walk(dir);
+  return out;
+}
+
+describe('prepareSandbox', () => {
+  let stateDir: string;
+  let assetsDir: string;
+  beforeEach(async () => {
+    stateDir = await mkdtemp(path.join(os.tmpdir(), 'kata-ts-sbx-state-'));
+    assetsDir = await mkdtemp(path.join(os.tmpdir(), 'kata-ts-sbx-assets-'));
+  });
+  afterEach(async () => {
+    await rm(stateDir, { recursive: true, force: true });
+    await rm(assetsDir, { recursive: true, force: true });
+  });
+
+  it('plans the sandbox (network validated, placeholder MAC, record in phase creating) and changes nothing on disk', async () => {
+    const w = await world(stateDir, assetsDir);
+    const before = await snapshot(stateDir);
+    const prep = await prepareSandbox(w.deps, w.req);
+    expect(await snapshot(stateDir)).toEqual(before);
+    expect(w.done).toEqual([]);
+    expect(prep.record.phase).toBe('creating');
+    expect(prep.record.vmm).toBeNull();
+    expect(prep.record.network?.cniAttached).toBe(false);
+    expect(prep.record.plan.qemu.argv.join(' ')).toContain(PLANNED_MAC);
+    expect(prep.layout.workDir).toBe(w.workDir);
+    expect(prep.layout.withAgent).toBe(true);
+  });
+
+  it('refused at its last step (planning), after every fact was gathered, it changes nothing on disk either', async () => {
+    const pod = { linux: { resources: { cpuQuota: 800_000, cpuPeriod: 100_000 } } };
+    const w = await world(stateDir, assetsDir, { hostCpus: 2, pod });
+    const before = await snapshot(stateDir);
+    const refusal = await prepareSandbox(w.deps, w.req).then(
+      () => undefined,
+      (err: unknown) => err,
+    );
+    expect(refusal).toBeInstanceOf(KataError);
+    expect((refusal as KataError).reason).toBe('SIZING_VCPUS_EXCEED_HOST');
+    expect(await snapshot(stateDir)).toEqual(before);
+    expect(w.done).toEqual([]);
+  });
+});
+
+describe('executeSandbox', () => {
+  let stateDir: string;
+  let assetsDir: string;
+  beforeEach(async () => {
+    stateDir = await mkdtemp(path.join(os.tmpdir(), 'kata-ts-sbx-state-'));
+    assetsDir = await mkdtemp(path.join(os.tmpdir(), 'kata-ts-sbx-assets-'));
+  });
+  afterEach(async () => {
+    await rm(stateDir, { recursive: true, force: true });
+    await rm(assetsDir, { recursive: true, force: true });
+  });
+
+  it('without a failure: every step in order, the record written as creating before QEMU and running at the end, nothing undone', async () => {
+    const w = await world(stateDir, assetsDir);
+    const { record, vm, agent } = await executeSandbox(w.deps, await prepareSandbox(w.deps, w.req));
+    expect(w.done).toEqual(
+      STEPS.filter((s) => s !== 'write record' && s !== 'final record').flatMap((s) => (s === 'guest ready' ? ['resume', s] : [s])),
+    );
+    expect(w.undone).toEqual([]);
+    expect(w.phaseAtQemuStart).toBe('creating');
+    expect(vm.pid).toBe(4242);
+    expect(agent).toBeDefined();
+    expect(record.plan.qemu.argv.join(' ')).toContain(CNI_MAC);
+    const stored = (await w.store.load()).records;
+    expect(stored.map((r) => [r.id, r.phase, r.state, r.vmm?.pid, r.virtiofsd?.pid, r.guestPod?.pausePid])).toEqual([
+      [ID, 'running', 'SANDBOX_READY', 4242, 4241, 12],
+    ]);
+    expect(existsSync(w.workDir)).toBe(true);
+  });
+
+  it.each(STEPS.map((step) => [step]))('a failure at "%s" undoes every earlier step, newest first', async (step) => {
+    const w = await world(stateDir, assetsDir, { failAt: step });
+    const prep = await prepareSandbox(w.deps, w.req);
+    await expect(executeSandbox(w.deps, prep)).rejects.toThrow(`injected: ${step} failed`);
+    expect(w.undone).toEqual(EXPECTED_UNDO[step]);
+    expect(existsSync(w.workDir)).toBe(false);
+    expect((await w.store.load()).records).toEqual([]);
+  });
+
+  it('a work dir that exists already is refused and left alone, and nothing else is made', async () => {
+    const w = await world(stateDir, assetsDir);
+    await mkdir(w.workDir, { recursive: true });
+    await writeFile(path.join(w.workDir, 'theirs'), 'x');
+    const prep = await prepareSandbox(w.deps, w.req);
+    await expect(executeSandbox(w.deps, prep)).rejects.toMatchObject({ reason: 'SANDBOX_WORKDIR_EXISTS' });
+    expect(await readdir(w.workDir)).toEqual(['theirs']);
+    expect(w.done).toEqual([]);
+    expect(w.undone).toEqual([]);
+    expect((await w.store.load()).records).toEqual([]);
+  });
+});
