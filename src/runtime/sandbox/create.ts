@@ -2,6 +2,7 @@ import { existsSync, promises as fsp } from 'node:fs';
 import path from 'node:path';
 import type { AgentClient } from '../../agent-client/index.js';
 import type { CgroupDriver, PlacementRecord } from '../../cgroups/index.js';
+import { raceAbort } from '../../common/abort.js';
 import { errnoCode, errorMessage, internal, precondition } from '../../common/errors.js';
 import type { Logger } from '../../common/logger.js';
 import type { ResolvedHandler } from '../../config/handlers.js';
@@ -10,7 +11,7 @@ import { checkGuestAssets, startVirtiofsd, startVm, type VirtiofsdProcess, type 
 import type { PodNetworkRecord, PodNetworks } from '../../network/index.js';
 import { getKubeletPodResources, type KubeletPodResources, type PcieHostFacts } from '../../pcie/index.js';
 import type { HostCapacity } from '../../sizing/types.js';
-import { withSignal } from '../deadline.js';
+import { requestAbortReason } from '../deadline.js';
 import type { RuntimeFacts } from '../facts.js';
 import { planSandbox, type SandboxPlanInput } from '../plan.js';
 import { cgroupParentOf, type SandboxSpec } from '../spec/sandbox.js';
@@ -209,12 +210,16 @@ export async function createSandbox(
     log.info({ pid: vm.pid, virtiofsdPid: virtiofsd?.pid, placement: deps.cgroups.describe(placement) }, 'VMM placed; resuming the VM');
 
     await vm.resume();
-    const report = await withSignal(vm.waitForReady(req.readyTimeoutMs), req.signal);
+    const report = await raceAbort(vm.waitForReady(req.readyTimeoutMs), req.signal, requestAbortReason);
     record.guest = { vcpus: report.vcpus, memoryKiB: report.memoryKiB };
     if (withAgent) {
       // The agent starts after init's ready line (node's start-up): the rest of the ready budget.
       const agentTimeoutMs = Math.max(1, req.readyTimeoutMs - (Date.now() - started));
-      agent = await withSignal((deps.connectAgent ?? connectAgentClient)(agentSocket, log, agentTimeoutMs, req.signal), req.signal);
+      agent = await raceAbort(
+        (deps.connectAgent ?? connectAgentClient)(agentSocket, log, agentTimeoutMs, req.signal),
+        req.signal,
+        requestAbortReason,
+      );
       const pod = await agent.createPod(
         { podId: req.id, hostname: spec.hostname, shmSizeBytes: POD_SHM_SIZE_BYTES },
         { timeoutMs: Math.max(1, req.readyTimeoutMs - (Date.now() - started)), signal: req.signal },
