@@ -6,7 +6,6 @@
 #   bash scripts/setup.sh --no-start  the same without starting the daemon (used by scripts/test.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ROOT=$(pwd)
 START=1
 for arg in "$@"; do
   case "$arg" in
@@ -22,14 +21,14 @@ step() { printf '\n==> %s\n' "$*"; }
 # mkfs.erofs writes it, strip trims node for it); the registry, image tools and
 # systemd/dbus for the integration tests (real parts, see README "Tests"); the CNI plugins
 # (Debian installs them in /usr/lib/cni, one of network.cniBinDirs) and iptables (portmap) for pod
-# networking.
+# networking; shellcheck for scripts/test.sh's lint step.
 APT_PACKAGES=(
   qemu-system-x86 busybox-static cpio kmod zstd xz-utils
   crun erofs-utils binutils gcc libc6-dev
   docker-registry skopeo umoci apache2-utils
   systemd dbus util-linux iproute2 procps
   containernetworking-plugins iptables
-  protobuf-compiler ca-certificates
+  protobuf-compiler ca-certificates shellcheck
 )
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
