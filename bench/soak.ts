@@ -23,72 +23,44 @@
  * - a killed QEMU turns its sandbox NOTREADY (latency measured: p50/p99; not within 10 s is a violation).
  * Prints `soak: N requests, N faults, N invariant violations`; exits 1 on any violation.
  *
+ * The run is in phases: setUp + prepare, runWithFaults, endChecks, removePods, cleanUp (always); the
+ * faults are in bench/lib/soak-faults.ts, the invariants in bench/lib/soak-checks.ts.
+ *
  *   node --import tsx bench/soak.ts [--requests 1000] [--faults 40] [--seed 1] [--kinds disk-full,...] [--network cni|none] [--json]
  */
 
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
 import { parseArgs } from 'node:util';
-import { status } from '@grpc/grpc-js';
-import { errnoCode } from '../src/common/errors.js';
-import { NETNS_DIR, netnsNameFor } from '../src/network/index.js';
-import { auditOrphans, ownersFromRecords } from '../src/runtime/sandbox/orphan-audit.js';
+import { netnsNameFor } from '../src/network/index.js';
 import { allowLoopbackRegistries, pushBusyboxImage } from '../test/helpers/busybox-image.js';
-import { rpc } from '../test/helpers/cri-client.js';
 import { ensureGuestAssets } from '../test/helpers/hypervisor-guest.js';
-import { startProxy } from '../test/helpers/images-proxy.js';
 import { startRegistry } from '../test/helpers/images-registry.js';
 import { createNetworkNode } from '../test/helpers/network-node.js';
-import { cgroupDirsUnder, mountTmpfs, podConfig } from '../test/helpers/runtime-daemon.js';
+import { mountTmpfs } from '../test/helpers/runtime-daemon.js';
 import { createBenchDaemon } from './lib/daemon.js';
+import { checkInvariants, checkTicker } from './lib/soak-checks.js';
+import {
+  bootPod,
+  call,
+  containerCycle,
+  FAULT_KINDS,
+  type FaultKind,
+  type Pod,
+  portOf,
+  type Soak,
+  type SoakOptions,
+  type SoakResult,
+  signal,
+} from './lib/soak-context.js';
+import { injectFault } from './lib/soak-faults.js';
 
-export const FAULT_KINDS = [
-  'daemon-kill',
-  'qemu-kill',
-  'virtiofsd-kill',
-  'guest-hang',
-  'agent-kill',
-  'registry-drop',
-  'disk-full',
-] as const;
-export type FaultKind = (typeof FAULT_KINDS)[number];
+export { FAULT_KINDS, type FaultKind, type SoakOptions, type SoakResult } from './lib/soak-context.js';
 
 /** The state dir is a tmpfs this small, so the disk-full fault can fill it in a moment. */
 const STATE_DISK_MIB = 256;
 /** The pods' log directories are on a tmpfs too, filled with the state disk. */
 const LOG_DISK_MIB = 64;
-
-export interface SoakOptions {
-  requests: number;
-  faults: number;
-  seed: number;
-  /** The fault kinds injected, in turn (default: every kind, in FAULT_KINDS order). */
-  kinds?: readonly FaultKind[];
-  /**
-   * Pods get a CNI network (default true): the daemon runs in a "node" network namespace of the
-   * soak's own with a bridge CNI config, every pod gets its namespace, CNI ADD/DEL and a TAP, and
-   * the audit also looks for pod namespaces no record names. The registry and the dropping proxy
-   * stay on the host's loopback and are relayed into the node.
-   */
-  podNetwork?: boolean;
-  progress?: (line: string) => void;
-  /** Ends the loop early (SIGINT/SIGTERM in the CLI); the end checks and the clean-up still run. */
-  signal?: AbortSignal;
-}
-
-export interface SoakResult {
-  requests: number;
-  faults: number;
-  faultKinds: Record<FaultKind, number>;
-  violations: string[];
-  notReadyMs: number[];
-  boots: number;
-  /** UpdateContainerResources requests that succeeded. */
-  resizes: number;
-  /** Requests of the loop that failed (right after a fault, mostly): logged, judged by the invariants. */
-  failed: number;
-  durationMs: number;
-}
 
 /** mulberry32: a small seeded PRNG, so a run can be repeated. */
 function prng(seed: number): () => number {
@@ -102,61 +74,30 @@ function prng(seed: number): () => number {
   };
 }
 
-/** Fill the file system holding `file` to its last page: write until ENOSPC. Returns the bytes written. */
-async function fillDisk(file: string): Promise<number> {
-  const handle = await fsp.open(file, 'wx', 0o600);
-  let total = 0;
-  try {
-    for (const size of [1 << 20, 4096]) {
-      const chunk = Buffer.alloc(size, 0x61);
-      for (;;) {
-        const written = await handle.write(chunk).then(
-          (r) => r.bytesWritten,
-          (err: unknown) => {
-            if (errnoCode(err) === 'ENOSPC') return 0;
-            throw err;
-          },
-        );
-        total += written;
-        if (written < size) break;
-      }
-    }
-  } finally {
-    await handle.close();
-  }
-  return total;
-}
-
 export function percentile(values: readonly number[], p: number): number {
   if (values.length === 0) return Number.NaN;
   const sorted = [...values].sort((a, b) => a - b);
   return sorted[Math.min(sorted.length - 1, Math.max(0, Math.ceil((sorted.length * p) / 100) - 1))]!;
 }
 
-interface Pod {
-  id: string;
-  config: Record<string, unknown>;
-  logDir: string;
-  ticker: string | undefined;
-}
-
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
-
-/** Send a signal to a process the soak's daemon started; false when it is already gone. */
-function signal(pid: number | undefined, sig: NodeJS.Signals | 0): boolean {
-  if (pid === undefined) return false;
+export async function runSoak(opts: SoakOptions): Promise<SoakResult> {
+  const soak = await setUp(opts);
   try {
-    process.kill(pid, sig);
-    return true;
-  } catch {
-    return false;
+    await prepare(soak);
+    await runWithFaults(soak);
+    await endChecks(soak);
+    await removePods(soak);
+    return soak.result;
+  } finally {
+    await cleanUp(soak);
   }
 }
 
-export async function runSoak(opts: SoakOptions): Promise<SoakResult> {
+/** Setup, part one: the guest assets, the registry, the network node and the daemon (not started). */
+async function setUp(opts: SoakOptions): Promise<Soak> {
   const progress = opts.progress ?? ((l: string) => process.stderr.write(`${l}\n`));
   const random = prng(opts.seed);
-  const started = Date.now();
+  const startedAtMs = Date.now();
   await ensureGuestAssets();
   const registry = await startRegistry();
   const podNetwork = opts.podNetwork ?? true;
@@ -165,10 +106,6 @@ export async function runSoak(opts: SoakOptions): Promise<SoakResult> {
     stateTmpfsMiB: STATE_DISK_MIB,
     netnsPath: node?.netnsPath,
   });
-  const logDisk = path.join(rt.dir, 'logs');
-  /** Every sandbox the soak made, for the node's clean-up of any namespace left behind. */
-  const everyPod: string[] = [];
-  const kinds = opts.kinds ?? FAULT_KINDS;
   const result: SoakResult = {
     requests: 0,
     faults: 0,
@@ -180,382 +117,147 @@ export async function runSoak(opts: SoakOptions): Promise<SoakResult> {
     failed: 0,
     durationMs: 0,
   };
-  const pods = new Map<string, Pod>();
-  let image = '';
-  const call = async <T = Record<string, unknown>>(service: 'runtime' | 'image', method: string, req: object, timeoutMs = 120_000) => {
-    result.requests++;
-    return rpc<T>(rt.cri[service], method, req, { deadline: Date.now() + timeoutMs });
+  return {
+    opts,
+    progress,
+    random,
+    startedAtMs,
+    registry,
+    node,
+    podNetwork,
+    rt,
+    logDisk: path.join(rt.dir, 'logs'),
+    result,
+    pods: new Map<string, Pod>(),
+    everyPod: [],
+    images: { image: '', unpullable: '', onFullDisk: '' },
+    seq: { pod: 0, container: 0 },
   };
-  const violate = (what: string) => {
-    result.violations.push(what);
-    progress(`VIOLATION ${what}`);
-  };
+}
 
-  try {
-    image = await pushBusyboxImage(registry, 'soak/busybox', '1.0', ['sleep', 'grep']);
-    // Pulled only through a proxy that drops every blob transfer midway (the registry-drop fault).
-    const unpullable = await pushBusyboxImage(registry, 'soak/dropped', '1.0', ['sleep', 'grep', 'wc']);
-    // Pulled only while the state disk is full (the disk-full fault): refused every time.
-    const onFullDisk = await pushBusyboxImage(registry, 'soak/full', '1.0', ['sleep', 'head']);
-    await allowLoopbackRegistries(rt);
-    // The pods' log directories (the kubelet's /var/log/pods) on a small disk of their own, under
-    // the runtime's temp dir: rt.cleanup() unmounts it with everything mounted there.
-    await mountTmpfs(logDisk, LOG_DISK_MIB, 'kata-ts-soak-logs');
-    await node?.relayLoopbackPort(portOf(registry.host));
-    await rt.start();
-    await call('image', 'PullImage', { image: { image } });
+/**
+ * Setup, part two (under runSoak's clean-up): the images pushed, the log disk mounted, the
+ * registry relayed into the node, the daemon started and the image every container runs pulled.
+ */
+async function prepare(soak: Soak): Promise<void> {
+  const { registry, rt } = soak;
+  soak.images.image = await pushBusyboxImage(registry, 'soak/busybox', '1.0', ['sleep', 'grep']);
+  soak.images.unpullable = await pushBusyboxImage(registry, 'soak/dropped', '1.0', ['sleep', 'grep', 'wc']);
+  soak.images.onFullDisk = await pushBusyboxImage(registry, 'soak/full', '1.0', ['sleep', 'head']);
+  await allowLoopbackRegistries(rt);
+  // The pods' log directories (the kubelet's /var/log/pods) on a small disk of their own, under
+  // the runtime's temp dir: rt.cleanup() unmounts it with everything mounted there.
+  await mountTmpfs(soak.logDisk, LOG_DISK_MIB, 'kata-ts-soak-logs');
+  await soak.node?.relayLoopbackPort(portOf(registry.host));
+  await rt.start();
+  await call(soak, 'image', 'PullImage', { image: { image: soak.images.image } });
+}
 
-    let podSeq = 0;
-    const bootPod = async (): Promise<Pod> => {
-      const name = `soak${podSeq++}`;
-      const logDir = path.join(logDisk, name);
-      await fsp.mkdir(logDir, { recursive: true });
-      const config = { ...podConfig(rt, name), log_directory: logDir };
-      result.boots++;
-      const { pod_sandbox_id: id } = await call<{ pod_sandbox_id: string }>('runtime', 'RunPodSandbox', { config });
-      const pod: Pod = { id, config, logDir, ticker: undefined };
-      pods.set(id, pod);
-      everyPod.push(id);
-      pod.ticker = await startContainer(pod, 'ticker', ['sh', '-c', 'i=0; while :; do echo tick-$i; i=$((i+1)); sleep 0.2; done']);
-      progress(`pod ${name} ${id.slice(0, 12)} ready with its ticker`);
-      return pod;
-    };
-    const startContainer = async (pod: Pod, name: string, command: string[], namespaces?: { pid: 'NODE' }): Promise<string> => {
-      const linux = namespaces === undefined ? {} : { linux: { security_context: { namespace_options: namespaces } } };
-      const { container_id: cid } = await call<{ container_id: string }>('runtime', 'CreateContainer', {
-        pod_sandbox_id: pod.id,
-        config: { metadata: { name, attempt: 0 }, image: { image }, command, log_path: `${name}.log`, ...linux },
-        sandbox_config: pod.config,
-      });
-      await call('runtime', 'StartContainer', { container_id: cid });
-      return cid;
-    };
-    let cycle = 0;
-    const containerCycle = async (pod: Pod): Promise<void> => {
-      const cid = await startContainer(pod, `c${cycle++}`, ['sh', '-c', 'echo hello']);
-      await call('runtime', 'StopContainer', { container_id: cid, timeout: 0 });
-      await call('runtime', 'RemoveContainer', { container_id: cid });
-    };
-
-    /** Every tick from 0 on, each once, in the ticker's CRI log. */
-    const checkTicker = async (pod: Pod, label: string): Promise<void> => {
-      const text = await fsp.readFile(path.join(pod.logDir, 'ticker.log'), 'utf8').catch(() => '');
-      const ticks = text
-        .split('\n')
-        .map((l) => /^\S+ stdout F tick-(\d+)$/.exec(l)?.[1])
-        .filter((t): t is string => t !== undefined)
-        .map(Number);
-      const bad = ticks.findIndex((t, i) => t !== i);
-      if (bad !== -1) violate(`${label}: ticker log of ${pod.id.slice(0, 12)} has tick-${ticks[bad]} at line ${bad} (lost or duplicated)`);
-    };
-
-    const checkInvariants = async (label: string): Promise<void> => {
-      const listed = (
-        await call<{ items: Array<{ id: string; state: string; metadata: { uid: string } }> }>('runtime', 'ListPodSandbox', {})
-      ).items;
-      if (new Set(listed.map((s) => s.id)).size !== listed.length) violate(`${label}: a sandbox id is listed twice`);
-      if (new Set(listed.map((s) => s.metadata.uid)).size !== listed.length) violate(`${label}: a pod uid is listed twice`);
-      for (const s of listed) {
-        const pod = pods.get(s.id);
-        if (pod === undefined) {
-          violate(`${label}: sandbox ${s.id.slice(0, 12)} is listed but the soak never made it`);
-          continue;
-        }
-        await checkTicker(pod, label);
-        if (s.state === 'SANDBOX_READY') {
-          try {
-            if (podNetwork) {
-              const st = await call<{ status: { network?: { ip?: string } | null } }>('runtime', 'PodSandboxStatus', {
-                pod_sandbox_id: s.id,
-              });
-              if ((st.status.network?.ip ?? '') === '') violate(`${label}: sandbox ${s.id.slice(0, 12)} is READY without a pod IP`);
-            }
-            await containerCycle(pod);
-          } catch (err) {
-            violate(`${label}: sandbox ${s.id.slice(0, 12)} is READY but a container cannot start: ${(err as Error).message}`);
-          }
-        } else {
-          try {
-            await call('runtime', 'StopPodSandbox', { pod_sandbox_id: s.id });
-            await call('runtime', 'RemovePodSandbox', { pod_sandbox_id: s.id });
-            pods.delete(s.id);
-          } catch (err) {
-            violate(`${label}: sandbox ${s.id.slice(0, 12)} is NOTREADY but cannot be removed: ${(err as Error).message}`);
-          }
-        }
-      }
-      for (const id of [...pods.keys()]) if (!listed.some((s) => s.id === id)) violate(`${label}: sandbox ${id.slice(0, 12)} vanished`);
-      const owners = await ownersFromRecords(rt.stateDir);
-      for (const o of await auditOrphans(owners, { stateDir: rt.stateDir, netnsDir: podNetwork ? NETNS_DIR : undefined }))
-        violate(`${label}: orphan ${o.kind} ${o.path}${o.pid ? ` pid ${o.pid}` : ''}`);
-      const ids = new Set(owners.sandboxes.map((s) => s.id));
-      for (const dir of await cgroupDirsUnder(rt.cgroupRoot)) {
-        const m = /\/kata-ts-([0-9a-f]{64})$/.exec(dir);
-        if (m !== null && !ids.has(m[1]!)) violate(`${label}: orphan cgroup ${dir}`);
-      }
-    };
-
-    const info = async (pod: Pod) => {
-      const res = await call<{ info: Record<string, string> }>('runtime', 'PodSandboxStatus', { pod_sandbox_id: pod.id, verbose: true });
-      return JSON.parse(res.info.info ?? '{}') as { pid?: number; virtiofsd?: { pid: number } | null };
-    };
-
-    /** What a refused request must leave unchanged: the listed pods and containers, images and VM dirs. */
-    const stateSummary = async (): Promise<string> => {
-      const sandboxes = (await call<{ items: Array<{ id: string; state: string }> }>('runtime', 'ListPodSandbox', {})).items;
-      const containers = (await call<{ containers: Array<{ id: string; state: string }> }>('runtime', 'ListContainers', {})).containers;
-      const images = (await call<{ images: Array<{ id: string }> }>('image', 'ListImages', {})).images;
-      const vmDirs = await fsp.readdir(path.join(rt.stateDir, 'vm')).catch(() => []);
-      return JSON.stringify({
-        sandboxes: sandboxes.map((x) => `${x.id}:${x.state}`).sort(),
-        containers: containers.map((x) => `${x.id}:${x.state}`).sort(),
-        images: images.map((x) => x.id).sort(),
-        vmDirs: vmDirs.sort(),
-      });
-    };
-
-    /**
-     * The state disk full to the last page: reads keep answering (an exec included); a new pod, a
-     * new container and a pull are refused as RESOURCE_EXHAUSTED and leave nothing behind; the
-     * daemon restarts on the full disk and finds every pod and container again. Then the space is
-     * given back and the invariants (a container starts in every READY pod) are checked.
-     */
-    const diskFull = async (pod: Pod): Promise<void> => {
-      // The node's disk as a whole: the runtime's state and the kubelet's pod logs both full.
-      const ballasts = [path.join(rt.stateDir, 'soak-ballast'), path.join(logDisk, 'soak-ballast')];
-      const filledBytes = [await fillDisk(ballasts[0]!), await fillDisk(ballasts[1]!)];
-      progress(`  state and log disks filled with ${filledBytes.map((b) => (b / 2 ** 20).toFixed(1)).join(' + ')} MiB of ballast`);
-      try {
-        const before = await stateSummary();
-        const reads: Array<['runtime' | 'image', string, object]> = [
-          ['runtime', 'Status', {}],
-          ['runtime', 'PodSandboxStatus', { pod_sandbox_id: pod.id }],
-          ['runtime', 'ContainerStatus', { container_id: pod.ticker }],
-          ['image', 'ImageFsInfo', {}],
-          ['runtime', 'ExecSync', { container_id: pod.ticker, cmd: ['echo', 'x'], timeout: 30 }],
-        ];
-        for (const [svc, method, req] of reads)
-          await call(svc, method, req).catch((err: Error) => violate(`disk-full: ${method} failed on a full state disk: ${err.message}`));
-        const refused = async (what: string, request: Promise<unknown>): Promise<void> => {
-          const err = await request.then(
-            () => undefined,
-            (e: { code?: number; details?: string; message: string }) => e,
-          );
-          if (err === undefined) violate(`disk-full: ${what} succeeded on a full state disk`);
-          else if (err.code !== status.RESOURCE_EXHAUSTED)
-            violate(`disk-full: ${what} failed with "${err.message}", not RESOURCE_EXHAUSTED`);
-          else progress(`  ${what} refused: ${err.details ?? err.message}`);
-        };
-        const name = `soak${podSeq++}`;
-        const config = podConfig(rt, name);
-        await refused('RunPodSandbox', call('runtime', 'RunPodSandbox', { config }));
-        await refused(
-          'CreateContainer',
-          call('runtime', 'CreateContainer', {
-            pod_sandbox_id: pod.id,
-            config: { metadata: { name: `full${cycle++}`, attempt: 0 }, image: { image }, command: ['true'], log_path: 'full.log' },
-            sandbox_config: pod.config,
-          }),
-        );
-        await refused('PullImage', call('image', 'PullImage', { image: { image: onFullDisk } }));
-        const afterRefusals = await stateSummary();
-        if (afterRefusals !== before) violate(`disk-full: refused requests changed the state: ${before} -> ${afterRefusals}`);
-        process.kill(rt.pid(), 'SIGKILL');
-        await rt.stop();
-        await rt.start().catch((err: Error) => violate(`disk-full: the daemon does not start on a full state disk: ${err.message}`));
-        const afterRestart = await stateSummary();
-        if (afterRestart !== before) violate(`disk-full: a restart on the full disk changed the state: ${before} -> ${afterRestart}`);
-      } finally {
-        for (const b of ballasts) await fsp.rm(b, { force: true });
-      }
-    };
-
-    const injectFault = async (kind: FaultKind, pod: Pod): Promise<void> => {
-      result.faults++;
-      result.faultKinds[kind]++;
-      progress(`fault ${result.faults}: ${kind} (pod ${pod.id.slice(0, 12)}) after ${result.requests} requests`);
-      if (kind === 'daemon-kill') {
-        process.kill(rt.pid(), 'SIGKILL');
-        await rt.stop();
-        await rt.start();
-      } else if (kind === 'qemu-kill') {
-        const { pid } = await info(pod);
-        const t0 = performance.now();
-        signal(pid, 'SIGKILL');
-        for (;;) {
-          const st = await call<{ status: { state: string } }>('runtime', 'PodSandboxStatus', { pod_sandbox_id: pod.id });
-          if (st.status.state === 'SANDBOX_NOTREADY') {
-            result.notReadyMs.push(performance.now() - t0);
-            break;
-          }
-          if (performance.now() - t0 > 10_000) {
-            violate(`qemu-kill: sandbox ${pod.id.slice(0, 12)} still READY 10 s after its QEMU was killed`);
-            break;
-          }
-          await sleep(20);
-        }
-      } else if (kind === 'agent-kill') {
-        // From a container in the guest's root PID namespace (pid NODE): SIGKILL the agent; the
-        // guest's init restarts it and the daemon's session reconnects. The ticker's log must stay
-        // whole (checked with the invariants) and the pod usable again within a minute.
-        const killer = await startContainer(
-          pod,
-          `agent-killer${cycle++}`,
-          [
-            'sh',
-            '-c',
-            'cd /proc; for p in [0-9]*; do if grep -q "agent[.]mjs" $p/cmdline 2>/dev/null; then kill -9 $p; fi; done; sleep 1000',
-          ],
-          { pid: 'NODE' },
-        );
-        const t0 = Date.now();
-        for (;;) {
-          const ok = await call('runtime', 'ExecSync', { container_id: pod.ticker, cmd: ['true'], timeout: 10 }, 15_000).then(
-            () => true,
-            () => false,
-          );
-          if (ok && Date.now() - t0 > 1_000) break;
-          if (Date.now() - t0 > 60_000) {
-            violate(`agent-kill: the pod ${pod.id.slice(0, 12)} did not answer ExecSync within 60 s of its agent's SIGKILL`);
-            break;
-          }
-          await sleep(500);
-        }
-        await call('runtime', 'StopContainer', { container_id: killer, timeout: 0 }).catch((err: Error) =>
-          violate(`agent-kill: the killer container cannot be stopped: ${err.message}`),
-        );
-        await call('runtime', 'RemoveContainer', { container_id: killer }).catch((err: Error) =>
-          violate(`agent-kill: the killer container cannot be removed: ${err.message}`),
-        );
-      } else if (kind === 'registry-drop') {
-        // A registry that breaks every blob transfer off: the pull fails as UNAVAILABLE (worth a
-        // retry), within its deadline, and leaves no partial file in the store.
-        const proxy = await startProxy(registry.url, { dropBlobs: { afterBytes: 4096 } });
-        const stopRelay = await node?.relayLoopbackPort(portOf(proxy.host));
-        try {
-          const ref = unpullable.replace(registry.host, proxy.host);
-          const err = await call('image', 'PullImage', { image: { image: ref } }, 60_000).then(
-            () => undefined,
-            (e: { code?: number; message: string }) => e,
-          );
-          if (err === undefined) violate('registry-drop: a pull through a registry that drops connections succeeded');
-          else if (err.code !== status.UNAVAILABLE) violate(`registry-drop: the pull failed with ${err.message}, not UNAVAILABLE`);
-          const left = await fsp.readdir(path.join(rt.stateDir, 'images', 'ingest')).catch(() => []);
-          if (left.length > 0) violate(`registry-drop: ${left.length} partial files left in the image store`);
-        } finally {
-          await stopRelay?.();
-          await proxy.stop();
-        }
-      } else if (kind === 'disk-full') {
-        await diskFull(pod);
-      } else if (kind === 'virtiofsd-kill') {
-        const { virtiofsd } = await info(pod);
-        signal(virtiofsd?.pid, 'SIGKILL');
-        // The daemon notices within its watch period and ends the VM: the sandbox goes NOTREADY.
-        await sleep(2_000);
-      } else {
-        const { pid } = await info(pod);
-        signal(pid, 'SIGSTOP');
-        try {
-          // The daemon must keep answering, within deadlines, while a guest does not.
-          const t0 = Date.now();
-          await call('runtime', 'ExecSync', { container_id: pod.ticker, cmd: ['true'], timeout: 2 }, 8_000).catch(() => undefined);
-          await call('runtime', 'Version', {}, 2_000).catch((err: Error) => violate(`guest-hang: Version did not answer: ${err.message}`));
-          if (Date.now() - t0 > 9_000) violate('guest-hang: an rpc outlived its deadline');
-          await sleep(Math.max(0, 3_000 - (Date.now() - t0)));
-        } finally {
-          signal(pid, 'SIGCONT');
-        }
-        await sleep(1_000);
-      }
-      await checkInvariants(`after ${kind} #${result.faultKinds[kind]}`);
-    };
-
-    const faultEvery = Math.max(5, Math.floor(opts.requests / Math.max(1, opts.faults + 1)));
-    let nextFault = faultEvery;
-    while (result.requests < opts.requests && opts.signal?.aborted !== true) {
-      let pod = [...pods.values()][0];
-      if (pod === undefined) pod = await bootPod();
-      if (result.faults < opts.faults && result.requests >= nextFault) {
-        // Faults hit a READY pod; one that is not is first judged (and removed) by the invariants.
-        const st = await call<{ status: { state: string } }>('runtime', 'PodSandboxStatus', { pod_sandbox_id: pod.id }).catch(
-          () => undefined,
-        );
-        if (st?.status.state !== 'SANDBOX_READY') {
-          await checkInvariants('before a fault');
-          continue;
-        }
-        nextFault += faultEvery;
-        await injectFault(kinds[result.faults % kinds.length]!, pod);
+/**
+ * The loop: seeded requests on the first pod (booted when there is none), and every so many
+ * requests a fault of the next kind, until the request budget is spent or the run is aborted.
+ */
+async function runWithFaults(soak: Soak): Promise<void> {
+  const { opts, result } = soak;
+  const kinds = opts.kinds ?? FAULT_KINDS;
+  const faultEvery = Math.max(5, Math.floor(opts.requests / Math.max(1, opts.faults + 1)));
+  let nextFault = faultEvery;
+  while (result.requests < opts.requests && opts.signal?.aborted !== true) {
+    let pod = [...soak.pods.values()][0];
+    if (pod === undefined) pod = await bootPod(soak);
+    if (result.faults < opts.faults && result.requests >= nextFault) {
+      // Faults hit a READY pod; one that is not is first judged (and removed) by the invariants.
+      const st = await call<{ status: { state: string } }>(soak, 'runtime', 'PodSandboxStatus', { pod_sandbox_id: pod.id }).catch(
+        () => undefined,
+      );
+      if (st?.status.state !== 'SANDBOX_READY') {
+        await checkInvariants(soak, 'before a fault');
         continue;
       }
-      const r = random();
-      try {
-        if (r < 0.5) {
-          const cheap: Array<['runtime' | 'image', string, object]> = [
-            ['runtime', 'Version', {}],
-            ['runtime', 'Status', {}],
-            ['runtime', 'ListPodSandbox', {}],
-            ['runtime', 'ListContainers', {}],
-            ['image', 'ListImages', {}],
-            ['runtime', 'PodSandboxStatus', { pod_sandbox_id: pod.id }],
-            ['runtime', 'ContainerStatus', { container_id: pod.ticker }],
-            ['image', 'ImageFsInfo', {}],
-          ];
-          const [svc, method, req] = cheap[Math.floor(random() * cheap.length)]!;
-          await call(svc, method, req);
-        } else if (r < 0.75) {
-          await call('runtime', 'ExecSync', { container_id: pod.ticker, cmd: ['echo', 'x'], timeout: 30 });
-        } else if (r < 0.82) {
-          // A resize as the kubelet sends one (in-place pod resize): the ticker's CPU and memory
-          // limits within the pod's planned headroom. A refusal is logged like any failed request.
-          await call('runtime', 'UpdateContainerResources', {
-            container_id: pod.ticker,
-            linux: {
-              cpu_period: 100_000,
-              cpu_quota: 20_000 + Math.floor(random() * 80_000),
-              cpu_shares: 2 + Math.floor(random() * 1022),
-              memory_limit_in_bytes: (64 + Math.floor(random() * 192)) * 2 ** 20,
-            },
-          });
-          result.resizes++;
-        } else if (r < 0.97) {
-          await containerCycle(pod);
-        } else {
-          await call('runtime', 'StopPodSandbox', { pod_sandbox_id: pod.id });
-          await checkTicker(pod, 'pod churn');
-          await call('runtime', 'RemovePodSandbox', { pod_sandbox_id: pod.id });
-          pods.delete(pod.id);
-        }
-      } catch (err) {
-        // A request may fail right after a fault (the pod is NOTREADY); the invariants judge the state.
-        result.failed++;
-        progress(`request failed: ${(err as Error).message.slice(0, 200)}`);
-      }
+      nextFault += faultEvery;
+      await injectFault(soak, kinds[result.faults % kinds.length]!, pod);
+      continue;
     }
-    if (opts.signal?.aborted === true && !signal(rt.pid(), 0)) {
-      // A Ctrl-C reaches the daemon too (it is in the terminal's process group) and it stops as
-      // for SIGTERM, VMs left running: start it again for the end checks and the clean-up.
-      await rt.stop();
-      await rt.start();
+    try {
+      await randomRequest(soak, pod);
+    } catch (err) {
+      // A request may fail right after a fault (the pod is NOTREADY); the invariants judge the state.
+      result.failed++;
+      soak.progress(`request failed: ${(err as Error).message.slice(0, 200)}`);
     }
-    await checkInvariants('at the end');
-    for (const pod of [...pods.values()]) {
-      await call('runtime', 'StopPodSandbox', { pod_sandbox_id: pod.id });
-      await call('runtime', 'RemovePodSandbox', { pod_sandbox_id: pod.id });
-    }
-    return result;
-  } finally {
-    result.durationMs = Date.now() - started;
-    if (process.env.KATA_TS_SOAK_LOG !== undefined) await fsp.copyFile(rt.logFile, process.env.KATA_TS_SOAK_LOG).catch(() => undefined);
-    await rt.cleanup();
-    await node?.cleanup(everyPod.map(netnsNameFor));
-    await registry.stop();
   }
 }
 
-function portOf(host: string): number {
-  return Number(host.slice(host.lastIndexOf(':') + 1));
+/** One request of the loop, chosen by the seeded PRNG: mostly cheap reads and execs, some churn. */
+async function randomRequest(soak: Soak, pod: Pod): Promise<void> {
+  const { random } = soak;
+  const r = random();
+  if (r < 0.5) {
+    const cheap: Array<['runtime' | 'image', string, object]> = [
+      ['runtime', 'Version', {}],
+      ['runtime', 'Status', {}],
+      ['runtime', 'ListPodSandbox', {}],
+      ['runtime', 'ListContainers', {}],
+      ['image', 'ListImages', {}],
+      ['runtime', 'PodSandboxStatus', { pod_sandbox_id: pod.id }],
+      ['runtime', 'ContainerStatus', { container_id: pod.ticker }],
+      ['image', 'ImageFsInfo', {}],
+    ];
+    const [svc, method, req] = cheap[Math.floor(random() * cheap.length)]!;
+    await call(soak, svc, method, req);
+  } else if (r < 0.75) {
+    await call(soak, 'runtime', 'ExecSync', { container_id: pod.ticker, cmd: ['echo', 'x'], timeout: 30 });
+  } else if (r < 0.82) {
+    // A resize as the kubelet sends one (in-place pod resize): the ticker's CPU and memory
+    // limits within the pod's planned headroom. A refusal is logged like any failed request.
+    await call(soak, 'runtime', 'UpdateContainerResources', {
+      container_id: pod.ticker,
+      linux: {
+        cpu_period: 100_000,
+        cpu_quota: 20_000 + Math.floor(random() * 80_000),
+        cpu_shares: 2 + Math.floor(random() * 1022),
+        memory_limit_in_bytes: (64 + Math.floor(random() * 192)) * 2 ** 20,
+      },
+    });
+    soak.result.resizes++;
+  } else if (r < 0.97) {
+    await containerCycle(soak, pod);
+  } else {
+    await call(soak, 'runtime', 'StopPodSandbox', { pod_sandbox_id: pod.id });
+    await checkTicker(soak, pod, 'pod churn');
+    await call(soak, 'runtime', 'RemovePodSandbox', { pod_sandbox_id: pod.id });
+    soak.pods.delete(pod.id);
+  }
+}
+
+/** The invariants once more, with the daemon started again if a Ctrl-C stopped it. */
+async function endChecks(soak: Soak): Promise<void> {
+  const { rt } = soak;
+  if (soak.opts.signal?.aborted === true && !signal(rt.pid(), 0)) {
+    // A Ctrl-C reaches the daemon too (it is in the terminal's process group) and it stops as
+    // for SIGTERM, VMs left running: start it again for the end checks and the clean-up.
+    await rt.stop();
+    await rt.start();
+  }
+  await checkInvariants(soak, 'at the end');
+}
+
+/** Every remaining pod stopped and removed through the CRI, as the kubelet would. */
+async function removePods(soak: Soak): Promise<void> {
+  for (const pod of [...soak.pods.values()]) {
+    await call(soak, 'runtime', 'StopPodSandbox', { pod_sandbox_id: pod.id });
+    await call(soak, 'runtime', 'RemovePodSandbox', { pod_sandbox_id: pod.id });
+  }
+}
+
+/** Whatever happened: the daemon's log kept if asked, the daemon, the node and the registry gone. */
+async function cleanUp(soak: Soak): Promise<void> {
+  const { rt } = soak;
+  soak.result.durationMs = Date.now() - soak.startedAtMs;
+  if (process.env.KATA_TS_SOAK_LOG !== undefined) await fsp.copyFile(rt.logFile, process.env.KATA_TS_SOAK_LOG).catch(() => undefined);
+  await rt.cleanup();
+  await soak.node?.cleanup(soak.everyPod.map(netnsNameFor));
+  await soak.registry.stop();
 }
 
 export function formatSoakReport(r: SoakResult): string {
@@ -579,6 +281,10 @@ function parseKinds(list: string): FaultKind[] {
   return kinds as FaultKind[];
 }
 
+const USAGE = `usage: node --import tsx bench/soak.ts [--requests 1000] [--faults 40] [--seed 1] [--kinds ${FAULT_KINDS.join(',')}] [--network cni|none] [--json]
+  Runs the fault-injection soak against a real daemon (real VMs; root, minutes to hours) and prints
+  "soak: N requests, N faults, N invariant violations"; exits 1 on any violation.`;
+
 if (import.meta.url === `file://${process.argv[1]}`) {
   const { values } = parseArgs({
     options: {
@@ -588,8 +294,13 @@ if (import.meta.url === `file://${process.argv[1]}`) {
       kinds: { type: 'string', default: FAULT_KINDS.join(',') },
       network: { type: 'string', default: 'cni' },
       json: { type: 'boolean', default: false },
+      help: { type: 'boolean', short: 'h', default: false },
     },
   });
+  if (values.help) {
+    process.stdout.write(`${USAGE}\n`);
+    process.exit(0);
+  }
   const stop = new AbortController();
   for (const sig of ['SIGINT', 'SIGTERM'] as const) process.once(sig, () => stop.abort());
   const result = await runSoak({

@@ -5,8 +5,11 @@
 #   bash scripts/conformance.sh [critest flags...]
 #
 # Environment:
-#   CRITEST               the critest binary (default: ../shared/cri-tools/critest next to the repo)
-#   CRITEST_IMAGES        critest-images.py (default: next to the critest binary)
+#   CRITEST               the critest binary (default: the first critest on PATH, else
+#                         shared/cri-tools/critest beside the checkout, or beside the main
+#                         checkout of a git worktree)
+#   CRITEST_IMAGES        critest-images.py (default: beside the critest binary, else in that
+#                         shared/cri-tools/)
 #   CONFORMANCE_PARALLEL  critest processes, each on its share of the specs (default 2)
 #   CONFORMANCE_TIMEOUT   critest's suite timeout (ginkgo duration, default 45m)
 #   CONFORMANCE_OUT       where the reports and logs are kept (default /tmp/kata-ts-conformance)
@@ -26,29 +29,50 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
 
-default_critest=$repo/../shared/cri-tools/critest
-if [[ ! -e $default_critest ]] && common=$(git rev-parse --path-format=absolute --git-common-dir 2>/dev/null); then
-  # A git worktree: shared/ sits beside the main checkout.
-  default_critest=$(dirname "$(dirname "$common")")/shared/cri-tools/critest
+# cri-tools' binaries are built from fetched source, so the repository never carries them. critest
+# is looked up as test/helpers/cri-tools.ts looks tools up: $CRITEST, then PATH, then
+# shared/cri-tools/ beside the checkout (for a git worktree, also beside its main checkout).
+shared_dirs=("$(dirname "$repo")/shared")
+if common=$(git rev-parse --path-format=absolute --git-common-dir 2>/dev/null); then
+  main_shared=$(dirname "$(dirname "$common")")/shared
+  [[ $main_shared == "${shared_dirs[0]}" ]] || shared_dirs+=("$main_shared")
 fi
-critest=${CRITEST:-$default_critest}
-if [[ ! -x $critest ]]; then
+critest=
+if [[ -n ${CRITEST:-} ]]; then
+  [[ -f $CRITEST && -x $CRITEST ]] && critest=$CRITEST
+  where="CRITEST=$CRITEST is not an executable file"
+else
+  critest=$(command -v critest || true)
+  for dir in "${shared_dirs[@]}"; do
+    [[ -z $critest && -f $dir/cri-tools/critest && -x $dir/cri-tools/critest ]] && critest=$dir/cri-tools/critest
+  done
+  where="CRITEST is unset, critest is not on PATH, and not in ${shared_dirs[*]/%//cri-tools}"
+fi
+if [[ -z $critest ]]; then
   if [[ ${CONFORMANCE_IF_AVAILABLE:-} == 1 ]]; then
-    echo "==> conformance: skipped, no critest binary at $critest (set CRITEST to run it)"
+    echo "==> conformance: skipped, critest (kubernetes-sigs/cri-tools v1.32) not found: $where." \
+      "To run it, set CRITEST=/path/to/critest, put critest on PATH, or place it in shared/cri-tools/ beside the checkout."
     exit 0
   fi
   cat >&2 <<EOF
-conformance: no critest binary at $critest.
-  Set CRITEST=/path/to/critest, or put cri-tools v1.32 next to the repository as
-  ../shared/cri-tools/critest (with critest-images.py beside it). critest is built from
-  kubernetes-sigs/cri-tools v1.32.0: 'go test -c ./cmd/critest -o critest'.
+conformance: critest (kubernetes-sigs/cri-tools v1.32) not found: $where.
+  Set CRITEST=/path/to/critest, put critest on PATH, or place it in shared/cri-tools/ beside the
+  checkout (critest-images.py is looked for beside the binary, then in shared/cri-tools/).
 EOF
   exit 2
 fi
 critest=$(realpath "$critest")
-images=${CRITEST_IMAGES:-$(dirname "$critest")/critest-images.py}
+images=${CRITEST_IMAGES:-}
+if [[ -z $images ]]; then
+  for candidate in "$(dirname "$critest")" "${shared_dirs[@]/%//cri-tools}"; do
+    if [[ -f $candidate/critest-images.py ]]; then
+      images=$candidate/critest-images.py
+      break
+    fi
+  done
+fi
 if [[ ! -f $images ]]; then
-  echo "conformance: critest-images.py not found at $images (set CRITEST_IMAGES)" >&2
+  echo "conformance: critest-images.py not found${images:+ at $images} (set CRITEST_IMAGES, or keep it in shared/cri-tools/)" >&2
   exit 2
 fi
 if ! command -v python3 >/dev/null; then
@@ -90,6 +114,7 @@ if [[ -z $busybox ]]; then
 fi
 
 work=$(mktemp -d /tmp/ktc-XXXXXX)
+# shellcheck disable=SC2317  # called by the EXIT trap, which shellcheck 0.9 does not follow
 cleanup() {
   # The driver cleans up itself; this catches what a killed driver left (idempotent).
   if [[ -d $work ]]; then

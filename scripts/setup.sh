@@ -6,7 +6,6 @@
 #   bash scripts/setup.sh --no-start  the same without starting the daemon (used by scripts/test.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ROOT=$(pwd)
 START=1
 for arg in "$@"; do
   case "$arg" in
@@ -22,14 +21,14 @@ step() { printf '\n==> %s\n' "$*"; }
 # mkfs.erofs writes it, strip trims node for it); the registry, image tools and
 # systemd/dbus for the integration tests (real parts, see README "Tests"); the CNI plugins
 # (Debian installs them in /usr/lib/cni, one of network.cniBinDirs) and iptables (portmap) for pod
-# networking.
+# networking; shellcheck for scripts/test.sh's lint step.
 APT_PACKAGES=(
   qemu-system-x86 busybox-static cpio kmod zstd xz-utils
   crun erofs-utils binutils gcc libc6-dev
   docker-registry skopeo umoci apache2-utils
   systemd dbus util-linux iproute2 procps
   containernetworking-plugins iptables
-  protobuf-compiler ca-certificates
+  protobuf-compiler ca-certificates shellcheck
 )
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
@@ -48,17 +47,26 @@ command -v node >/dev/null || { echo "setup: Node.js 20 is required (node not fo
 node -e 'process.exit(Number(process.versions.node.split(".")[0]) >= 20 ? 0 : 1)' \
   || { echo "setup: Node.js >= 20 is required, found $(node -v)" >&2; exit 1; }
 
-# npm packages: only when the lock file changed since the last install. `npm install` (which keeps
-# to the lock file's versions) rather than `npm ci`: npm 11 writes lock files without the other
-# platforms' optional packages (rollup's, esbuild's), and `npm ci` then refuses them as out of sync.
+# npm packages: only when the lock file changed since the last install, with `npm ci`: it installs
+# exactly the lock file and never writes it, failing instead when the lock does not match
+# package.json. `npm install` is not used because it rewrites the lock file whenever the running
+# npm would write it differently: npm 11 adds every platform's optional packages (biome's,
+# rollup's), and a lock without them came back from setup 479 lines longer. The committed lock
+# therefore lists every platform's optional packages, which npm 10 and 11 both accept as is.
+# To change dependencies, run `npm install <pkg>` by hand and commit package.json with the lock.
 stamp=node_modules/.kata-ts-lock.sha256
 want=$(sha256sum package-lock.json | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-  step "installing npm packages"
-  npm install --no-audit --no-fund
+  step "installing npm packages (npm ci)"
+  npm ci --no-audit --no-fund
   echo "$want" > "$stamp"
 else
   step "npm packages up to date"
+fi
+# A clone must stay as it was checked out: refuse to go on if anything rewrote the lock file.
+if [ "$(sha256sum package-lock.json | cut -d' ' -f1)" != "$want" ]; then
+  echo "setup: package-lock.json was modified by npm $(npm -v); commit a lock file that npm ci keeps as is" >&2
+  exit 1
 fi
 
 step "building kata-ts (proto types, TypeScript)"

@@ -2,10 +2,10 @@
  * The cgroupfs driver: `<cgroup_parent>/kata-ts-<sandbox id>` in each hierarchy the VMM needs,
  * limits written before the VMM joins, everything created removed again on failure or teardown.
  */
-import { promises as fsp } from 'node:fs';
 import path from 'node:path';
 import { alreadyExists, errnoCode, invalid, precondition } from '../common/errors.js';
 import type { Logger } from '../common/logger.js';
+import { readProcStatFields } from '../common/proc-stat.js';
 import { describeRecord } from './describe.js';
 import { detectCgroupMode } from './detect.js';
 import { realCgroupFs } from './fsops.js';
@@ -343,7 +343,7 @@ export class CgroupfsDriver implements CgroupDriver {
     for (;;) {
       const procs = (await this.fs.readFile(path.join(leaf, 'cgroup.procs'))).trim();
       if (procs === '' || Date.now() > deadline) return procs;
-      const states = await Promise.all(procs.split('\n').map((pid) => processState(pid)));
+      const states = procs.split('\n').map(processState);
       if (!states.every((s) => s === 'Z')) return procs;
       await new Promise((r) => setTimeout(r, 50));
     }
@@ -354,12 +354,12 @@ export class CgroupfsDriver implements CgroupDriver {
 const ZOMBIE_REAP_WAIT_MS = 10_000;
 
 /** The state letter of /proc/<pid>/stat (R, S, Z, ...), or undefined when there is no such process. */
-async function processState(pid: string): Promise<string | undefined> {
+function processState(pid: string): string | undefined {
   try {
-    const stat = await fsp.readFile(`/proc/${pid}/stat`, 'utf8');
-    // The command name may contain spaces and parentheses: the state follows the last ')'.
-    return stat.slice(stat.lastIndexOf(')') + 2, stat.lastIndexOf(')') + 3);
+    return readProcStatFields(Number(pid))?.state;
   } catch {
+    // Unreadable or unparsable is "not known to be a zombie": teardown then calls the cgroup busy
+    // rather than wait on a guess.
     return undefined;
   }
 }

@@ -1,5 +1,5 @@
 import { status as GrpcStatus, Metadata, type ServiceError } from '@grpc/grpc-js';
-import { type ErrorKind, errnoCode, isKataError } from '../common/errors.js';
+import { type ErrorKind, errnoCode, errorMessage, isKataError } from '../common/errors.js';
 
 const KIND_TO_STATUS: Record<ErrorKind, GrpcStatus> = {
   invalid: GrpcStatus.INVALID_ARGUMENT,
@@ -62,9 +62,8 @@ export function toServiceError(err: unknown): Partial<ServiceError> & { code: Gr
     metadata.set(REASON_METADATA_KEY, err.reason);
     return { code: KIND_TO_STATUS[err.kind], details: boundedDetails(err.message), metadata };
   }
-  const message = err instanceof Error ? err.message : String(err);
   metadata.set(REASON_METADATA_KEY, 'INTERNAL');
-  return { code: GrpcStatus.INTERNAL, details: boundedDetails(`internal error: ${message}`), metadata };
+  return { code: GrpcStatus.INTERNAL, details: boundedDetails(`internal error: ${errorMessage(err)}`), metadata };
 }
 
 /** The gRPC status name (`NOT_FOUND`) for metrics labels and logs. */

@@ -1,32 +1,15 @@
 import { readFileSync } from 'node:fs';
 import path from 'node:path';
 import { errnoCode } from '../common/errors.js';
+import { type ProcStatFields, readProcStatFields } from '../common/proc-stat.js';
 
 /** What /proc/<pid>/stat says about a process, for telling "our QEMU" from a reused pid. */
-export interface ProcStat {
-  /** One-letter state: R, S, D, Z (zombie), T, ... */
-  state: string;
-  /** Field 22: start time after boot in clock ticks; with the pid, it names one process for good. */
-  startTimeTicks: number;
-}
+export type ProcStat = Pick<ProcStatFields, 'state' | 'startTimeTicks'>;
 
 /** Read /proc/<pid>/stat; undefined when the process does not exist. */
 export function readProcStat(pid: number, procRoot = '/proc'): ProcStat | undefined {
-  let text: string;
-  try {
-    text = readFileSync(path.join(procRoot, String(pid), 'stat'), 'utf8');
-  } catch (err) {
-    if (errnoCode(err) === 'ENOENT' || errnoCode(err) === 'ESRCH') return undefined;
-    throw err;
-  }
-  // comm (field 2) is in parentheses and may itself contain spaces or ')': split after the last ')'.
-  const fields = text.slice(text.lastIndexOf(')') + 2).split(' ');
-  const state = fields[0];
-  const startTimeTicks = Number(fields[19]);
-  if (state === undefined || !Number.isSafeInteger(startTimeTicks)) {
-    throw new Error(`unexpected format of ${procRoot}/${pid}/stat`);
-  }
-  return { state, startTimeTicks };
+  const fields = readProcStatFields(pid, procRoot);
+  return fields === undefined ? undefined : { state: fields.state, startTimeTicks: fields.startTimeTicks };
 }
 
 /** The argv of a process ([] when it is gone or a zombie). */

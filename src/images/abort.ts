@@ -1,4 +1,3 @@
-import { raceAbort as raceWith } from '../common/abort.js';
 import { cancelled, isKataError, type KataError, timedOut } from '../common/errors.js';
 import type { CallOptions } from './cri-types.js';
 
@@ -52,9 +51,4 @@ export function abortReason(signal: AbortSignal, what = 'the image operation'): 
 /** Throw the abort reason when `signal` has fired. */
 export function throwIfAborted(signal: AbortSignal | undefined): void {
   if (signal?.aborted === true) throw abortReason(signal);
-}
-
-/** Settle with `promise`, or reject with the abort reason as soon as `signal` fires. */
-export function raceAbort<T>(promise: Promise<T>, signal: AbortSignal): Promise<T> {
-  return raceWith(promise, signal, (s) => abortReason(s));
 }

@@ -1,8 +1,9 @@
 import path from 'node:path';
+import { raceAbort } from '../common/abort.js';
 import { invalid, isKataError } from '../common/errors.js';
 import { pathExists } from '../common/fsutil.js';
 import type { Logger } from '../common/logger.js';
-import { raceAbort, throwIfAborted } from './abort.js';
+import { abortReason, throwIfAborted } from './abort.js';
 import { type Digest, digestHex } from './digest.js';
 import { formatReference, type ImageReference, manifestReferenceOf } from './reference.js';
 import type { Credentials } from './registry/auth.js';
@@ -204,7 +205,7 @@ async function ensureBlob(
     const running = ctx.inflightBlobs.get(desc.digest);
     if (running !== undefined && !othersFailed) {
       try {
-        await raceAbort(running, signal);
+        await raceAbort(running, signal, abortReason);
       } catch (err) {
         throwIfAborted(signal);
         othersFailed = true;

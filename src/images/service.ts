@@ -1,9 +1,10 @@
 import { createHash } from 'node:crypto';
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
+import { raceAbort } from '../common/abort.js';
 import { invalid, precondition } from '../common/errors.js';
 import type { Logger } from '../common/logger.js';
-import { operationScope, raceAbort } from './abort.js';
+import { abortReason, operationScope } from './abort.js';
 import { filterImages, lookupImage, namesFromPull, recordsAfterPull, toImageMessage } from './catalog.js';
 import type {
   CallOptions,
@@ -194,7 +195,7 @@ export class ImageService {
     }
     shared.waiters++;
     try {
-      const record = await raceAbort(shared.promise, scope.signal);
+      const record = await raceAbort(shared.promise, scope.signal, abortReason);
       return { image_ref: record.id };
     } finally {
       shared.waiters--;

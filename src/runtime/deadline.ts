@@ -1,4 +1,3 @@
-import { raceAbort } from '../common/abort.js';
 import { cancelled, isKataError, timedOut } from '../common/errors.js';
 import type { RequestContext } from './context.js';
 
@@ -12,14 +11,11 @@ export function boundedTimeoutMs(configuredMs: number, ctx: Pick<RequestContext,
 }
 
 /**
- * Resolve as `promise` does, unless `signal` aborts first: then reject with the abort reason
- * (CANCELLED when the client went away). The promise keeps running; callers roll back after.
+ * Why a request's `signal` aborted, as the error to answer with: its KataError when it carries
+ * one, DEADLINE_PASSED for a timeout, CANCELLED when the client went away. The `reasonOf` that
+ * request code hands to `raceAbort` (src/common/abort.ts).
  */
-export function withSignal<T>(promise: Promise<T>, signal: AbortSignal): Promise<T> {
-  return raceAbort(promise, signal, abortError);
-}
-
-function abortError(signal: AbortSignal): Error {
+export function requestAbortReason(signal: AbortSignal): Error {
   const reason: unknown = signal.reason;
   if (isKataError(reason)) return reason;
   if (reason instanceof Error && reason.name === 'TimeoutError') return timedOut('DEADLINE_PASSED', 'the request deadline passed');

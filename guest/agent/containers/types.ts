@@ -1,7 +1,9 @@
 /**
- * Types of the guest agent's container core. The transport (guest/agent/backend.ts, H3) defines
- * `ContainerBackend`; until it lands this file carries the shape the core implements, and
- * `Containers` is adapted to the transport's interface once that exists.
+ * The guest agent's container core in its own terms: OCI spec and process, create and exec
+ * requests, container state and exit, output chunks and cgroup stats, with times in ms since the
+ * epoch and counters as bigint. `Containers` (containers.ts) implements `ContainerBackendCore`;
+ * `CrunBackend` (crun-backend.ts) translates between these types and the agent API's
+ * (src/generated/agent) to serve guest/agent/backend.ts's `ContainerBackend` to the server.
  */
 
 /** The OCI runtime spec as the host generated it (config.json); only `root` is rewritten here. */
@@ -101,7 +103,7 @@ export interface ExecRequest {
   timeoutMs?: number;
 }
 
-/** What the transport calls; `Containers` implements it. */
+/** The core's per-container operations; `Containers` implements them (and exec, process handles, events). */
 export interface ContainerBackendCore {
   create(request: CreateRequest): Promise<ContainerState>;
   start(id: string): Promise<ContainerState>;

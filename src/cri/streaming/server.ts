@@ -14,6 +14,7 @@ import { createWebSocketStream, type WebSocket, WebSocketServer } from 'ws';
 import type { AgentClient } from '../../agent-client/index.js';
 import { invalid } from '../../common/errors.js';
 import type { Logger } from '../../common/logger.js';
+import type { StreamingConfig } from '../../config/types.js';
 import type { ContainerRecord } from '../../runtime/container/record.js';
 import { COMMAND_PROTOCOLS, type CommandChannels, PORT_FORWARD_PROTOCOL } from './channels.js';
 import { serveSpdyPortForward, serveWsPortForward } from './port-forward.js';
@@ -31,19 +32,14 @@ export interface StreamingTargets {
   sandboxAgent(id: string): AgentClient;
 }
 
-export interface StreamingServerOptions {
-  /** `host:port`; port 0 picks a free one. */
-  address: string;
-  tlsCertPath: string | null;
-  tlsKeyPath: string | null;
-  tokenTtlMs: number;
-  maxTokensInFlight: number;
-  streamCreationTimeoutMs: number;
-  /** A connection with no byte in or out for this long is closed, as a client that left would be. */
-  streamIdleTimeoutMs: number;
+/**
+ * The `streaming` section of the config file as it is (one definition of each knob, documented
+ * there), plus what only the daemon can supply: where streams go, and the logger.
+ */
+export type StreamingServerOptions = StreamingConfig & {
   targets: StreamingTargets;
   logger: Logger;
-}
+};
 
 const ROUTE = /^\/(exec|attach|portforward)\/([A-Za-z0-9_-]{1,64})$/;
 const WS_COMMAND_PROTOCOLS = ['v5.channel.k8s.io', 'v4.channel.k8s.io'];

@@ -39,13 +39,18 @@ export class BlobStore {
     return path.join(this.blobDir, digestHex(digest));
   }
 
-  /** True when the blob is stored (with the expected size, when given). */
+  /**
+   * True when the blob is stored (with the expected size, when given). Only ENOENT means "not
+   * stored": an unreadable store (EACCES, EIO, ...) throws, rather than make a pull fetch again
+   * and again what it cannot see.
+   */
   async has(digest: Digest, expectedSize?: number): Promise<boolean> {
     try {
       const st = await fsp.stat(this.pathOf(digest));
       return expectedSize === undefined || st.size === expectedSize;
-    } catch {
-      return false;
+    } catch (err) {
+      if (errnoCode(err) === 'ENOENT') return false;
+      throw err;
     }
   }
 
@@ -148,8 +153,10 @@ export class BlobStore {
     let names: string[];
     try {
       names = await fsp.readdir(this.ingestDir);
-    } catch {
-      return 0;
+    } catch (err) {
+      // No ingest dir yet means nothing to clean; any other failure is the store's to report.
+      if (errnoCode(err) === 'ENOENT') return 0;
+      throw err;
     }
     await Promise.all(names.map((n) => fsp.rm(path.join(this.ingestDir, n), { recursive: true, force: true })));
     return names.length;

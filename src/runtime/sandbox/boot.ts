@@ -1,6 +1,7 @@
 import type { AgentClient } from '../../agent-client/index.js';
+import { raceAbort } from '../../common/abort.js';
 import type { VmProcess } from '../../hypervisor/index.js';
-import { withSignal } from '../deadline.js';
+import { requestAbortReason } from '../deadline.js';
 import { connectAgentClient } from './agent.js';
 import type { SandboxRun } from './execute.js';
 import { configureGuestNetwork } from './network.js';
@@ -19,12 +20,12 @@ export async function bootGuest(run: SandboxRun, vm: VmProcess): Promise<AgentCl
   // The agent starts after init's ready line (node's start-up): each call gets the rest of the budget.
   const remainingMs = () => Math.max(1, req.readyTimeoutMs - (Date.now() - run.startedMs));
   await vm.resume();
-  const report = await withSignal(vm.waitForReady(req.readyTimeoutMs), req.signal);
+  const report = await raceAbort(vm.waitForReady(req.readyTimeoutMs), req.signal, requestAbortReason);
   record.guest = { vcpus: report.vcpus, memoryKiB: report.memoryKiB };
   if (!layout.withAgent) return undefined;
 
   const connect = run.deps.connectAgent ?? connectAgentClient;
-  const agent = await withSignal(connect(layout.agentSocket, run.log, remainingMs(), req.signal), req.signal);
+  const agent = await raceAbort(connect(layout.agentSocket, run.log, remainingMs(), req.signal), req.signal, requestAbortReason);
   run.undo.push('close the agent client', async () => agent.close());
   const pod = await agent.createPod(
     { podId: req.id, hostname: req.spec.hostname, shmSizeBytes: POD_SHM_SIZE_BYTES },

@@ -1,6 +1,7 @@
 import { type Dirent, promises as fsp, readdirSync, readFileSync } from 'node:fs';
 import path from 'node:path';
 import { errnoCode } from '../../common/errors.js';
+import { readProcStatFields } from '../../common/proc-stat.js';
 import { readCmdline } from '../../hypervisor/index.js';
 import { POD_NETNS_NAME } from '../../network/index.js';
 import { sandboxSharedDir, sandboxVmRoot, sandboxWorkDir } from './paths.js';
@@ -91,10 +92,9 @@ async function foreignQemuNetns(vmRoot: string, procRoot: string): Promise<Set<n
 /** The parent pid from /proc/<pid>/stat (field 4), undefined when the process is gone. */
 function parentPid(pid: number, procRoot: string): number | undefined {
   try {
-    const text = readFileSync(path.join(procRoot, String(pid), 'stat'), 'utf8');
-    const ppid = Number(text.slice(text.lastIndexOf(')') + 2).split(' ')[1]);
-    return Number.isSafeInteger(ppid) ? ppid : undefined;
+    return readProcStatFields(pid, procRoot)?.ppid;
   } catch {
+    // An audit reports what it can see: a stat it cannot read or parse names no parent.
     return undefined;
   }
 }

@@ -13,14 +13,15 @@ import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { allowLoopbackRegistries, pushBusyboxImage } from '../../helpers/busybox-image.js';
 import { rpc } from '../../helpers/cri-client.js';
-import { criToolPath } from '../../helpers/cri-tools.js';
+import { findCriTool } from '../../helpers/cri-tools.js';
 import { type RegistryHandle, startRegistry } from '../../helpers/images-registry.js';
 import { until as pollUntil } from '../../helpers/poll.js';
 import { createTestRuntime, podConfig, type TestRuntime } from '../../helpers/runtime-daemon.js';
 import { exitCodeOf, spdyCommand, spdyPortForward, wsCommand, wsPortForward } from '../../helpers/streaming-client.js';
 
 const repo = path.resolve(__dirname, '../../..');
-const CRICTL = criToolPath('crictl') ?? 'crictl (not found)';
+const CRICTL_PATH = findCriTool('crictl');
+const CRICTL = CRICTL_PATH ?? 'crictl (not found)';
 
 /**
  * The guest built from this checkout (its /init brings loopback up for port-forward; the agent
@@ -39,7 +40,7 @@ function branchGuest(): Record<string, string> {
     guestImagePath: path.join(dir, 'guest.img'),
   };
 }
-const HAVE_CRICTL = criToolPath('crictl') !== null;
+const HAVE_CRICTL = CRICTL_PATH !== null;
 const APPLETS = ['sleep', 'head', 'stty', 'httpd', 'kill', 'test', 'touch', 'mkdir', 'tr', 'wc', 'rm'];
 
 function run(file: string, args: string[], input?: string, timeoutMs = 60_000): Promise<{ code: number; stdout: string; stderr: string }> {

@@ -80,3 +80,20 @@ describe('BlobStore.ingest', () => {
     expect(await fsp.readdir(store.ingestDir)).toEqual([]);
   });
 });
+
+describe('BlobStore absence', () => {
+  it('answers "not stored" only for a missing file, and lets other errors surface', async () => {
+    const digest = sha256Digest('hello world');
+    expect(await store.has(digest)).toBe(false);
+    await fsp.rm(store.ingestDir, { recursive: true });
+    expect(await store.cleanIngest()).toBe(0);
+    // A file where the blob and ingest directories should be: ENOTDIR is a broken store, not an
+    // absent blob (running as root, EACCES cannot be staged; it takes the same path).
+    const blobDir = path.join(dir, 'blobs', 'sha256');
+    await fsp.rm(blobDir, { recursive: true });
+    await fsp.writeFile(blobDir, '');
+    await expect(store.has(digest)).rejects.toMatchObject({ code: 'ENOTDIR' });
+    await fsp.writeFile(store.ingestDir, '');
+    await expect(store.cleanIngest()).rejects.toMatchObject({ code: 'ENOTDIR' });
+  });
+});

@@ -60,7 +60,11 @@ describe('auditOrphans', () => {
     await proc(103, ['bash', `${vm}/${B.slice(0, 16)}`]);
     // virtiofsd's sandbox=namespace child of the recorded virtiofsd is owned through its parent.
     await proc(104, ['/usr/lib/qemu/virtiofsd', `--socket-path=${vm}/${A.slice(0, 16)}/vfs.sock`]);
-    await writeFile(path.join(root, 'proc', '104', 'stat'), '104 (virtiofsd) S 100 104 104 0 -1');
+    // A whole stat line (to field 24): the shared reader refuses a line cut short, as no kernel writes one.
+    await writeFile(
+      path.join(root, 'proc', '104', 'stat'),
+      '104 (virtiofsd) S 100 104 104 0 -1 4194560 1 0 0 0 5 3 0 0 20 0 1 0 555 123456 789\n',
+    );
     await proc(105, ['qemu-system-x86_64', '-qmp', 'unix:path=/var/lib/other-kata-ts/vm/cccc/qmp.sock']);
     await mkdir(path.join(root, 'proc', '105', 'ns'));
     await link(path.join(netns, `kata-ts-${C.slice(0, 16)}`), path.join(root, 'proc', '105', 'ns', 'net'));
