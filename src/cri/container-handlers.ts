@@ -19,10 +19,10 @@ import type { UpdateContainerResourcesRequest__Output } from '../generated/runti
 import type { UpdatePodSandboxResourcesRequest__Output } from '../generated/runtime/v1/UpdatePodSandboxResourcesRequest.js';
 import type { ContainerManager } from '../runtime/container/manager.js';
 import type { StatsCollector } from '../runtime/container/stats-service.js';
-import { containerStatusView, containerView } from '../runtime/container/views.js';
-import type { ResourceUpdates } from '../runtime/resize/index.js';
+import type { ResourceUpdates } from '../runtime/container/updates.js';
 import type { RuntimeRpcHandlers, RuntimeStreamHandlers } from './rpcs.js';
 import type { CallContext } from './server.js';
+import { containerStatusView, containerView } from './views/container.js';
 
 /**
  * Thin CRI handlers over the ContainerManager and ResourceUpdates, each checked against its rpc

@@ -15,9 +15,9 @@ import type { StatsCollector } from '../runtime/container/stats-service.js';
 import { sandboxVerboseInfo } from '../runtime/sandbox/info.js';
 import type { LiveSandbox, SandboxManager } from '../runtime/sandbox/manager.js';
 import { nowNs } from '../runtime/sandbox/record.js';
-import { matchesLabels, podSandboxStatusView, podSandboxView } from '../runtime/sandbox/views.js';
 import type { RuntimeRpcHandlers } from './rpcs.js';
 import type { CallContext } from './server.js';
+import { matchesLabels, podSandboxStatusView, podSandboxView } from './views/sandbox.js';
 
 /** Container statuses for PodSandboxStatus (evented PLEG); supplied by the container layer. */
 export type SandboxContainerStatuses = (live: LiveSandbox) => ContainerStatus[];

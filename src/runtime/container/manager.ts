@@ -6,6 +6,7 @@ import { resolveIdPrefix } from '../../common/ids.js';
 import type { Logger } from '../../common/logger.js';
 import { resolveHandler } from '../../config/handlers.js';
 import type { KataConfig } from '../../config/types.js';
+import { containerMatches } from '../../cri/views/container.js';
 import type { ContainerFilter__Output } from '../../generated/runtime/v1/ContainerFilter.js';
 import type { CreateContainerRequest__Output } from '../../generated/runtime/v1/CreateContainerRequest.js';
 import { removeContainerSnapshot } from '../../images/snapshot.js';
@@ -24,7 +25,6 @@ import type { GuestPod } from './guest-spec.js';
 import type { ContainerRecord } from './record.js';
 import { unmountAndRemove } from './shared-dir.js';
 import { ContainerTasks } from './tasks.js';
-import { containerMatches } from './views.js';
 
 /** What the container layer needs of the image store. */
 export interface ImageLookup {

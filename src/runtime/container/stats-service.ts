@@ -4,12 +4,13 @@
  * measured on the host where the container's root filesystem lives, nano-cores from the previous
  * sample of each container and pod.
  */
+
+import { matchesLabels } from '../../cri/views/sandbox.js';
 import type { ContainerStatsEntry } from '../../generated/agent/agent.js';
 import type { ContainerStats } from '../../generated/runtime/v1/ContainerStats.js';
 import type { ContainerStatsFilter__Output } from '../../generated/runtime/v1/ContainerStatsFilter.js';
 import type { PodSandboxStats } from '../../generated/runtime/v1/PodSandboxStats.js';
 import type { LiveSandbox } from '../sandbox/manager.js';
-import { matchesLabels } from '../sandbox/views.js';
 import type { ContainerManager, SandboxGuestAccess } from './manager.js';
 import type { ContainerRecord } from './record.js';
 import { CpuRates, containerStats, diskUsage, podUsage } from './stats.js';

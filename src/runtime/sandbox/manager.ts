@@ -5,6 +5,7 @@ import { alreadyExists, errorMessage, notFound } from '../../common/errors.js';
 import { newObjectId, resolveIdPrefix } from '../../common/ids.js';
 import type { Logger } from '../../common/logger.js';
 import { resolveHandler } from '../../config/handlers.js';
+import { sandboxMatches } from '../../cri/views/sandbox.js';
 import type { PodSandboxFilter__Output } from '../../generated/runtime/v1/PodSandboxFilter.js';
 import type { RunPodSandboxRequest__Output } from '../../generated/runtime/v1/RunPodSandboxRequest.js';
 import { type ExitInfo, isSameLiveProcess, type VmProcess } from '../../hypervisor/index.js';
@@ -21,7 +22,6 @@ import { identityKey, type SandboxExitRecord, type SandboxRecord } from './recor
 import { recoverSandboxes } from './recover.js';
 import { releaseSharedMounts, removeWorkDir } from './shared-dir.js';
 import { destroyGuestPod, type StopBudget, stopBudget, tellStopping } from './stop.js';
-import { sandboxMatches } from './views.js';
 import { stopVirtiofsd, watchVirtiofsd } from './virtiofsd.js';
 
 export { CONTAINERS_STOP_MAX_MS } from './stop.js';

@@ -3,8 +3,8 @@ import type { ContainerFilter__Output } from '../../generated/runtime/v1/Contain
 import type { ContainerStatus } from '../../generated/runtime/v1/ContainerStatus.js';
 import type { ContainerUser } from '../../generated/runtime/v1/ContainerUser.js';
 import type { OciSpec } from '../../oci/index.js';
-import { matchesLabels } from '../sandbox/views.js';
-import type { ContainerRecord } from './record.js';
+import type { ContainerRecord } from '../../runtime/container/record.js';
+import { matchesLabels } from './sandbox.js';
 
 /** ListContainers' view of one container. */
 export function containerView(r: ContainerRecord): Container {

@@ -2,8 +2,8 @@ import type { NamespaceOption } from '../../generated/runtime/v1/NamespaceOption
 import type { PodSandbox } from '../../generated/runtime/v1/PodSandbox.js';
 import type { PodSandboxFilter__Output } from '../../generated/runtime/v1/PodSandboxFilter.js';
 import type { PodSandboxStatus } from '../../generated/runtime/v1/PodSandboxStatus.js';
-import { podNetworkStatus } from './network.js';
-import type { SandboxRecord } from './record.js';
+import { podNetworkStatus } from '../../runtime/sandbox/network.js';
+import type { SandboxRecord } from '../../runtime/sandbox/record.js';
 
 /** What ListPodSandbox returns for one sandbox. */
 export function podSandboxView(r: SandboxRecord): PodSandbox {

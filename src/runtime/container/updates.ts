@@ -6,15 +6,15 @@ import type { UpdatePodSandboxResourcesRequest__Output } from '../../generated/r
 import { planSizing } from '../../sizing/shape.js';
 import type { HostCapacity } from '../../sizing/types.js';
 import { containerDemand } from '../admission/index.js';
-import type { ContainerManager } from '../container/manager.js';
-import type { ContainerRecord } from '../container/record.js';
 import type { RequestContext } from '../context.js';
+import { applyResize } from '../resize/apply.js';
+import { budgetForShape, planResize, type ResizePlan } from '../resize/plan.js';
 import type { SandboxAccess, SandboxHandle } from '../sandbox/manager.js';
 import type { ContainerSpec } from '../spec/container.js';
 import { announcedPodResources, emptyLinuxSandboxConfig, type SandboxSpec, withContainerResources } from '../spec/sandbox.js';
 import type { RecordStore } from '../store.js';
-import { applyResize } from './apply.js';
-import { budgetForShape, planResize, type ResizePlan } from './plan.js';
+import type { ContainerManager } from './manager.js';
+import type { ContainerRecord } from './record.js';
 
 export interface ResourceUpdateDeps {
   config: KataConfig;
