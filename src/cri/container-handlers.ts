@@ -19,10 +19,18 @@ import type { UpdateContainerResourcesRequest__Output } from '../generated/runti
 import type { UpdatePodSandboxResourcesRequest__Output } from '../generated/runtime/v1/UpdatePodSandboxResourcesRequest.js';
 import type { ContainerManager } from '../runtime/container/manager.js';
 import type { StatsCollector } from '../runtime/container/stats-service.js';
-import { containerStatusView, containerView } from '../runtime/container/views.js';
-import type { ResourceUpdates } from '../runtime/resize/index.js';
+import type { ResourceUpdates } from '../runtime/container/updates.js';
+import {
+  decodeContainerFilter,
+  decodeContainerResourceUpdate,
+  decodeContainerStatsFilter,
+  decodeCreateContainer,
+} from './decode/container.js';
+import { decodeSandboxResourceUpdate } from './decode/sandbox.js';
 import type { RuntimeRpcHandlers, RuntimeStreamHandlers } from './rpcs.js';
 import type { CallContext } from './server.js';
+import { containerStatusView, containerView } from './views/container.js';
+import { criContainerStats } from './views/stats.js';
 
 /**
  * Thin CRI handlers over the ContainerManager and ResourceUpdates, each checked against its rpc
@@ -30,9 +38,10 @@ import type { CallContext } from './server.js';
  */
 export function containerHandlers(containers: ContainerManager, resize: ResourceUpdates, stats: StatsCollector) {
   return {
-    CreateContainer: async (req: CreateContainerRequest__Output, ctx: CallContext): Promise<CreateContainerResponse> => ({
-      container_id: await containers.create(req, ctx),
-    }),
+    CreateContainer: async (req: CreateContainerRequest__Output, ctx: CallContext): Promise<CreateContainerResponse> => {
+      const { sandboxId, spec } = decodeCreateContainer(req);
+      return { container_id: await containers.create(sandboxId, spec, ctx) };
+    },
     StartContainer: async (req: StartContainerRequest__Output, ctx: CallContext) => {
       await containers.start(req.container_id, ctx);
       return {};
@@ -51,10 +60,10 @@ export function containerHandlers(containers: ContainerManager, resize: Resource
     },
     ContainerStats: async (req: ContainerStatsRequest__Output): Promise<ContainerStatsResponse> => {
       const [one] = await stats.forContainers([containers.resolve(req.container_id)]);
-      return { stats: one ?? null };
+      return { stats: one === undefined ? null : criContainerStats(one) };
     },
     ListContainerStats: async (req: ListContainerStatsRequest__Output): Promise<ListContainerStatsResponse> => ({
-      stats: await stats.list(req.filter),
+      stats: (await stats.list(decodeContainerStatsFilter(req))).map(criContainerStats),
     }),
     RemoveContainer: async (req: RemoveContainerRequest__Output, ctx: CallContext) => {
       await containers.remove(req.container_id, ctx);
@@ -79,14 +88,16 @@ export function containerHandlers(containers: ContainerManager, resize: Resource
       };
     },
     ListContainers: async (req: ListContainersRequest__Output): Promise<ListContainersResponse> => ({
-      containers: containers.list(req.filter).map(containerView),
+      containers: containers.list(decodeContainerFilter(req)).map(containerView),
     }),
     UpdateContainerResources: async (req: UpdateContainerResourcesRequest__Output, ctx: CallContext) => {
-      await resize.updateContainer(req, ctx);
+      const { containerId, update } = decodeContainerResourceUpdate(req);
+      await resize.updateContainer(containerId, update, ctx);
       return {};
     },
     UpdatePodSandboxResources: async (req: UpdatePodSandboxResourcesRequest__Output, ctx: CallContext) => {
-      await resize.updatePodSandbox(req, ctx);
+      const { sandboxId, update } = decodeSandboxResourceUpdate(req);
+      await resize.updatePodSandbox(sandboxId, update, ctx);
       return {};
     },
   } satisfies Partial<RuntimeRpcHandlers>;

@@ -5,9 +5,18 @@ import type { StatusRequest__Output } from '../generated/runtime/v1/StatusReques
 import type { StatusResponse } from '../generated/runtime/v1/StatusResponse.js';
 import type { UpdateRuntimeConfigRequest__Output } from '../generated/runtime/v1/UpdateRuntimeConfigRequest.js';
 import type { VersionResponse } from '../generated/runtime/v1/VersionResponse.js';
-import type { NetworkReadiness } from '../network/index.js';
 import type { RuntimeFacts } from '../runtime/facts.js';
 import type { CallContext } from './server.js';
+
+/**
+ * Whether pods can get a network, as the daemon found out (src/network's networkReadiness): the
+ * face only reports it, so it names the shape rather than importing the network driver.
+ */
+export interface NetworkReadiness {
+  ready: boolean;
+  reason: string;
+  message: string;
+}
 
 /** The CRI API version this runtime speaks. */
 export const CRI_API_VERSION = 'v1';

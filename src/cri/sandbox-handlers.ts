@@ -13,39 +13,39 @@ import type { RunPodSandboxResponse } from '../generated/runtime/v1/RunPodSandbo
 import type { StopPodSandboxRequest__Output } from '../generated/runtime/v1/StopPodSandboxRequest.js';
 import type { StatsCollector } from '../runtime/container/stats-service.js';
 import { sandboxVerboseInfo } from '../runtime/sandbox/info.js';
-import type { LiveSandbox, SandboxManager } from '../runtime/sandbox/manager.js';
+import type { SandboxManager } from '../runtime/sandbox/manager.js';
 import { nowNs } from '../runtime/sandbox/record.js';
-import { matchesLabels, podSandboxStatusView, podSandboxView } from '../runtime/sandbox/views.js';
+import type { LiveSandbox } from '../runtime/sandbox/types.js';
+import { decodeRunPodSandbox, decodeSandboxFilter, decodeSandboxStatsFilter } from './decode/sandbox.js';
 import type { RuntimeRpcHandlers } from './rpcs.js';
 import type { CallContext } from './server.js';
+import { podSandboxStatusView, podSandboxView } from './views/sandbox.js';
+import { criPodSandboxStats } from './views/stats.js';
 
 /** Container statuses for PodSandboxStatus (evented PLEG); supplied by the container layer. */
 export type SandboxContainerStatuses = (live: LiveSandbox) => ContainerStatus[];
 
 /**
- * Thin CRI handlers over the SandboxManager: decode nothing, decide nothing, map shapes. Each is
+ * Thin CRI handlers over the SandboxManager: decode the request (decode/), decide nothing, shape the answer (views/). Each is
  * checked against its rpc in the generated RuntimeService (a misspelled name does not compile).
  */
 export function sandboxHandlers(sandboxes: SandboxManager, containerStatuses: SandboxContainerStatuses, stats: StatsCollector) {
   return {
     PodSandboxStats: async (req: PodSandboxStatsRequest__Output): Promise<PodSandboxStatsResponse> => ({
-      stats: await stats.forSandbox(sandboxes.resolve(req.pod_sandbox_id)),
+      stats: criPodSandboxStats(await stats.forSandbox(sandboxes.resolve(req.pod_sandbox_id))),
     }),
     ListPodSandboxStats: async (req: ListPodSandboxStatsRequest__Output): Promise<ListPodSandboxStatsResponse> => {
-      const f = req.filter;
-      const live = sandboxes
-        .list(null)
-        .filter((r) => (f === null || f.id === '' || r.id.startsWith(f.id)) && matchesLabels(r.spec.labels, f?.label_selector ?? {}));
       const out = [];
-      for (const r of live) {
+      for (const r of sandboxes.list(decodeSandboxStatsFilter(req))) {
         const l = sandboxes.find(r.id);
-        if (l !== undefined) out.push(await stats.forSandbox(l));
+        if (l !== undefined) out.push(criPodSandboxStats(await stats.forSandbox(l)));
       }
       return { stats: out };
     },
-    RunPodSandbox: async (req: RunPodSandboxRequest__Output, ctx: CallContext): Promise<RunPodSandboxResponse> => ({
-      pod_sandbox_id: await sandboxes.run(req, ctx),
-    }),
+    RunPodSandbox: async (req: RunPodSandboxRequest__Output, ctx: CallContext): Promise<RunPodSandboxResponse> => {
+      const { spec, runtimeHandler } = decodeRunPodSandbox(req);
+      return { pod_sandbox_id: await sandboxes.run(spec, runtimeHandler, ctx) };
+    },
     StopPodSandbox: async (req: StopPodSandboxRequest__Output, ctx: CallContext) => {
       await sandboxes.stop(req.pod_sandbox_id, ctx);
       return {};
@@ -65,7 +65,7 @@ export function sandboxHandlers(sandboxes: SandboxManager, containerStatuses: Sa
       };
     },
     ListPodSandbox: async (req: ListPodSandboxRequest__Output): Promise<ListPodSandboxResponse> => ({
-      items: sandboxes.list(req.filter).map(podSandboxView),
+      items: sandboxes.list(decodeSandboxFilter(req)).map(podSandboxView),
     }),
   } satisfies Partial<RuntimeRpcHandlers>;
 }

@@ -10,7 +10,8 @@ import type { ExecRequest__Output } from '../generated/runtime/v1/ExecRequest.js
 import type { ExecResponse } from '../generated/runtime/v1/ExecResponse.js';
 import type { PortForwardRequest__Output } from '../generated/runtime/v1/PortForwardRequest.js';
 import type { PortForwardResponse } from '../generated/runtime/v1/PortForwardResponse.js';
-import type { ContainerManager, SandboxGuestAccess } from '../runtime/container/manager.js';
+import type { ContainerManager } from '../runtime/container/manager.js';
+import type { SandboxGuestAccess } from '../runtime/container/types.js';
 import type { SandboxManager } from '../runtime/sandbox/manager.js';
 import type { CallContext } from './server.js';
 import { decodeAttachRequest, decodeExecRequest, decodePortForwardRequest } from './streaming/requests.js';

@@ -1,5 +1,5 @@
 /**
- * CreateContainer: the config decoded into a typed spec, admission (pure) against the sandbox's
+ * CreateContainer for a spec a face has validated: admission (pure) against the sandbox's
  * announcement or its budget, device hot-plug, resize, the snapshot, the guest half (spec first,
  * then the shared directory), the record. Every step that changed something registers its undo;
  * a failure runs them newest first.
@@ -8,7 +8,6 @@ import path from 'node:path';
 import { alreadyExists, errorMessage, notFound, precondition } from '../../common/errors.js';
 import { newObjectId } from '../../common/ids.js';
 import type { Logger } from '../../common/logger.js';
-import type { CreateContainerRequest__Output } from '../../generated/runtime/v1/CreateContainerRequest.js';
 import type { VmProcess } from '../../hypervisor/index.js';
 import { createContainerSnapshot, removeContainerSnapshot } from '../../images/snapshot.js';
 import type { OciSpecInput } from '../../oci/index.js';
@@ -16,15 +15,15 @@ import { admissionError, admitAnnounced, containerDemand } from '../admission/in
 import type { RequestContext } from '../context.js';
 import { applyResize, type ResizePlan, resizeCheckpoint, revertResize } from '../resize/index.js';
 import { RollbackSteps } from '../rollback.js';
-import type { SandboxHandle } from '../sandbox/manager.js';
 import { nowNs, type SandboxRecord } from '../sandbox/record.js';
-import { type ContainerSpec, decodeContainerSpec } from '../spec/container.js';
+import type { SandboxHandle } from '../sandbox/types.js';
+import type { ContainerSpec } from '../spec/container.js';
 import { announcedPodResources, type SandboxSpec } from '../spec/sandbox.js';
 import { applyHotplug, detachDevices, planContainerHotplug, vfioGroupFunctions } from './devices.js';
-import type { ContainerManagerDeps } from './manager.js';
 import { type GuestDeviceFacts, prepareGuest } from './prepare.js';
 import type { AttachedDevice, ContainerRecord } from './record.js';
 import { unmountAndRemove } from './shared-dir.js';
+import type { ContainerManagerDeps } from './types.js';
 
 /** How long a detached device may take to leave the guest (the guest acknowledges the unplug). */
 export const UNPLUG_TIMEOUT_MS = 30_000;
@@ -44,12 +43,17 @@ export interface CreateHost {
 }
 
 /** CreateContainer under the sandbox's lock; returns the new container's id. */
-export async function createContainer(host: CreateHost, req: CreateContainerRequest__Output, ctx: RequestContext): Promise<string> {
+export async function createContainer(
+  host: CreateHost,
+  sandboxIdOrPrefix: string,
+  spec: ContainerSpec,
+  ctx: RequestContext,
+): Promise<string> {
   const { deps } = host;
-  return deps.sandboxes.withSandbox(req.pod_sandbox_id, async (sandbox) => {
+  return deps.sandboxes.withSandbox(sandboxIdOrPrefix, async (sandbox) => {
     const sandboxId = sandbox.record.id;
     ctx.annotate({ sandboxId });
-    const spec = validateCreate(host, req, sandbox);
+    validateCreate(host, spec, sandbox);
     const { name } = spec.metadata;
     const image = deps.images.resolveImage(spec.image.image);
     if (image === undefined) throw notFound('IMAGE_NOT_FOUND', `image "${spec.image.image}" is not present; pull it first`);
@@ -145,8 +149,8 @@ export async function createContainer(host: CreateHost, req: CreateContainerRequ
   });
 }
 
-function validateCreate(host: CreateHost, req: CreateContainerRequest__Output, sandbox: SandboxHandle): ContainerSpec {
-  const spec = decodeContainerSpec(req.config);
+/** The sandbox must run, and the name and attempt must be free in it. */
+function validateCreate(host: CreateHost, spec: ContainerSpec, sandbox: SandboxHandle): void {
   if (sandbox.record.state !== 'SANDBOX_READY' || sandbox.vm === undefined) {
     throw precondition(
       'SANDBOX_NOT_READY',
@@ -161,7 +165,6 @@ function validateCreate(host: CreateHost, req: CreateContainerRequest__Output, s
       `container "${name}" (attempt ${attempt}) already exists in pod sandbox ${sandbox.record.id}: ${clash.id}`,
     );
   }
-  return spec;
 }
 
 /**

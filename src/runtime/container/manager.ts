@@ -1,63 +1,26 @@
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
-import type { AgentClient } from '../../agent-client/index.js';
 import { errorMessage, isKataError, notFound, precondition } from '../../common/errors.js';
 import { resolveIdPrefix } from '../../common/ids.js';
 import type { Logger } from '../../common/logger.js';
 import { resolveHandler } from '../../config/handlers.js';
-import type { KataConfig } from '../../config/types.js';
-import type { ContainerFilter__Output } from '../../generated/runtime/v1/ContainerFilter.js';
-import type { CreateContainerRequest__Output } from '../../generated/runtime/v1/CreateContainerRequest.js';
 import { removeContainerSnapshot } from '../../images/snapshot.js';
-import type { PcieHostFacts } from '../../pcie/index.js';
-import type { HostCapacity } from '../../sizing/types.js';
 import type { RequestContext } from '../context.js';
 import { planGrowth, type ResizePlan } from '../resize/index.js';
-import type { SandboxAccess, SandboxListener } from '../sandbox/manager.js';
 import { nowNs, type SandboxRecord } from '../sandbox/record.js';
-import type { RecordStore } from '../store.js';
+import type { SandboxListener } from '../sandbox/types.js';
+import type { ContainerSpec } from '../spec/container.js';
 import { createContainer, UNPLUG_TIMEOUT_MS } from './create.js';
 import { detachDevices } from './devices.js';
 import { ContainerEvents } from './events.js';
+import { containerMatches } from './filter.js';
 import { createAndStart, type ExecSyncResult, execSync, exitReason, stopInGuest, timestampNs } from './guest-ops.js';
-import type { GuestPod } from './guest-spec.js';
 import type { ContainerRecord } from './record.js';
 import { unmountAndRemove } from './shared-dir.js';
 import { ContainerTasks } from './tasks.js';
-import { containerMatches } from './views.js';
+import type { ContainerFilter, ContainerLookup, ContainerManagerDeps } from './types.js';
 
-/** What the container layer needs of the image store. */
-export interface ImageLookup {
-  resolveImage(ref: string): { id: string; repoDigests: string[] } | undefined;
-  rootfsFor(imageId: string): string;
-  /** The image config's `config` object (User, Env, Entrypoint, Cmd, WorkingDir, StopSignal). */
-  imageConfig(imageId: string): Promise<Record<string, unknown> | null>;
-}
-
-/** What the container layer needs of a sandbox's guest (the sandbox layer provides it). */
-export interface SandboxGuestAccess {
-  /** The agent of a sandbox whose VM runs; undefined otherwise. */
-  agentOf(sandboxId: string): AgentClient | undefined;
-  /** The sandbox's shared directory on the host (virtio-fs source). */
-  sharedDirOf(sandboxId: string): string;
-  /** The directory every sandbox's shared directory is under (the state dir's `vm/`). */
-  sharedDirsRoot: string;
-  /** Where the shared directory is in the guest. */
-  guestSharedDir: string;
-  /** The pod's namespaces holder and /dev/shm in the guest; null when the guest has none (no container can start). */
-  guestPodOf(sandboxId: string): GuestPod | null;
-}
-
-export interface ContainerManagerDeps {
-  config: KataConfig;
-  logger: Logger;
-  store: RecordStore<ContainerRecord>;
-  sandboxes: SandboxAccess;
-  images: ImageLookup;
-  host: HostCapacity;
-  readPcieFacts(): Promise<PcieHostFacts>;
-  guests: SandboxGuestAccess;
-}
+export type { ContainerFilter, ContainerManagerDeps, ImageLookup, SandboxGuestAccess } from './types.js';
 
 /**
  * Containers in pod VMs: CreateContainer admission against what RunPodSandbox announced, device
@@ -65,7 +28,7 @@ export interface ContainerManagerDeps {
  * without pod_resources, and the records behind ContainerStatus and ListContainers. Every
  * operation runs under its sandbox's lock, so it is serialised with the sandbox's own rpcs.
  */
-export class ContainerManager implements SandboxListener {
+export class ContainerManager implements SandboxListener, ContainerLookup {
   private readonly containers = new Map<string, ContainerRecord>();
   readonly events = new ContainerEvents();
   readonly tasks: ContainerTasks;
@@ -129,7 +92,7 @@ export class ContainerManager implements SandboxListener {
     return record;
   }
 
-  list(filter: ContainerFilter__Output | null): ContainerRecord[] {
+  list(filter: ContainerFilter | null): ContainerRecord[] {
     return [...this.containers.values()]
       .filter((c) => containerMatches(c, filter))
       .sort((a, b) => (a.createdAtNs < b.createdAtNs ? -1 : a.createdAtNs > b.createdAtNs ? 1 : 0));
@@ -139,7 +102,11 @@ export class ContainerManager implements SandboxListener {
     return [...this.containers.values()].filter((c) => c.sandboxId === sandboxId);
   }
 
-  async create(req: CreateContainerRequest__Output, ctx: RequestContext): Promise<string> {
+  /**
+   * CreateContainer in sandbox `sandboxIdOrPrefix` for a validated spec (a face decodes its
+   * request with decodeContainerSpec); returns the new container's id.
+   */
+  async create(sandboxIdOrPrefix: string, spec: ContainerSpec, ctx: RequestContext): Promise<string> {
     return createContainer(
       {
         deps: this.deps,
@@ -150,7 +117,8 @@ export class ContainerManager implements SandboxListener {
           this.events.emit('CONTAINER_CREATED_EVENT', record);
         },
       },
-      req,
+      sandboxIdOrPrefix,
+      spec,
       ctx,
     );
   }

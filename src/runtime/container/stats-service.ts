@@ -1,34 +1,50 @@
 /**
- * ContainerStats / ListContainerStats / PodSandboxStats / ListPodSandboxStats: one agent call per
- * sandbox (ContainerStats for its running containers, GuestStats for the pod), the writable layer
- * measured on the host where the container's root filesystem lives, nano-cores from the previous
- * sample of each container and pod.
+ * Container and pod usage: one agent call per sandbox (ContainerStats for its running containers,
+ * GuestStats for the pod), the writable layer measured on the host where the container's root
+ * filesystem lives, nano-cores from the previous sample of each container and pod. Faces shape
+ * the readings into their own messages.
  */
 import type { ContainerStatsEntry } from '../../generated/agent/agent.js';
-import type { ContainerStats } from '../../generated/runtime/v1/ContainerStats.js';
-import type { ContainerStatsFilter__Output } from '../../generated/runtime/v1/ContainerStatsFilter.js';
-import type { PodSandboxStats } from '../../generated/runtime/v1/PodSandboxStats.js';
-import type { LiveSandbox } from '../sandbox/manager.js';
-import { matchesLabels } from '../sandbox/views.js';
-import type { ContainerManager, SandboxGuestAccess } from './manager.js';
+import type { SandboxRecord } from '../sandbox/record.js';
+import type { LiveSandbox } from '../sandbox/types.js';
 import type { ContainerRecord } from './record.js';
-import { CpuRates, containerStats, diskUsage, podUsage } from './stats.js';
+import {
+  type ContainerUsage,
+  CpuRates,
+  type CpuReading,
+  containerUsage,
+  diskUsage,
+  type MemoryReading,
+  nowNsBig,
+  podUsage,
+} from './stats.js';
+import type { ContainerFilter, ContainerLookup, SandboxGuestAccess } from './types.js';
 
 const STATS_CALL_MS = 10_000;
+
+/** A pod's usage: the whole guest (cpu, memory, processes: null unless its VM runs), and its containers'. */
+export interface SandboxUsage {
+  sandbox: SandboxRecord;
+  atNs: bigint;
+  cpu: CpuReading | null;
+  memory: MemoryReading | null;
+  processCount: number | null;
+  containers: ContainerUsage[];
+}
 
 export class StatsCollector {
   private readonly rates = new CpuRates();
 
   constructor(
-    private readonly containers: ContainerManager,
+    private readonly containers: Pick<ContainerLookup, 'list' | 'inSandbox'>,
     private readonly guests: SandboxGuestAccess,
   ) {}
 
-  /** Stats of the given containers (any state; a container not running has no cpu/memory numbers). */
-  async forContainers(records: ContainerRecord[]): Promise<ContainerStats[]> {
+  /** Usage of the given containers (any state; a container not running has no cpu/memory numbers). */
+  async forContainers(records: ContainerRecord[]): Promise<ContainerUsage[]> {
     const bySandbox = new Map<string, ContainerRecord[]>();
     for (const r of records) bySandbox.set(r.sandboxId, [...(bySandbox.get(r.sandboxId) ?? []), r]);
-    const out: ContainerStats[] = [];
+    const out: ContainerUsage[] = [];
     for (const [sandboxId, list] of bySandbox) {
       const running = list.filter((r) => r.state === 'CONTAINER_RUNNING').map((r) => r.id);
       const agent = this.guests.agentOf(sandboxId);
@@ -36,39 +52,30 @@ export class StatsCollector {
       if (agent !== undefined && running.length > 0) {
         for (const e of await agent.containerStats(running, { timeoutMs: STATS_CALL_MS })) entries.set(e.containerId, e);
       }
-      for (const r of list) out.push(containerStats(r, entries.get(r.id), await diskUsage(r.rootfs), this.rates));
+      for (const r of list) out.push(containerUsage(r, entries.get(r.id), await diskUsage(r.rootfs), this.rates));
     }
     return out;
   }
 
-  async list(filter: ContainerStatsFilter__Output | null): Promise<ContainerStats[]> {
-    const records = this.containers.list(null).filter((r) => {
-      if (filter === null) return true;
-      if (filter.id !== '' && !r.id.startsWith(filter.id)) return false;
-      if (filter.pod_sandbox_id !== '' && !r.sandboxId.startsWith(filter.pod_sandbox_id)) return false;
-      return matchesLabels(r.labels, filter.label_selector ?? {});
-    });
-    return this.forContainers(records);
+  /** Usage of every container a listing's filter lets through. */
+  async list(filter: ContainerFilter | null): Promise<ContainerUsage[]> {
+    return this.forContainers(this.containers.list(filter));
   }
 
-  /** A pod's stats: the whole guest as the pod, plus its containers. */
-  async forSandbox(live: LiveSandbox): Promise<PodSandboxStats> {
+  /** A pod's usage: the whole guest as the pod, plus its containers. */
+  async forSandbox(live: LiveSandbox): Promise<SandboxUsage> {
     const { record } = live;
     const containers = await this.forContainers(this.containers.inSandbox(record.id));
     const agent = this.guests.agentOf(record.id);
-    const now = (BigInt(Date.now()) * 1_000_000n).toString();
-    const linux: NonNullable<PodSandboxStats['linux']> = { containers };
+    const usage: SandboxUsage = { sandbox: record, atNs: nowNsBig(), cpu: null, memory: null, processCount: null, containers };
     if (agent !== undefined && record.state === 'SANDBOX_READY') {
       const guest = await agent.guestStats({ timeoutMs: STATS_CALL_MS });
-      const usage = podUsage(record.id, guest, this.rates);
-      linux.cpu = usage.cpu;
-      linux.memory = usage.memory;
-      linux.process = { timestamp: now, process_count: { value: String(guest.pids) } };
+      const pod = podUsage(record.id, guest, this.rates);
+      usage.cpu = pod.cpu;
+      usage.memory = pod.memory;
+      usage.processCount = guest.pids;
     }
-    return {
-      attributes: { id: record.id, metadata: record.spec.metadata, labels: record.spec.labels, annotations: record.spec.annotations },
-      linux,
-    };
+    return usage;
   }
 
   forget(id: string): void {

@@ -1,19 +1,43 @@
 /**
- * The agent's cgroup numbers -> CRI stats. CPU nano-cores need two samples: the previous sample
- * of each container (and of each pod) is kept, and the rate is the usage delta over the time
- * delta; the first sample of a container reports no rate (the kubelet does the same with cAdvisor).
+ * The agent's cgroup numbers -> readings any face can shape into its own messages (the CRI's in
+ * src/cri/views/stats.ts). CPU nano-cores need two samples: the previous sample of each container
+ * (and of each pod) is kept, and the rate is the usage delta over the time delta; the first
+ * sample of a container reports no rate (the kubelet does the same with cAdvisor).
  */
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
 import type { ContainerStatsEntry, GuestStatsResponse, Timestamp } from '../../generated/agent/agent.js';
-import type { ContainerStats } from '../../generated/runtime/v1/ContainerStats.js';
-import type { CpuUsage } from '../../generated/runtime/v1/CpuUsage.js';
-import type { MemoryUsage } from '../../generated/runtime/v1/MemoryUsage.js';
 import type { ContainerRecord } from './record.js';
 
 export interface CpuSample {
   atNs: bigint;
   usageNs: bigint;
+}
+
+/** A CPU sample and, from the sample before it, the rate (undefined for a first sample). */
+export interface CpuReading extends CpuSample {
+  nanoCores: bigint | undefined;
+}
+
+/** Memory numbers of a cgroup (or of the whole guest) when they were taken. */
+export interface MemoryReading {
+  atNs: bigint;
+  workingSetBytes: number;
+  availableBytes: number;
+  usageBytes: number;
+  rssBytes: number;
+  pageFaults: number;
+  majorPageFaults: number;
+}
+
+/** One container's usage: cpu and memory only while it runs (null otherwise), and its writable layer. */
+export interface ContainerUsage {
+  container: ContainerRecord;
+  /** When the host-side numbers (the writable layer) were read. */
+  atNs: bigint;
+  cpu: CpuReading | null;
+  memory: MemoryReading | null;
+  writableLayer: LayerUsage;
 }
 
 function ns(t: Timestamp | null): bigint {
@@ -30,16 +54,12 @@ export function nanoCores(previous: CpuSample | undefined, current: CpuSample): 
 export class CpuRates {
   private readonly samples = new Map<string, CpuSample>();
 
-  /** CRI CpuUsage for a new sample, remembering it for the next call. */
-  usage(key: string, takenAt: Timestamp | null, usageNs: number): CpuUsage {
+  /** A reading for a new sample, remembering the sample for the next call. */
+  usage(key: string, takenAt: Timestamp | null, usageNs: number): CpuReading {
     const current = { atNs: ns(takenAt), usageNs: BigInt(usageNs) };
     const rate = nanoCores(this.samples.get(key), current);
     this.samples.set(key, current);
-    return {
-      timestamp: current.atNs.toString(),
-      usage_core_nano_seconds: { value: current.usageNs.toString() },
-      ...(rate === undefined ? {} : { usage_nano_cores: { value: rate.toString() } }),
-    };
+    return { ...current, nanoCores: rate };
   }
 
   forget(key: string): void {
@@ -47,17 +67,22 @@ export class CpuRates {
   }
 }
 
-export function memoryUsage(takenAt: Timestamp | null, m: ContainerStatsEntry['memory']): MemoryUsage {
-  const v = (n: number | undefined) => ({ value: String(n ?? 0) });
+/** The agent's memory numbers as a reading (a number the agent left out counts as 0). */
+export function memoryReading(takenAt: Timestamp | null, m: ContainerStatsEntry['memory']): MemoryReading {
   return {
-    timestamp: ns(takenAt).toString(),
-    working_set_bytes: v(m?.workingSetBytes),
-    available_bytes: v(m?.availableBytes),
-    usage_bytes: v(m?.usageBytes),
-    rss_bytes: v(m?.rssBytes),
-    page_faults: v(m?.pageFaults),
-    major_page_faults: v(m?.majorPageFaults),
+    atNs: ns(takenAt),
+    workingSetBytes: m?.workingSetBytes ?? 0,
+    availableBytes: m?.availableBytes ?? 0,
+    usageBytes: m?.usageBytes ?? 0,
+    rssBytes: m?.rssBytes ?? 0,
+    pageFaults: m?.pageFaults ?? 0,
+    majorPageFaults: m?.majorPageFaults ?? 0,
   };
+}
+
+/** Now, in nanoseconds since the epoch (millisecond precision). */
+export function nowNsBig(): bigint {
+  return BigInt(Date.now()) * 1_000_000n;
 }
 
 export interface LayerUsage {
@@ -86,31 +111,26 @@ export async function diskUsage(dir: string): Promise<LayerUsage> {
   return { bytes, inodes: inodes + 1 };
 }
 
-/** One container's CRI stats from the agent's entry (undefined entry: a container not running). */
-export function containerStats(
+/** One container's usage from the agent's entry (undefined entry: a container not running). */
+export function containerUsage(
   r: ContainerRecord,
   entry: ContainerStatsEntry | undefined,
   layer: LayerUsage,
   rates: CpuRates,
-): ContainerStats {
-  const now = (BigInt(Date.now()) * 1_000_000n).toString();
+): ContainerUsage {
   return {
-    attributes: { id: r.id, metadata: r.metadata, labels: r.labels, annotations: r.annotations },
-    cpu: entry === undefined ? { timestamp: now } : rates.usage(r.id, entry.takenAt, entry.cpu?.usageNs ?? 0),
-    memory: entry === undefined ? { timestamp: now } : memoryUsage(entry.takenAt, entry.memory),
-    writable_layer: {
-      timestamp: now,
-      fs_id: { mountpoint: r.rootfs },
-      used_bytes: { value: String(layer.bytes) },
-      inodes_used: { value: String(layer.inodes) },
-    },
+    container: r,
+    atNs: nowNsBig(),
+    cpu: entry === undefined ? null : rates.usage(r.id, entry.takenAt, entry.cpu?.usageNs ?? 0),
+    memory: entry === undefined ? null : memoryReading(entry.takenAt, entry.memory),
+    writableLayer: layer,
   };
 }
 
 /** The pod's own numbers (the whole guest: the VM is the pod). */
-export function podUsage(sandboxId: string, guest: GuestStatsResponse, rates: CpuRates): { cpu: CpuUsage; memory: MemoryUsage } {
+export function podUsage(sandboxId: string, guest: GuestStatsResponse, rates: CpuRates): { cpu: CpuReading; memory: MemoryReading } {
   return {
     cpu: rates.usage(`pod:${sandboxId}`, guest.takenAt, guest.cpu?.usageNs ?? 0),
-    memory: memoryUsage(guest.takenAt, guest.memory),
+    memory: memoryReading(guest.takenAt, guest.memory),
   };
 }

@@ -2,7 +2,7 @@ import { errorMessage, precondition } from '../../common/errors.js';
 import type { Logger } from '../../common/logger.js';
 import { plugVcpus, setVirtioMemSize } from '../../hypervisor/index.js';
 import type { HostBudget, VmShape } from '../../sizing/types.js';
-import type { SandboxHandle } from '../sandbox/manager.js';
+import type { SandboxHandle } from '../sandbox/types.js';
 import type { ResizePlan } from './plan.js';
 
 /**

@@ -14,4 +14,3 @@ export {
   type ResizePlan,
   type ResizeTarget,
 } from './plan.js';
-export { type ResourceUpdateDeps, ResourceUpdates } from './updates.js';

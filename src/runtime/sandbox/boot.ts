@@ -3,7 +3,7 @@ import { raceAbort } from '../../common/abort.js';
 import type { VmProcess } from '../../hypervisor/index.js';
 import { requestAbortReason } from '../deadline.js';
 import { connectAgentClient } from './agent.js';
-import type { SandboxRun } from './execute.js';
+import type { SandboxRun } from './create-types.js';
 import { configureGuestNetwork } from './network.js';
 
 /** The pod's /dev/shm in the guest: what the kubelet and containerd give a pod (the CRI has no size for it). */

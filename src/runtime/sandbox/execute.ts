@@ -8,32 +8,16 @@
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
 import { errnoCode, errorMessage, internal } from '../../common/errors.js';
-import type { Logger } from '../../common/logger.js';
 import { startVirtiofsd, startVm, type VirtiofsdProcess, type VmProcess } from '../../hypervisor/index.js';
 import type { PodNetworkRecord, PodNetworks } from '../../network/index.js';
 import { RollbackSteps } from '../rollback.js';
 import { bootGuest } from './boot.js';
-import type { CreateDeps, CreatedSandbox, SandboxLaunchers } from './create.js';
-import { planWithMac, type SandboxPreparation } from './prepare.js';
-import type { SandboxRecord } from './record.js';
+import type { CreateDeps, CreatedSandbox, SandboxLaunchers, SandboxPreparation, SandboxRun } from './create-types.js';
+import { planWithMac } from './prepare.js';
 import { prepareSharedDir, releaseSharedMounts, removeWorkDir } from './shared-dir.js';
 import { restrictSocketModes } from './socket-modes.js';
 
 const REAL_LAUNCHERS: SandboxLaunchers = { startVm, startVirtiofsd, prepareSharedDir, releaseSharedMounts };
-
-/** One executeSandbox call: what every step reads, the record they fill in, the undo list they add to. */
-export interface SandboxRun {
-  deps: CreateDeps;
-  prep: SandboxPreparation;
-  record: SandboxRecord;
-  log: Logger;
-  undo: RollbackSteps;
-  launchers: SandboxLaunchers;
-  /** Write the record as it is now. */
-  persist(): Promise<void>;
-  /** When execution began (Date.now()): the guest's ready budget counts from here. */
-  startedMs: number;
-}
 
 /** Carry out `prep`; on failure everything done is undone and the error rethrown. */
 export async function executeSandbox(deps: CreateDeps, prep: SandboxPreparation): Promise<CreatedSandbox> {

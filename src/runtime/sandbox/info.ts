@@ -1,7 +1,7 @@
 import type { CgroupDriver } from '../../cgroups/index.js';
 import { errorMessage } from '../../common/errors.js';
 import { isSameLiveProcess, type QmpPciBus, type QmpPciDevice, type VmProcess } from '../../hypervisor/index.js';
-import type { LiveSandbox } from './manager.js';
+import type { LiveSandbox } from './types.js';
 
 /** Sizes as QEMU itself reports them (not as planned): what the VM really has right now. */
 export interface QmpSizes {

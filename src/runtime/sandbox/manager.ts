@@ -1,19 +1,15 @@
 import { promises as fsp } from 'node:fs';
-import type { AgentClient } from '../../agent-client/index.js';
-import type { CgroupDriver, CgroupDriverName, PlacementRecord } from '../../cgroups/index.js';
+import type { CgroupDriver, PlacementRecord } from '../../cgroups/index.js';
 import { alreadyExists, errorMessage, notFound } from '../../common/errors.js';
 import { newObjectId, resolveIdPrefix } from '../../common/ids.js';
-import type { Logger } from '../../common/logger.js';
 import { resolveHandler } from '../../config/handlers.js';
-import type { PodSandboxFilter__Output } from '../../generated/runtime/v1/PodSandboxFilter.js';
-import type { RunPodSandboxRequest__Output } from '../../generated/runtime/v1/RunPodSandboxRequest.js';
 import { type ExitInfo, isSameLiveProcess, type VmProcess } from '../../hypervisor/index.js';
 import type { RequestContext } from '../context.js';
 import { boundedTimeoutMs } from '../deadline.js';
 import { KeyedMutex } from '../locks.js';
-import type { RuntimeMetrics } from '../metrics.js';
-import { decodeSandboxSpec } from '../spec/sandbox.js';
-import { type CreateDeps, createSandbox } from './create.js';
+import type { SandboxSpec } from '../spec/sandbox.js';
+import { createSandbox } from './create.js';
+import { sandboxMatches } from './filter.js';
 import { networksFor } from './network.js';
 import { killAndWait } from './orphans.js';
 import { sandboxSharedDir, sandboxVmRoot, sandboxWorkDir } from './paths.js';
@@ -21,73 +17,25 @@ import { identityKey, type SandboxExitRecord, type SandboxRecord } from './recor
 import { recoverSandboxes } from './recover.js';
 import { releaseSharedMounts, removeWorkDir } from './shared-dir.js';
 import { destroyGuestPod, type StopBudget, stopBudget, tellStopping } from './stop.js';
-import { sandboxMatches } from './views.js';
+import {
+  cgroupsFor,
+  type LiveSandbox,
+  type SandboxAccess,
+  type SandboxFilter,
+  type SandboxHandle,
+  type SandboxManagerDeps,
+} from './types.js';
 import { stopVirtiofsd, watchVirtiofsd } from './virtiofsd.js';
 
 export { CONTAINERS_STOP_MAX_MS } from './stop.js';
-
-export interface SandboxManagerDeps extends CreateDeps {
-  logger: Logger;
-  metrics: RuntimeMetrics;
-  /** A driver of the given name (for placements made under an earlier config); see cgroupsFor. */
-  cgroupDriverNamed(name: CgroupDriverName): CgroupDriver;
-  /** Told, under the sandbox's lock, when a sandbox stops or is removed (the container layer). */
-  listener: SandboxListener;
-}
-
-/** A sandbox as the daemon holds it: its persisted record and, while it runs, its QEMU handle. */
-export interface LiveSandbox {
-  record: SandboxRecord;
-  vm: VmProcess | undefined;
-  /**
-   * The guest agent's client: connected once the guest is up (RunPodSandbox), connected again
-   * (a new session; the agent kept running) after a daemon restart; undefined when the VM is gone.
-   * The connection re-dials by itself when a session drops; calls wait for it within their deadline.
-   */
-  agent: AgentClient | undefined;
-  /** Set while StopPodSandbox brings the VM down, so its exit is not mistaken for a crash. */
-  stopping: boolean;
-}
-
-/** What the layers above (containers) hear of a sandbox's lifecycle; given at construction. */
-export interface SandboxListener {
-  /**
-   * Called under the sandbox's lock at the start of StopPodSandbox (and RemovePodSandbox's stop)
-   * while the VM and its agent are still up, so that containers are stopped with their own
-   * timeouts before the VM goes. Must settle within `deadlineMs` (a share of the stop deadline);
-   * the VM is shut down afterwards whatever happened.
-   */
-  sandboxStopping(sandboxId: string, deadlineMs: number): Promise<void>;
-  /** Called under the sandbox's lock after its VM is gone (stop, or death), before its record is saved. */
-  sandboxStopped(sandboxId: string): Promise<void>;
-  /** Called under the sandbox's lock before its record is deleted. */
-  sandboxRemoving(sandboxId: string): Promise<void>;
-}
-
-/** What the layers above need of the SandboxManager: find a sandbox to read, lock one to change it. */
-export type SandboxAccess = Pick<SandboxManager, 'find' | 'withSandbox' | 'withSandboxIfPresent'>;
-
-/**
- * A sandbox held under its lock (see SandboxManager.withSandbox): the record to change, the VM,
- * and the one way to persist a change. Valid only inside the callback it was handed to.
- */
-export interface SandboxHandle {
-  readonly record: SandboxRecord;
-  readonly vm: VmProcess | undefined;
-  /** The guest agent's client (see LiveSandbox.agent). */
-  readonly agent: AgentClient | undefined;
-  /** Write the record as it is now (after a hot-plug, a resize). */
-  persist(): Promise<void>;
-  /** The cgroup driver that made `placement` (see SandboxManager.cgroupsFor). */
-  cgroupsFor(placement: PlacementRecord): CgroupDriver;
-}
+export type { LiveSandbox, SandboxAccess, SandboxFilter, SandboxHandle, SandboxListener, SandboxManagerDeps } from './types.js';
 
 /**
  * Owns every pod sandbox: RunPodSandbox, Stop, Remove, Status, List, recovery after a restart,
  * and noticing a VM that dies on its own. Rpcs on one sandbox are serialised by its id; rpcs on
  * different sandboxes run in parallel.
  */
-export class SandboxManager {
+export class SandboxManager implements SandboxAccess {
   private readonly sandboxes = new Map<string, LiveSandbox>();
   /** Pod identity (namespace, name, uid, attempt) -> sandbox id, including creations in flight. */
   private readonly identities = new Map<string, string>();
@@ -107,10 +55,13 @@ export class SandboxManager {
     this.updateGauge();
   }
 
-  async run(request: RunPodSandboxRequest__Output, ctx: RequestContext): Promise<string> {
-    const spec = decodeSandboxSpec(request.config);
+  /**
+   * RunPodSandbox for a validated spec (a face decodes its request with decodeSandboxSpec) and the
+   * name of the runtime handler to run it with (unknown names: NOT_FOUND listing the known ones).
+   */
+  async run(spec: SandboxSpec, runtimeHandler: string, ctx: RequestContext): Promise<string> {
     const { metadata } = spec;
-    const handler = resolveHandler(this.deps.config, request.runtime_handler);
+    const handler = resolveHandler(this.deps.config, runtimeHandler);
     const key = identityKey(metadata);
     const existing = this.identities.get(key);
     if (existing !== undefined) {
@@ -127,7 +78,7 @@ export class SandboxManager {
         createSandbox(this.deps, {
           id,
           spec,
-          runtimeHandler: request.runtime_handler,
+          runtimeHandler,
           handler,
           logger: ctx.logger.child({ sandboxId: id }),
           signal: ctx.signal,
@@ -290,7 +241,8 @@ export class SandboxManager {
     });
   }
 
-  list(filter: PodSandboxFilter__Output | null): SandboxRecord[] {
+  /** The visible sandboxes a filter lets through, oldest first. */
+  list(filter: SandboxFilter | null): SandboxRecord[] {
     const out: SandboxRecord[] = [];
     for (const live of this.sandboxes.values()) {
       if (live.record.phase !== 'creating' && sandboxMatches(live.record, filter)) out.push(live.record);
@@ -375,11 +327,8 @@ export class SandboxManager {
     return this.deps.cgroups;
   }
 
-  /**
-   * The driver that made a placement. New placements always use the advertised driver, but a
-   * record made before the config changed driver must be resized and torn down by its own.
-   */
+  /** The driver that made a placement (see cgroupsFor in types.ts). */
   private cgroupsFor(placement: PlacementRecord): CgroupDriver {
-    return placement.driver === this.deps.cgroups.name ? this.deps.cgroups : this.deps.cgroupDriverNamed(placement.driver);
+    return cgroupsFor(this.deps, placement.driver);
   }
 }

@@ -1,6 +1,6 @@
 /**
  * The sandbox layer's side of pod networking: what the guest agent is told (ConfigureNetwork)
- * from the CNI result and the pod's DNS config, and the pod IPs PodSandboxStatus reports.
+ * from the CNI result and the pod's DNS config, and the pod's IPs for the faces to report.
  */
 import type { AgentClient } from '../../agent-client/index.js';
 import type { CallOptions } from '../../channel/index.js';
@@ -43,10 +43,9 @@ export async function configureGuestNetwork(
   );
 }
 
-/** PodSandboxStatus.network: the primary IP and the others (IPv4 first). */
-export function podNetworkStatus(net: PodNetworkRecord | null): { ip: string; additional_ips: Array<{ ip: string }> } {
-  const ips = net?.result === null || net?.result === undefined ? [] : podIps(net.result);
-  return { ip: ips[0] ?? '', additional_ips: ips.slice(1).map((ip) => ({ ip })) };
+/** The pod's IPs as CNI ADD gave them, the primary first (IPv4 first); none without networking. */
+export function sandboxIps(net: PodNetworkRecord | null): string[] {
+  return net?.result === null || net?.result === undefined ? [] : podIps(net.result);
 }
 
 /**

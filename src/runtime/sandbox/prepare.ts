@@ -7,45 +7,15 @@
 import { existsSync } from 'node:fs';
 import { precondition } from '../../common/errors.js';
 import type { KataConfig } from '../../config/types.js';
-import { checkGuestAssets, type VmPaths } from '../../hypervisor/index.js';
-import type { PodNetworkRecord, PodNetworks } from '../../network/index.js';
+import { checkGuestAssets } from '../../hypervisor/index.js';
+import type { PodNetworkRecord } from '../../network/index.js';
 import { getKubeletPodResources, type KubeletPodResources } from '../../pcie/index.js';
 import { planSandbox, type SandboxPlan, type SandboxPlanInput } from '../plan.js';
 import { cgroupParentOf } from '../spec/sandbox.js';
-import type { CreateDeps, CreateRequest } from './create.js';
+import type { CreateDeps, CreateRequest, SandboxLayout, SandboxPreparation } from './create-types.js';
 import { PLANNED_MAC, podNetworkRequest } from './network.js';
 import { sandboxArgvPaths, sandboxSharedDir, sandboxVmPaths, sandboxWorkDir, vmNameFor } from './paths.js';
 import { nowNs, type SandboxRecord } from './record.js';
-
-/** Where a sandbox's files and sockets go on the host (all under its work dir). */
-export interface SandboxLayout {
-  workDir: string;
-  /** What virtiofsd shares with the guest. */
-  sharedDir: string;
-  /** QEMU's own: QMP, ready, console and log. */
-  vmPaths: VmPaths;
-  agentSocket: string;
-  virtiofsSocket: string;
-  virtiofsdLog: string;
-  /**
-   * The guest image carries the agent: without one the VM runs no containers, so it gets neither
-   * the agent's port nor virtio-fs (a VM shaped as before the agent existed).
-   */
-  withAgent: boolean;
-}
-
-/** Everything RunPodSandbox decided before changing anything; executeSandbox carries it out. */
-export interface SandboxPreparation {
-  req: CreateRequest;
-  cgroupParent: string;
-  layout: SandboxLayout;
-  /** The pod network to make (validated; nothing made yet), or null without pod networking. */
-  network: { networks: PodNetworks; record: PodNetworkRecord } | null;
-  /** What the plan was made from: planned again with the CNI interface's MAC once it is known. */
-  planInput: SandboxPlanInput;
-  /** The record as it is first written (phase `creating`), holding the plan. */
-  record: SandboxRecord;
-}
 
 /** Validate, gather facts, plan; side-effect free (see the file's comment). */
 export async function prepareSandbox(deps: CreateDeps, req: CreateRequest): Promise<SandboxPreparation> {

@@ -1,17 +1,17 @@
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
 import type { AgentClient } from '../../agent-client/index.js';
-import { errorMessage, isReason } from '../../common/errors.js';
+import { errnoCode, errorMessage, isReason } from '../../common/errors.js';
 import type { Logger } from '../../common/logger.js';
 import { attachVm, isSameLiveProcess, type VmProcess } from '../../hypervisor/index.js';
 import { cgroupParentOf } from '../spec/sandbox.js';
 import { reopenAgentClient } from './agent.js';
-import type { LiveSandbox, SandboxManagerDeps } from './manager.js';
 import { networksFor } from './network.js';
 import { killAndWait, qemuPidsUsing, virtiofsdPidsUsing } from './orphans.js';
 import { sandboxWorkDir } from './paths.js';
 import type { SandboxRecord } from './record.js';
 import { removeWorkDir } from './shared-dir.js';
+import { cgroupsFor, type LiveSandbox, type SandboxManagerDeps } from './types.js';
 import { stopVirtiofsd } from './virtiofsd.js';
 
 type RecoverDeps = SandboxManagerDeps;
@@ -119,8 +119,7 @@ async function rollBackInterruptedCreate(deps: RecoverDeps, record: SandboxRecor
   for (const pid of await virtiofsdPidsUsing(workDir)) await killAndWait(pid);
   // The pod network as far as it was recorded: CNI DEL (safe after a partial ADD), TAP, namespace.
   if (record.network !== null) await networksFor(deps).teardown(record.network, () => deps.store.put(record), log);
-  const driverName = record.placement?.driver ?? record.cgroupDriver;
-  const driver = driverName === deps.cgroups.name ? deps.cgroups : deps.cgroupDriverNamed(driverName);
+  const driver = cgroupsFor(deps, record.placement?.driver ?? record.cgroupDriver);
   if (record.placement !== null) {
     await driver.remove(record.placement);
   } else if (record.vmm !== null) {
@@ -155,8 +154,10 @@ async function removeStrayWorkDirs(deps: RecoverDeps, known: Set<string>, log: L
   let entries: string[];
   try {
     entries = await fsp.readdir(vmRoot);
-  } catch {
-    return;
+  } catch (err) {
+    // No vm/ yet is no stray work dir; anything else (EACCES, EIO) must not pass for "none".
+    if (errnoCode(err) === 'ENOENT') return;
+    throw err;
   }
   const knownPrefixes = new Set([...known].map((id) => path.basename(sandboxWorkDir(deps.config.stateDir, id))));
   for (const entry of entries) {

@@ -3,7 +3,7 @@ import type { Logger } from '../../common/logger.js';
 import type { KataConfig } from '../../config/types.js';
 import type { RequestContext } from '../context.js';
 import { boundedTimeoutMs } from '../deadline.js';
-import type { LiveSandbox, SandboxListener } from './manager.js';
+import type { LiveSandbox, SandboxListener } from './types.js';
 
 /** The containers' share of a stop when the request has no (or a long) deadline. */
 export const CONTAINERS_STOP_MAX_MS = 30_000;

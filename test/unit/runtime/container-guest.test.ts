@@ -3,6 +3,7 @@ import { mkdir, mkdtemp, rm, symlink, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { criCpuUsage } from '../../../src/cri/views/stats.js';
 import { exitReason, signalNumber, timestampNs } from '../../../src/runtime/container/guest-ops.js';
 import { guestLayout, readFileInRoot } from '../../../src/runtime/container/guest-spec.js';
 import { CpuRates, nanoCores } from '../../../src/runtime/container/stats.js';
@@ -44,11 +45,12 @@ describe('CPU nano-cores from two samples', () => {
 
   it('CpuRates keeps the previous sample per key', () => {
     const rates = new CpuRates();
-    const a = rates.usage('c', { seconds: 1, nanos: 0 }, 100);
+    // Shaped as the CRI face answers it (the core's reading carries the same numbers).
+    const a = criCpuUsage(rates.usage('c', { seconds: 1, nanos: 0 }, 100));
     expect(a.usage_nano_cores).toBeUndefined();
-    const b = rates.usage('c', { seconds: 2, nanos: 0 }, 250_000_100);
+    const b = criCpuUsage(rates.usage('c', { seconds: 2, nanos: 0 }, 250_000_100));
     expect(b).toMatchObject({ usage_core_nano_seconds: { value: '250000100' }, usage_nano_cores: { value: '250000000' } });
-    expect(rates.usage('other', { seconds: 2, nanos: 0 }, 1).usage_nano_cores).toBeUndefined();
+    expect(criCpuUsage(rates.usage('other', { seconds: 2, nanos: 0 }, 1)).usage_nano_cores).toBeUndefined();
   });
 });
 

@@ -13,13 +13,14 @@ import type { CgroupDriver, PlacementRecord } from '../../../src/cgroups/index.j
 import { packageRoot } from '../../../src/common/paths.js';
 import { defaultConfig } from '../../../src/config/defaults.js';
 import { decodeProtoJson } from '../../../src/cri/protojson.js';
-import type { CreateContainerRequest__Output } from '../../../src/generated/runtime/v1/CreateContainerRequest.js';
+import type { ContainerConfig__Output } from '../../../src/generated/runtime/v1/ContainerConfig.js';
 import type { VmProcess } from '../../../src/hypervisor/index.js';
 import { ContainerManager } from '../../../src/runtime/container/manager.js';
 import type { ContainerRecord } from '../../../src/runtime/container/record.js';
 import type { RequestContext } from '../../../src/runtime/context.js';
-import type { LiveSandbox, SandboxAccess, SandboxHandle } from '../../../src/runtime/sandbox/manager.js';
 import { migrateSandboxRecord, type SandboxRecord } from '../../../src/runtime/sandbox/record.js';
+import type { LiveSandbox, SandboxAccess, SandboxHandle } from '../../../src/runtime/sandbox/types.js';
+import { type ContainerSpec, decodeContainerSpec } from '../../../src/runtime/spec/container.js';
 import type { RecordStore } from '../../../src/runtime/store.js';
 
 const MiB = 1024 * 1024;
@@ -111,15 +112,14 @@ async function world(stateDir: string, failRecord: boolean): Promise<World> {
 }
 
 /** Needs 4 vCPUs' worth and 1 GiB: the 2-vCPU, 800 MiB VM must grow. */
-function bigContainer(): CreateContainerRequest__Output {
-  return decodeProtoJson<CreateContainerRequest__Output>('runtime.v1.CreateContainerRequest', {
-    podSandboxId: SANDBOX_ID,
-    config: {
+function bigContainer(): ContainerSpec {
+  return decodeContainerSpec(
+    decodeProtoJson<ContainerConfig__Output>('runtime.v1.ContainerConfig', {
       metadata: { name: 'big' },
       image: { image: 'app:1' },
       kubernetesResources: { limits: { cpu: { string: '3' }, memory: { string: '1Gi' } } },
-    },
-  });
+    }),
+  );
 }
 
 describe('CreateContainer rollback', () => {
@@ -133,7 +133,7 @@ describe('CreateContainer rollback', () => {
 
   it('without a failure the VM grows and the sandbox is saved once', async () => {
     const w = await world(stateDir, false);
-    const id = await w.manager.create(bigContainer(), w.ctx);
+    const id = await w.manager.create(SANDBOX_ID, bigContainer(), w.ctx);
     expect(w.record.shape.vcpus).toBeGreaterThan(2);
     expect(w.record.shape.memoryMiB).toBeGreaterThan(800);
     expect(w.cpusAdded.length).toBe(w.record.shape.vcpus - 2);
@@ -144,7 +144,7 @@ describe('CreateContainer rollback', () => {
   it('a failure after the resize sets memory and limits back, logs the vCPUs that stay, removes the rootfs', async () => {
     const w = await world(stateDir, true);
     const limitsBefore = { ...w.record.placement!.limits };
-    await expect(w.manager.create(bigContainer(), w.ctx)).rejects.toThrow('disk full');
+    await expect(w.manager.create(SANDBOX_ID, bigContainer(), w.ctx)).rejects.toThrow('disk full');
 
     // Grown, then set back: virtio-mem to 0 MiB above boot, the cgroup limits to what they were.
     expect(w.qomSets.length).toBe(2);

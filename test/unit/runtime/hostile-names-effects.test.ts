@@ -12,6 +12,8 @@ import path from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { silentLogger } from '../../../src/common/logger.js';
 import { defaultConfig } from '../../../src/config/defaults.js';
+import { decodeCreateContainer } from '../../../src/cri/decode/container.js';
+import { decodeRunPodSandbox } from '../../../src/cri/decode/sandbox.js';
 import { decodeProtoJson } from '../../../src/cri/protojson.js';
 import type { CreateContainerRequest__Output } from '../../../src/generated/runtime/v1/CreateContainerRequest.js';
 import type { RunPodSandboxRequest__Output } from '../../../src/generated/runtime/v1/RunPodSandboxRequest.js';
@@ -124,9 +126,14 @@ describe('a RunPodSandbox refused for its names changes nothing', () => {
 
   const request = (edit: Record<string, unknown>) =>
     decodeProtoJson<RunPodSandboxRequest__Output>('runtime.v1.RunPodSandboxRequest', { config: { ...GOOD_POD, ...edit } });
+  /** What the CRI face does with a RunPodSandbox: decode once, then the core's run. */
+  const run = async (req: RunPodSandboxRequest__Output, c: RequestContext) => {
+    const { spec, runtimeHandler } = decodeRunPodSandbox(req);
+    return manager.run(spec, runtimeHandler, c);
+  };
 
   it('a good pod gets past decoding to the cgroup driver (the tripwire works)', async () => {
-    await expect(manager.run(request({}), ctx('RunPodSandbox'))).rejects.toThrow(REACHED);
+    await expect(run(request({}), ctx('RunPodSandbox'))).rejects.toThrow(REACHED);
     expect(touched).toContain('cgroups.validateParent');
   });
 
@@ -134,13 +141,13 @@ describe('a RunPodSandbox refused for its names changes nothing', () => {
     // Touched while the tripwires were set up (the spied store's init) does not count.
     touched.length = 0;
     const before = await filesUnder(stateDir);
-    const err = await rejection(manager.run(request(edit), ctx('RunPodSandbox')));
+    const err = await rejection(run(request(edit), ctx('RunPodSandbox')));
     expect(err.kind).toBe('invalid');
     expect(err.message).toMatch(/^config\.(metadata\.(name|namespace|uid)|hostname|labels|annotations)\b/);
     expect(touched).toEqual([]);
     expect(await filesUnder(stateDir)).toEqual(before);
     // Nor is the pod's identity held: the good request is not ALREADY_EXISTS afterwards.
-    await expect(manager.run(request({}), ctx('RunPodSandbox'))).rejects.toThrow(REACHED);
+    await expect(run(request({}), ctx('RunPodSandbox'))).rejects.toThrow(REACHED);
   });
 });
 
@@ -190,8 +197,14 @@ describe('a CreateContainer refused for its names changes nothing', () => {
       config: { metadata: { name: 'app' }, image: { image: 'busybox' }, ...config },
     });
 
+  /** What the CRI face does with a CreateContainer: decode once, then the core's create. */
+  const create = async (req: CreateContainerRequest__Output, c: RequestContext) => {
+    const { sandboxId, spec } = decodeCreateContainer(req);
+    return manager.create(sandboxId, spec, c);
+  };
+
   it('a good container gets past decoding to the image lookup (the tripwire works)', async () => {
-    await expect(manager.create(request({}), ctx('CreateContainer'))).rejects.toThrow(REACHED);
+    await expect(create(request({}), ctx('CreateContainer'))).rejects.toThrow(REACHED);
     expect(touched).toContain('images.resolveImage');
   });
 
@@ -202,7 +215,7 @@ describe('a CreateContainer refused for its names changes nothing', () => {
     ['an annotation value with a NUL byte', { annotations: { note: 'a\0b' } }],
   ])('%s: INVALID_ARGUMENT, no collaborator used, no file written', async (_what, config) => {
     const before = await filesUnder(stateDir);
-    const err = await rejection(manager.create(request(config), ctx('CreateContainer')));
+    const err = await rejection(create(request(config), ctx('CreateContainer')));
     expect(err.kind).toBe('invalid');
     expect(err.message).toMatch(/^config\.(metadata\.name|labels|annotations)\b/);
     expect(touched).toEqual([]);

@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
+import { containerUser } from '../../../src/cri/views/container.js';
 import type { ContainerRecord } from '../../../src/runtime/container/record.js';
-import { containerUser } from '../../../src/runtime/container/views.js';
 
 const record = (guest: ContainerRecord['guest']) => ({ guest }) as ContainerRecord;
 

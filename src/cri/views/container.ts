@@ -1,10 +1,8 @@
 import type { Container } from '../../generated/runtime/v1/Container.js';
-import type { ContainerFilter__Output } from '../../generated/runtime/v1/ContainerFilter.js';
 import type { ContainerStatus } from '../../generated/runtime/v1/ContainerStatus.js';
 import type { ContainerUser } from '../../generated/runtime/v1/ContainerUser.js';
 import type { OciSpec } from '../../oci/index.js';
-import { matchesLabels } from '../sandbox/views.js';
-import type { ContainerRecord } from './record.js';
+import type { ContainerRecord } from '../../runtime/container/record.js';
 
 /** ListContainers' view of one container. */
 export function containerView(r: ContainerRecord): Container {
@@ -53,13 +51,4 @@ export function containerStatusView(r: ContainerRecord): ContainerStatus {
     stop_signal: spec.stop_signal,
     user: containerUser(r),
   };
-}
-
-/** ListContainers filtering: id (or unique prefix), state, sandbox id (or prefix), labels. */
-export function containerMatches(r: ContainerRecord, filter: ContainerFilter__Output | null): boolean {
-  if (filter === null) return true;
-  if (filter.id !== '' && !r.id.startsWith(filter.id)) return false;
-  if (filter.pod_sandbox_id !== '' && !r.sandboxId.startsWith(filter.pod_sandbox_id)) return false;
-  if (filter.state !== null && filter.state.state !== r.state) return false;
-  return matchesLabels(r.labels, filter.label_selector ?? {});
 }

@@ -1,26 +1,24 @@
 import { precondition } from '../../common/errors.js';
 import { resolveHandler } from '../../config/handlers.js';
 import type { KataConfig } from '../../config/types.js';
-import type { UpdateContainerResourcesRequest__Output } from '../../generated/runtime/v1/UpdateContainerResourcesRequest.js';
-import type { UpdatePodSandboxResourcesRequest__Output } from '../../generated/runtime/v1/UpdatePodSandboxResourcesRequest.js';
 import { planSizing } from '../../sizing/shape.js';
 import type { HostCapacity } from '../../sizing/types.js';
 import { containerDemand } from '../admission/index.js';
-import type { ContainerManager } from '../container/manager.js';
-import type { ContainerRecord } from '../container/record.js';
 import type { RequestContext } from '../context.js';
-import type { SandboxAccess, SandboxHandle } from '../sandbox/manager.js';
+import { applyResize } from '../resize/apply.js';
+import { budgetForShape, planResize, type ResizePlan } from '../resize/plan.js';
+import type { SandboxAccess, SandboxHandle } from '../sandbox/types.js';
 import type { ContainerSpec } from '../spec/container.js';
 import { announcedPodResources, emptyLinuxSandboxConfig, type SandboxSpec, withContainerResources } from '../spec/sandbox.js';
 import type { RecordStore } from '../store.js';
-import { applyResize } from './apply.js';
-import { budgetForShape, planResize, type ResizePlan } from './plan.js';
+import type { ContainerRecord } from './record.js';
+import type { ContainerLookup, ContainerResourceUpdate, SandboxResourceUpdate } from './types.js';
 
 export interface ResourceUpdateDeps {
   config: KataConfig;
   host: HostCapacity;
   sandboxes: SandboxAccess;
-  containers: ContainerManager;
+  containers: ContainerLookup;
   store: RecordStore<ContainerRecord>;
 }
 
@@ -34,8 +32,9 @@ export interface ResourceUpdateDeps {
 export class ResourceUpdates {
   constructor(private readonly deps: ResourceUpdateDeps) {}
 
-  async updateContainer(req: UpdateContainerResourcesRequest__Output, ctx: RequestContext): Promise<void> {
-    const container = this.deps.containers.resolve(req.container_id);
+  /** UpdateContainerResources: container `containerIdOrPrefix` gets the parts of `req` that are set. */
+  async updateContainer(containerIdOrPrefix: string, req: ContainerResourceUpdate, ctx: RequestContext): Promise<void> {
+    const container = this.deps.containers.resolve(containerIdOrPrefix);
     ctx.annotate({ containerId: container.id, sandboxId: container.sandboxId });
     await this.deps.sandboxes.withSandbox(container.sandboxId, async (sandbox) => {
       requireRunning(sandbox);
@@ -75,8 +74,9 @@ export class ResourceUpdates {
     });
   }
 
-  async updatePodSandbox(req: UpdatePodSandboxResourcesRequest__Output, ctx: RequestContext): Promise<void> {
-    await this.deps.sandboxes.withSandbox(req.pod_sandbox_id, async (sandbox) => {
+  /** UpdatePodSandboxResources: sandbox `sandboxIdOrPrefix` gets the parts of `req` that are set. */
+  async updatePodSandbox(sandboxIdOrPrefix: string, req: SandboxResourceUpdate, ctx: RequestContext): Promise<void> {
+    await this.deps.sandboxes.withSandbox(sandboxIdOrPrefix, async (sandbox) => {
       ctx.annotate({ sandboxId: sandbox.record.id });
       requireRunning(sandbox);
       const current = sandbox.record.spec;

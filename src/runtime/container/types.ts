@@ -1,0 +1,94 @@
+/**
+ * The container floor's shared types, in a file of their own so that CreateContainer, the
+ * resource updates and the stats collector can name what they need of the manager without
+ * importing it (a type import back into the manager would close a circle).
+ */
+import type { AgentClient } from '../../agent-client/index.js';
+import type { Logger } from '../../common/logger.js';
+import type { KataConfig } from '../../config/types.js';
+import type { KubernetesResources__Output } from '../../generated/runtime/v1/KubernetesResources.js';
+import type { LinuxContainerResources__Output } from '../../generated/runtime/v1/LinuxContainerResources.js';
+import type { LinuxPodSandboxConfig__Output } from '../../generated/runtime/v1/LinuxPodSandboxConfig.js';
+import type { PcieHostFacts } from '../../pcie/index.js';
+import type { HostCapacity } from '../../sizing/types.js';
+import type { ResizePlan } from '../resize/index.js';
+import type { SandboxRecord } from '../sandbox/record.js';
+import type { SandboxAccess } from '../sandbox/types.js';
+import type { SandboxSpec } from '../spec/sandbox.js';
+import type { RecordStore } from '../store.js';
+import type { GuestPod } from './guest-spec.js';
+import type { ContainerRecord, ContainerState } from './record.js';
+
+/** What the container layer needs of the image store. */
+export interface ImageLookup {
+  resolveImage(ref: string): { id: string; repoDigests: string[] } | undefined;
+  rootfsFor(imageId: string): string;
+  /** The image config's `config` object (User, Env, Entrypoint, Cmd, WorkingDir, StopSignal). */
+  imageConfig(imageId: string): Promise<Record<string, unknown> | null>;
+}
+
+/** What the container layer needs of a sandbox's guest (the sandbox layer provides it). */
+export interface SandboxGuestAccess {
+  /** The agent of a sandbox whose VM runs; undefined otherwise. */
+  agentOf(sandboxId: string): AgentClient | undefined;
+  /** The sandbox's shared directory on the host (virtio-fs source). */
+  sharedDirOf(sandboxId: string): string;
+  /** The directory every sandbox's shared directory is under (the state dir's `vm/`). */
+  sharedDirsRoot: string;
+  /** Where the shared directory is in the guest. */
+  guestSharedDir: string;
+  /** The pod's namespaces holder and /dev/shm in the guest; null when the guest has none (no container can start). */
+  guestPodOf(sandboxId: string): GuestPod | null;
+}
+
+export interface ContainerManagerDeps {
+  config: KataConfig;
+  logger: Logger;
+  store: RecordStore<ContainerRecord>;
+  sandboxes: SandboxAccess;
+  images: ImageLookup;
+  host: HostCapacity;
+  readPcieFacts(): Promise<PcieHostFacts>;
+  guests: SandboxGuestAccess;
+}
+
+/** The containers a sandbox holds, and the budget check for sandboxes sized without pod_resources. */
+export interface ContainerLookup {
+  /** A container by full id or unique prefix, or NOT_FOUND. */
+  resolve(idOrPrefix: string): ContainerRecord;
+  /** The containers a listing's filter lets through, oldest first. */
+  list(filter: ContainerFilter | null): ContainerRecord[];
+  inSandbox(sandboxId: string): ContainerRecord[];
+  /** Does `incoming` fit beside `admitted`, or how must the VM grow (undefined: it fits as it is)? */
+  growthFor(
+    record: SandboxRecord,
+    incoming: ContainerRecord['demand'],
+    admitted: Array<ContainerRecord['demand']>,
+    name: string,
+  ): ResizePlan | undefined;
+}
+
+/**
+ * Which containers a listing wants, as any face asks it: unset parts do not filter. Ids match a
+ * full id or a prefix; the labels must all be present with the same values.
+ */
+export interface ContainerFilter {
+  idPrefix?: string;
+  sandboxIdPrefix?: string;
+  /** CONTAINER_UNKNOWN is a state no record is in: it matches none. */
+  state?: ContainerState | 'CONTAINER_UNKNOWN';
+  labels?: Record<string, string>;
+}
+
+/** A container's new resources (in-place resize): a part left null stays as it is. */
+export interface ContainerResourceUpdate {
+  linux: LinuxContainerResources__Output | null;
+  kubernetes_resources: KubernetesResources__Output | null;
+}
+
+/** A pod's new resources (in-place resize): a part left null (or an empty pod_resources) stays as it is. */
+export interface SandboxResourceUpdate {
+  resources: LinuxPodSandboxConfig__Output['resources'];
+  overhead: LinuxPodSandboxConfig__Output['overhead'];
+  pod_resources: SandboxSpec['pod_resources'];
+}

@@ -1,0 +1,106 @@
+/**
+ * The types RunPodSandbox's halves share (prepare.ts plans, execute.ts and boot.ts carry the plan
+ * out, create.ts joins them): kept apart so that those files import each other in one direction.
+ */
+import type { AgentClient } from '../../agent-client/index.js';
+import type { CgroupDriver } from '../../cgroups/index.js';
+import type { Logger } from '../../common/logger.js';
+import type { ResolvedHandler } from '../../config/handlers.js';
+import type { KataConfig } from '../../config/types.js';
+import type { startVirtiofsd, startVm, VmPaths, VmProcess } from '../../hypervisor/index.js';
+import type { PodNetworkRecord, PodNetworks } from '../../network/index.js';
+import type { PcieHostFacts } from '../../pcie/index.js';
+import type { HostCapacity } from '../../sizing/types.js';
+import type { RuntimeFacts } from '../facts.js';
+import type { SandboxPlanInput } from '../plan.js';
+import type { RollbackSteps } from '../rollback.js';
+import type { SandboxSpec } from '../spec/sandbox.js';
+import type { RecordStore } from '../store.js';
+import type { connectAgentClient } from './agent.js';
+import type { SandboxRecord } from './record.js';
+import type { prepareSharedDir, releaseSharedMounts } from './shared-dir.js';
+
+export interface CreateDeps {
+  /** How to reach a guest's agent (tests replace it); connectAgentClient unless given. */
+  connectAgent?: typeof connectAgentClient;
+  /** What starts the sandbox's host processes and mounts its shared dir (tests replace it); the real ones unless given. */
+  launchers?: SandboxLaunchers;
+  config: KataConfig;
+  facts: RuntimeFacts;
+  store: RecordStore<SandboxRecord>;
+  cgroups: CgroupDriver;
+  host: HostCapacity;
+  readPcieFacts(): Promise<PcieHostFacts>;
+  /** Pod networking (network.mode "cni"); absent: pod VMs get no NIC. */
+  network?: PodNetworks;
+}
+
+/** The effects of RunPodSandbox that start a process or mount something, as one replaceable set. */
+export interface SandboxLaunchers {
+  startVm: typeof startVm;
+  startVirtiofsd: typeof startVirtiofsd;
+  prepareSharedDir: typeof prepareSharedDir;
+  releaseSharedMounts: typeof releaseSharedMounts;
+}
+
+export interface CreateRequest {
+  id: string;
+  spec: SandboxSpec;
+  runtimeHandler: string;
+  handler: ResolvedHandler;
+  logger: Logger;
+  signal: AbortSignal;
+  /** How long the guest may take to signal ready (already bounded by the caller's deadline). */
+  readyTimeoutMs: number;
+}
+
+/** A sandbox whose guest answered ready, as RunPodSandbox hands it to the manager. */
+export interface CreatedSandbox {
+  record: SandboxRecord;
+  vm: VmProcess;
+  agent: AgentClient | undefined;
+}
+
+/** Where a sandbox's files and sockets go on the host (all under its work dir). */
+export interface SandboxLayout {
+  workDir: string;
+  /** What virtiofsd shares with the guest. */
+  sharedDir: string;
+  /** QEMU's own: QMP, ready, console and log. */
+  vmPaths: VmPaths;
+  agentSocket: string;
+  virtiofsSocket: string;
+  virtiofsdLog: string;
+  /**
+   * The guest image carries the agent: without one the VM runs no containers, so it gets neither
+   * the agent's port nor virtio-fs (a VM shaped as before the agent existed).
+   */
+  withAgent: boolean;
+}
+
+/** Everything RunPodSandbox decided before changing anything; executeSandbox carries it out. */
+export interface SandboxPreparation {
+  req: CreateRequest;
+  cgroupParent: string;
+  layout: SandboxLayout;
+  /** The pod network to make (validated; nothing made yet), or null without pod networking. */
+  network: { networks: PodNetworks; record: PodNetworkRecord } | null;
+  /** What the plan was made from: planned again with the CNI interface's MAC once it is known. */
+  planInput: SandboxPlanInput;
+  /** The record as it is first written (phase `creating`), holding the plan. */
+  record: SandboxRecord;
+}
+
+/** One executeSandbox call: what every step reads, the record they fill in, the undo list they add to. */
+export interface SandboxRun {
+  deps: CreateDeps;
+  prep: SandboxPreparation;
+  record: SandboxRecord;
+  log: Logger;
+  undo: RollbackSteps;
+  launchers: SandboxLaunchers;
+  /** Write the record as it is now. */
+  persist(): Promise<void>;
+  /** When execution began (Date.now()): the guest's ready budget counts from here. */
+  startedMs: number;
+}
