@@ -117,7 +117,7 @@ export async function prepareGuest(input: PrepareInput): Promise<{ plan: Contain
   }
   return {
     plan: {
-      ociSpec: built.spec as unknown as Record<string, unknown>,
+      ociSpec: built.spec,
       stopSignal: built.stopSignal,
       rootfsGuestPath,
       hostDir: dirs.hostDir,

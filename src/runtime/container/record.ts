@@ -1,3 +1,4 @@
+import type { OciSpec } from '../../oci/index.js';
 import type { AdmissionDemand } from '../admission/index.js';
 import { CONTAINER_SPEC_SCHEMA, type ContainerSpec } from '../spec/container.js';
 import { containerMetadata, stringMap } from '../spec/schema.js';
@@ -12,8 +13,11 @@ export type ContainerState = 'CONTAINER_CREATED' | 'CONTAINER_RUNNING' | 'CONTAI
  * deepest first at RemoveContainer).
  */
 export interface ContainerGuestPlan {
-  /** config.json as buildOciSpec made it. */
-  ociSpec: Record<string, unknown>;
+  /**
+   * config.json as buildOciSpec made it. The store checks only that it is an object: this is the
+   * record's own writer's output, read back, not input from outside.
+   */
+  ociSpec: OciSpec;
   /** The signal StopContainer sends first (a name such as SIGTERM). */
   stopSignal: string;
   /** The root filesystem as the guest sees it. */

@@ -2,7 +2,6 @@ import type { Container } from '../../generated/runtime/v1/Container.js';
 import type { ContainerFilter__Output } from '../../generated/runtime/v1/ContainerFilter.js';
 import type { ContainerStatus } from '../../generated/runtime/v1/ContainerStatus.js';
 import type { ContainerUser } from '../../generated/runtime/v1/ContainerUser.js';
-import type { OciSpec } from '../../oci/index.js';
 import { matchesLabels } from '../sandbox/views.js';
 import type { ContainerRecord } from './record.js';
 
@@ -32,7 +31,7 @@ export function containerView(r: ContainerRecord): Container {
  * guest plan.
  */
 export function containerUser(r: ContainerRecord): ContainerUser | null {
-  const user = (r.guest?.ociSpec as Partial<OciSpec> | undefined)?.process?.user;
+  const user = r.guest?.ociSpec.process?.user;
   if (user === undefined) return null;
   return { linux: { uid: user.uid, gid: user.gid, supplemental_groups: user.additionalGids ?? [] } };
 }
