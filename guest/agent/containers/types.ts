@@ -3,6 +3,7 @@
  * `ContainerBackend`; until it lands this file carries the shape the core implements, and
  * `Containers` is adapted to the transport's interface once that exists.
  */
+import type { GuestDevice } from '../../../src/generated/agent/agent.js';
 
 /** The OCI runtime spec as the host generated it (config.json); only `root` is rewritten here. */
 export type OciSpec = Record<string, unknown> & {
@@ -37,6 +38,8 @@ export interface CreateRequest {
   stdio: StdioOptions;
   /** The writable layer's upper directory in the guest, when there is one (for stats). */
   writableLayerPath?: string;
+  /** The host's devices for the container (CreateContainerRequest.devices); none when absent. */
+  devices?: readonly GuestDevice[];
 }
 
 export type ContainerStatus = 'created' | 'running' | 'stopped';

@@ -56,6 +56,7 @@ export async function createAndStart(agent: AgentClient, record: ContainerRecord
       stdio: spec.tty ? 'STDIO_MODE_TTY' : 'STDIO_MODE_PIPES',
       stdin: spec.stdin,
       stdinOnce: spec.stdin_once,
+      devices: guest.guestDevices,
     },
     { timeoutMs },
   );

@@ -51,6 +51,7 @@ function record(id: string, args: string[], opts: { stopSignal?: string; logDir:
     devices: [],
     guest: {
       ociSpec: testSpec(args, { tty: opts.tty }) as unknown as OciSpec,
+      guestDevices: [],
       stopSignal: opts.stopSignal ?? 'SIGTERM',
       rootfsGuestPath: rootfs,
       hostDir: '/nonexistent',

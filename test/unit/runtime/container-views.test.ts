@@ -11,7 +11,7 @@ describe('containerUser', () => {
       root: { path: '/r' },
       process: { args: ['sh'], cwd: '/', user: { uid: 1000, gid: 1000, additionalGids: [1000, 1234, 50000] } },
     };
-    const guest = { ociSpec, stopSignal: 'SIGTERM', rootfsGuestPath: '/r', hostDir: '/h', bindMounts: [] };
+    const guest = { ociSpec, guestDevices: [], stopSignal: 'SIGTERM', rootfsGuestPath: '/r', hostDir: '/h', bindMounts: [] };
     expect(containerUser(record(guest))).toEqual({ linux: { uid: 1000, gid: 1000, supplemental_groups: [1000, 1234, 50000] } });
   });
 
