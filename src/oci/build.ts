@@ -13,7 +13,7 @@ import { resolveNamespaces, resolveSysctls } from './namespaces.js';
 import { fieldError, mergeEnv, resolveArgs, resolveCwd, resolveStopSignal } from './process.js';
 import { resolveDevices, resolveOomScoreAdj, resolveResources } from './resources.js';
 import { checkMacRequests, resolveSeccomp } from './security.js';
-import { OCI_VERSION, type OciProcess, type OciSpec } from './spec-types.js';
+import { OCI_VERSION, type OciLinux, type OciProcess, type OciSpec } from './spec-types.js';
 import { resolveUser } from './user.js';
 
 /** /proc and /sys entries hidden from unprivileged containers (containerd's default list). */
@@ -100,29 +100,30 @@ export function buildOciSpec(input: OciSpecInput): OciSpecPlan {
   };
   if (oomScoreAdj !== undefined) process.oomScoreAdj = oomScoreAdj;
 
+  const linux: OciLinux = {
+    namespaces,
+    resources: { devices: devicePlan.rules, ...resolveResources(resourcesIn) },
+    cgroupsPath: guest.cgroupsPath,
+  };
   const spec: OciSpec = {
     ociVersion: OCI_VERSION,
     process,
     root: { path: guest.rootfsPath, readonly: readonlyRoot },
     mounts,
-    linux: {
-      namespaces,
-      resources: { devices: devicePlan.rules, ...resolveResources(resourcesIn) },
-      cgroupsPath: guest.cgroupsPath,
-    },
+    linux,
   };
   if (hostname !== undefined) spec.hostname = hostname;
   const annotationKeys = Object.keys(container.annotations ?? {}).sort();
   if (annotationKeys.length > 0) spec.annotations = Object.fromEntries(annotationKeys.map((k) => [k, container.annotations![k]!]));
-  if (devicePlan.devices.length > 0) spec.linux.devices = devicePlan.devices;
-  if (sysctl !== undefined) spec.linux.sysctl = sysctl;
-  if (seccomp !== undefined) spec.linux.seccomp = seccomp;
-  if (cri.rootfsPropagation !== undefined) spec.linux.rootfsPropagation = cri.rootfsPropagation;
+  if (devicePlan.devices.length > 0) linux.devices = devicePlan.devices;
+  if (sysctl !== undefined) linux.sysctl = sysctl;
+  if (seccomp !== undefined) linux.seccomp = seccomp;
+  if (cri.rootfsPropagation !== undefined) linux.rootfsPropagation = cri.rootfsPropagation;
   if (!privileged) {
     const masked = pathList(security?.masked_paths, DEFAULT_MASKED_PATHS, 'container.linux.security_context.masked_paths');
     const readonly = pathList(security?.readonly_paths, DEFAULT_READONLY_PATHS, 'container.linux.security_context.readonly_paths');
-    if (masked.length > 0) spec.linux.maskedPaths = masked;
-    if (readonly.length > 0) spec.linux.readonlyPaths = readonly;
+    if (masked.length > 0) linux.maskedPaths = masked;
+    if (readonly.length > 0) linux.readonlyPaths = readonly;
   }
   return { spec, files, stopSignal: resolveStopSignal(container, image) };
 }

@@ -88,7 +88,7 @@ const inOrder = (set: ReadonlySet<string>): string[] => ALL_CAPABILITIES.filter(
  * say. The inheritable set stays empty (a program run through a file capability must not pick
  * up more than it asked for) except for ambient capabilities, which Linux requires there too.
  */
-export function resolveCapabilities(security: OciContainerSecurityInput | null | undefined): OciCapabilities {
+export function resolveCapabilities(security: OciContainerSecurityInput | null | undefined): Required<OciCapabilities> {
   const field = 'container.linux.security_context.capabilities';
   const caps = security?.capabilities ?? null;
   const add = (caps?.add_capabilities ?? []).map((c, i) => normalise(c, `${field}.add_capabilities[${i}]`));

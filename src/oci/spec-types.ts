@@ -1,7 +1,10 @@
 /**
  * The subset of the OCI runtime spec (runtime-spec 1.0.2, config.md and config-linux.md) that
- * kata-ts writes as a container's config.json. Field names are the spec's own, so the object
- * serialises to config.json unchanged; optional fields are left out rather than set to null.
+ * kata-ts writes as a container's config.json and reads back from its records. Field names are
+ * the spec's own, so the object serialises to config.json unchanged; optional fields are left out
+ * rather than set to null. A field is optional (`?`) exactly where the spec says OPTIONAL for
+ * Linux, so a reader copes with any valid config.json (also one kata-ts did not write, as the
+ * shim face will be handed), not only with what buildOciSpec happens to always set.
  */
 
 /**
@@ -12,44 +15,49 @@ export const OCI_VERSION = '1.0.2';
 
 export interface OciSpec {
   ociVersion: string;
-  process: OciProcess;
-  root: { path: string; readonly: boolean };
+  /** Optional in the spec until `start`: every spec kata-ts runs has one. */
+  process?: OciProcess;
+  /** Required on Linux. */
+  root: { path: string; readonly?: boolean };
   hostname?: string;
-  mounts: OciMount[];
+  mounts?: OciMount[];
   annotations?: Record<string, string>;
-  linux: OciLinux;
+  linux?: OciLinux;
 }
 
 export interface OciProcess {
-  terminal: boolean;
+  terminal?: boolean;
+  /** The terminal's size when the process starts (with `terminal` only). */
+  consoleSize?: { height: number; width: number };
+  /** Required on Linux. */
   user: OciUser;
   args: string[];
-  env: string[];
+  env?: string[];
   cwd: string;
-  capabilities: OciCapabilities;
-  noNewPrivileges: boolean;
+  capabilities?: OciCapabilities;
+  noNewPrivileges?: boolean;
   oomScoreAdj?: number;
 }
 
 export interface OciUser {
   uid: number;
   gid: number;
-  additionalGids: number[];
+  additionalGids?: number[];
 }
 
 export interface OciCapabilities {
-  bounding: string[];
-  effective: string[];
-  permitted: string[];
-  inheritable: string[];
-  ambient: string[];
+  bounding?: string[];
+  effective?: string[];
+  permitted?: string[];
+  inheritable?: string[];
+  ambient?: string[];
 }
 
 export interface OciMount {
   destination: string;
-  type: string;
-  source: string;
-  options: string[];
+  type?: string;
+  source?: string;
+  options?: string[];
 }
 
 export type OciNamespaceType = 'pid' | 'network' | 'mount' | 'ipc' | 'uts' | 'user' | 'cgroup';
@@ -60,7 +68,7 @@ export interface OciNamespace {
   path?: string;
 }
 
-/** A device node to create in the container (config-linux.md "Devices"). */
+/** A device node to create in the container (config-linux.md "Devices"; major and minor may be left out only for a FIFO, which kata-ts never makes). */
 export interface OciLinuxDevice {
   path: string;
   type: 'c' | 'b' | 'u' | 'p';
@@ -77,11 +85,11 @@ export interface OciDeviceRule {
   type?: 'a' | 'c' | 'b';
   major?: number;
   minor?: number;
-  access: string;
+  access?: string;
 }
 
 export interface OciResources {
-  devices: OciDeviceRule[];
+  devices?: OciDeviceRule[];
   cpu?: { shares?: number; quota?: number; period?: number; cpus?: string; mems?: string };
   memory?: { limit?: number; swap?: number };
   hugepageLimits?: { pageSize: string; limit: number }[];
@@ -131,10 +139,10 @@ export interface OciSeccomp {
 }
 
 export interface OciLinux {
-  namespaces: OciNamespace[];
+  namespaces?: OciNamespace[];
   devices?: OciLinuxDevice[];
-  resources: OciResources;
-  cgroupsPath: string;
+  resources?: OciResources;
+  cgroupsPath?: string;
   sysctl?: Record<string, string>;
   seccomp?: OciSeccomp;
   rootfsPropagation?: 'private' | 'shared' | 'slave' | 'unbindable';

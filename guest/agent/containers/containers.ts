@@ -3,7 +3,7 @@ import path from 'node:path';
 import type { Readable, Writable } from 'node:stream';
 import { alreadyExists, errnoCode, invalid, notFound, precondition } from '../../../src/common/errors.js';
 import { cgroupDir, diskUsage, ensureParentCgroups, readCgroupStats, readOomKills } from './cgroup.js';
-import { GUEST_ROOTS, type GuestRoots, guestDeviceRequests, resolveGuestDevices, withGuestDevices } from './devices.js';
+import { GUEST_ROOTS, type GuestRoots, resolveGuestDevices, withGuestDevices } from './devices.js';
 import { type Reaped, reap, type WaitStatus } from './reaper.js';
 import { findBundles, INIT_PID_FILE, pollExitFile, runtimeStatus, writeBundleRecord } from './recover.js';
 import { RuntimeArgv, type RuntimeOptions, runRuntime } from './runtime.js';
@@ -31,7 +31,7 @@ export interface ContainersOptions {
    * loses none of it; false: plain pipes to the agent (lost with the agent).
    */
   spoolOutput?: boolean;
-  /** Where device nodes are looked up for the host's device requests (default /sys and /dev). */
+  /** Where device nodes are looked up for the host's devices (default /sys and /dev). */
   deviceRoots?: GuestRoots;
   now?: () => number;
 }
@@ -113,7 +113,7 @@ export class Containers implements ContainerBackendCore {
     if (this.records.has(id)) throw alreadyExists('CONTAINER_EXISTS', 'A container with this id exists in the guest.', { details: { id } });
     const bundle = path.join(this.options.bundlesDir, id);
     // Hot-plugged devices get their guest nodes now: the host could not know their numbers.
-    const devices = await resolveGuestDevices(guestDeviceRequests(request.spec), this.options.deviceRoots ?? GUEST_ROOTS);
+    const devices = await resolveGuestDevices(request.devices ?? [], this.options.deviceRoots ?? GUEST_ROOTS);
     const spec = withGuestDevices(bundleSpec(request.spec, request.rootfsPath, request.stdio), devices);
     const cgroupsPath = spec.linux?.cgroupsPath;
     const cgroup =

@@ -83,6 +83,7 @@ export class CrunBackend implements ContainerBackend {
       rootfsPath: request.rootfsPath,
       stdio: { tty: request.stdio === 'STDIO_MODE_TTY', stdin: request.stdin },
       writableLayerPath: this.options.writableLayerPath?.(request.containerId, request.rootfsPath),
+      devices: request.devices,
     });
     return { pid: created.pid ?? 0, stdio: this.containers.process(request.containerId).stdio };
   }

@@ -1,26 +1,15 @@
+/**
+ * The host's devices (CreateContainerRequest.devices, planned by
+ * src/runtime/container/guest-devices.ts) resolved to the guest's own device nodes: a hot-plugged
+ * VFIO group becomes the guest's `/dev/vfio/<group>` (the group the guest kernel gave the function
+ * found at the PCI path), a guest node keeps its path. Majors and minors are the guest kernel's.
+ */
+
 import { readdir, readlink, stat } from 'node:fs/promises';
 import path from 'node:path';
-import { errnoCode, precondition } from '../../../src/common/errors.js';
+import { errnoCode, invalid, precondition } from '../../../src/common/errors.js';
+import type { GuestDevice } from '../../../src/generated/agent/agent.js';
 import type { OciSpec } from './types.js';
-
-/**
- * The host's device requests (src/runtime/container/guest-devices.ts, annotation
- * `io.kata-ts.guest-devices`) resolved to the guest's own device nodes: a hot-plugged VFIO group
- * becomes the guest's `/dev/vfio/<group>` (the group the guest kernel gave the function found at
- * the PCI path), a guest node keeps its path. Majors and minors are the guest kernel's.
- */
-export const GUEST_DEVICES_ANNOTATION = 'io.kata-ts.guest-devices';
-
-export type GuestDeviceSource =
-  | { kind: 'vfio-group'; pciPaths: string[] }
-  | { kind: 'vfio-container' }
-  | { kind: 'guest-node'; guestPath: string };
-
-export interface GuestDeviceRequest {
-  containerPath: string;
-  access: string;
-  source: GuestDeviceSource;
-}
 
 /** A device node found in the guest, ready for linux.devices. */
 export interface ResolvedDevice {
@@ -48,12 +37,6 @@ export function splitDev(rdev: number): { major: number; minor: number } {
   const hi = Math.floor(rdev / 2 ** 32);
   const lo = rdev >>> 0;
   return { major: ((lo >>> 8) & 0xfff) | ((hi & 0xfffff000) >>> 0), minor: (lo & 0xff) | ((lo >>> 12) & 0xfff00) };
-}
-
-/** The requests in a spec's annotation, or none. */
-export function guestDeviceRequests(spec: OciSpec): GuestDeviceRequest[] {
-  const text = (spec.annotations as Record<string, string> | undefined)?.[GUEST_DEVICES_ANNOTATION];
-  return text === undefined ? [] : (JSON.parse(text) as GuestDeviceRequest[]);
 }
 
 /** The guest sysfs directory of the function at a PCI path (`01.0/00.0`): hop by hop from the root bus. */
@@ -88,24 +71,36 @@ async function nodeFacts(devPath: string): Promise<Omit<ResolvedDevice, 'contain
   }
 }
 
-/** Finds the guest node of every request; a missing one is FAILED_PRECONDITION naming it. */
-export async function resolveGuestDevices(requests: readonly GuestDeviceRequest[], roots: GuestRoots): Promise<ResolvedDevice[]> {
-  const out: ResolvedDevice[] = [];
-  for (const r of requests) {
-    const nodes: string[] = [];
-    if (r.source.kind === 'vfio-container') nodes.push(path.join(roots.devRoot, 'vfio', 'vfio'));
-    else if (r.source.kind === 'guest-node') nodes.push(path.join(roots.devRoot, path.posix.relative('/dev', r.source.guestPath)));
-    else {
+/** The guest paths where the node of one device may be, most likely first. */
+async function candidateNodes(d: GuestDevice, roots: GuestRoots): Promise<string[]> {
+  switch (d.kind) {
+    case 'GUEST_DEVICE_KIND_VFIO_CONTAINER':
+      return [path.join(roots.devRoot, 'vfio', 'vfio')];
+    case 'GUEST_DEVICE_KIND_GUEST_NODE':
+      return [path.join(roots.devRoot, path.posix.relative('/dev', d.guestPath))];
+    case 'GUEST_DEVICE_KIND_VFIO_GROUP':
       // Every function of one host group lands in one guest group; the first one found names it.
-      for (const p of r.source.pciPaths) {
+      for (const p of d.pciPaths) {
         const dir = await pciDevice(roots.sysRoot, p);
         const link = dir === undefined ? undefined : await readlink(path.join(dir, 'iommu_group')).catch(() => undefined);
         if (link === undefined) continue;
         const group = path.basename(link);
-        nodes.push(path.join(roots.devRoot, 'vfio', group), path.join(roots.devRoot, 'vfio', `noiommu-${group}`));
-        break;
+        return [path.join(roots.devRoot, 'vfio', group), path.join(roots.devRoot, 'vfio', `noiommu-${group}`)];
       }
-    }
+      return [];
+    default:
+      // A host newer than this agent, or a sender that left the kind out.
+      throw invalid('DEVICE_KIND_UNKNOWN', `The device for ${d.containerPath} has no kind this agent knows.`, {
+        details: { containerPath: d.containerPath, kind: d.kind },
+      });
+  }
+}
+
+/** Finds the guest node of every device; a missing one is FAILED_PRECONDITION naming it. */
+export async function resolveGuestDevices(devices: readonly GuestDevice[], roots: GuestRoots): Promise<ResolvedDevice[]> {
+  const out: ResolvedDevice[] = [];
+  for (const r of devices) {
+    const nodes = await candidateNodes(r, roots);
     let facts: Awaited<ReturnType<typeof nodeFacts>>;
     for (const n of nodes) {
       facts = await nodeFacts(n);
@@ -113,7 +108,7 @@ export async function resolveGuestDevices(requests: readonly GuestDeviceRequest[
     }
     if (facts === undefined)
       throw precondition('DEVICE_NOT_IN_GUEST', `The device for ${r.containerPath} has no node in the guest.`, {
-        details: { containerPath: r.containerPath, source: r.source },
+        details: { containerPath: r.containerPath, kind: r.kind, pciPaths: r.pciPaths, guestPath: r.guestPath },
       });
     out.push({ containerPath: r.containerPath, access: r.access, ...facts });
   }

@@ -5,6 +5,7 @@
  * `CrunBackend` (crun-backend.ts) translates between these types and the agent API's
  * (src/generated/agent) to serve guest/agent/backend.ts's `ContainerBackend` to the server.
  */
+import type { GuestDevice } from '../../../src/generated/agent/agent.js';
 
 /** The OCI runtime spec as the host generated it (config.json); only `root` is rewritten here. */
 export type OciSpec = Record<string, unknown> & {
@@ -39,6 +40,8 @@ export interface CreateRequest {
   stdio: StdioOptions;
   /** The writable layer's upper directory in the guest, when there is one (for stats). */
   writableLayerPath?: string;
+  /** The host's devices for the container (CreateContainerRequest.devices); none when absent. */
+  devices?: readonly GuestDevice[];
 }
 
 export type ContainerStatus = 'created' | 'running' | 'stopped';

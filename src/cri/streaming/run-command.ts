@@ -12,6 +12,7 @@ import type { Readable, Writable } from 'node:stream';
 import type { AgentClient } from '../../agent-client/index.js';
 import { isKataError, isReason } from '../../common/errors.js';
 import type { Logger } from '../../common/logger.js';
+import { execProcessRequest } from '../../runtime/container/exec-process.js';
 import type { ContainerRecord } from '../../runtime/container/record.js';
 import type { CommandChannels, TerminalSize } from './channels.js';
 
@@ -81,23 +82,20 @@ export async function runExec(
   channels: CommandChannels,
   logger: Logger,
 ): Promise<void> {
-  const base = (record.guest?.ociSpec.process ?? {}) as Record<string, unknown>;
   // Short: the guest puts a tty exec's console socket at <bundles>/<64-char id>/exec-<execId>.sock,
   // and a unix socket path holds at most 107 bytes (a 23-character id made crun fail there).
   const execId = `s${randomBytes(4).toString('hex')}`;
   // One iterator for the first size (the process's consoleSize) and every later one.
   const sizes = tty && channels.resizes !== null ? channels.resizes[Symbol.asyncIterator]() : undefined;
   const size = sizes === undefined ? undefined : await firstSize(sizes);
-  const process = {
-    ...base,
-    terminal: tty,
-    args: [...cmd],
-    ...(size !== undefined ? { consoleSize: { height: size.height, width: size.width } } : {}),
-  };
-  await agent.execProcess(
-    { containerId: record.id, execId, ociProcessJson: JSON.stringify(process), tty, stdin: channels.stdin !== null },
-    { timeoutMs: CALL_MS },
-  );
+  const request = execProcessRequest(record, {
+    execId,
+    cmd,
+    tty,
+    stdin: channels.stdin !== null,
+    ...(size !== undefined ? { consoleSize: size } : {}),
+  });
+  await agent.execProcess(request, { timeoutMs: CALL_MS });
   logger.debug({ containerId: record.id, execId }, 'exec started');
   const abort = new AbortController();
   const onClientGone = () => abort.abort();

@@ -1,7 +1,6 @@
 import type { Container } from '../../generated/runtime/v1/Container.js';
 import type { ContainerStatus } from '../../generated/runtime/v1/ContainerStatus.js';
 import type { ContainerUser } from '../../generated/runtime/v1/ContainerUser.js';
-import type { OciSpec } from '../../oci/index.js';
 import type { ContainerRecord } from '../../runtime/container/record.js';
 
 /** ListContainers' view of one container. */
@@ -30,7 +29,7 @@ export function containerView(r: ContainerRecord): Container {
  * guest plan.
  */
 export function containerUser(r: ContainerRecord): ContainerUser | null {
-  const user = (r.guest?.ociSpec as Partial<OciSpec> | undefined)?.process?.user;
+  const user = r.guest?.ociSpec.process?.user;
   if (user === undefined) return null;
   return { linux: { uid: user.uid, gid: user.gid, supplemental_groups: user.additionalGids ?? [] } };
 }

@@ -5,31 +5,13 @@
  * it, and majors are allocated by that kernel. So the host names each device by something stable
  * (the guest PCI path of the port it plugged the function into), and the agent resolves it to a
  * node and adds the node and its device cgroup rule before `crun create`
- * (guest/agent/containers/devices.ts). The requests travel in the spec's annotation
- * `GUEST_DEVICES_ANNOTATION`, so the agent API does not change.
+ * (guest/agent/containers/devices.ts). The result is the agent API's own `GuestDevice` message,
+ * sent in CreateContainerRequest.devices.
  */
 import path from 'node:path';
 import { invalid } from '../../common/errors.js';
+import type { GuestDevice, GuestDeviceKind } from '../../generated/agent/agent.js';
 import type { PciePort, PcieTopology } from '../../pcie/index.js';
-
-/** The OCI annotation that carries `GuestDeviceRequest[]` as JSON to the agent. */
-export const GUEST_DEVICES_ANNOTATION = 'io.kata-ts.guest-devices';
-
-/** Where the guest finds the node for one CRI device. */
-export type GuestDeviceSource =
-  /** A host IOMMU group passed through: its functions as guest PCI paths (`01.0/00.0`). */
-  | { kind: 'vfio-group'; pciPaths: string[] }
-  /** `/dev/vfio/vfio`, the VFIO container node. */
-  | { kind: 'vfio-container' }
-  /** A character device the guest kernel has itself (`/dev/fuse`, `/dev/net/tun`): same path. */
-  | { kind: 'guest-node'; guestPath: string };
-
-export interface GuestDeviceRequest {
-  containerPath: string;
-  /** Device cgroup access: a combination of r, w, m. */
-  access: string;
-  source: GuestDeviceSource;
-}
 
 /** What the host knows about a CRI device's host_path (lstat, read by the caller). */
 export type HostNodeType = 'char' | 'block' | 'other' | 'missing';
@@ -51,13 +33,13 @@ function fieldError(reason: 'CONTAINER_DEVICE_INVALID' | 'CONTAINER_DEVICE_UNSUP
 }
 
 /**
- * One request per CRI device, in order. Refused (INVALID_ARGUMENT, naming the field): a relative
+ * One agent device per CRI device, in order. Refused (INVALID_ARGUMENT, naming the field): a relative
  * container_path, permissions other than r/w/m, a host block device (kata-ts hot-plugs no block
  * devices: the guest node of that name would be one of the guest's own disks), a VFIO group with
  * no function in the VM, and a host path that is not a character device.
  */
-export function planGuestDevices(input: GuestDevicesInput): GuestDeviceRequest[] {
-  return input.devices.map((d, i) => {
+export function planGuestDevices(input: GuestDevicesInput): GuestDevice[] {
+  return input.devices.map((d, i): GuestDevice => {
     const field = `container.devices[${i}]`;
     const access = d.permissions === '' ? 'rwm' : d.permissions;
     if (!/^(?!.*(.).*\1)[rwm]{1,3}$/.test(access))
@@ -66,7 +48,15 @@ export function planGuestDevices(input: GuestDevicesInput): GuestDeviceRequest[]
       throw fieldError('CONTAINER_DEVICE_INVALID', `${field}.container_path`, `is "${d.container_path}", not an absolute path`);
     const hostPath = path.posix.normalize(d.host_path);
     const containerPath = path.posix.normalize(d.container_path);
-    if (hostPath === VFIO_CONTAINER) return { containerPath, access, source: { kind: 'vfio-container' } };
+    // Every field present, in the message's order: what the agent decodes, and what the goldens show.
+    const device = (kind: GuestDeviceKind, pciPaths: string[] = [], guestPath = ''): GuestDevice => ({
+      containerPath,
+      access,
+      kind,
+      pciPaths,
+      guestPath,
+    });
+    if (hostPath === VFIO_CONTAINER) return device('GUEST_DEVICE_KIND_VFIO_CONTAINER');
     if (hostPath.startsWith('/dev/vfio/')) {
       const functions = input.vfioFunctions[d.host_path] ?? input.vfioFunctions[hostPath] ?? [];
       const { topology } = input;
@@ -80,7 +70,7 @@ export function planGuestDevices(input: GuestDevicesInput): GuestDeviceRequest[]
           `${field}.host_path`,
           `is "${d.host_path}", but no function of that group is in the VM`,
         );
-      return { containerPath, access, source: { kind: 'vfio-group', pciPaths } };
+      return device('GUEST_DEVICE_KIND_VFIO_GROUP', pciPaths);
     }
     const type = input.hostNodeTypes[d.host_path] ?? 'missing';
     if (type === 'block')
@@ -90,7 +80,7 @@ export function planGuestDevices(input: GuestDevicesInput): GuestDeviceRequest[]
         `is "${d.host_path}", a host block device; kata-ts passes no block device into the pod VM`,
       );
     if (type !== 'char') throw fieldError('CONTAINER_DEVICE_INVALID', `${field}.host_path`, `is "${d.host_path}", not a character device`);
-    return { containerPath, access, source: { kind: 'guest-node', guestPath: hostPath } };
+    return device('GUEST_DEVICE_KIND_GUEST_NODE', [], hostPath);
   });
 }
 

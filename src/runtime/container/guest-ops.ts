@@ -8,6 +8,7 @@ import os from 'node:os';
 import type { AgentClient } from '../../agent-client/index.js';
 import { errorMessage, invalid, isKataError, timedOut } from '../../common/errors.js';
 import type { ExitStatus, Timestamp } from '../../generated/agent/agent.js';
+import { execProcessRequest } from './exec-process.js';
 import type { ContainerRecord } from './record.js';
 
 /** A unary call that may wait for a container (WaitContainer): long, but bounded. */
@@ -56,6 +57,7 @@ export async function createAndStart(agent: AgentClient, record: ContainerRecord
       stdio: spec.tty ? 'STDIO_MODE_TTY' : 'STDIO_MODE_PIPES',
       stdin: spec.stdin,
       stdinOnce: spec.stdin_once,
+      devices: guest.guestDevices,
     },
     { timeoutMs },
   );
@@ -153,13 +155,8 @@ export async function execSync(
   maxBytes = EXEC_SYNC_MAX_BYTES,
 ): Promise<ExecSyncResult> {
   if (cmd.length === 0) throw invalid('CONTAINER_EXEC_EMPTY', 'cmd is empty; ExecSync needs a command');
-  const base = (record.guest?.ociSpec.process ?? {}) as Record<string, unknown>;
   const execId = `sync-${randomBytes(8).toString('hex')}`;
-  const process = { ...base, terminal: false, args: [...cmd] };
-  await agent.execProcess(
-    { containerId: record.id, execId, ociProcessJson: JSON.stringify(process), tty: false, stdin: false },
-    { timeoutMs: CALL_MS },
-  );
+  await agent.execProcess(execProcessRequest(record, { execId, cmd, tty: false, stdin: false }), { timeoutMs: CALL_MS });
   const abort = new AbortController();
   const collect = async (stream: 'OUTPUT_STREAM_STDOUT' | 'OUTPUT_STREAM_STDERR'): Promise<Buffer> => {
     const parts: Buffer[] = [];

@@ -9,7 +9,7 @@ import type { Logger } from '../../common/logger.js';
 import { buildOciSpec, type OciSpecInput } from '../../oci/index.js';
 import type { PcieTopology } from '../../pcie/index.js';
 import type { ContainerSpec } from '../spec/container.js';
-import { GUEST_DEVICES_ANNOTATION, type HostNodeType, planGuestDevices } from './guest-devices.js';
+import { type HostNodeType, planGuestDevices } from './guest-devices.js';
 import { type GuestPod, guestLayout, ociInput, readFileInRoot, readSeccompProfile } from './guest-spec.js';
 import type { ContainerGuestPlan } from './record.js';
 import { containerDirs, type HostMountRequest, hostSubmounts, SharedDirMounts } from './shared-dir.js';
@@ -87,8 +87,8 @@ export async function prepareGuest(input: PrepareInput): Promise<{ plan: Contain
     pod: input.pod,
   });
   // Device nodes exist in the guest only once its kernel bound the hot-plugged function: the
-  // agent resolves these requests to nodes (guest/agent/containers/devices.ts).
-  const deviceRequests =
+  // agent resolves these to nodes (guest/agent/containers/devices.ts), so the spec gets none.
+  const guestDevices =
     input.spec.devices.length === 0
       ? []
       : planGuestDevices({
@@ -99,11 +99,7 @@ export async function prepareGuest(input: PrepareInput): Promise<{ plan: Contain
             await Promise.all(input.spec.devices.map(async (d) => [d.host_path, await hostNodeType(d.host_path)] as const)),
           ),
         });
-  const annotations =
-    deviceRequests.length === 0
-      ? input.spec.annotations
-      : { ...input.spec.annotations, [GUEST_DEVICES_ANNOTATION]: JSON.stringify(deviceRequests) };
-  const container = { ...input.spec, annotations, devices: [] };
+  const container = { ...input.spec, devices: [] };
   const built = buildOciSpec(ociInput({ container, sandbox: input.sandboxSpec, image: input.imageConfig, passwd, group, seccomp, guest }));
   if (input.checkOnly === true) return { plan: null };
   const mounts = new SharedDirMounts(dirs, input.sharedDirsRoot, input.logger);
@@ -117,7 +113,8 @@ export async function prepareGuest(input: PrepareInput): Promise<{ plan: Contain
   }
   return {
     plan: {
-      ociSpec: built.spec as unknown as Record<string, unknown>,
+      ociSpec: built.spec,
+      guestDevices,
       stopSignal: built.stopSignal,
       rootfsGuestPath,
       hostDir: dirs.hostDir,

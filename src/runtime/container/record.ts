@@ -1,3 +1,5 @@
+import type { GuestDevice } from '../../generated/agent/agent.js';
+import type { OciSpec } from '../../oci/index.js';
 import type { AdmissionDemand } from '../admission/index.js';
 import { CONTAINER_SPEC_SCHEMA, type ContainerSpec } from '../spec/container.js';
 import { containerMetadata, stringMap } from '../spec/schema.js';
@@ -7,13 +9,18 @@ import type { RecordKind } from '../store.js';
 export type ContainerState = 'CONTAINER_CREATED' | 'CONTAINER_RUNNING' | 'CONTAINER_EXITED';
 
 /**
- * What CreateContainer prepared for the guest: the OCI spec the agent runs, the guest's view of
- * the root filesystem, and the host bind mounts under the sandbox's shared directory (undone
- * deepest first at RemoveContainer).
+ * What CreateContainer prepared for the guest: the OCI spec the agent runs, the devices the agent
+ * maps into it, the guest's view of the root filesystem, and the host bind mounts under the
+ * sandbox's shared directory (undone deepest first at RemoveContainer).
  */
 export interface ContainerGuestPlan {
-  /** config.json as buildOciSpec made it. */
-  ociSpec: Record<string, unknown>;
+  /**
+   * config.json as buildOciSpec made it. The store checks only that it is an object: this is the
+   * record's own writer's output, read back, not input from outside.
+   */
+  ociSpec: OciSpec;
+  /** The container's devices as CreateContainerRequest.devices carries them (planGuestDevices). */
+  guestDevices: GuestDevice[];
   /** The signal StopContainer sends first (a name such as SIGTERM). */
   stopSignal: string;
   /** The root filesystem as the guest sees it. */
@@ -69,19 +76,59 @@ export interface ContainerRecord {
 }
 
 /**
- * Format 3 (this one) adds `startedAtNs`, the RUNNING state and `guest` (the OCI spec and the
- * shared-directory mounts). Format 2 stored the typed `spec`; format 1 stored the decoded
- * ContainerConfig as `config`. Older records are migrated on load (see migrateContainerRecord).
+ * Format 4 (this one) adds `guest.guestDevices`: the devices travel in the agent API's
+ * CreateContainerRequest.devices instead of an annotation inside the stored spec. Format 3 added
+ * `startedAtNs`, the RUNNING state and `guest` (the OCI spec and the shared-directory mounts).
+ * Format 2 stored the typed `spec`; format 1 stored the decoded ContainerConfig as `config`. Older
+ * records are migrated on load (see migrateContainerRecord).
  */
-export const CONTAINER_RECORD_VERSION = 3;
+export const CONTAINER_RECORD_VERSION = 4;
+
+/** The annotation format 3 put the device requests in (agent API 1). */
+const LEGACY_DEVICES_ANNOTATION = 'io.kata-ts.guest-devices';
+
+const LEGACY_DEVICE_KINDS: Record<string, GuestDevice['kind']> = {
+  'vfio-group': 'GUEST_DEVICE_KIND_VFIO_GROUP',
+  'vfio-container': 'GUEST_DEVICE_KIND_VFIO_CONTAINER',
+  'guest-node': 'GUEST_DEVICE_KIND_GUEST_NODE',
+};
+
+/** Format 3's guest plan -> format 4's: the annotation's requests become `guestDevices` (pure). */
+function migrateGuestPlan(guest: Record<string, unknown>): Record<string, unknown> {
+  const spec = guest.ociSpec as { annotations?: Record<string, string> } & Record<string, unknown>;
+  const { [LEGACY_DEVICES_ANNOTATION]: text, ...annotations } = spec.annotations ?? {};
+  if (text === undefined) return { ...guest, guestDevices: [] };
+  const legacy = JSON.parse(text) as Array<{
+    containerPath: string;
+    access: string;
+    source: { kind: string; pciPaths?: string[]; guestPath?: string };
+  }>;
+  const guestDevices = legacy.map((d): GuestDevice => {
+    const kind = LEGACY_DEVICE_KINDS[d.source.kind];
+    if (kind === undefined) throw new Error(`unknown device source kind ${d.source.kind}`);
+    return {
+      containerPath: d.containerPath,
+      access: d.access,
+      kind,
+      pciPaths: d.source.pciPaths ?? [],
+      guestPath: d.source.guestPath ?? '',
+    };
+  });
+  // The builder leaves `annotations` out when there are none: so does the migration.
+  const { annotations: _old, ...rest } = spec;
+  const ociSpec = Object.keys(annotations).length === 0 ? rest : { ...rest, annotations };
+  return { ...guest, ociSpec, guestDevices };
+}
 
 /**
- * Format 1 or 2 -> current. 1 -> 2: `config` becomes `spec`. 2 -> 3: never started
+ * Format 1, 2 or 3 -> current. 1 -> 2: `config` becomes `spec`. 2 -> 3: never started
  * (`startedAtNs` '0') and nothing prepared in the guest (`guest` null): such a container can be
- * stopped and removed, not started. Pure; throws when it cannot.
+ * stopped and removed, not started. 3 -> 4: the spec's device annotation becomes
+ * `guest.guestDevices`. Pure; throws when it cannot.
  */
 export function migrateContainerRecord(fromVersion: number, record: unknown): unknown {
-  if (fromVersion !== 1 && fromVersion !== 2) throw new Error(`no migration from container record format ${fromVersion}`);
+  if (fromVersion !== 1 && fromVersion !== 2 && fromVersion !== 3)
+    throw new Error(`no migration from container record format ${fromVersion}`);
   if (typeof record !== 'object' || record === null) throw new Error('the record is not an object');
   let current = record as Record<string, unknown>;
   if (fromVersion === 1) {
@@ -89,7 +136,10 @@ export function migrateContainerRecord(fromVersion: number, record: unknown): un
     if (typeof config !== 'object' || config === null) throw new Error('config is missing');
     current = { ...rest, spec: containerSpecFromV1(config as Record<string, unknown>) };
   }
-  return { ...current, startedAtNs: '0', guest: null };
+  if (fromVersion <= 2) return { ...current, startedAtNs: '0', guest: null };
+  const { guest } = current;
+  if (typeof guest !== 'object' || guest === null) return current;
+  return { ...current, guest: migrateGuestPlan(guest as Record<string, unknown>) };
 }
 
 export const CONTAINER_RECORD_KIND: RecordKind = {
@@ -173,9 +223,24 @@ export const CONTAINER_RECORD_KIND: RecordKind = {
           {
             type: 'object',
             additionalProperties: false,
-            required: ['ociSpec', 'stopSignal', 'rootfsGuestPath', 'hostDir', 'bindMounts'],
+            required: ['ociSpec', 'guestDevices', 'stopSignal', 'rootfsGuestPath', 'hostDir', 'bindMounts'],
             properties: {
               ociSpec: { type: 'object' },
+              guestDevices: {
+                type: 'array',
+                items: {
+                  type: 'object',
+                  additionalProperties: false,
+                  required: ['containerPath', 'access', 'kind', 'pciPaths', 'guestPath'],
+                  properties: {
+                    containerPath: { type: 'string', minLength: 1 },
+                    access: { type: 'string', pattern: '^[rwm]{1,3}$' },
+                    kind: { enum: ['GUEST_DEVICE_KIND_VFIO_GROUP', 'GUEST_DEVICE_KIND_VFIO_CONTAINER', 'GUEST_DEVICE_KIND_GUEST_NODE'] },
+                    pciPaths: { type: 'array', items: { type: 'string', minLength: 1 } },
+                    guestPath: { type: 'string' },
+                  },
+                },
+              },
               stopSignal: { type: 'string', minLength: 1 },
               rootfsGuestPath: { type: 'string', minLength: 1 },
               hostDir: { type: 'string', minLength: 1 },

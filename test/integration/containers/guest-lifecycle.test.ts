@@ -20,6 +20,7 @@ import { AgentService } from '../../../guest/agent/server.js';
 import { AgentClient } from '../../../src/agent-client/index.js';
 import { serveDuplex } from '../../../src/channel/index.js';
 import type { ExitStatus } from '../../../src/generated/agent/agent.js';
+import type { OciSpec } from '../../../src/oci/index.js';
 import { createAndStart, execSync, exitReason, stopInGuest } from '../../../src/runtime/container/guest-ops.js';
 import type { ContainerRecord } from '../../../src/runtime/container/record.js';
 import { ContainerTasks } from '../../../src/runtime/container/tasks.js';
@@ -49,7 +50,8 @@ function record(id: string, args: string[], opts: { stopSignal?: string; logDir:
     demand: { cpuMillicores: 0, memoryBytes: 0, hugepages: {} },
     devices: [],
     guest: {
-      ociSpec: testSpec(args, { tty: opts.tty }) as unknown as Record<string, unknown>,
+      ociSpec: testSpec(args, { tty: opts.tty }) as unknown as OciSpec,
+      guestDevices: [],
       stopSignal: opts.stopSignal ?? 'SIGTERM',
       rootfsGuestPath: rootfs,
       hostDir: '/nonexistent',

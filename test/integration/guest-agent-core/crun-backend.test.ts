@@ -49,6 +49,7 @@ describe.skipIf(!HAVE_CRUN)('CrunBackend with real crun (host, cgroups disabled)
       stdio: 'STDIO_MODE_PIPES',
       stdin: false,
       stdinOnce: false,
+      devices: [],
     });
     expect(created.pid).toBeGreaterThan(0);
     expect((await backend.listContainers(['b1']))[0]).toMatchObject({ status: 'CONTAINER_STATUS_CREATED', exit: null });
@@ -98,6 +99,7 @@ describe.skipIf(!HAVE_CRUN)('CrunBackend with real crun (host, cgroups disabled)
         stdio: 'STDIO_MODE_PIPES',
         stdin: false,
         stdinOnce: false,
+        devices: [],
       }),
     ).rejects.toMatchObject({ kind: 'invalid', reason: 'AGENT_JSON_INVALID' });
   });

@@ -110,7 +110,7 @@ describe('a sandbox with its guest agent and virtio-fs', () => {
 
     // The daemon holds a live agent session (Hello passed the version check) and the guest's pod.
     const first = await info(rt, id);
-    expect(first.agent).toMatchObject({ connected: true, apiVersion: 1 });
+    expect(first.agent).toMatchObject({ connected: true, apiVersion: 2 });
     expect(first.agent?.agentInstanceId).toMatch(/^[0-9a-f-]{36}$/);
     expect(first.guestPod?.pausePid).toBeGreaterThan(1);
     expect(first.guestPod?.shmPath).toBe(`/run/kata-ts/pods/${id}/shm`);

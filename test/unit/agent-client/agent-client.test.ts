@@ -70,7 +70,7 @@ afterEach(async () => {
 describe('AgentClient against the guest server (FakeContainerBackend)', () => {
   it('says Hello and reports the guest facts and API version', async () => {
     const client = await connect();
-    expect(client.connection.hello?.apiVersion).toBe(1);
+    expect(client.connection.hello?.apiVersion).toBe(2);
     expect(client.connection.hello?.facts?.cgroupControllers).toEqual(['cpu', 'memory']);
     expect(client.connection.hello?.agentInstanceId).toBe(service.instanceId);
     expect((await client.guestFacts(T)).onlineVcpus).toBe(2);
@@ -87,6 +87,29 @@ describe('AgentClient against the guest server (FakeContainerBackend)', () => {
     expect((await client.listContainers([], T)).map((c) => c.containerId)).toEqual(['c1']);
     await client.deleteContainer('c1', false, T);
     await expect(client.startContainer('c1', T)).rejects.toMatchObject({ kind: 'not_found' });
+  });
+
+  it('carries the container devices to the agent as typed messages, every field decoded', async () => {
+    const client = await connect();
+    const devices = [
+      {
+        containerPath: '/dev/vfio/12',
+        access: 'rw',
+        kind: 'GUEST_DEVICE_KIND_VFIO_GROUP',
+        pciPaths: ['08.0/00.0', '08.1/00.0'],
+        guestPath: '',
+      },
+      { containerPath: '/dev/fuse', access: 'rwm', kind: 'GUEST_DEVICE_KIND_GUEST_NODE', pciPaths: [], guestPath: '/dev/fuse' },
+    ] as const;
+    await client.createContainer(
+      { containerId: 'd1', ociConfigJson: '{}', devices: devices.map((d) => ({ ...d, pciPaths: [...d.pciPaths] })) },
+      T,
+    );
+    await client.createContainer({ containerId: 'd2', ociConfigJson: '{}' }, T);
+    expect(backend.createRequests.map((r) => [r.containerId, r.devices])).toEqual([
+      ['d1', devices],
+      ['d2', []],
+    ]);
   });
 
   it('resumes container output after a daemon restart at the acknowledged offset, nothing lost or repeated', async () => {

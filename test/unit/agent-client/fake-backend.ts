@@ -1,7 +1,7 @@
 import { PassThrough } from 'node:stream';
 import type { BackendEvent, ContainerBackend, ProcessStdio } from '../../../guest/agent/backend.js';
 import { alreadyExists, notFound } from '../../../src/common/errors.js';
-import type { ExitStatus } from '../../../src/generated/agent/agent.js';
+import type { CreateContainerRequest, ExitStatus } from '../../../src/generated/agent/agent.js';
 
 interface FakeProcess {
   stdio: { stdin: PassThrough; stdout: PassThrough; stderr: PassThrough };
@@ -24,6 +24,8 @@ function fakeProcess(): FakeProcess {
 export class FakeContainerBackend implements ContainerBackend {
   readonly containers = new Map<string, FakeProcess & { status: 'CONTAINER_STATUS_CREATED' | 'CONTAINER_STATUS_RUNNING' }>();
   readonly execs = new Map<string, FakeProcess>();
+  /** Every CreateContainer request as the agent decoded it, in arrival order. */
+  readonly createRequests: CreateContainerRequest[] = [];
   private readonly listeners = new Set<(e: BackendEvent) => void>();
 
   container(id: string) {
@@ -56,7 +58,8 @@ export class FakeContainerBackend implements ContainerBackend {
     uptimeSeconds: 1.5,
     runtimeVersion: 'fake',
   });
-  createContainer = async (req: { containerId: string }) => {
+  createContainer = async (req: CreateContainerRequest) => {
+    this.createRequests.push(req);
     if (this.containers.has(req.containerId)) throw alreadyExists('CONTAINER_EXISTS', 'exists.');
     const p = fakeProcess();
     this.containers.set(req.containerId, { ...p, status: 'CONTAINER_STATUS_CREATED' });

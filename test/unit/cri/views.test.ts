@@ -6,8 +6,12 @@ const record = (guest: ContainerRecord['guest']) => ({ guest }) as ContainerReco
 
 describe('containerUser', () => {
   it("reports the first process's uid, gid and groups from the container's OCI spec", () => {
-    const ociSpec = { process: { user: { uid: 1000, gid: 1000, additionalGids: [1000, 1234, 50000] } } };
-    const guest = { ociSpec, stopSignal: 'SIGTERM', rootfsGuestPath: '/r', hostDir: '/h', bindMounts: [] };
+    const ociSpec = {
+      ociVersion: '1.0.2',
+      root: { path: '/r' },
+      process: { args: ['sh'], cwd: '/', user: { uid: 1000, gid: 1000, additionalGids: [1000, 1234, 50000] } },
+    };
+    const guest = { ociSpec, guestDevices: [], stopSignal: 'SIGTERM', rootfsGuestPath: '/r', hostDir: '/h', bindMounts: [] };
     expect(containerUser(record(guest))).toEqual({ linux: { uid: 1000, gid: 1000, supplemental_groups: [1000, 1234, 50000] } });
   });
 

@@ -1,5 +1,5 @@
 /**
- * The agent's half of device mapping: requests from the host resolved to guest nodes in a fake
+ * The agent's half of device mapping: the host's devices resolved to guest nodes in a fake
  * /sys and /dev (VFIO is faked: no VFIO hardware or guest IOMMU here; the "device nodes" are
  * symlinks to /dev/null and /dev/zero, which stat() follows), and the spec they produce (golden).
  */
@@ -9,14 +9,8 @@ import { mkdir, mkdtemp, rm, symlink } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import {
-  GUEST_DEVICES_ANNOTATION,
-  type GuestDeviceRequest,
-  guestDeviceRequests,
-  resolveGuestDevices,
-  splitDev,
-  withGuestDevices,
-} from '../../../guest/agent/containers/devices.js';
+import { resolveGuestDevices, splitDev, withGuestDevices } from '../../../guest/agent/containers/devices.js';
+import type { GuestDevice, GuestDeviceKind } from '../../../src/generated/agent/agent.js';
 import { rejection } from '../../helpers/kata-error.js';
 import { FIXTURES_DIR } from '../../helpers/pcie-sysfs.js';
 
@@ -46,11 +40,19 @@ afterAll(async () => {
   await rm(root, { recursive: true, force: true });
 });
 
-const requests: GuestDeviceRequest[] = [
-  { containerPath: '/dev/vfio/vfio', access: 'rwm', source: { kind: 'vfio-container' } },
-  { containerPath: '/dev/vfio/12', access: 'rw', source: { kind: 'vfio-group', pciPaths: ['08.0/00.0'] } },
-  { containerPath: '/dev/vfio/20', access: 'rwm', source: { kind: 'vfio-group', pciPaths: ['07.0/00.0', '09.0/00.0/01.0/00.0'] } },
-  { containerPath: '/dev/fuse', access: 'rwm', source: { kind: 'guest-node', guestPath: '/dev/fuse' } },
+const device = (containerPath: string, access: string, kind: GuestDeviceKind, pciPaths: string[] = [], guestPath = ''): GuestDevice => ({
+  containerPath,
+  access,
+  kind,
+  pciPaths,
+  guestPath,
+});
+
+const requests: GuestDevice[] = [
+  device('/dev/vfio/vfio', 'rwm', 'GUEST_DEVICE_KIND_VFIO_CONTAINER'),
+  device('/dev/vfio/12', 'rw', 'GUEST_DEVICE_KIND_VFIO_GROUP', ['08.0/00.0']),
+  device('/dev/vfio/20', 'rwm', 'GUEST_DEVICE_KIND_VFIO_GROUP', ['07.0/00.0', '09.0/00.0/01.0/00.0']),
+  device('/dev/fuse', 'rwm', 'GUEST_DEVICE_KIND_GUEST_NODE', [], '/dev/fuse'),
 ];
 
 describe('resolveGuestDevices (fake VFIO sysfs and /dev)', () => {
@@ -67,28 +69,33 @@ describe('resolveGuestDevices (fake VFIO sysfs and /dev)', () => {
 
   it('a device the guest does not have: FAILED_PRECONDITION naming it', async () => {
     const err = await rejection(
-      resolveGuestDevices(
-        [{ containerPath: '/dev/vfio/3', access: 'rwm', source: { kind: 'vfio-group', pciPaths: ['0a.0/00.0'] } }],
-        roots(),
-      ),
+      resolveGuestDevices([device('/dev/vfio/3', 'rwm', 'GUEST_DEVICE_KIND_VFIO_GROUP', ['0a.0/00.0'])], roots()),
     );
     expect([err.kind, err.reason]).toEqual(['precondition', 'DEVICE_NOT_IN_GUEST']);
     expect(err.message).toContain('/dev/vfio/3');
+  });
+
+  it('a device without a kind (a sender that left it out): INVALID_ARGUMENT naming it', async () => {
+    const err = await rejection(resolveGuestDevices([device('/dev/fuse', 'rwm', 'GUEST_DEVICE_KIND_UNSPECIFIED')], roots()));
+    expect([err.kind, err.reason]).toEqual(['invalid', 'DEVICE_KIND_UNKNOWN']);
+    expect(err.message).toContain('/dev/fuse');
+  });
+
+  it('no devices: nothing to look up', async () => {
+    expect(await resolveGuestDevices([], roots())).toEqual([]);
   });
 });
 
 describe('withGuestDevices (golden: fixtures/guest-devices/agent-spec.json)', () => {
   it('adds the nodes and their allow rules after the deny-all, keeps other devices', async () => {
     const spec = {
-      annotations: { [GUEST_DEVICES_ANNOTATION]: JSON.stringify(requests) },
       process: { args: ['sh'], cwd: '/' },
       linux: {
         devices: [{ path: '/dev/fuse', type: 'c', major: 10, minor: 229 }],
         resources: { devices: [{ allow: false, access: 'rwm' }], memory: { limit: 1 } },
       },
     };
-    expect(guestDeviceRequests(spec)).toEqual(requests);
-    const resolved = (await resolveGuestDevices(guestDeviceRequests(spec), roots())).map((d) => ({
+    const resolved = (await resolveGuestDevices(requests, roots())).map((d) => ({
       ...d,
       uid: 0,
       gid: 0,
@@ -100,7 +107,6 @@ describe('withGuestDevices (golden: fixtures/guest-devices/agent-spec.json)', ()
     if (process.env.UPDATE_GOLDENS === '1') writeFileSync(file, actual);
     expect(actual).toBe(readFileSync(file, 'utf8'));
     expect(withGuestDevices(spec, [])).toBe(spec);
-    expect(guestDeviceRequests({})).toEqual([]);
   });
 
   it('splits dev_t as glibc does (large majors and minors)', () => {

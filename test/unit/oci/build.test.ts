@@ -29,17 +29,17 @@ describe('buildOciSpec rules', () => {
   it('readonly rootfs and no_new_privs', () => {
     const { spec } = buildOciSpec(withSecurity({ readonly_rootfs: true, no_new_privs: true }));
     expect(spec.root.readonly).toBe(true);
-    expect(spec.process.noNewPrivileges).toBe(true);
+    expect(spec.process!.noNewPrivileges).toBe(true);
   });
 
   it('masked and readonly paths: defaults when not given, none when given empty, as given otherwise', () => {
     const defaults = buildOciSpec(withSecurity({ masked_paths: null, readonly_paths: undefined })).spec.linux;
-    expect(defaults.maskedPaths).toEqual([...DEFAULT_MASKED_PATHS]);
-    expect(defaults.readonlyPaths).toEqual([...DEFAULT_READONLY_PATHS]);
+    expect(defaults!.maskedPaths).toEqual([...DEFAULT_MASKED_PATHS]);
+    expect(defaults!.readonlyPaths).toEqual([...DEFAULT_READONLY_PATHS]);
     const none = buildOciSpec(withSecurity({ masked_paths: [], readonly_paths: [] })).spec.linux;
-    expect(none.maskedPaths).toBeUndefined();
-    expect(none.readonlyPaths).toBeUndefined();
-    expect(buildOciSpec(withSecurity({ masked_paths: ['/proc/kcore'] })).spec.linux.maskedPaths).toEqual(['/proc/kcore']);
+    expect(none!.maskedPaths).toBeUndefined();
+    expect(none!.readonlyPaths).toBeUndefined();
+    expect(buildOciSpec(withSecurity({ masked_paths: ['/proc/kcore'] })).spec.linux!.maskedPaths).toEqual(['/proc/kcore']);
     expect(thrown(() => buildOciSpec(withSecurity({ readonly_paths: ['proc/sys'] }))).reason).toBe('OCI_PATH_INVALID');
   });
 
@@ -48,13 +48,13 @@ describe('buildOciSpec rules', () => {
     input.sandbox = { ...input.sandbox, linux: { ...input.sandbox.linux, security_context: { privileged: true } } };
     input.guest = { ...input.guest, privilegedDevices: [{ path: '/dev/vdb', type: 'b', major: 254, minor: 16 }] };
     const { spec } = buildOciSpec(input);
-    expect(spec.process.capabilities.bounding).toContain('CAP_SYS_ADMIN');
-    expect(spec.linux.maskedPaths).toBeUndefined();
-    expect(spec.linux.readonlyPaths).toBeUndefined();
-    expect(spec.linux.seccomp).toBeUndefined();
-    expect(spec.linux.resources.devices).toEqual([{ allow: true, access: 'rwm' }]);
-    expect(spec.linux.devices).toEqual([{ path: '/dev/vdb', type: 'b', major: 254, minor: 16 }]);
-    expect(spec.mounts.find((m) => m.destination === '/sys')?.options).not.toContain('ro');
+    expect(spec.process!.capabilities!.bounding).toContain('CAP_SYS_ADMIN');
+    expect(spec.linux!.maskedPaths).toBeUndefined();
+    expect(spec.linux!.readonlyPaths).toBeUndefined();
+    expect(spec.linux!.seccomp).toBeUndefined();
+    expect(spec.linux!.resources!.devices).toEqual([{ allow: true, access: 'rwm' }]);
+    expect(spec.linux!.devices).toEqual([{ path: '/dev/vdb', type: 'b', major: 254, minor: 16 }]);
+    expect(spec.mounts!.find((m) => m.destination === '/sys')?.options).not.toContain('ro');
   });
 
   it('a privileged container needs a privileged pod', () => {
@@ -87,7 +87,7 @@ describe('buildOciSpec rules', () => {
   });
 
   it("/dev/shm is the pod's, unless the request mounts its own", () => {
-    const shm = (input: OciSpecInput) => buildOciSpec(input).spec.mounts.filter((m) => m.destination === '/dev/shm');
+    const shm = (input: OciSpecInput) => buildOciSpec(input).spec.mounts!.filter((m) => m.destination === '/dev/shm');
     const input = loadInput('busybox-default');
     expect(shm(input)).toEqual([
       {
@@ -122,14 +122,14 @@ describe('buildOciSpec rules', () => {
       },
     };
     const { spec } = buildOciSpec(input);
-    expect(spec.linux.resources).toEqual({
+    expect(spec.linux!.resources).toEqual({
       devices: [{ allow: false, access: 'rwm' }],
       cpu: { shares: 512, quota: -1, cpus: '1' },
       memory: { limit: 134217728 },
       hugepageLimits: [{ pageSize: '2MB', limit: 4194304 }],
       unified: { 'memory.high': '1000000', 'pids.max': '100' },
     });
-    expect(spec.process.oomScoreAdj).toBe(-500);
+    expect(spec.process!.oomScoreAdj).toBe(-500);
   });
 
   it('resources: nonsense is refused naming the field', () => {
@@ -154,8 +154,8 @@ describe('buildOciSpec rules', () => {
     input.container = { ...input.container, devices: [{ container_path: '/dev/fuse', host_path: '/dev/fuse', permissions: 'rw' }] };
     input.guest = { ...input.guest, devices: { '/dev/fuse': { type: 'c', major: 10, minor: 229, fileMode: 0o666 } } };
     const { spec } = buildOciSpec(input);
-    expect(spec.linux.devices).toEqual([{ path: '/dev/fuse', type: 'c', major: 10, minor: 229, fileMode: 0o666 }]);
-    expect(spec.linux.resources.devices).toEqual([
+    expect(spec.linux!.devices).toEqual([{ path: '/dev/fuse', type: 'c', major: 10, minor: 229, fileMode: 0o666 }]);
+    expect(spec.linux!.resources!.devices).toEqual([
       { allow: false, access: 'rwm' },
       { allow: true, type: 'c', major: 10, minor: 229, access: 'rw' },
     ]);
@@ -169,10 +169,10 @@ describe('buildOciSpec rules', () => {
     const input = loadInput('busybox-default');
     input.sandbox = { ...input.sandbox, linux: { ...input.sandbox.linux, sysctls: { 'net.core.somaxconn': '1024' } } };
     const { spec } = buildOciSpec(input);
-    expect(spec.linux.sysctl).toEqual({ 'net.core.somaxconn': '1024' });
+    expect(spec.linux!.sysctl).toEqual({ 'net.core.somaxconn': '1024' });
     expect(spec.hostname).toBe('sleeper');
     expect(spec.annotations?.['io.kubernetes.container.hash']).toBe('3f2a1b9c');
-    expect(spec.linux.cgroupsPath).toBe(input.guest.cgroupsPath);
+    expect(spec.linux!.cgroupsPath).toBe(input.guest.cgroupsPath);
     expect(spec.root.path).toBe(input.guest.rootfsPath);
   });
 
@@ -182,7 +182,7 @@ describe('buildOciSpec rules', () => {
     const plan = buildOciSpec(input);
     expect(plan.spec.hostname).toBeUndefined();
     expect(plan.files.map((f) => f.containerPath)).toEqual(['/etc/resolv.conf']);
-    expect(plan.spec.process.env.some((e) => e.startsWith('HOSTNAME='))).toBe(false);
+    expect(plan.spec.process!.env!.some((e) => e.startsWith('HOSTNAME='))).toBe(false);
   });
 
   it('the spec is JSON data: a round trip changes nothing', () => {

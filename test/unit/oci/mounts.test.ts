@@ -158,7 +158,7 @@ describe('hostname, hosts, resolv.conf', () => {
   });
   it('etc files are mounted read-only when the root is', () => {
     const files = etcFiles({}, guest({}), 'h', new Set());
-    expect(etcMounts(files, true).every((m) => m.options.includes('ro'))).toBe(true);
-    expect(etcMounts(files, false).every((m) => m.options.includes('rw'))).toBe(true);
+    expect(etcMounts(files, true).every((m) => m.options!.includes('ro'))).toBe(true);
+    expect(etcMounts(files, false).every((m) => m.options!.includes('rw'))).toBe(true);
   });
 });

@@ -38,7 +38,7 @@ describe('buildOciSpec properties', () => {
         fc.pre(command[0] !== '');
         const input: OciSpecInput = { ...base, container: { ...base.container, command, args } };
         const { spec } = buildOciSpec(input);
-        expect(spec.process.args).toEqual([...command, ...args]);
+        expect(spec.process!.args).toEqual([...command, ...args]);
       }),
       { numRuns: 50 },
     );
@@ -59,8 +59,8 @@ describe('buildOciSpec properties', () => {
           'app:x:1000:1000::/home/app:/bin/sh\n',
           `g1:x:${extra[0] ?? 5}:app\n`,
         );
-        expect(user.additionalGids[0]).toBe(primary);
-        expect(new Set(user.additionalGids).size).toBe(user.additionalGids.length);
+        expect(user.additionalGids![0]).toBe(primary);
+        expect(new Set(user.additionalGids!).size).toBe(user.additionalGids!.length);
         for (const g of extra) expect(user.additionalGids).toContain(g);
       }),
     );

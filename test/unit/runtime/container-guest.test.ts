@@ -118,3 +118,51 @@ describe('container record format 3', () => {
     expect(() => migrateContainerRecord(4, {})).toThrow();
   });
 });
+
+describe('container record format 4', () => {
+  const guest = (annotations?: Record<string, string>) => ({
+    ociSpec: { ociVersion: '1.0.2', root: { path: '/r' }, ...(annotations === undefined ? {} : { annotations }) },
+    stopSignal: 'SIGTERM',
+    rootfsGuestPath: '/r',
+    hostDir: '/h',
+    bindMounts: [],
+  });
+  const legacy = JSON.stringify([
+    { containerPath: '/dev/vfio/12', access: 'rw', source: { kind: 'vfio-group', pciPaths: ['08.0/00.0'] } },
+    { containerPath: '/dev/vfio/vfio', access: 'rwm', source: { kind: 'vfio-container' } },
+    { containerPath: '/dev/tun0', access: 'rwm', source: { kind: 'guest-node', guestPath: '/dev/net/tun' } },
+  ]);
+
+  it("a format-3 record's device annotation becomes guest.guestDevices, the other annotations stay", async () => {
+    const { migrateContainerRecord } = await import('../../../src/runtime/container/record.js');
+    const migrated = migrateContainerRecord(3, { id: 'x', guest: guest({ 'io.kata-ts.guest-devices': legacy, team: 'a' }) });
+    expect(migrated).toEqual({
+      id: 'x',
+      guest: {
+        ...guest({ team: 'a' }),
+        guestDevices: [
+          { containerPath: '/dev/vfio/12', access: 'rw', kind: 'GUEST_DEVICE_KIND_VFIO_GROUP', pciPaths: ['08.0/00.0'], guestPath: '' },
+          { containerPath: '/dev/vfio/vfio', access: 'rwm', kind: 'GUEST_DEVICE_KIND_VFIO_CONTAINER', pciPaths: [], guestPath: '' },
+          { containerPath: '/dev/tun0', access: 'rwm', kind: 'GUEST_DEVICE_KIND_GUEST_NODE', pciPaths: [], guestPath: '/dev/net/tun' },
+        ],
+      },
+    });
+  });
+
+  it('without devices: no devices, and no empty annotations left behind', async () => {
+    const { migrateContainerRecord } = await import('../../../src/runtime/container/record.js');
+    expect(migrateContainerRecord(3, { id: 'x', guest: guest({ 'io.kata-ts.guest-devices': '[]' }) })).toEqual({
+      id: 'x',
+      guest: { ...guest(), guestDevices: [] },
+    });
+    expect(migrateContainerRecord(3, { id: 'x', guest: guest() })).toEqual({ id: 'x', guest: { ...guest(), guestDevices: [] } });
+    expect(migrateContainerRecord(3, { id: 'x', guest: null })).toEqual({ id: 'x', guest: null });
+  });
+
+  it('an annotation that is not what format 3 wrote fails the migration', async () => {
+    const { migrateContainerRecord } = await import('../../../src/runtime/container/record.js');
+    const odd = JSON.stringify([{ containerPath: '/dev/x', access: 'rwm', source: { kind: 'block' } }]);
+    expect(() => migrateContainerRecord(3, { id: 'x', guest: guest({ 'io.kata-ts.guest-devices': odd }) })).toThrow();
+    expect(() => migrateContainerRecord(3, { id: 'x', guest: guest({ 'io.kata-ts.guest-devices': 'not json' }) })).toThrow();
+  });
+});

@@ -1,5 +1,5 @@
 /**
- * CRI devices -> the guest device requests the agent resolves (planGuestDevices, pure), with
+ * CRI devices -> the agent API's GuestDevice messages the agent resolves (planGuestDevices, pure), with
  * goldens in fixtures/guest-devices (UPDATE_GOLDENS=1 rewrites them). The VFIO cases plan real
  * topologies from the fixture sysfs trees (no VFIO hardware here): fakes, named so.
  */
@@ -44,7 +44,7 @@ describe('planGuestDevices goldens', () => {
   it('fake VFIO: a GPU with its audio function behind root ports', async () => {
     const input = await vfioCase('gpu-audio', ['/dev/vfio/12'], {});
     const requests = planGuestDevices(input);
-    expect(requests[1]!.source).toMatchObject({ kind: 'vfio-group' });
+    expect(requests[1]!.kind).toBe('GUEST_DEVICE_KIND_VFIO_GROUP');
     compare('gpu-audio-root', requests);
   });
 
@@ -52,7 +52,7 @@ describe('planGuestDevices goldens', () => {
     const groups = [20, 21, 22, 23].map((g) => `/dev/vfio/${g}`);
     const input = await vfioCase('hgx-8gpu', groups, { portType: 'switch-port' });
     const requests = planGuestDevices(input);
-    for (const r of requests.slice(1)) expect(r.source).toMatchObject({ kind: 'vfio-group' });
+    for (const r of requests.slice(1)) expect(r.kind).toBe('GUEST_DEVICE_KIND_VFIO_GROUP');
     compare('hgx-switch', requests);
   });
 
