@@ -10,6 +10,7 @@ import { constants as fsConstants, promises as fsp, type Stats } from 'node:fs';
 import path from 'node:path';
 import { errnoCode, invalid } from '../../src/common/errors.js';
 import type { Logger } from '../../src/common/logger.js';
+import { isSameLiveProcess, readCmdline, readProcStat } from '../../src/common/procfs.js';
 import type {
   CreatePodRequest,
   CreatePodResponse,
@@ -17,7 +18,6 @@ import type {
   StatSharedPathRequest,
   StatSharedPathResponse,
 } from '../../src/generated/agent/agent.js';
-import { isSameLiveProcess, readCmdline, readProcStat } from '../../src/hypervisor/procfs.js';
 
 /** What the kubelet and containerd give a pod's /dev/shm when nothing says otherwise. */
 export const DEFAULT_SHM_SIZE_BYTES = 64 * 1024 * 1024;

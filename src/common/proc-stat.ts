@@ -1,7 +1,7 @@
 import { readFileSync } from 'node:fs';
 import { errnoCode } from './errors.js';
 
-// Only node:fs here: the guest agent bundles this module (through src/hypervisor/procfs.ts).
+// Only node:fs here: the guest agent bundles this module (through src/common/procfs.ts).
 
 /** The fields of /proc/<pid>/stat that kata-ts reads (proc(5) numbers them from 1). */
 export interface ProcStatFields {

@@ -1,4 +1,6 @@
 /** The hypervisor layer's public API: what src/runtime and src/cli import. */
+
+export { isSameLiveProcess, type ProcStat, readCmdline, readProcStat } from '../common/procfs.js';
 export { type AccelerationChoice, type AccelerationRoots, type Accelerator, chooseAcceleration } from './accel.js';
 export {
   AGENT_PORT_NAME,
@@ -29,7 +31,6 @@ export {
   type VmProcess,
   vmPaths,
 } from './launcher.js';
-export { isSameLiveProcess, type ProcStat, readCmdline, readProcStat } from './procfs.js';
 export { ANY_EVENT, connectQmp, type ExecuteOptions, QmpClient, type QmpClientOptions, type QmpCloseInfo, QmpError } from './qmp/client.js';
 export type * from './qmp/types.js';
 export { plugVcpus, setVirtioMemSize, vcpuDeviceId, virtioMemPluggedMiB } from './resize.js';

@@ -3,9 +3,9 @@ import { closeSync, promises as fsp, openSync, readdirSync, readFileSync } from 
 import path from 'node:path';
 import { invalid, precondition, timedOut, unavailable } from '../common/errors.js';
 import type { Logger } from '../common/logger.js';
+import { isSameLiveProcess, readProcStat } from '../common/procfs.js';
 import { SUN_PATH_MAX_BYTES } from './argv.js';
 import { tailFile } from './log-tail.js';
-import { isSameLiveProcess, readProcStat } from './procfs.js';
 
 /** Where Debian's QEMU 7.2 ships the C virtiofsd. */
 export const DEFAULT_VIRTIOFSD_BINARY = '/usr/lib/qemu/virtiofsd';

@@ -1,9 +1,9 @@
 import path from 'node:path';
 import { errorMessage, internal, type KataError, precondition, timedOut } from '../common/errors.js';
 import type { Logger } from '../common/logger.js';
+import { isSameLiveProcess } from '../common/procfs.js';
 import type { GuestReport } from './guest-protocol.js';
 import { tailFile } from './log-tail.js';
-import { isSameLiveProcess } from './procfs.js';
 import type { QmpClient } from './qmp/client.js';
 import type { ReadyChannel } from './ready-channel.js';
 import type { HypervisorReason } from './reasons.js';

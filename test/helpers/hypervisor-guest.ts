@@ -8,9 +8,9 @@ import { mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { isSameLiveProcess } from '../../src/common/procfs.js';
 import { DEFAULT_GUEST_DIR } from '../../src/config/defaults.js';
 import { checkGuestAssets } from '../../src/hypervisor/assets.js';
-import { isSameLiveProcess } from '../../src/hypervisor/procfs.js';
 
 const repo = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
 

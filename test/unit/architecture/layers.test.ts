@@ -124,11 +124,6 @@ const LAYERS: LayerTable = {
   },
   exceptions: [
     {
-      fromLayer: 'guest-agent',
-      file: 'src/hypervisor/procfs.ts',
-      why: 'a pure /proc reader (pid + start time) that imports only common; the agent checks its pause processes with it. Its natural home is src/common',
-    },
-    {
       fromLayer: 'guest-containers',
       file: 'guest/agent/backend.ts',
       why: 'the container backend contract the agent defines and guest/agent/containers implements (types only)',

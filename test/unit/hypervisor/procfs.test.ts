@@ -2,8 +2,8 @@ import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import { isSameLiveProcess, readCmdline, readProcStat } from '../../../src/common/procfs.js';
 import { tailFile } from '../../../src/hypervisor/log-tail.js';
-import { isSameLiveProcess, readCmdline, readProcStat } from '../../../src/hypervisor/procfs.js';
 
 describe('procfs readers', () => {
   let root: string;

@@ -1,7 +1,7 @@
 import { readFileSync } from 'node:fs';
 import path from 'node:path';
-import { errnoCode } from '../common/errors.js';
-import { type ProcStatFields, readProcStatFields } from '../common/proc-stat.js';
+import { errnoCode } from './errors.js';
+import { type ProcStatFields, readProcStatFields } from './proc-stat.js';
 
 /** What /proc/<pid>/stat says about a process, for telling "our QEMU" from a reused pid. */
 export type ProcStat = Pick<ProcStatFields, 'state' | 'startTimeTicks'>;
