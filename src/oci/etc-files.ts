@@ -22,15 +22,15 @@ export interface OciContainerFile {
   mode: number;
 }
 
-/** RFC 1123: dot-separated labels of letters, digits and inner hyphens, 63 bytes at most in all. */
-const HOSTNAME = /^(?=.{1,63}$)[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*$/i;
+/** RFC 1123: dot-separated labels of letters, digits and inner hyphens, each label 63 bytes at most, 64 in all (Linux HOST_NAME_MAX: a kubelet's FQDN hostname may use all 64; the same bound RunPodSandbox checks). */
+const HOSTNAME = /^(?=.{1,64}$)[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$/i;
 
 /** The pod's hostname, or undefined when the sandbox gives none (the guest's own stays). */
 export function resolveHostname(sandbox: OciSandboxInput): string | undefined {
   const name = sandbox.hostname ?? '';
   if (name === '') return undefined;
   if (!HOSTNAME.test(name))
-    throw fieldError('OCI_HOSTNAME_INVALID', 'sandbox.hostname', `is "${name}", not an RFC 1123 host name of at most 63 bytes`);
+    throw fieldError('OCI_HOSTNAME_INVALID', 'sandbox.hostname', `is "${name}", not an RFC 1123 host name of at most 64 bytes`);
   return name;
 }
 

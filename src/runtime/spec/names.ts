@@ -105,12 +105,12 @@ function hostnameProblems(hostname: string, field: string): NameProblem[] {
   const reason: Reason = 'SANDBOX_HOSTNAME_INVALID';
   if (bytes(hostname) > MAX_HOSTNAME_BYTES)
     return [{ reason, field, message: `${field} is ${bytes(hostname)} bytes long; at most ${MAX_HOSTNAME_BYTES} are allowed` }];
-  if (!hostname.split('.').every((l) => HOST_LABEL.test(l)))
+  if (!hostname.split('.').every((l) => l.length <= 63 && HOST_LABEL.test(l)))
     return [
       {
         reason,
         field,
-        message: `${field} ${quote(hostname)} is not a host name (dot-separated labels of letters, digits and inner hyphens)`,
+        message: `${field} ${quote(hostname)} is not a host name (dot-separated labels of at most 63 letters, digits and inner hyphens)`,
       },
     ];
   return [];

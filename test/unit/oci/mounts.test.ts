@@ -124,7 +124,11 @@ describe('hostname, hosts, resolv.conf', () => {
   it('hostname must be RFC 1123; empty means none', () => {
     expect(resolveHostname({ hostname: 'web-0.example' })).toBe('web-0.example');
     expect(resolveHostname({})).toBeUndefined();
-    for (const bad of ['-x', 'a_b', 'x'.repeat(64), 'a b'])
+    // An FQDN may use all of Linux's 64 bytes (RunPodSandbox admits as much); one label at most 63.
+    const fqdn64 = `${'a'.repeat(63)}.`.slice(0, 60) + '.b.c';
+    expect(fqdn64).toHaveLength(64);
+    expect(resolveHostname({ hostname: fqdn64 })).toBe(fqdn64);
+    for (const bad of ['-x', 'a_b', 'x'.repeat(64), `${fqdn64}d`, 'a b'])
       expect(thrown(() => resolveHostname({ hostname: bad })).reason).toBe('OCI_HOSTNAME_INVALID');
   });
   it("resolv.conf from dns_config; no dns_config leaves the image's file", () => {

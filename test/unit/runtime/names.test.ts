@@ -157,6 +157,7 @@ describe('hostile names are refused, naming the field', () => {
     ['65 bytes of hostname', pod({ hostname: `${'a'.repeat(32)}.${'b'.repeat(32)}` }), 'SANDBOX_HOSTNAME_INVALID', 'at most 64'],
     ['a hostname with a slash', pod({ hostname: '../etc' }), 'SANDBOX_HOSTNAME_INVALID', 'config.hostname'],
     ['a hostname ending in a hyphen', pod({ hostname: 'web-' }), 'SANDBOX_HOSTNAME_INVALID', 'config.hostname'],
+    ['a 64-byte hostname of one label (a label holds 63)', pod({ hostname: 'a'.repeat(64) }), 'SANDBOX_HOSTNAME_INVALID', 'at most 63'],
     ['a label key with a NUL', pod({ labels: { [ctl('\0')]: 'v' } }), 'LABEL_KEY_INVALID', 'config.labels key "a\\u{0000}b"'],
     ['a label key with two slashes', pod({ labels: { 'a/b/c': 'v' } }), 'LABEL_KEY_INVALID', 'more than one "/"'],
     ['a label key with a space', pod({ labels: { 'a b': 'v' } }), 'LABEL_KEY_INVALID', 'config.labels key "a b"'],
