@@ -18,6 +18,8 @@ import { duplexPair, jsonCodec, TEST_TABLE, type TestMethods } from './helpers.j
 const WINDOW = 32 * 1024;
 const limits = { initialWindowBytes: WINDOW, maxStreams: 8 };
 const tick = () => new Promise((r) => setTimeout(r, 20));
+/** How long a state the test waits for may take to appear on a busy machine (never a timing claim). */
+const SETTLE = { timeout: 30_000, interval: 5 };
 
 describe('flow control', () => {
   it('a reader that stops reading stops the writer: bytes in flight stay within the window', async () => {
@@ -47,8 +49,9 @@ describe('flow control', () => {
       }
       stream.end();
     })();
-    await tick();
-    await tick();
+    // Waited for by state, not by time (a loaded machine may take long to get this far): the
+    // writer has spent the credit the guest gave it.
+    await expect.poll(() => accepted > 0 && guestStream?.peerCreditBytes === 0, SETTLE).toBe(true);
     // Nobody reads on the guest: the writer got at most the window (plus the chunk being framed).
     expect(guestStream).toBeDefined();
     expect(accepted).toBeLessThanOrEqual(WINDOW + chunk);
@@ -75,9 +78,12 @@ describe('flow control', () => {
     serveDuplex(guestEnd, (s) => s.onStream((stream) => held.push(stream)), limits);
     const session = await connectSession(host, { timeoutMs: 2000, limits });
     const streams = Array.from({ length: 12 }, () => session.open('Raw'));
+    await expect.poll(() => held.length, SETTLE).toBe(8);
     await tick();
     expect(held.length).toBe(8);
     for (const s of held.splice(0, 4)) s.destroy();
+    // The four that waited get the freed slots, and no more than those.
+    await expect.poll(() => held.length, SETTLE).toBe(8);
     await tick();
     expect(held.length).toBe(8);
     for (const s of streams) s.destroy();
