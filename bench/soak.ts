@@ -34,7 +34,6 @@ import { errnoCode } from '../src/common/errors.js';
 import { NETNS_DIR, netnsNameFor } from '../src/network/index.js';
 import { auditOrphans, ownersFromRecords } from '../src/runtime/sandbox/orphan-audit.js';
 import { allowLoopbackRegistries, pushBusyboxImage } from '../test/helpers/busybox-image.js';
-import { rpc } from '../test/helpers/cri-client.js';
 import { ensureGuestAssets } from '../test/helpers/hypervisor-guest.js';
 import { startProxy } from '../test/helpers/images-proxy.js';
 import { startRegistry } from '../test/helpers/images-registry.js';
@@ -182,10 +181,12 @@ export async function runSoak(opts: SoakOptions): Promise<SoakResult> {
   };
   const pods = new Map<string, Pod>();
   let image = '';
-  const call = async <T = Record<string, unknown>>(service: 'runtime' | 'image', method: string, req: object, timeoutMs = 120_000) => {
+  /** Counts a CRI request the soak sends (every call goes through here). */
+  const call = <T>(request: Promise<T>): Promise<T> => {
     result.requests++;
-    return rpc<T>(rt.cri[service], method, req, { deadline: Date.now() + timeoutMs });
+    return request;
   };
+  const within = (timeoutMs: number) => ({ deadline: Date.now() + timeoutMs });
   const violate = (what: string) => {
     result.violations.push(what);
     progress(`VIOLATION ${what}`);
@@ -203,7 +204,7 @@ export async function runSoak(opts: SoakOptions): Promise<SoakResult> {
     await mountTmpfs(logDisk, LOG_DISK_MIB, 'kata-ts-soak-logs');
     await node?.relayLoopbackPort(portOf(registry.host));
     await rt.start();
-    await call('image', 'PullImage', { image: { image } });
+    await call(rt.cri.image.PullImage({ image: { image } }));
 
     let podSeq = 0;
     const bootPod = async (): Promise<Pod> => {
@@ -212,7 +213,7 @@ export async function runSoak(opts: SoakOptions): Promise<SoakResult> {
       await fsp.mkdir(logDir, { recursive: true });
       const config = { ...podConfig(rt, name), log_directory: logDir };
       result.boots++;
-      const { pod_sandbox_id: id } = await call<{ pod_sandbox_id: string }>('runtime', 'RunPodSandbox', { config });
+      const { pod_sandbox_id: id } = await call(rt.cri.runtime.RunPodSandbox({ config }));
       const pod: Pod = { id, config, logDir, ticker: undefined };
       pods.set(id, pod);
       everyPod.push(id);
@@ -222,19 +223,21 @@ export async function runSoak(opts: SoakOptions): Promise<SoakResult> {
     };
     const startContainer = async (pod: Pod, name: string, command: string[], namespaces?: { pid: 'NODE' }): Promise<string> => {
       const linux = namespaces === undefined ? {} : { linux: { security_context: { namespace_options: namespaces } } };
-      const { container_id: cid } = await call<{ container_id: string }>('runtime', 'CreateContainer', {
-        pod_sandbox_id: pod.id,
-        config: { metadata: { name, attempt: 0 }, image: { image }, command, log_path: `${name}.log`, ...linux },
-        sandbox_config: pod.config,
-      });
-      await call('runtime', 'StartContainer', { container_id: cid });
+      const { container_id: cid } = await call(
+        rt.cri.runtime.CreateContainer({
+          pod_sandbox_id: pod.id,
+          config: { metadata: { name, attempt: 0 }, image: { image }, command, log_path: `${name}.log`, ...linux },
+          sandbox_config: pod.config,
+        }),
+      );
+      await call(rt.cri.runtime.StartContainer({ container_id: cid }));
       return cid;
     };
     let cycle = 0;
     const containerCycle = async (pod: Pod): Promise<void> => {
       const cid = await startContainer(pod, `c${cycle++}`, ['sh', '-c', 'echo hello']);
-      await call('runtime', 'StopContainer', { container_id: cid, timeout: 0 });
-      await call('runtime', 'RemoveContainer', { container_id: cid });
+      await call(rt.cri.runtime.StopContainer({ container_id: cid, timeout: 0 }));
+      await call(rt.cri.runtime.RemoveContainer({ container_id: cid }));
     };
 
     /** Every tick from 0 on, each once, in the ticker's CRI log. */
@@ -250,11 +253,9 @@ export async function runSoak(opts: SoakOptions): Promise<SoakResult> {
     };
 
     const checkInvariants = async (label: string): Promise<void> => {
-      const listed = (
-        await call<{ items: Array<{ id: string; state: string; metadata: { uid: string } }> }>('runtime', 'ListPodSandbox', {})
-      ).items;
+      const listed = (await call(rt.cri.runtime.ListPodSandbox({}))).items;
       if (new Set(listed.map((s) => s.id)).size !== listed.length) violate(`${label}: a sandbox id is listed twice`);
-      if (new Set(listed.map((s) => s.metadata.uid)).size !== listed.length) violate(`${label}: a pod uid is listed twice`);
+      if (new Set(listed.map((s) => s.metadata!.uid)).size !== listed.length) violate(`${label}: a pod uid is listed twice`);
       for (const s of listed) {
         const pod = pods.get(s.id);
         if (pod === undefined) {
@@ -265,10 +266,12 @@ export async function runSoak(opts: SoakOptions): Promise<SoakResult> {
         if (s.state === 'SANDBOX_READY') {
           try {
             if (podNetwork) {
-              const st = await call<{ status: { network?: { ip?: string } | null } }>('runtime', 'PodSandboxStatus', {
-                pod_sandbox_id: s.id,
-              });
-              if ((st.status.network?.ip ?? '') === '') violate(`${label}: sandbox ${s.id.slice(0, 12)} is READY without a pod IP`);
+              const st = await call(
+                rt.cri.runtime.PodSandboxStatus({
+                  pod_sandbox_id: s.id,
+                }),
+              );
+              if ((st.status!.network?.ip ?? '') === '') violate(`${label}: sandbox ${s.id.slice(0, 12)} is READY without a pod IP`);
             }
             await containerCycle(pod);
           } catch (err) {
@@ -276,8 +279,8 @@ export async function runSoak(opts: SoakOptions): Promise<SoakResult> {
           }
         } else {
           try {
-            await call('runtime', 'StopPodSandbox', { pod_sandbox_id: s.id });
-            await call('runtime', 'RemovePodSandbox', { pod_sandbox_id: s.id });
+            await call(rt.cri.runtime.StopPodSandbox({ pod_sandbox_id: s.id }));
+            await call(rt.cri.runtime.RemovePodSandbox({ pod_sandbox_id: s.id }));
             pods.delete(s.id);
           } catch (err) {
             violate(`${label}: sandbox ${s.id.slice(0, 12)} is NOTREADY but cannot be removed: ${(err as Error).message}`);
@@ -296,15 +299,15 @@ export async function runSoak(opts: SoakOptions): Promise<SoakResult> {
     };
 
     const info = async (pod: Pod) => {
-      const res = await call<{ info: Record<string, string> }>('runtime', 'PodSandboxStatus', { pod_sandbox_id: pod.id, verbose: true });
+      const res = await call(rt.cri.runtime.PodSandboxStatus({ pod_sandbox_id: pod.id, verbose: true }));
       return JSON.parse(res.info.info ?? '{}') as { pid?: number; virtiofsd?: { pid: number } | null };
     };
 
     /** What a refused request must leave unchanged: the listed pods and containers, images and VM dirs. */
     const stateSummary = async (): Promise<string> => {
-      const sandboxes = (await call<{ items: Array<{ id: string; state: string }> }>('runtime', 'ListPodSandbox', {})).items;
-      const containers = (await call<{ containers: Array<{ id: string; state: string }> }>('runtime', 'ListContainers', {})).containers;
-      const images = (await call<{ images: Array<{ id: string }> }>('image', 'ListImages', {})).images;
+      const sandboxes = (await call(rt.cri.runtime.ListPodSandbox({}))).items;
+      const containers = (await call(rt.cri.runtime.ListContainers({}))).containers;
+      const images = (await call(rt.cri.image.ListImages({}))).images;
       const vmDirs = await fsp.readdir(path.join(rt.stateDir, 'vm')).catch(() => []);
       return JSON.stringify({
         sandboxes: sandboxes.map((x) => `${x.id}:${x.state}`).sort(),
@@ -327,15 +330,15 @@ export async function runSoak(opts: SoakOptions): Promise<SoakResult> {
       progress(`  state and log disks filled with ${filledBytes.map((b) => (b / 2 ** 20).toFixed(1)).join(' + ')} MiB of ballast`);
       try {
         const before = await stateSummary();
-        const reads: Array<['runtime' | 'image', string, object]> = [
-          ['runtime', 'Status', {}],
-          ['runtime', 'PodSandboxStatus', { pod_sandbox_id: pod.id }],
-          ['runtime', 'ContainerStatus', { container_id: pod.ticker }],
-          ['image', 'ImageFsInfo', {}],
-          ['runtime', 'ExecSync', { container_id: pod.ticker, cmd: ['echo', 'x'], timeout: 30 }],
+        const reads: Array<[string, () => Promise<unknown>]> = [
+          ['Status', () => rt.cri.runtime.Status({})],
+          ['PodSandboxStatus', () => rt.cri.runtime.PodSandboxStatus({ pod_sandbox_id: pod.id })],
+          ['ContainerStatus', () => rt.cri.runtime.ContainerStatus({ container_id: pod.ticker })],
+          ['ImageFsInfo', () => rt.cri.image.ImageFsInfo({})],
+          ['ExecSync', () => rt.cri.runtime.ExecSync({ container_id: pod.ticker, cmd: ['echo', 'x'], timeout: 30 })],
         ];
-        for (const [svc, method, req] of reads)
-          await call(svc, method, req).catch((err: Error) => violate(`disk-full: ${method} failed on a full state disk: ${err.message}`));
+        for (const [method, send] of reads)
+          await call(send()).catch((err: Error) => violate(`disk-full: ${method} failed on a full state disk: ${err.message}`));
         const refused = async (what: string, request: Promise<unknown>): Promise<void> => {
           const err = await request.then(
             () => undefined,
@@ -348,16 +351,18 @@ export async function runSoak(opts: SoakOptions): Promise<SoakResult> {
         };
         const name = `soak${podSeq++}`;
         const config = podConfig(rt, name);
-        await refused('RunPodSandbox', call('runtime', 'RunPodSandbox', { config }));
+        await refused('RunPodSandbox', call(rt.cri.runtime.RunPodSandbox({ config })));
         await refused(
           'CreateContainer',
-          call('runtime', 'CreateContainer', {
-            pod_sandbox_id: pod.id,
-            config: { metadata: { name: `full${cycle++}`, attempt: 0 }, image: { image }, command: ['true'], log_path: 'full.log' },
-            sandbox_config: pod.config,
-          }),
+          call(
+            rt.cri.runtime.CreateContainer({
+              pod_sandbox_id: pod.id,
+              config: { metadata: { name: `full${cycle++}`, attempt: 0 }, image: { image }, command: ['true'], log_path: 'full.log' },
+              sandbox_config: pod.config,
+            }),
+          ),
         );
-        await refused('PullImage', call('image', 'PullImage', { image: { image: onFullDisk } }));
+        await refused('PullImage', call(rt.cri.image.PullImage({ image: { image: onFullDisk } })));
         const afterRefusals = await stateSummary();
         if (afterRefusals !== before) violate(`disk-full: refused requests changed the state: ${before} -> ${afterRefusals}`);
         process.kill(rt.pid(), 'SIGKILL');
@@ -383,8 +388,8 @@ export async function runSoak(opts: SoakOptions): Promise<SoakResult> {
         const t0 = performance.now();
         signal(pid, 'SIGKILL');
         for (;;) {
-          const st = await call<{ status: { state: string } }>('runtime', 'PodSandboxStatus', { pod_sandbox_id: pod.id });
-          if (st.status.state === 'SANDBOX_NOTREADY') {
+          const st = await call(rt.cri.runtime.PodSandboxStatus({ pod_sandbox_id: pod.id }));
+          if (st.status!.state === 'SANDBOX_NOTREADY') {
             result.notReadyMs.push(performance.now() - t0);
             break;
           }
@@ -410,7 +415,7 @@ export async function runSoak(opts: SoakOptions): Promise<SoakResult> {
         );
         const t0 = Date.now();
         for (;;) {
-          const ok = await call('runtime', 'ExecSync', { container_id: pod.ticker, cmd: ['true'], timeout: 10 }, 15_000).then(
+          const ok = await call(rt.cri.runtime.ExecSync({ container_id: pod.ticker, cmd: ['true'], timeout: 10 }, within(15_000))).then(
             () => true,
             () => false,
           );
@@ -421,10 +426,10 @@ export async function runSoak(opts: SoakOptions): Promise<SoakResult> {
           }
           await sleep(500);
         }
-        await call('runtime', 'StopContainer', { container_id: killer, timeout: 0 }).catch((err: Error) =>
+        await call(rt.cri.runtime.StopContainer({ container_id: killer, timeout: 0 })).catch((err: Error) =>
           violate(`agent-kill: the killer container cannot be stopped: ${err.message}`),
         );
-        await call('runtime', 'RemoveContainer', { container_id: killer }).catch((err: Error) =>
+        await call(rt.cri.runtime.RemoveContainer({ container_id: killer })).catch((err: Error) =>
           violate(`agent-kill: the killer container cannot be removed: ${err.message}`),
         );
       } else if (kind === 'registry-drop') {
@@ -434,7 +439,7 @@ export async function runSoak(opts: SoakOptions): Promise<SoakResult> {
         const stopRelay = await node?.relayLoopbackPort(portOf(proxy.host));
         try {
           const ref = unpullable.replace(registry.host, proxy.host);
-          const err = await call('image', 'PullImage', { image: { image: ref } }, 60_000).then(
+          const err = await call(rt.cri.image.PullImage({ image: { image: ref } }, within(60_000))).then(
             () => undefined,
             (e: { code?: number; message: string }) => e,
           );
@@ -459,8 +464,12 @@ export async function runSoak(opts: SoakOptions): Promise<SoakResult> {
         try {
           // The daemon must keep answering, within deadlines, while a guest does not.
           const t0 = Date.now();
-          await call('runtime', 'ExecSync', { container_id: pod.ticker, cmd: ['true'], timeout: 2 }, 8_000).catch(() => undefined);
-          await call('runtime', 'Version', {}, 2_000).catch((err: Error) => violate(`guest-hang: Version did not answer: ${err.message}`));
+          await call(rt.cri.runtime.ExecSync({ container_id: pod.ticker, cmd: ['true'], timeout: 2 }, within(8_000))).catch(
+            () => undefined,
+          );
+          await call(rt.cri.runtime.Version({}, within(2_000))).catch((err: Error) =>
+            violate(`guest-hang: Version did not answer: ${err.message}`),
+          );
           if (Date.now() - t0 > 9_000) violate('guest-hang: an rpc outlived its deadline');
           await sleep(Math.max(0, 3_000 - (Date.now() - t0)));
         } finally {
@@ -478,10 +487,8 @@ export async function runSoak(opts: SoakOptions): Promise<SoakResult> {
       if (pod === undefined) pod = await bootPod();
       if (result.faults < opts.faults && result.requests >= nextFault) {
         // Faults hit a READY pod; one that is not is first judged (and removed) by the invariants.
-        const st = await call<{ status: { state: string } }>('runtime', 'PodSandboxStatus', { pod_sandbox_id: pod.id }).catch(
-          () => undefined,
-        );
-        if (st?.status.state !== 'SANDBOX_READY') {
+        const st = await call(rt.cri.runtime.PodSandboxStatus({ pod_sandbox_id: pod.id })).catch(() => undefined);
+        if (st?.status?.state !== 'SANDBOX_READY') {
           await checkInvariants('before a fault');
           continue;
         }
@@ -492,39 +499,40 @@ export async function runSoak(opts: SoakOptions): Promise<SoakResult> {
       const r = random();
       try {
         if (r < 0.5) {
-          const cheap: Array<['runtime' | 'image', string, object]> = [
-            ['runtime', 'Version', {}],
-            ['runtime', 'Status', {}],
-            ['runtime', 'ListPodSandbox', {}],
-            ['runtime', 'ListContainers', {}],
-            ['image', 'ListImages', {}],
-            ['runtime', 'PodSandboxStatus', { pod_sandbox_id: pod.id }],
-            ['runtime', 'ContainerStatus', { container_id: pod.ticker }],
-            ['image', 'ImageFsInfo', {}],
+          const cheap: Array<() => Promise<unknown>> = [
+            () => rt.cri.runtime.Version({}),
+            () => rt.cri.runtime.Status({}),
+            () => rt.cri.runtime.ListPodSandbox({}),
+            () => rt.cri.runtime.ListContainers({}),
+            () => rt.cri.image.ListImages({}),
+            () => rt.cri.runtime.PodSandboxStatus({ pod_sandbox_id: pod.id }),
+            () => rt.cri.runtime.ContainerStatus({ container_id: pod.ticker }),
+            () => rt.cri.image.ImageFsInfo({}),
           ];
-          const [svc, method, req] = cheap[Math.floor(random() * cheap.length)]!;
-          await call(svc, method, req);
+          await call(cheap[Math.floor(random() * cheap.length)]!());
         } else if (r < 0.75) {
-          await call('runtime', 'ExecSync', { container_id: pod.ticker, cmd: ['echo', 'x'], timeout: 30 });
+          await call(rt.cri.runtime.ExecSync({ container_id: pod.ticker, cmd: ['echo', 'x'], timeout: 30 }));
         } else if (r < 0.82) {
           // A resize as the kubelet sends one (in-place pod resize): the ticker's CPU and memory
           // limits within the pod's planned headroom. A refusal is logged like any failed request.
-          await call('runtime', 'UpdateContainerResources', {
-            container_id: pod.ticker,
-            linux: {
-              cpu_period: 100_000,
-              cpu_quota: 20_000 + Math.floor(random() * 80_000),
-              cpu_shares: 2 + Math.floor(random() * 1022),
-              memory_limit_in_bytes: (64 + Math.floor(random() * 192)) * 2 ** 20,
-            },
-          });
+          await call(
+            rt.cri.runtime.UpdateContainerResources({
+              container_id: pod.ticker,
+              linux: {
+                cpu_period: 100_000,
+                cpu_quota: 20_000 + Math.floor(random() * 80_000),
+                cpu_shares: 2 + Math.floor(random() * 1022),
+                memory_limit_in_bytes: (64 + Math.floor(random() * 192)) * 2 ** 20,
+              },
+            }),
+          );
           result.resizes++;
         } else if (r < 0.97) {
           await containerCycle(pod);
         } else {
-          await call('runtime', 'StopPodSandbox', { pod_sandbox_id: pod.id });
+          await call(rt.cri.runtime.StopPodSandbox({ pod_sandbox_id: pod.id }));
           await checkTicker(pod, 'pod churn');
-          await call('runtime', 'RemovePodSandbox', { pod_sandbox_id: pod.id });
+          await call(rt.cri.runtime.RemovePodSandbox({ pod_sandbox_id: pod.id }));
           pods.delete(pod.id);
         }
       } catch (err) {
@@ -541,8 +549,8 @@ export async function runSoak(opts: SoakOptions): Promise<SoakResult> {
     }
     await checkInvariants('at the end');
     for (const pod of [...pods.values()]) {
-      await call('runtime', 'StopPodSandbox', { pod_sandbox_id: pod.id });
-      await call('runtime', 'RemovePodSandbox', { pod_sandbox_id: pod.id });
+      await call(rt.cri.runtime.StopPodSandbox({ pod_sandbox_id: pod.id }));
+      await call(rt.cri.runtime.RemovePodSandbox({ pod_sandbox_id: pod.id }));
     }
     return result;
   } finally {

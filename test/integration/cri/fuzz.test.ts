@@ -14,7 +14,6 @@ import path from 'node:path';
 import { type Client, status } from '@grpc/grpc-js';
 import fc from 'fast-check';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { rpc } from '../../helpers/cri-client.js';
 import {
   arbMessage,
   encodeLoosely,
@@ -44,9 +43,9 @@ describe('fuzzing the CRI surface over the socket', () => {
   const rpcs = unaryRpcs();
 
   async function snapshot(): Promise<string> {
-    const sandboxes = await rpc(rt.cri.runtime, 'ListPodSandbox', {});
-    const containers = await rpc(rt.cri.runtime, 'ListContainers', {});
-    const images = await rpc(rt.cri.image, 'ListImages', {});
+    const sandboxes = await rt.cri.runtime.ListPodSandbox({});
+    const containers = await rt.cri.runtime.ListContainers({});
+    const images = await rt.cri.image.ListImages({});
     calls += 3;
     return JSON.stringify({ sandboxes, containers, images, files: await hashedFiles(rt.stateDir) });
   }

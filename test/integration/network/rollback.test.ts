@@ -9,7 +9,6 @@ import { promises as fsp } from 'node:fs';
 import path from 'node:path';
 import { status } from '@grpc/grpc-js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { rpc } from '../../helpers/cri-client.js';
 import { expectGrpcError } from '../../helpers/cri-expect.js';
 import { ensureGuestAssets } from '../../helpers/hypervisor-guest.js';
 import { createNetworkNode, DEBIAN_CNI_BIN_DIR, type NetworkNode, podNetnsNames } from '../../helpers/network-node.js';
@@ -26,12 +25,8 @@ describe('pod network refusals and rollback (real CNI plugins, no VM)', () => {
     await fsp.writeFile(rt.configPath, JSON.stringify(cfg));
   };
   const networkReady = async () => {
-    const { status: s } = await rpc<{ status: { conditions: Array<{ type: string; status: boolean; reason: string; message: string }> } }>(
-      rt.cri.runtime,
-      'Status',
-      {},
-    );
-    return s.conditions.find((c) => c.type === 'NetworkReady')!;
+    const { status: s } = await rt.cri.runtime.Status({});
+    return s!.conditions.find((c) => c.type === 'NetworkReady')!;
   };
 
   beforeAll(async () => {
@@ -56,7 +51,7 @@ describe('pod network refusals and rollback (real CNI plugins, no VM)', () => {
     expect(ready.message).toContain('"portmap"');
     const before = await podNetnsNames();
     await expectGrpcError(
-      rpc(rt.cri.runtime, 'RunPodSandbox', { config: podConfig(rt, 'no-portmap') }),
+      rt.cri.runtime.RunPodSandbox({ config: podConfig(rt, 'no-portmap') }),
       status.FAILED_PRECONDITION,
       'CNI_PLUGIN_MISSING',
     );
@@ -75,7 +70,7 @@ describe('pod network refusals and rollback (real CNI plugins, no VM)', () => {
     expect(await networkReady()).toMatchObject({ status: true });
     const before = await podNetnsNames();
     const linksBefore = await node.links();
-    const err = await rpc(rt.cri.runtime, 'RunPodSandbox', { config: podConfig(rt, 'qemu-fails') }).catch((e: unknown) => e);
+    const err = await rt.cri.runtime.RunPodSandbox({ config: podConfig(rt, 'qemu-fails') }).catch((e: unknown) => e);
     expect(err).toMatchObject({ details: expect.stringMatching(/QEMU|qemu/) });
     expect(await podNetnsNames()).toEqual(before);
     expect(await node.allocations()).toEqual([]);
@@ -90,7 +85,7 @@ describe('pod network refusals and rollback (real CNI plugins, no VM)', () => {
     const config = podConfig(rt, 'hostnet');
     const linux = config.linux as { security_context: { namespace_options: Record<string, string> } };
     linux.security_context.namespace_options.network = 'NODE';
-    const err = await expectGrpcError(rpc(rt.cri.runtime, 'RunPodSandbox', { config }), status.INVALID_ARGUMENT);
+    const err = await expectGrpcError(rt.cri.runtime.RunPodSandbox({ config }), status.INVALID_ARGUMENT);
     expect(err.details).toMatch(/network/);
   });
 });
