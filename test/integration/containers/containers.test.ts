@@ -18,6 +18,7 @@ import { ensureGuestAssets } from '../../helpers/hypervisor-guest.js';
 import { buildImage, busyboxBaseEntries, RegistryPusher } from '../../helpers/images-builder.js';
 import { type RegistryHandle, startRegistry } from '../../helpers/images-registry.js';
 import { createTestRuntime, leftovers, podConfig, type TestRuntime } from '../../helpers/runtime-daemon.js';
+import { scaledMs } from '../../helpers/time-scale.js';
 
 const FIXTURE = path.join(packageRoot(), 'fixtures', 'sysfs', 'gpu-audio');
 const NOTHING = { processes: [], workDirs: [], records: [], cgroups: [] };
@@ -362,7 +363,7 @@ describe('containers in pod VMs', () => {
     const app = await create(sid, sandboxConfig, containerConfig('app', { kubernetes_resources: res({ cpu: '100m', memory: '64Mi' }) }));
     await rt.cri.runtime.StartContainer({ container_id: app });
     await expect
-      .poll(async () => (await rt.cri.runtime.ContainerStatus({ container_id: app })).status, { timeout: 60_000, interval: 250 })
+      .poll(async () => (await rt.cri.runtime.ContainerStatus({ container_id: app })).status, { timeout: scaledMs(60_000), interval: 250 })
       .toMatchObject({ state: 'CONTAINER_EXITED', exit_code: 0 });
     expect((await info(sid)).shape).toEqual(boot.shape);
     await rt.cri.runtime.RemovePodSandbox({ pod_sandbox_id: sid });

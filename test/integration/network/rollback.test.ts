@@ -13,6 +13,7 @@ import { expectGrpcError } from '../../helpers/cri-expect.js';
 import { ensureGuestAssets } from '../../helpers/hypervisor-guest.js';
 import { createNetworkNode, DEBIAN_CNI_BIN_DIR, type NetworkNode, podNetnsNames } from '../../helpers/network-node.js';
 import { createTestRuntime, podConfig, type TestRuntime } from '../../helpers/runtime-daemon.js';
+import { scaledMs } from '../../helpers/time-scale.js';
 
 describe('pod network refusals and rollback (real CNI plugins, no VM)', () => {
   let node: NetworkNode;
@@ -38,7 +39,7 @@ describe('pod network refusals and rollback (real CNI plugins, no VM)', () => {
     for (const p of ['bridge', 'host-local']) await fsp.symlink(path.join(DEBIAN_CNI_BIN_DIR, p), path.join(partialBin, p));
     rt = await createTestRuntime({ network: { ...node.networkConfig(), cniBinDirs: [partialBin] } }, { netnsPath: node.netnsPath });
     await rt.start();
-  }, 60_000);
+  }, scaledMs(60_000));
 
   afterAll(async () => {
     await rt?.cleanup();

@@ -15,6 +15,7 @@ import { sandboxSharedDir, sandboxWorkDir } from '../../../src/runtime/sandbox/p
 import { expectGrpcError } from '../../helpers/cri-expect.js';
 import { ensureGuestAssets } from '../../helpers/hypervisor-guest.js';
 import { createTestRuntime, podConfig, type TestRuntime } from '../../helpers/runtime-daemon.js';
+import { scaledMs } from '../../helpers/time-scale.js';
 
 const mode = async (p: string): Promise<number> => (await fsp.stat(p)).mode & 0o777;
 
@@ -35,7 +36,7 @@ describe('security checks on a running sandbox', () => {
     });
     (config.metadata as { name: string }).name = `sec${evil}`;
     id = (await rt.cri.runtime.RunPodSandbox({ config })).pod_sandbox_id;
-  }, 180_000);
+  }, scaledMs(180_000));
   afterAll(async () => {
     await rt?.cleanup();
     await fsp.rm(marker, { force: true });

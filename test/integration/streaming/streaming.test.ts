@@ -17,6 +17,7 @@ import { type RegistryHandle, startRegistry } from '../../helpers/images-registr
 import { until as pollUntil } from '../../helpers/poll.js';
 import { createTestRuntime, podConfig, type TestRuntime } from '../../helpers/runtime-daemon.js';
 import { exitCodeOf, spdyCommand, spdyPortForward, wsCommand, wsPortForward } from '../../helpers/streaming-client.js';
+import { scaledMs } from '../../helpers/time-scale.js';
 
 const repo = path.resolve(__dirname, '../../..');
 const CRICTL = criToolPath('crictl') ?? 'crictl (not found)';
@@ -96,7 +97,7 @@ describe('streaming through a pod VM (real QEMU, agent, crun; SPDY, WebSocket, c
       command: ['sh', '-c', 'mkdir -p /tmp/www && echo hello-from-pod > /tmp/www/index.html && exec httpd -f -p 8080 -h /tmp/www'],
       log_path: 'web.log',
     });
-  }, 300_000);
+  }, scaledMs(300_000));
 
   afterAll(async () => {
     if (rt !== undefined) {
