@@ -15,7 +15,6 @@ import { performance } from 'node:perf_hooks';
 import { pathToFileURL } from 'node:url';
 import { parseArgs } from 'node:util';
 import { packageRoot } from '../src/common/paths.js';
-import { rpc } from '../test/helpers/cri-client.js';
 import { ensureGuestAssets } from '../test/helpers/hypervisor-guest.js';
 import { type BareMode, bareArgv, bootBare, normalizedArgv } from './lib/bare-qemu.js';
 import { type BootBenchResult, formatBootReport, type RoundSample } from './lib/boot-report.js';
@@ -70,7 +69,7 @@ function podConfig(daemon: BenchDaemon, name: string): Record<string, unknown> {
 async function runPod(daemon: BenchDaemon, live: Live, name: string): Promise<{ id: string; ms: number }> {
   const config = podConfig(daemon, name);
   const t0 = performance.now();
-  const { pod_sandbox_id: id } = await rpc<{ pod_sandbox_id: string }>(daemon.cri.runtime, 'RunPodSandbox', {
+  const { pod_sandbox_id: id } = await daemon.cri.runtime.RunPodSandbox({
     config,
     runtime_handler: 'kata-ts',
   });
@@ -80,15 +79,15 @@ async function runPod(daemon: BenchDaemon, live: Live, name: string): Promise<{ 
 }
 
 async function sandboxInfo(daemon: BenchDaemon, id: string): Promise<SandboxInfo> {
-  const res = await rpc<{ info: Record<string, string> }>(daemon.cri.runtime, 'PodSandboxStatus', { pod_sandbox_id: id, verbose: true });
+  const res = await daemon.cri.runtime.PodSandboxStatus({ pod_sandbox_id: id, verbose: true });
   const text = res.info.info;
   if (text === undefined) throw new Error(`PodSandboxStatus of ${id} has no verbose info`);
   return JSON.parse(text) as SandboxInfo;
 }
 
 async function removePod(daemon: BenchDaemon, live: Live, id: string): Promise<void> {
-  await rpc(daemon.cri.runtime, 'StopPodSandbox', { pod_sandbox_id: id });
-  await rpc(daemon.cri.runtime, 'RemovePodSandbox', { pod_sandbox_id: id });
+  await daemon.cri.runtime.StopPodSandbox({ pod_sandbox_id: id });
+  await daemon.cri.runtime.RemovePodSandbox({ pod_sandbox_id: id });
   live.sandboxes.delete(id);
 }
 

@@ -18,7 +18,6 @@ import { performance } from 'node:perf_hooks';
 import { parseArgs } from 'node:util';
 import { confidentialHandlerProfile, defaultHandlerProfile } from '../src/config/defaults.js';
 import { allowLoopbackRegistries, pushBusyboxImage } from '../test/helpers/busybox-image.js';
-import { rpc } from '../test/helpers/cri-client.js';
 import { ensureGuestAssets } from '../test/helpers/hypervisor-guest.js';
 import { startRegistry } from '../test/helpers/images-registry.js';
 import { podConfig } from '../test/helpers/runtime-daemon.js';
@@ -56,22 +55,22 @@ export async function runContainerBench(
     const image = await pushBusyboxImage(registry, 'bench/busybox', '1.0', ['sleep']);
     await allowLoopbackRegistries(rt);
     await rt.start();
-    await rpc(rt.cri.image, 'PullImage', { image: { image } });
+    await rt.cri.image.PullImage({ image: { image } });
     const sandboxConfig = { ...podConfig(rt, 'bench'), log_directory: path.join(rt.dir, 'logs') };
-    const { pod_sandbox_id: sid } = await rpc<{ pod_sandbox_id: string }>(rt.cri.runtime, 'RunPodSandbox', { config: sandboxConfig });
+    const { pod_sandbox_id: sid } = await rt.cri.runtime.RunPodSandbox({ config: sandboxConfig });
     let n = 0;
     const startOne = async () => {
       const name = `c${n++}`;
-      const { container_id: id } = await rpc<{ container_id: string }>(rt.cri.runtime, 'CreateContainer', {
+      const { container_id: id } = await rt.cri.runtime.CreateContainer({
         pod_sandbox_id: sid,
         config: { metadata: { name, attempt: 0 }, image: { image }, command: ['sleep', '100000'], log_path: `${name}.log` },
         sandbox_config: sandboxConfig,
       });
-      await rpc(rt.cri.runtime, 'StartContainer', { container_id: id });
+      await rt.cri.runtime.StartContainer({ container_id: id });
       return id;
     };
     const holder = await startOne();
-    const exec = (cmd: string[]) => rpc(rt.cri.runtime, 'ExecSync', { container_id: holder, cmd, timeout: 30 });
+    const exec = (cmd: string[]) => rt.cri.runtime.ExecSync({ container_id: holder, cmd, timeout: 30 });
     // Warm-up, not counted.
     await exec(['true']);
     await exec(['echo', 'warm']);
@@ -91,15 +90,15 @@ export async function runContainerBench(
       for (const step of i % 2 === 0 ? pair : pair.reverse()) await step();
       const rt2: Array<() => Promise<void>> = [
         async () => void r.execEchoMs.push(await timed(() => exec(['echo', 'round', String(i)]))),
-        async () => void r.versionMs.push(await timed(() => rpc(rt.cri.runtime, 'Version', {}))),
+        async () => void r.versionMs.push(await timed(() => rt.cri.runtime.Version({}))),
       ];
       for (const step of i % 2 === 0 ? rt2 : rt2.reverse()) await step();
       progress(`round ${i + 1}/${rounds}: start ${r.startMs.at(-1)!.toFixed(0)} ms, exec true ${r.execTrueMs.at(-1)!.toFixed(0)} ms`);
       // Keep the pod small: containers of earlier rounds go.
-      while (started.length > 2) await rpc(rt.cri.runtime, 'RemoveContainer', { container_id: started.shift()! });
+      while (started.length > 2) await rt.cri.runtime.RemoveContainer({ container_id: started.shift()! });
     }
-    await rpc(rt.cri.runtime, 'StopPodSandbox', { pod_sandbox_id: sid });
-    await rpc(rt.cri.runtime, 'RemovePodSandbox', { pod_sandbox_id: sid });
+    await rt.cri.runtime.StopPodSandbox({ pod_sandbox_id: sid });
+    await rt.cri.runtime.RemovePodSandbox({ pod_sandbox_id: sid });
     return r;
   } finally {
     await rt.cleanup();

@@ -26,7 +26,6 @@ import { parseArgs, promisify } from 'node:util';
 import { defaultHandlerProfile } from '../src/config/defaults.js';
 import { netnsNameFor } from '../src/network/index.js';
 import { allowLoopbackRegistries, pushBusyboxImage } from '../test/helpers/busybox-image.js';
-import { rpc } from '../test/helpers/cri-client.js';
 import { startRegistry } from '../test/helpers/images-registry.js';
 import { createNetworkNode, type NetworkNode } from '../test/helpers/network-node.js';
 import { createTestRuntime, podConfig } from '../test/helpers/runtime-daemon.js';
@@ -126,25 +125,23 @@ export async function runNetworkBench(
     await allowLoopbackRegistries(rt);
     // Pulled from the host's loopback registry first; then the daemon runs in the node namespace.
     await rt.start();
-    await rpc(rt.cri.image, 'PullImage', { image: { image } });
+    await rt.cri.image.PullImage({ image: { image } });
     await rt.stop();
     rt.netnsPath = node.netnsPath;
     await rt.start();
     const sandboxConfig = { ...podConfig(rt, 'netbench'), log_directory: path.join(rt.dir, 'logs') };
     const t0 = performance.now();
-    sid = (
-      await rpc<{ pod_sandbox_id: string }>(rt.cri.runtime, 'RunPodSandbox', { config: sandboxConfig }, { deadline: Date.now() + 180_000 })
-    ).pod_sandbox_id;
+    sid = (await rt.cri.runtime.RunPodSandbox({ config: sandboxConfig }, { deadline: Date.now() + 180_000 })).pod_sandbox_id;
     const runPodSandboxMs = performance.now() - t0;
-    const status = await rpc<{ status: { network: { ip: string } } }>(rt.cri.runtime, 'PodSandboxStatus', { pod_sandbox_id: sid });
-    const podIp = status.status.network.ip;
+    const status = await rt.cri.runtime.PodSandboxStatus({ pod_sandbox_id: sid });
+    const podIp = status.status!.network!.ip;
     // The baseline joins the bridge CNI made for the pod.
     const www = path.join(node.dir, 'www');
     await fsp.mkdir(www);
     await fsp.writeFile(path.join(www, 'index.html'), 'ok\n');
     plain = await plainPeer(node, www);
     const plainIp = plain.ip;
-    const { container_id: cid } = await rpc<{ container_id: string }>(rt.cri.runtime, 'CreateContainer', {
+    const { container_id: cid } = await rt.cri.runtime.CreateContainer({
       pod_sandbox_id: sid,
       config: {
         metadata: { name: 'srv', attempt: 0 },
@@ -158,7 +155,7 @@ export async function runNetworkBench(
       },
       sandbox_config: sandboxConfig,
     });
-    await rpc(rt.cri.runtime, 'StartContainer', { container_id: cid });
+    await rt.cri.runtime.StartContainer({ container_id: cid });
     // Warm-up (and wait for the servers), not counted.
     for (let i = 0; ; i++) {
       try {
@@ -211,7 +208,7 @@ export async function runNetworkBench(
     r.teardownMs = w.teardownMs;
     return r;
   } finally {
-    if (sid !== undefined) await rpc(rt.cri.runtime, 'RemovePodSandbox', { pod_sandbox_id: sid }).catch(() => undefined);
+    if (sid !== undefined) await rt.cri.runtime.RemovePodSandbox({ pod_sandbox_id: sid }).catch(() => undefined);
     await rt.cleanup();
     await plain?.stop();
     await node.cleanup(sid === undefined ? [] : [netnsNameFor(sid)]);

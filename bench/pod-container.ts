@@ -29,7 +29,6 @@ import { silentLogger } from '../src/common/logger.js';
 import { confidentialHandlerProfile, defaultHandlerProfile } from '../src/config/defaults.js';
 import { startVirtiofsd } from '../src/hypervisor/virtiofsd.js';
 import { allowLoopbackRegistries, pushBusyboxImage } from '../test/helpers/busybox-image.js';
-import { rpc } from '../test/helpers/cri-client.js';
 import { ensureGuestAssets } from '../test/helpers/hypervisor-guest.js';
 import { startRegistry } from '../test/helpers/images-registry.js';
 import { bareArgv, bootBare } from './lib/bare-qemu.js';
@@ -109,38 +108,38 @@ export async function runPodContainerBench(
     await allowLoopbackRegistries(rt);
     const loadBefore = os.loadavg()[0]!;
     await rt.start();
-    await rpc(rt.cri.image, 'PullImage', { image: { image } });
+    await rt.cri.image.PullImage({ image: { image } });
 
     let n = 0;
     const startContainer = async (sid: string, sandboxConfig: object, extra: Record<string, unknown> = {}) => {
       const name = `c${n++}`;
-      const { container_id: id } = await rpc<{ container_id: string }>(rt.cri.runtime, 'CreateContainer', {
+      const { container_id: id } = await rt.cri.runtime.CreateContainer({
         pod_sandbox_id: sid,
         config: { metadata: { name, attempt: 0 }, image: { image }, command: ['sleep', '100000'], ...extra },
         sandbox_config: sandboxConfig,
       });
-      await rpc(rt.cri.runtime, 'StartContainer', { container_id: id });
+      await rt.cri.runtime.StartContainer({ container_id: id });
       return id;
     };
     const podWithContainer = async (name: string) => {
       const config = podConfig(rt, name);
       const t0 = performance.now();
-      const { pod_sandbox_id: sid } = await rpc<{ pod_sandbox_id: string }>(rt.cri.runtime, 'RunPodSandbox', { config });
+      const { pod_sandbox_id: sid } = await rt.cri.runtime.RunPodSandbox({ config });
       const podMs = performance.now() - t0;
       await startContainer(sid, config);
       return { sid, config, podMs, ms: performance.now() - t0 };
     };
     const removePod = async (sid: string) => {
-      await rpc(rt.cri.runtime, 'StopPodSandbox', { pod_sandbox_id: sid });
-      await rpc(rt.cri.runtime, 'RemovePodSandbox', { pod_sandbox_id: sid });
+      await rt.cri.runtime.StopPodSandbox({ pod_sandbox_id: sid });
+      await rt.cri.runtime.RemovePodSandbox({ pod_sandbox_id: sid });
     };
 
     progress('warm-up: one pod with a container (not counted); its argv is the bare baseline');
     const warm = await podWithContainer('warm');
-    const info = JSON.parse(
-      (await rpc<{ info: Record<string, string> }>(rt.cri.runtime, 'PodSandboxStatus', { pod_sandbox_id: warm.sid, verbose: true })).info
-        .info!,
-    ) as { workDir: string; plan: { qemu: { binary: string; argv: string[] } } };
+    const info = JSON.parse((await rt.cri.runtime.PodSandboxStatus({ pod_sandbox_id: warm.sid, verbose: true })).info.info!) as {
+      workDir: string;
+      plan: { qemu: { binary: string; argv: string[] } };
+    };
     await removePod(warm.sid);
 
     const samples: PodContainerBenchResult['rounds'] = [];
@@ -203,7 +202,7 @@ export async function runPodContainerBench(
 
     // Memory: one pod, 0..N containers; then the probe reads the guest side.
     const config = podConfig(rt, 'memory');
-    const { pod_sandbox_id: sid } = await rpc<{ pod_sandbox_id: string }>(rt.cri.runtime, 'RunPodSandbox', { config });
+    const { pod_sandbox_id: sid } = await rt.cri.runtime.RunPodSandbox({ config });
     const daemonPid = rt.pid();
     await sleep(1000);
     const rss = [await sampledVmRssKiB(daemonPid)];
@@ -214,7 +213,7 @@ export async function runPodContainerBench(
       progress(`memory: ${k} containers, daemon VmRSS ${rss.at(-1)} KiB`);
     }
     const probe = await startContainer(sid, config, { linux: { security_context: { namespace_options: { pid: 'NODE' } } } });
-    const out = await rpc<{ stdout: Buffer; exit_code: number }>(rt.cri.runtime, 'ExecSync', {
+    const out = await rt.cri.runtime.ExecSync({
       container_id: probe,
       cmd: ['sh', '-c', PROBE],
       timeout: 60,

@@ -150,7 +150,7 @@ async function prepare(soak: Soak): Promise<void> {
   await mountTmpfs(soak.logDisk, LOG_DISK_MIB, 'kata-ts-soak-logs');
   await soak.node?.relayLoopbackPort(portOf(registry.host));
   await rt.start();
-  await call(soak, 'image', 'PullImage', { image: { image: soak.images.image } });
+  await call(soak, soak.rt.cri.image.PullImage({ image: { image: soak.images.image } }));
 }
 
 /**
@@ -167,10 +167,8 @@ async function runWithFaults(soak: Soak): Promise<void> {
     if (pod === undefined) pod = await bootPod(soak);
     if (result.faults < opts.faults && result.requests >= nextFault) {
       // Faults hit a READY pod; one that is not is first judged (and removed) by the invariants.
-      const st = await call<{ status: { state: string } }>(soak, 'runtime', 'PodSandboxStatus', { pod_sandbox_id: pod.id }).catch(
-        () => undefined,
-      );
-      if (st?.status.state !== 'SANDBOX_READY') {
+      const st = await call(soak, soak.rt.cri.runtime.PodSandboxStatus({ pod_sandbox_id: pod.id })).catch(() => undefined);
+      if (st?.status?.state !== 'SANDBOX_READY') {
         await checkInvariants(soak, 'before a fault');
         continue;
       }
@@ -193,39 +191,42 @@ async function randomRequest(soak: Soak, pod: Pod): Promise<void> {
   const { random } = soak;
   const r = random();
   if (r < 0.5) {
-    const cheap: Array<['runtime' | 'image', string, object]> = [
-      ['runtime', 'Version', {}],
-      ['runtime', 'Status', {}],
-      ['runtime', 'ListPodSandbox', {}],
-      ['runtime', 'ListContainers', {}],
-      ['image', 'ListImages', {}],
-      ['runtime', 'PodSandboxStatus', { pod_sandbox_id: pod.id }],
-      ['runtime', 'ContainerStatus', { container_id: pod.ticker }],
-      ['image', 'ImageFsInfo', {}],
+    const { runtime, image } = soak.rt.cri;
+    const cheap: Array<() => Promise<unknown>> = [
+      () => runtime.Version({}),
+      () => runtime.Status({}),
+      () => runtime.ListPodSandbox({}),
+      () => runtime.ListContainers({}),
+      () => image.ListImages({}),
+      () => runtime.PodSandboxStatus({ pod_sandbox_id: pod.id }),
+      () => runtime.ContainerStatus({ container_id: pod.ticker }),
+      () => image.ImageFsInfo({}),
     ];
-    const [svc, method, req] = cheap[Math.floor(random() * cheap.length)]!;
-    await call(soak, svc, method, req);
+    await call(soak, cheap[Math.floor(random() * cheap.length)]!());
   } else if (r < 0.75) {
-    await call(soak, 'runtime', 'ExecSync', { container_id: pod.ticker, cmd: ['echo', 'x'], timeout: 30 });
+    await call(soak, soak.rt.cri.runtime.ExecSync({ container_id: pod.ticker, cmd: ['echo', 'x'], timeout: 30 }));
   } else if (r < 0.82) {
     // A resize as the kubelet sends one (in-place pod resize): the ticker's CPU and memory
     // limits within the pod's planned headroom. A refusal is logged like any failed request.
-    await call(soak, 'runtime', 'UpdateContainerResources', {
-      container_id: pod.ticker,
-      linux: {
-        cpu_period: 100_000,
-        cpu_quota: 20_000 + Math.floor(random() * 80_000),
-        cpu_shares: 2 + Math.floor(random() * 1022),
-        memory_limit_in_bytes: (64 + Math.floor(random() * 192)) * 2 ** 20,
-      },
-    });
+    await call(
+      soak,
+      soak.rt.cri.runtime.UpdateContainerResources({
+        container_id: pod.ticker,
+        linux: {
+          cpu_period: 100_000,
+          cpu_quota: 20_000 + Math.floor(random() * 80_000),
+          cpu_shares: 2 + Math.floor(random() * 1022),
+          memory_limit_in_bytes: (64 + Math.floor(random() * 192)) * 2 ** 20,
+        },
+      }),
+    );
     soak.result.resizes++;
   } else if (r < 0.97) {
     await containerCycle(soak, pod);
   } else {
-    await call(soak, 'runtime', 'StopPodSandbox', { pod_sandbox_id: pod.id });
+    await call(soak, soak.rt.cri.runtime.StopPodSandbox({ pod_sandbox_id: pod.id }));
     await checkTicker(soak, pod, 'pod churn');
-    await call(soak, 'runtime', 'RemovePodSandbox', { pod_sandbox_id: pod.id });
+    await call(soak, soak.rt.cri.runtime.RemovePodSandbox({ pod_sandbox_id: pod.id }));
     soak.pods.delete(pod.id);
   }
 }
@@ -245,8 +246,8 @@ async function endChecks(soak: Soak): Promise<void> {
 /** Every remaining pod stopped and removed through the CRI, as the kubelet would. */
 async function removePods(soak: Soak): Promise<void> {
   for (const pod of [...soak.pods.values()]) {
-    await call(soak, 'runtime', 'StopPodSandbox', { pod_sandbox_id: pod.id });
-    await call(soak, 'runtime', 'RemovePodSandbox', { pod_sandbox_id: pod.id });
+    await call(soak, soak.rt.cri.runtime.StopPodSandbox({ pod_sandbox_id: pod.id }));
+    await call(soak, soak.rt.cri.runtime.RemovePodSandbox({ pod_sandbox_id: pod.id }));
   }
 }
 

@@ -17,7 +17,6 @@ import { performance } from 'node:perf_hooks';
 import { parseArgs } from 'node:util';
 import { confidentialHandlerProfile, defaultHandlerProfile } from '../src/config/defaults.js';
 import { allowLoopbackRegistries, pushBusyboxImage } from '../test/helpers/busybox-image.js';
-import { rpc } from '../test/helpers/cri-client.js';
 import { ensureGuestAssets } from '../test/helpers/hypervisor-guest.js';
 import { startRegistry } from '../test/helpers/images-registry.js';
 import { podConfig } from '../test/helpers/runtime-daemon.js';
@@ -51,22 +50,21 @@ export async function runStreamingBench(rounds: number, progress: (l: string) =>
     const image = await pushBusyboxImage(registry, 'bench/busybox', 'stream', ['sleep', 'head']);
     await allowLoopbackRegistries(rt);
     await rt.start();
-    await rpc(rt.cri.image, 'PullImage', { image: { image } });
+    await rt.cri.image.PullImage({ image: { image } });
     const sandboxConfig = { ...podConfig(rt, 'bench'), log_directory: path.join(rt.dir, 'logs') };
-    const { pod_sandbox_id: sid } = await rpc<{ pod_sandbox_id: string }>(rt.cri.runtime, 'RunPodSandbox', { config: sandboxConfig });
-    const { container_id: id } = await rpc<{ container_id: string }>(rt.cri.runtime, 'CreateContainer', {
+    const { pod_sandbox_id: sid } = await rt.cri.runtime.RunPodSandbox({ config: sandboxConfig });
+    const { container_id: id } = await rt.cri.runtime.CreateContainer({
       pod_sandbox_id: sid,
       config: { metadata: { name: 'holder', attempt: 0 }, image: { image }, command: ['sleep', '100000'], log_path: 'holder.log' },
       sandbox_config: sandboxConfig,
     });
-    await rpc(rt.cri.runtime, 'StartContainer', { container_id: id });
+    await rt.cri.runtime.StartContainer({ container_id: id });
     const stream = async (cmd: string[]) => {
-      const { url } = await rpc<{ url: string }>(rt.cri.runtime, 'Exec', { container_id: id, cmd, stdout: true, stderr: true });
+      const { url } = await rt.cri.runtime.Exec({ container_id: id, cmd, stdout: true, stderr: true });
       const r = await spdyCommand(url);
       return r.stdout.length;
     };
-    const sync = async (cmd: string[]) =>
-      (await rpc<{ stdout: Buffer }>(rt.cri.runtime, 'ExecSync', { container_id: id, cmd, timeout: 60 })).stdout.length;
+    const sync = async (cmd: string[]) => (await rt.cri.runtime.ExecSync({ container_id: id, cmd, timeout: 60 })).stdout.length;
     const big = ['head', '-c', String(BYTES), '/dev/zero'];
     await stream(['true']);
     await sync(['true']);
@@ -86,8 +84,8 @@ export async function runStreamingBench(rounds: number, progress: (l: string) =>
       for (const step of i % 2 === 0 ? steps : steps.reverse()) await step();
       progress(`round ${i + 1}/${rounds}: true ${r.streamTrueMs.at(-1)!.toFixed(0)} vs ${r.syncTrueMs.at(-1)!.toFixed(0)} ms`);
     }
-    await rpc(rt.cri.runtime, 'StopPodSandbox', { pod_sandbox_id: sid });
-    await rpc(rt.cri.runtime, 'RemovePodSandbox', { pod_sandbox_id: sid });
+    await rt.cri.runtime.StopPodSandbox({ pod_sandbox_id: sid });
+    await rt.cri.runtime.RemovePodSandbox({ pod_sandbox_id: sid });
     return r;
   } finally {
     await rt.cleanup();

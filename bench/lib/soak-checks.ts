@@ -26,11 +26,9 @@ export async function checkTicker(soak: Soak, pod: Pod, label: string): Promise<
  * cgroup parent is an orphan.
  */
 export async function checkInvariants(soak: Soak, label: string): Promise<void> {
-  const listed = (
-    await call<{ items: Array<{ id: string; state: string; metadata: { uid: string } }> }>(soak, 'runtime', 'ListPodSandbox', {})
-  ).items;
+  const listed = (await call(soak, soak.rt.cri.runtime.ListPodSandbox({}))).items;
   if (new Set(listed.map((s) => s.id)).size !== listed.length) violate(soak, `${label}: a sandbox id is listed twice`);
-  if (new Set(listed.map((s) => s.metadata.uid)).size !== listed.length) violate(soak, `${label}: a pod uid is listed twice`);
+  if (new Set(listed.map((s) => s.metadata?.uid)).size !== listed.length) violate(soak, `${label}: a pod uid is listed twice`);
   for (const s of listed) {
     const pod = soak.pods.get(s.id);
     if (pod === undefined) {
@@ -49,10 +47,13 @@ export async function checkInvariants(soak: Soak, label: string): Promise<void> 
 async function checkReadyPod(soak: Soak, pod: Pod, label: string): Promise<void> {
   try {
     if (soak.podNetwork) {
-      const st = await call<{ status: { network?: { ip?: string } | null } }>(soak, 'runtime', 'PodSandboxStatus', {
-        pod_sandbox_id: pod.id,
-      });
-      if ((st.status.network?.ip ?? '') === '') violate(soak, `${label}: sandbox ${pod.id.slice(0, 12)} is READY without a pod IP`);
+      const st = await call(
+        soak,
+        soak.rt.cri.runtime.PodSandboxStatus({
+          pod_sandbox_id: pod.id,
+        }),
+      );
+      if ((st.status?.network?.ip ?? '') === '') violate(soak, `${label}: sandbox ${pod.id.slice(0, 12)} is READY without a pod IP`);
     }
     await containerCycle(soak, pod);
   } catch (err) {
@@ -62,8 +63,8 @@ async function checkReadyPod(soak: Soak, pod: Pod, label: string): Promise<void>
 
 async function checkNotReadyPod(soak: Soak, pod: Pod, label: string): Promise<void> {
   try {
-    await call(soak, 'runtime', 'StopPodSandbox', { pod_sandbox_id: pod.id });
-    await call(soak, 'runtime', 'RemovePodSandbox', { pod_sandbox_id: pod.id });
+    await call(soak, soak.rt.cri.runtime.StopPodSandbox({ pod_sandbox_id: pod.id }));
+    await call(soak, soak.rt.cri.runtime.RemovePodSandbox({ pod_sandbox_id: pod.id }));
     soak.pods.delete(pod.id);
   } catch (err) {
     violate(soak, `${label}: sandbox ${pod.id.slice(0, 12)} is NOTREADY but cannot be removed: ${(err as Error).message}`);
@@ -84,9 +85,9 @@ async function checkNoOrphans(soak: Soak, label: string): Promise<void> {
 
 /** What a refused request must leave unchanged: the listed pods and containers, images and VM dirs. */
 export async function stateSummary(soak: Soak): Promise<string> {
-  const sandboxes = (await call<{ items: Array<{ id: string; state: string }> }>(soak, 'runtime', 'ListPodSandbox', {})).items;
-  const containers = (await call<{ containers: Array<{ id: string; state: string }> }>(soak, 'runtime', 'ListContainers', {})).containers;
-  const images = (await call<{ images: Array<{ id: string }> }>(soak, 'image', 'ListImages', {})).images;
+  const sandboxes = (await call(soak, soak.rt.cri.runtime.ListPodSandbox({}))).items;
+  const containers = (await call(soak, soak.rt.cri.runtime.ListContainers({}))).containers;
+  const images = (await call(soak, soak.rt.cri.image.ListImages({}))).images;
   const vmDirs = await fsp.readdir(path.join(soak.rt.stateDir, 'vm')).catch(() => []);
   return JSON.stringify({
     sandboxes: sandboxes.map((x) => `${x.id}:${x.state}`).sort(),

@@ -4,7 +4,6 @@
  */
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
-import { rpc } from '../../test/helpers/cri-client.js';
 import type { RegistryHandle } from '../../test/helpers/images-registry.js';
 import type { NetworkNode } from '../../test/helpers/network-node.js';
 import { podConfig } from '../../test/helpers/runtime-daemon.js';
@@ -96,16 +95,15 @@ export interface Soak {
 
 export const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
-/** One CRI request to the soak's daemon, counted in the result. */
-export async function call<T = Record<string, unknown>>(
-  soak: Soak,
-  service: 'runtime' | 'image',
-  method: string,
-  req: object,
-  timeoutMs = 120_000,
-): Promise<T> {
+/** Counts a CRI request the soak sends (every request goes through here) and passes it on. */
+export function call<T>(soak: Soak, request: Promise<T>): Promise<T> {
   soak.result.requests++;
-  return rpc<T>(soak.rt.cri[service], method, req, { deadline: Date.now() + timeoutMs });
+  return request;
+}
+
+/** A deadline `timeoutMs` from now, for a request that must not take the soak's default. */
+export function within(timeoutMs: number): { deadline: number } {
+  return { deadline: Date.now() + timeoutMs };
 }
 
 /** Record a broken invariant (the run goes on; the CLI exits 1 at the end). */
@@ -117,12 +115,15 @@ export function violate(soak: Soak, what: string): void {
 /** Create and start a container in `pod`; `namespaces` puts it in the guest's root PID namespace. */
 export async function startContainer(soak: Soak, pod: Pod, name: string, command: string[], namespaces?: { pid: 'NODE' }): Promise<string> {
   const linux = namespaces === undefined ? {} : { linux: { security_context: { namespace_options: namespaces } } };
-  const { container_id: cid } = await call<{ container_id: string }>(soak, 'runtime', 'CreateContainer', {
-    pod_sandbox_id: pod.id,
-    config: { metadata: { name, attempt: 0 }, image: { image: soak.images.image }, command, log_path: `${name}.log`, ...linux },
-    sandbox_config: pod.config,
-  });
-  await call(soak, 'runtime', 'StartContainer', { container_id: cid });
+  const { container_id: cid } = await call(
+    soak,
+    soak.rt.cri.runtime.CreateContainer({
+      pod_sandbox_id: pod.id,
+      config: { metadata: { name, attempt: 0 }, image: { image: soak.images.image }, command, log_path: `${name}.log`, ...linux },
+      sandbox_config: pod.config,
+    }),
+  );
+  await call(soak, soak.rt.cri.runtime.StartContainer({ container_id: cid }));
   return cid;
 }
 
@@ -133,7 +134,7 @@ export async function bootPod(soak: Soak): Promise<Pod> {
   await fsp.mkdir(logDir, { recursive: true });
   const config = { ...podConfig(soak.rt, name), log_directory: logDir };
   soak.result.boots++;
-  const { pod_sandbox_id: id } = await call<{ pod_sandbox_id: string }>(soak, 'runtime', 'RunPodSandbox', { config });
+  const { pod_sandbox_id: id } = await call(soak, soak.rt.cri.runtime.RunPodSandbox({ config }));
   const pod: Pod = { id, config, logDir, ticker: undefined };
   soak.pods.set(id, pod);
   soak.everyPod.push(id);
@@ -145,13 +146,13 @@ export async function bootPod(soak: Soak): Promise<Pod> {
 /** A short-lived container through its whole life: create, start, stop, remove. */
 export async function containerCycle(soak: Soak, pod: Pod): Promise<void> {
   const cid = await startContainer(soak, pod, `c${soak.seq.container++}`, ['sh', '-c', 'echo hello']);
-  await call(soak, 'runtime', 'StopContainer', { container_id: cid, timeout: 0 });
-  await call(soak, 'runtime', 'RemoveContainer', { container_id: cid });
+  await call(soak, soak.rt.cri.runtime.StopContainer({ container_id: cid, timeout: 0 }));
+  await call(soak, soak.rt.cri.runtime.RemoveContainer({ container_id: cid }));
 }
 
 /** The pids of a pod's QEMU and virtiofsd, from verbose PodSandboxStatus. */
 export async function podProcesses(soak: Soak, pod: Pod): Promise<{ pid?: number; virtiofsd?: { pid: number } | null }> {
-  const res = await call<{ info: Record<string, string> }>(soak, 'runtime', 'PodSandboxStatus', { pod_sandbox_id: pod.id, verbose: true });
+  const res = await call(soak, soak.rt.cri.runtime.PodSandboxStatus({ pod_sandbox_id: pod.id, verbose: true }));
   return JSON.parse(res.info.info ?? '{}') as { pid?: number; virtiofsd?: { pid: number } | null };
 }
 

@@ -6,7 +6,19 @@ import { errnoCode } from '../../src/common/errors.js';
 import { startProxy } from '../../test/helpers/images-proxy.js';
 import { podConfig } from '../../test/helpers/runtime-daemon.js';
 import { checkInvariants, stateSummary } from './soak-checks.js';
-import { call, type FaultKind, type Pod, podProcesses, portOf, type Soak, signal, sleep, startContainer, violate } from './soak-context.js';
+import {
+  call,
+  type FaultKind,
+  type Pod,
+  podProcesses,
+  portOf,
+  type Soak,
+  signal,
+  sleep,
+  startContainer,
+  violate,
+  within,
+} from './soak-context.js';
 
 /** Inject one fault of `kind` into `pod` (a READY one), then check the invariants. */
 export async function injectFault(soak: Soak, kind: FaultKind, pod: Pod): Promise<void> {
@@ -40,8 +52,8 @@ async function qemuKill(soak: Soak, pod: Pod): Promise<void> {
   const t0 = performance.now();
   signal(pid, 'SIGKILL');
   for (;;) {
-    const st = await call<{ status: { state: string } }>(soak, 'runtime', 'PodSandboxStatus', { pod_sandbox_id: pod.id });
-    if (st.status.state === 'SANDBOX_NOTREADY') {
+    const st = await call(soak, soak.rt.cri.runtime.PodSandboxStatus({ pod_sandbox_id: pod.id }));
+    if (st.status?.state === 'SANDBOX_NOTREADY') {
       soak.result.notReadyMs.push(performance.now() - t0);
       return;
     }
@@ -70,8 +82,10 @@ async function guestHang(soak: Soak, pod: Pod): Promise<void> {
   signal(pid, 'SIGSTOP');
   try {
     const t0 = Date.now();
-    await call(soak, 'runtime', 'ExecSync', { container_id: pod.ticker, cmd: ['true'], timeout: 2 }, 8_000).catch(() => undefined);
-    await call(soak, 'runtime', 'Version', {}, 2_000).catch((err: Error) =>
+    await call(soak, soak.rt.cri.runtime.ExecSync({ container_id: pod.ticker, cmd: ['true'], timeout: 2 }, within(8_000))).catch(
+      () => undefined,
+    );
+    await call(soak, soak.rt.cri.runtime.Version({}, within(2_000))).catch((err: Error) =>
       violate(soak, `guest-hang: Version did not answer: ${err.message}`),
     );
     if (Date.now() - t0 > 9_000) violate(soak, 'guest-hang: an rpc outlived its deadline');
@@ -97,7 +111,10 @@ async function agentKill(soak: Soak, pod: Pod): Promise<void> {
   );
   const t0 = Date.now();
   for (;;) {
-    const ok = await call(soak, 'runtime', 'ExecSync', { container_id: pod.ticker, cmd: ['true'], timeout: 10 }, 15_000).then(
+    const ok = await call(
+      soak,
+      soak.rt.cri.runtime.ExecSync({ container_id: pod.ticker, cmd: ['true'], timeout: 10 }, within(15_000)),
+    ).then(
       () => true,
       () => false,
     );
@@ -108,10 +125,10 @@ async function agentKill(soak: Soak, pod: Pod): Promise<void> {
     }
     await sleep(500);
   }
-  await call(soak, 'runtime', 'StopContainer', { container_id: killer, timeout: 0 }).catch((err: Error) =>
+  await call(soak, soak.rt.cri.runtime.StopContainer({ container_id: killer, timeout: 0 })).catch((err: Error) =>
     violate(soak, `agent-kill: the killer container cannot be stopped: ${err.message}`),
   );
-  await call(soak, 'runtime', 'RemoveContainer', { container_id: killer }).catch((err: Error) =>
+  await call(soak, soak.rt.cri.runtime.RemoveContainer({ container_id: killer })).catch((err: Error) =>
     violate(soak, `agent-kill: the killer container cannot be removed: ${err.message}`),
   );
 }
@@ -126,7 +143,7 @@ async function registryDrop(soak: Soak): Promise<void> {
   const stopRelay = await node?.relayLoopbackPort(portOf(proxy.host));
   try {
     const ref = soak.images.unpullable.replace(registry.host, proxy.host);
-    const err = await call(soak, 'image', 'PullImage', { image: { image: ref } }, 60_000).then(
+    const err = await call(soak, soak.rt.cri.image.PullImage({ image: { image: ref } }, within(60_000))).then(
       () => undefined,
       (e: { code?: number; message: string }) => e,
     );
@@ -170,17 +187,16 @@ async function diskFull(soak: Soak, pod: Pod): Promise<void> {
 
 /** Reads (an exec included) answer on a full disk. */
 async function readsOnFullDisk(soak: Soak, pod: Pod): Promise<void> {
-  const reads: Array<['runtime' | 'image', string, object]> = [
-    ['runtime', 'Status', {}],
-    ['runtime', 'PodSandboxStatus', { pod_sandbox_id: pod.id }],
-    ['runtime', 'ContainerStatus', { container_id: pod.ticker }],
-    ['image', 'ImageFsInfo', {}],
-    ['runtime', 'ExecSync', { container_id: pod.ticker, cmd: ['echo', 'x'], timeout: 30 }],
+  const { runtime, image } = soak.rt.cri;
+  const reads: Array<[string, () => Promise<unknown>]> = [
+    ['Status', () => runtime.Status({})],
+    ['PodSandboxStatus', () => runtime.PodSandboxStatus({ pod_sandbox_id: pod.id })],
+    ['ContainerStatus', () => runtime.ContainerStatus({ container_id: pod.ticker })],
+    ['ImageFsInfo', () => image.ImageFsInfo({})],
+    ['ExecSync', () => runtime.ExecSync({ container_id: pod.ticker, cmd: ['echo', 'x'], timeout: 30 })],
   ];
-  for (const [svc, method, req] of reads)
-    await call(soak, svc, method, req).catch((err: Error) =>
-      violate(soak, `disk-full: ${method} failed on a full state disk: ${err.message}`),
-    );
+  for (const [method, send] of reads)
+    await call(soak, send()).catch((err: Error) => violate(soak, `disk-full: ${method} failed on a full state disk: ${err.message}`));
 }
 
 /** A new pod, a new container and a pull are refused as RESOURCE_EXHAUSTED on a full disk. */
@@ -197,21 +213,24 @@ async function refusalsOnFullDisk(soak: Soak, pod: Pod): Promise<void> {
   };
   const name = `soak${soak.seq.pod++}`;
   const config = podConfig(soak.rt, name);
-  await refused('RunPodSandbox', call(soak, 'runtime', 'RunPodSandbox', { config }));
+  await refused('RunPodSandbox', call(soak, soak.rt.cri.runtime.RunPodSandbox({ config })));
   await refused(
     'CreateContainer',
-    call(soak, 'runtime', 'CreateContainer', {
-      pod_sandbox_id: pod.id,
-      config: {
-        metadata: { name: `full${soak.seq.container++}`, attempt: 0 },
-        image: { image: soak.images.image },
-        command: ['true'],
-        log_path: 'full.log',
-      },
-      sandbox_config: pod.config,
-    }),
+    call(
+      soak,
+      soak.rt.cri.runtime.CreateContainer({
+        pod_sandbox_id: pod.id,
+        config: {
+          metadata: { name: `full${soak.seq.container++}`, attempt: 0 },
+          image: { image: soak.images.image },
+          command: ['true'],
+          log_path: 'full.log',
+        },
+        sandbox_config: pod.config,
+      }),
+    ),
   );
-  await refused('PullImage', call(soak, 'image', 'PullImage', { image: { image: soak.images.onFullDisk } }));
+  await refused('PullImage', call(soak, soak.rt.cri.image.PullImage({ image: { image: soak.images.onFullDisk } })));
 }
 
 /** Fill the file system holding `file` to its last page: write until ENOSPC. Returns the bytes written. */

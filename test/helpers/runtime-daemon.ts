@@ -12,7 +12,7 @@ import { promisify } from 'node:util';
 import { silentLogger } from '../../src/common/logger.js';
 import { releaseSharedMounts } from '../../src/runtime/sandbox/shared-dir.js';
 import { mountedHierarchies, treeDeepestFirst } from './cgroups-private.js';
-import { type CriClients, criClients } from './cri-client.js';
+import { type CriClient, criClient } from './cri-client.js';
 import { readLogLines, type SpawnedDaemon, spawnDaemon } from './daemon-process.js';
 import { processesMentioning } from './hypervisor-guest.js';
 
@@ -29,7 +29,7 @@ export interface TestRuntime {
   cgroupRoot: string;
   /** A cgroupfs-style cgroup_parent under the private root, as a kubelet would send for a pod. */
   cgroupParent(podUid: string): string;
-  cri: CriClients;
+  cri: CriClient;
   /** The running daemon's pid (changes across restart()). */
   pid(): number;
   /** The network namespace start() runs the daemon in (`nsenter --net=`); settable between starts. */
@@ -104,7 +104,7 @@ export async function createTestRuntime(configDoc: Record<string, unknown> = {},
     ),
   );
   let daemon: SpawnedDaemon | undefined;
-  let cri: CriClients | undefined;
+  let cri: CriClient | undefined;
   const logFile = path.join(dir, 'daemon.log');
 
   const runtime: TestRuntime = {
@@ -115,7 +115,7 @@ export async function createTestRuntime(configDoc: Record<string, unknown> = {},
     configPath,
     cgroupRoot,
     cgroupParent: (podUid) => `/${cgroupRoot}/pod${podUid}`,
-    get cri(): CriClients {
+    get cri(): CriClient {
       if (cri === undefined) throw new Error('daemon not started');
       return cri;
     },
@@ -124,7 +124,7 @@ export async function createTestRuntime(configDoc: Record<string, unknown> = {},
     async start() {
       const netnsPath = runtime.netnsPath;
       daemon = await spawnDaemon(configPath, socketPath, logFile, netnsPath === undefined ? {} : { netnsPath });
-      cri = criClients(socketPath);
+      cri = criClient(socketPath);
     },
     async stop() {
       cri?.close();

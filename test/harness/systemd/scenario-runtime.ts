@@ -20,7 +20,9 @@ import { promises as fsp } from 'node:fs';
 import path from 'node:path';
 import { probeSystemdManager } from '../../../src/cgroups/index.js';
 import { silentLogger } from '../../../src/common/logger.js';
+import type { PodSandboxConfig } from '../../../src/generated/runtime/v1/PodSandboxConfig.js';
 import { readProcStat } from '../../../src/hypervisor/index.js';
+import { outcome } from '../../helpers/cgroups-cri.js';
 import { type DaemonProcess, startDaemonProcess, stateLeftovers } from '../../helpers/cgroups-daemon.js';
 import {
   carriesMarker,
@@ -60,7 +62,7 @@ function pod(name: string, style: 'systemd' | 'cgroupfs') {
     style === 'systemd'
       ? `/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod${uid.replace(/-/g, '_')}.slice`
       : `/kubepods/burstable/pod${uid}`;
-  const config = {
+  const config: PodSandboxConfig = {
     metadata: { name, namespace: 'kata-ts-test', uid, attempt: 0 },
     labels: { app: name },
     log_directory: `/var/log/pods/kata-ts-test_${name}_${uid}`,
@@ -96,8 +98,8 @@ async function start(name: string, config: Record<string, unknown>): Promise<Dae
 
 /** RuntimeConfig, and Status verbose info's cgroupDriver, as the kubelet would read them. */
 async function advertised(d: DaemonProcess) {
-  const rc = await d.cri.call('RuntimeConfig', {});
-  const st = await d.cri.call<{ info: Record<string, string> }>('Status', { verbose: true });
+  const rc = await outcome(d.cri.runtime.RuntimeConfig({}));
+  const st = await outcome(d.cri.runtime.Status({ verbose: true }));
   return { runtimeConfig: rc, statusCgroupDriver: st.ok ? (JSON.parse(st.value.info.cgroupDriver ?? 'null') as unknown) : st };
 }
 
@@ -112,17 +114,19 @@ type SandboxView = { error: unknown } | { state: string; info: Record<string, un
 
 /** PodSandboxStatus, verbose: the state and the parsed `info` JSON (pid, cgroup, plan, ...). */
 async function sandboxInfo(d: DaemonProcess, id: string): Promise<SandboxView> {
-  const res = await d.cri.call<{ status: { state: string }; info: Record<string, string> }>('PodSandboxStatus', {
-    pod_sandbox_id: id,
-    verbose: true,
-  });
+  const res = await outcome(
+    d.cri.runtime.PodSandboxStatus({
+      pod_sandbox_id: id,
+      verbose: true,
+    }),
+  );
   if (!res.ok) return { error: res };
-  return { state: res.value.status.state, info: JSON.parse(res.value.info.info ?? 'null') as Record<string, unknown> & { pid: number } };
+  return { state: res.value.status!.state, info: JSON.parse(res.value.info.info ?? 'null') as Record<string, unknown> & { pid: number } };
 }
 
 /** One real boot, observed while it runs, then Stop and Remove observed. */
 async function bootAndTearDown(d: DaemonProcess, p: ReturnType<typeof pod>, observeRunning: (id: string, pid: number) => Promise<unknown>) {
-  const ran = await d.cri.call<{ pod_sandbox_id: string }>('RunPodSandbox', { config: p.config, runtime_handler: 'kata-ts' });
+  const ran = await outcome(d.cri.runtime.RunPodSandbox({ config: p.config, runtime_handler: 'kata-ts' }));
   if (!ran.ok) return { run: ran };
   const id = ran.value.pod_sandbox_id;
   const status = await sandboxInfo(d, id);
@@ -133,12 +137,12 @@ async function bootAndTearDown(d: DaemonProcess, p: ReturnType<typeof pod>, obse
     markerInQemuEnv: carriesMarker(pid, marker),
     ...((await observeRunning(id, pid)) as object),
   };
-  const stop = await d.cri.call('StopPodSandbox', { pod_sandbox_id: id });
+  const stop = await outcome(d.cri.runtime.StopPodSandbox({ pod_sandbox_id: id }));
   const afterStop = { alive: alive(pid), units: await kataUnits(), status: await sandboxInfo(d, id) };
-  const remove = await d.cri.call('RemovePodSandbox', { pod_sandbox_id: id });
+  const remove = await outcome(d.cri.runtime.RemovePodSandbox({ pod_sandbox_id: id }));
   const afterRemove = {
     alive: alive(pid),
-    statusAfter: await d.cri.call('PodSandboxStatus', { pod_sandbox_id: id }),
+    statusAfter: await outcome(d.cri.runtime.PodSandboxStatus({ pod_sandbox_id: id })),
     ...(await hostTraces(d)),
   };
   return { run: ran, id, status, running, stop, afterStop, remove, afterRemove };
@@ -150,7 +154,7 @@ async function bootAndTearDown(d: DaemonProcess, p: ReturnType<typeof pod>, obse
  */
 async function refuseSystemdStyle(d: DaemonProcess) {
   const refused = pod('mismatch', 'systemd');
-  const mismatch = await d.cri.call('RunPodSandbox', { config: refused.config, runtime_handler: 'kata-ts' });
+  const mismatch = await outcome(d.cri.runtime.RunPodSandbox({ config: refused.config, runtime_handler: 'kata-ts' }));
   const afterMismatch = {
     ...(await hostTraces(d)),
     dirs: await dirsPresent(CGROUP_ROOT, refused.cgroupParent),
@@ -187,7 +191,7 @@ async function main(): Promise<void> {
   {
     const d = await start('auto', { cgroupDriver: 'auto', systemdRuntimeDir: SYSTEMD_DIR, dbusAddress: address });
     const mismatchPod = pod('mismatch', 'cgroupfs');
-    const mismatch = await d.cri.call('RunPodSandbox', { config: mismatchPod.config, runtime_handler: 'kata-ts' });
+    const mismatch = await outcome(d.cri.runtime.RunPodSandbox({ config: mismatchPod.config, runtime_handler: 'kata-ts' }));
     const afterMismatch = {
       ...(await hostTraces(d)),
       dirs: await dirsPresent(CGROUP_ROOT, 'kubepods'),
@@ -230,9 +234,9 @@ async function main(): Promise<void> {
       dbusAddress: address,
       hypervisor: { readyTimeoutMs: 1 },
     });
-    const mismatch = await d.cri.call('RunPodSandbox', { config: pod('mismatch', 'cgroupfs').config, runtime_handler: 'kata-ts' });
+    const mismatch = await outcome(d.cri.runtime.RunPodSandbox({ config: pod('mismatch', 'cgroupfs').config, runtime_handler: 'kata-ts' }));
     const p = pod('cut-short', 'systemd');
-    const attempt = await d.cri.call('RunPodSandbox', { config: p.config, runtime_handler: 'kata-ts' });
+    const attempt = await outcome(d.cri.runtime.RunPodSandbox({ config: p.config, runtime_handler: 'kata-ts' }));
     out.systemd = {
       ...(await advertised(d)),
       cgroupParent: p.cgroupParent,
@@ -286,7 +290,7 @@ async function main(): Promise<void> {
     });
     const { mismatch, afterMismatch } = await refuseSystemdStyle(d);
     const p = pod('cut-short', 'cgroupfs');
-    const attempt = await d.cri.call('RunPodSandbox', { config: p.config, runtime_handler: 'kata-ts' });
+    const attempt = await outcome(d.cri.runtime.RunPodSandbox({ config: p.config, runtime_handler: 'kata-ts' }));
     out.autoNoSystemd = {
       ...(await advertised(d)),
       cgroupParent: p.cgroupParent,

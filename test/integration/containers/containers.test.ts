@@ -13,12 +13,12 @@ import path from 'node:path';
 import { status } from '@grpc/grpc-js';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { packageRoot } from '../../../src/common/paths.js';
-import { rpc } from '../../helpers/cri-client.js';
 import { expectGrpcError } from '../../helpers/cri-expect.js';
 import { ensureGuestAssets } from '../../helpers/hypervisor-guest.js';
 import { buildImage, busyboxBaseEntries, RegistryPusher } from '../../helpers/images-builder.js';
 import { type RegistryHandle, startRegistry } from '../../helpers/images-registry.js';
 import { createTestRuntime, leftovers, podConfig, type TestRuntime } from '../../helpers/runtime-daemon.js';
+import { scaledMs } from '../../helpers/time-scale.js';
 
 const FIXTURE = path.join(packageRoot(), 'fixtures', 'sysfs', 'gpu-audio');
 const NOTHING = { processes: [], workDirs: [], records: [], cgroups: [] };
@@ -68,12 +68,12 @@ describe('containers in pod VMs', () => {
     DATA = path.join(rt.dir, 'volumes', 'data');
     await fsp.mkdir(DATA, { recursive: true });
     await rt.start();
-    await rpc(rt.cri.image, 'PullImage', { image: { image } });
+    await rt.cri.image.PullImage({ image: { image } });
   });
   afterEach(async () => {
     // Whatever a failed test left: removed through the CRI, as a kubelet would.
-    const { items } = await rpc<{ items: Array<{ id: string }> }>(rt.cri.runtime, 'ListPodSandbox', {});
-    for (const s of items) await rpc(rt.cri.runtime, 'RemovePodSandbox', { pod_sandbox_id: s.id });
+    const { items } = await rt.cri.runtime.ListPodSandbox({});
+    for (const s of items) await rt.cri.runtime.RemovePodSandbox({ pod_sandbox_id: s.id });
   });
   afterAll(async () => {
     await rt?.cleanup();
@@ -81,7 +81,7 @@ describe('containers in pod VMs', () => {
   });
 
   async function info(id: string): Promise<SandboxInfo> {
-    const r = await rpc<{ info: Record<string, string> }>(rt.cri.runtime, 'PodSandboxStatus', { pod_sandbox_id: id, verbose: true });
+    const r = await rt.cri.runtime.PodSandboxStatus({ pod_sandbox_id: id, verbose: true });
     return JSON.parse(r.info.info!) as SandboxInfo;
   }
   function containerConfig(name: string, extra: Record<string, unknown> = {}, attempt = 0): Record<string, unknown> {
@@ -89,7 +89,7 @@ describe('containers in pod VMs', () => {
   }
   async function create(sandboxId: string, sandboxConfig: object, config: object): Promise<string> {
     return (
-      await rpc<{ container_id: string }>(rt.cri.runtime, 'CreateContainer', {
+      await rt.cri.runtime.CreateContainer({
         pod_sandbox_id: sandboxId,
         config,
         sandbox_config: sandboxConfig,
@@ -97,7 +97,7 @@ describe('containers in pod VMs', () => {
     ).container_id;
   }
   async function occupancy(sid: string): Promise<Array<{ port: string; devices: string[] }>> {
-    const r = await rpc<{ info: Record<string, string> }>(rt.cri.runtime, 'PodSandboxStatus', { pod_sandbox_id: sid, verbose: true });
+    const r = await rt.cri.runtime.PodSandboxStatus({ pod_sandbox_id: sid, verbose: true });
     return (JSON.parse(r.info.info!) as { pci: Array<{ port: string; devices: string[] }> }).pci;
   }
 
@@ -115,7 +115,7 @@ describe('containers in pod VMs', () => {
         ],
       },
     });
-    const { pod_sandbox_id: sid } = await rpc<{ pod_sandbox_id: string }>(rt.cri.runtime, 'RunPodSandbox', { config: sandboxConfig });
+    const { pod_sandbox_id: sid } = await rt.cri.runtime.RunPodSandbox({ config: sandboxConfig });
     const boot = await info(sid);
     expect(boot.shape).toMatchObject({ vcpus: 1, maxVcpus: 2 });
     const reserved = boot.topology.filter((p) => p.reservedFor !== null).map((p) => [p.id, p.reservedFor]);
@@ -133,20 +133,15 @@ describe('containers in pod VMs', () => {
         mounts: [{ container_path: '/data', host_path: DATA, readonly: false }],
       }),
     );
-    const st = await rpc<{ status: { state: string; metadata: { name: string }; image_ref: string; log_path: string } }>(
-      rt.cri.runtime,
-      'ContainerStatus',
-      { container_id: app },
-    );
+    const st = await rt.cri.runtime.ContainerStatus({ container_id: app });
     expect(st.status).toMatchObject({ state: 'CONTAINER_CREATED', metadata: { name: 'app' } });
-    expect(st.status.log_path).toMatch(/\/app\/0\.log$/);
-    const list = async (filter: object) =>
-      (await rpc<{ containers: Array<{ id: string }> }>(rt.cri.runtime, 'ListContainers', { filter })).containers.map((c) => c.id);
+    expect(st.status!.log_path).toMatch(/\/app\/0\.log$/);
+    const list = async (filter: object) => (await rt.cri.runtime.ListContainers({ filter })).containers.map((c) => c.id);
     expect(await list({ pod_sandbox_id: sid })).toEqual([app]);
     expect(await list({ id: app.slice(0, 12), state: { state: 'CONTAINER_CREATED' } })).toEqual([app]);
     expect(await list({ label_selector: { container: 'nope' } })).toEqual([]);
     await expectGrpcError(
-      rpc(rt.cri.runtime, 'CreateContainer', {
+      rt.cri.runtime.CreateContainer({
         pod_sandbox_id: sid,
         config: containerConfig('app', {
           kubernetes_resources: res({ cpu: '250m', memory: '128Mi' }, { cpu: '500m', memory: '256Mi' }),
@@ -160,7 +155,7 @@ describe('containers in pod VMs', () => {
     // 2. A changed container: every difference named, and the VM untouched.
     const before = await info(sid);
     const refused = await expectGrpcError(
-      rpc(rt.cri.runtime, 'CreateContainer', {
+      rt.cri.runtime.CreateContainer({
         pod_sandbox_id: sid,
         config: containerConfig(
           'app',
@@ -177,13 +172,13 @@ describe('containers in pod VMs', () => {
     expect(refused.details).toContain('kubernetes_resources.limits.memory announced 256Mi, received 1Gi');
     expect(refused.details).toContain('mounts["/data"].readonly announced false, received true');
     await expectGrpcError(
-      rpc(rt.cri.runtime, 'CreateContainer', { pod_sandbox_id: sid, config: containerConfig('intruder') }),
+      rt.cri.runtime.CreateContainer({ pod_sandbox_id: sid, config: containerConfig('intruder') }),
       status.FAILED_PRECONDITION,
       'ADMISSION_MISMATCH',
     );
     // run_as_group without a user is refused before admission (CRI: the runtime must error).
     await expectGrpcError(
-      rpc(rt.cri.runtime, 'CreateContainer', {
+      rt.cri.runtime.CreateContainer({
         pod_sandbox_id: sid,
         config: containerConfig('app', { linux: { security_context: { run_as_group: { value: '1000' } } } }, 1),
       }),
@@ -201,7 +196,7 @@ describe('containers in pod VMs', () => {
       sandboxConfig,
       containerConfig('gpu', { kubernetes_resources: res({ cpu: '100m', memory: '64Mi' }), devices: [GPU_DEVICE] }),
     );
-    const gpuInfo = await rpc<{ info: Record<string, string> }>(rt.cri.runtime, 'ContainerStatus', { container_id: gpu, verbose: true });
+    const gpuInfo = await rt.cri.runtime.ContainerStatus({ container_id: gpu, verbose: true });
     const attached = (JSON.parse(gpuInfo.info.info!) as { devices: Array<{ qemuId: string; portId: string; driver: string; bdf: string }> })
       .devices;
     expect(attached.map((d) => [d.portId, d.driver, d.bdf])).toEqual([
@@ -214,12 +209,12 @@ describe('containers in pod VMs', () => {
       { port: 'rp0', devices: [attached[0]!.qemuId] },
       { port: 'rp1', devices: [attached[1]!.qemuId] },
     ]);
-    await rpc(rt.cri.runtime, 'RemoveContainer', { container_id: gpu });
+    await rt.cri.runtime.RemoveContainer({ container_id: gpu });
     expect((await occupancy(sid)).filter((p) => p.devices.length > 0)).toEqual([]);
-    await rpc(rt.cri.runtime, 'RemoveContainer', { container_id: gpu }); // idempotent
+    await rt.cri.runtime.RemoveContainer({ container_id: gpu }); // idempotent
 
     // 4. Resize within the headroom planned at boot: CPU hot-plug and virtio-mem, cgroup limits follow.
-    await rpc(rt.cri.runtime, 'UpdateContainerResources', {
+    await rt.cri.runtime.UpdateContainerResources({
       container_id: app,
       kubernetes_resources: res({ cpu: '250m', memory: '128Mi' }, { cpu: '1', memory: '512Mi' }),
     });
@@ -235,7 +230,7 @@ describe('containers in pod VMs', () => {
     expect(quota).toBeGreaterThanOrEqual(200_000);
     // The new announcement is the truth now: the old spelling of "app" would be refused.
     await expectGrpcError(
-      rpc(rt.cri.runtime, 'CreateContainer', {
+      rt.cri.runtime.CreateContainer({
         pod_sandbox_id: sid,
         config: containerConfig(
           'app',
@@ -252,7 +247,7 @@ describe('containers in pod VMs', () => {
 
     // 5. Beyond the headroom (memory) or the host (vCPUs): refused with the numbers, nothing changes.
     const e = await expectGrpcError(
-      rpc(rt.cri.runtime, 'UpdateContainerResources', {
+      rt.cri.runtime.UpdateContainerResources({
         container_id: app,
         kubernetes_resources: res({ cpu: '250m', memory: '128Mi' }, { cpu: '1', memory: '8Gi' }),
       }),
@@ -261,7 +256,7 @@ describe('containers in pod VMs', () => {
     );
     expect(e.details).toMatch(new RegExp(`MiB exceed the ${grown.shape.maxMemoryMiB} MiB planned at boot`));
     const cpuErr = await expectGrpcError(
-      rpc(rt.cri.runtime, 'UpdateContainerResources', {
+      rt.cri.runtime.UpdateContainerResources({
         container_id: app,
         kubernetes_resources: res({ cpu: '250m', memory: '128Mi' }, { cpu: '8', memory: '512Mi' }),
       }),
@@ -271,13 +266,13 @@ describe('containers in pod VMs', () => {
     expect((await info(sid)).shape).toEqual(grown.shape);
 
     // The admitted, resized container runs in the guest (its image's /bin/sh ends at once: no stdin).
-    await rpc(rt.cri.runtime, 'StartContainer', { container_id: app });
+    await rt.cri.runtime.StartContainer({ container_id: app });
     // StopContainer of an id that does not exist succeeds, as StopPodSandbox does.
-    await rpc(rt.cri.runtime, 'StopContainer', { container_id: 'f'.repeat(64) });
-    await rpc(rt.cri.runtime, 'StopPodSandbox', { pod_sandbox_id: sid });
-    const exited = await rpc<{ status: { state: string } }>(rt.cri.runtime, 'ContainerStatus', { container_id: app });
-    expect(exited.status.state).toBe('CONTAINER_EXITED');
-    await rpc(rt.cri.runtime, 'RemovePodSandbox', { pod_sandbox_id: sid });
+    await rt.cri.runtime.StopContainer({ container_id: 'f'.repeat(64) });
+    await rt.cri.runtime.StopPodSandbox({ pod_sandbox_id: sid });
+    const exited = await rt.cri.runtime.ContainerStatus({ container_id: app });
+    expect(exited.status!.state).toBe('CONTAINER_EXITED');
+    await rt.cri.runtime.RemovePodSandbox({ pod_sandbox_id: sid });
     expect(await list({})).toEqual([]);
     expect(await leftovers(rt)).toEqual(NOTHING);
     expect(await fsp.readdir(path.join(rt.stateDir, 'rootfs')).catch(() => [])).toEqual([]);
@@ -290,7 +285,7 @@ describe('containers in pod VMs', () => {
       cpu_quota: '50000',
       memory_limit_in_bytes: String(256 * 1024 * 1024),
     };
-    const { pod_sandbox_id: sid } = await rpc<{ pod_sandbox_id: string }>(rt.cri.runtime, 'RunPodSandbox', { config: sandboxConfig });
+    const { pod_sandbox_id: sid } = await rt.cri.runtime.RunPodSandbox({ config: sandboxConfig });
     const boot = await info(sid);
     expect(boot.shape).toMatchObject({ vcpus: 1, maxVcpus: 2 });
     await create(sid, sandboxConfig, containerConfig('small', { kubernetes_resources: res({}, { cpu: '500m', memory: '128Mi' }) }));
@@ -300,7 +295,7 @@ describe('containers in pod VMs', () => {
     expect(grown.shape.vcpus).toBe(2);
     expect(grown.qmp.vcpus).toBe(2);
     const e = await expectGrpcError(
-      rpc(rt.cri.runtime, 'CreateContainer', {
+      rt.cri.runtime.CreateContainer({
         pod_sandbox_id: sid,
         config: containerConfig('huge', { kubernetes_resources: res({}, { cpu: '2' }) }),
       }),
@@ -312,7 +307,7 @@ describe('containers in pod VMs', () => {
 
     // UpdatePodSandboxResources (KEP-1287) with a bigger pod memory limit: virtio-mem grows the VM,
     // vCPUs stay (they never shrink), the VMM's memory limit follows.
-    await rpc(rt.cri.runtime, 'UpdatePodSandboxResources', {
+    await rt.cri.runtime.UpdatePodSandboxResources({
       pod_sandbox_id: sid,
       resources: { cpu_period: '100000', cpu_quota: '50000', memory_limit_in_bytes: String(512 * 1024 * 1024) },
     });
@@ -321,7 +316,7 @@ describe('containers in pod VMs', () => {
     expect(resized.shape.memoryMiB).toBe(boot.shape.memoryMiB + 256);
     const memLimit = Number((await fsp.readFile(path.join(resized.cgroup['cgroupPath.memory']!, 'memory.limit_in_bytes'), 'utf8')).trim());
     expect(memLimit).toBeGreaterThan(resized.shape.memoryMiB * 1024 * 1024);
-    await rpc(rt.cri.runtime, 'RemovePodSandbox', { pod_sandbox_id: sid });
+    await rt.cri.runtime.RemovePodSandbox({ pod_sandbox_id: sid });
     expect(await leftovers(rt)).toEqual(NOTHING);
   });
 
@@ -334,7 +329,7 @@ describe('containers in pod VMs', () => {
         ],
       },
     });
-    const { pod_sandbox_id: sid } = await rpc<{ pod_sandbox_id: string }>(rt.cri.runtime, 'RunPodSandbox', {
+    const { pod_sandbox_id: sid } = await rt.cri.runtime.RunPodSandbox({
       config: sandboxConfig,
       runtime_handler: 'kata-ts-cvm',
     });
@@ -349,7 +344,7 @@ describe('containers in pod VMs', () => {
       containerConfig('gpu', { kubernetes_resources: res({ cpu: '100m', memory: '64Mi' }), devices: [GPU_DEVICE] }),
     );
     await expectGrpcError(
-      rpc(rt.cri.runtime, 'UpdateContainerResources', {
+      rt.cri.runtime.UpdateContainerResources({
         container_id: gpu,
         kubernetes_resources: res({ cpu: '100m', memory: '64Mi' }, { cpu: '1', memory: '1Gi' }),
       }),
@@ -359,23 +354,19 @@ describe('containers in pod VMs', () => {
     expect((await info(sid)).shape).toEqual(boot.shape);
     // The simulated VFIO function (an e1000e) gives the guest no /dev/vfio node: starting the
     // container that asks for one is refused, naming the device, and changes nothing.
-    const noNode = await expectGrpcError(rpc(rt.cri.runtime, 'StartContainer', { container_id: gpu }), status.FAILED_PRECONDITION);
+    const noNode = await expectGrpcError(rt.cri.runtime.StartContainer({ container_id: gpu }), status.FAILED_PRECONDITION);
     expect(noNode.details).toMatch(/\/dev\/vfio\/12/);
-    const stillCreated = await rpc<{ status: { state: string } }>(rt.cri.runtime, 'ContainerStatus', { container_id: gpu });
-    expect(stillCreated.status.state).toBe('CONTAINER_CREATED');
+    const stillCreated = await rt.cri.runtime.ContainerStatus({ container_id: gpu });
+    expect(stillCreated.status!.state).toBe('CONTAINER_CREATED');
     // Containers run in a confidential pod as in any other: the image's /bin/sh ends at once (no
     // stdin) with exit 0, and the VM keeps its static shape.
     const app = await create(sid, sandboxConfig, containerConfig('app', { kubernetes_resources: res({ cpu: '100m', memory: '64Mi' }) }));
-    await rpc(rt.cri.runtime, 'StartContainer', { container_id: app });
+    await rt.cri.runtime.StartContainer({ container_id: app });
     await expect
-      .poll(
-        async () =>
-          (await rpc<{ status: { state: string; exit_code: number } }>(rt.cri.runtime, 'ContainerStatus', { container_id: app })).status,
-        { timeout: 60_000, interval: 250 },
-      )
+      .poll(async () => (await rt.cri.runtime.ContainerStatus({ container_id: app })).status, { timeout: scaledMs(60_000), interval: 250 })
       .toMatchObject({ state: 'CONTAINER_EXITED', exit_code: 0 });
     expect((await info(sid)).shape).toEqual(boot.shape);
-    await rpc(rt.cri.runtime, 'RemovePodSandbox', { pod_sandbox_id: sid });
+    await rt.cri.runtime.RemovePodSandbox({ pod_sandbox_id: sid });
     expect(await leftovers(rt)).toEqual(NOTHING);
   });
 });

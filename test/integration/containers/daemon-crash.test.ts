@@ -17,25 +17,14 @@
 
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
-import type { ClientReadableStream } from '@grpc/grpc-js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { allowLoopbackRegistries, pushBusyboxImage } from '../../helpers/busybox-image.js';
-import { rpc } from '../../helpers/cri-client.js';
 import { ensureGuestAssets } from '../../helpers/hypervisor-guest.js';
 import { type RegistryHandle, startRegistry } from '../../helpers/images-registry.js';
 import { criLogLines, until } from '../../helpers/poll.js';
 import { createTestRuntime, podConfig, type TestRuntime } from '../../helpers/runtime-daemon.js';
 
 const APPLETS = ['sleep', 'printf', 'touch', 'cat', 'grep', 'kill', 'stat', 'head', 'mknod'];
-
-interface Status {
-  state: string;
-  exit_code: number;
-  reason: string;
-  started_at: string;
-  finished_at: string;
-  log_path: string;
-}
 
 interface Event {
   container_id: string;
@@ -56,10 +45,10 @@ describe('a daemon crash while containers run in a pod VM (real QEMU, crun in th
   let sandboxConfig: Record<string, unknown>;
   let volume: string;
 
-  const status_ = async (id: string) => (await rpc<{ status: Status }>(rt.cri.runtime, 'ContainerStatus', { container_id: id })).status;
+  const status_ = async (id: string) => (await rt.cri.runtime.ContainerStatus({ container_id: id })).status!;
   const create = async (name: string, extra: Record<string, unknown>) =>
     (
-      await rpc<{ container_id: string }>(rt.cri.runtime, 'CreateContainer', {
+      await rt.cri.runtime.CreateContainer({
         pod_sandbox_id: sid,
         config: {
           metadata: { name, attempt: 0 },
@@ -71,9 +60,9 @@ describe('a daemon crash while containers run in a pod VM (real QEMU, crun in th
         sandbox_config: sandboxConfig,
       })
     ).container_id;
-  const start = (id: string) => rpc(rt.cri.runtime, 'StartContainer', { container_id: id });
+  const start = (id: string) => rt.cri.runtime.StartContainer({ container_id: id });
   const watchEvents = (into: Event[]) => {
-    const stream = (rt.cri.runtime as unknown as { GetContainerEvents(req: object): ClientReadableStream<Event> }).GetContainerEvents({});
+    const stream = rt.cri.runtime.GetContainerEvents({});
     stream.on('data', (e: Event) => into.push(e));
     stream.on('error', () => undefined);
     return stream;
@@ -90,15 +79,15 @@ describe('a daemon crash while containers run in a pod VM (real QEMU, crun in th
     volume = path.join(rt.dir, 'volume');
     await fsp.mkdir(volume);
     await rt.start();
-    await rpc(rt.cri.image, 'PullImage', { image: { image } });
+    await rt.cri.image.PullImage({ image: { image } });
     sandboxConfig = { ...podConfig(rt, 'crash'), hostname: 'crash-pod', log_directory: path.join(rt.dir, 'pod-logs') };
-    sid = (await rpc<{ pod_sandbox_id: string }>(rt.cri.runtime, 'RunPodSandbox', { config: sandboxConfig })).pod_sandbox_id;
+    sid = (await rt.cri.runtime.RunPodSandbox({ config: sandboxConfig })).pod_sandbox_id;
   });
 
   afterAll(async () => {
     if (rt !== undefined) {
-      const { items } = await rpc<{ items: Array<{ id: string }> }>(rt.cri.runtime, 'ListPodSandbox', {}).catch(() => ({ items: [] }));
-      for (const s of items) await rpc(rt.cri.runtime, 'RemovePodSandbox', { pod_sandbox_id: s.id }).catch(() => undefined);
+      const { items } = await rt.cri.runtime.ListPodSandbox({}).catch(() => ({ items: [] }));
+      for (const s of items) await rt.cri.runtime.RemovePodSandbox({ pod_sandbox_id: s.id }).catch(() => undefined);
       const keep = process.env.KATA_TS_KEEP_DAEMON_LOG;
       if (keep !== undefined) await fsp.copyFile(rt.logFile, keep).catch(() => undefined);
       await rt.cleanup();
@@ -183,9 +172,9 @@ describe('a daemon crash while containers run in a pod VM (real QEMU, crun in th
       expect((await status_(runner)).state).toBe('CONTAINER_RUNNING');
 
       // The running one still answers and stops after the crash.
-      await rpc(rt.cri.runtime, 'StopContainer', { container_id: runner, timeout: 1 });
+      await rt.cri.runtime.StopContainer({ container_id: runner, timeout: 1 });
       expect((await status_(runner)).state).toBe('CONTAINER_EXITED');
-      for (const id of [late, tty, runner]) await rpc(rt.cri.runtime, 'RemoveContainer', { container_id: id });
+      for (const id of [late, tty, runner]) await rt.cri.runtime.RemoveContainer({ container_id: id });
     } finally {
       stream.cancel();
     }
@@ -245,19 +234,19 @@ describe('a daemon crash while containers run in a pod VM (real QEMU, crun in th
     expect(ttyLines.length).toBeGreaterThan(30);
     expect(ttyLines).toEqual(Array.from({ length: ttyLines.length }, (_, i) => `stdout F tty-${i}`));
 
-    const exec = await rpc<{ stdout: Buffer; exit_code: number }>(rt.cri.runtime, 'ExecSync', {
+    const exec = await rt.cri.runtime.ExecSync({
       container_id: ticker,
       cmd: ['echo', 'after the agent restart'],
       timeout: 30,
     });
     expect([exec.stdout.toString(), exec.exit_code]).toEqual(['after the agent restart\n', 0]);
     for (const id of [ticker, ttyTicker, killer]) {
-      await rpc(rt.cri.runtime, 'StopContainer', { container_id: id, timeout: 1 });
+      await rt.cri.runtime.StopContainer({ container_id: id, timeout: 1 });
       const st = await status_(id);
       // SIGTERM ends a shell that is not its PID namespace's init (143); otherwise SIGKILL (137).
       expect(st.state).toBe('CONTAINER_EXITED');
       expect([137, 143]).toContain(st.exit_code);
-      await rpc(rt.cri.runtime, 'RemoveContainer', { container_id: id });
+      await rt.cri.runtime.RemoveContainer({ container_id: id });
     }
   }, 400_000);
 
@@ -269,13 +258,12 @@ describe('a daemon crash while containers run in a pod VM (real QEMU, crun in th
     const plain = await create('plain', { command: ['sleep', '100000'] });
     for (const id of [fuse, plain]) await start(id);
     const probe = 'stat -c %t:%T /dev/fuse; head -c 0 /dev/fuse && echo opened';
-    const exec = (id: string, cmd: string) =>
-      rpc<{ stdout: Buffer; exit_code: number }>(rt.cri.runtime, 'ExecSync', { container_id: id, cmd: ['sh', '-c', cmd], timeout: 60 });
+    const exec = (id: string, cmd: string) => rt.cri.runtime.ExecSync({ container_id: id, cmd: ['sh', '-c', cmd], timeout: 60 });
     // 10:229 is the misc major and fuse's minor in the guest kernel.
     expect((await exec(fuse, probe)).stdout.toString()).toBe('a:e5\nopened\n');
     // Without the device: no node, and one made by hand is refused by the device cgroup.
     expect((await exec(plain, 'mknod /tmp/f c 10 229 && head -c 0 /tmp/f && echo opened')).stdout.toString()).not.toContain('opened');
-    await rpc(rt.cri.runtime, 'StopPodSandbox', { pod_sandbox_id: sid });
-    await rpc(rt.cri.runtime, 'RemovePodSandbox', { pod_sandbox_id: sid });
+    await rt.cri.runtime.StopPodSandbox({ pod_sandbox_id: sid });
+    await rt.cri.runtime.RemovePodSandbox({ pod_sandbox_id: sid });
   });
 });

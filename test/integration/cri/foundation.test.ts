@@ -7,7 +7,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { silentLogger } from '../../../src/common/logger.js';
 import { parseConfigDocument } from '../../../src/config/load.js';
 import { type Daemon, startDaemon } from '../../../src/daemon/daemon.js';
-import { type CriClients, criClients, rpc } from '../../helpers/cri-client.js';
+import { type CriClient, criClient } from '../../helpers/cri-client.js';
 import { expectGrpcError } from '../../helpers/cri-expect.js';
 
 const pkg = JSON.parse(await readFile(new URL('../../../package.json', import.meta.url), 'utf8')) as { version: string };
@@ -38,13 +38,13 @@ function rawCall(client: Client, method: string, body: Buffer): Promise<unknown>
 describe('CRI foundation over a real unix socket', () => {
   let dir: string;
   let daemon: Daemon;
-  let cri: CriClients;
+  let cri: CriClient;
 
   beforeAll(async () => {
     dir = await mkdtemp(path.join(os.tmpdir(), 'kata-ts-cri-'));
     // No CNI config where it looks (a directory of the test's): NetworkReady false, naming why.
     daemon = await daemonWith(dir, { cgroupDriver: 'cgroupfs', network: { cniConfDir: path.join(dir, 'net.d') } });
-    cri = criClients(daemon.socketPath);
+    cri = criClient(daemon.socketPath);
   });
   afterAll(async () => {
     cri?.close();
@@ -59,23 +59,18 @@ describe('CRI foundation over a real unix socket', () => {
   });
 
   it('Version names kata-ts, its package version and CRI v1', async () => {
-    const res = await rpc(cri.runtime, 'Version', { version: '0.1.0' });
+    const res = await cri.runtime.Version({ version: '0.1.0' });
     expect(res).toEqual({ version: '0.1.0', runtime_name: 'kata-ts', runtime_version: pkg.version, runtime_api_version: 'v1' });
   });
 
   it('Status lists the handlers (the default again as ""), features, conditions and verbose info', async () => {
-    const res = await rpc<{
-      status: { conditions: { type: string; status: boolean; reason: string }[] };
-      runtime_handlers: { name: string; features: Record<string, boolean> }[];
-      features: Record<string, boolean>;
-      info: Record<string, string>;
-    }>(cri.runtime, 'Status', { verbose: true });
+    const res = await cri.runtime.Status({ verbose: true });
     expect(res.runtime_handlers.map((h) => h.name)).toEqual(['', 'kata-ts', 'kata-ts-cvm']);
     expect(res.runtime_handlers[0]!.features).toEqual({ recursive_read_only_mounts: true, user_namespaces: false });
     expect(res.features).toEqual({ supplemental_groups_policy: true, user_namespaces_host_network: false });
-    const types = res.status.conditions.map((c) => c.type);
+    const types = res.status!.conditions.map((c) => c.type);
     expect(types).toEqual(['RuntimeReady', 'NetworkReady']);
-    const network = res.status.conditions[1]!;
+    const network = res.status!.conditions[1]!;
     expect(network).toMatchObject({ status: false, reason: 'NoCniConfig' });
     expect(JSON.parse(res.info.network!)).toMatchObject({ mode: 'cni', ready: false });
     expect(JSON.parse(res.info.cgroupDriver!)).toEqual({ name: 'cgroupfs', source: 'config' });
@@ -84,51 +79,49 @@ describe('CRI foundation over a real unix socket', () => {
     expect(JSON.parse(res.info.config!)).toMatchObject({ socketPath: daemon.socketPath });
     expect(JSON.parse(res.info.streaming!)).toEqual({ url: daemon.streamingUrl });
     expect(daemon.streamingUrl).toMatch(/^http:\/\/127\.0\.0\.1:[1-9][0-9]*$/);
-    const quiet = await rpc<{ info: Record<string, string> }>(cri.runtime, 'Status', { verbose: false });
+    const quiet = await cri.runtime.Status({ verbose: false });
     expect(quiet.info).toEqual({});
   });
 
   it('RuntimeConfig reports CGROUPFS explicitly when the config says cgroupfs', async () => {
-    const res = await rpc(cri.runtime, 'RuntimeConfig', {});
+    const res = await cri.runtime.RuntimeConfig({});
     expect(res).toEqual({ linux: { cgroup_driver: 'CGROUPFS' } });
   });
 
   it('UpdateRuntimeConfig is accepted', async () => {
-    await expect(
-      rpc(cri.runtime, 'UpdateRuntimeConfig', { runtime_config: { network_config: { pod_cidr: '10.1.0.0/24' } } }),
-    ).resolves.toEqual({});
+    await expect(cri.runtime.UpdateRuntimeConfig({ runtime_config: { network_config: { pod_cidr: '10.1.0.0/24' } } })).resolves.toEqual({});
   });
 
   it('rpcs not implemented yet answer UNIMPLEMENTED with a sentence naming the rpc', async () => {
-    for (const method of ['CheckpointContainer', 'ListPodSandboxMetrics']) {
-      const err = await expectGrpcError(rpc(cri.runtime, method, {}), status.UNIMPLEMENTED, 'RPC_UNIMPLEMENTED');
+    for (const method of ['CheckpointContainer', 'ListPodSandboxMetrics'] as const) {
+      const err = await expectGrpcError(cri.runtime[method]({}), status.UNIMPLEMENTED, 'RPC_UNIMPLEMENTED');
       expect(err.details).toBe(`${method} is not implemented by kata-ts yet`);
     }
   });
 
   it('Exec, Attach and PortForward are validated as the kubelet does, naming the field', async () => {
-    let err = await expectGrpcError(rpc(cri.runtime, 'Exec', { cmd: ['true'], stdout: true }), status.INVALID_ARGUMENT);
+    let err = await expectGrpcError(cri.runtime.Exec({ cmd: ['true'], stdout: true }), status.INVALID_ARGUMENT);
     expect(err.details).toMatch(/container_id/);
-    err = await expectGrpcError(rpc(cri.runtime, 'Attach', { container_id: 'c', tty: true, stderr: true }), status.INVALID_ARGUMENT);
+    err = await expectGrpcError(cri.runtime.Attach({ container_id: 'c', tty: true, stderr: true }), status.INVALID_ARGUMENT);
     expect(err.details).toMatch(/tty and stderr/);
-    err = await expectGrpcError(rpc(cri.runtime, 'Exec', { container_id: 'c', cmd: ['true'] }), status.INVALID_ARGUMENT);
+    err = await expectGrpcError(cri.runtime.Exec({ container_id: 'c', cmd: ['true'] }), status.INVALID_ARGUMENT);
     expect(err.details).toMatch(/stdin, stdout, or stderr/);
-    err = await expectGrpcError(rpc(cri.runtime, 'PortForward', {}), status.INVALID_ARGUMENT);
+    err = await expectGrpcError(cri.runtime.PortForward({}), status.INVALID_ARGUMENT);
     expect(err.details).toMatch(/pod_sandbox_id/);
-    err = await expectGrpcError(rpc(cri.runtime, 'Exec', { container_id: 'nope', cmd: ['true'], stdout: true }), status.NOT_FOUND);
+    err = await expectGrpcError(cri.runtime.Exec({ container_id: 'nope', cmd: ['true'], stdout: true }), status.NOT_FOUND);
     expect(err.details).toMatch(/nope/);
-    err = await expectGrpcError(rpc(cri.runtime, 'PortForward', { pod_sandbox_id: 'nope', port: [80] }), status.NOT_FOUND);
+    err = await expectGrpcError(cri.runtime.PortForward({ pod_sandbox_id: 'nope', port: [80] }), status.NOT_FOUND);
     expect(err.details).toMatch(/nope/);
   });
 
   it('garbage bytes and wrong wire types get INVALID_ARGUMENT, and the server answers the next call', async () => {
     const garbage = Buffer.from([0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01]);
-    let err = await expectGrpcError(rawCall(cri.runtime, 'Version', garbage), status.INVALID_ARGUMENT, 'REQUEST_UNDECODABLE');
+    let err = await expectGrpcError(rawCall(cri.grpc.runtime, 'Version', garbage), status.INVALID_ARGUMENT, 'REQUEST_UNDECODABLE');
     expect(err.details).toMatch(/^request body is not a valid VersionRequest/);
     // Field 1 of StatusRequest is a bool; send it as a length-delimited field claiming 100 bytes.
-    err = await expectGrpcError(rawCall(cri.runtime, 'Status', Buffer.from([0x0a, 0x64, 0x01])), status.INVALID_ARGUMENT);
+    err = await expectGrpcError(rawCall(cri.grpc.runtime, 'Status', Buffer.from([0x0a, 0x64, 0x01])), status.INVALID_ARGUMENT);
     expect(err.details).toMatch(/StatusRequest/);
-    await expect(rpc(cri.runtime, 'Version', {})).resolves.toMatchObject({ runtime_name: 'kata-ts' });
+    await expect(cri.runtime.Version({})).resolves.toMatchObject({ runtime_name: 'kata-ts' });
   });
 
   it('counts requests per rpc and status code on the metrics endpoint', async () => {
@@ -151,10 +144,10 @@ describe('RuntimeConfig and the advertised driver agree in every setting', () =>
     const runtimeDir = path.join(dir, 'run-systemd-system');
     if (systemdDir) await mkdir(runtimeDir);
     const daemon = await daemonWith(dir, { cgroupDriver: setting, systemdRuntimeDir: runtimeDir, metricsAddress: null });
-    const cri = criClients(daemon.socketPath);
+    const cri = criClient(daemon.socketPath);
     try {
-      expect(await rpc(cri.runtime, 'RuntimeConfig', {})).toEqual({ linux: { cgroup_driver: expected } });
-      const st = await rpc<{ info: Record<string, string> }>(cri.runtime, 'Status', { verbose: true });
+      expect(await cri.runtime.RuntimeConfig({})).toEqual({ linux: { cgroup_driver: expected } });
+      const st = await cri.runtime.Status({ verbose: true });
       expect(JSON.parse(st.info.cgroupDriver!)).toEqual({ name: expected.toLowerCase(), source });
     } finally {
       cri.close();
@@ -185,8 +178,8 @@ describe('socket handling', () => {
       await gone;
       expect((await stat(socketPath)).isSocket()).toBe(true);
       const daemon = await daemonWith(dir, { metricsAddress: null });
-      const cri = criClients(daemon.socketPath);
-      await expect(rpc(cri.runtime, 'Version', {})).resolves.toMatchObject({ runtime_name: 'kata-ts' });
+      const cri = criClient(daemon.socketPath);
+      await expect(cri.runtime.Version({})).resolves.toMatchObject({ runtime_name: 'kata-ts' });
       cri.close();
       await daemon.close();
     } finally {
@@ -233,8 +226,8 @@ describe('kata-ts serve as a process', () => {
           break;
         await new Promise((r) => setTimeout(r, 100));
       }
-      const cri = criClients(socketPath);
-      await expect(rpc(cri.runtime, 'Version', {})).resolves.toMatchObject({ runtime_name: 'kata-ts' });
+      const cri = criClient(socketPath);
+      await expect(cri.runtime.Version({})).resolves.toMatchObject({ runtime_name: 'kata-ts' });
       cri.close();
       const exited = new Promise<number | null>((resolve) => child.once('exit', (code) => resolve(code)));
       child.kill('SIGTERM');

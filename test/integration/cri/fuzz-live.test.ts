@@ -20,7 +20,6 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { mountsUnder } from '../../../src/runtime/sandbox/shared-dir.js';
 import { MAX_CONTAINER_ANNOTATIONS_BYTES } from '../../../src/runtime/spec/names.js';
 import { allowLoopbackRegistries, pushBusyboxImage } from '../../helpers/busybox-image.js';
-import { rpc } from '../../helpers/cri-client.js';
 import {
   annotationsOver,
   arbMessage,
@@ -76,14 +75,12 @@ describe('fuzzing the container rpcs against a live sandbox (real VM)', () => {
   /** A `sleep` container in the live pod, with `extra` config fields. */
   async function create(name: string, extra: Record<string, unknown> = {}): Promise<string> {
     const config = { metadata: { name, attempt: 0 }, image: { image }, command: ['sleep', '100000'], log_path: `${name}.log`, ...extra };
-    return (
-      await rpc<{ container_id: string }>(rt.cri.runtime, 'CreateContainer', { pod_sandbox_id: sid, config, sandbox_config: sandboxConfig })
-    ).container_id;
+    return (await rt.cri.runtime.CreateContainer({ pod_sandbox_id: sid, config, sandbox_config: sandboxConfig })).container_id;
   }
 
   async function snapshot(): Promise<string> {
-    const { items } = await rpc<{ items: Array<{ id: string; state: string }> }>(rt.cri.runtime, 'ListPodSandbox', {});
-    const { containers } = await rpc<{ containers: Array<{ id: string; state: string }> }>(rt.cri.runtime, 'ListContainers', {});
+    const { items } = await rt.cri.runtime.ListPodSandbox({});
+    const { containers } = await rt.cri.runtime.ListContainers({});
     return JSON.stringify({
       sandboxes: items.map((s) => `${s.id}:${s.state}`).sort(),
       containers: containers.map((c) => `${c.id}:${c.state}`).sort(),
@@ -121,11 +118,11 @@ describe('fuzzing the container rpcs against a live sandbox (real VM)', () => {
 
   /** After an accepted request: remove any container it made; the state must be the baseline again. */
   async function settle(label: string): Promise<void> {
-    const { containers } = await rpc<{ containers: Array<{ id: string }> }>(rt.cri.runtime, 'ListContainers', {});
+    const { containers } = await rt.cri.runtime.ListContainers({});
     for (const c of containers) {
       if (c.id === running || c.id === created) continue;
-      await rpc(rt.cri.runtime, 'StopContainer', { container_id: c.id, timeout: 0 });
-      await rpc(rt.cri.runtime, 'RemoveContainer', { container_id: c.id });
+      await rt.cri.runtime.StopContainer({ container_id: c.id, timeout: 0 });
+      await rt.cri.runtime.RemoveContainer({ container_id: c.id });
     }
     const now = await snapshot();
     const was = JSON.parse(baseline) as { sandboxes: string[]; containers: string[] };
@@ -143,11 +140,11 @@ describe('fuzzing the container rpcs against a live sandbox (real VM)', () => {
     rt = await createTestRuntime({ logLevel: 'info', images: { registriesConfigPath: '/dev/null' } });
     await allowLoopbackRegistries(rt);
     await rt.start();
-    await rpc(rt.cri.image, 'PullImage', { image: { image } });
+    await rt.cri.image.PullImage({ image: { image } });
     sandboxConfig = { ...podConfig(rt, 'fuzz-live'), log_directory: path.join(rt.dir, 'pod-logs') };
-    sid = (await rpc<{ pod_sandbox_id: string }>(rt.cri.runtime, 'RunPodSandbox', { config: sandboxConfig })).pod_sandbox_id;
+    sid = (await rt.cri.runtime.RunPodSandbox({ config: sandboxConfig })).pod_sandbox_id;
     running = await create('running');
-    await rpc(rt.cri.runtime, 'StartContainer', { container_id: running });
+    await rt.cri.runtime.StartContainer({ container_id: running });
     created = await create('created');
     raw = rawClient(rt.socketPath);
     baseline = await snapshot();
@@ -217,7 +214,7 @@ describe('fuzzing the container rpcs against a live sandbox (real VM)', () => {
           `hostile container ${JSON.stringify(e).slice(0, 80)}`,
         );
         if (out.code !== status.OK) return;
-        const { containers } = await rpc<{ containers: Array<{ id: string }> }>(rt.cri.runtime, 'ListContainers', {});
+        const { containers } = await rt.cri.runtime.ListContainers({});
         const id = containers.find((c) => c.id !== running && c.id !== created)?.id;
         if (id !== undefined) {
           const started = await rawCall(
@@ -275,16 +272,16 @@ describe('fuzzing the container rpcs against a live sandbox (real VM)', () => {
       const id = await create(`hostroot-${propagation}`, {
         mounts: [{ container_path: '/host', host_path: '/', readonly: true, propagation }],
       });
-      await rpc(rt.cri.runtime, 'StartContainer', { container_id: id });
-      const ls = await rpc<{ stdout: Buffer; exit_code: number }>(rt.cri.runtime, 'ExecSync', {
+      await rt.cri.runtime.StartContainer({ container_id: id });
+      const ls = await rt.cri.runtime.ExecSync({
         container_id: id,
         cmd: ['sh', '-c', 'test -f /host/etc/os-release && echo seen; touch /host/kata-ts-fuzz-write 2>/dev/null || echo refused'],
         timeout: 30,
       });
       expect(ls.stdout.toString()).toBe('seen\nrefused\n');
-      await rpc(rt.cri.runtime, 'RemoveContainer', { container_id: earlier });
-      await rpc(rt.cri.runtime, 'StopContainer', { container_id: id, timeout: 0 });
-      await rpc(rt.cri.runtime, 'RemoveContainer', { container_id: id });
+      await rt.cri.runtime.RemoveContainer({ container_id: earlier });
+      await rt.cri.runtime.StopContainer({ container_id: id, timeout: 0 });
+      await rt.cri.runtime.RemoveContainer({ container_id: id });
       expect(await mounts()).toEqual(before);
       expect(await fsp.stat('/kata-ts-fuzz-write').catch(() => undefined)).toBeUndefined();
     },
@@ -292,19 +289,19 @@ describe('fuzzing the container rpcs against a live sandbox (real VM)', () => {
   );
 
   it('left the pod READY and its container RUNNING and answering; removing it leaves nothing', async () => {
-    const pod = await rpc<{ status: { state: string } }>(rt.cri.runtime, 'PodSandboxStatus', { pod_sandbox_id: sid });
-    expect(pod.status.state).toBe('SANDBOX_READY');
-    const c = await rpc<{ status: { state: string } }>(rt.cri.runtime, 'ContainerStatus', { container_id: running });
-    expect(c.status.state).toBe('CONTAINER_RUNNING');
-    const res = await rpc<{ stdout: Buffer; exit_code: number }>(rt.cri.runtime, 'ExecSync', {
+    const pod = await rt.cri.runtime.PodSandboxStatus({ pod_sandbox_id: sid });
+    expect(pod.status!.state).toBe('SANDBOX_READY');
+    const c = await rt.cri.runtime.ContainerStatus({ container_id: running });
+    expect(c.status!.state).toBe('CONTAINER_RUNNING');
+    const res = await rt.cri.runtime.ExecSync({
       container_id: running,
       cmd: ['echo', 'still here'],
       timeout: 30,
     });
     expect([res.exit_code, res.stdout.toString()]).toEqual([0, 'still here\n']);
     expect(accepted).toBeGreaterThan(0);
-    await rpc(rt.cri.runtime, 'StopPodSandbox', { pod_sandbox_id: sid });
-    await rpc(rt.cri.runtime, 'RemovePodSandbox', { pod_sandbox_id: sid });
+    await rt.cri.runtime.StopPodSandbox({ pod_sandbox_id: sid });
+    await rt.cri.runtime.RemovePodSandbox({ pod_sandbox_id: sid });
     expect(await leftovers(rt)).toEqual({ processes: [], workDirs: [], records: [], cgroups: [] });
   }, 300_000);
 });

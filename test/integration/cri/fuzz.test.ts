@@ -16,7 +16,6 @@ import fc from 'fast-check';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { MAX_REQUEST_BYTES } from '../../../src/cri/server.js';
 import { MAX_POD_ANNOTATIONS_BYTES } from '../../../src/runtime/spec/names.js';
-import { rpc } from '../../helpers/cri-client.js';
 import {
   annotationsOver,
   arbMessage,
@@ -49,9 +48,9 @@ describe('fuzzing the CRI surface over the socket', () => {
   const rpcs = unaryRpcs();
 
   async function snapshot(): Promise<string> {
-    const sandboxes = await rpc(rt.cri.runtime, 'ListPodSandbox', {});
-    const containers = await rpc(rt.cri.runtime, 'ListContainers', {});
-    const images = await rpc(rt.cri.image, 'ListImages', {});
+    const sandboxes = await rt.cri.runtime.ListPodSandbox({});
+    const containers = await rt.cri.runtime.ListContainers({});
+    const images = await rt.cri.image.ListImages({});
     calls += 3;
     return JSON.stringify({ sandboxes, containers, images, files: await hashedFiles(rt.stateDir) });
   }

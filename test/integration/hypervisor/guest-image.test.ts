@@ -10,6 +10,7 @@ import { startVm, vmPaths } from '../../../src/hypervisor/launcher.js';
 import { startVirtiofsd, type VirtiofsdProcess } from '../../../src/hypervisor/virtiofsd.js';
 import { ensureStubGuest, StubAgentConnection, type StubGuest } from '../../helpers/guest-image.js';
 import { QemuTracker } from '../../helpers/hypervisor-guest.js';
+import { scaledMs } from '../../helpers/time-scale.js';
 
 const logger = silentLogger();
 const tracker = new QemuTracker();
@@ -25,7 +26,7 @@ interface Mount {
 
 beforeAll(() => {
   guest = ensureStubGuest('image');
-}, 300_000);
+}, scaledMs(300_000));
 afterEach(async () => {
   for (const cleanup of cleanups.splice(0).reverse()) await cleanup();
   await tracker.cleanup();

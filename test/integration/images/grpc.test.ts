@@ -7,7 +7,7 @@ import { imageServiceHandlers } from '../../../src/cri/image-handlers.js';
 import { loadCriPackage } from '../../../src/cri/proto.js';
 import { type CriServer, startCriServer } from '../../../src/cri/server.js';
 import { RuntimeMetrics } from '../../../src/runtime/metrics.js';
-import { type CriClients, criClients, rpc } from '../../helpers/cri-client.js';
+import { type CriClient, criClient } from '../../helpers/cri-client.js';
 import { expectGrpcError } from '../../helpers/cri-expect.js';
 import {
   buildTestImages,
@@ -26,7 +26,7 @@ let registry: RegistryHandle;
 let images: TestImages;
 let h: ServiceHarness;
 let server: CriServer;
-let clients: CriClients;
+let clients: CriClient;
 let stallProxy: ProxyHandle;
 
 beforeAll(async () => {
@@ -42,7 +42,7 @@ beforeAll(async () => {
     metrics: new RuntimeMetrics(),
     services: [{ name: 'runtime.v1.ImageService', definition: cri.imageService, handlers: imageServiceHandlers(h.service) }],
   });
-  clients = criClients(server.socketPath);
+  clients = criClient(server.socketPath);
 });
 
 afterAll(async () => {
@@ -53,62 +53,49 @@ afterAll(async () => {
   await registry?.stop();
 });
 
-interface WireImage {
-  id: string;
-  repo_tags: string[];
-  repo_digests: string[];
-  size: string;
-  uid: { value: string } | null;
-  username: string;
-}
-
 describe('ImageService over gRPC', () => {
   it('pulls, lists, inspects, reports usage and removes through the CRI socket', async () => {
     const ref = `${registry.host}/kata/nonroot:latest`;
-    const pulled = await rpc<{ image_ref: string }>(clients.image, 'PullImage', { image: { image: ref }, auth: {} });
+    const pulled = await clients.image.PullImage({ image: { image: ref }, auth: {} });
     expect(pulled.image_ref).toBe(images.nonroot.id);
 
-    const listed = await rpc<{ images: WireImage[] }>(clients.image, 'ListImages', { filter: { image: { image: ref } } });
+    const listed = await clients.image.ListImages({ filter: { image: { image: ref } } });
     expect(listed.images).toHaveLength(1);
     expect(listed.images[0]).toMatchObject({ id: images.nonroot.id, repo_tags: [ref], uid: { value: '1000' }, username: '' });
     expect(Number(listed.images[0]?.size)).toBeGreaterThan(0);
 
-    const status = await rpc<{ image: WireImage | null; info: Record<string, string> }>(clients.image, 'ImageStatus', {
+    const status = await clients.image.ImageStatus({
       image: { image: ref },
       verbose: true,
     });
     expect(status.image?.id).toBe(images.nonroot.id);
     expect(JSON.parse(status.info.info ?? '{}')).toMatchObject({ imageSpec: { config: { User: '1000:1000' } } });
 
-    const fs = await rpc<{ image_filesystems: Array<{ used_bytes: { value: string }; inodes_used: { value: string } }> }>(
-      clients.image,
-      'ImageFsInfo',
-      {},
-    );
-    expect(Number(fs.image_filesystems[0]?.used_bytes.value)).toBeGreaterThan(0);
+    const fs = await clients.image.ImageFsInfo({});
+    expect(Number(fs.image_filesystems[0]?.used_bytes?.value)).toBeGreaterThan(0);
 
-    await rpc(clients.image, 'RemoveImage', { image: { image: ref } });
-    const after = await rpc<{ image: WireImage | null }>(clients.image, 'ImageStatus', { image: { image: ref } });
+    await clients.image.RemoveImage({ image: { image: ref } });
+    const after = await clients.image.ImageStatus({ image: { image: ref } });
     expect(after.image).toBeNull();
-    await rpc(clients.image, 'RemoveImage', { image: { image: ref } }); // idempotent
+    await clients.image.RemoveImage({ image: { image: ref } }); // idempotent
   });
 
   it('maps errors to gRPC codes with the reason in metadata', async () => {
     await expectGrpcError(
-      rpc(clients.image, 'PullImage', { image: { image: `${registry.host}/kata/none:1` } }),
+      clients.image.PullImage({ image: { image: `${registry.host}/kata/none:1` } }),
       GrpcStatus.NOT_FOUND,
       'IMAGE_NOT_FOUND',
     );
     await expectGrpcError(
-      rpc(clients.image, 'PullImage', { image: { image: 'kata/UPPER:1' } }),
+      clients.image.PullImage({ image: { image: 'kata/UPPER:1' } }),
       GrpcStatus.INVALID_ARGUMENT,
       'IMAGE_REFERENCE_INVALID',
     );
-    await rpc(clients.image, 'PullImage', { image: { image: `${registry.host}/kata/busybox:1.0` } });
+    await clients.image.PullImage({ image: { image: `${registry.host}/kata/busybox:1.0` } });
     h.inUse.add(images.busybox.id);
     try {
       await expectGrpcError(
-        rpc(clients.image, 'RemoveImage', { image: { image: images.busybox.id } }),
+        clients.image.RemoveImage({ image: { image: images.busybox.id } }),
         GrpcStatus.FAILED_PRECONDITION,
         'IMAGE_IN_USE',
       );
@@ -118,16 +105,11 @@ describe('ImageService over gRPC', () => {
   });
 
   it("stops a stalled pull when the client's deadline passes and leaves no temp file", async () => {
-    const call = rpc(
-      clients.image,
-      'PullImage',
-      { image: { image: `${stallProxy.host}/kata/layered:latest` } },
-      { deadline: Date.now() + 2_000 },
-    );
+    const call = clients.image.PullImage({ image: { image: `${stallProxy.host}/kata/layered:latest` } }, { deadline: Date.now() + 2_000 });
     await expectGrpcError(call, GrpcStatus.DEADLINE_EXCEEDED);
     const ingest = path.join(h.stateDir, 'images', 'ingest');
     while ((await listFiles(ingest)).length > 0) await new Promise((r) => setTimeout(r, 50));
-    const st = await rpc<{ image: WireImage | null }>(clients.image, 'ImageStatus', { image: { image: images.layered.id } });
+    const st = await clients.image.ImageStatus({ image: { image: images.layered.id } });
     expect(st.image).toBeNull();
     expect(await fsp.readdir(path.join(h.stateDir, 'images', 'rootfs'))).toEqual(expect.not.arrayContaining([images.layered.id.slice(7)]));
   });

@@ -13,7 +13,6 @@ import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { netnsNameFor } from '../../../src/network/index.js';
 import { allowLoopbackRegistries, pushBusyboxImage } from '../../helpers/busybox-image.js';
-import { rpc } from '../../helpers/cri-client.js';
 import { processesMentioning } from '../../helpers/hypervisor-guest.js';
 import { type RegistryHandle, startRegistry } from '../../helpers/images-registry.js';
 import { createNetworkNode, type NetworkNode } from '../../helpers/network-node.js';
@@ -49,10 +48,6 @@ function qemusUnder(dir: string): number[] {
 const until = <T>(what: string, fn: () => Promise<T | undefined>, timeoutMs = 60_000): Promise<T> =>
   pollUntil(what, () => fn().catch(() => undefined), timeoutMs, 250);
 
-interface SandboxStatus {
-  status: { state: string; network: { ip: string; additional_ips: Array<{ ip: string }> } };
-}
-
 describe('pod networking through CNI (real plugins, real QEMU, a node namespace of our own)', () => {
   let node: NetworkNode;
   let rt: TestRuntime;
@@ -66,12 +61,7 @@ describe('pod networking through CNI (real plugins, real QEMU, a node namespace 
 
   const runPod = async (name: string, extra: Record<string, unknown> = {}): Promise<{ id: string; config: Record<string, unknown> }> => {
     const config = { ...podConfig(rt, name), hostname: name, ...extra };
-    const { pod_sandbox_id: id } = await rpc<{ pod_sandbox_id: string }>(
-      rt.cri.runtime,
-      'RunPodSandbox',
-      { config },
-      { deadline: Date.now() + 180_000 },
-    );
+    const { pod_sandbox_id: id } = await rt.cri.runtime.RunPodSandbox({ config }, { deadline: Date.now() + 180_000 });
     sandboxes.push(id);
     return { id, config };
   };
@@ -81,19 +71,19 @@ describe('pod networking through CNI (real plugins, real QEMU, a node namespace 
     name: string,
     command: string[],
   ): Promise<string> => {
-    const { container_id: id } = await rpc<{ container_id: string }>(rt.cri.runtime, 'CreateContainer', {
+    const { container_id: id } = await rt.cri.runtime.CreateContainer({
       pod_sandbox_id: sandboxId,
       config: { metadata: { name, attempt: 0 }, image: { image }, command, log_path: `${name}.log` },
       sandbox_config: sandboxConfig,
     });
-    await rpc(rt.cri.runtime, 'StartContainer', { container_id: id });
+    await rt.cri.runtime.StartContainer({ container_id: id });
     return id;
   };
   const exec = async (containerId: string, cmd: string[]): Promise<{ stdout: string; exit: number }> => {
-    const r = await rpc<{ stdout: Buffer; exit_code: number }>(rt.cri.runtime, 'ExecSync', { container_id: containerId, cmd, timeout: 20 });
+    const r = await rt.cri.runtime.ExecSync({ container_id: containerId, cmd, timeout: 20 });
     return { stdout: Buffer.from(r.stdout).toString('utf8'), exit: r.exit_code };
   };
-  const statusOf = (id: string) => rpc<SandboxStatus>(rt.cri.runtime, 'PodSandboxStatus', { pod_sandbox_id: id });
+  const statusOf = (id: string) => rt.cri.runtime.PodSandboxStatus({ pod_sandbox_id: id });
   const fromNode = (url: string) => node.httpGet(url);
   /** An HTTP GET from inside a container, with busybox nc; the body (after the headers). */
   const getFromContainer = async (containerId: string, host: string, port: number): Promise<string> => {
@@ -119,7 +109,7 @@ describe('pod networking through CNI (real plugins, real QEMU, a node namespace 
     // The image is pulled while the daemon runs in the host namespace (the registry listens on the
     // host's loopback; no pod exists yet), then the daemon moves into the node namespace for good.
     await rt.start();
-    await rpc(rt.cri.image, 'PullImage', { image: { image } });
+    await rt.cri.image.PullImage({ image: { image } });
     await rt.stop();
     rt.netnsPath = node.netnsPath;
     await rt.start();
@@ -128,7 +118,7 @@ describe('pod networking through CNI (real plugins, real QEMU, a node namespace 
   afterAll(async () => {
     if (rt !== undefined) {
       for (const id of sandboxes) {
-        await rpc(rt.cri.runtime, 'RemovePodSandbox', { pod_sandbox_id: id }).catch(() => undefined);
+        await rt.cri.runtime.RemovePodSandbox({ pod_sandbox_id: id }).catch(() => undefined);
       }
       const keep = process.env.KATA_TS_KEEP_DAEMON_LOG;
       if (keep !== undefined) await fsp.copyFile(rt.logFile, keep).catch(() => undefined);
@@ -139,12 +129,8 @@ describe('pod networking through CNI (real plugins, real QEMU, a node namespace 
   }, 120_000);
 
   it('Status: NetworkReady from the node CNI config', async () => {
-    const { status } = await rpc<{ status: { conditions: Array<{ type: string; status: boolean; message: string }> } }>(
-      rt.cri.runtime,
-      'Status',
-      {},
-    );
-    const net = status.conditions.find((c) => c.type === 'NetworkReady');
+    const { status } = await rt.cri.runtime.Status({});
+    const net = status!.conditions.find((c) => c.type === 'NetworkReady');
     expect(net).toMatchObject({ status: true });
     expect(net?.message).toContain(node.cniConfDir);
   });
@@ -157,16 +143,16 @@ describe('pod networking through CNI (real plugins, real QEMU, a node namespace 
     podA = a.id;
     podAConfig = a.config;
     const { status } = await statusOf(podA);
-    expect(status.state).toBe('SANDBOX_READY');
-    podAIp = status.network.ip;
+    expect(status!.state).toBe('SANDBOX_READY');
+    podAIp = status!.network!.ip;
     expect(podAIp.startsWith(`${node.prefix}.`)).toBe(true);
     expect(await node.allocations()).toContain(podAIp);
     // Dual-stack: the IPv6 address of the pod (host-local's second range) is the additional IP.
-    podAIp6 = status.network.additional_ips.map((a) => a.ip).find((ip) => ip.includes(':')) ?? '';
+    podAIp6 = status!.network!.additional_ips.map((a) => a.ip).find((ip) => ip.includes(':')) ?? '';
     expect(podAIp6.startsWith(node.subnet6.replace('::/64', '::'))).toBe(true);
     expect(await node.allocations()).toContain(podAIp6);
-    const verbose = await rpc<{ info: { info: string } }>(rt.cri.runtime, 'PodSandboxStatus', { pod_sandbox_id: podA, verbose: true });
-    const info = JSON.parse(verbose.info.info) as { network: Record<string, unknown>; plan: { qemu: { argv: string[] } } };
+    const verbose = await rt.cri.runtime.PodSandboxStatus({ pod_sandbox_id: podA, verbose: true });
+    const info = JSON.parse(verbose.info.info!) as { network: Record<string, unknown>; plan: { qemu: { argv: string[] } } };
     expect(info.network).toMatchObject({ netns: `/run/netns/${netnsNameFor(podA)}`, tap: 'tap0_kata', cniAttached: true, tapWired: true });
     // The NIC in the executed plan carries the CNI interface's MAC.
     expect(info.plan.qemu.argv.some((a) => a.startsWith('virtio-net-pci,') && a.includes(`mac=${String(info.network.mac)}`))).toBe(true);
@@ -202,10 +188,10 @@ describe('pod networking through CNI (real plugins, real QEMU, a node namespace 
 
   it('DNS options of the CRI DNSConfig land in the resolv.conf the pod sees', async () => {
     const peer = (
-      await rpc<{ containers: Array<{ id: string; metadata: { name: string } }> }>(rt.cri.runtime, 'ListContainers', {
+      await rt.cri.runtime.ListContainers({
         filter: { pod_sandbox_id: podA },
       })
-    ).containers.find((c) => c.metadata.name === 'peer')!;
+    ).containers.find((c) => c.metadata!.name === 'peer')!;
     const { stdout } = await exec(peer.id, ['cat', '/etc/resolv.conf']);
     expect(stdout).toBe('nameserver 10.96.0.10\nsearch kata-ts.test\noptions ndots:2\n');
   });
@@ -213,7 +199,7 @@ describe('pod networking through CNI (real plugins, real QEMU, a node namespace 
   it('two pods talk to each other over the bridge; Stop runs CNI DEL, Remove the namespace: nothing is left', async () => {
     const b = await runPod('net-b');
     const { status } = await statusOf(b.id);
-    const podBIp = status.network.ip;
+    const podBIp = status!.network!.ip;
     expect(podBIp.startsWith(`${node.prefix}.`)).toBe(true);
     expect(podBIp).not.toBe(podAIp);
     const client = await runContainer(b.id, b.config, 'client', ['sleep', '3600']);
@@ -221,14 +207,14 @@ describe('pod networking through CNI (real plugins, real QEMU, a node namespace 
 
     const linksBefore = await node.links();
     const netns = netnsNameFor(b.id);
-    await rpc(rt.cri.runtime, 'StopPodSandbox', { pod_sandbox_id: b.id });
+    await rt.cri.runtime.StopPodSandbox({ pod_sandbox_id: b.id });
     expect(await node.allocations()).not.toContain(podBIp);
     expect((await node.links()).length).toBe(linksBefore.length - 1); // B's veth
     // The namespace stays until RemovePodSandbox; the TAP and its filters went with Stop.
     const inPod = execFileSync('ip', ['-n', netns, '-j', 'link', 'show'], { encoding: 'utf8' });
     expect((JSON.parse(inPod) as Array<{ ifname: string }>).map((l) => l.ifname)).toEqual(['lo']);
-    await rpc(rt.cri.runtime, 'StopPodSandbox', { pod_sandbox_id: b.id }); // idempotent
-    await rpc(rt.cri.runtime, 'RemovePodSandbox', { pod_sandbox_id: b.id });
+    await rt.cri.runtime.StopPodSandbox({ pod_sandbox_id: b.id }); // idempotent
+    await rt.cri.runtime.RemovePodSandbox({ pod_sandbox_id: b.id });
     await expect(fsp.access(`/run/netns/${netns}`)).rejects.toThrow();
     // Pod A is untouched.
     expect((await fromNode(`http://${podAIp}:${HTTP_PORT}/`)).trim()).toBe('hello-from-pod');
@@ -240,7 +226,7 @@ describe('pod networking through CNI (real plugins, real QEMU, a node namespace 
     // /run/netns is the machine's: only names that appear during this test are the pod's.
     const netnsBefore = new Set(await fsp.readdir('/run/netns').catch(() => []));
     const config = { ...podConfig(rt, 'net-c'), hostname: 'net-c' };
-    const pending = rpc(rt.cri.runtime, 'RunPodSandbox', { config }, { deadline: Date.now() + 180_000 }).catch((e: unknown) => e);
+    const pending = rt.cri.runtime.RunPodSandbox({ config }, { deadline: Date.now() + 180_000 }).catch((e: unknown) => e);
     // Killed once CNI ADD has allocated the pod's address and QEMU runs in the pod's namespace.
     const vmsBefore = qemusUnder(path.join(rt.stateDir, 'vm')).length;
     await until('CNI ADD of the third pod', async () => ((await node.allocations()).length > allocationsBefore.length ? true : undefined));
@@ -256,7 +242,7 @@ describe('pod networking through CNI (real plugins, real QEMU, a node namespace 
     expect(made).toHaveLength(1);
     for (const n of made) await expect(fsp.access(`/run/netns/${n}`)).rejects.toThrow();
     expect(qemusUnder(path.join(rt.stateDir, 'vm')).length).toBe(vmsBefore);
-    const { items } = await rpc<{ items: Array<{ id: string }> }>(rt.cri.runtime, 'ListPodSandbox', {});
+    const { items } = await rt.cri.runtime.ListPodSandbox({});
     expect(items.map((i) => i.id)).toEqual([podA]);
     // The running pod survived the daemon's death.
     expect((await fromNode(`http://${podAIp}:${HTTP_PORT}/`)).trim()).toBe('hello-from-pod');
@@ -266,13 +252,13 @@ describe('pod networking through CNI (real plugins, real QEMU, a node namespace 
     process.kill(rt.pid(), 'SIGKILL');
     await new Promise((r) => setTimeout(r, 200));
     await rt.start();
-    await rpc(rt.cri.runtime, 'StopPodSandbox', { pod_sandbox_id: podA });
+    await rt.cri.runtime.StopPodSandbox({ pod_sandbox_id: podA });
     expect(await node.allocations()).toEqual([]);
     const nodeLinks = await node.links();
     expect(nodeLinks.filter((l) => l.startsWith('veth'))).toEqual([]);
     const rules = await node.exec(['iptables-save', '-t', 'nat']);
     expect(rules).not.toContain(`${HOST_PORT}`);
-    await rpc(rt.cri.runtime, 'RemovePodSandbox', { pod_sandbox_id: podA });
+    await rt.cri.runtime.RemovePodSandbox({ pod_sandbox_id: podA });
     await expect(fsp.access(`/run/netns/${netnsNameFor(podA)}`)).rejects.toThrow();
   }, 180_000);
 });

@@ -9,11 +9,11 @@ import { promises as fsp } from 'node:fs';
 import path from 'node:path';
 import { status } from '@grpc/grpc-js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { rpc } from '../../helpers/cri-client.js';
 import { expectGrpcError } from '../../helpers/cri-expect.js';
 import { ensureGuestAssets } from '../../helpers/hypervisor-guest.js';
 import { createNetworkNode, DEBIAN_CNI_BIN_DIR, type NetworkNode, podNetnsNames } from '../../helpers/network-node.js';
 import { createTestRuntime, podConfig, type TestRuntime } from '../../helpers/runtime-daemon.js';
+import { scaledMs } from '../../helpers/time-scale.js';
 
 describe('pod network refusals and rollback (real CNI plugins, no VM)', () => {
   let node: NetworkNode;
@@ -26,12 +26,8 @@ describe('pod network refusals and rollback (real CNI plugins, no VM)', () => {
     await fsp.writeFile(rt.configPath, JSON.stringify(cfg));
   };
   const networkReady = async () => {
-    const { status: s } = await rpc<{ status: { conditions: Array<{ type: string; status: boolean; reason: string; message: string }> } }>(
-      rt.cri.runtime,
-      'Status',
-      {},
-    );
-    return s.conditions.find((c) => c.type === 'NetworkReady')!;
+    const { status: s } = await rt.cri.runtime.Status({});
+    return s!.conditions.find((c) => c.type === 'NetworkReady')!;
   };
 
   beforeAll(async () => {
@@ -43,7 +39,7 @@ describe('pod network refusals and rollback (real CNI plugins, no VM)', () => {
     for (const p of ['bridge', 'host-local']) await fsp.symlink(path.join(DEBIAN_CNI_BIN_DIR, p), path.join(partialBin, p));
     rt = await createTestRuntime({ network: { ...node.networkConfig(), cniBinDirs: [partialBin] } }, { netnsPath: node.netnsPath });
     await rt.start();
-  }, 60_000);
+  }, scaledMs(60_000));
 
   afterAll(async () => {
     await rt?.cleanup();
@@ -56,7 +52,7 @@ describe('pod network refusals and rollback (real CNI plugins, no VM)', () => {
     expect(ready.message).toContain('"portmap"');
     const before = await podNetnsNames();
     await expectGrpcError(
-      rpc(rt.cri.runtime, 'RunPodSandbox', { config: podConfig(rt, 'no-portmap') }),
+      rt.cri.runtime.RunPodSandbox({ config: podConfig(rt, 'no-portmap') }),
       status.FAILED_PRECONDITION,
       'CNI_PLUGIN_MISSING',
     );
@@ -75,7 +71,7 @@ describe('pod network refusals and rollback (real CNI plugins, no VM)', () => {
     expect(await networkReady()).toMatchObject({ status: true });
     const before = await podNetnsNames();
     const linksBefore = await node.links();
-    const err = await rpc(rt.cri.runtime, 'RunPodSandbox', { config: podConfig(rt, 'qemu-fails') }).catch((e: unknown) => e);
+    const err = await rt.cri.runtime.RunPodSandbox({ config: podConfig(rt, 'qemu-fails') }).catch((e: unknown) => e);
     expect(err).toMatchObject({ details: expect.stringMatching(/QEMU|qemu/) });
     expect(await podNetnsNames()).toEqual(before);
     expect(await node.allocations()).toEqual([]);
@@ -90,7 +86,7 @@ describe('pod network refusals and rollback (real CNI plugins, no VM)', () => {
     const config = podConfig(rt, 'hostnet');
     const linux = config.linux as { security_context: { namespace_options: Record<string, string> } };
     linux.security_context.namespace_options.network = 'NODE';
-    const err = await expectGrpcError(rpc(rt.cri.runtime, 'RunPodSandbox', { config }), status.INVALID_ARGUMENT);
+    const err = await expectGrpcError(rt.cri.runtime.RunPodSandbox({ config }), status.INVALID_ARGUMENT);
     expect(err.details).toMatch(/network/);
   });
 });

@@ -17,7 +17,6 @@ import { AgentClient } from '../../../src/agent-client/index.js';
 import { silentLogger } from '../../../src/common/logger.js';
 import { readProcStat } from '../../../src/hypervisor/index.js';
 import { mountsUnder } from '../../../src/runtime/sandbox/shared-dir.js';
-import { rpc } from '../../helpers/cri-client.js';
 import { createTestRuntime, leftovers, podConfig, type TestRuntime } from '../../helpers/runtime-daemon.js';
 
 const repo = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../..');
@@ -42,7 +41,7 @@ function ensureAgentGuest(): { kernelPath: string; initrdPath: string; guestImag
 }
 
 async function info(rt: TestRuntime, id: string): Promise<Info> {
-  const res = await rpc<{ info: Record<string, string> }>(rt.cri.runtime, 'PodSandboxStatus', { pod_sandbox_id: id, verbose: true });
+  const res = await rt.cri.runtime.PodSandboxStatus({ pod_sandbox_id: id, verbose: true });
   return JSON.parse(res.info.info!) as Info;
 }
 
@@ -106,7 +105,7 @@ describe('a sandbox with its guest agent and virtio-fs', () => {
 
   it('Hello, virtiofsd in the pod cgroup, the share seen by the guest and nothing beyond it, restart, stop and remove leave nothing', async () => {
     const config = podConfig(rt, 'agentpod', { hostname: 'agent-pod' });
-    const { pod_sandbox_id: id } = await rpc<{ pod_sandbox_id: string }>(rt.cri.runtime, 'RunPodSandbox', { config });
+    const { pod_sandbox_id: id } = await rt.cri.runtime.RunPodSandbox({ config });
 
     // The daemon holds a live agent session (Hello passed the version check) and the guest's pod.
     const first = await info(rt, id);
@@ -233,12 +232,12 @@ describe('a sandbox with its guest agent and virtio-fs', () => {
     expect(after.virtiofsd).toEqual({ pid: vfsPid, running: true });
 
     // Stop: virtiofsd gone, every mount under the work dir released (the later bind mount too).
-    await rpc(rt.cri.runtime, 'StopPodSandbox', { pod_sandbox_id: id });
+    await rt.cri.runtime.StopPodSandbox({ pod_sandbox_id: id });
     expect(alive(vfsPid)).toBe(false);
     expect(mountsUnder(await mountinfo(), first.workDir)).toEqual([]);
     const stopped = await info(rt, id);
     expect([stopped.agent, stopped.virtiofsd, stopped.guestPod]).toEqual([null, null, null]);
-    await rpc(rt.cri.runtime, 'RemovePodSandbox', { pod_sandbox_id: id });
+    await rt.cri.runtime.RemovePodSandbox({ pod_sandbox_id: id });
     await expect(fsp.stat(first.workDir)).rejects.toMatchObject({ code: 'ENOENT' });
     // The bind-mounted volume's own files are untouched by the removal.
     expect(await fsp.readFile(path.join(extraMountSource, 'volume.txt'), 'utf8')).toBe('bind-mounted later\n');

@@ -7,7 +7,6 @@ import path from 'node:path';
 import { status } from '@grpc/grpc-js';
 import { afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { mountsUnder } from '../../../src/runtime/sandbox/shared-dir.js';
-import { rpc } from '../../helpers/cri-client.js';
 import { expectGrpcError } from '../../helpers/cri-expect.js';
 import { ensureGuestAssets } from '../../helpers/hypervisor-guest.js';
 import { createTestRuntime, leftovers, podConfig, type TestRuntime } from '../../helpers/runtime-daemon.js';
@@ -32,41 +31,33 @@ describe('RunPodSandbox failures roll back completely', () => {
   it('bad requests are refused before anything starts, naming the field', async () => {
     const rt = await runtimeWith();
     const err = await expectGrpcError(
-      rpc(rt.cri.runtime, 'RunPodSandbox', { config: podConfig(rt, 'x'), runtime_handler: 'runc' }),
+      rt.cri.runtime.RunPodSandbox({ config: podConfig(rt, 'x'), runtime_handler: 'runc' }),
       status.NOT_FOUND,
       'HANDLER_UNKNOWN',
     );
     expect(err.details).toContain('kata-ts, kata-ts-cvm');
-    await expectGrpcError(rpc(rt.cri.runtime, 'RunPodSandbox', { runtime_handler: '' }), status.INVALID_ARGUMENT, 'SANDBOX_CONFIG_MISSING');
+    await expectGrpcError(rt.cri.runtime.RunPodSandbox({ runtime_handler: '' }), status.INVALID_ARGUMENT, 'SANDBOX_CONFIG_MISSING');
     const noName = podConfig(rt, 'x');
     (noName.metadata as { name: string }).name = '';
-    const e2 = await expectGrpcError(
-      rpc(rt.cri.runtime, 'RunPodSandbox', { config: noName }),
-      status.INVALID_ARGUMENT,
-      'SANDBOX_METADATA_INVALID',
-    );
+    const e2 = await expectGrpcError(rt.cri.runtime.RunPodSandbox({ config: noName }), status.INVALID_ARGUMENT, 'SANDBOX_METADATA_INVALID');
     expect(e2.details).toContain('config.metadata.name');
     // A systemd-style parent under the cgroupfs driver the runtime advertises.
     const wrongStyle = podConfig(rt, 'x', { linux: { cgroup_parent: '/kubepods.slice/kubepods-besteffort.slice' } });
-    await expectGrpcError(
-      rpc(rt.cri.runtime, 'RunPodSandbox', { config: wrongStyle }),
-      status.FAILED_PRECONDITION,
-      'CGROUP_PARENT_STYLE_MISMATCH',
-    );
+    await expectGrpcError(rt.cri.runtime.RunPodSandbox({ config: wrongStyle }), status.FAILED_PRECONDITION, 'CGROUP_PARENT_STYLE_MISMATCH');
     // More vCPUs than this host has.
     const huge = podConfig(rt, 'x', {
       pod_resources: {
         containers: [{ name: 'a', type: 'REGULAR_CONTAINER', kubernetes_resources: { requests: { cpu: { string: '500' } }, limits: {} } }],
       },
     });
-    await expectGrpcError(rpc(rt.cri.runtime, 'RunPodSandbox', { config: huge }), status.RESOURCE_EXHAUSTED);
+    await expectGrpcError(rt.cri.runtime.RunPodSandbox({ config: huge }), status.RESOURCE_EXHAUSTED);
     expect(await leftovers(rt)).toEqual(NOTHING);
   });
 
   it('a missing guest kernel is FAILED_PRECONDITION naming the path', async () => {
     const rt = await runtimeWith({ hypervisor: { kernelPath: '/nonexistent/vmlinuz' } });
     const err = await expectGrpcError(
-      rpc(rt.cri.runtime, 'RunPodSandbox', { config: podConfig(rt, 'nokernel') }),
+      rt.cri.runtime.RunPodSandbox({ config: podConfig(rt, 'nokernel') }),
       status.FAILED_PRECONDITION,
       'GUEST_ASSETS_MISSING',
     );
@@ -86,7 +77,7 @@ describe('RunPodSandbox failures roll back completely', () => {
     await writeFile(rt.configPath, JSON.stringify({ ...cfg, hypervisor: { qemuBinary: wrapper } }));
     await rt.start();
     const err = await expectGrpcError(
-      rpc(rt.cri.runtime, 'RunPodSandbox', { config: podConfig(rt, 'badqemu') }),
+      rt.cri.runtime.RunPodSandbox({ config: podConfig(rt, 'badqemu') }),
       status.INTERNAL,
       'QEMU_EXITED_AT_START',
     );
@@ -97,23 +88,15 @@ describe('RunPodSandbox failures roll back completely', () => {
   it('a guest that never signals ready times out with DEADLINE_EXCEEDED and is rolled back', async () => {
     // Too short for any boot: the guest is still in firmware when the wait ends.
     const rt = await runtimeWith({ hypervisor: { readyTimeoutMs: 300 } });
-    await expectGrpcError(
-      rpc(rt.cri.runtime, 'RunPodSandbox', { config: podConfig(rt, 'slow') }),
-      status.DEADLINE_EXCEEDED,
-      'GUEST_READY_TIMEOUT',
-    );
+    await expectGrpcError(rt.cri.runtime.RunPodSandbox({ config: podConfig(rt, 'slow') }), status.DEADLINE_EXCEEDED, 'GUEST_READY_TIMEOUT');
     expect(await leftovers(rt)).toEqual(NOTHING);
     // The same pod can be tried again: the failed attempt left no identity behind either.
-    await expectGrpcError(
-      rpc(rt.cri.runtime, 'RunPodSandbox', { config: podConfig(rt, 'slow') }),
-      status.DEADLINE_EXCEEDED,
-      'GUEST_READY_TIMEOUT',
-    );
+    await expectGrpcError(rt.cri.runtime.RunPodSandbox({ config: podConfig(rt, 'slow') }), status.DEADLINE_EXCEEDED, 'GUEST_READY_TIMEOUT');
   });
 
   it('a daemon killed in the middle of RunPodSandbox: the next start rolls the creation back', async () => {
     const rt = await runtimeWith();
-    const call = rpc(rt.cri.runtime, 'RunPodSandbox', { config: podConfig(rt, 'crash') }).catch((e: unknown) => e);
+    const call = rt.cri.runtime.RunPodSandbox({ config: podConfig(rt, 'crash') }).catch((e: unknown) => e);
     // Wait until QEMU runs for it (its work dir holds the QMP socket), then kill -9 the daemon.
     const vmRoot = path.join(rt.stateDir, 'vm');
     for (let i = 0; i < 200; i++) {
@@ -129,7 +112,7 @@ describe('RunPodSandbox failures roll back completely', () => {
     expect(before.processes.length).toBe(3);
     expect(mountsUnder(await readFile('/proc/self/mountinfo', 'utf8'), vmRoot).length).toBeGreaterThan(0);
     await rt.start();
-    const list = await rpc<{ items: unknown[] }>(rt.cri.runtime, 'ListPodSandbox', {});
+    const list = await rt.cri.runtime.ListPodSandbox({});
     expect(list.items).toEqual([]);
     // The pod's parent cgroups belong to whoever made them (a kubelet, here the test); the VMM's own
     // cgroup must be gone even when the crash came between placing the VMM and recording it.

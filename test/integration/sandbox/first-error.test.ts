@@ -8,7 +8,6 @@ import { promises as fsp } from 'node:fs';
 import path from 'node:path';
 import { status } from '@grpc/grpc-js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { rpc } from '../../helpers/cri-client.js';
 import { expectGrpcError } from '../../helpers/cri-expect.js';
 import { ensureGuestAssets } from '../../helpers/hypervisor-guest.js';
 import { createTestRuntime, leftovers, podConfig, type TestRuntime } from '../../helpers/runtime-daemon.js';
@@ -31,7 +30,7 @@ describe('a failed RunPodSandbox answers its first error', () => {
     const cpuDir = path.join('/sys/fs/cgroup/cpu', parent);
     await fsp.mkdir(cpuDir, { recursive: true });
     await fsp.writeFile(path.join(cpuDir, 'cpu.cfs_quota_us'), '5000');
-    const err = await expectGrpcError(rpc(rt.cri.runtime, 'RunPodSandbox', { config }), status.FAILED_PRECONDITION, 'CGROUP_WRITE_REFUSED');
+    const err = await expectGrpcError(rt.cri.runtime.RunPodSandbox({ config }), status.FAILED_PRECONDITION, 'CGROUP_WRITE_REFUSED');
     expect(err.details).toContain('cpu.cfs_quota_us');
     // QEMU did start for it (and was killed by the rollback): the log says both, in that order.
     const lines = await rt.logLines();

@@ -7,8 +7,8 @@ import { promises as fsp } from 'node:fs';
 import path from 'node:path';
 import { status } from '@grpc/grpc-js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import type { PodSandboxStatus__Output } from '../../../src/generated/runtime/v1/PodSandboxStatus.js';
 import { readProcStat } from '../../../src/hypervisor/index.js';
-import { rpc } from '../../helpers/cri-client.js';
 import { expectGrpcError } from '../../helpers/cri-expect.js';
 import { ensureGuestAssets } from '../../helpers/hypervisor-guest.js';
 import { createTestRuntime, leftovers, podConfig, type TestRuntime } from '../../helpers/runtime-daemon.js';
@@ -24,17 +24,6 @@ interface Info {
   exit: { reason: string; logTail: string } | null;
   plan: { source: string; vm: { vcpus: number; memoryMiB: number }; host: { memoryLimitBytes: number; cpuQuotaMillicores: number } };
 }
-interface StatusResponse {
-  status: {
-    id: string;
-    state: string;
-    metadata: { name: string };
-    labels: Record<string, string>;
-    runtime_handler: string;
-    linux: { namespaces: { options: Record<string, unknown> } };
-  };
-  info: Record<string, string>;
-}
 
 const KEP4112 = (cpu: string, memory: string) => ({
   pod_resources: {
@@ -48,9 +37,9 @@ const KEP4112 = (cpu: string, memory: string) => ({
   },
 });
 
-async function sandboxStatus(rt: TestRuntime, id: string): Promise<{ res: StatusResponse; info: Info }> {
-  const res = await rpc<StatusResponse>(rt.cri.runtime, 'PodSandboxStatus', { pod_sandbox_id: id, verbose: true });
-  return { res, info: JSON.parse(res.info.info!) as Info };
+async function sandboxStatus(rt: TestRuntime, id: string): Promise<{ res: { status: PodSandboxStatus__Output }; info: Info }> {
+  const res = await rt.cri.runtime.PodSandboxStatus({ pod_sandbox_id: id, verbose: true });
+  return { res: { status: res.status! }, info: JSON.parse(res.info.info!) as Info };
 }
 
 async function waitFor<T>(fn: () => Promise<T>, ok: (v: T) => boolean, timeoutMs: number): Promise<T> {
@@ -82,7 +71,7 @@ describe('pod sandbox lifecycle with real QEMU', () => {
 
   it('run -> READY with QMP and guest agreeing with the plan -> list -> restart keeps it -> stop -> remove leaves nothing', async () => {
     const config = podConfig(rt, 'web', KEP4112('1500m', '300Mi'));
-    const { pod_sandbox_id: id } = await rpc<{ pod_sandbox_id: string }>(rt.cri.runtime, 'RunPodSandbox', {
+    const { pod_sandbox_id: id } = await rt.cri.runtime.RunPodSandbox({
       config,
       runtime_handler: 'kata-ts',
     });
@@ -96,7 +85,7 @@ describe('pod sandbox lifecycle with real QEMU', () => {
       labels: { app: 'web' },
       runtime_handler: 'kata-ts',
     });
-    expect(res.status.linux.namespaces.options).toMatchObject({ network: 'POD', pid: 'CONTAINER', ipc: 'POD' });
+    expect(res.status.linux!.namespaces!.options).toMatchObject({ network: 'POD', pid: 'CONTAINER', ipc: 'POD' });
     expect(info.plan.source).toBe('pod_resources');
     // 1500m of workload + 250m guest overhead -> 2 vCPUs; the plan, QEMU and the guest kernel agree.
     expect(info.plan.vm.vcpus).toBe(2);
@@ -115,8 +104,7 @@ describe('pod sandbox lifecycle with real QEMU', () => {
     expect(limit).toBe(Math.floor(info.plan.host.memoryLimitBytes / 4096) * 4096);
 
     // List with each CRI filter.
-    const list = async (filter: object) =>
-      (await rpc<{ items: Array<{ id: string }> }>(rt.cri.runtime, 'ListPodSandbox', { filter })).items.map((s) => s.id);
+    const list = async (filter: object) => (await rt.cri.runtime.ListPodSandbox({ filter })).items.map((s) => s.id);
     expect(await list({})).toEqual([id]);
     expect(await list({ id: id.slice(0, 13) })).toEqual([id]);
     expect(await list({ state: { state: 'SANDBOX_READY' } })).toEqual([id]);
@@ -125,11 +113,7 @@ describe('pod sandbox lifecycle with real QEMU', () => {
     expect(await list({ label_selector: { app: 'db' } })).toEqual([]);
 
     // The same pod attempt again while it exists.
-    await expectGrpcError(
-      rpc(rt.cri.runtime, 'RunPodSandbox', { config, runtime_handler: 'kata-ts' }),
-      status.ALREADY_EXISTS,
-      'SANDBOX_EXISTS',
-    );
+    await expectGrpcError(rt.cri.runtime.RunPodSandbox({ config, runtime_handler: 'kata-ts' }), status.ALREADY_EXISTS, 'SANDBOX_EXISTS');
 
     // Restart the daemon: the sandbox is found again, same QEMU, still READY, nothing started twice.
     const daemonBefore = rt.pid();
@@ -141,22 +125,22 @@ describe('pod sandbox lifecycle with real QEMU', () => {
     expect(after.info.qmp.vcpus).toBe(2);
     expect(alive(info.pid)).toBe(true);
 
-    await rpc(rt.cri.runtime, 'StopPodSandbox', { pod_sandbox_id: id });
+    await rt.cri.runtime.StopPodSandbox({ pod_sandbox_id: id });
     expect(alive(info.pid)).toBe(false);
     const stopped = await sandboxStatus(rt, id);
     expect(stopped.res.status.state).toBe('SANDBOX_NOTREADY');
     expect(stopped.info.exit?.reason).toBe('stopped');
-    await rpc(rt.cri.runtime, 'StopPodSandbox', { pod_sandbox_id: id }); // idempotent
-    await rpc(rt.cri.runtime, 'RemovePodSandbox', { pod_sandbox_id: id });
-    await rpc(rt.cri.runtime, 'RemovePodSandbox', { pod_sandbox_id: id }); // idempotent
-    await rpc(rt.cri.runtime, 'StopPodSandbox', { pod_sandbox_id: id }); // nothing left to reclaim: no error
-    await expectGrpcError(rpc(rt.cri.runtime, 'PodSandboxStatus', { pod_sandbox_id: id }), status.NOT_FOUND, 'SANDBOX_NOT_FOUND');
+    await rt.cri.runtime.StopPodSandbox({ pod_sandbox_id: id }); // idempotent
+    await rt.cri.runtime.RemovePodSandbox({ pod_sandbox_id: id });
+    await rt.cri.runtime.RemovePodSandbox({ pod_sandbox_id: id }); // idempotent
+    await rt.cri.runtime.StopPodSandbox({ pod_sandbox_id: id }); // nothing left to reclaim: no error
+    await expectGrpcError(rt.cri.runtime.PodSandboxStatus({ pod_sandbox_id: id }), status.NOT_FOUND, 'SANDBOX_NOT_FOUND');
     expect(await leftovers(rt)).toEqual({ processes: [], workDirs: [], records: [], cgroups: [] });
   });
 
   it('a QEMU killed from outside makes the sandbox NOTREADY within a second, with the exit logged', async () => {
     const config = podConfig(rt, 'victim');
-    const { pod_sandbox_id: id } = await rpc<{ pod_sandbox_id: string }>(rt.cri.runtime, 'RunPodSandbox', { config, runtime_handler: '' });
+    const { pod_sandbox_id: id } = await rt.cri.runtime.RunPodSandbox({ config, runtime_handler: '' });
     const { info } = await sandboxStatus(rt, id);
     expect(info.plan.source).toBe('handler_defaults');
     process.kill(info.pid, 'SIGKILL');
@@ -177,24 +161,24 @@ describe('pod sandbox lifecycle with real QEMU', () => {
     expect(persisted.info.exit).toMatchObject({ reason: 'unexpected' });
     const logged = (await rt.logLines()).find((l) => l.msg === 'VM exited on its own; sandbox is NOTREADY');
     expect(logged).toMatchObject({ sandboxId: id, pid: info.pid });
-    await rpc(rt.cri.runtime, 'RemovePodSandbox', { pod_sandbox_id: id });
+    await rt.cri.runtime.RemovePodSandbox({ pod_sandbox_id: id });
     expect(await leftovers(rt)).toEqual({ processes: [], workDirs: [], records: [], cgroups: [] });
   });
 
   it('a sandbox placed under cgroupfs is still torn down by cgroupfs after the config switches the daemon to systemd', async () => {
     const config = podConfig(rt, 'switch');
-    const { pod_sandbox_id: id } = await rpc<{ pod_sandbox_id: string }>(rt.cri.runtime, 'RunPodSandbox', { config });
+    const { pod_sandbox_id: id } = await rt.cri.runtime.RunPodSandbox({ config });
     const { info } = await sandboxStatus(rt, id);
     const cfg = JSON.parse(await fsp.readFile(rt.configPath, 'utf8')) as Record<string, unknown>;
     await fsp.writeFile(rt.configPath, JSON.stringify({ ...cfg, cgroupDriver: 'systemd' }));
     try {
       await rt.restart();
       // New placements would use systemd (and there is no systemd here); the existing one is cgroupfs's.
-      expect(await rpc(rt.cri.runtime, 'RuntimeConfig', {})).toEqual({ linux: { cgroup_driver: 'SYSTEMD' } });
+      expect(await rt.cri.runtime.RuntimeConfig({})).toEqual({ linux: { cgroup_driver: 'SYSTEMD' } });
       expect((await sandboxStatus(rt, id)).info.pid).toBe(info.pid);
-      await rpc(rt.cri.runtime, 'StopPodSandbox', { pod_sandbox_id: id });
+      await rt.cri.runtime.StopPodSandbox({ pod_sandbox_id: id });
       expect((await sandboxStatus(rt, id)).res.status.state).toBe('SANDBOX_NOTREADY');
-      await rpc(rt.cri.runtime, 'RemovePodSandbox', { pod_sandbox_id: id });
+      await rt.cri.runtime.RemovePodSandbox({ pod_sandbox_id: id });
       expect(await leftovers(rt)).toEqual({ processes: [], workDirs: [], records: [], cgroups: [] });
     } finally {
       await fsp.writeFile(rt.configPath, JSON.stringify(cfg));

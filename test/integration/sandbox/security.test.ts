@@ -12,10 +12,10 @@ import { status } from '@grpc/grpc-js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { readCmdline } from '../../../src/hypervisor/index.js';
 import { sandboxSharedDir, sandboxWorkDir } from '../../../src/runtime/sandbox/paths.js';
-import { rpc } from '../../helpers/cri-client.js';
 import { expectGrpcError } from '../../helpers/cri-expect.js';
 import { ensureGuestAssets } from '../../helpers/hypervisor-guest.js';
 import { createTestRuntime, podConfig, type TestRuntime } from '../../helpers/runtime-daemon.js';
+import { scaledMs } from '../../helpers/time-scale.js';
 
 const mode = async (p: string): Promise<number> => (await fsp.stat(p)).mode & 0o777;
 
@@ -35,8 +35,8 @@ describe('security checks on a running sandbox', () => {
       annotations: { note: `; touch ${marker}` },
     });
     (config.metadata as { name: string }).name = `sec${evil}`;
-    id = (await rpc<{ pod_sandbox_id: string }>(rt.cri.runtime, 'RunPodSandbox', { config })).pod_sandbox_id;
-  }, 180_000);
+    id = (await rt.cri.runtime.RunPodSandbox({ config })).pod_sandbox_id;
+  }, scaledMs(180_000));
   afterAll(async () => {
     await rt?.cleanup();
     await fsp.rm(marker, { force: true });
@@ -58,7 +58,7 @@ describe('security checks on a running sandbox', () => {
 
   it('request fields reached no shell and no QEMU argv', async () => {
     await expect(fsp.stat(marker)).rejects.toThrow();
-    const res = await rpc<{ info: Record<string, string> }>(rt.cri.runtime, 'PodSandboxStatus', { pod_sandbox_id: id, verbose: true });
+    const res = await rt.cri.runtime.PodSandboxStatus({ pod_sandbox_id: id, verbose: true });
     const info = JSON.parse(res.info.info!) as { pid: number };
     const argv = readCmdline(info.pid).join(' ');
     expect(argv).toContain('qemu-system');
@@ -66,10 +66,10 @@ describe('security checks on a running sandbox', () => {
   });
 
   it('a log path or log directory leaving the pod log directory is refused and changes nothing', async () => {
-    const before = await rpc(rt.cri.runtime, 'ListContainers', {});
+    const before = await rt.cri.runtime.ListContainers({});
     for (const logPath of ['../../escape.log', '/etc/cron.d/escape', 'a/../../../escape.log']) {
       await expectGrpcError(
-        rpc(rt.cri.runtime, 'CreateContainer', {
+        rt.cri.runtime.CreateContainer({
           pod_sandbox_id: id,
           config: { metadata: { name: 'c', attempt: 0 }, image: { image: 'busybox' }, log_path: logPath },
           sandbox_config: config,
@@ -78,14 +78,10 @@ describe('security checks on a running sandbox', () => {
         'CONTAINER_LOG_PATH_INVALID',
       );
     }
-    expect(await rpc(rt.cri.runtime, 'ListContainers', {})).toEqual(before);
+    expect(await rt.cri.runtime.ListContainers({})).toEqual(before);
     const badDir = podConfig(rt, 'logdir', { log_directory: '/var/log/pods/../../../etc' });
-    await expectGrpcError(
-      rpc(rt.cri.runtime, 'RunPodSandbox', { config: badDir }),
-      status.INVALID_ARGUMENT,
-      'SANDBOX_LOG_DIRECTORY_INVALID',
-    );
-    const listed = await rpc<{ items: Array<{ id: string }> }>(rt.cri.runtime, 'ListPodSandbox', {});
+    await expectGrpcError(rt.cri.runtime.RunPodSandbox({ config: badDir }), status.INVALID_ARGUMENT, 'SANDBOX_LOG_DIRECTORY_INVALID');
+    const listed = await rt.cri.runtime.ListPodSandbox({});
     expect(listed.items.map((s) => s.id)).toEqual([id]);
   });
 });

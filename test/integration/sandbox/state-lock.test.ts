@@ -10,13 +10,8 @@ import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { packageRoot } from '../../../src/common/paths.js';
 import { STATE_LOCK_FILE } from '../../../src/runtime/state-lock.js';
-import { rpc } from '../../helpers/cri-client.js';
 import { ensureGuestAssets } from '../../helpers/hypervisor-guest.js';
 import { createTestRuntime, podConfig, type TestRuntime } from '../../helpers/runtime-daemon.js';
-
-interface Listed {
-  items: Array<{ id: string; state: string }>;
-}
 
 /** Run a second `kata-ts serve` to its end; it must not outlive the timeout. */
 async function serveOnce(configPath: string, timeoutMs: number): Promise<{ code: number | null; stderr: string }> {
@@ -46,7 +41,7 @@ describe('one daemon per state directory', () => {
   });
 
   it('a second daemon refuses naming the holder, changes nothing; a stale lock is taken over', async () => {
-    const id = (await rpc<{ pod_sandbox_id: string }>(rt.cri.runtime, 'RunPodSandbox', { config: podConfig(rt, 'locked') })).pod_sandbox_id;
+    const id = (await rt.cri.runtime.RunPodSandbox({ config: podConfig(rt, 'locked') })).pod_sandbox_id;
     const recordFile = path.join(rt.stateDir, 'sandboxes', `${id}.json`);
     const before = await fsp.readFile(recordFile, 'utf8');
     const lockBefore = await fsp.readFile(path.join(rt.stateDir, STATE_LOCK_FILE), 'utf8');
@@ -62,7 +57,7 @@ describe('one daemon per state directory', () => {
     expect(await fsp.readFile(recordFile, 'utf8')).toBe(before);
     expect(await fsp.readFile(path.join(rt.stateDir, STATE_LOCK_FILE), 'utf8')).toBe(lockBefore);
     await expect(fsp.stat(second.socketPath)).rejects.toThrow();
-    const listed = await rpc<Listed>(rt.cri.runtime, 'ListPodSandbox', {});
+    const listed = await rt.cri.runtime.ListPodSandbox({});
     expect(listed.items.map((s) => [s.id, s.state])).toEqual([[id, 'SANDBOX_READY']]);
 
     // The holder dies without releasing: the lock is stale, the next daemon takes it over.
@@ -75,10 +70,10 @@ describe('one daemon per state directory', () => {
       true,
     );
     expect((await fsp.readFile(path.join(rt.stateDir, STATE_LOCK_FILE), 'utf8')).split(' ')[0]).toBe(String(rt.pid()));
-    const again = await rpc<Listed>(rt.cri.runtime, 'ListPodSandbox', {});
+    const again = await rt.cri.runtime.ListPodSandbox({});
     expect(again.items.map((s) => [s.id, s.state])).toEqual([[id, 'SANDBOX_READY']]);
-    await rpc(rt.cri.runtime, 'StopPodSandbox', { pod_sandbox_id: id });
-    await rpc(rt.cri.runtime, 'RemovePodSandbox', { pod_sandbox_id: id });
+    await rt.cri.runtime.StopPodSandbox({ pod_sandbox_id: id });
+    await rt.cri.runtime.RemovePodSandbox({ pod_sandbox_id: id });
     // A graceful stop gives the lock up.
     await rt.stop();
     await expect(fsp.stat(path.join(rt.stateDir, STATE_LOCK_FILE))).rejects.toThrow();

@@ -12,12 +12,12 @@ import { promises as fsp } from 'node:fs';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { allowLoopbackRegistries, pushBusyboxImage } from '../../helpers/busybox-image.js';
-import { rpc } from '../../helpers/cri-client.js';
 import { findCriTool } from '../../helpers/cri-tools.js';
 import { type RegistryHandle, startRegistry } from '../../helpers/images-registry.js';
 import { until as pollUntil } from '../../helpers/poll.js';
 import { createTestRuntime, podConfig, type TestRuntime } from '../../helpers/runtime-daemon.js';
 import { exitCodeOf, spdyCommand, spdyPortForward, wsCommand, wsPortForward } from '../../helpers/streaming-client.js';
+import { scaledMs } from '../../helpers/time-scale.js';
 
 const repo = path.resolve(__dirname, '../../..');
 const CRICTL_PATH = findCriTool('crictl');
@@ -69,17 +69,15 @@ describe('streaming through a pod VM (real QEMU, agent, crun; SPDY, WebSocket, c
   const crictl = (args: string[], input?: string, timeoutMs?: number) =>
     run(CRICTL, ['--runtime-endpoint', `unix://${rt.socketPath}`, '--timeout', '60s', ...args], input, timeoutMs);
   const execUrl = async (container: string, cmd: string[], extra: Record<string, boolean> = {}) =>
-    (await rpc<{ url: string }>(rt.cri.runtime, 'Exec', { container_id: ids[container], cmd, stdout: true, stderr: !extra.tty, ...extra }))
-      .url;
-  const execSync = (container: string, cmd: string[]) =>
-    rpc<{ stdout: Buffer; exit_code: number }>(rt.cri.runtime, 'ExecSync', { container_id: ids[container], cmd, timeout: 30 });
+    (await rt.cri.runtime.Exec({ container_id: ids[container], cmd, stdout: true, stderr: !extra.tty, ...extra })).url;
+  const execSync = (container: string, cmd: string[]) => rt.cri.runtime.ExecSync({ container_id: ids[container], cmd, timeout: 30 });
   const create = async (name: string, extra: Record<string, unknown>) => {
-    const { container_id } = await rpc<{ container_id: string }>(rt.cri.runtime, 'CreateContainer', {
+    const { container_id } = await rt.cri.runtime.CreateContainer({
       pod_sandbox_id: sid,
       config: { metadata: { name, attempt: 0 }, image: { image }, ...extra },
       sandbox_config: sandboxConfig,
     });
-    await rpc(rt.cri.runtime, 'StartContainer', { container_id });
+    await rt.cri.runtime.StartContainer({ container_id });
     ids[name] = container_id;
   };
 
@@ -92,20 +90,20 @@ describe('streaming through a pod VM (real QEMU, agent, crun; SPDY, WebSocket, c
     });
     await allowLoopbackRegistries(rt);
     await rt.start();
-    await rpc(rt.cri.image, 'PullImage', { image: { image } });
+    await rt.cri.image.PullImage({ image: { image } });
     sandboxConfig = { ...podConfig(rt, 'stream'), hostname: 'stream-pod', log_directory: path.join(rt.dir, 'pod-logs') };
-    sid = (await rpc<{ pod_sandbox_id: string }>(rt.cri.runtime, 'RunPodSandbox', { config: sandboxConfig })).pod_sandbox_id;
+    sid = (await rt.cri.runtime.RunPodSandbox({ config: sandboxConfig })).pod_sandbox_id;
     await create('shell', { command: ['sleep', '100000'], log_path: 'shell.log' });
     await create('web', {
       command: ['sh', '-c', 'mkdir -p /tmp/www && echo hello-from-pod > /tmp/www/index.html && exec httpd -f -p 8080 -h /tmp/www'],
       log_path: 'web.log',
     });
-  }, 300_000);
+  }, scaledMs(300_000));
 
   afterAll(async () => {
     if (rt !== undefined) {
-      const { items } = await rpc<{ items: Array<{ id: string }> }>(rt.cri.runtime, 'ListPodSandbox', {}).catch(() => ({ items: [] }));
-      for (const s of items) await rpc(rt.cri.runtime, 'RemovePodSandbox', { pod_sandbox_id: s.id }).catch(() => undefined);
+      const { items } = await rt.cri.runtime.ListPodSandbox({}).catch(() => ({ items: [] }));
+      for (const s of items) await rt.cri.runtime.RemovePodSandbox({ pod_sandbox_id: s.id }).catch(() => undefined);
       const keep = process.env.KATA_TS_KEEP_DAEMON_LOG;
       if (keep !== undefined) {
         await fsp.copyFile(rt.logFile, keep).catch(() => undefined);
@@ -137,7 +135,7 @@ describe('streaming through a pod VM (real QEMU, agent, crun; SPDY, WebSocket, c
   });
 
   it('port-forward to a busybox httpd in the pod, over SPDY and WebSocket, through the agent', async () => {
-    const url = async () => (await rpc<{ url: string }>(rt.cri.runtime, 'PortForward', { pod_sandbox_id: sid, port: [8080] })).url;
+    const url = async () => (await rt.cri.runtime.PortForward({ pod_sandbox_id: sid, port: [8080] })).url;
     const get = Buffer.from('GET /index.html HTTP/1.0\r\n\r\n');
     const body = await until('httpd to answer', async () => {
       const r = await spdyPortForward(await url(), 8080, get);
@@ -189,12 +187,10 @@ describe('streaming through a pod VM (real QEMU, agent, crun; SPDY, WebSocket, c
     const r = await crictl(['attach', '-i', ids.reader!], 'one\ntwo\n');
     expect(r.stdout).toContain('got one\ngot two\n');
     const status = await until('reader to exit', async () => {
-      const s = (
-        await rpc<{ status: { state: string; exit_code: number } }>(rt.cri.runtime, 'ContainerStatus', { container_id: ids.reader })
-      ).status;
-      return s.state === 'CONTAINER_EXITED' ? s : undefined;
+      const s = (await rt.cri.runtime.ContainerStatus({ container_id: ids.reader })).status;
+      return s!.state === 'CONTAINER_EXITED' ? s : undefined;
     });
-    expect(status.exit_code).toBe(0);
+    expect(status!.exit_code).toBe(0);
   });
 
   it.runIf(HAVE_CRICTL)('crictl port-forward to the pod', async () => {

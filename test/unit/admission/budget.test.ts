@@ -1,5 +1,4 @@
 import { describe, expect, it } from 'vitest';
-import { KataError } from '../../../src/common/errors.js';
 import { confidentialHandlerProfile, defaultHandlerProfile } from '../../../src/config/defaults.js';
 import {
   type AdmissionDemand,
@@ -11,6 +10,7 @@ import {
   workloadCapacity,
 } from '../../../src/runtime/admission/index.js';
 import { planSizing } from '../../../src/sizing/shape.js';
+import { thrown } from '../../helpers/kata-error.js';
 
 const MiB = 1024 * 1024;
 const GUEST = { cpuMillicores: 250, memoryMiB: 160 };
@@ -27,16 +27,6 @@ const d = (cpuMillicores: number, memoryMiB: number, hugepages: Record<string, n
 
 function input(shape: VmBudgetShape, admitted: AdmissionDemand[], incoming: AdmissionDemand, confidential = false): FitBudgetInput {
   return { containerName: 'app', shape, handler: { confidential, guestOverhead: GUEST }, admitted, incoming };
-}
-
-function refusal(i: FitBudgetInput): KataError {
-  try {
-    fitBudget(i);
-  } catch (err) {
-    if (err instanceof KataError) return err;
-    throw err;
-  }
-  throw new Error('fitBudget did not refuse');
 }
 
 describe('workloadCapacity', () => {
@@ -82,7 +72,7 @@ describe('fitBudget: fits or grows', () => {
 
 describe('fitBudget: refusals', () => {
   it('refuses beyond the planned vCPUs with the numbers', () => {
-    const err = refusal(input(HOTPLUG, [d(2000, 0)], d(3751, 0)));
+    const err = thrown(() => fitBudget(input(HOTPLUG, [d(2000, 0)], d(3751, 0))));
     expect(err.kind).toBe('exhausted');
     expect(err.reason).toBe('ADMISSION_BUDGET_EXCEEDED');
     expect(err.details).toMatchObject({
@@ -95,7 +85,7 @@ describe('fitBudget: refusals', () => {
   });
 
   it('refuses beyond the planned memory with the numbers', () => {
-    const err = refusal(input(HOTPLUG, [d(0, 4000)], d(0, 961)));
+    const err = thrown(() => fitBudget(input(HOTPLUG, [d(0, 4000)], d(0, 961))));
     expect(err.reason).toBe('ADMISSION_BUDGET_EXCEEDED');
     expect(err.details).toMatchObject({
       memory: {
@@ -112,38 +102,38 @@ describe('fitBudget: refusals', () => {
   });
 
   it('refuses a VM without headroom (a non-confidential handler configured static)', () => {
-    expect(refusal(input(STATIC, [], d(1751, 0))).reason).toBe('ADMISSION_BUDGET_EXCEEDED');
+    expect(thrown(() => fitBudget(input(STATIC, [], d(1751, 0)))).reason).toBe('ADMISSION_BUDGET_EXCEEDED');
   });
 
   it('refuses more hugepages than the pools reserved at boot, even with headroom left', () => {
-    const err = refusal(input(WITH_POOL, [d(0, 0, { '2Mi': 4 * MiB })], d(0, 0, { '2Mi': 6 * MiB })));
+    const err = thrown(() => fitBudget(input(WITH_POOL, [d(0, 0, { '2Mi': 4 * MiB })], d(0, 0, { '2Mi': 6 * MiB }))));
     expect(err.reason).toBe('ADMISSION_BUDGET_EXCEEDED');
     expect(err.details).toMatchObject({ hugepages: { '2Mi': { neededBytes: 10 * MiB, availableBytes: 8 * MiB } } });
     expect(err.message).toContain('hugepages-2Mi');
   });
 
   it('refuses a hugepage size the VM has no pool for', () => {
-    const err = refusal(input(WITH_POOL, [], d(0, 0, { '1Gi': 1024 * MiB })));
+    const err = thrown(() => fitBudget(input(WITH_POOL, [], d(0, 0, { '1Gi': 1024 * MiB }))));
     expect(err.reason).toBe('ADMISSION_BUDGET_EXCEEDED');
     expect(err.details).toMatchObject({ hugepages: { '1Gi': { neededBytes: 1024 * MiB, availableBytes: 0 } } });
   });
 
   it('never grows a confidential VM', () => {
     for (const incoming of [d(1751, 0), d(0, 865), d(2000, 2000)]) {
-      const err = refusal(input(STATIC, [], incoming, true));
+      const err = thrown(() => fitBudget(input(STATIC, [], incoming, true)));
       expect(err.kind).toBe('exhausted');
       expect(err.reason).toBe('ADMISSION_CONFIDENTIAL_STATIC');
     }
   });
 
   it('never grows a confidential VM even when its shape claims headroom', () => {
-    expect(refusal(input(HOTPLUG, [], d(1751, 0), true)).reason).toBe('ADMISSION_CONFIDENTIAL_STATIC');
+    expect(thrown(() => fitBudget(input(HOTPLUG, [], d(1751, 0), true))).reason).toBe('ADMISSION_CONFIDENTIAL_STATIC');
   });
 
   it('refuses a confidential VM short only of hugepages as over budget (no handler could grow a pool)', () => {
-    expect(refusal(input({ ...WITH_POOL, maxVcpus: 2, maxMemoryMiB: 1024 }, [], d(0, 0, { '2Mi': 16 * MiB }), true)).reason).toBe(
-      'ADMISSION_BUDGET_EXCEEDED',
-    );
+    expect(
+      thrown(() => fitBudget(input({ ...WITH_POOL, maxVcpus: 2, maxMemoryMiB: 1024 }, [], d(0, 0, { '2Mi': 16 * MiB }), true))).reason,
+    ).toBe('ADMISSION_BUDGET_EXCEEDED');
   });
 });
 

@@ -2,9 +2,9 @@ import { promises as fsp } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
-import { KataError } from '../../../src/common/errors.js';
 import { defaultHandlerProfile } from '../../../src/config/defaults.js';
 import { cdiNamesFromAnnotations, loadCdiSpecs, parseQualifiedName, planPcieTopology, resolveCdiDevices } from '../../../src/pcie/index.js';
+import { thrown } from '../../helpers/kata-error.js';
 import { fixtureInventory } from '../../helpers/pcie-golden.js';
 import { FIXTURES_DIR } from '../../helpers/pcie-sysfs.js';
 
@@ -20,15 +20,6 @@ async function specDir(files: Record<string, string>): Promise<string> {
   tmp.push(dir);
   for (const [name, text] of Object.entries(files)) await fsp.writeFile(path.join(dir, name), text);
   return dir;
-}
-function refusal(fn: () => unknown): KataError {
-  try {
-    fn();
-  } catch (err) {
-    if (err instanceof KataError) return err;
-    throw err;
-  }
-  throw new Error('expected a KataError');
 }
 const spec = (kind: string, name: string, node: string) =>
   JSON.stringify({ cdiVersion: '0.6.0', kind, devices: [{ name, containerEdits: { deviceNodes: [{ path: node }] } }] });
@@ -73,7 +64,7 @@ describe('loadCdiSpecs on fixtures/cdi', () => {
     const reg = await loadCdiSpecs([dir]);
     expect(reg.conflicts['acme.io/x=d0']).toEqual([path.join(dir, 'a.json'), path.join(dir, 'b.json')]);
     expect(reg.warnings[0]!.problems[0]).toContain('also defined by');
-    expect(refusal(() => resolveCdiDevices(reg, [{ name: 'acme.io/x=d0', origin: 't' }]))).toMatchObject({
+    expect(thrown(() => resolveCdiDevices(reg, [{ name: 'acme.io/x=d0', origin: 't' }]))).toMatchObject({
       kind: 'precondition',
       reason: 'CDI_DEVICE_CONFLICT',
     });
@@ -142,10 +133,10 @@ describe('CDI names', () => {
     ]);
     expect(r.requests[0]!.origin).toBe('CDI nvidia.com/hgx=nvswitch-all (a)');
     expect(r.nonVfio).toEqual([{ name: 'example.com/net=fuse', origin: 'c', nodes: ['/dev/fuse'] }]);
-    const unknown = refusal(() => resolveCdiDevices(reg, [{ name: 'nvidia.com/pgpu=9', origin: 'annotation cdi.k8s.io/gpu' }]));
+    const unknown = thrown(() => resolveCdiDevices(reg, [{ name: 'nvidia.com/pgpu=9', origin: 'annotation cdi.k8s.io/gpu' }]));
     expect(unknown).toMatchObject({ kind: 'not_found', reason: 'CDI_DEVICE_UNKNOWN' });
     expect(unknown.message).toContain(ETC);
-    expect(refusal(() => resolveCdiDevices(reg, [{ name: 'gpu0', origin: 'x' }]))).toMatchObject({
+    expect(thrown(() => resolveCdiDevices(reg, [{ name: 'gpu0', origin: 'x' }]))).toMatchObject({
       kind: 'invalid',
       reason: 'CDI_NAME_INVALID',
     });

@@ -1,5 +1,4 @@
 import { describe, expect, it } from 'vitest';
-import { KataError } from '../../../src/common/errors.js';
 import { confidentialHandlerProfile, defaultHandlerProfile } from '../../../src/config/defaults.js';
 import type { HandlerPcieConfig } from '../../../src/config/types.js';
 import {
@@ -13,6 +12,7 @@ import {
   planPcieTopology,
 } from '../../../src/pcie/index.js';
 import { GiB, KiB, MiB } from '../../../src/pcie/pci.js';
+import { thrown } from '../../helpers/kata-error.js';
 import { fixtureInventory } from '../../helpers/pcie-golden.js';
 
 type Profile = HandlerPcieConfig & { confidential: boolean };
@@ -28,16 +28,6 @@ const E1000E: BarNeeds = barNeeds(
   ],
   256 * KiB,
 );
-
-function refusal(fn: () => unknown): KataError {
-  try {
-    fn();
-  } catch (err) {
-    if (err instanceof KataError) return err;
-    throw err;
-  }
-  throw new Error('expected a KataError');
-}
 
 async function gpuTopology(over: Partial<Profile> = {}): Promise<PcieTopology> {
   return planPcieTopology({
@@ -61,7 +51,7 @@ describe('planHotplug', () => {
     expect(JSON.stringify(t)).toBe(before);
     // Once attached, the announced request is empty and a second attach is refused.
     expect(announcedHotplugRequest(plan.topology).devices).toEqual([]);
-    const again = refusal(() => planHotplug(plan.topology, announcedHotplugRequest(t)));
+    const again = thrown(() => planHotplug(plan.topology, announcedHotplugRequest(t)));
     expect(again).toMatchObject({ kind: 'exists', reason: 'PCIE_DEVICE_ATTACHED' });
   });
 
@@ -81,7 +71,7 @@ describe('planHotplug', () => {
       mem32LargestBytes: 16 * MiB,
       pref64LargestBytes: 128 * GiB,
     };
-    const e = refusal(() => planHotplug(t, { devices: [{ driver: 'vfio-pci', bdf: '0000:99:00.0', needs: huge }] }));
+    const e = thrown(() => planHotplug(t, { devices: [{ driver: 'vfio-pci', bdf: '0000:99:00.0', needs: huge }] }));
     expect(e).toMatchObject({ kind: 'exhausted', reason: 'PCIE_HOTPLUG_NO_PORT' });
     expect(e.message).toContain('128 GiB');
     expect(e.message).toContain('2 of 4 free ports are open to it');
@@ -93,8 +83,8 @@ describe('planHotplug', () => {
     const nic = (id: string) => ({ driver: 'e1000e', qemuId: id, needs: E1000E });
     const two = planHotplug(t, { devices: [nic('a'), nic('b')] });
     expect(two.placements.map((p) => p.portId)).toEqual(['rp2', 'rp3']);
-    expect(refusal(() => planHotplug(two.topology, { devices: [nic('c')] }))).toMatchObject({ reason: 'PCIE_HOTPLUG_NO_PORT' });
-    expect(refusal(() => planHotplug(t, { devices: [nic('a'), nic('b'), nic('c')] }))).toMatchObject({ reason: 'PCIE_HOTPLUG_NO_PORT' });
+    expect(thrown(() => planHotplug(two.topology, { devices: [nic('c')] }))).toMatchObject({ reason: 'PCIE_HOTPLUG_NO_PORT' });
+    expect(thrown(() => planHotplug(t, { devices: [nic('a'), nic('b'), nic('c')] }))).toMatchObject({ reason: 'PCIE_HOTPLUG_NO_PORT' });
   });
 
   it('a 128 GiB BAR device fits a port reserved from its announced BARs (hgx H100 -> 256 GiB window)', async () => {
@@ -125,7 +115,7 @@ describe('planHotplug', () => {
       sysfsdev: '/sys/bus/pci/devices/0000:3b:00.5',
     });
     const noVfio = await fixtureInventory('no-vfio');
-    expect(refusal(() => hotplugRequestForDevices(noVfio, [{ hostPath: '/dev/vfio/40', origin: 't' }]))).toMatchObject({
+    expect(thrown(() => hotplugRequestForDevices(noVfio, [{ hostPath: '/dev/vfio/40', origin: 't' }]))).toMatchObject({
       reason: 'IOMMU_GROUP_NOT_VIABLE',
     });
   });
@@ -133,12 +123,12 @@ describe('planHotplug', () => {
   it('ids are unique: a taken QEMU id is ALREADY_EXISTS; an empty request or driver is INVALID_ARGUMENT', async () => {
     const t = await gpuTopology();
     const one = planHotplug(t, { devices: [{ driver: 'e1000e', qemuId: 'nic0', needs: E1000E }] });
-    expect(refusal(() => planHotplug(one.topology, { devices: [{ driver: 'e1000e', qemuId: 'nic0', needs: E1000E }] }))).toMatchObject({
+    expect(thrown(() => planHotplug(one.topology, { devices: [{ driver: 'e1000e', qemuId: 'nic0', needs: E1000E }] }))).toMatchObject({
       kind: 'exists',
       reason: 'PCIE_DEVICE_ID_IN_USE',
     });
-    expect(refusal(() => planHotplug(t, { devices: [] }))).toMatchObject({ kind: 'invalid', reason: 'PCIE_HOTPLUG_EMPTY' });
-    expect(refusal(() => planHotplug(t, { devices: [{ driver: ' ', needs: E1000E }] }))).toMatchObject({
+    expect(thrown(() => planHotplug(t, { devices: [] }))).toMatchObject({ kind: 'invalid', reason: 'PCIE_HOTPLUG_EMPTY' });
+    expect(thrown(() => planHotplug(t, { devices: [{ driver: ' ', needs: E1000E }] }))).toMatchObject({
       kind: 'invalid',
       reason: 'PCIE_HOTPLUG_DRIVER',
     });
@@ -150,16 +140,16 @@ describe('planHotplug', () => {
       devices: [{ hostPath: '/dev/vfio/12', origin: 't' }],
       profile: { ...confidentialHandlerProfile().pcie, confidential: true },
     });
-    expect(refusal(() => planHotplug(t, { devices: [{ driver: 'e1000e', needs: E1000E }] }))).toMatchObject({
+    expect(thrown(() => planHotplug(t, { devices: [{ driver: 'e1000e', needs: E1000E }] }))).toMatchObject({
       kind: 'precondition',
       reason: 'PCIE_HOTPLUG_CONFIDENTIAL',
     });
-    expect(refusal(() => planHotUnplug(t, ['dev-rp0']))).toMatchObject({ kind: 'precondition', reason: 'PCIE_HOTPLUG_CONFIDENTIAL' });
+    expect(thrown(() => planHotUnplug(t, ['dev-rp0']))).toMatchObject({ kind: 'precondition', reason: 'PCIE_HOTPLUG_CONFIDENTIAL' });
   });
 
   it('announcedHotplugRequest refuses a BDF that was never announced', async () => {
     const t = await gpuTopology();
-    expect(refusal(() => announcedHotplugRequest(t, ['0000:3b:00.2']))).toMatchObject({
+    expect(thrown(() => announcedHotplugRequest(t, ['0000:3b:00.2']))).toMatchObject({
       kind: 'not_found',
       reason: 'PCIE_DEVICE_NOT_ANNOUNCED',
     });
@@ -175,7 +165,7 @@ describe('planHotUnplug', () => {
     expect(removed.commands).toEqual([{ execute: 'device_del', arguments: { id: 'nic0' } }]);
     expect(removed.topology.ports.find((p) => p.id === 'rp2')!.occupant).toBeNull();
     expect(added.topology.ports.find((p) => p.id === 'rp2')!.occupant).not.toBeNull();
-    expect(refusal(() => planHotUnplug(removed.topology, ['nic0']))).toMatchObject({
+    expect(thrown(() => planHotUnplug(removed.topology, ['nic0']))).toMatchObject({
       kind: 'not_found',
       reason: 'PCIE_DEVICE_NOT_ATTACHED',
     });

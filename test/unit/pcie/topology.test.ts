@@ -1,6 +1,5 @@
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
-import { KataError } from '../../../src/common/errors.js';
 import { defaultHandlerProfile } from '../../../src/config/defaults.js';
 import type { HandlerPcieConfig } from '../../../src/config/types.js';
 import {
@@ -15,6 +14,7 @@ import {
   type VfioDeviceRequest,
 } from '../../../src/pcie/index.js';
 import { GiB, MiB } from '../../../src/pcie/pci.js';
+import { thrown } from '../../helpers/kata-error.js';
 import { PCIE_CASES } from '../../helpers/pcie-cases.js';
 import { argvToGolden, fixtureInventory, golden } from '../../helpers/pcie-golden.js';
 import { fixtureInventoryOptions } from '../../helpers/pcie-sysfs.js';
@@ -22,16 +22,6 @@ import { fixtureInventoryOptions } from '../../helpers/pcie-sysfs.js';
 type Profile = HandlerPcieConfig & { confidential: boolean };
 const profile = (over: Partial<Profile> = {}): Profile => ({ ...defaultHandlerProfile().pcie, confidential: false, ...over });
 const dev = (hostPath: string, origin = 'test'): VfioDeviceRequest => ({ hostPath, origin });
-
-function refusal(fn: () => unknown): KataError {
-  try {
-    fn();
-  } catch (err) {
-    if (err instanceof KataError) return err;
-    throw err;
-  }
-  throw new Error('expected a KataError');
-}
 
 const empty = (): HostInventory => ({
   sysfsRoot: '/sys',
@@ -144,7 +134,7 @@ describe('planPcieTopology: expansion to IOMMU groups', () => {
 describe('planPcieTopology: refusals name the device, the driver and the numbers', () => {
   it('a device bound to a host driver (node missing since no member is bound to vfio-pci): DEVICE_NOT_VFIO', async () => {
     const inv = await fixtureInventory('no-vfio');
-    const err = refusal(() =>
+    const err = thrown(() =>
       planPcieTopology({ inventory: inv, devices: [dev('/dev/vfio/31', 'pod_resources container "net"')], profile: profile() }),
     );
     expect(err).toMatchObject({ kind: 'precondition', reason: 'DEVICE_NOT_VFIO' });
@@ -155,7 +145,7 @@ describe('planPcieTopology: refusals name the device, the driver and the numbers
 
   it('a stale group node whose only member is bound to nvme: DEVICE_NOT_VFIO through /sys/dev/char', async () => {
     const inv = await fixtureInventory('no-vfio');
-    const e2 = refusal(() => planPcieTopology({ inventory: inv, devices: [dev('/dev/vfio/55')], profile: profile() }));
+    const e2 = thrown(() => planPcieTopology({ inventory: inv, devices: [dev('/dev/vfio/55')], profile: profile() }));
     expect(e2).toMatchObject({ kind: 'precondition', reason: 'DEVICE_NOT_VFIO' });
     expect(e2.message).toContain('0000:d8:00.0');
     expect(e2.message).toContain('nvme');
@@ -163,13 +153,13 @@ describe('planPcieTopology: refusals name the device, the driver and the numbers
 
   it('a PCI address bound to a host driver: DEVICE_NOT_VFIO', async () => {
     const inv = await fixtureInventory('no-vfio');
-    const e = refusal(() => planPcieTopology({ inventory: inv, devices: [{ bdf: '0000:5e:00.0', origin: 'test' }], profile: profile() }));
+    const e = thrown(() => planPcieTopology({ inventory: inv, devices: [{ bdf: '0000:5e:00.0', origin: 'test' }], profile: profile() }));
     expect(e).toMatchObject({ kind: 'precondition', reason: 'DEVICE_NOT_VFIO' });
   });
 
   it('a group whose audio function is still bound to snd_hda_intel: IOMMU_GROUP_NOT_VIABLE naming it', async () => {
     const inv = await fixtureInventory('no-vfio');
-    const e = refusal(() => planPcieTopology({ inventory: inv, devices: [dev('/dev/vfio/40')], profile: profile() }));
+    const e = thrown(() => planPcieTopology({ inventory: inv, devices: [dev('/dev/vfio/40')], profile: profile() }));
     expect(e).toMatchObject({ kind: 'precondition', reason: 'IOMMU_GROUP_NOT_VIABLE' });
     expect(e.message).toContain('0000:af:00.1 (snd_hda_intel)');
     expect(e.details).toMatchObject({ group: 40, blockers: [{ bdf: '0000:af:00.1', driver: 'snd_hda_intel' }] });
@@ -178,7 +168,7 @@ describe('planPcieTopology: refusals name the device, the driver and the numbers
   it('no IOMMU: IOMMU_MISSING for any device, but a pod without devices still gets its spare ports', async () => {
     const inv = await fixtureInventory('no-iommu');
     for (const d of [dev('/dev/vfio/noiommu-0'), { bdf: '0000:65:00.0', origin: 'test' }]) {
-      expect(refusal(() => planPcieTopology({ inventory: inv, devices: [d], profile: profile() }))).toMatchObject({
+      expect(thrown(() => planPcieTopology({ inventory: inv, devices: [d], profile: profile() }))).toMatchObject({
         kind: 'precondition',
         reason: 'IOMMU_MISSING',
       });
@@ -188,7 +178,7 @@ describe('planPcieTopology: refusals name the device, the driver and the numbers
 
   it('unknown nodes, paths outside /dev/vfio and bad addresses are refused precisely', async () => {
     const inv = await fixtureInventory('gpu-audio');
-    const plan = (d: VfioDeviceRequest) => refusal(() => planPcieTopology({ inventory: inv, devices: [d], profile: profile() }));
+    const plan = (d: VfioDeviceRequest) => thrown(() => planPcieTopology({ inventory: inv, devices: [d], profile: profile() }));
     expect(plan(dev('/dev/vfio/999'))).toMatchObject({ kind: 'not_found', reason: 'VFIO_NODE_UNKNOWN' });
     expect(plan(dev('/dev/nvidia0'))).toMatchObject({ kind: 'invalid', reason: 'VFIO_PATH_INVALID' });
     expect(plan({ bdf: 'zz:00.0', origin: 't' })).toMatchObject({ kind: 'invalid', reason: 'PCI_ADDRESS_INVALID' });
@@ -197,7 +187,7 @@ describe('planPcieTopology: refusals name the device, the driver and the numbers
 
   it('a confidential handler may not hot-plug or keep spare ports', async () => {
     const inv = await fixtureInventory('gpu-audio');
-    const e = refusal(() => planPcieTopology({ inventory: inv, devices: [], profile: profile({ confidential: true }) }));
+    const e = thrown(() => planPcieTopology({ inventory: inv, devices: [], profile: profile({ confidential: true }) }));
     expect(e).toMatchObject({ kind: 'precondition', reason: 'PCIE_CONFIDENTIAL_HOTPLUG' });
   });
 
@@ -206,7 +196,7 @@ describe('planPcieTopology: refusals name the device, the driver and the numbers
     const t = planPcieTopology({ inventory: empty(), devices: [], profile: { ...p, sparePorts: 184 } });
     expect(t.usage).toMatchObject({ rootSlots: 23, busNumbers: 185 });
     expect(t.ports.at(-1)).toMatchObject({ id: 'rp183', slot: 0x1e, function: 7 });
-    const e = refusal(() => planPcieTopology({ inventory: empty(), devices: [], profile: { ...p, sparePorts: 185 } }));
+    const e = thrown(() => planPcieTopology({ inventory: empty(), devices: [], profile: { ...p, sparePorts: 185 } }));
     expect(e).toMatchObject({ kind: 'exhausted', reason: 'PCIE_ROOT_SLOTS_EXHAUSTED' });
     expect(e.message).toContain('185 root ports need 24 slots');
     expect(e.message).toContain('only 23');
@@ -217,7 +207,7 @@ describe('planPcieTopology: refusals name the device, the driver and the numbers
     const t = planPcieTopology({ inventory: empty(), devices: [], profile: { ...p, sparePorts: 239 } });
     expect(t.usage.busNumbers).toBe(256);
     expect(t.switches).toHaveLength(8);
-    const e = refusal(() => planPcieTopology({ inventory: empty(), devices: [], profile: { ...p, sparePorts: 240 } }));
+    const e = thrown(() => planPcieTopology({ inventory: empty(), devices: [], profile: { ...p, sparePorts: 240 } }));
     expect(e).toMatchObject({ kind: 'exhausted', reason: 'PCIE_BUS_NUMBERS_EXHAUSTED' });
     expect(e.message).toContain('need 257 PCI bus numbers');
     expect(e.message).toContain('has 256');
@@ -225,7 +215,7 @@ describe('planPcieTopology: refusals name the device, the driver and the numbers
 
   it('32-bit MMIO: 58 spare ports x 16 MiB fit below 4 GiB, 59 are refused (SeaBIOS failed at 64 x 16 MiB)', () => {
     expect(planPcieTopology({ inventory: empty(), devices: [], profile: profile({ sparePorts: 58 }) }).usage.mmio32Bytes).toBe(928 * MiB);
-    const e = refusal(() => planPcieTopology({ inventory: empty(), devices: [], profile: profile({ sparePorts: 59 }) }));
+    const e = thrown(() => planPcieTopology({ inventory: empty(), devices: [], profile: profile({ sparePorts: 59 }) }));
     expect(e).toMatchObject({ kind: 'exhausted', reason: 'PCIE_MMIO32_EXHAUSTED' });
     expect(e.message).toContain('944 MiB');
   });
