@@ -23,6 +23,7 @@ import { ensureGuestAssets } from '../../helpers/hypervisor-guest.js';
 import { type RegistryHandle, startRegistry } from '../../helpers/images-registry.js';
 import { criLogLines, until } from '../../helpers/poll.js';
 import { createTestRuntime, podConfig, type TestRuntime } from '../../helpers/runtime-daemon.js';
+import { scaledMs } from '../../helpers/time-scale.js';
 
 const APPLETS = ['sleep', 'printf', 'touch', 'cat', 'grep', 'kill', 'stat', 'head', 'mknod'];
 
@@ -180,75 +181,79 @@ describe('a daemon crash while containers run in a pod VM (real QEMU, crun in th
     }
   });
 
-  it('the agent in the guest is killed (SIGKILL) and restarted by the guest init: output is not lost or repeated, exec and stop work', async () => {
-    // Each writes until the agent is killed, then a burst while the agent is down, then "end".
-    const burst = (out: string, n: number) => `j=0; while [ $j -lt ${n} ]; do ${out}; i=$((i+1)); j=$((j+1)); done`;
-    const ticker = await create('ticker', {
-      command: [
-        'sh',
-        '-c',
-        `i=0; while [ ! -e /vol/agent-killed ]; do echo tick-$i; echo tock-$i >&2; i=$((i+1)); sleep 0.2; done; ` +
-          `${burst('echo tick-$i; echo tock-$i >&2', 50)}; echo end; sleep 1000`,
-      ],
-    });
-    const ttyTicker = await create('tty-ticker', {
-      tty: true,
-      command: [
-        'sh',
-        '-c',
-        `i=0; while [ ! -e /vol/agent-killed ]; do echo tty-$i; i=$((i+1)); sleep 0.2; done; ${burst('echo tty-$i', 30)}; echo tty-end; sleep 1000`,
-      ],
-    });
-    // In the guest's root PID namespace (pid NODE): it sees the agent and kills it on a signal
-    // file. The pattern is written so that it does not match this shell's own command line.
-    const killer = await create('killer', {
-      command: [
-        'sh',
-        '-c',
-        'while [ ! -e /vol/kill-agent ]; do sleep 0.1; done; ' +
-          'cd /proc; for p in [0-9]*; do if grep -q "agent[.]mjs" $p/cmdline 2>/dev/null; then kill -9 $p; echo killed $p; break; fi; done; ' +
-          'touch /vol/agent-killed; sleep 1000',
-      ],
-      linux: { security_context: { namespace_options: { pid: 'NODE' } } },
-    });
-    for (const id of [ticker, ttyTicker, killer]) await start(id);
-    const tickerLog = (await status_(ticker)).log_path;
-    const ttyLog = (await status_(ttyTicker)).log_path;
-    await until('a few ticks', async () => ((await criLogLines(tickerLog)).length > 10 ? true : undefined));
-    await fsp.writeFile(path.join(volume, 'kill-agent'), '');
-    // Under TCG each grep is a fork and exec: walking /proc takes a while.
-    await until('the agent to be killed', async () => exists(path.join(volume, 'agent-killed')), 180_000);
-    const killerLog = (await status_(killer)).log_path;
-    await until('the killer log', async () => ((await criLogLines(killerLog)).length > 0 ? true : undefined));
-    expect((await criLogLines(killerLog))[0]).toMatch(/^stdout F killed \d+$/);
+  it(
+    'the agent in the guest is killed (SIGKILL) and restarted by the guest init: output is not lost or repeated, exec and stop work',
+    async () => {
+      // Each writes until the agent is killed, then a burst while the agent is down, then "end".
+      const burst = (out: string, n: number) => `j=0; while [ $j -lt ${n} ]; do ${out}; i=$((i+1)); j=$((j+1)); done`;
+      const ticker = await create('ticker', {
+        command: [
+          'sh',
+          '-c',
+          `i=0; while [ ! -e /vol/agent-killed ]; do echo tick-$i; echo tock-$i >&2; i=$((i+1)); sleep 0.2; done; ` +
+            `${burst('echo tick-$i; echo tock-$i >&2', 50)}; echo end; sleep 1000`,
+        ],
+      });
+      const ttyTicker = await create('tty-ticker', {
+        tty: true,
+        command: [
+          'sh',
+          '-c',
+          `i=0; while [ ! -e /vol/agent-killed ]; do echo tty-$i; i=$((i+1)); sleep 0.2; done; ${burst('echo tty-$i', 30)}; echo tty-end; sleep 1000`,
+        ],
+      });
+      // In the guest's root PID namespace (pid NODE): it sees the agent and kills it on a signal
+      // file. The pattern is written so that it does not match this shell's own command line.
+      const killer = await create('killer', {
+        command: [
+          'sh',
+          '-c',
+          'while [ ! -e /vol/kill-agent ]; do sleep 0.1; done; ' +
+            'cd /proc; for p in [0-9]*; do if grep -q "agent[.]mjs" $p/cmdline 2>/dev/null; then kill -9 $p; echo killed $p; break; fi; done; ' +
+            'touch /vol/agent-killed; sleep 1000',
+        ],
+        linux: { security_context: { namespace_options: { pid: 'NODE' } } },
+      });
+      for (const id of [ticker, ttyTicker, killer]) await start(id);
+      const tickerLog = (await status_(ticker)).log_path;
+      const ttyLog = (await status_(ttyTicker)).log_path;
+      await until('a few ticks', async () => ((await criLogLines(tickerLog)).length > 10 ? true : undefined));
+      await fsp.writeFile(path.join(volume, 'kill-agent'), '');
+      // Under TCG each grep is a fork and exec: walking /proc takes a while.
+      await until('the agent to be killed', async () => exists(path.join(volume, 'agent-killed')), 180_000);
+      const killerLog = (await status_(killer)).log_path;
+      await until('the killer log', async () => ((await criLogLines(killerLog)).length > 0 ? true : undefined));
+      expect((await criLogLines(killerLog))[0]).toMatch(/^stdout F killed \d+$/);
 
-    const ended = async (file: string, last: string) => ((await criLogLines(file)).includes(last) ? true : undefined);
-    await until('the ticker to end', () => ended(tickerLog, 'stdout F end'), 180_000);
-    const lines = await criLogLines(tickerLog);
-    const ticks = lines.filter((l) => l.startsWith('stdout') && l !== 'stdout F end');
-    expect(ticks.length).toBeGreaterThan(50);
-    expect(ticks).toEqual(Array.from({ length: ticks.length }, (_, i) => `stdout F tick-${i}`));
-    expect(lines.filter((l) => l.startsWith('stderr'))).toEqual(Array.from({ length: ticks.length }, (_, i) => `stderr F tock-${i}`));
-    await until('the tty ticker to end', () => ended(ttyLog, 'stdout F tty-end'), 120_000);
-    const ttyLines = (await criLogLines(ttyLog)).filter((l) => l !== 'stdout F tty-end');
-    expect(ttyLines.length).toBeGreaterThan(30);
-    expect(ttyLines).toEqual(Array.from({ length: ttyLines.length }, (_, i) => `stdout F tty-${i}`));
+      const ended = async (file: string, last: string) => ((await criLogLines(file)).includes(last) ? true : undefined);
+      await until('the ticker to end', () => ended(tickerLog, 'stdout F end'), 180_000);
+      const lines = await criLogLines(tickerLog);
+      const ticks = lines.filter((l) => l.startsWith('stdout') && l !== 'stdout F end');
+      expect(ticks.length).toBeGreaterThan(50);
+      expect(ticks).toEqual(Array.from({ length: ticks.length }, (_, i) => `stdout F tick-${i}`));
+      expect(lines.filter((l) => l.startsWith('stderr'))).toEqual(Array.from({ length: ticks.length }, (_, i) => `stderr F tock-${i}`));
+      await until('the tty ticker to end', () => ended(ttyLog, 'stdout F tty-end'), 120_000);
+      const ttyLines = (await criLogLines(ttyLog)).filter((l) => l !== 'stdout F tty-end');
+      expect(ttyLines.length).toBeGreaterThan(30);
+      expect(ttyLines).toEqual(Array.from({ length: ttyLines.length }, (_, i) => `stdout F tty-${i}`));
 
-    const exec = await rt.cri.runtime.ExecSync({
-      container_id: ticker,
-      cmd: ['echo', 'after the agent restart'],
-      timeout: 30,
-    });
-    expect([exec.stdout.toString(), exec.exit_code]).toEqual(['after the agent restart\n', 0]);
-    for (const id of [ticker, ttyTicker, killer]) {
-      await rt.cri.runtime.StopContainer({ container_id: id, timeout: 1 });
-      const st = await status_(id);
-      // SIGTERM ends a shell that is not its PID namespace's init (143); otherwise SIGKILL (137).
-      expect(st.state).toBe('CONTAINER_EXITED');
-      expect([137, 143]).toContain(st.exit_code);
-      await rt.cri.runtime.RemoveContainer({ container_id: id });
-    }
-  }, 400_000);
+      const exec = await rt.cri.runtime.ExecSync({
+        container_id: ticker,
+        cmd: ['echo', 'after the agent restart'],
+        timeout: 30,
+      });
+      expect([exec.stdout.toString(), exec.exit_code]).toEqual(['after the agent restart\n', 0]);
+      for (const id of [ticker, ttyTicker, killer]) {
+        await rt.cri.runtime.StopContainer({ container_id: id, timeout: 1 });
+        const st = await status_(id);
+        // SIGTERM ends a shell that is not its PID namespace's init (143); otherwise SIGKILL (137).
+        expect(st.state).toBe('CONTAINER_EXITED');
+        expect([137, 143]).toContain(st.exit_code);
+        await rt.cri.runtime.RemoveContainer({ container_id: id });
+      }
+    },
+    scaledMs(400_000),
+  );
 
   it('a CRI device is mapped to the guest node of the same path: linux.devices with the guest numbers, allowed by the device cgroup', async () => {
     const fuse = await create('fuse', {

@@ -37,6 +37,7 @@ import {
 import { ensureGuestAssets } from '../../helpers/hypervisor-guest.js';
 import { type RegistryHandle, startRegistry } from '../../helpers/images-registry.js';
 import { createTestRuntime, leftovers, podConfig, type TestRuntime } from '../../helpers/runtime-daemon.js';
+import { scaledMs } from '../../helpers/time-scale.js';
 
 const DEADLINE_MS = 30_000;
 const SEED = Number(process.env.KATA_TS_FUZZ_SEED ?? 20261124);
@@ -148,7 +149,7 @@ describe('fuzzing the container rpcs against a live sandbox (real VM)', () => {
     created = await create('created');
     raw = rawClient(rt.socketPath);
     baseline = await snapshot();
-  }, 300_000);
+  }, scaledMs(300_000));
 
   afterAll(async () => {
     console.log(
@@ -164,100 +165,116 @@ describe('fuzzing the container rpcs against a live sandbox (real VM)', () => {
     await registry?.stop();
   });
 
-  it('random requests aimed at the live container and pod', async () => {
-    const targets = [...CONTAINER_RPCS, ...POD_RPCS].map(byName);
-    const arb = fc
-      .constantFrom(...targets)
-      .chain((r) => fc.tuple(fc.constant(r), arbMessage(r.requestType, 3), fc.boolean(), fc.integer({ min: 0, max: 9 })));
-    await fc.assert(
-      fc.asyncProperty(arb, async ([r, message, aimAtCreated, miss]) => {
-        const m = { ...message };
-        // Mostly the live ids (StartContainer only ever the running one: starting the created one
-        // is a legitimate change); now and then the random id, so NOT_FOUND paths run too.
-        if (miss > 0) {
-          if ('container_id' in r.requestType.fields) m.container_id = aimAtCreated && r.name !== 'StartContainer' ? created : running;
-          if ('pod_sandbox_id' in r.requestType.fields) m.pod_sandbox_id = sid;
-        }
-        const out = await check(r, encodeLoosely(r.requestType, m), `random, live ids: ${JSON.stringify(m).slice(0, 160)}`);
-        if (out.code === status.OK) await settle(`${r.name} (random)`);
-      }),
-      { seed: SEED, numRuns: 250 * RUNS },
-    );
-    expect(findings).toEqual([]);
-  }, 900_000);
+  it(
+    'random requests aimed at the live container and pod',
+    async () => {
+      const targets = [...CONTAINER_RPCS, ...POD_RPCS].map(byName);
+      const arb = fc
+        .constantFrom(...targets)
+        .chain((r) => fc.tuple(fc.constant(r), arbMessage(r.requestType, 3), fc.boolean(), fc.integer({ min: 0, max: 9 })));
+      await fc.assert(
+        fc.asyncProperty(arb, async ([r, message, aimAtCreated, miss]) => {
+          const m = { ...message };
+          // Mostly the live ids (StartContainer only ever the running one: starting the created one
+          // is a legitimate change); now and then the random id, so NOT_FOUND paths run too.
+          if (miss > 0) {
+            if ('container_id' in r.requestType.fields) m.container_id = aimAtCreated && r.name !== 'StartContainer' ? created : running;
+            if ('pod_sandbox_id' in r.requestType.fields) m.pod_sandbox_id = sid;
+          }
+          const out = await check(r, encodeLoosely(r.requestType, m), `random, live ids: ${JSON.stringify(m).slice(0, 160)}`);
+          if (out.code === status.OK) await settle(`${r.name} (random)`);
+        }),
+        { seed: SEED, numRuns: 250 * RUNS },
+      );
+      expect(findings).toEqual([]);
+    },
+    scaledMs(900_000),
+  );
 
-  it('valid containers in the live pod but for one hostile field, started when accepted', async () => {
-    const createRpc = byName('CreateContainer');
-    const edit = fc.oneof(
-      nastyString.map((v) => ({ log_path: v })),
-      nastyString.map((v) => ({ working_dir: v })),
-      fc.tuple(nastyString, nastyString).map(([c, h]) => ({ mounts: [{ container_path: c, host_path: h }] })),
-      fc.tuple(nastyString, nastyString).map(([c, h]) => ({ devices: [{ container_path: c, host_path: h, permissions: 'rwm' }] })),
-      fc.array(nastyString, { maxLength: 3 }).map((v) => ({ command: ['sleep', ...v] })),
-      fc.tuple(nastyString, nastyString).map(([k, v]) => ({ envs: [{ key: k, value: v }] })),
-      fc.tuple(nastyString, nastyString).map(([k, v]) => ({ annotations: { [k]: v } })),
-      fc.integer().map((n) => ({ linux: { resources: { memory_limit_in_bytes: n, cpu_shares: n } } })),
-      fc.integer().map((n) => ({ linux: { security_context: { run_as_user: { value: n } } } })),
-    );
-    await fc.assert(
-      fc.asyncProperty(edit, async (e) => {
-        const config = {
-          metadata: { name: 'hostile', attempt: 0 },
-          image: { image },
-          command: ['sleep', '1000'],
-          log_path: 'hostile.log',
-          ...e,
-        };
-        const out = await check(
-          createRpc,
-          encodeLoosely(createRpc.requestType, { pod_sandbox_id: sid, config, sandbox_config: sandboxConfig }),
-          `hostile container ${JSON.stringify(e).slice(0, 80)}`,
-        );
-        if (out.code !== status.OK) return;
-        const { containers } = await rt.cri.runtime.ListContainers({});
-        const id = containers.find((c) => c.id !== running && c.id !== created)?.id;
-        if (id !== undefined) {
-          const started = await rawCall(
-            raw,
-            byName('StartContainer').path,
-            encodeLoosely(byName('StartContainer').requestType, { container_id: id }),
-            DEADLINE_MS,
+  it(
+    'valid containers in the live pod but for one hostile field, started when accepted',
+    async () => {
+      const createRpc = byName('CreateContainer');
+      const edit = fc.oneof(
+        nastyString.map((v) => ({ log_path: v })),
+        nastyString.map((v) => ({ working_dir: v })),
+        fc.tuple(nastyString, nastyString).map(([c, h]) => ({ mounts: [{ container_path: c, host_path: h }] })),
+        fc.tuple(nastyString, nastyString).map(([c, h]) => ({ devices: [{ container_path: c, host_path: h, permissions: 'rwm' }] })),
+        fc.array(nastyString, { maxLength: 3 }).map((v) => ({ command: ['sleep', ...v] })),
+        fc.tuple(nastyString, nastyString).map(([k, v]) => ({ envs: [{ key: k, value: v }] })),
+        fc.tuple(nastyString, nastyString).map(([k, v]) => ({ annotations: { [k]: v } })),
+        fc.integer().map((n) => ({ linux: { resources: { memory_limit_in_bytes: n, cpu_shares: n } } })),
+        fc.integer().map((n) => ({ linux: { security_context: { run_as_user: { value: n } } } })),
+      );
+      await fc.assert(
+        fc.asyncProperty(edit, async (e) => {
+          const config = {
+            metadata: { name: 'hostile', attempt: 0 },
+            image: { image },
+            command: ['sleep', '1000'],
+            log_path: 'hostile.log',
+            ...e,
+          };
+          const out = await check(
+            createRpc,
+            encodeLoosely(createRpc.requestType, { pod_sandbox_id: sid, config, sandbox_config: sandboxConfig }),
+            `hostile container ${JSON.stringify(e).slice(0, 80)}`,
           );
-          if (started.code === status.INTERNAL || started.code === status.UNKNOWN)
-            findings.push(`StartContainer of ${JSON.stringify(e).slice(0, 80)}: ${status[started.code]} ${started.details.slice(0, 200)}`);
-        }
-        await settle('hostile container');
-      }),
-      { seed: SEED + 1, numRuns: 60 * RUNS },
-    );
-    expect(findings).toEqual([]);
-  }, 900_000);
+          if (out.code !== status.OK) return;
+          const { containers } = await rt.cri.runtime.ListContainers({});
+          const id = containers.find((c) => c.id !== running && c.id !== created)?.id;
+          if (id !== undefined) {
+            const started = await rawCall(
+              raw,
+              byName('StartContainer').path,
+              encodeLoosely(byName('StartContainer').requestType, { container_id: id }),
+              DEADLINE_MS,
+            );
+            if (started.code === status.INTERNAL || started.code === status.UNKNOWN)
+              findings.push(
+                `StartContainer of ${JSON.stringify(e).slice(0, 80)}: ${status[started.code]} ${started.details.slice(0, 200)}`,
+              );
+          }
+          await settle('hostile container');
+        }),
+        { seed: SEED + 1, numRuns: 60 * RUNS },
+      );
+      expect(findings).toEqual([]);
+    },
+    scaledMs(900_000),
+  );
 
-  it('containers in the live pod but for one hostile name: INVALID_ARGUMENT at decode, nothing changes', async () => {
-    // Issue 21: refused before a root filesystem, a shared directory or a guest call exists.
-    const createRpc = byName('CreateContainer');
-    const edit = fc.oneof(
-      hostileName.map((v) => ({ metadata: { name: v, attempt: 0 } })),
-      fc.tuple(hostileKey, nastyString).map(([k, v]) => ({ labels: { [k]: v } })),
-      fc.tuple(hostileKey, nastyString).map(([k, v]) => ({ annotations: { [k]: v } })),
-      annotationsOver(MAX_CONTAINER_ANNOTATIONS_BYTES).map((a) => ({ annotations: a })),
-    );
-    await fc.assert(
-      fc.asyncProperty(edit, async (e) => {
-        const config = { metadata: { name: 'hostile-name', attempt: 0 }, image: { image }, command: ['sleep', '1000'], ...e };
-        const out = await check(
-          createRpc,
-          encodeLoosely(createRpc.requestType, { pod_sandbox_id: sid, config, sandbox_config: sandboxConfig }),
-          `hostile name ${JSON.stringify(e).slice(0, 80)}`,
-        );
-        if (out.code !== status.INVALID_ARGUMENT)
-          findings.push(`hostile name ${JSON.stringify(e).slice(0, 80)}: answered ${status[out.code]} ${out.reason}, not INVALID_ARGUMENT`);
-        if (out.code === status.OK) await settle('hostile name');
-      }),
-      { seed: SEED + 2, numRuns: 20 * RUNS },
-    );
-    expect(findings).toEqual([]);
-  }, 900_000);
+  it(
+    'containers in the live pod but for one hostile name: INVALID_ARGUMENT at decode, nothing changes',
+    async () => {
+      // Issue 21: refused before a root filesystem, a shared directory or a guest call exists.
+      const createRpc = byName('CreateContainer');
+      const edit = fc.oneof(
+        hostileName.map((v) => ({ metadata: { name: v, attempt: 0 } })),
+        fc.tuple(hostileKey, nastyString).map(([k, v]) => ({ labels: { [k]: v } })),
+        fc.tuple(hostileKey, nastyString).map(([k, v]) => ({ annotations: { [k]: v } })),
+        annotationsOver(MAX_CONTAINER_ANNOTATIONS_BYTES).map((a) => ({ annotations: a })),
+      );
+      await fc.assert(
+        fc.asyncProperty(edit, async (e) => {
+          const config = { metadata: { name: 'hostile-name', attempt: 0 }, image: { image }, command: ['sleep', '1000'], ...e };
+          const out = await check(
+            createRpc,
+            encodeLoosely(createRpc.requestType, { pod_sandbox_id: sid, config, sandbox_config: sandboxConfig }),
+            `hostile name ${JSON.stringify(e).slice(0, 80)}`,
+          );
+          if (out.code !== status.INVALID_ARGUMENT)
+            findings.push(
+              `hostile name ${JSON.stringify(e).slice(0, 80)}: answered ${status[out.code]} ${out.reason}, not INVALID_ARGUMENT`,
+            );
+          if (out.code === status.OK) await settle('hostile name');
+        }),
+        { seed: SEED + 2, numRuns: 20 * RUNS },
+      );
+      expect(findings).toEqual([]);
+    },
+    scaledMs(900_000),
+  );
 
   it.each(['PROPAGATION_PRIVATE', 'PROPAGATION_HOST_TO_CONTAINER'])(
     "a hostPath volume of the host's root (/, %s) mounts read-only, is read in the guest, pins no other container's mounts, and leaves none behind",
@@ -288,20 +305,24 @@ describe('fuzzing the container rpcs against a live sandbox (real VM)', () => {
     300_000,
   );
 
-  it('left the pod READY and its container RUNNING and answering; removing it leaves nothing', async () => {
-    const pod = await rt.cri.runtime.PodSandboxStatus({ pod_sandbox_id: sid });
-    expect(pod.status!.state).toBe('SANDBOX_READY');
-    const c = await rt.cri.runtime.ContainerStatus({ container_id: running });
-    expect(c.status!.state).toBe('CONTAINER_RUNNING');
-    const res = await rt.cri.runtime.ExecSync({
-      container_id: running,
-      cmd: ['echo', 'still here'],
-      timeout: 30,
-    });
-    expect([res.exit_code, res.stdout.toString()]).toEqual([0, 'still here\n']);
-    expect(accepted).toBeGreaterThan(0);
-    await rt.cri.runtime.StopPodSandbox({ pod_sandbox_id: sid });
-    await rt.cri.runtime.RemovePodSandbox({ pod_sandbox_id: sid });
-    expect(await leftovers(rt)).toEqual({ processes: [], workDirs: [], records: [], cgroups: [] });
-  }, 300_000);
+  it(
+    'left the pod READY and its container RUNNING and answering; removing it leaves nothing',
+    async () => {
+      const pod = await rt.cri.runtime.PodSandboxStatus({ pod_sandbox_id: sid });
+      expect(pod.status!.state).toBe('SANDBOX_READY');
+      const c = await rt.cri.runtime.ContainerStatus({ container_id: running });
+      expect(c.status!.state).toBe('CONTAINER_RUNNING');
+      const res = await rt.cri.runtime.ExecSync({
+        container_id: running,
+        cmd: ['echo', 'still here'],
+        timeout: 30,
+      });
+      expect([res.exit_code, res.stdout.toString()]).toEqual([0, 'still here\n']);
+      expect(accepted).toBeGreaterThan(0);
+      await rt.cri.runtime.StopPodSandbox({ pod_sandbox_id: sid });
+      await rt.cri.runtime.RemovePodSandbox({ pod_sandbox_id: sid });
+      expect(await leftovers(rt)).toEqual({ processes: [], workDirs: [], records: [], cgroups: [] });
+    },
+    scaledMs(300_000),
+  );
 });

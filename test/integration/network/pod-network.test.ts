@@ -18,6 +18,7 @@ import { type RegistryHandle, startRegistry } from '../../helpers/images-registr
 import { createNetworkNode, type NetworkNode } from '../../helpers/network-node.js';
 import { until as pollUntil } from '../../helpers/poll.js';
 import { createTestRuntime, podConfig, type TestRuntime } from '../../helpers/runtime-daemon.js';
+import { scaledMs } from '../../helpers/time-scale.js';
 
 const repo = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../..');
 // busybox's wget segfaults here (static Debian build), so in-guest clients use nc.
@@ -113,7 +114,7 @@ describe('pod networking through CNI (real plugins, real QEMU, a node namespace 
     await rt.stop();
     rt.netnsPath = node.netnsPath;
     await rt.start();
-  }, 300_000);
+  }, scaledMs(300_000));
 
   afterAll(async () => {
     if (rt !== undefined) {
@@ -126,7 +127,7 @@ describe('pod networking through CNI (real plugins, real QEMU, a node namespace 
     }
     await node?.cleanup(sandboxes.map(netnsNameFor));
     await registry?.stop();
-  }, 120_000);
+  }, scaledMs(120_000));
 
   it('Status: NetworkReady from the node CNI config', async () => {
     const { status } = await rt.cri.runtime.Status({});
@@ -135,56 +136,73 @@ describe('pod networking through CNI (real plugins, real QEMU, a node namespace 
     expect(net?.message).toContain(node.cniConfDir);
   });
 
-  it('a pod gets an IP from host-local, reported by PodSandboxStatus', async () => {
-    const a = await runPod('net-a', {
-      port_mappings: [{ protocol: 'TCP', container_port: HTTP_PORT, host_port: HOST_PORT, host_ip: '' }],
-      dns_config: { servers: ['10.96.0.10'], searches: ['kata-ts.test'], options: ['ndots:2'] },
-    });
-    podA = a.id;
-    podAConfig = a.config;
-    const { status } = await statusOf(podA);
-    expect(status!.state).toBe('SANDBOX_READY');
-    podAIp = status!.network!.ip;
-    expect(podAIp.startsWith(`${node.prefix}.`)).toBe(true);
-    expect(await node.allocations()).toContain(podAIp);
-    // Dual-stack: the IPv6 address of the pod (host-local's second range) is the additional IP.
-    podAIp6 = status!.network!.additional_ips.map((a) => a.ip).find((ip) => ip.includes(':')) ?? '';
-    expect(podAIp6.startsWith(node.subnet6.replace('::/64', '::'))).toBe(true);
-    expect(await node.allocations()).toContain(podAIp6);
-    const verbose = await rt.cri.runtime.PodSandboxStatus({ pod_sandbox_id: podA, verbose: true });
-    const info = JSON.parse(verbose.info.info!) as { network: Record<string, unknown>; plan: { qemu: { argv: string[] } } };
-    expect(info.network).toMatchObject({ netns: `/run/netns/${netnsNameFor(podA)}`, tap: 'tap0_kata', cniAttached: true, tapWired: true });
-    // The NIC in the executed plan carries the CNI interface's MAC.
-    expect(info.plan.qemu.argv.some((a) => a.startsWith('virtio-net-pci,') && a.includes(`mac=${String(info.network.mac)}`))).toBe(true);
-  }, 240_000);
+  it(
+    'a pod gets an IP from host-local, reported by PodSandboxStatus',
+    async () => {
+      const a = await runPod('net-a', {
+        port_mappings: [{ protocol: 'TCP', container_port: HTTP_PORT, host_port: HOST_PORT, host_ip: '' }],
+        dns_config: { servers: ['10.96.0.10'], searches: ['kata-ts.test'], options: ['ndots:2'] },
+      });
+      podA = a.id;
+      podAConfig = a.config;
+      const { status } = await statusOf(podA);
+      expect(status!.state).toBe('SANDBOX_READY');
+      podAIp = status!.network!.ip;
+      expect(podAIp.startsWith(`${node.prefix}.`)).toBe(true);
+      expect(await node.allocations()).toContain(podAIp);
+      // Dual-stack: the IPv6 address of the pod (host-local's second range) is the additional IP.
+      podAIp6 = status!.network!.additional_ips.map((a) => a.ip).find((ip) => ip.includes(':')) ?? '';
+      expect(podAIp6.startsWith(node.subnet6.replace('::/64', '::'))).toBe(true);
+      expect(await node.allocations()).toContain(podAIp6);
+      const verbose = await rt.cri.runtime.PodSandboxStatus({ pod_sandbox_id: podA, verbose: true });
+      const info = JSON.parse(verbose.info.info!) as { network: Record<string, unknown>; plan: { qemu: { argv: string[] } } };
+      expect(info.network).toMatchObject({
+        netns: `/run/netns/${netnsNameFor(podA)}`,
+        tap: 'tap0_kata',
+        cniAttached: true,
+        tapWired: true,
+      });
+      // The NIC in the executed plan carries the CNI interface's MAC.
+      expect(info.plan.qemu.argv.some((a) => a.startsWith('virtio-net-pci,') && a.includes(`mac=${String(info.network.mac)}`))).toBe(true);
+    },
+    scaledMs(240_000),
+  );
 
-  it('a server in a container answers from the node namespace; containers of the pod talk over localhost', async () => {
-    await runContainer(podA, podAConfig, 'web', [
-      'sh',
-      '-c',
-      `mkdir -p /www && echo hello-from-pod > /www/index.html && exec httpd -f -p ${HTTP_PORT} -h /www`,
-    ]);
-    const peer = await runContainer(podA, podAConfig, 'peer', ['sleep', '3600']);
-    const body = await until('the pod to answer from the node namespace', async () => {
-      const out = await fromNode(`http://${podAIp}:${HTTP_PORT}/`);
-      return out.includes('hello-from-pod') ? out : undefined;
-    });
-    expect(body.trim()).toBe('hello-from-pod');
-    const body6 = await until('the pod to answer over IPv6', async () => {
-      const out = await fromNode(`http://[${podAIp6}]:${HTTP_PORT}/`);
-      return out.includes('hello-from-pod') ? out : undefined;
-    });
-    expect(body6.trim()).toBe('hello-from-pod');
-    expect(await getFromContainer(peer, '127.0.0.1', HTTP_PORT)).toBe('hello-from-pod\n');
-  }, 240_000);
+  it(
+    'a server in a container answers from the node namespace; containers of the pod talk over localhost',
+    async () => {
+      await runContainer(podA, podAConfig, 'web', [
+        'sh',
+        '-c',
+        `mkdir -p /www && echo hello-from-pod > /www/index.html && exec httpd -f -p ${HTTP_PORT} -h /www`,
+      ]);
+      const peer = await runContainer(podA, podAConfig, 'peer', ['sleep', '3600']);
+      const body = await until('the pod to answer from the node namespace', async () => {
+        const out = await fromNode(`http://${podAIp}:${HTTP_PORT}/`);
+        return out.includes('hello-from-pod') ? out : undefined;
+      });
+      expect(body.trim()).toBe('hello-from-pod');
+      const body6 = await until('the pod to answer over IPv6', async () => {
+        const out = await fromNode(`http://[${podAIp6}]:${HTTP_PORT}/`);
+        return out.includes('hello-from-pod') ? out : undefined;
+      });
+      expect(body6.trim()).toBe('hello-from-pod');
+      expect(await getFromContainer(peer, '127.0.0.1', HTTP_PORT)).toBe('hello-from-pod\n');
+    },
+    scaledMs(240_000),
+  );
 
-  it('hostPort: the portmap mapping answers from the node namespace', async () => {
-    const body = await until('the hostPort mapping', async () => {
-      const out = await fromNode(`http://${node.gateway}:${HOST_PORT}/`);
-      return out.includes('hello-from-pod') ? out : undefined;
-    });
-    expect(body.trim()).toBe('hello-from-pod');
-  }, 120_000);
+  it(
+    'hostPort: the portmap mapping answers from the node namespace',
+    async () => {
+      const body = await until('the hostPort mapping', async () => {
+        const out = await fromNode(`http://${node.gateway}:${HOST_PORT}/`);
+        return out.includes('hello-from-pod') ? out : undefined;
+      });
+      expect(body.trim()).toBe('hello-from-pod');
+    },
+    scaledMs(120_000),
+  );
 
   it('DNS options of the CRI DNSConfig land in the resolv.conf the pod sees', async () => {
     const peer = (
@@ -196,69 +214,83 @@ describe('pod networking through CNI (real plugins, real QEMU, a node namespace 
     expect(stdout).toBe('nameserver 10.96.0.10\nsearch kata-ts.test\noptions ndots:2\n');
   });
 
-  it('two pods talk to each other over the bridge; Stop runs CNI DEL, Remove the namespace: nothing is left', async () => {
-    const b = await runPod('net-b');
-    const { status } = await statusOf(b.id);
-    const podBIp = status!.network!.ip;
-    expect(podBIp.startsWith(`${node.prefix}.`)).toBe(true);
-    expect(podBIp).not.toBe(podAIp);
-    const client = await runContainer(b.id, b.config, 'client', ['sleep', '3600']);
-    expect(await getFromContainer(client, podAIp, HTTP_PORT)).toBe('hello-from-pod\n');
+  it(
+    'two pods talk to each other over the bridge; Stop runs CNI DEL, Remove the namespace: nothing is left',
+    async () => {
+      const b = await runPod('net-b');
+      const { status } = await statusOf(b.id);
+      const podBIp = status!.network!.ip;
+      expect(podBIp.startsWith(`${node.prefix}.`)).toBe(true);
+      expect(podBIp).not.toBe(podAIp);
+      const client = await runContainer(b.id, b.config, 'client', ['sleep', '3600']);
+      expect(await getFromContainer(client, podAIp, HTTP_PORT)).toBe('hello-from-pod\n');
 
-    const linksBefore = await node.links();
-    const netns = netnsNameFor(b.id);
-    await rt.cri.runtime.StopPodSandbox({ pod_sandbox_id: b.id });
-    expect(await node.allocations()).not.toContain(podBIp);
-    expect((await node.links()).length).toBe(linksBefore.length - 1); // B's veth
-    // The namespace stays until RemovePodSandbox; the TAP and its filters went with Stop.
-    const inPod = execFileSync('ip', ['-n', netns, '-j', 'link', 'show'], { encoding: 'utf8' });
-    expect((JSON.parse(inPod) as Array<{ ifname: string }>).map((l) => l.ifname)).toEqual(['lo']);
-    await rt.cri.runtime.StopPodSandbox({ pod_sandbox_id: b.id }); // idempotent
-    await rt.cri.runtime.RemovePodSandbox({ pod_sandbox_id: b.id });
-    await expect(fsp.access(`/run/netns/${netns}`)).rejects.toThrow();
-    // Pod A is untouched.
-    expect((await fromNode(`http://${podAIp}:${HTTP_PORT}/`)).trim()).toBe('hello-from-pod');
-  }, 300_000);
+      const linksBefore = await node.links();
+      const netns = netnsNameFor(b.id);
+      await rt.cri.runtime.StopPodSandbox({ pod_sandbox_id: b.id });
+      expect(await node.allocations()).not.toContain(podBIp);
+      expect((await node.links()).length).toBe(linksBefore.length - 1); // B's veth
+      // The namespace stays until RemovePodSandbox; the TAP and its filters went with Stop.
+      const inPod = execFileSync('ip', ['-n', netns, '-j', 'link', 'show'], { encoding: 'utf8' });
+      expect((JSON.parse(inPod) as Array<{ ifname: string }>).map((l) => l.ifname)).toEqual(['lo']);
+      await rt.cri.runtime.StopPodSandbox({ pod_sandbox_id: b.id }); // idempotent
+      await rt.cri.runtime.RemovePodSandbox({ pod_sandbox_id: b.id });
+      await expect(fsp.access(`/run/netns/${netns}`)).rejects.toThrow();
+      // Pod A is untouched.
+      expect((await fromNode(`http://${podAIp}:${HTTP_PORT}/`)).trim()).toBe('hello-from-pod');
+    },
+    scaledMs(300_000),
+  );
 
-  it('kill -9 of the daemon in the middle of RunPodSandbox: the next start leaves no veth, TAP, namespace or allocation', async () => {
-    const allocationsBefore = await node.allocations();
-    const linksBefore = await node.links();
-    // /run/netns is the machine's: only names that appear during this test are the pod's.
-    const netnsBefore = new Set(await fsp.readdir('/run/netns').catch(() => []));
-    const config = { ...podConfig(rt, 'net-c'), hostname: 'net-c' };
-    const pending = rt.cri.runtime.RunPodSandbox({ config }, { deadline: Date.now() + 180_000 }).catch((e: unknown) => e);
-    // Killed once CNI ADD has allocated the pod's address and QEMU runs in the pod's namespace.
-    const vmsBefore = qemusUnder(path.join(rt.stateDir, 'vm')).length;
-    await until('CNI ADD of the third pod', async () => ((await node.allocations()).length > allocationsBefore.length ? true : undefined));
-    await until('the third pod VM', async () => (qemusUnder(path.join(rt.stateDir, 'vm')).length > vmsBefore ? true : undefined));
-    process.kill(rt.pid(), 'SIGKILL');
-    await pending;
-    const made = (await fsp.readdir('/run/netns')).filter(
-      (n) => n.startsWith('kata-ts-') && !netnsBefore.has(n) && !sandboxes.map(netnsNameFor).includes(n),
-    );
-    await rt.start();
-    expect(await node.allocations()).toEqual(allocationsBefore);
-    expect((await node.links()).sort()).toEqual([...linksBefore].sort());
-    expect(made).toHaveLength(1);
-    for (const n of made) await expect(fsp.access(`/run/netns/${n}`)).rejects.toThrow();
-    expect(qemusUnder(path.join(rt.stateDir, 'vm')).length).toBe(vmsBefore);
-    const { items } = await rt.cri.runtime.ListPodSandbox({});
-    expect(items.map((i) => i.id)).toEqual([podA]);
-    // The running pod survived the daemon's death.
-    expect((await fromNode(`http://${podAIp}:${HTTP_PORT}/`)).trim()).toBe('hello-from-pod');
-  }, 300_000);
+  it(
+    'kill -9 of the daemon in the middle of RunPodSandbox: the next start leaves no veth, TAP, namespace or allocation',
+    async () => {
+      const allocationsBefore = await node.allocations();
+      const linksBefore = await node.links();
+      // /run/netns is the machine's: only names that appear during this test are the pod's.
+      const netnsBefore = new Set(await fsp.readdir('/run/netns').catch(() => []));
+      const config = { ...podConfig(rt, 'net-c'), hostname: 'net-c' };
+      const pending = rt.cri.runtime.RunPodSandbox({ config }, { deadline: Date.now() + 180_000 }).catch((e: unknown) => e);
+      // Killed once CNI ADD has allocated the pod's address and QEMU runs in the pod's namespace.
+      const vmsBefore = qemusUnder(path.join(rt.stateDir, 'vm')).length;
+      await until('CNI ADD of the third pod', async () =>
+        (await node.allocations()).length > allocationsBefore.length ? true : undefined,
+      );
+      await until('the third pod VM', async () => (qemusUnder(path.join(rt.stateDir, 'vm')).length > vmsBefore ? true : undefined));
+      process.kill(rt.pid(), 'SIGKILL');
+      await pending;
+      const made = (await fsp.readdir('/run/netns')).filter(
+        (n) => n.startsWith('kata-ts-') && !netnsBefore.has(n) && !sandboxes.map(netnsNameFor).includes(n),
+      );
+      await rt.start();
+      expect(await node.allocations()).toEqual(allocationsBefore);
+      expect((await node.links()).sort()).toEqual([...linksBefore].sort());
+      expect(made).toHaveLength(1);
+      for (const n of made) await expect(fsp.access(`/run/netns/${n}`)).rejects.toThrow();
+      expect(qemusUnder(path.join(rt.stateDir, 'vm')).length).toBe(vmsBefore);
+      const { items } = await rt.cri.runtime.ListPodSandbox({});
+      expect(items.map((i) => i.id)).toEqual([podA]);
+      // The running pod survived the daemon's death.
+      expect((await fromNode(`http://${podAIp}:${HTTP_PORT}/`)).trim()).toBe('hello-from-pod');
+    },
+    scaledMs(300_000),
+  );
 
-  it('after kill -9 with a running pod, Stop + Remove still release everything', async () => {
-    process.kill(rt.pid(), 'SIGKILL');
-    await new Promise((r) => setTimeout(r, 200));
-    await rt.start();
-    await rt.cri.runtime.StopPodSandbox({ pod_sandbox_id: podA });
-    expect(await node.allocations()).toEqual([]);
-    const nodeLinks = await node.links();
-    expect(nodeLinks.filter((l) => l.startsWith('veth'))).toEqual([]);
-    const rules = await node.exec(['iptables-save', '-t', 'nat']);
-    expect(rules).not.toContain(`${HOST_PORT}`);
-    await rt.cri.runtime.RemovePodSandbox({ pod_sandbox_id: podA });
-    await expect(fsp.access(`/run/netns/${netnsNameFor(podA)}`)).rejects.toThrow();
-  }, 180_000);
+  it(
+    'after kill -9 with a running pod, Stop + Remove still release everything',
+    async () => {
+      process.kill(rt.pid(), 'SIGKILL');
+      await new Promise((r) => setTimeout(r, 200));
+      await rt.start();
+      await rt.cri.runtime.StopPodSandbox({ pod_sandbox_id: podA });
+      expect(await node.allocations()).toEqual([]);
+      const nodeLinks = await node.links();
+      expect(nodeLinks.filter((l) => l.startsWith('veth'))).toEqual([]);
+      const rules = await node.exec(['iptables-save', '-t', 'nat']);
+      expect(rules).not.toContain(`${HOST_PORT}`);
+      await rt.cri.runtime.RemovePodSandbox({ pod_sandbox_id: podA });
+      await expect(fsp.access(`/run/netns/${netnsNameFor(podA)}`)).rejects.toThrow();
+    },
+    scaledMs(180_000),
+  );
 });

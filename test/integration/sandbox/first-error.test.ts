@@ -11,6 +11,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { expectGrpcError } from '../../helpers/cri-expect.js';
 import { ensureGuestAssets } from '../../helpers/hypervisor-guest.js';
 import { createTestRuntime, leftovers, podConfig, type TestRuntime } from '../../helpers/runtime-daemon.js';
+import { scaledMs } from '../../helpers/time-scale.js';
 
 describe('a failed RunPodSandbox answers its first error', () => {
   let rt: TestRuntime;
@@ -23,22 +24,26 @@ describe('a failed RunPodSandbox answers its first error', () => {
     await rt?.cleanup();
   });
 
-  it('a cgroup refusal after QEMU started is FAILED_PRECONDITION, not the rollback kill of QEMU', async () => {
-    const config = podConfig(rt, 'tight');
-    const parent = (config.linux as { cgroup_parent: string }).cgroup_parent;
-    // The kubelet's pod cgroup, made before the pod, with 0.05 CPU: the VMM's quota cannot fit.
-    const cpuDir = path.join('/sys/fs/cgroup/cpu', parent);
-    await fsp.mkdir(cpuDir, { recursive: true });
-    await fsp.writeFile(path.join(cpuDir, 'cpu.cfs_quota_us'), '5000');
-    const err = await expectGrpcError(rt.cri.runtime.RunPodSandbox({ config }), status.FAILED_PRECONDITION, 'CGROUP_WRITE_REFUSED');
-    expect(err.details).toContain('cpu.cfs_quota_us');
-    // QEMU did start for it (and was killed by the rollback): the log says both, in that order.
-    const lines = await rt.logLines();
-    const failed = lines.findIndex((l) => l.msg === 'sandbox creation failed; rolling back');
-    expect(failed).toBeGreaterThan(-1);
-    expect(lines.slice(failed).some((l) => l.msg === 'QEMU exited')).toBe(true);
-    expect(lines.some((l) => l.msg === 'request refused' && l.rpc === 'RunPodSandbox' && l.reason === 'CGROUP_WRITE_REFUSED')).toBe(true);
-    const left = await leftovers(rt, { vmmCgroupsOnly: true });
-    expect(left).toEqual({ processes: [], workDirs: [], records: [], cgroups: [] });
-  }, 120_000);
+  it(
+    'a cgroup refusal after QEMU started is FAILED_PRECONDITION, not the rollback kill of QEMU',
+    async () => {
+      const config = podConfig(rt, 'tight');
+      const parent = (config.linux as { cgroup_parent: string }).cgroup_parent;
+      // The kubelet's pod cgroup, made before the pod, with 0.05 CPU: the VMM's quota cannot fit.
+      const cpuDir = path.join('/sys/fs/cgroup/cpu', parent);
+      await fsp.mkdir(cpuDir, { recursive: true });
+      await fsp.writeFile(path.join(cpuDir, 'cpu.cfs_quota_us'), '5000');
+      const err = await expectGrpcError(rt.cri.runtime.RunPodSandbox({ config }), status.FAILED_PRECONDITION, 'CGROUP_WRITE_REFUSED');
+      expect(err.details).toContain('cpu.cfs_quota_us');
+      // QEMU did start for it (and was killed by the rollback): the log says both, in that order.
+      const lines = await rt.logLines();
+      const failed = lines.findIndex((l) => l.msg === 'sandbox creation failed; rolling back');
+      expect(failed).toBeGreaterThan(-1);
+      expect(lines.slice(failed).some((l) => l.msg === 'QEMU exited')).toBe(true);
+      expect(lines.some((l) => l.msg === 'request refused' && l.rpc === 'RunPodSandbox' && l.reason === 'CGROUP_WRITE_REFUSED')).toBe(true);
+      const left = await leftovers(rt, { vmmCgroupsOnly: true });
+      expect(left).toEqual({ processes: [], workDirs: [], records: [], cgroups: [] });
+    },
+    scaledMs(120_000),
+  );
 });
