@@ -15,7 +15,7 @@ import { admissionError, admitAnnounced, containerDemand } from '../admission/in
 import type { RequestContext } from '../context.js';
 import { applyResize, type ResizePlan, resizeCheckpoint, revertResize } from '../resize/index.js';
 import { RollbackSteps } from '../rollback.js';
-import { nowNs, type SandboxRecord } from '../sandbox/record.js';
+import { nowNs } from '../sandbox/record.js';
 import type { SandboxHandle } from '../sandbox/types.js';
 import type { ContainerSpec } from '../spec/container.js';
 import { announcedPodResources, type SandboxSpec } from '../spec/sandbox.js';
@@ -23,21 +23,14 @@ import { applyHotplug, detachDevices, planContainerHotplug, vfioGroupFunctions }
 import { type GuestDeviceFacts, prepareGuest } from './prepare.js';
 import type { AttachedDevice, ContainerRecord } from './record.js';
 import { unmountAndRemove } from './shared-dir.js';
-import type { ContainerManagerDeps } from './types.js';
+import type { ContainerLookup, ContainerManagerDeps } from './types.js';
 
 /** How long a detached device may take to leave the guest (the guest acknowledges the unplug). */
 export const UNPLUG_TIMEOUT_MS = 30_000;
 
 /** What CreateContainer needs of the manager. */
-export interface CreateHost {
+export interface CreateHost extends Pick<ContainerLookup, 'inSandbox' | 'growthFor'> {
   deps: ContainerManagerDeps;
-  inSandbox(sandboxId: string): ContainerRecord[];
-  growthFor(
-    record: SandboxRecord,
-    incoming: ContainerRecord['demand'],
-    admitted: Array<ContainerRecord['demand']>,
-    name: string,
-  ): ResizePlan | undefined;
   /** The record is stored: make it visible (map, CREATED event). */
   register(record: ContainerRecord): void;
 }

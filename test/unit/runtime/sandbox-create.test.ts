@@ -310,23 +310,28 @@ async function snapshot(dir: string): Promise<string[]> {
   return out;
 }
 
-describe('prepareSandbox', () => {
-  let stateDir: string;
-  let assetsDir: string;
+/** A fresh state dir and guest-assets dir per test, removed after it. */
+function tempDirs(): { stateDir: string; assetsDir: string } {
+  const dirs = { stateDir: '', assetsDir: '' };
   beforeEach(async () => {
-    stateDir = await mkdtemp(path.join(os.tmpdir(), 'kata-ts-sbx-state-'));
-    assetsDir = await mkdtemp(path.join(os.tmpdir(), 'kata-ts-sbx-assets-'));
+    dirs.stateDir = await mkdtemp(path.join(os.tmpdir(), 'kata-ts-sbx-state-'));
+    dirs.assetsDir = await mkdtemp(path.join(os.tmpdir(), 'kata-ts-sbx-assets-'));
   });
   afterEach(async () => {
-    await rm(stateDir, { recursive: true, force: true });
-    await rm(assetsDir, { recursive: true, force: true });
+    await rm(dirs.stateDir, { recursive: true, force: true });
+    await rm(dirs.assetsDir, { recursive: true, force: true });
   });
+  return dirs;
+}
+
+describe('prepareSandbox', () => {
+  const dirs = tempDirs();
 
   it('plans the sandbox (network validated, placeholder MAC, record in phase creating) and changes nothing on disk', async () => {
-    const w = await world(stateDir, assetsDir);
-    const before = await snapshot(stateDir);
+    const w = await world(dirs.stateDir, dirs.assetsDir);
+    const before = await snapshot(dirs.stateDir);
     const prep = await prepareSandbox(w.deps, w.req);
-    expect(await snapshot(stateDir)).toEqual(before);
+    expect(await snapshot(dirs.stateDir)).toEqual(before);
     expect(w.done).toEqual([]);
     expect(prep.record.phase).toBe('creating');
     expect(prep.record.vmm).toBeNull();
@@ -338,33 +343,24 @@ describe('prepareSandbox', () => {
 
   it('refused at its last step (planning), after every fact was gathered, it changes nothing on disk either', async () => {
     const pod = { linux: { resources: { cpuQuota: 800_000, cpuPeriod: 100_000 } } };
-    const w = await world(stateDir, assetsDir, { hostCpus: 2, pod });
-    const before = await snapshot(stateDir);
+    const w = await world(dirs.stateDir, dirs.assetsDir, { hostCpus: 2, pod });
+    const before = await snapshot(dirs.stateDir);
     const refusal = await prepareSandbox(w.deps, w.req).then(
       () => undefined,
       (err: unknown) => err,
     );
     expect(refusal).toBeInstanceOf(KataError);
     expect((refusal as KataError).reason).toBe('SIZING_VCPUS_EXCEED_HOST');
-    expect(await snapshot(stateDir)).toEqual(before);
+    expect(await snapshot(dirs.stateDir)).toEqual(before);
     expect(w.done).toEqual([]);
   });
 });
 
 describe('executeSandbox', () => {
-  let stateDir: string;
-  let assetsDir: string;
-  beforeEach(async () => {
-    stateDir = await mkdtemp(path.join(os.tmpdir(), 'kata-ts-sbx-state-'));
-    assetsDir = await mkdtemp(path.join(os.tmpdir(), 'kata-ts-sbx-assets-'));
-  });
-  afterEach(async () => {
-    await rm(stateDir, { recursive: true, force: true });
-    await rm(assetsDir, { recursive: true, force: true });
-  });
+  const dirs = tempDirs();
 
   it('without a failure: every step in order, the record written as creating before QEMU and running at the end, nothing undone', async () => {
-    const w = await world(stateDir, assetsDir);
+    const w = await world(dirs.stateDir, dirs.assetsDir);
     const { record, vm, agent } = await executeSandbox(w.deps, await prepareSandbox(w.deps, w.req));
     expect(w.done).toEqual(
       STEPS.filter((s) => s !== 'write record' && s !== 'final record').flatMap((s) => (s === 'guest ready' ? ['resume', s] : [s])),
@@ -382,7 +378,7 @@ describe('executeSandbox', () => {
   });
 
   it.each(STEPS.map((step) => [step]))('a failure at "%s" undoes every earlier step, newest first', async (step) => {
-    const w = await world(stateDir, assetsDir, { failAt: step });
+    const w = await world(dirs.stateDir, dirs.assetsDir, { failAt: step });
     const prep = await prepareSandbox(w.deps, w.req);
     await expect(executeSandbox(w.deps, prep)).rejects.toThrow(`injected: ${step} failed`);
     expect(w.undone).toEqual(EXPECTED_UNDO[step]);
@@ -391,7 +387,7 @@ describe('executeSandbox', () => {
   });
 
   it('a work dir that exists already is refused and left alone, and nothing else is made', async () => {
-    const w = await world(stateDir, assetsDir);
+    const w = await world(dirs.stateDir, dirs.assetsDir);
     await mkdir(w.workDir, { recursive: true });
     await writeFile(path.join(w.workDir, 'theirs'), 'x');
     const prep = await prepareSandbox(w.deps, w.req);
