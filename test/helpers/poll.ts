@@ -34,6 +34,19 @@ export async function until<T>(what: string, fn: (note: Note) => Promise<T | und
   }
 }
 
+/** `until` for a value that must come to pass `ok`: polls `fn`, notes each value, returns the first that passes. */
+export function untilMatches<T>(what: string, fn: () => Promise<T>, ok: (v: T) => boolean, timeoutMs = 60_000): Promise<T> {
+  return until(
+    what,
+    async (note) => {
+      const v = await fn();
+      note(v);
+      return ok(v) ? v : undefined;
+    },
+    timeoutMs,
+  );
+}
+
 /** One look at something that moves towards an end: whether it is there, and how far it got. */
 export interface ProgressProbe<T> {
   /** The result once the wait is over; undefined while it is not. */

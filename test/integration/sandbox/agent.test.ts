@@ -17,6 +17,7 @@ import { AgentClient } from '../../../src/agent-client/index.js';
 import { silentLogger } from '../../../src/common/logger.js';
 import { readProcStat } from '../../../src/hypervisor/index.js';
 import { mountsUnder } from '../../../src/runtime/sandbox/shared-dir.js';
+import { untilMatches } from '../../helpers/poll.js';
 import { createTestRuntime, leftovers, podConfig, type TestRuntime } from '../../helpers/runtime-daemon.js';
 
 const repo = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../..');
@@ -43,15 +44,6 @@ function ensureAgentGuest(): { kernelPath: string; initrdPath: string; guestImag
 async function info(rt: TestRuntime, id: string): Promise<Info> {
   const res = await rt.cri.runtime.PodSandboxStatus({ pod_sandbox_id: id, verbose: true });
   return JSON.parse(res.info.info!) as Info;
-}
-
-async function waitFor<T>(fn: () => Promise<T>, ok: (v: T) => boolean, timeoutMs: number): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const v = await fn();
-    if (ok(v) || Date.now() > deadline) return v;
-    await new Promise((r) => setTimeout(r, 200));
-  }
 }
 
 function alive(pid: number): boolean {
@@ -222,7 +214,8 @@ describe('a sandbox with its guest agent and virtio-fs', () => {
 
     // The restarted daemon reconnects to the same agent instance.
     await rt.start();
-    const after = await waitFor(
+    const after = await untilMatches(
+      'the restarted daemon to reconnect to the agent',
       () => info(rt, id),
       (i) => i.agent?.connected === true,
       30_000,

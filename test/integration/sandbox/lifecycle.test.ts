@@ -11,6 +11,7 @@ import type { PodSandboxStatus__Output } from '../../../src/generated/runtime/v1
 import { readProcStat } from '../../../src/hypervisor/index.js';
 import { expectGrpcError } from '../../helpers/cri-expect.js';
 import { ensureGuestAssets } from '../../helpers/hypervisor-guest.js';
+import { untilMatches } from '../../helpers/poll.js';
 import { createTestRuntime, leftovers, podConfig, type TestRuntime } from '../../helpers/runtime-daemon.js';
 
 interface Info {
@@ -40,15 +41,6 @@ const KEP4112 = (cpu: string, memory: string) => ({
 async function sandboxStatus(rt: TestRuntime, id: string): Promise<{ res: { status: PodSandboxStatus__Output }; info: Info }> {
   const res = await rt.cri.runtime.PodSandboxStatus({ pod_sandbox_id: id, verbose: true });
   return { res: { status: res.status! }, info: JSON.parse(res.info.info!) as Info };
-}
-
-async function waitFor<T>(fn: () => Promise<T>, ok: (v: T) => boolean, timeoutMs: number): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const v = await fn();
-    if (ok(v) || Date.now() > deadline) return v;
-    await new Promise((r) => setTimeout(r, 100));
-  }
 }
 
 /** A live process (a zombie awaiting its reaper counts as gone). */
@@ -145,7 +137,8 @@ describe('pod sandbox lifecycle with real QEMU', () => {
     expect(info.plan.source).toBe('handler_defaults');
     process.kill(info.pid, 'SIGKILL');
     const killedAt = Date.now();
-    const res = await waitFor(
+    const res = await untilMatches(
+      'the sandbox to turn NOTREADY',
       () => sandboxStatus(rt, id),
       (s) => s.res.status.state === 'SANDBOX_NOTREADY',
       5000,
@@ -153,7 +146,8 @@ describe('pod sandbox lifecycle with real QEMU', () => {
     expect(res.res.status.state).toBe('SANDBOX_NOTREADY');
     // "within a second" is the requirement; the exact time is measured in bench/, not asserted here.
     void killedAt;
-    const persisted = await waitFor(
+    const persisted = await untilMatches(
+      "the sandbox's exit to be recorded",
       () => sandboxStatus(rt, id),
       (s) => s.info.exit !== null,
       5000,
