@@ -25,6 +25,7 @@ import { type SandboxHandle, SandboxManager, type SandboxManagerDeps } from '../
 import { SANDBOX_RECORD_KIND, type SandboxRecord } from '../../../src/runtime/sandbox/record.js';
 import { RecordStore } from '../../../src/runtime/store.js';
 import { rejection } from '../../helpers/kata-error.js';
+import { testFacts } from '../../helpers/runtime-facts.js';
 
 const REACHED = 'reached a collaborator';
 
@@ -100,13 +101,7 @@ describe('a RunPodSandbox refused for its names changes nothing', () => {
     await store.init();
     const deps: SandboxManagerDeps = {
       config: { ...defaultConfig(), stateDir },
-      facts: {
-        configPath: null,
-        acceleration: { accel: 'tcg', reason: 'test' },
-        cgroupDriver: { name: 'cgroupfs', source: 'config' },
-        qemu: { ok: true, message: '' },
-        guestAssets: { ok: true, message: '' },
-      },
+      facts: testFacts(),
       logger: silentLogger(),
       metrics: new RuntimeMetrics(),
       store: spy('store', store, touched),

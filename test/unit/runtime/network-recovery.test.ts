@@ -17,6 +17,7 @@ import { RuntimeMetrics } from '../../../src/runtime/metrics.js';
 import { SandboxManager } from '../../../src/runtime/sandbox/manager.js';
 import { migrateSandboxRecord, SANDBOX_RECORD_KIND, type SandboxRecord } from '../../../src/runtime/sandbox/record.js';
 import { RecordStore } from '../../../src/runtime/store.js';
+import { testFacts } from '../../helpers/runtime-facts.js';
 
 const FIXTURE_ID = 'a1'.repeat(32);
 
@@ -98,13 +99,7 @@ describe('recovery of pod networks', () => {
     const cgroups = createCgroupDriver('cgroupfs', { cgroupRoot: path.join(stateDir, 'no-cgroups'), dbusAddress: null, logger });
     const manager = new SandboxManager({
       config: { ...defaultConfig(), stateDir },
-      facts: {
-        configPath: null,
-        acceleration: { accel: 'tcg', reason: 'test' },
-        cgroupDriver: { name: 'cgroupfs', source: 'config' },
-        qemu: { ok: true, message: '' },
-        guestAssets: { ok: true, message: '' },
-      },
+      facts: testFacts(),
       logger,
       metrics: new RuntimeMetrics(),
       cgroups,

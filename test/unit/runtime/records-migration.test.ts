@@ -20,6 +20,7 @@ import { SandboxManager } from '../../../src/runtime/sandbox/manager.js';
 import { migrateSandboxRecord, SANDBOX_RECORD_KIND, type SandboxRecord } from '../../../src/runtime/sandbox/record.js';
 import { decodeSandboxSpec } from '../../../src/runtime/spec/sandbox.js';
 import { RecordStore } from '../../../src/runtime/store.js';
+import { testFacts } from '../../helpers/runtime-facts.js';
 
 const FIXTURES = path.join(packageRoot(), 'fixtures', 'records', 'v1');
 const SANDBOX_ID = 'a1'.repeat(32);
@@ -117,13 +118,7 @@ describe('loading and recovering format-1 records', () => {
     const containerStore = new RecordStore<ContainerRecord>(stateDir, CONTAINER_RECORD_KIND, logger);
     const sandboxes: SandboxManager = new SandboxManager({
       config,
-      facts: {
-        configPath: null,
-        acceleration: { accel: 'tcg', reason: 'test' },
-        cgroupDriver: { name: 'cgroupfs', source: 'config' },
-        qemu: { ok: true, message: '' },
-        guestAssets: { ok: true, message: '' },
-      },
+      facts: testFacts(),
       logger,
       metrics: new RuntimeMetrics(),
       cgroups,

@@ -18,6 +18,7 @@ import { RuntimeMetrics } from '../../../src/runtime/metrics.js';
 import { CONTAINERS_STOP_MAX_MS, type LiveSandbox, type SandboxListener, SandboxManager } from '../../../src/runtime/sandbox/manager.js';
 import { migrateSandboxRecord, SANDBOX_RECORD_KIND, type SandboxRecord } from '../../../src/runtime/sandbox/record.js';
 import { RecordStore } from '../../../src/runtime/store.js';
+import { testFacts } from '../../helpers/runtime-facts.js';
 
 const ID = 'a1'.repeat(32);
 type Call = [string, ...unknown[]];
@@ -43,13 +44,7 @@ async function setup(listener: (calls: Call[]) => SandboxListener) {
   await store.init();
   const manager = new SandboxManager({
     config: { ...defaultConfig(), stateDir },
-    facts: {
-      configPath: null,
-      acceleration: { accel: 'tcg', reason: 'test' },
-      cgroupDriver: { name: 'cgroupfs', source: 'config' },
-      qemu: { ok: true, message: '' },
-      guestAssets: { ok: true, message: '' },
-    },
+    facts: testFacts(),
     logger: silentLogger(),
     metrics: new RuntimeMetrics(),
     cgroups,
