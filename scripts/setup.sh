@@ -29,6 +29,7 @@ APT_PACKAGES=(
   systemd dbus util-linux iproute2 procps
   containernetworking-plugins iptables
   protobuf-compiler ca-certificates shellcheck
+  containerd runc # test/integration/ttrpc: our ttrpc client against containerd itself
 )
 missing=()
 for p in "${APT_PACKAGES[@]}"; do

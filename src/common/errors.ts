@@ -1,8 +1,8 @@
 /**
  * The one error type kata-ts raises on purpose.
  *
- * Every error carries a `kind` (what class of failure it is, which decides the gRPC status in
- * exactly one place: src/cri/status.ts) and a stable `reason` code that tests and
+ * Every error carries a `kind` (what class of failure it is, which decides the status code in
+ * exactly one table, src/common/status-codes.ts, that both faces' wire mappings use) and a stable `reason` code that tests and
  * operators can match on without parsing prose. The message is one short sentence naming the
  * field or object concerned; it does not repeat the `cause`.
  */

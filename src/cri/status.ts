@@ -1,19 +1,6 @@
 import { status as GrpcStatus, Metadata, type ServiceError } from '@grpc/grpc-js';
-import { type ErrorKind, errnoCode, errorMessage, isKataError } from '../common/errors.js';
-
-const KIND_TO_STATUS: Record<ErrorKind, GrpcStatus> = {
-  invalid: GrpcStatus.INVALID_ARGUMENT,
-  not_found: GrpcStatus.NOT_FOUND,
-  exists: GrpcStatus.ALREADY_EXISTS,
-  precondition: GrpcStatus.FAILED_PRECONDITION,
-  exhausted: GrpcStatus.RESOURCE_EXHAUSTED,
-  unimplemented: GrpcStatus.UNIMPLEMENTED,
-  unavailable: GrpcStatus.UNAVAILABLE,
-  timeout: GrpcStatus.DEADLINE_EXCEEDED,
-  cancelled: GrpcStatus.CANCELLED,
-  unauthenticated: GrpcStatus.UNAUTHENTICATED,
-  internal: GrpcStatus.INTERNAL,
-};
+import { errnoCode, errorMessage, isKataError } from '../common/errors.js';
+import { rpcCodeOfKind } from '../common/status-codes.js';
 
 /**
  * The most a status sentence may take (UTF-8 bytes). It travels percent-encoded in an HTTP/2
@@ -60,7 +47,8 @@ export function toServiceError(err: unknown): Partial<ServiceError> & { code: Gr
   }
   if (isKataError(err)) {
     metadata.set(REASON_METADATA_KEY, err.reason);
-    return { code: KIND_TO_STATUS[err.kind], details: boundedDetails(err.message), metadata };
+    // grpc-js's status enum holds the google.rpc numbers the shared table gives.
+    return { code: rpcCodeOfKind(err.kind) as GrpcStatus, details: boundedDetails(err.message), metadata };
   }
   metadata.set(REASON_METADATA_KEY, 'INTERNAL');
   return { code: GrpcStatus.INTERNAL, details: boundedDetails(`internal error: ${errorMessage(err)}`), metadata };

@@ -67,6 +67,7 @@ const LAYERS: LayerTable = {
     'src/network': 'network',
     'src/agent-client': 'agent-client',
     'src/spdy': 'spdy',
+    'src/ttrpc': 'ttrpc',
     'src/runtime': 'core-root',
     'src/runtime/spec': 'spec',
     'src/runtime/admission': 'admission',
@@ -106,6 +107,7 @@ const LAYERS: LayerTable = {
     network: ['common', 'config'],
     'agent-client': ['common', 'channel', 'generated'],
     spdy: ['common'],
+    ttrpc: ['common', 'generated'],
     // The core, floor by floor.
     'core-root': ['common', 'config', 'generated', 'sizing', 'pcie', 'hypervisor', 'cgroups'],
     spec: ['common', 'generated'],
