@@ -5,7 +5,7 @@
  */
 import { Buffer } from 'node:buffer';
 import type { Readable } from 'node:stream';
-import { type ErrorKind, exhausted, KataError, type Reason } from '../common/errors.js';
+import { ERROR_KINDS, type ErrorKind, exhausted, KataError, type Reason } from '../common/errors.js';
 
 export const RecordKind = { MESSAGE: 1, ERROR: 2 } as const;
 /** The largest single message (an OCI config.json is far smaller). */
@@ -24,19 +24,7 @@ export function encodeErrorRecord(err: unknown): Buffer {
   return encodeRecord(RecordKind.ERROR, Buffer.from(body, 'utf8'));
 }
 
-const KINDS: ReadonlySet<string> = new Set([
-  'invalid',
-  'not_found',
-  'exists',
-  'precondition',
-  'exhausted',
-  'unimplemented',
-  'unavailable',
-  'timeout',
-  'cancelled',
-  'unauthenticated',
-  'internal',
-]);
+const KINDS: ReadonlySet<string> = new Set(ERROR_KINDS);
 
 export function decodeErrorRecord(body: Buffer): KataError {
   try {

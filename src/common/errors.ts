@@ -6,18 +6,21 @@
  * operators can match on without parsing prose. The message is one short sentence naming the
  * field or object concerned; it does not repeat the `cause`.
  */
-export type ErrorKind =
-  | 'invalid' // the request itself is wrong: INVALID_ARGUMENT
-  | 'not_found' // a named object does not exist: NOT_FOUND
-  | 'exists' // an object with that identity already exists: ALREADY_EXISTS
-  | 'precondition' // the request is well formed but the system is not in a state to accept it: FAILED_PRECONDITION
-  | 'exhausted' // a size, count or budget is exceeded: RESOURCE_EXHAUSTED
-  | 'unimplemented' // this runtime does not offer that operation (yet): UNIMPLEMENTED
-  | 'unavailable' // a dependency (QEMU, systemd, a registry) could not be reached: UNAVAILABLE
-  | 'timeout' // something did not happen in time: DEADLINE_EXCEEDED
-  | 'cancelled' // the caller went away: CANCELLED
-  | 'unauthenticated' // credentials missing or refused: UNAUTHENTICATED
-  | 'internal'; // a bug or an unexpected host failure: INTERNAL
+/** Every kind of error; the kind alone decides the status code a face answers with. */
+export const ERROR_KINDS = [
+  'invalid', // the request itself is wrong: INVALID_ARGUMENT
+  'not_found', // a named object does not exist: NOT_FOUND
+  'exists', // an object with that identity already exists: ALREADY_EXISTS
+  'precondition', // the request is well formed but the system is not in a state to accept it: FAILED_PRECONDITION
+  'exhausted', // a size, count or budget is exceeded: RESOURCE_EXHAUSTED
+  'unimplemented', // this runtime does not offer that operation (yet): UNIMPLEMENTED
+  'unavailable', // a dependency (QEMU, systemd, a registry) could not be reached: UNAVAILABLE
+  'timeout', // something did not happen in time: DEADLINE_EXCEEDED
+  'cancelled', // the caller went away: CANCELLED
+  'unauthenticated', // credentials missing or refused: UNAUTHENTICATED
+  'internal', // a bug or an unexpected host failure: INTERNAL
+] as const;
+export type ErrorKind = (typeof ERROR_KINDS)[number];
 
 /**
  * Every reason code, by area. Each area lists its codes as one union in its own `reasons.ts`

@@ -1,6 +1,7 @@
 import { type BigIntStats, promises as fsp } from 'node:fs';
 import path from 'node:path';
 import { errnoCode } from '../../common/errors.js';
+import { epochNs } from '../../common/time.js';
 import type { ImageFsInfoResponseMessage } from '../cri-types.js';
 
 export interface DiskUsage {
@@ -50,7 +51,7 @@ export async function imageFsUsage(root: string): Promise<ImageFsInfoResponseMes
   return {
     image_filesystems: [
       {
-        timestamp: (BigInt(Date.now()) * 1_000_000n).toString(),
+        timestamp: epochNs().toString(),
         fs_id: { mountpoint: root },
         used_bytes: { value: String(usage.usedBytes) },
         inodes_used: { value: String(usage.inodesUsed) },

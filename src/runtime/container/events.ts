@@ -1,4 +1,5 @@
 /** The container event stream behind GetContainerEvents (the kubelet's evented PLEG). */
+import { epochNs } from '../../common/time.js';
 import type { ContainerRecord } from './record.js';
 
 export type ContainerEventType =
@@ -25,7 +26,7 @@ export class ContainerEvents {
   }
 
   emit(type: ContainerEventType, record: ContainerRecord): void {
-    const event = { type, atNs: (BigInt(Date.now()) * 1_000_000n).toString(), record: structuredClone(record) };
+    const event = { type, atNs: epochNs().toString(), record: structuredClone(record) };
     for (const l of this.listeners) l(event);
   }
 }

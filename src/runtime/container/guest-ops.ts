@@ -3,10 +3,12 @@
  * signal then SIGKILL, ExecSync. Each takes the AgentClient of the container's sandbox and the
  * container's record; none touches records or locks (the manager does).
  */
+
 import { randomBytes } from 'node:crypto';
 import os from 'node:os';
 import type { AgentClient } from '../../agent-client/index.js';
 import { errorMessage, invalid, isKataError, timedOut } from '../../common/errors.js';
+import { epochNs } from '../../common/time.js';
 import type { ExitStatus, Timestamp } from '../../generated/agent/agent.js';
 import { execProcessRequest } from './exec-process.js';
 import type { ContainerRecord } from './record.js';
@@ -31,7 +33,7 @@ export function signalNumber(name: string): number {
 }
 
 export function timestampNs(t: Timestamp | null | undefined): string {
-  if (t === null || t === undefined) return (BigInt(Date.now()) * 1_000_000n).toString();
+  if (t === null || t === undefined) return epochNs().toString();
   return (BigInt(t.seconds) * 1_000_000_000n + BigInt(t.nanos)).toString();
 }
 

@@ -20,8 +20,6 @@ import { unmountAndRemove } from './shared-dir.js';
 import { ContainerTasks } from './tasks.js';
 import type { ContainerFilter, ContainerLookup, ContainerManagerDeps } from './types.js';
 
-export type { ContainerFilter, ContainerManagerDeps, ImageLookup, SandboxGuestAccess } from './types.js';
-
 /**
  * Containers in pod VMs: CreateContainer admission against what RunPodSandbox announced, device
  * hot-plug onto the ports planned for them, growth within planned headroom for sandboxes sized

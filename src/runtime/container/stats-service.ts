@@ -4,20 +4,12 @@
  * filesystem lives, nano-cores from the previous sample of each container and pod. Faces shape
  * the readings into their own messages.
  */
+import { epochNs } from '../../common/time.js';
 import type { ContainerStatsEntry } from '../../generated/agent/agent.js';
 import type { SandboxRecord } from '../sandbox/record.js';
 import type { LiveSandbox } from '../sandbox/types.js';
 import type { ContainerRecord } from './record.js';
-import {
-  type ContainerUsage,
-  CpuRates,
-  type CpuReading,
-  containerUsage,
-  diskUsage,
-  type MemoryReading,
-  nowNsBig,
-  podUsage,
-} from './stats.js';
+import { type ContainerUsage, CpuRates, type CpuReading, containerUsage, diskUsage, type MemoryReading, podUsage } from './stats.js';
 import type { ContainerFilter, ContainerLookup, SandboxGuestAccess } from './types.js';
 
 const STATS_CALL_MS = 10_000;
@@ -67,7 +59,7 @@ export class StatsCollector {
     const { record } = live;
     const containers = await this.forContainers(this.containers.inSandbox(record.id));
     const agent = this.guests.agentOf(record.id);
-    const usage: SandboxUsage = { sandbox: record, atNs: nowNsBig(), cpu: null, memory: null, processCount: null, containers };
+    const usage: SandboxUsage = { sandbox: record, atNs: epochNs(), cpu: null, memory: null, processCount: null, containers };
     if (agent !== undefined && record.state === 'SANDBOX_READY') {
       const guest = await agent.guestStats({ timeoutMs: STATS_CALL_MS });
       const pod = podUsage(record.id, guest, this.rates);

@@ -4,8 +4,10 @@
  * (and of each pod) is kept, and the rate is the usage delta over the time delta; the first
  * sample of a container reports no rate (the kubelet does the same with cAdvisor).
  */
+
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
+import { epochNs } from '../../common/time.js';
 import type { ContainerStatsEntry, GuestStatsResponse, Timestamp } from '../../generated/agent/agent.js';
 import type { ContainerRecord } from './record.js';
 
@@ -41,7 +43,7 @@ export interface ContainerUsage {
 }
 
 function ns(t: Timestamp | null): bigint {
-  return t === null ? BigInt(Date.now()) * 1_000_000n : BigInt(t.seconds) * 1_000_000_000n + BigInt(t.nanos);
+  return t === null ? epochNs() : BigInt(t.seconds) * 1_000_000_000n + BigInt(t.nanos);
 }
 
 /** Nano-cores between two samples (pure); undefined without an earlier, older sample. */
@@ -80,11 +82,6 @@ export function memoryReading(takenAt: Timestamp | null, m: ContainerStatsEntry[
   };
 }
 
-/** Now, in nanoseconds since the epoch (millisecond precision). */
-export function nowNsBig(): bigint {
-  return BigInt(Date.now()) * 1_000_000n;
-}
-
 export interface LayerUsage {
   bytes: number;
   inodes: number;
@@ -120,7 +117,7 @@ export function containerUsage(
 ): ContainerUsage {
   return {
     container: r,
-    atNs: nowNsBig(),
+    atNs: epochNs(),
     cpu: entry === undefined ? null : rates.usage(r.id, entry.takenAt, entry.cpu?.usageNs ?? 0),
     memory: entry === undefined ? null : memoryReading(entry.takenAt, entry.memory),
     writableLayer: layer,

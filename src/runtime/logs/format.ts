@@ -14,6 +14,7 @@
  *   read that ends without a newline as a partial line); an empty remainder writes nothing.
  * The records depend only on the byte sequence of each stream, never on how it was chunked.
  */
+import { epochNs } from '../../common/time.js';
 
 /** containerd's default `max_container_log_line_size`. */
 export const DEFAULT_MAX_LINE_BYTES = 16 * 1024;
@@ -57,7 +58,7 @@ export function formatRfc3339Nano(epochNs: bigint): string {
 
 /** A wall clock with nanosecond resolution that never goes backwards within the process. */
 export function nanoClock(): () => bigint {
-  const baseNs = BigInt(Date.now()) * 1_000_000n;
+  const baseNs = epochNs();
   const baseHr = process.hrtime.bigint();
   return () => baseNs + (process.hrtime.bigint() - baseHr);
 }

@@ -2,16 +2,6 @@ import type { CreateDeps, CreatedSandbox, CreateRequest } from './create-types.j
 import { executeSandbox } from './execute.js';
 import { prepareSandbox } from './prepare.js';
 
-export type {
-  CreateDeps,
-  CreatedSandbox,
-  CreateRequest,
-  SandboxLaunchers,
-  SandboxLayout,
-  SandboxPreparation,
-  SandboxRun,
-} from './create-types.js';
-
 /**
  * RunPodSandbox: validate, gather facts and plan with no side effect (prepareSandbox), then carry
  * the plan out (executeSandbox), where every effect registers its undo as it is made and a failure

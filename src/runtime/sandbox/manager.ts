@@ -28,7 +28,6 @@ import {
 import { stopVirtiofsd, watchVirtiofsd } from './virtiofsd.js';
 
 export { CONTAINERS_STOP_MAX_MS } from './stop.js';
-export type { LiveSandbox, SandboxAccess, SandboxFilter, SandboxHandle, SandboxListener, SandboxManagerDeps } from './types.js';
 
 /**
  * Owns every pod sandbox: RunPodSandbox, Stop, Remove, Status, List, recovery after a restart,

@@ -1,4 +1,5 @@
 import type { CgroupDriverName, PlacementRecord } from '../../cgroups/index.js';
+import { epochNs } from '../../common/time.js';
 import type { PodNetworkRecord } from '../../network/index.js';
 import type { PcieTopology } from '../../pcie/index.js';
 import type { VmShape } from '../../sizing/types.js';
@@ -346,5 +347,5 @@ export function identityKey(m: SandboxRecord['metadata']): string {
 
 /** Epoch nanoseconds now, as the decimal string CRI int64 timestamps use. */
 export function nowNs(): string {
-  return (BigInt(Date.now()) * 1_000_000n).toString();
+  return epochNs().toString();
 }

@@ -1,21 +1,7 @@
 import { status as GrpcStatus } from '@grpc/grpc-js';
 import { describe, expect, it } from 'vitest';
-import type { ErrorKind } from '../../../src/common/errors.js';
+import { ERROR_KINDS } from '../../../src/common/errors.js';
 import { kindOfRpcCode, RpcCode, rpcCodeName, rpcCodeOfKind } from '../../../src/common/status-codes.js';
-
-const KINDS: ErrorKind[] = [
-  'invalid',
-  'not_found',
-  'exists',
-  'precondition',
-  'exhausted',
-  'unimplemented',
-  'unavailable',
-  'timeout',
-  'cancelled',
-  'unauthenticated',
-  'internal',
-];
 
 describe('the shared kind -> status code table', () => {
   it('names the same numbers grpc-js does, code by code', () => {
@@ -25,7 +11,7 @@ describe('the shared kind -> status code table', () => {
   });
 
   it('gives every kind the code its comment in errors.ts promises', () => {
-    expect(Object.fromEntries(KINDS.map((k) => [k, rpcCodeName(rpcCodeOfKind(k))]))).toEqual({
+    expect(Object.fromEntries(ERROR_KINDS.map((k) => [k, rpcCodeName(rpcCodeOfKind(k))]))).toEqual({
       invalid: 'INVALID_ARGUMENT',
       not_found: 'NOT_FOUND',
       exists: 'ALREADY_EXISTS',
@@ -41,7 +27,7 @@ describe('the shared kind -> status code table', () => {
   });
 
   it('maps a received code back to its kind, and codes without one to internal', () => {
-    for (const kind of KINDS) expect(kindOfRpcCode(rpcCodeOfKind(kind))).toBe(kind);
+    for (const kind of ERROR_KINDS) expect(kindOfRpcCode(rpcCodeOfKind(kind))).toBe(kind);
     expect(kindOfRpcCode(RpcCode.PERMISSION_DENIED)).toBe('internal');
     expect(kindOfRpcCode(RpcCode.UNKNOWN)).toBe('internal');
     expect(kindOfRpcCode(99)).toBe('internal');

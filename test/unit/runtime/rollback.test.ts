@@ -6,8 +6,8 @@ import type { Logger } from '../../../src/common/logger.js';
 import type { VmProcess } from '../../../src/hypervisor/index.js';
 import { resizeCheckpoint, revertResize } from '../../../src/runtime/resize/index.js';
 import { RollbackSteps } from '../../../src/runtime/rollback.js';
-import type { SandboxHandle } from '../../../src/runtime/sandbox/manager.js';
 import type { SandboxRecord } from '../../../src/runtime/sandbox/record.js';
+import type { SandboxHandle } from '../../../src/runtime/sandbox/types.js';
 
 const MiB = 1024 * 1024;
 

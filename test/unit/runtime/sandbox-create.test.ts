@@ -22,7 +22,7 @@ import { decodeProtoJson } from '../../../src/cri/protojson.js';
 import type { RunPodSandboxRequest__Output } from '../../../src/generated/runtime/v1/RunPodSandboxRequest.js';
 import type { VirtiofsdProcess, VmProcess } from '../../../src/hypervisor/index.js';
 import type { PodNetworkRecord, PodNetworks } from '../../../src/network/index.js';
-import type { CreateDeps, CreateRequest, SandboxLaunchers } from '../../../src/runtime/sandbox/create.js';
+import type { CreateDeps, CreateRequest, SandboxLaunchers } from '../../../src/runtime/sandbox/create-types.js';
 import { executeSandbox } from '../../../src/runtime/sandbox/execute.js';
 import { PLANNED_MAC } from '../../../src/runtime/sandbox/network.js';
 import { sandboxWorkDir } from '../../../src/runtime/sandbox/paths.js';

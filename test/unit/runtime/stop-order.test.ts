@@ -15,8 +15,9 @@ import { defaultConfig } from '../../../src/config/defaults.js';
 import type { VmProcess } from '../../../src/hypervisor/index.js';
 import type { RequestContext } from '../../../src/runtime/context.js';
 import { RuntimeMetrics } from '../../../src/runtime/metrics.js';
-import { CONTAINERS_STOP_MAX_MS, type LiveSandbox, type SandboxListener, SandboxManager } from '../../../src/runtime/sandbox/manager.js';
+import { CONTAINERS_STOP_MAX_MS, SandboxManager } from '../../../src/runtime/sandbox/manager.js';
 import { migrateSandboxRecord, SANDBOX_RECORD_KIND, type SandboxRecord } from '../../../src/runtime/sandbox/record.js';
+import type { LiveSandbox, SandboxListener } from '../../../src/runtime/sandbox/types.js';
 import { RecordStore } from '../../../src/runtime/store.js';
 import { testFacts } from '../../helpers/runtime-facts.js';
 
