@@ -92,3 +92,30 @@ export interface SandboxResourceUpdate {
   overhead: LinuxPodSandboxConfig__Output['overhead'];
   pod_resources: SandboxSpec['pod_resources'];
 }
+
+/** Where a container's stdio goes. */
+export type ContainerStdio =
+  /** The CRI log file the spec names (the CRI server). */
+  | { kind: 'cri-log' }
+  /**
+   * FIFOs the caller made (containerd's shim API): raw bytes, stdout and stderr apart (one
+   * stream with a terminal); '' for a stream the container does not have.
+   */
+  | { kind: 'fifo'; stdin: string; stdout: string; stderr: string; terminal: boolean };
+
+/**
+ * How a face asks for a container beyond its spec. The CRI server sets none of these; the shim
+ * v2 face passes containerd's container id, the rootfs containerd's snapshotter prepared and the
+ * FIFOs containerd reads.
+ */
+export interface ContainerCreateOptions {
+  /** The container's id (containerd's); a new one when absent. */
+  id?: string;
+  /**
+   * A root filesystem the caller prepared and owns (mounted at `<bundle>/rootfs`): shared into the
+   * guest as it is, never copied, never removed; no image is looked up (the spec's image is a name only).
+   */
+  rootfs?: string;
+  /** Default: the CRI log. */
+  stdio?: ContainerStdio;
+}

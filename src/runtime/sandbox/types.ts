@@ -92,3 +92,18 @@ export interface SandboxFilter {
 export function cgroupsFor(deps: Pick<SandboxManagerDeps, 'cgroups' | 'cgroupDriverNamed'>, driver: CgroupDriverName): CgroupDriver {
   return driver === deps.cgroups.name ? deps.cgroups : deps.cgroupDriverNamed(driver);
 }
+
+/**
+ * How a face asks for a sandbox beyond its spec. The CRI server sets none of these; the shim v2
+ * face runs the pod containerd already named and attached to a network.
+ */
+export interface SandboxRunOptions {
+  /** The sandbox's id (containerd's pause container id); a new one when absent. */
+  id?: string;
+  /**
+   * A network namespace the caller made and attached (containerd ran CNI ADD in it): the VM joins
+   * it with the same TAP + tc mirred wiring, and nothing of it but that wiring is made or removed
+   * here (no namespace, no CNI). Absent: the configured pod networking (CNI mode) or none.
+   */
+  joinNetns?: string;
+}
