@@ -4,27 +4,7 @@
  * final status. Also the status documents the k8s remote command protocols put on the error
  * stream, and the terminal-size JSON parser. Pure apart from the types.
  */
-import type { Readable, Writable } from 'node:stream';
-
-export interface TerminalSize {
-  width: number;
-  height: number;
-}
-
-/** How a command ended: its exit code, or an error before or instead of one. */
-export type CommandResult = { exitCode: number; cmd?: readonly string[] } | { error: string };
-
-export interface CommandChannels {
-  stdin: Readable | null;
-  stdout: Writable | null;
-  stderr: Writable | null;
-  /** Terminal sizes as the client sends them (tty only). */
-  resizes: AsyncIterable<TerminalSize> | null;
-  /** Aborted when the client goes away before `finish`. */
-  signal: AbortSignal;
-  /** Flush stdout/stderr, write the status, close the connection. */
-  finish(result: CommandResult): Promise<void>;
-}
+import type { CommandResult, TerminalSize } from '../../runtime/container/command-channels.js';
 
 /** Protocols of the remote command subprotocol family, newest first. */
 export const COMMAND_PROTOCOLS = ['v5.channel.k8s.io', 'v4.channel.k8s.io', 'v3.channel.k8s.io', 'v2.channel.k8s.io', 'channel.k8s.io'];

@@ -9,8 +9,9 @@
 import type { Duplex } from 'node:stream';
 import { finished } from 'node:stream/promises';
 import type { Logger } from '../../common/logger.js';
+import type { CommandChannels, CommandResult } from '../../runtime/container/command-channels.js';
 import { SpdySession, type SpdyStream } from '../../spdy/session.js';
-import { type CommandChannels, type CommandResult, SizeQueue, statusBytes, TerminalSizeParser } from './channels.js';
+import { SizeQueue, statusBytes, TerminalSizeParser } from './channels.js';
 import type { StdioRequest } from './requests.js';
 
 export interface SpdyCommandOptions {

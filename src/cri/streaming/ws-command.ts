@@ -8,7 +8,8 @@
 import { Buffer } from 'node:buffer';
 import { Readable, Writable } from 'node:stream';
 import type { WebSocket } from 'ws';
-import { type CommandChannels, type CommandResult, SizeQueue, statusBytes, TerminalSizeParser } from './channels.js';
+import type { CommandChannels, CommandResult } from '../../runtime/container/command-channels.js';
+import { SizeQueue, statusBytes, TerminalSizeParser } from './channels.js';
 import type { StdioRequest } from './requests.js';
 
 export const Channel = { STDIN: 0, STDOUT: 1, STDERR: 2, ERROR: 3, RESIZE: 4, CLOSE: 255 } as const;

@@ -1,6 +1,6 @@
 /**
  * The one place an exec'd process is described for the guest (pure). ExecSync
- * (guest-ops.ts `execSync`) and the streaming Exec (src/cri/streaming/run-command.ts) both start
+ * (guest-ops.ts `execSync`) and the streaming Exec and the shim's Exec (`runExec`, commands.ts) both start
  * their process with this request, so a command runs with the same identity, environment, working
  * directory and capabilities as the container's own process, whichever way it was asked for.
  */

@@ -1,5 +1,6 @@
 /**
- * Exec and attach through the guest agent, on the channels of any protocol. Exec: a new process
+ * Exec and attach through the guest agent, on the channels of any face (the CRI's streaming
+ * server, the shim's FIFOs). Exec: a new process
  * in the container (ExecProcess with the container's process settings, a pty in the guest for a
  * tty), stdin written with the agent's pacing, stdout/stderr read only as fast as the client takes
  * them (a slow reader slows the process), terminal sizes forwarded, the exit code as the status.
@@ -12,9 +13,9 @@ import type { Readable, Writable } from 'node:stream';
 import type { AgentClient } from '../../agent-client/index.js';
 import { isKataError, isReason } from '../../common/errors.js';
 import type { Logger } from '../../common/logger.js';
-import { execProcessRequest } from '../../runtime/container/exec-process.js';
-import type { ContainerRecord } from '../../runtime/container/record.js';
-import type { CommandChannels, TerminalSize } from './channels.js';
+import type { CommandChannels, TerminalSize } from './command-channels.js';
+import { execProcessRequest } from './exec-process.js';
+import type { ContainerRecord } from './record.js';
 
 const CALL_MS = 30_000;
 /** A day: longer waits overflow setTimeout (2^31 ms), which would fire at once. */
@@ -73,6 +74,14 @@ async function pumpResizes(
   }
 }
 
+/** What a face may add to an exec beyond its command. */
+export interface ExecHooks {
+  /** Told the guest pid once the process runs (the shim's Start answers with it). */
+  started?(pid: number): void;
+  /** The agent's id for the process, for signals and terminal sizes from outside the channels. */
+  execId?: string;
+}
+
 /** Run `cmd` in the container over `channels`; resolves when the status has been written. */
 export async function runExec(
   agent: AgentClient,
@@ -81,10 +90,9 @@ export async function runExec(
   tty: boolean,
   channels: CommandChannels,
   logger: Logger,
+  hooks: ExecHooks = {},
 ): Promise<void> {
-  // Short: the guest puts a tty exec's console socket at <bundles>/<64-char id>/exec-<execId>.sock,
-  // and a unix socket path holds at most 107 bytes (a 23-character id made crun fail there).
-  const execId = `s${randomBytes(4).toString('hex')}`;
+  const execId = hooks.execId ?? newExecId();
   // One iterator for the first size (the process's consoleSize) and every later one.
   const sizes = tty && channels.resizes !== null ? channels.resizes[Symbol.asyncIterator]() : undefined;
   const size = sizes === undefined ? undefined : await firstSize(sizes);
@@ -95,7 +103,8 @@ export async function runExec(
     stdin: channels.stdin !== null,
     ...(size !== undefined ? { consoleSize: size } : {}),
   });
-  await agent.execProcess(request, { timeoutMs: CALL_MS });
+  const { pid } = await agent.execProcess(request, { timeoutMs: CALL_MS });
+  hooks.started?.(pid);
   logger.debug({ containerId: record.id, execId }, 'exec started');
   const abort = new AbortController();
   const onClientGone = () => abort.abort();
@@ -154,6 +163,14 @@ export async function runExec(
       if (!(isKataError(err) && err.kind === 'not_found')) logger.warn({ execId, err: String(err) }, 'deleting an exec failed');
     });
   }
+}
+
+/**
+ * A new exec id for the agent. Short: the guest puts a tty exec's console socket at
+ * <bundles>/<64-char id>/exec-<execId>.sock, and a unix socket path holds at most 107 bytes.
+ */
+export function newExecId(): string {
+  return `s${randomBytes(4).toString('hex')}`;
 }
 
 function abortedPromise(signal: AbortSignal): Promise<{ gone: true }> {
