@@ -1,0 +1,76 @@
+/**
+ * containerd's FIFOs for an exec'd process: containerd makes them and opens its ends before it
+ * calls Exec/Start; the shim writes stdout and stderr and reads stdin. Every FIFO is opened
+ * read-write so that no open ever waits for the other side (a plain O_WRONLY open blocks until a
+ * reader exists); stdin therefore ends only when containerd says so (CloseIO) or the exec goes.
+ */
+import { constants, promises as fsp } from 'node:fs';
+import net from 'node:net';
+import type { Readable, Writable } from 'node:stream';
+import { newExecId } from '../runtime/container/commands.js';
+import type { TaskIo } from './tasks.js';
+
+export interface ExecStdio {
+  /** The agent's id of the process (containerd's exec ids can be too long for the guest's socket paths). */
+  guestExecId: string;
+  channels: { stdin: Readable | null; stdout: Writable | null; stderr: Writable | null; resizes: null };
+  /** CloseIO: the process's stdin ends. */
+  closeStdin(): void;
+  /** The exec is over: every FIFO closed (containerd's readers see their end). */
+  close(): Promise<void>;
+}
+
+/** One FIFO as a socket on its file descriptor (libuv treats a FIFO as a pipe). */
+async function openFifo(fifo: string, mode: 'read' | 'write'): Promise<net.Socket> {
+  const handle = await fsp.open(fifo, constants.O_RDWR | constants.O_NONBLOCK);
+  const stat = await handle.stat();
+  if (!stat.isFIFO()) {
+    await handle.close();
+    throw new Error(`${fifo} is not a FIFO`);
+  }
+  // The socket owns the descriptor from here on (closed with it).
+  const fd = handle.fd;
+  return new net.Socket({ fd, readable: mode === 'read', writable: mode === 'write', allowHalfOpen: true });
+}
+
+export async function openExecStdio(io: TaskIo, signal: AbortSignal): Promise<ExecStdio> {
+  const opened: net.Socket[] = [];
+  try {
+    const stdin = io.stdin === '' ? null : await openFifo(io.stdin, 'read');
+    if (stdin !== null) opened.push(stdin);
+    const stdout = io.stdout === '' ? null : await openFifo(io.stdout, 'write');
+    if (stdout !== null) opened.push(stdout);
+    const stderr = io.terminal || io.stderr === '' ? null : await openFifo(io.stderr, 'write');
+    if (stderr !== null) opened.push(stderr);
+    for (const s of opened) s.on('error', () => undefined);
+    const closeStdin = () => {
+      // Ending the readable side: the exec's stdin pump sees its end and closes the process's stdin.
+      stdin?.push(null);
+      stdin?.destroy();
+    };
+    signal.addEventListener('abort', closeStdin, { once: true });
+    return {
+      guestExecId: newExecId(),
+      channels: { stdin, stdout, stderr, resizes: null },
+      closeStdin,
+      close: async () => {
+        closeStdin();
+        await Promise.all(
+          [stdout, stderr].map(
+            (s) =>
+              new Promise<void>((resolve) => {
+                if (s === null || s.destroyed) return resolve();
+                s.end(() => {
+                  s.destroy();
+                  resolve();
+                });
+              }),
+          ),
+        );
+      },
+    };
+  } catch (err) {
+    for (const s of opened) s.destroy();
+    throw err;
+  }
+}

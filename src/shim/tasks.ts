@@ -1,0 +1,502 @@
+/**
+ * The tasks of one pod, as containerd sees them: the sandbox task (containerd's pause container,
+ * which here is the pod's VM) and the app containers' tasks, each with its exec'd processes. This
+ * is the shim face's state and its whole translation onto the core: every method takes values the
+ * service has decoded once (task-service.ts) and calls the core's managers; what containerd must
+ * hear (events, exit statuses, pids) is kept here. Nothing here speaks ttrpc or protobuf.
+ */
+import { promises as fsp } from 'node:fs';
+import path from 'node:path';
+import { alreadyExists, errorMessage, invalid, notFound, precondition } from '../common/errors.js';
+import type { Logger } from '../common/logger.js';
+import { epochNs } from '../common/time.js';
+import { runExec } from '../runtime/container/commands.js';
+import type { CommandResult } from '../runtime/container/command-channels.js';
+import type { ContainerRecord } from '../runtime/container/record.js';
+import type { ContainerResourceUpdate } from '../runtime/container/types.js';
+import type { RequestContext } from '../runtime/context.js';
+import { decodeExecProcess, decodePodSpec, decodeTaskContainerSpec, type ExecSpec } from './decode/index.js';
+import type { EventPublisher } from './events.js';
+import type { ShimPod } from './pod.js';
+import { mountRootfs, type RootfsMount, unmountRootfs } from './rootfs.js';
+import { openExecStdio, type ExecStdio } from './stdio.js';
+
+/** containerd's task states (containerd.v1.types.Status). */
+export type TaskStatus = 'CREATED' | 'RUNNING' | 'STOPPED' | 'UNKNOWN';
+
+/** An exit as containerd wants it: the status (128 + signal for a signalled process) and when. */
+export interface TaskExit {
+  status: number;
+  atNs: bigint;
+}
+
+/** Where a task's or an exec's stdio goes: the FIFOs containerd made ('' for none). */
+export interface TaskIo {
+  stdin: string;
+  stdout: string;
+  stderr: string;
+  terminal: boolean;
+}
+
+export interface CreateTask extends TaskIo {
+  id: string;
+  bundle: string;
+  rootfs: RootfsMount[];
+}
+
+/** A task's view for State, Pids and Connect. */
+export interface TaskState extends TaskIo {
+  id: string;
+  execId: string;
+  bundle: string;
+  pid: number;
+  status: TaskStatus;
+  exit: TaskExit | undefined;
+}
+
+/** A deferred exit: resolved once, awaited by any number of Wait calls. */
+class ExitLatch {
+  value: TaskExit | undefined;
+  readonly promise: Promise<TaskExit>;
+  private resolveFn!: (exit: TaskExit) => void;
+
+  constructor() {
+    this.promise = new Promise((resolve) => {
+      this.resolveFn = resolve;
+    });
+  }
+
+  settle(exit: TaskExit): boolean {
+    if (this.value !== undefined) return false;
+    this.value = exit;
+    this.resolveFn(exit);
+    return true;
+  }
+}
+
+interface ExecProcess {
+  execId: string;
+  spec: ExecSpec;
+  io: TaskIo;
+  pid: number;
+  started: boolean;
+  exit: ExitLatch;
+  abort: AbortController;
+  stdio: ExecStdio | undefined;
+}
+
+interface Task {
+  id: string;
+  kind: 'sandbox' | 'container';
+  bundle: string;
+  io: TaskIo;
+  pid: number;
+  started: boolean;
+  exit: ExitLatch;
+  execs: Map<string, ExecProcess>;
+  /** `<bundle>/rootfs` was mounted here (from containerd's rootfs mounts): unmounted at Delete. */
+  rootfsMounted: boolean;
+  /** Stops the exit watch (Delete). */
+  watch: AbortController;
+}
+
+export interface ShimTasksDeps {
+  pod: ShimPod;
+  events: EventPublisher;
+  /** The kata-ts runtime handler this shim runs pods with (`kata-ts`, `kata-ts-cvm`). */
+  handler: string;
+  logger: Logger;
+}
+
+/** A signal's exit status as runc reports it (128 + the signal). */
+const SIGKILL_STATUS = 128 + 9;
+
+export class ShimTasks {
+  private readonly tasks = new Map<string, Task>();
+  private sandboxId: string | undefined;
+
+  constructor(private readonly deps: ShimTasksDeps) {}
+
+  /** No task is left: Shutdown may end the shim. */
+  get empty(): boolean {
+    return this.tasks.size === 0;
+  }
+
+  /** The pod's sandbox id, once its task was created. */
+  get sandbox(): string | undefined {
+    return this.sandboxId;
+  }
+
+  async create(req: CreateTask, ctx: RequestContext): Promise<number> {
+    if (this.tasks.has(req.id)) throw alreadyExists('TASK_EXISTS', `task ${req.id} already exists in this shim`);
+    const oci = await readBundleSpec(req.bundle);
+    const io: TaskIo = { stdin: req.stdin, stdout: req.stdout, stderr: req.stderr, terminal: req.terminal };
+    const kind = this.sandboxId === undefined ? 'sandbox' : 'container';
+    const task: Task = {
+      id: req.id,
+      kind,
+      bundle: req.bundle,
+      io,
+      pid: 0,
+      started: false,
+      exit: new ExitLatch(),
+      execs: new Map(),
+      rootfsMounted: false,
+      watch: new AbortController(),
+    };
+    if (kind === 'sandbox') {
+      const pod = decodePodSpec(oci);
+      await this.deps.pod.sandboxes.run(pod.spec, this.deps.handler, ctx, {
+        id: req.id,
+        ...(pod.netnsPath === null ? {} : { joinNetns: pod.netnsPath }),
+      });
+      this.sandboxId = req.id;
+      task.pid = this.deps.pod.sandboxes.find(req.id)?.vm?.pid ?? 0;
+    } else {
+      const sandboxId = this.sandboxId as string;
+      const spec = decodeTaskContainerSpec(oci, sandboxId);
+      const rootfs = path.join(req.bundle, 'rootfs');
+      if (req.rootfs.length > 0) {
+        await mountRootfs(req.rootfs, rootfs);
+        task.rootfsMounted = true;
+      }
+      try {
+        await this.deps.pod.containers.create(sandboxId, spec, ctx, {
+          id: req.id,
+          rootfs,
+          stdio: { kind: 'fifo', ...io },
+        });
+      } catch (err) {
+        if (task.rootfsMounted) await unmountRootfs(rootfs).catch(() => undefined);
+        throw err;
+      }
+    }
+    this.tasks.set(req.id, task);
+    await this.deps.events.publish('/tasks/create', {
+      container_id: req.id,
+      bundle: req.bundle,
+      rootfs: req.rootfs,
+      io: { stdin: io.stdin, stdout: io.stdout, stderr: io.stderr, terminal: io.terminal },
+      checkpoint: '',
+      pid: task.pid,
+    });
+    return task.pid;
+  }
+
+  /** Start a task (the sandbox's VM already runs: Start only watches it) or one of its execs. */
+  async start(id: string, execId: string, ctx: RequestContext): Promise<number> {
+    const task = this.task(id);
+    if (execId !== '') return this.startExec(task, execId, ctx);
+    if (task.started) throw precondition('TASK_ALREADY_STARTED', `task ${id} was started already`);
+    if (task.kind === 'container') {
+      await this.deps.pod.containers.start(id, ctx);
+      task.pid = this.deps.pod.containers.resolve(id).pid ?? 0;
+    }
+    task.started = true;
+    this.watchExit(task);
+    await this.deps.events.publish('/tasks/start', { container_id: id, pid: task.pid });
+    return task.pid;
+  }
+
+  private watchExit(task: Task): void {
+    const signal = task.watch.signal;
+    const exited =
+      task.kind === 'sandbox'
+        ? this.deps.pod.sandboxExited(task.id, signal)
+        : this.deps.pod.containers.waitExit(task.id, signal).then((e) => ({ status: e.exitCode, atNs: BigInt(e.finishedAtNs) }));
+    exited.then(
+      (exit) => this.taskExited(task, exit),
+      (err: unknown) => {
+        if (!signal.aborted) this.deps.logger.warn({ taskId: task.id, err: errorMessage(err) }, 'watching a task exit failed');
+      },
+    );
+  }
+
+  private taskExited(task: Task, exit: TaskExit): void {
+    if (!task.exit.settle(exit)) return;
+    this.deps.logger.info({ taskId: task.id, exitStatus: exit.status }, 'task exited');
+    void this.deps.events.publish('/tasks/exit', {
+      container_id: task.id,
+      id: task.id,
+      pid: task.pid,
+      exit_status: exit.status,
+      exited_at: exit.atNs,
+    });
+  }
+
+  async kill(id: string, execId: string, signal: number, all: boolean, ctx: RequestContext): Promise<void> {
+    const task = this.task(id);
+    if (execId !== '') {
+      const exec = this.exec(task, execId);
+      if (exec.exit.value !== undefined) throw notFound('PROCESS_FINISHED', `exec ${execId} of task ${id} has already finished`);
+      const agent = this.deps.pod.agentOf(this.sandboxId as string);
+      if (agent === undefined || !exec.started) throw precondition('EXEC_NOT_RUNNING', `exec ${execId} of task ${id} is not running`);
+      await agent.signalProcess(id, exec.stdio?.guestExecId ?? '', signal, { timeoutMs: 30_000 });
+      return;
+    }
+    if (task.exit.value !== undefined) throw notFound('PROCESS_FINISHED', `task ${id} has already finished`);
+    if (task.kind === 'sandbox') {
+      // The pod's VM stops as a whole; its containers are told by the core and exit with it.
+      await this.deps.pod.sandboxes.stop(id, ctx);
+      this.taskExited(task, { status: SIGKILL_STATUS, atNs: epochNs() });
+      return;
+    }
+    if (!task.started) {
+      // A container never started has no process: it ends here, as runc's created task does.
+      await this.deps.pod.containers.stop(id, 0, ctx);
+      this.taskExited(task, { status: 128 + signal, atNs: epochNs() });
+      return;
+    }
+    await this.deps.pod.containers.kill(id, signal, all, ctx);
+  }
+
+  async wait(id: string, execId: string, signal: AbortSignal): Promise<TaskExit> {
+    const task = this.task(id);
+    const latch = execId === '' ? task.exit : this.exec(task, execId).exit;
+    return raceSignal(latch.promise, signal);
+  }
+
+  async delete(id: string, execId: string, ctx: RequestContext): Promise<{ pid: number; exit: TaskExit }> {
+    const task = this.task(id);
+    if (execId !== '') {
+      const exec = this.exec(task, execId);
+      if (exec.started && exec.exit.value === undefined) {
+        throw precondition('EXEC_RUNNING', `exec ${execId} of task ${id} is still running; kill it first`);
+      }
+      exec.abort.abort();
+      task.execs.delete(execId);
+      const exit = exec.exit.value ?? { status: 0, atNs: epochNs() };
+      return { pid: exec.pid, exit };
+    }
+    if (task.kind === 'sandbox' && this.tasks.size > 1) {
+      const left = [...this.tasks.keys()].filter((t) => t !== id);
+      throw precondition('SANDBOX_HAS_TASKS', `the pod's sandbox task cannot be deleted while tasks ${left.join(', ')} exist`);
+    }
+    if (task.started && task.exit.value === undefined) {
+      throw precondition('TASK_RUNNING', `task ${id} is still running; kill it first`);
+    }
+    for (const exec of task.execs.values()) exec.abort.abort();
+    if (task.kind === 'sandbox') await this.deps.pod.sandboxes.remove(id, ctx);
+    else await this.deps.pod.containers.remove(id, ctx);
+    if (task.rootfsMounted) {
+      await unmountRootfs(path.join(task.bundle, 'rootfs'));
+      task.rootfsMounted = false;
+    }
+    task.watch.abort();
+    this.tasks.delete(id);
+    const exit = task.exit.value ?? { status: 0, atNs: epochNs() };
+    await this.deps.events.publish('/tasks/delete', {
+      container_id: id,
+      pid: task.pid,
+      exit_status: exit.status,
+      exited_at: exit.atNs,
+      id,
+    });
+    return { pid: task.pid, exit };
+  }
+
+  state(id: string, execId: string): TaskState {
+    const task = this.task(id);
+    if (execId !== '') {
+      const exec = this.exec(task, execId);
+      return {
+        id,
+        execId,
+        bundle: task.bundle,
+        pid: exec.pid,
+        status: exec.exit.value !== undefined ? 'STOPPED' : exec.started ? 'RUNNING' : 'CREATED',
+        exit: exec.exit.value,
+        ...exec.io,
+      };
+    }
+    return {
+      id,
+      execId: '',
+      bundle: task.bundle,
+      pid: task.pid,
+      status: task.exit.value !== undefined ? 'STOPPED' : task.started ? 'RUNNING' : 'CREATED',
+      exit: task.exit.value,
+      ...task.io,
+    };
+  }
+
+  /** The task's process and its execs' (guest pids). */
+  pids(id: string): Array<{ pid: number; execId: string }> {
+    const task = this.task(id);
+    const out = task.pid > 0 ? [{ pid: task.pid, execId: '' }] : [];
+    for (const exec of task.execs.values()) if (exec.pid > 0 && exec.exit.value === undefined) out.push({ pid: exec.pid, execId: exec.execId });
+    return out;
+  }
+
+  /** Exec: remember the process; Start runs it. */
+  async addExec(id: string, execId: string, io: TaskIo, specJson: unknown): Promise<void> {
+    const task = this.task(id);
+    if (task.kind === 'sandbox') throw invalid('EXEC_IN_SANDBOX', `task ${id} is the pod's sandbox; processes run in its containers`);
+    if (execId === '') throw invalid('EXEC_ID_MISSING', 'exec_id is required');
+    if (task.execs.has(execId)) throw alreadyExists('EXEC_EXISTS', `exec ${execId} already exists in task ${id}`);
+    if (!task.started || task.exit.value !== undefined) throw precondition('TASK_NOT_RUNNING', `task ${id} is not running`);
+    const spec = decodeExecProcess(specJson);
+    task.execs.set(execId, {
+      execId,
+      spec,
+      io,
+      pid: 0,
+      started: false,
+      exit: new ExitLatch(),
+      abort: new AbortController(),
+      stdio: undefined,
+    });
+    await this.deps.events.publish('/tasks/exec-added', { container_id: id, exec_id: execId });
+  }
+
+  private async startExec(task: Task, execId: string, ctx: RequestContext): Promise<number> {
+    const exec = this.exec(task, execId);
+    if (exec.started) throw precondition('EXEC_ALREADY_STARTED', `exec ${execId} of task ${task.id} was started already`);
+    const agent = this.deps.pod.agentOf(this.sandboxId as string);
+    const record: ContainerRecord = this.deps.pod.containers.resolve(task.id);
+    if (agent === undefined || record.state !== 'CONTAINER_RUNNING') {
+      throw precondition('TASK_NOT_RUNNING', `task ${task.id} is not running; no process can start in it`);
+    }
+    const stdio = await openExecStdio(exec.io, exec.abort.signal);
+    exec.stdio = stdio;
+    const logger = ctx.logger.child({ taskId: task.id, execId });
+    const started = new Promise<number>((resolve, reject) => {
+      const finish = async (result: CommandResult): Promise<void> => {
+        await stdio.close();
+        const status = 'exitCode' in result ? result.exitCode : 255;
+        if (exec.exit.settle({ status, atNs: epochNs() })) {
+          void this.deps.events.publish('/tasks/exit', {
+            container_id: task.id,
+            id: execId,
+            pid: exec.pid,
+            exit_status: status,
+            exited_at: exec.exit.value?.atNs ?? epochNs(),
+          });
+        }
+      };
+      runExec(
+        agent,
+        record,
+        exec.spec.args,
+        exec.io.terminal,
+        { ...stdio.channels, signal: exec.abort.signal, finish },
+        logger,
+        {
+          execId: stdio.guestExecId,
+          started: (pid) => {
+            exec.pid = pid;
+            exec.started = true;
+            resolve(pid);
+          },
+        },
+      ).then(
+        async () => {
+          // runExec returns without finish when the exec was deleted (aborted) while running.
+          if (exec.exit.value === undefined) await finish({ exitCode: SIGKILL_STATUS });
+        },
+        async (err: unknown) => {
+          logger.warn({ err: errorMessage(err) }, 'exec failed');
+          if (!exec.started) reject(err);
+          else await finish({ error: errorMessage(err) });
+        },
+      );
+    });
+    const pid = await started;
+    await this.deps.events.publish('/tasks/exec-started', { container_id: task.id, exec_id: execId, pid });
+    return pid;
+  }
+
+  async resizePty(id: string, execId: string, width: number, height: number): Promise<void> {
+    const task = this.task(id);
+    const agent = this.deps.pod.agentOf(this.sandboxId as string);
+    if (agent === undefined) throw precondition('TASK_NOT_RUNNING', `task ${id} is not running`);
+    const guestExecId = execId === '' ? '' : (this.exec(task, execId).stdio?.guestExecId ?? '');
+    await agent.resizeTty(id, guestExecId, height, width, { timeoutMs: 30_000 });
+  }
+
+  async closeIo(id: string, execId: string): Promise<void> {
+    const task = this.task(id);
+    if (execId !== '') {
+      this.exec(task, execId).stdio?.closeStdin();
+      return;
+    }
+    if (task.kind === 'container') await this.deps.pod.containers.closeStdin(id);
+  }
+
+  async update(id: string, update: ContainerResourceUpdate, ctx: RequestContext): Promise<void> {
+    const task = this.task(id);
+    if (task.kind === 'sandbox') {
+      // containerd resizes the pod's cgroup through the sandbox task; the VM's own shape follows
+      // its containers' updates (UpdateContainerResources), so nothing changes here.
+      ctx.logger.info({ taskId: id }, 'Update of the sandbox task: the VM is resized by its containers updates');
+      return;
+    }
+    await this.deps.pod.resize.updateContainer(id, update, ctx);
+  }
+
+  /** The records Stats reads: the container's, or for the sandbox task the whole pod. */
+  containerRecord(id: string): ContainerRecord | undefined {
+    const task = this.task(id);
+    return task.kind === 'container' ? this.deps.pod.containers.resolve(id) : undefined;
+  }
+
+  connect(id: string): { taskPid: number } {
+    const task = this.tasks.get(id);
+    return { taskPid: task?.pid ?? 0 };
+  }
+
+  /** Every task's exit watch stopped, every exec's streams closed (the shim is going away). */
+  close(): void {
+    for (const task of this.tasks.values()) {
+      task.watch.abort();
+      for (const exec of task.execs.values()) exec.abort.abort();
+    }
+  }
+
+  private task(id: string): Task {
+    const task = this.tasks.get(id);
+    if (task === undefined) throw notFound('TASK_NOT_FOUND', `task ${id} does not exist in this shim`);
+    return task;
+  }
+
+  private exec(task: Task, execId: string): ExecProcess {
+    const exec = task.execs.get(execId);
+    if (exec === undefined) throw notFound('EXEC_NOT_FOUND', `exec ${execId} does not exist in task ${task.id}`);
+    return exec;
+  }
+}
+
+/** `<bundle>/config.json`, parsed (its shape is the decoders' to judge). */
+export async function readBundleSpec(bundle: string): Promise<unknown> {
+  if (!path.isAbsolute(bundle)) throw invalid('BUNDLE_INVALID', `bundle must be an absolute path, got "${bundle}"`);
+  let text: string;
+  try {
+    text = await fsp.readFile(path.join(bundle, 'config.json'), 'utf8');
+  } catch (err) {
+    throw precondition('BUNDLE_INVALID', `bundle ${bundle} has no readable config.json: ${errorMessage(err)}`);
+  }
+  try {
+    return JSON.parse(text) as unknown;
+  } catch (err) {
+    throw invalid('BUNDLE_INVALID', `bundle ${bundle}: config.json is not JSON: ${errorMessage(err)}`);
+  }
+}
+
+function raceSignal<T>(promise: Promise<T>, signal: AbortSignal): Promise<T> {
+  if (signal.aborted) return Promise.reject(signal.reason);
+  return new Promise((resolve, reject) => {
+    const onAbort = () => reject(signal.reason);
+    signal.addEventListener('abort', onAbort, { once: true });
+    promise.then(
+      (v) => {
+        signal.removeEventListener('abort', onAbort);
+        resolve(v);
+      },
+      (e: unknown) => {
+        signal.removeEventListener('abort', onAbort);
+        reject(e);
+      },
+    );
+  });
+}
+
