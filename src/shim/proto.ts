@@ -91,16 +91,55 @@ export function isMessageName(name: string): name is MessageName {
   return root.lookup(name) instanceof protobuf.Type;
 }
 
-/** Encodes `value` as the message `name`. Throws INTERNAL (SHIM_PROTO_ENCODE) for a value protobufjs refuses. */
+/**
+ * Encodes `value` as the message `name`, as proto3 does: scalars that hold their default value
+ * (0, '', false, the enum's 0, empty bytes) are left out, so a decoded message, whose defaults
+ * are filled in, encodes to the bytes it came from. Throws INTERNAL (SHIM_PROTO_ENCODE) for a
+ * value protobufjs refuses.
+ */
 export function encodeMessage<N extends MessageName>(name: N, value: MessageInput<N>): Buffer {
   const type = typeOf(name);
   let bytes: Uint8Array;
   try {
-    bytes = type.encode(type.fromObject(value as Record<string, unknown>)).finish();
+    const message = type.fromObject(value as Record<string, unknown>);
+    dropDefaults(type, message as unknown as Record<string, unknown>);
+    bytes = type.encode(message).finish();
   } catch (err) {
     throw internal('SHIM_PROTO_ENCODE', `the value cannot be encoded as ${name}.`, { cause: err });
   }
   return Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+}
+
+/**
+ * Removes the scalar fields of `message` (a protobufjs message from fromObject) that hold their
+ * default value: protobufjs writes every field that is set, defaults included, while proto3
+ * (and containerd's Go code) writes none. Message fields stay even when empty: their presence
+ * is meaningful (a Timestamp of 0 is 1970, an absent one "never").
+ */
+function dropDefaults(type: protobuf.Type, message: Record<string, unknown>): void {
+  for (const field of type.fieldsArray) {
+    if (!Object.hasOwn(message, field.name)) continue;
+    const value = message[field.name];
+    if (value === null || value === undefined) continue;
+    const nested = field.resolvedType instanceof protobuf.Type ? field.resolvedType : undefined;
+    if (field.map) {
+      if (nested !== undefined) for (const v of Object.values(value as Record<string, Record<string, unknown>>)) dropDefaults(nested, v);
+    } else if (field.repeated) {
+      if (nested !== undefined) for (const v of value as Record<string, unknown>[]) dropDefaults(nested, v);
+    } else if (nested !== undefined) {
+      dropDefaults(nested, value as Record<string, unknown>);
+    } else if (field.partOf === null && isDefaultScalar(value)) {
+      delete message[field.name];
+    }
+  }
+}
+
+function isDefaultScalar(value: unknown): boolean {
+  if (value === 0 || value === '' || value === false) return true;
+  if (value instanceof Uint8Array) return value.length === 0;
+  // A 64-bit integer after fromObject: a Long, or protobufjs's own {low, high} when Long is absent.
+  if (typeof value === 'object' && value !== null && 'low' in value && 'high' in value) return value.low === 0 && value.high === 0;
+  return false;
 }
 
 /** Decodes `bytes` as the message `name`. Throws INVALID_ARGUMENT (SHIM_PROTO_BAD_MESSAGE) for bytes that are none. */
