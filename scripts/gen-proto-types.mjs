@@ -1,5 +1,6 @@
-// Generate TypeScript declarations for proto/api.proto into src/generated/ (git-ignored), and the
-// guest agent API's types and embedded schema into src/generated/agent/ (scripts/gen-agent-types.mjs).
+// Generate TypeScript declarations for proto/api.proto into src/generated/ (git-ignored), the
+// guest agent API's types and embedded schema into src/generated/agent/ (scripts/gen-agent-types.mjs),
+// and containerd's shim protocol into src/generated/containerd/ (scripts/gen-containerd-types.mjs).
 // The options must match PROTO_LOADER_OPTIONS in src/cri/proto.ts, because the
 // declarations describe the objects that loader produces at run time.
 import { spawnSync } from 'node:child_process';
@@ -7,6 +8,7 @@ import { existsSync, rmSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { generateAgentTypes } from './gen-agent-types.mjs';
+import { generateContainerdTypes } from './gen-containerd-types.mjs';
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const out = path.join(root, 'src/generated');
@@ -34,3 +36,4 @@ const args = [
 const res = spawnSync(bin, args, { stdio: 'inherit', cwd: root });
 if (res.status !== 0) process.exit(res.status ?? 1);
 generateAgentTypes(root, out);
+generateContainerdTypes(root, out);

@@ -1,7 +1,7 @@
 /**
  * Our ttrpc client against containerd itself (Debian's containerd 1.6, scripts/setup.sh installs
  * it): the proof that the frames, the Request/Response envelopes and the status codes are the
- * ones containerd speaks.
+ * ones containerd speaks, and that the shim's EventPublisher sends envelopes containerd takes.
  *
  * containerd runs as this test's own child with a private config: root, state and both sockets
  * in a temporary directory, and every plugin that could touch the host disabled (CRI, the
@@ -18,6 +18,9 @@ import { Client, credentials, Metadata } from '@grpc/grpc-js';
 import protobuf from 'protobufjs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { RpcCode } from '../../../src/common/status-codes.js';
+import { epochNs } from '../../../src/common/time.js';
+import { EventPublisher } from '../../../src/shim/events.js';
+import { type AnyMessage, decodeAny, timestampOfNs } from '../../../src/shim/proto.js';
 import { encodeFrame, encodeHeader, type Frame, FrameReader, MAX_DATA_BYTES, MessageType } from '../../../src/ttrpc/frames.js';
 import { connectTtrpc, type TtrpcClient, TtrpcStatusError } from '../../../src/ttrpc/index.js';
 import { decodeResponse, encodeRequest } from '../../../src/ttrpc/messages.js';
@@ -203,6 +206,49 @@ describe.skipIf(!HAVE_CONTAINERD)('our ttrpc client against containerd 1.6', () 
     const event = envelope.event as { type_url: string; value: Uint8Array };
     expect(event.type_url).toBe('containerd.events.ContainerDelete');
     expect(ContainerDelete.toObject(ContainerDelete.decode(event.value))).toEqual({ id: 'c-1' });
+  });
+
+  it("the shim's EventPublisher: containerd takes its envelopes, in order, with the event's bare type url", async () => {
+    const stream = grpc!.makeServerStreamRequest(
+      '/containerd.services.events.v1.Events/Subscribe',
+      (v: Record<string, unknown>) => encode(SubscribeRequest, v),
+      (bytes: Buffer) => Envelope.toObject(Envelope.decode(bytes), { longs: Number, defaults: true }),
+      { filters: [`namespace==${NAMESPACE}`] },
+      new Metadata(),
+    );
+    const seen: Record<string, unknown>[] = [];
+    stream.on('data', (envelope: Record<string, unknown>) => seen.push(envelope));
+    stream.on('error', () => {});
+    const publisher = new EventPublisher({ address: ttrpcSocket, namespace: NAMESPACE, maxAttempts: 1 });
+    try {
+      // Publish until the subscription is live (the first events may go before it is).
+      const exit = await until(
+        'a TaskExit on Subscribe',
+        async () => {
+          publisher.publish('/tasks/start', { container_id: 'c-shim', pid: 7 });
+          publisher.publish('/tasks/exit', {
+            container_id: 'c-shim',
+            id: 'c-shim',
+            pid: 7,
+            exit_status: 3,
+            exited_at: timestampOfNs(epochNs()),
+          });
+          await publisher.idle();
+          await new Promise((resolve) => setTimeout(resolve, 100));
+          return seen.find((e) => e.topic === '/tasks/exit');
+        },
+        30_000,
+        0,
+      );
+      const index = seen.indexOf(exit);
+      expect(seen[index - 1]?.topic).toBe('/tasks/start');
+      const event = exit.event as AnyMessage;
+      expect(event.type_url).toBe('containerd.events.TaskExit');
+      expect(decodeAny(event, 'containerd.events.TaskExit')).toMatchObject({ container_id: 'c-shim', pid: 7, exit_status: 3 });
+    } finally {
+      stream.cancel();
+      await publisher.close(1000);
+    }
   });
 
   it('Events/Forward with an envelope lacking its timestamp is INVALID_ARGUMENT from containerd', async () => {
