@@ -10,8 +10,8 @@ import path from 'node:path';
 import { alreadyExists, errorMessage, invalid, notFound, precondition } from '../common/errors.js';
 import type { Logger } from '../common/logger.js';
 import { epochNs } from '../common/time.js';
-import { runExec } from '../runtime/container/commands.js';
 import type { CommandResult } from '../runtime/container/command-channels.js';
+import { runExec } from '../runtime/container/commands.js';
 import type { ContainerRecord } from '../runtime/container/record.js';
 import type { ContainerResourceUpdate } from '../runtime/container/types.js';
 import type { RequestContext } from '../runtime/context.js';
@@ -19,7 +19,8 @@ import { decodeExecProcess, decodePodSpec, decodeTaskContainerSpec, type ExecSpe
 import type { EventPublisher } from './events.js';
 import type { ShimPod } from './pod.js';
 import { mountRootfs, type RootfsMount, unmountRootfs } from './rootfs.js';
-import { openExecStdio, type ExecStdio } from './stdio.js';
+import { type ExecStdio, openExecStdio } from './stdio.js';
+import './task-reasons.js';
 
 /** containerd's task states (containerd.v1.types.Status). */
 export type TaskStatus = 'CREATED' | 'RUNNING' | 'STOPPED' | 'UNKNOWN';
@@ -324,7 +325,8 @@ export class ShimTasks {
   pids(id: string): Array<{ pid: number; execId: string }> {
     const task = this.task(id);
     const out = task.pid > 0 ? [{ pid: task.pid, execId: '' }] : [];
-    for (const exec of task.execs.values()) if (exec.pid > 0 && exec.exit.value === undefined) out.push({ pid: exec.pid, execId: exec.execId });
+    for (const exec of task.execs.values())
+      if (exec.pid > 0 && exec.exit.value === undefined) out.push({ pid: exec.pid, execId: exec.execId });
     return out;
   }
 
@@ -374,22 +376,14 @@ export class ShimTasks {
           });
         }
       };
-      runExec(
-        agent,
-        record,
-        exec.spec.args,
-        exec.io.terminal,
-        { ...stdio.channels, signal: exec.abort.signal, finish },
-        logger,
-        {
-          execId: stdio.guestExecId,
-          started: (pid) => {
-            exec.pid = pid;
-            exec.started = true;
-            resolve(pid);
-          },
+      runExec(agent, record, exec.spec.args, exec.io.terminal, { ...stdio.channels, signal: exec.abort.signal, finish }, logger, {
+        execId: stdio.guestExecId,
+        started: (pid) => {
+          exec.pid = pid;
+          exec.started = true;
+          resolve(pid);
         },
-      ).then(
+      }).then(
         async () => {
           // runExec returns without finish when the exec was deleted (aborted) while running.
           if (exec.exit.value === undefined) await finish({ exitCode: SIGKILL_STATUS });
@@ -499,4 +493,3 @@ function raceSignal<T>(promise: Promise<T>, signal: AbortSignal): Promise<T> {
     );
   });
 }
-
