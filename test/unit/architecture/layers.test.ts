@@ -80,6 +80,7 @@ const LAYERS: LayerTable = {
     'src/cri/views': 'cri',
     'src/cri/streaming': 'cri',
     'src/daemon': 'daemon',
+    'src/shim': 'shim',
     'src/cli': 'cli',
     'src/cli/plan': 'cli',
     guest: 'guest-root',
@@ -120,6 +121,9 @@ const LAYERS: LayerTable = {
     // touches the host (cgroups, hypervisor, network, pcie): the daemon wires those in.
     cri: ['common', 'config', 'generated', 'images', 'oci', 'agent-client', 'channel', 'spdy', ...CORE],
     daemon: [...BELOW_CORE, ...CORE, 'cri', 'spdy'],
+    // The shim v2 face and its program (one pod per process): the core, the libraries below it
+    // and ttrpc; never the CRI face or the daemon.
+    shim: [...BELOW_CORE, ...CORE, 'ttrpc'],
     cli: [...BELOW_CORE, ...CORE, 'cri', 'spdy', 'daemon', 'manifest'],
     'guest-agent': ['common', 'channel', 'generated', 'guest-containers'],
     'guest-containers': ['common', 'generated'],
