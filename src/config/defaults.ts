@@ -5,6 +5,8 @@ export const DEFAULT_SOCKET_PATH = '/run/kata-ts/kata-ts.sock';
 export const DEFAULT_STATE_DIR = '/var/lib/kata-ts';
 /** Where `scripts/setup.sh` puts the guest kernel and initramfs it builds. */
 export const DEFAULT_GUEST_DIR = '/usr/local/share/kata-ts/guest';
+/** Where the shim binary keeps its sockets and its pods' state (see ShimConfig). */
+export const DEFAULT_SHIM_STATE_ROOT = '/run/kata-ts/shim';
 export const DEFAULT_HANDLER = 'kata-ts';
 export const CONFIDENTIAL_HANDLER = 'kata-ts-cvm';
 
@@ -92,6 +94,7 @@ export function defaultConfig(): KataConfig {
       // containerd's stream_idle_timeout and the kubelet's streaming default: 4 hours.
       streamIdleTimeoutMs: 4 * 60 * 60 * 1000,
     },
+    shim: { stateRoot: DEFAULT_SHIM_STATE_ROOT },
     defaultHandler: DEFAULT_HANDLER,
     handlers: {
       [DEFAULT_HANDLER]: defaultHandlerProfile(),

@@ -121,6 +121,13 @@ export const configFileSchema = {
         streamIdleTimeoutMs: { type: 'integer', minimum: 1, maximum: 2_147_483_647 },
       },
     },
+    shim: {
+      type: 'object',
+      additionalProperties: false,
+      properties: {
+        stateRoot: absolutePath,
+      },
+    },
     defaultHandler: nonEmptyString,
     handlers: {
       type: 'object',

@@ -135,6 +135,16 @@ export interface StreamingConfig {
   streamIdleTimeoutMs: number;
 }
 
+/** The containerd shim v2 binary (`containerd-shim-kata-ts-v2`, src/shim): one process per pod. */
+export interface ShimConfig {
+  /**
+   * Where the shims keep their sockets (`s/<sha256>`) and each pod's state (`<namespace>/<id:16>/`:
+   * its records, VM work dirs and `shim.json`). A tmpfs (`/run`) by default: like containerd's own
+   * state, it does not outlive a reboot, and neither do the pods.
+   */
+  stateRoot: string;
+}
+
 export interface KataConfig {
   socketPath: string;
   stateDir: string;
@@ -152,6 +162,7 @@ export interface KataConfig {
   images: ImageConfig;
   network: NetworkConfig;
   streaming: StreamingConfig;
+  shim: ShimConfig;
   defaultHandler: string;
   handlers: Record<string, HandlerProfile>;
 }

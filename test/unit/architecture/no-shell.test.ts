@@ -24,6 +24,10 @@ const AUDITED: Record<string, string> = {
   'src/runtime/container/shared-dir.ts': 'mount/umount: sources pinned as /proc/self/fd/N, targets under the shared dir, "--" before paths',
   'src/runtime/gather-facts.ts': 'fixed version probes of configured binaries',
   'src/runtime/sandbox/shared-dir.ts': 'mount/umount of the sandbox shared dir (a path under the state dir)',
+  'src/shim/rootfs.ts':
+    "mount/umount: containerd's rootfs mounts (overlay or bind only, options checked for commas) after '--', at <bundle>/rootfs",
+  'src/shim/start.ts':
+    "this shim binary again (its own node, flags and script) with containerd's flags as whole arguments and the action serve",
 };
 
 function tsFiles(dir: string): string[] {

@@ -1,0 +1,88 @@
+/**
+ * What the shim reads of a bundle before it decodes anything: the OCI `config.json`'s annotations
+ * (which say whether the task is a pod's sandbox or a container of a pod, and which pod) and its
+ * `linux.cgroupsPath` (which cgroup driver the pod is placed with), and the `address` file
+ * containerd (and CRI-O) read the shim's address from. The full decoding of the spec is
+ * src/shim/decode/'s.
+ */
+import { promises as fsp } from 'node:fs';
+import path from 'node:path';
+import { errnoCode, invalid } from '../common/errors.js';
+import { writeFileAtomic } from '../common/fsutil.js';
+import './reasons.js';
+
+/** containerd's CRI plugin: `sandbox` or `container`, and the pod's sandbox id. */
+export const CRI_CONTAINER_TYPE = 'io.kubernetes.cri.container-type';
+export const CRI_SANDBOX_ID = 'io.kubernetes.cri.sandbox-id';
+/** CRI-O's names for the same two facts. */
+export const CRIO_CONTAINER_TYPE = 'io.kubernetes.cri-o.ContainerType';
+export const CRIO_SANDBOX_ID = 'io.kubernetes.cri-o.SandboxID';
+export const CONTAINER_TYPE_SANDBOX = 'sandbox';
+
+/** The parts of a bundle's config.json the shim's process model needs. */
+export interface BundleConfig {
+  annotations: Record<string, string>;
+  /** `linux.cgroupsPath`; null when the spec has none. */
+  cgroupsPath: string | null;
+}
+
+/** What a task is to the shim: a pod's sandbox (served by a new per-pod process) or a container of a pod. */
+export interface TaskRole {
+  role: 'sandbox' | 'container';
+  /** The pod's sandbox id (the task's own id for a sandbox). */
+  sandboxId: string;
+}
+
+function stringMap(v: unknown): Record<string, string> {
+  if (typeof v !== 'object' || v === null || Array.isArray(v)) return {};
+  const out: Record<string, string> = {};
+  for (const [k, value] of Object.entries(v)) if (typeof value === 'string') out[k] = value;
+  return out;
+}
+
+/** Read `<bundle>/config.json`. Throws INVALID_ARGUMENT when it is missing or not an OCI spec object. */
+export async function readBundleConfig(bundle: string): Promise<BundleConfig> {
+  const file = path.join(bundle, 'config.json');
+  let text: string;
+  try {
+    text = await fsp.readFile(file, 'utf8');
+  } catch (err) {
+    const why = errnoCode(err) === 'ENOENT' ? 'does not exist' : 'cannot be read';
+    throw invalid('SHIM_BUNDLE_INVALID', `bundle ${bundle}: config.json ${why}.`, { cause: err });
+  }
+  let spec: unknown;
+  try {
+    spec = JSON.parse(text);
+  } catch (err) {
+    throw invalid('SHIM_BUNDLE_INVALID', `bundle ${bundle}: config.json is not JSON.`, { cause: err });
+  }
+  if (typeof spec !== 'object' || spec === null || Array.isArray(spec)) {
+    throw invalid('SHIM_BUNDLE_INVALID', `bundle ${bundle}: config.json is not an object.`);
+  }
+  const o = spec as { annotations?: unknown; linux?: { cgroupsPath?: unknown } };
+  const cgroupsPath = typeof o.linux?.cgroupsPath === 'string' && o.linux.cgroupsPath !== '' ? o.linux.cgroupsPath : null;
+  return { annotations: stringMap(o.annotations), cgroupsPath };
+}
+
+/**
+ * Sandbox or container, from the annotations containerd's CRI plugin or CRI-O put on every spec
+ * (pure). A task that carries neither (`ctr run`, a standalone task) is a pod of its own. A
+ * container that names no sandbox is refused: there is no pod to run it in.
+ */
+export function taskRole(id: string, annotations: Readonly<Record<string, string>>): TaskRole {
+  const type = annotations[CRI_CONTAINER_TYPE] ?? annotations[CRIO_CONTAINER_TYPE];
+  const sandboxId = annotations[CRI_SANDBOX_ID] ?? annotations[CRIO_SANDBOX_ID];
+  if (type === CONTAINER_TYPE_SANDBOX || (type === undefined && (sandboxId === undefined || sandboxId === id))) {
+    return { role: 'sandbox', sandboxId: id };
+  }
+  if (sandboxId === undefined || sandboxId === '') {
+    const key = annotations[CRI_CONTAINER_TYPE] !== undefined ? CRI_SANDBOX_ID : CRIO_SANDBOX_ID;
+    throw invalid('SHIM_BUNDLE_INVALID', `container ${id} is of type "${type}" but its annotation ${key} names no sandbox.`);
+  }
+  return { role: 'container', sandboxId };
+}
+
+/** Write `<bundle>/address` (the plain `unix://` address) atomically, as containerd's shims do. */
+export async function writeAddressFile(bundle: string, address: string): Promise<void> {
+  await writeFileAtomic(path.join(bundle, 'address'), address, 0o644);
+}

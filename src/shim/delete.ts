@@ -1,0 +1,254 @@
+/**
+ * `containerd-shim-kata-ts-v2 ... -id <id> -bundle <bundle> delete`: containerd runs it when its
+ * connection to a task's shim closed (the shim died, or exited after its pod was deleted) to
+ * clean up what the shim would have, and reads a DeleteResponse (pid, exit status, when) from
+ * stdout. It is run for the sandbox and for each container, and must succeed (exit 0) when there
+ * is nothing left to clean: every step is idempotent.
+ *
+ * The pod's state dir says what is left. Its lock (`daemon.lock`, held by the pod's `serve`
+ * process while it lives) decides who may touch it:
+ * - the shim is **gone** (the lock is free or stale): the pod's core is composed on the state dir
+ *   and recovered, as the shim would have at start; then the container is removed, or for the
+ *   sandbox the whole pod (containers, VM, virtiofsd, shared-dir mounts, TAP wiring, cgroup,
+ *   records); `<bundle>/rootfs` is unmounted; and once the pod holds nothing, its state dir and
+ *   socket go;
+ * - the shim still **lives** and the id is a container: the shim owns the container. containerd
+ *   closes a container's connection after deleting its task, so the shim has removed it already;
+ *   `<bundle>/rootfs` is unmounted only when the shim no longer has a record of the container;
+ * - the shim still lives and the id is the sandbox: containerd has given the pod up (it no longer
+ *   talks to the shim), so the shim is ended (SIGTERM, then SIGKILL) and the pod is cleaned as above.
+ */
+import { promises as fsp } from 'node:fs';
+import path from 'node:path';
+import protobuf from 'protobufjs';
+import { isReason } from '../common/errors.js';
+import type { Logger } from '../common/logger.js';
+import { isSameLiveProcess } from '../common/procfs.js';
+import type { LoadedConfig } from '../config/types.js';
+import type { RuntimeFacts } from '../runtime/facts.js';
+import { releaseSharedMounts } from '../runtime/sandbox/shared-dir.js';
+import { acquireStateLock, STATE_LOCK_FILE, type StateLock } from '../runtime/state-lock.js';
+import { readBundleConfig, type TaskRole, taskRole } from './bundle.js';
+import { hasContainerRecord, locatePod, podStateDir, readShimInfo, validateId, validateNamespace } from './paths.js';
+import { composePod, shimRequestContext } from './pod.js';
+import { unmountRootfs } from './rootfs.js';
+import './reasons.js';
+
+/** 128 + SIGKILL: how a task whose shim died is reported, as containerd's own shims report it. */
+export const EXIT_STATUS_KILLED = 137;
+
+/** containerd.task.v2.DeleteResponse. */
+export interface DeleteResult {
+  pid: number;
+  exitStatus: number;
+  exitedAt: Date;
+}
+
+// TODO(proto): switch to src/shim/proto.ts (containerd's task API from proto/containerd/) once it
+// lands; until then the one message `delete` writes is declared here, field for field:
+//   DeleteResponse { uint32 pid = 1; uint32 exit_status = 2; google.protobuf.Timestamp exited_at = 3; }
+//   Timestamp { int64 seconds = 1; int32 nanos = 2; }
+const root = protobuf.Root.fromJSON({
+  nested: {
+    containerd: {
+      nested: {
+        task: {
+          nested: {
+            v2: {
+              nested: {
+                DeleteResponse: {
+                  fields: {
+                    pid: { type: 'uint32', id: 1 },
+                    exit_status: { type: 'uint32', id: 2 },
+                    exited_at: { type: 'google.protobuf.Timestamp', id: 3 },
+                  },
+                },
+              },
+            },
+          },
+        },
+      },
+    },
+    google: {
+      nested: {
+        protobuf: { nested: { Timestamp: { fields: { seconds: { type: 'int64', id: 1 }, nanos: { type: 'int32', id: 2 } } } } },
+      },
+    },
+  },
+});
+const DeleteResponseType = root.lookupType('containerd.task.v2.DeleteResponse');
+
+/** The DeleteResponse bytes containerd reads from `delete`'s stdout. */
+export function encodeDeleteResponse(result: DeleteResult): Uint8Array {
+  const ms = result.exitedAt.getTime();
+  const seconds = Math.floor(ms / 1000);
+  // proto3 leaves fields at their zero value off the wire.
+  return DeleteResponseType.encode(
+    DeleteResponseType.fromObject({
+      ...(result.pid === 0 ? {} : { pid: result.pid }),
+      ...(result.exitStatus === 0 ? {} : { exit_status: result.exitStatus }),
+      exited_at: { seconds, nanos: (ms - seconds * 1000) * 1_000_000 },
+    }),
+  ).finish();
+}
+
+/** The inverse of encodeDeleteResponse (tests, and a reader of our own output). */
+export function decodeDeleteResponse(bytes: Uint8Array): DeleteResult {
+  const o = DeleteResponseType.toObject(DeleteResponseType.decode(bytes), { longs: Number, defaults: true }) as {
+    pid: number;
+    exit_status: number;
+    exited_at?: { seconds: number; nanos: number };
+  };
+  const at = o.exited_at ?? { seconds: 0, nanos: 0 };
+  return { pid: o.pid, exitStatus: o.exit_status, exitedAt: new Date(at.seconds * 1000 + Math.floor(at.nanos / 1_000_000)) };
+}
+
+export interface DeleteOptions {
+  loaded: LoadedConfig;
+  namespace: string;
+  id: string;
+  /** The task's bundle (`-bundle`, else the working directory); it may be gone already. */
+  bundle: string;
+  logger: Logger;
+  /** Facts decided by the caller (tests); gathered from the host when absent. */
+  facts?: RuntimeFacts;
+  /** How long a live shim is given to stop after SIGTERM before SIGKILL (default 10 s). */
+  stopShimTimeoutMs?: number;
+}
+
+/** What `delete` did. */
+export interface DeleteOutcome extends DeleteResult {
+  /** `container` or `pod` when something was removed, `nothing` when nothing was there. */
+  removed: 'container' | 'pod' | 'nothing';
+}
+
+/** The pod the task belongs to: from the bundle's annotations, else by looking through the pods' state. */
+async function roleOf(options: DeleteOptions): Promise<TaskRole | undefined> {
+  const spec = await readBundleConfig(options.bundle).catch(() => undefined);
+  if (spec !== undefined) return taskRole(options.id, spec.annotations);
+  const found = await locatePod(options.loaded.config.shim.stateRoot, options.namespace, options.id);
+  if (found === undefined) return undefined;
+  return { role: found.sandboxId === options.id ? 'sandbox' : 'container', sandboxId: found.sandboxId };
+}
+
+/** Clean up after the task's shim (see the file's comment). Idempotent. */
+export async function deleteTask(options: DeleteOptions): Promise<DeleteOutcome> {
+  validateNamespace(options.namespace);
+  validateId(options.id);
+  const log = options.logger.child({ namespace: options.namespace, id: options.id });
+  const result: DeleteOutcome = { pid: 0, exitStatus: EXIT_STATUS_KILLED, exitedAt: new Date(), removed: 'nothing' };
+  const rootfs = path.join(options.bundle, 'rootfs');
+  const role = await roleOf(options);
+  const stateDir = role === undefined ? undefined : podStateDir(options.loaded.config.shim.stateRoot, options.namespace, role.sandboxId);
+  if (role === undefined || stateDir === undefined || !(await exists(stateDir))) {
+    await unmountRootfs(rootfs, log);
+    return result;
+  }
+  let lock = await tryLock(stateDir, log);
+  if (lock === undefined) {
+    if (role.role === 'container') {
+      // The pod's shim lives and owns the container: only a rootfs it no longer knows is ours to release.
+      if (!(await hasContainerRecord(stateDir, options.id))) await unmountRootfs(rootfs, log);
+      log.info({ sandboxId: role.sandboxId }, 'the pod shim still runs: it owns the container');
+      return result;
+    }
+    await endLiveShim(stateDir, options.stopShimTimeoutMs ?? 10_000, log);
+    lock = await acquireStateLock(stateDir, log);
+  }
+  try {
+    result.removed = await cleanPod(options, role, stateDir, lock, log);
+  } finally {
+    await lock.release();
+  }
+  await unmountRootfs(rootfs, log);
+  return result;
+}
+
+async function exists(p: string): Promise<boolean> {
+  return fsp.access(p).then(
+    () => true,
+    () => false,
+  );
+}
+
+/** The pod's state-dir lock, or undefined when a live shim holds it. */
+async function tryLock(stateDir: string, log: Logger): Promise<StateLock | undefined> {
+  try {
+    return await acquireStateLock(stateDir, log);
+  } catch (err) {
+    if (isReason(err, 'STATE_DIR_LOCKED')) return undefined;
+    throw err;
+  }
+}
+
+/** SIGTERM the shim holding the pod's lock (named by pid and start time), SIGKILL it after `timeoutMs`. */
+async function endLiveShim(stateDir: string, timeoutMs: number, log: Logger): Promise<void> {
+  const text = await fsp.readFile(path.join(stateDir, STATE_LOCK_FILE), 'utf8').catch(() => '');
+  const m = /^([0-9]+) ([0-9]+)/.exec(text);
+  if (m === null) return;
+  const pid = Number(m[1]);
+  const ticks = Number(m[2]);
+  log.warn({ pid }, 'the pod shim still runs but containerd gave the pod up: stopping it');
+  const deadline = Date.now() + timeoutMs;
+  for (const signal of ['SIGTERM', 'SIGKILL'] as const) {
+    if (!isSameLiveProcess(pid, ticks)) return;
+    try {
+      process.kill(pid, signal);
+    } catch {
+      return;
+    }
+    const until = signal === 'SIGTERM' ? deadline : Date.now() + 5_000;
+    while (Date.now() < until && isSameLiveProcess(pid, ticks)) await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
+/** With the pod's lock held: remove the container, or the whole pod; drop the state dir once the pod is empty. */
+async function cleanPod(
+  options: DeleteOptions,
+  role: TaskRole,
+  stateDir: string,
+  lock: StateLock,
+  log: Logger,
+): Promise<DeleteOutcome['removed']> {
+  const info = await readShimInfo(stateDir).catch(() => undefined);
+  const pod = await composePod({
+    loaded: options.loaded,
+    stateDir,
+    cgroupDriver: info?.cgroupDriver ?? null,
+    logger: log,
+    ...(options.facts === undefined ? {} : { facts: options.facts }),
+  });
+  let removed: DeleteOutcome['removed'] = 'nothing';
+  try {
+    await pod.recover();
+    const ctx = shimRequestContext(log, 'delete');
+    if (role.role === 'container') {
+      if (pod.containers.list(null).some((c) => c.id === options.id)) {
+        await pod.containers.remove(options.id, ctx);
+        removed = 'container';
+      }
+    } else {
+      const containers = pod.containers.inSandbox(role.sandboxId);
+      for (const c of containers) await pod.containers.remove(c.id, ctx);
+      const sandbox = pod.sandboxes.list(null).some((s) => s.id === role.sandboxId);
+      if (sandbox) {
+        await pod.sandboxes.stop(role.sandboxId, ctx);
+        await pod.sandboxes.remove(role.sandboxId, ctx);
+      }
+      if (sandbox || containers.length > 0) removed = 'pod';
+    }
+  } finally {
+    await pod.close();
+  }
+  if (pod.taskCount() === 0) {
+    // Nothing may be deleted through a mount that is still there (see releaseSharedMounts).
+    await releaseSharedMounts(stateDir, log);
+    if (info !== undefined) await fsp.rm(info.socket, { force: true });
+    await lock.release();
+    await fsp.rm(stateDir, { recursive: true, force: true });
+    await fsp.rmdir(path.dirname(stateDir)).catch(() => undefined);
+    log.info({ stateDir }, 'pod state removed');
+  }
+  log.info({ removed }, 'delete done');
+  return removed;
+}

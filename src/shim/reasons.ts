@@ -1,0 +1,24 @@
+/**
+ * Reason codes (`KataError.reason`) raised by the shim v2 program (src/shim): its flags, its
+ * paths, the bundle it is started in, the per-pod server and the rootfs mounts.
+ * A new code is added to this union; declaration merging below makes it known to the factories
+ * and to `isReason` in src/common/errors.ts.
+ */
+export type ShimReason =
+  | 'SHIM_BUNDLE_INVALID'
+  | 'SHIM_ID_INVALID'
+  | 'SHIM_INFO_INVALID'
+  | 'SHIM_NAMESPACE_INVALID'
+  | 'SHIM_NO_IMAGE_STORE'
+  | 'SHIM_POD_DIR_TAKEN'
+  | 'SHIM_POD_NOT_SERVING'
+  | 'SHIM_ROOTFS_MOUNT_FAILED'
+  | 'SHIM_ROOTFS_UNSUPPORTED'
+  | 'SHIM_SERVE_FAILED'
+  | 'SHIM_SOCKET_PATH_TOO_LONG';
+
+declare module '../common/errors.js' {
+  interface KataReasons {
+    shim: ShimReason;
+  }
+}

@@ -1,0 +1,165 @@
+/**
+ * `containerd-shim-kata-ts-v2 ... start`: run by containerd (and by CRI-O's `runtime_type = "vm"`)
+ * in a task's bundle, once for every task, the pod's sandbox and each of its containers. It
+ * answers with the address of the ttrpc server that serves the task: one server per pod, so
+ *
+ * - for a pod's **sandbox** (or a task with no pod annotations, a pod of its own) it starts the
+ *   pod's `serve` process, detached in a session of its own so that it outlives this one and
+ *   containerd's restarts, and waits until it answers on its socket;
+ * - for a **container** of a pod it finds the pod's socket (from the sandbox id its annotations
+ *   name) and checks that it answers.
+ *
+ * Either way it writes the plain `unix://` address to `<bundle>/address` (CRI-O and containerd
+ * read it when they reconnect after a restart) and prints exactly that on stdout. containerd reads
+ * stdout and stderr together as the address, so nothing else is printed on success; the `serve`
+ * process gets neither (its stdin and stdout are /dev/null, its stderr the shim's log): containerd
+ * waits for the output to close.
+ *
+ * A repeated `start` for a sandbox whose shim already answers (containerd retrying) answers with
+ * the running shim's address.
+ */
+import { spawn } from 'node:child_process';
+import fs from 'node:fs';
+import net from 'node:net';
+import { errorMessage, timedOut, unavailable } from '../common/errors.js';
+import type { KataConfig } from '../config/types.js';
+import { readBundleConfig, taskRole, writeAddressFile } from './bundle.js';
+import { openShimLog } from './log.js';
+import { podStateDir, shimSocketPath, socketAddress, validateId, validateNamespace } from './paths.js';
+import './reasons.js';
+
+/** The command line that runs this shim binary again (for the `serve` child). */
+export interface ShimCommand {
+  command: string;
+  args: string[];
+}
+
+export interface StartOptions {
+  config: KataConfig;
+  namespace: string;
+  /** The task's id (`-id`). */
+  id: string;
+  /** The task's bundle (`-bundle`, else the working directory). */
+  bundle: string;
+  /** containerd's address (`-address`), part of the socket's name. */
+  containerdAddress: string;
+  publishBinary: string;
+  debug: boolean;
+  /** How to run this binary again. */
+  self: ShimCommand;
+  /** The environment the `serve` child gets (TTRPC_ADDRESS, KATA_TS_CONFIG, ...). */
+  env: NodeJS.ProcessEnv;
+  /** How long the `serve` child may take to answer on its socket (default 60 s). */
+  serveTimeoutMs?: number;
+}
+
+const POLL_MS = 50;
+
+/** True when something accepts a connection on the unix socket within `timeoutMs`. */
+export function socketAnswers(socketPath: string, timeoutMs = 1_000): Promise<boolean> {
+  return new Promise((resolve) => {
+    const sock = net.connect(socketPath);
+    const timer = setTimeout(() => {
+      sock.destroy();
+      resolve(false);
+    }, timeoutMs);
+    sock.once('connect', () => {
+      clearTimeout(timer);
+      sock.destroy();
+      resolve(true);
+    });
+    sock.once('error', () => {
+      clearTimeout(timer);
+      resolve(false);
+    });
+  });
+}
+
+/** The `serve` child's arguments: containerd's flags as they came, the pod's socket, the action last. */
+export function serveArgs(options: StartOptions, sandboxId: string, socketPath: string): string[] {
+  return [
+    '-namespace',
+    options.namespace,
+    '-address',
+    options.containerdAddress,
+    '-publish-binary',
+    options.publishBinary,
+    '-id',
+    sandboxId,
+    '-bundle',
+    options.bundle,
+    '-socket',
+    socketPath,
+    ...(options.debug ? ['-debug'] : []),
+    'serve',
+  ];
+}
+
+/** Start (or find) the shim serving the task; returns the address written and to be printed. */
+export async function startShim(options: StartOptions): Promise<string> {
+  validateNamespace(options.namespace);
+  validateId(options.id);
+  const bundle = await readBundleConfig(options.bundle);
+  const { role, sandboxId } = taskRole(options.id, bundle.annotations);
+  const stateRoot = options.config.shim.stateRoot;
+  const socketPath = shimSocketPath(stateRoot, options.containerdAddress, options.namespace, sandboxId);
+  const address = socketAddress(socketPath);
+  if (!(await socketAnswers(socketPath))) {
+    if (role === 'container') {
+      throw unavailable(
+        'SHIM_POD_NOT_SERVING',
+        `the shim of sandbox ${sandboxId} does not answer at ${socketPath}; the container cannot join its pod.`,
+        { details: { sandboxId, socketPath } },
+      );
+    }
+    await spawnServe(options, sandboxId, socketPath, podStateDir(stateRoot, options.namespace, sandboxId));
+  }
+  await writeAddressFile(options.bundle, address);
+  return address;
+}
+
+/** Start the detached `serve` child and wait until its socket answers (or it dies, or time runs out). */
+async function spawnServe(options: StartOptions, sandboxId: string, socketPath: string, stateDir: string): Promise<void> {
+  const log = await openShimLog(options.bundle, stateDir);
+  let child: ReturnType<typeof spawn>;
+  try {
+    child = spawn(options.self.command, [...options.self.args, ...serveArgs(options, sandboxId, socketPath)], {
+      cwd: options.bundle,
+      env: options.env,
+      detached: true,
+      stdio: ['ignore', 'ignore', log.fd],
+    });
+  } finally {
+    fs.closeSync(log.fd);
+  }
+  let exited: string | undefined;
+  let spawnError: string | undefined;
+  child.once('error', (err) => {
+    spawnError = errorMessage(err);
+  });
+  child.once('exit', (code, signal) => {
+    exited = signal === null ? `code ${code}` : `signal ${signal}`;
+  });
+  child.unref();
+  const deadline = Date.now() + (options.serveTimeoutMs ?? 60_000);
+  for (;;) {
+    if (await socketAnswers(socketPath, 500)) return;
+    if (spawnError !== undefined) {
+      throw unavailable('SHIM_SERVE_FAILED', `the pod shim could not be started: ${spawnError}.`);
+    }
+    if (exited !== undefined) {
+      // A second start racing this one may have won the pod: its shim is as good as ours.
+      if (await socketAnswers(socketPath)) return;
+      throw unavailable('SHIM_SERVE_FAILED', `the pod shim exited (${exited}) before serving; its log is ${log.path}.`, {
+        details: { log: log.path },
+      });
+    }
+    if (Date.now() > deadline) {
+      if (child.pid !== undefined) process.kill(child.pid, 'SIGKILL');
+      throw timedOut('SHIM_SERVE_FAILED', `the pod shim did not answer at ${socketPath} in time; its log is ${log.path}.`, {
+        details: { log: log.path },
+      });
+    }
+    await new Promise((resolve) => setTimeout(resolve, POLL_MS));
+  }
+}
