@@ -79,6 +79,8 @@ const LAYERS: LayerTable = {
     'src/cri/decode': 'cri',
     'src/cri/views': 'cri',
     'src/cri/streaming': 'cri',
+    'src/shim': 'shim',
+    'src/shim/decode': 'shim',
     'src/daemon': 'daemon',
     'src/cli': 'cli',
     'src/cli/plan': 'cli',
@@ -119,6 +121,9 @@ const LAYERS: LayerTable = {
     // The CRI face: the core and the pure or face-only parts below it, never a driver that
     // touches the host (cgroups, hypervisor, network, pcie): the daemon wires those in.
     cri: ['common', 'config', 'generated', 'images', 'oci', 'agent-client', 'channel', 'spdy', ...CORE],
+    // The shim v2 face: the core, the libraries below it and containerd's ttrpc; never the CRI
+    // face, the daemon or grpc-js.
+    shim: [...BELOW_CORE, ...CORE, 'ttrpc'],
     daemon: [...BELOW_CORE, ...CORE, 'cri', 'spdy'],
     cli: [...BELOW_CORE, ...CORE, 'cri', 'spdy', 'daemon', 'manifest'],
     'guest-agent': ['common', 'channel', 'generated', 'guest-containers'],
