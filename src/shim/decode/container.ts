@@ -78,11 +78,19 @@ const SANDBOX_FILES: Readonly<Record<string, string>> = {
   '/dev/shm': 'shm',
 };
 
+/** A path's segments, without empty and `.` ones (`/dev/shm/` and `/dev//shm` are `/dev/shm`). */
+function segments(p: string): string[] {
+  return path.posix
+    .normalize(p)
+    .split('/')
+    .filter((s) => s !== '' && s !== '.');
+}
+
 /** Whether a bind mount is one of the sandbox's own files, which the guest replaces with its own. */
 export function isSandboxFile(destination: string, source: string, sandboxId: string): boolean {
-  const name = SANDBOX_FILES[path.posix.normalize(destination)];
+  const name = SANDBOX_FILES[`/${segments(destination).join('/')}`];
   if (name === undefined) return false;
-  const parts = path.posix.normalize(source).split('/');
+  const parts = segments(source);
   return parts.at(-1) === name && parts.slice(0, -1).includes(sandboxId);
 }
 

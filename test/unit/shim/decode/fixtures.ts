@@ -44,3 +44,17 @@ export function configFixtures(): ConfigFixture[] {
 export function loadConfig(name: string): Record<string, unknown> {
   return JSON.parse(readFileSync(path.join(packageRoot(), 'fixtures', name), 'utf8')) as Record<string, unknown>;
 }
+
+/**
+ * A config.json as the refusal tests edit it: any field may be set to anything, wrong types on
+ * purpose, which is what the decoders must refuse.
+ */
+// biome-ignore lint/suspicious/noExplicitAny: untyped on purpose, to write malformed documents.
+export type EditableJson = Record<string, any>;
+
+/** The fixture with `edit` applied to a fresh copy. */
+export function edited(name: string, edit: (oci: EditableJson) => void): EditableJson {
+  const oci = loadConfig(name) as EditableJson;
+  edit(oci);
+  return oci;
+}
