@@ -1,5 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { cgroupPlacementOf, decodePodSpec, parseResolvConf } from '../../../../src/shim/decode/index.js';
+import { resolveDemand } from '../../../../src/sizing/sources.js';
 import { thrown } from '../../../helpers/kata-error.js';
 import { type EditableJson, edited, loadConfig } from './fixtures.js';
 
@@ -28,6 +29,16 @@ describe('decodePodSpec: where each value comes from', () => {
       o.annotations['io.kubernetes.cri-o.PrivilegedRuntime'] = 'true';
     });
     expect(decodePodSpec(crio).spec.linux?.security_context?.privileged).toBe(true);
+  });
+
+  it("sizes the pod from containerd's annotations as linux.resources, and from CRI-O's own annotation", () => {
+    const containerd = resolveDemand(decodePodSpec(loadConfig(SANDBOX)).spec);
+    expect(containerd.source).toBe('linux_resources');
+    // quota 150000 / period 100000 = 1500m; 768 shares = 750m; 805306368 bytes = 768 MiB.
+    expect([containerd.cpuLimitMillis, containerd.cpuRequestMillis, containerd.memoryLimitBytes]).toEqual([1500n, 750n, 805306368n]);
+    const crio = resolveDemand(decodePodSpec(loadConfig(CRIO_SANDBOX)).spec);
+    expect(crio.source).toBe('crio_annotations');
+    expect([crio.cpuLimitMillis, crio.memoryLimitBytes]).toEqual([1500n, 805306368n]);
   });
 
   it('has no linux.resources when containerd wrote no sizing annotations (the kubelet sent none)', () => {
