@@ -6,6 +6,7 @@
  */
 import os from 'node:os';
 import { createCgroupDriver, detectCgroupMode } from '../cgroups/index.js';
+import { epochNs } from '../common/time.js';
 import { errorMessage, precondition } from '../common/errors.js';
 import type { Logger } from '../common/logger.js';
 import type { CgroupDriverName, KataConfig, LoadedConfig } from '../config/types.js';
@@ -77,9 +78,17 @@ export interface ShimPod {
   recover(): Promise<void>;
   /** Sandboxes and containers the pod holds (containerd's tasks); 0 when the shim may go. */
   taskCount(): number;
+  /**
+   * Resolves when the sandbox's VM has stopped (StopPodSandbox's stop, or the VM ended on its
+   * own), with the exit status containerd hears for the sandbox task; `signal` ends the wait.
+   */
+  sandboxExited(id: string, signal: AbortSignal): Promise<{ status: number; atNs: bigint }>;
   /** Drop the connections to the VM, which keeps running (found again by `recover`). */
   close(): Promise<void>;
 }
+
+/** The sandbox task's exit status: the VM is ended as by SIGKILL, whoever ended it. */
+const SANDBOX_EXIT_STATUS = 128 + 9;
 
 /** Compose the pod's core on its state dir. Creates nothing on disk until `recover()`. */
 export async function composePod(options: ShimPodOptions): Promise<ShimPod> {
@@ -95,6 +104,9 @@ export async function composePod(options: ShimPodOptions): Promise<ShimPod> {
   await detectCgroupMode(config.cgroupRoot).catch((err: unknown) =>
     logger.error({ cgroupRoot: config.cgroupRoot, err: errorMessage(err) }, 'no cgroups found: the pod VM cannot be placed'),
   );
+  // Sandboxes whose VM stopped, and the waits for that (sandboxExited).
+  const stopped = new Set<string>();
+  const waiting = new Set<(id: string) => void>();
   const driverOptions = { cgroupRoot: config.cgroupRoot, dbusAddress: config.dbusAddress, logger };
   const host = { cpus: Math.max(1, os.cpus().length), memoryMiB: Math.floor(os.totalmem() / (1024 * 1024)) };
   const readPcieFacts = () => readPcieHostFacts(config.pcie);
@@ -111,7 +123,11 @@ export async function composePod(options: ShimPodOptions): Promise<ShimPod> {
     // Containers are told when their sandbox stops or goes (containers is defined just below).
     listener: {
       sandboxStopping: (id, deadlineMs) => containers.sandboxStopping(id, deadlineMs),
-      sandboxStopped: (id) => containers.sandboxStopped(id),
+      sandboxStopped: async (id) => {
+        await containers.sandboxStopped(id);
+        stopped.add(id);
+        for (const wake of [...waiting]) wake(id);
+      },
       sandboxRemoving: (id) => containers.sandboxRemoving(id),
     },
   });
@@ -144,6 +160,26 @@ export async function composePod(options: ShimPodOptions): Promise<ShimPod> {
       await containers.recover();
     },
     taskCount: () => sandboxes.list(null).length + containers.list(null).length,
+    sandboxExited: (id, signal) =>
+      new Promise((resolve, reject) => {
+        const done = () => ({ status: SANDBOX_EXIT_STATUS, atNs: epochNs() });
+        const live = sandboxes.find(id);
+        if (stopped.has(id) || (live !== undefined && live.vm === undefined)) return resolve(done());
+        const wake = (which: string) => {
+          if (which !== id) return;
+          waiting.delete(wake);
+          resolve(done());
+        };
+        waiting.add(wake);
+        signal.addEventListener(
+          'abort',
+          () => {
+            waiting.delete(wake);
+            reject(signal.reason);
+          },
+          { once: true },
+        );
+      }),
     close: async () => {
       await containers.close();
       sandboxes.close();

@@ -18,6 +18,7 @@ import type { RequestContext } from '../runtime/context.js';
 import { decodeExecProcess, decodePodSpec, decodeTaskContainerSpec, type ExecSpec } from './decode/index.js';
 import type { EventPublisher } from './events.js';
 import type { ShimPod } from './pod.js';
+import { timestampOfNs } from './proto.js';
 import { mountRootfs, type RootfsMount, unmountRootfs } from './rootfs.js';
 import { type ExecStdio, openExecStdio } from './stdio.js';
 import './task-reasons.js';
@@ -176,7 +177,7 @@ export class ShimTasks {
     await this.deps.events.publish('/tasks/create', {
       container_id: req.id,
       bundle: req.bundle,
-      rootfs: req.rootfs,
+      rootfs: req.rootfs.map((m) => ({ ...m, options: [...m.options] })),
       io: { stdin: io.stdin, stdout: io.stdout, stderr: io.stderr, terminal: io.terminal },
       checkpoint: '',
       pid: task.pid,
@@ -221,7 +222,7 @@ export class ShimTasks {
       id: task.id,
       pid: task.pid,
       exit_status: exit.status,
-      exited_at: exit.atNs,
+      exited_at: timestampOfNs(exit.atNs),
     });
   }
 
@@ -230,7 +231,7 @@ export class ShimTasks {
     if (execId !== '') {
       const exec = this.exec(task, execId);
       if (exec.exit.value !== undefined) throw notFound('PROCESS_FINISHED', `exec ${execId} of task ${id} has already finished`);
-      const agent = this.deps.pod.agentOf(this.sandboxId as string);
+      const agent = this.deps.pod.guests.agentOf(this.sandboxId as string);
       if (agent === undefined || !exec.started) throw precondition('EXEC_NOT_RUNNING', `exec ${execId} of task ${id} is not running`);
       await agent.signalProcess(id, exec.stdio?.guestExecId ?? '', signal, { timeoutMs: 30_000 });
       return;
@@ -290,7 +291,7 @@ export class ShimTasks {
       container_id: id,
       pid: task.pid,
       exit_status: exit.status,
-      exited_at: exit.atNs,
+      exited_at: timestampOfNs(exit.atNs),
       id,
     });
     return { pid: task.pid, exit };
@@ -354,7 +355,7 @@ export class ShimTasks {
   private async startExec(task: Task, execId: string, ctx: RequestContext): Promise<number> {
     const exec = this.exec(task, execId);
     if (exec.started) throw precondition('EXEC_ALREADY_STARTED', `exec ${execId} of task ${task.id} was started already`);
-    const agent = this.deps.pod.agentOf(this.sandboxId as string);
+    const agent = this.deps.pod.guests.agentOf(this.sandboxId as string);
     const record: ContainerRecord = this.deps.pod.containers.resolve(task.id);
     if (agent === undefined || record.state !== 'CONTAINER_RUNNING') {
       throw precondition('TASK_NOT_RUNNING', `task ${task.id} is not running; no process can start in it`);
@@ -372,7 +373,7 @@ export class ShimTasks {
             id: execId,
             pid: exec.pid,
             exit_status: status,
-            exited_at: exec.exit.value?.atNs ?? epochNs(),
+            exited_at: timestampOfNs(exec.exit.value?.atNs ?? epochNs()),
           });
         }
       };
@@ -402,7 +403,7 @@ export class ShimTasks {
 
   async resizePty(id: string, execId: string, width: number, height: number): Promise<void> {
     const task = this.task(id);
-    const agent = this.deps.pod.agentOf(this.sandboxId as string);
+    const agent = this.deps.pod.guests.agentOf(this.sandboxId as string);
     if (agent === undefined) throw precondition('TASK_NOT_RUNNING', `task ${id} is not running`);
     const guestExecId = execId === '' ? '' : (this.exec(task, execId).stdio?.guestExecId ?? '');
     await agent.resizeTty(id, guestExecId, height, width, { timeoutMs: 30_000 });

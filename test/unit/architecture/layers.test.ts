@@ -81,6 +81,7 @@ const LAYERS: LayerTable = {
     'src/cri/views': 'cri',
     'src/cri/streaming': 'cri',
     'src/shim': 'shim',
+    'src/shim/decode': 'shim',
     'src/daemon': 'daemon',
     'src/cli': 'cli',
     'src/cli/plan': 'cli',
