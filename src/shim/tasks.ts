@@ -147,7 +147,10 @@ export class ShimTasks {
       watch: new AbortController(),
     };
     if (kind === 'sandbox') {
-      const pod = decodePodSpec(oci);
+      // The pod's DNS is the resolv.conf containerd wrote for it (the guest gets it as its own).
+      const first = decodePodSpec(oci);
+      const resolvConf = first.resolvConfPath === null ? undefined : await fsp.readFile(first.resolvConfPath, 'utf8').catch(() => undefined);
+      const pod = resolvConf === undefined ? first : decodePodSpec(oci, { resolvConf });
       await this.deps.pod.sandboxes.run(pod.spec, this.deps.handler, ctx, {
         id: req.id,
         ...(pod.netnsPath === null ? {} : { joinNetns: pod.netnsPath }),

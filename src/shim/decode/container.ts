@@ -342,3 +342,12 @@ export function decodeTaskContainerSpec(oci: unknown, sandboxId: string, options
   );
   return decodeContainerSpec(config);
 }
+
+/**
+ * The Task API's Update: new limits as an OCI LinuxResources (JSON), checked with the same schema
+ * as a config.json's, as the CRI's LinuxContainerResources.
+ */
+export function decodeLinuxResources(value: unknown): LinuxContainerResources__Output {
+  const spec = parseOciRuntimeSpec({ ociVersion: '1.0.2', linux: { resources: value } });
+  return criResourcesOf(spec) ?? criResourcesOf({ ...spec, linux: { resources: {} } })!;
+}

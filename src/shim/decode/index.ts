@@ -9,7 +9,7 @@ import { parseOciRuntimeSpec } from './spec.js';
 
 export type { BundleRole, ManagerKind } from './annotations.js';
 export { CONTAINERD_ANNOTATIONS, CRIO_ANNOTATIONS } from './annotations.js';
-export { decodeTaskContainerSpec, isSandboxFile, type TaskContainerDecodeOptions } from './container.js';
+export { decodeLinuxResources, decodeTaskContainerSpec, isSandboxFile, type TaskContainerDecodeOptions } from './container.js';
 export { decodeExecProcess, type ExecSpec } from './exec.js';
 export { type CgroupPlacement, cgroupPlacementOf, type DecodedPod, decodePodSpec, type PodDecodeOptions, parseResolvConf } from './pod.js';
 export type { ShimDecodeReason } from './reasons.js';
