@@ -147,10 +147,12 @@ export function validateParentFor(driver: CgroupDriverName, cgroupParent: string
 
 /** The transient scope / cgroup directory name of a sandbox's VMM. */
 export function vmmCgroupName(sandboxId: string): string {
-  // Sandbox ids are 64 hex characters; anything else must still make a valid unit name and a
-  // single path component.
-  if (!/^[A-Za-z0-9_-]{1,200}$/.test(sandboxId)) {
-    throw invalid('CGROUP_SANDBOX_ID_INVALID', `sandboxId "${sandboxId}" cannot name a cgroup (1-200 letters, digits, "_" or "-").`, {
+  // Sandbox ids are 64 hex characters, or a caller's id by containerd's identifier rule (which
+  // allows "."); anything else must still make a valid unit name and a single path component:
+  // behind the `kata-ts-` prefix a "." never makes "." or "..", and systemd reads a unit's type
+  // after its last ".", which stays `.scope`.
+  if (!/^[A-Za-z0-9._-]{1,200}$/.test(sandboxId)) {
+    throw invalid('CGROUP_SANDBOX_ID_INVALID', `sandboxId "${sandboxId}" cannot name a cgroup (1-200 letters, digits, ".", "_" or "-").`, {
       details: { sandboxId },
     });
   }

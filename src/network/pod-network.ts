@@ -1,5 +1,6 @@
 /**
- * A pod's network, set up and torn down: its namespace, the CNI attachment in it, the TAP wiring.
+ * A pod's network, set up and torn down: its namespace, the CNI attachment in it, the TAP wiring;
+ * or, for a namespace the caller made and attached (joined, see joined.ts), the TAP wiring alone.
  * Every step is recorded (PodNetworkRecord, saved by the caller through `persist`) before or as it
  * is done, so that teardown, also the one at the next start after a crash, knows what to undo.
  * Teardown is idempotent: CNI DEL is safe to repeat, and missing devices or namespaces are fine.
@@ -8,8 +9,10 @@ import { errorMessage, invalid } from '../common/errors.js';
 import type { Logger } from '../common/logger.js';
 import type { NetworkConfig } from '../config/types.js';
 import { type CniNetworkList, loadCniNetwork, resolvePlugins } from './cni-config.js';
-import { type CniAttachment, type CniPortMapping, cniAdd, cniDel } from './cni-exec.js';
-import { type PodNetworkResult, parseCniResult } from './result.js';
+import { type CniPortMapping, cniAdd, cniDel } from './cni-exec.js';
+import { readJoinedNetwork } from './joined.js';
+import { type CniPodNetworkRecord, type JoinedPodNetworkRecord, netnsRefOf, type PodNetworkRecord } from './record.js';
+import { parseCniResult } from './result.js';
 import {
   createNetns,
   deleteNetns,
@@ -24,26 +27,6 @@ import {
 } from './wiring.js';
 import './reasons.js';
 
-/** What a sandbox record keeps of its network (format 4). */
-export interface PodNetworkRecord {
-  netnsName: string;
-  netnsPath: string;
-  ifName: string;
-  tapName: string;
-  /** The network list ADD ran with: DEL must run the same one, whatever the node's config says later. */
-  cniNetwork: CniNetworkList;
-  attachment: CniAttachment;
-  /** True from just before CNI ADD until a DEL succeeded: DEL is due (also after a crash). */
-  cniAttached: boolean;
-  /** ADD's raw result (DEL's prevResult) and what the pod got from it. */
-  cniResult: unknown;
-  result: PodNetworkResult | null;
-  /** The CNI interface's MAC and MTU, which the VM's NIC takes. */
-  mac: string | null;
-  mtu: number | null;
-  tapWired: boolean;
-}
-
 /** What prepare needs to know of the pod (from its CRI config; see src/runtime/sandbox/network.ts). */
 export interface PodNetworkRequest {
   /** namespace_options.network is NODE: refused, a VM cannot share the host's stack. */
@@ -57,7 +40,7 @@ export class PodNetworks {
   constructor(private readonly config: NetworkConfig) {}
 
   /** Validate before anything is made: a host-network pod is refused, the node's CNI config must be usable. */
-  async prepare(sandboxId: string, req: PodNetworkRequest): Promise<PodNetworkRecord> {
+  async prepare(sandboxId: string, req: PodNetworkRequest): Promise<CniPodNetworkRecord> {
     if (req.hostNetwork) {
       throw invalid(
         'POD_HOST_NETWORK_UNSUPPORTED',
@@ -70,6 +53,7 @@ export class PodNetworks {
     const netnsPath = `${NETNS_DIR}/${netnsName}`;
     const mappings = req.portMappings;
     return {
+      kind: 'cni',
       netnsName,
       netnsPath,
       ifName: POD_IF_NAME,
@@ -92,10 +76,28 @@ export class PodNetworks {
   }
 
   /**
-   * Namespace, CNI ADD, TAP: `net` is changed in place and `persist` called before each step that
-   * leaves something to undo. On failure the caller runs teardown (which undoes what was recorded).
+   * A namespace the caller made and attached (joinNetns): checked and read, nothing changed (see
+   * joined.ts). The record holds what the guest is told, the MAC and the MTU already.
+   */
+  async prepareJoin(netnsPath: string): Promise<JoinedPodNetworkRecord> {
+    return readJoinedNetwork(netnsPath);
+  }
+
+  /**
+   * Namespace, CNI ADD, TAP (a joined namespace: the TAP only): `net` is changed in place and
+   * `persist` called before each step that leaves something to undo. On failure the caller runs
+   * teardown (which undoes what was recorded).
    */
   async setup(net: PodNetworkRecord, persist: () => Promise<void>, log: Logger): Promise<void> {
+    if (net.kind === 'joined') {
+      const started = Date.now();
+      await this.wire(net, persist);
+      log.info(
+        { netns: net.netnsPath, ips: net.result?.ips, mac: net.mac, mtu: net.mtu, wiringMs: Date.now() - started },
+        'pod network joined',
+      );
+      return;
+    }
     await createNetns(net.netnsName);
     net.cniAttached = true; // before ADD: a crash inside ADD must still be followed by DEL
     await persist();
@@ -107,27 +109,35 @@ export class PodNetworks {
     const { mac, mtu } = await linkInfo(net.netnsName, net.ifName);
     net.mac = mac;
     net.mtu = mtu;
-    net.tapWired = true;
-    await persist();
-    await runAll(planTapWiring(net.netnsName, net.ifName, net.tapName, mtu));
+    await this.wire(net, persist);
     log.info(
       { netns: net.netnsName, ips: net.result.ips, mac, mtu, cniMs, wiringMs: Date.now() - started - cniMs },
       'pod network attached',
     );
   }
 
+  /** The TAP and its filters, recorded first: a crash half-way is unwired all the same. */
+  private async wire(net: PodNetworkRecord, persist: () => Promise<void>): Promise<void> {
+    // Known before wiring (linkInfo, or the joined namespace read at prepare): null here is a bug.
+    if (net.mtu === null) throw new Error('the pod network is wired without an MTU');
+    net.tapWired = true;
+    await persist();
+    await runAll(planTapWiring(netnsRefOf(net), net.ifName, net.tapName, net.mtu));
+  }
+
   /**
-   * StopPodSandbox's half (also rollback's): TAP and filters, then CNI DEL. `persist` records
-   * each step done. The namespace stays (RemovePodSandbox removes it, removeNetns).
+   * StopPodSandbox's half (also rollback's): TAP and filters, then CNI DEL (not for a joined
+   * namespace: its CNI is the caller's). `persist` records each step done. The namespace stays
+   * (RemovePodSandbox removes one of ours, teardown).
    */
   async detach(net: PodNetworkRecord, persist: () => Promise<void>, log: Logger): Promise<void> {
     if (net.tapWired) {
-      const failures = await runAll(planTapUnwiring(net.netnsName, net.ifName, net.tapName), true);
+      const failures = await runAll(planTapUnwiring(netnsRefOf(net), net.ifName, net.tapName), true);
       if (failures.length > 0) log.debug({ failures }, 'TAP unwiring found parts gone already');
       net.tapWired = false;
       await persist();
     }
-    if (net.cniAttached) {
+    if (net.kind === 'cni' && net.cniAttached) {
       await cniDel(net.cniNetwork, net.attachment, await this.execOptions(net.cniNetwork), net.cniResult ?? undefined);
       net.cniAttached = false;
       await persist();
@@ -135,9 +145,10 @@ export class PodNetworks {
     }
   }
 
-  /** detach, then the namespace itself (RemovePodSandbox, rollback). */
+  /** detach, then the namespace itself (RemovePodSandbox, rollback); a joined one is the caller's and stays. */
   async teardown(net: PodNetworkRecord, persist: () => Promise<void>, log: Logger): Promise<void> {
     await this.detach(net, persist, log);
+    if (net.kind === 'joined') return;
     try {
       await deleteNetns(net.netnsName);
     } catch (err) {

@@ -11,6 +11,7 @@
 import { execFile } from 'node:child_process';
 import { access } from 'node:fs/promises';
 import { errnoCode, internal } from '../common/errors.js';
+import { shortIdKey } from '../common/ids.js';
 import './reasons.js';
 
 /** Where `ip netns add` keeps named namespaces (fixed by iproute2). */
@@ -20,22 +21,31 @@ export const POD_TAP_NAME = 'tap0_kata';
 /** The CNI interface's name inside the pod's namespace (CNI_IFNAME), as the kubelet's runtimes use. */
 export const POD_IF_NAME = 'eth0';
 
-/** The pod namespace's name: unique per sandbox (the id's first 16 hex digits, as its work dir). */
+/** The pod namespace's name: unique per sandbox (16 hex digits of the id, as its work dir: shortIdKey). */
 export function netnsNameFor(sandboxId: string): string {
-  return `kata-ts-${sandboxId.slice(0, 16)}`;
+  return `kata-ts-${shortIdKey(sandboxId)}`;
+}
+
+/**
+ * Where iproute2 runs: a namespace by its name in NETNS_DIR (`ip -n NAME`, `tc -n NAME`), or one
+ * known only by a path elsewhere (a joined namespace: `/proc/<pid>/ns/net`, a runtime's own
+ * directory), entered with `nsenter --net=PATH` (iproute2's `-n` takes only a name in its directory).
+ */
+export type NetnsRef = string | { path: string };
+
+/** `tool args` run inside `ns`. Pure. */
+export function inNetns(ns: NetnsRef, tool: 'ip' | 'tc', args: string[]): string[] {
+  return typeof ns === 'string' ? [tool, '-n', ns, ...args] : ['nsenter', `--net=${ns.path}`, '--', tool, ...args];
 }
 
 /** What netnsNameFor makes, to tell a pod namespace among others in NETNS_DIR. */
 export const POD_NETNS_NAME = /^kata-ts-[0-9a-f]{16}$/;
 
 /** The argv lists that create the TAP and redirect both ways between it and `ifName`. */
-export function planTapWiring(netns: string, ifName: string, tapName: string, mtu: number): string[][] {
+export function planTapWiring(netns: NetnsRef, ifName: string, tapName: string, mtu: number): string[][] {
   const redirect = (from: string, to: string): string[][] => [
-    ['tc', '-n', netns, 'qdisc', 'add', 'dev', from, 'ingress'],
-    [
-      'tc',
-      '-n',
-      netns,
+    inNetns(netns, 'tc', ['qdisc', 'add', 'dev', from, 'ingress']),
+    inNetns(netns, 'tc', [
       'filter',
       'add',
       'dev',
@@ -55,11 +65,11 @@ export function planTapWiring(netns: string, ifName: string, tapName: string, mt
       'redirect',
       'dev',
       to,
-    ],
+    ]),
   ];
   return [
-    ['ip', '-n', netns, 'tuntap', 'add', 'dev', tapName, 'mode', 'tap'],
-    ['ip', '-n', netns, 'link', 'set', 'dev', tapName, 'mtu', String(mtu), 'up'],
+    inNetns(netns, 'ip', ['tuntap', 'add', 'dev', tapName, 'mode', 'tap']),
+    inNetns(netns, 'ip', ['link', 'set', 'dev', tapName, 'mtu', String(mtu), 'up']),
     ...redirect(ifName, tapName),
     ...redirect(tapName, ifName),
   ];
@@ -69,11 +79,8 @@ export function planTapWiring(netns: string, ifName: string, tapName: string, mt
  * The argv lists that undo the wiring: the filters and qdisc on the CNI interface, then the TAP
  * (its own qdisc goes with it). Each may find its object gone already; runAll(..., tolerant).
  */
-export function planTapUnwiring(netns: string, ifName: string, tapName: string): string[][] {
-  return [
-    ['tc', '-n', netns, 'qdisc', 'del', 'dev', ifName, 'ingress'],
-    ['ip', '-n', netns, 'link', 'del', 'dev', tapName],
-  ];
+export function planTapUnwiring(netns: NetnsRef, ifName: string, tapName: string): string[][] {
+  return [inNetns(netns, 'tc', ['qdisc', 'del', 'dev', ifName, 'ingress']), inNetns(netns, 'ip', ['link', 'del', 'dev', tapName])];
 }
 
 /** Run one argv; stdout on success, a TAP_WIRING_FAILED / NETNS_FAILED error with stderr otherwise. */
@@ -123,11 +130,11 @@ export async function deleteNetns(name: string): Promise<void> {
 }
 
 /** MAC and MTU of an interface in the namespace (`ip -j link show`). */
-export async function linkInfo(netns: string, ifName: string): Promise<{ mac: string; mtu: number }> {
-  const out = await run(['ip', '-j', '-n', netns, 'link', 'show', 'dev', ifName]);
+export async function linkInfo(netns: NetnsRef, ifName: string): Promise<{ mac: string; mtu: number }> {
+  const out = await run(inNetns(netns, 'ip', ['-j', 'link', 'show', 'dev', ifName]));
   const [link] = JSON.parse(out) as Array<{ address?: string; mtu?: number }>;
   if (link?.address === undefined || typeof link.mtu !== 'number') {
-    throw internal('TAP_WIRING_FAILED', `interface ${ifName} in ${netns} has no MAC or MTU: ${out.trim()}`);
+    throw internal('TAP_WIRING_FAILED', `interface ${ifName} in ${JSON.stringify(netns)} has no MAC or MTU: ${out.trim()}`);
   }
   return { mac: link.address, mtu: link.mtu };
 }

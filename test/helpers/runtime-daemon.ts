@@ -185,7 +185,8 @@ export async function cgroupDirsUnder(name: string): Promise<string[]> {
   return out;
 }
 
-async function removeCgroupTree(name: string, prefix: string): Promise<void> {
+/** Remove the cgroup `name` (it must start with `prefix`) from every hierarchy, deepest first, killing what is left in it (only a test's own QEMUs are ever placed there). */
+export async function removeCgroupTree(name: string, prefix: string): Promise<void> {
   if (!name.startsWith(prefix)) throw new Error(`refusing to remove cgroup ${name}`);
   for (let attempt = 0; attempt < 50; attempt++) {
     const dirs = await cgroupDirsUnder(name);

@@ -1,3 +1,4 @@
+import { CALLER_ID_MAX_LENGTH, CALLER_ID_PATTERN } from '../../common/ids.js';
 import type { GuestDevice } from '../../generated/agent/agent.js';
 import type { OciSpec } from '../../oci/index.js';
 import type { AdmissionDemand } from '../admission/index.js';
@@ -173,7 +174,8 @@ export const CONTAINER_RECORD_KIND: RecordKind = {
     ],
     properties: {
       id: { type: 'string', pattern: '^[0-9a-f]{64}$' },
-      sandboxId: { type: 'string', pattern: '^[0-9a-f]{64}$' },
+      // The sandbox's id: 64 hex, or a caller's (containerd's identifier rule; see the sandbox record).
+      sandboxId: { type: 'string', pattern: CALLER_ID_PATTERN, maxLength: CALLER_ID_MAX_LENGTH },
       state: { enum: ['CONTAINER_CREATED', 'CONTAINER_RUNNING', 'CONTAINER_EXITED'] },
       createdAtNs: { type: 'string', pattern: '^[0-9]+$' },
       startedAtNs: { type: 'string', pattern: '^[0-9]+$' },

@@ -52,6 +52,8 @@ export interface CreateRequest {
   signal: AbortSignal;
   /** How long the guest may take to signal ready (already bounded by the caller's deadline). */
   readyTimeoutMs: number;
+  /** A network namespace the caller made and attached, to join (SandboxRunOptions.joinNetns). */
+  joinNetns?: string;
 }
 
 /** A sandbox whose guest answered ready, as RunPodSandbox hands it to the manager. */
@@ -83,7 +85,10 @@ export interface SandboxPreparation {
   req: CreateRequest;
   cgroupParent: string;
   layout: SandboxLayout;
-  /** The pod network to make (validated; nothing made yet), or null without pod networking. */
+  /**
+   * The pod network to make, or the caller's namespace to join (validated; nothing made yet), or
+   * null without pod networking.
+   */
   network: { networks: PodNetworks; record: PodNetworkRecord } | null;
   /** What the plan was made from: planned again with the CNI interface's MAC once it is known. */
   planInput: SandboxPlanInput;

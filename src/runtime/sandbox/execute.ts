@@ -1,9 +1,10 @@
 /**
  * RunPodSandbox's second half: carry out a SandboxPreparation. The effects, in order: the work
  * dir; the record in phase `creating` (written before anything a crash could leave behind is
- * made, so the next daemon start rolls such a sandbox back); the pod network; the shared dir and
- * virtiofsd; QEMU, paused; its cgroup; the guest. Each effect registers its undo on one
- * RollbackSteps list right next to it; a failure runs them newest first and rethrows.
+ * made, so the next daemon start rolls such a sandbox back); the pod network (or the TAP into a
+ * joined one); the shared dir and virtiofsd; QEMU, paused; its cgroup; the guest. Each effect
+ * registers its undo on one RollbackSteps list right next to it; a failure runs them newest first
+ * and rethrows.
  */
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
@@ -68,13 +69,19 @@ async function makeWorkDir(run: SandboxRun): Promise<void> {
   run.undo.push('remove work dir', () => removeWorkDir(workDir, run.log));
 }
 
-/** Namespace, CNI ADD, TAP; then the plan again with the CNI interface's MAC. */
+/**
+ * Namespace, CNI ADD, TAP (a joined namespace: the TAP only); then the plan again with the CNI
+ * interface's MAC.
+ */
 async function attachNetwork(run: SandboxRun, networks: PodNetworks, net: PodNetworkRecord): Promise<void> {
   // Registered first: teardown undoes what `net` records, so a half-made network goes all the same.
   // It runs once QEMU (which holds the TAP) is gone: QEMU's undo is registered later, so runs earlier.
-  run.undo.push('tear down the pod network', () => networks.teardown(net, run.persist, run.log));
+  // A joined namespace is the caller's, CNI in it too: only the TAP wiring is undone.
+  if (net.kind === 'joined') run.undo.push('unwire the joined network', () => networks.detach(net, run.persist, run.log));
+  else run.undo.push('tear down the pod network', () => networks.teardown(net, run.persist, run.log));
   await networks.setup(net, run.persist, run.log);
-  // setup() records the MAC (linkInfo refuses an interface without one): null here is a bug.
+  // setup() records the MAC (linkInfo refuses an interface without one; a joined namespace's was
+  // read at prepare): null here is a bug.
   if (net.mac === null) throw new Error('the pod network was set up without a MAC');
   run.record.plan = planWithMac(run.prep.planInput, net.mac);
   await run.persist();

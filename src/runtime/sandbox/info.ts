@@ -1,6 +1,7 @@
 import type { CgroupDriver } from '../../cgroups/index.js';
 import { errorMessage } from '../../common/errors.js';
 import { isSameLiveProcess, type QmpPciBus, type QmpPciDevice, type VmProcess } from '../../hypervisor/index.js';
+import type { PodNetworkRecord } from '../../network/index.js';
 import type { LiveSandbox } from './types.js';
 
 /** Sizes as QEMU itself reports them (not as planned): what the VM really has right now. */
@@ -91,21 +92,7 @@ export async function sandboxVerboseInfo(live: LiveSandbox, cgroups: CgroupDrive
         ? null
         : { pid: record.virtiofsd.pid, running: isSameLiveProcess(record.virtiofsd.pid, record.virtiofsd.startTimeTicks) },
     guestPod: record.guestPod,
-    network:
-      record.network === null
-        ? null
-        : {
-            netns: record.network.netnsPath,
-            cniNetwork: record.network.cniNetwork.name,
-            cniConfig: record.network.cniNetwork.file,
-            ifName: record.network.ifName,
-            tap: record.network.tapName,
-            mac: record.network.mac,
-            mtu: record.network.mtu,
-            result: record.network.result,
-            cniAttached: record.network.cniAttached,
-            tapWired: record.network.tapWired,
-          },
+    network: networkInfo(record.network),
     exit: record.exit,
     plan: {
       source: record.plan.sizing.source,
@@ -118,4 +105,22 @@ export async function sandboxVerboseInfo(live: LiveSandbox, cgroups: CgroupDrive
     },
   };
   return { info: JSON.stringify(info) };
+}
+
+/** The pod network as verbose status shows it: a joined namespace has no CNI part of ours. */
+function networkInfo(net: PodNetworkRecord | null): Record<string, unknown> | null {
+  if (net === null) return null;
+  const common = {
+    kind: net.kind,
+    netns: net.netnsPath,
+    ifName: net.ifName,
+    tap: net.tapName,
+    mac: net.mac,
+    mtu: net.mtu,
+    result: net.result,
+    tapWired: net.tapWired,
+  };
+  return net.kind === 'joined'
+    ? common
+    : { ...common, cniNetwork: net.cniNetwork.name, cniConfig: net.cniNetwork.file, cniAttached: net.cniAttached };
 }

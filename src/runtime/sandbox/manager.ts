@@ -1,7 +1,7 @@
 import { promises as fsp } from 'node:fs';
 import type { CgroupDriver, PlacementRecord } from '../../cgroups/index.js';
-import { alreadyExists, errorMessage, notFound } from '../../common/errors.js';
-import { newObjectId, resolveIdPrefix } from '../../common/ids.js';
+import { alreadyExists, errorMessage, invalid, notFound } from '../../common/errors.js';
+import { CALLER_ID_MAX_LENGTH, isCallerId, newObjectId, resolveIdPrefix } from '../../common/ids.js';
 import { resolveHandler } from '../../config/handlers.js';
 import { type ExitInfo, isSameLiveProcess, type VmProcess } from '../../hypervisor/index.js';
 import type { RequestContext } from '../context.js';
@@ -24,6 +24,7 @@ import {
   type SandboxFilter,
   type SandboxHandle,
   type SandboxManagerDeps,
+  type SandboxRunOptions,
 } from './types.js';
 import { stopVirtiofsd, watchVirtiofsd } from './virtiofsd.js';
 
@@ -57,8 +58,10 @@ export class SandboxManager implements SandboxAccess {
   /**
    * RunPodSandbox for a validated spec (a face decodes its request with decodeSandboxSpec) and the
    * name of the runtime handler to run it with (unknown names: NOT_FOUND listing the known ones).
+   * `options` is what a face other than the CRI server asks beyond the spec (SandboxRunOptions:
+   * the caller's id, a network namespace to join); the CRI server passes none.
    */
-  async run(spec: SandboxSpec, runtimeHandler: string, ctx: RequestContext): Promise<string> {
+  async run(spec: SandboxSpec, runtimeHandler: string, ctx: RequestContext, options: SandboxRunOptions = {}): Promise<string> {
     const { metadata } = spec;
     const handler = resolveHandler(this.deps.config, runtimeHandler);
     const key = identityKey(metadata);
@@ -69,7 +72,7 @@ export class SandboxManager implements SandboxAccess {
         `a sandbox for pod ${metadata.namespace}/${metadata.name} (uid ${metadata.uid}, attempt ${metadata.attempt}) already exists: ${existing}`,
       );
     }
-    const id = newObjectId();
+    const id = options.id === undefined ? newObjectId() : this.callerId(options.id);
     this.identities.set(key, id);
     ctx.annotate({ sandboxId: id });
     try {
@@ -82,6 +85,7 @@ export class SandboxManager implements SandboxAccess {
           logger: ctx.logger.child({ sandboxId: id }),
           signal: ctx.signal,
           readyTimeoutMs: boundedTimeoutMs(this.deps.config.hypervisor.readyTimeoutMs, ctx),
+          ...(options.joinNetns === undefined ? {} : { joinNetns: options.joinNetns }),
         }),
       );
       const live: LiveSandbox = { record, vm, agent, stopping: false };
@@ -93,6 +97,25 @@ export class SandboxManager implements SandboxAccess {
       this.identities.delete(key);
       throw err;
     }
+  }
+
+  /**
+   * A caller's sandbox id (containerd's pause container id), checked: containerd's identifier
+   * rule (INVALID_ARGUMENT naming the field), and no sandbox of that id, also none being created
+   * or stopped (ALREADY_EXISTS). Checked and taken in one synchronous step, as run() records it.
+   */
+  private callerId(id: string): string {
+    if (!isCallerId(id)) {
+      throw invalid(
+        'SANDBOX_ID_INVALID',
+        `id ${JSON.stringify(id)} is not an identifier (letters and digits separated by single ".", "_" or "-", at most ${CALLER_ID_MAX_LENGTH} characters).`,
+        { details: { field: 'id', id } },
+      );
+    }
+    if (this.sandboxes.has(id) || [...this.identities.values()].includes(id)) {
+      throw alreadyExists('SANDBOX_ID_EXISTS', `a sandbox with id ${id} already exists.`, { details: { field: 'id', id } });
+    }
+    return id;
   }
 
   /** Resolve a full id or unique prefix of a visible sandbox, or throw NOT_FOUND. */

@@ -1,16 +1,18 @@
 import path from 'node:path';
+import { shortIdKey } from '../../common/ids.js';
 import type { HypervisorConfig } from '../../config/types.js';
 import { type VmPaths, type VmSocketPaths, vmPaths } from '../../hypervisor/index.js';
 
 /**
  * A sandbox's runtime directory: its QMP and ready sockets, the QEMU log and the guest console.
- * Keyed by the first 16 hex digits of the id rather than all 64, because a unix socket path must
- * fit in 108 bytes (sun_path) and `<stateDir>/vm/<64 hex>/ready.sock` would not under a long
- * state dir. 16 hex digits (64 random bits) do not collide in practice; a collision is still
- * detected at creation (the directory must not exist).
+ * Keyed by 16 hex digits of the id (shortIdKey: an object id's first 16, a caller's other id's
+ * hash) rather than the whole id, because a unix socket path must fit in 108 bytes (sun_path) and
+ * `<stateDir>/vm/<64 hex>/ready.sock` would not under a long state dir. 16 hex digits (64 random
+ * bits) do not collide in practice; a collision is still detected at creation (the directory
+ * must not exist).
  */
 export function sandboxWorkDir(stateDir: string, sandboxId: string): string {
-  return path.join(sandboxVmRoot(stateDir), sandboxId.slice(0, 16));
+  return path.join(sandboxVmRoot(stateDir), shortIdKey(sandboxId));
 }
 
 /** The directory holding every sandbox's work dir (made at start, so a refused request creates nothing). */
@@ -20,7 +22,7 @@ export function sandboxVmRoot(stateDir: string): string {
 
 /** QEMU's `-name guest=` value, what `ps` shows next to the pid. */
 export function vmNameFor(sandboxId: string): string {
-  return `kata-ts-${sandboxId.slice(0, 16)}`;
+  return `kata-ts-${shortIdKey(sandboxId)}`;
 }
 
 /**

@@ -13,7 +13,7 @@ import { getKubeletPodResources, type KubeletPodResources } from '../../pcie/ind
 import { planSandbox, type SandboxPlan, type SandboxPlanInput } from '../plan.js';
 import { cgroupParentOf } from '../spec/sandbox.js';
 import type { CreateDeps, CreateRequest, SandboxLayout, SandboxPreparation } from './create-types.js';
-import { PLANNED_MAC, podNetworkRequest } from './network.js';
+import { networksFor, PLANNED_MAC, podNetworkRequest } from './network.js';
 import { sandboxArgvPaths, sandboxSharedDir, sandboxVmPaths, sandboxWorkDir, vmNameFor } from './paths.js';
 import { nowNs, type SandboxRecord } from './record.js';
 
@@ -32,11 +32,7 @@ export async function prepareSandbox(deps: CreateDeps, req: CreateRequest): Prom
 
   const layout = sandboxLayout(config, req.id);
   const kubelet = await askKubelet(config, req);
-  // Checked before anything is made: a host-network pod, a missing CNI config or plugin refuse here.
-  const network =
-    deps.network === undefined
-      ? null
-      : { networks: deps.network, record: await deps.network.prepare(req.id, podNetworkRequest(req.id, spec)) };
+  const network = await prepareNetwork(deps, req);
   const planInput: SandboxPlanInput = {
     config: spec,
     handler: req.handler,
@@ -49,9 +45,12 @@ export async function prepareSandbox(deps: CreateDeps, req: CreateRequest): Prom
     paths: sandboxArgvPaths(layout.workDir, config.hypervisor),
     simulateVfioWith: config.pcie.simulateVfioWith,
     // The NIC takes the CNI interface's MAC, known only after CNI ADD: planned now with a
-    // placeholder (same slot, same everything else), planned again before QEMU starts.
+    // placeholder (same slot, same everything else), planned again before QEMU starts. A joined
+    // namespace's interface has its MAC already.
     // vhost-net where the host has it, QEMU's userspace virtio-net backend otherwise (the dev machines).
-    ...(network === null ? {} : { nic: { tapName: network.record.tapName, mac: PLANNED_MAC, vhost: existsSync('/dev/vhost-net') } }),
+    ...(network === null
+      ? {}
+      : { nic: { tapName: network.record.tapName, mac: network.record.mac ?? PLANNED_MAC, vhost: existsSync('/dev/vhost-net') } }),
   };
   const plan = planSandbox(planInput);
   req.logger.info(
@@ -59,6 +58,21 @@ export async function prepareSandbox(deps: CreateDeps, req: CreateRequest): Prom
     'sandbox planned',
   );
   return { req, cgroupParent, layout, network, planInput, record: firstRecord(deps, req, plan, network?.record ?? null) };
+}
+
+/**
+ * The pod network, validated and recorded, nothing made: a namespace the caller made and attached
+ * (joinNetns: it must exist, be a network namespace and have eth0 with an address; whatever the
+ * configured network mode, and without the CNI-mode checks, which are the caller's), or the
+ * configured CNI network (a host-network pod, a missing CNI config or plugin refuse here), or none.
+ */
+async function prepareNetwork(deps: CreateDeps, req: CreateRequest): Promise<SandboxPreparation['network']> {
+  if (req.joinNetns !== undefined) {
+    const networks = networksFor(deps);
+    return { networks, record: await networks.prepareJoin(req.joinNetns) };
+  }
+  if (deps.network === undefined) return null;
+  return { networks: deps.network, record: await deps.network.prepare(req.id, podNetworkRequest(req.id, req.spec)) };
 }
 
 /** The plan of `input` with the NIC's real MAC (input has no NIC: the same plan). Pure. */

@@ -1,4 +1,5 @@
 import type { CgroupDriverName, PlacementRecord } from '../../cgroups/index.js';
+import { CALLER_ID_MAX_LENGTH, CALLER_ID_PATTERN } from '../../common/ids.js';
 import { epochNs } from '../../common/time.js';
 import type { PodNetworkRecord } from '../../network/index.js';
 import type { PcieTopology } from '../../pcie/index.js';
@@ -91,8 +92,9 @@ export interface SandboxRecord {
   /** The pod in the guest (CreatePod's answer); null until the agent made it, or without an agent. */
   guestPod: GuestPodRecord | null;
   /**
-   * The pod's network (namespace, CNI attachment, TAP wiring), recorded step by step from before
-   * each step is taken; null for a sandbox without networking (network.mode "none", or format 3).
+   * The pod's network (namespace, CNI attachment, TAP wiring; or a joined namespace's TAP wiring),
+   * recorded step by step from before each step is taken; null for a sandbox without networking
+   * (network.mode "none" and no joined namespace, or format 3).
    */
   network: PodNetworkRecord | null;
   exit: SandboxExitRecord | null;
@@ -103,19 +105,24 @@ const anyObject = { type: 'object' } as const;
 const nullable = (schema: object): object => ({ anyOf: [{ type: 'null' }, schema] });
 
 /**
- * Format 4 (this one) adds `network`; format 3 added `virtiofsd` and `guestPod` (and the optional
- * agent and virtio-fs sockets of `vmm`); format 2 stored the typed `spec`; format 1 stored the
- * decoded request as `podConfig`. Older records are migrated on load (see migrateSandboxRecord).
+ * Format 5 (this one) adds `network.kind` (`cni`, or `joined`: a namespace the caller made, whose
+ * CNI and namespace are never ours to undo) and ids of a caller's choosing (containerd's
+ * identifier rule); format 4 added `network`; format 3 added `virtiofsd` and `guestPod` (and the
+ * optional agent and virtio-fs sockets of `vmm`); format 2 stored the typed `spec`; format 1
+ * stored the decoded request as `podConfig`. Older records are migrated on load (see
+ * migrateSandboxRecord). A format-5 record is left alone by format-4 code (a newer format), which
+ * would otherwise take a joined namespace for its own and delete it.
  */
-export const SANDBOX_RECORD_VERSION = 4;
+export const SANDBOX_RECORD_VERSION = 5;
 
 /**
- * Format 1, 2 or 3 -> current. 1 -> 2: `podConfig` becomes `spec` through the request decoder.
+ * Format 1 to 4 -> current. 1 -> 2: `podConfig` becomes `spec` through the request decoder.
  * 2 -> 3: a sandbox of format 2 had no virtiofsd and no pod in its guest (null both).
- * 3 -> 4: a sandbox of format 3 had no network (null). Pure; throws when it cannot.
+ * 3 -> 4: a sandbox of format 3 had no network (null). 4 -> 5: every format-4 network was made
+ * by kata-ts with CNI (`kind: 'cni'`). Pure; throws when it cannot.
  */
 export function migrateSandboxRecord(fromVersion: number, record: unknown): unknown {
-  if (fromVersion !== 1 && fromVersion !== 2 && fromVersion !== 3)
+  if (fromVersion !== 1 && fromVersion !== 2 && fromVersion !== 3 && fromVersion !== 4)
     throw new Error(`no migration from sandbox record format ${fromVersion}`);
   if (typeof record !== 'object' || record === null) throw new Error('the record is not an object');
   let out = record as Record<string, unknown>;
@@ -124,8 +131,76 @@ export function migrateSandboxRecord(fromVersion: number, record: unknown): unkn
     if (typeof podConfig !== 'object' || podConfig === null) throw new Error('podConfig is missing');
     out = { ...rest, spec: sandboxSpecFromV1(podConfig as Record<string, unknown>) };
   }
-  return { ...out, virtiofsd: out.virtiofsd ?? null, guestPod: out.guestPod ?? null, network: out.network ?? null };
+  const network = out.network ?? null;
+  return {
+    ...out,
+    virtiofsd: out.virtiofsd ?? null,
+    guestPod: out.guestPod ?? null,
+    network: typeof network === 'object' && network !== null && !('kind' in network) ? { kind: 'cni', ...network } : network,
+  };
 }
+
+/** What both kinds of network record hold (see PodNetworkRecord). */
+const networkCommon = {
+  netnsPath: { type: 'string', pattern: '^/' },
+  ifName: { type: 'string', minLength: 1, maxLength: 15 },
+  tapName: { type: 'string', minLength: 1, maxLength: 15 },
+  result: nullable({
+    type: 'object',
+    required: ['ips', 'routes', 'dns'],
+    properties: { ips: { type: 'array' }, routes: { type: 'array' }, dns: anyObject },
+  }),
+  mac: { type: ['string', 'null'] },
+  mtu: { type: ['integer', 'null'] },
+  tapWired: { type: 'boolean' },
+} as const;
+const NETWORK_COMMON_REQUIRED = ['kind', 'netnsName', 'netnsPath', 'ifName', 'tapName', 'result', 'mac', 'mtu', 'tapWired'];
+
+const CNI_NETWORK_SCHEMA = {
+  type: 'object',
+  additionalProperties: false,
+  required: [...NETWORK_COMMON_REQUIRED, 'cniNetwork', 'attachment', 'cniAttached', 'cniResult'],
+  properties: {
+    kind: { const: 'cni' },
+    netnsName: { type: 'string', pattern: '^kata-ts-[0-9a-f]{16}$' },
+    ...networkCommon,
+    cniNetwork: {
+      type: 'object',
+      required: ['cniVersion', 'name', 'plugins', 'file'],
+      properties: {
+        cniVersion: { type: 'string' },
+        name: { type: 'string' },
+        plugins: { type: 'array', items: { type: 'object', required: ['type'], properties: { type: { type: 'string' } } } },
+        file: { type: 'string' },
+      },
+    },
+    attachment: {
+      type: 'object',
+      additionalProperties: false,
+      required: ['containerId', 'netnsPath', 'ifName', 'args', 'runtimeConfig'],
+      properties: {
+        containerId: { type: 'string' },
+        netnsPath: { type: 'string' },
+        ifName: { type: 'string' },
+        args: { type: 'string' },
+        runtimeConfig: anyObject,
+      },
+    },
+    cniAttached: { type: 'boolean' },
+    cniResult: {},
+  },
+} as const;
+
+const JOINED_NETWORK_SCHEMA = {
+  type: 'object',
+  additionalProperties: false,
+  required: NETWORK_COMMON_REQUIRED,
+  properties: {
+    kind: { const: 'joined' },
+    netnsName: { type: ['string', 'null'], minLength: 1 },
+    ...networkCommon,
+  },
+} as const;
 
 export const SANDBOX_RECORD_KIND: RecordKind = {
   kind: 'sandbox',
@@ -159,7 +234,8 @@ export const SANDBOX_RECORD_KIND: RecordKind = {
       'exit',
     ],
     properties: {
-      id: { type: 'string', pattern: '^[0-9a-f]{64}$' },
+      // 64 hex (CRI, newObjectId), or a caller's id by containerd's identifier rule (the shim).
+      id: { type: 'string', pattern: CALLER_ID_PATTERN, maxLength: CALLER_ID_MAX_LENGTH },
       phase: { enum: ['creating', 'running', 'stopped'] },
       state: { enum: ['SANDBOX_READY', 'SANDBOX_NOTREADY'] },
       createdAtNs: { type: 'string', pattern: '^[0-9]+$' },
@@ -268,62 +344,7 @@ export const SANDBOX_RECORD_KIND: RecordKind = {
         required: ['pausePid', 'shmPath'],
         properties: { pausePid: { type: 'integer', minimum: 1 }, shmPath: { type: 'string', minLength: 1 } },
       }),
-      network: nullable({
-        type: 'object',
-        additionalProperties: false,
-        required: [
-          'netnsName',
-          'netnsPath',
-          'ifName',
-          'tapName',
-          'cniNetwork',
-          'attachment',
-          'cniAttached',
-          'cniResult',
-          'result',
-          'mac',
-          'mtu',
-          'tapWired',
-        ],
-        properties: {
-          netnsName: { type: 'string', pattern: '^kata-ts-[0-9a-f]{16}$' },
-          netnsPath: { type: 'string', pattern: '^/' },
-          ifName: { type: 'string', minLength: 1, maxLength: 15 },
-          tapName: { type: 'string', minLength: 1, maxLength: 15 },
-          cniNetwork: {
-            type: 'object',
-            required: ['cniVersion', 'name', 'plugins', 'file'],
-            properties: {
-              cniVersion: { type: 'string' },
-              name: { type: 'string' },
-              plugins: { type: 'array', items: { type: 'object', required: ['type'], properties: { type: { type: 'string' } } } },
-              file: { type: 'string' },
-            },
-          },
-          attachment: {
-            type: 'object',
-            additionalProperties: false,
-            required: ['containerId', 'netnsPath', 'ifName', 'args', 'runtimeConfig'],
-            properties: {
-              containerId: { type: 'string' },
-              netnsPath: { type: 'string' },
-              ifName: { type: 'string' },
-              args: { type: 'string' },
-              runtimeConfig: anyObject,
-            },
-          },
-          cniAttached: { type: 'boolean' },
-          cniResult: {},
-          result: nullable({
-            type: 'object',
-            required: ['ips', 'routes', 'dns'],
-            properties: { ips: { type: 'array' }, routes: { type: 'array' }, dns: anyObject },
-          }),
-          mac: { type: ['string', 'null'] },
-          mtu: { type: ['integer', 'null'] },
-          tapWired: { type: 'boolean' },
-        },
-      }),
+      network: nullable({ anyOf: [CNI_NETWORK_SCHEMA, JOINED_NETWORK_SCHEMA] }),
       exit: nullable({
         type: 'object',
         additionalProperties: false,

@@ -117,7 +117,8 @@ async function rollBackInterruptedCreate(deps: RecoverDeps, record: SandboxRecor
     if (isSameLiveProcess(record.virtiofsd.pid, record.virtiofsd.startTimeTicks)) await killAndWait(record.virtiofsd.pid);
   }
   for (const pid of await virtiofsdPidsUsing(workDir)) await killAndWait(pid);
-  // The pod network as far as it was recorded: CNI DEL (safe after a partial ADD), TAP, namespace.
+  // The pod network as far as it was recorded: TAP, CNI DEL (safe after a partial ADD), namespace;
+  // of a joined namespace (the caller's), the TAP only.
   if (record.network !== null) await networksFor(deps).teardown(record.network, () => deps.store.put(record), log);
   const driver = cgroupsFor(deps, record.placement?.driver ?? record.cgroupDriver);
   if (record.placement !== null) {
@@ -133,16 +134,17 @@ async function rollBackInterruptedCreate(deps: RecoverDeps, record: SandboxRecor
 }
 
 /**
- * A sandbox whose VM is gone but whose CNI attachment was not released (a crash between the VM's
- * end and CNI DEL): DEL again from the record. A failure is logged; StopPodSandbox retries it.
+ * A sandbox whose VM is gone but whose CNI attachment or TAP wiring was not released (a crash
+ * between the VM's end and CNI DEL): undone again from the record (a joined namespace: the TAP
+ * only). A failure is logged; StopPodSandbox retries it.
  */
 async function retryNetworkDetach(deps: RecoverDeps, record: SandboxRecord, log: Logger): Promise<void> {
   const net = record.network;
-  if (net === null || (!net.cniAttached && !net.tapWired)) return;
+  if (net === null || (!(net.kind === 'cni' && net.cniAttached) && !net.tapWired)) return;
   if (record.vmm !== null && isSameLiveProcess(record.vmm.pid, record.vmm.startTimeTicks)) return;
   try {
     await networksFor(deps).detach(net, () => deps.store.put(record), log);
-    log.info({ netns: net.netnsName }, 'CNI DEL retried for a sandbox whose VM is gone');
+    log.info({ netns: net.netnsPath }, 'pod network detach retried for a sandbox whose VM is gone');
   } catch (err) {
     log.error({ err: errorMessage(err) }, 'CNI DEL retry failed; StopPodSandbox will retry it');
   }

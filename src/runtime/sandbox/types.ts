@@ -98,12 +98,22 @@ export function cgroupsFor(deps: Pick<SandboxManagerDeps, 'cgroups' | 'cgroupDri
  * face runs the pod containerd already named and attached to a network.
  */
 export interface SandboxRunOptions {
-  /** The sandbox's id (containerd's pause container id); a new one when absent. */
+  /**
+   * The sandbox's id (containerd's pause container id); a new 64-hex one when absent. It must
+   * follow containerd's identifier rule (letters and digits in runs separated by one `.`, `_` or
+   * `-`, at most 76 characters: INVALID_ARGUMENT `SANDBOX_ID_INVALID` naming `id`) and name no
+   * sandbox, also none being made (ALREADY_EXISTS `SANDBOX_ID_EXISTS`).
+   */
   id?: string;
   /**
-   * A network namespace the caller made and attached (containerd ran CNI ADD in it): the VM joins
-   * it with the same TAP + tc mirred wiring, and nothing of it but that wiring is made or removed
-   * here (no namespace, no CNI). Absent: the configured pod networking (CNI mode) or none.
+   * A network namespace the caller made and attached (containerd ran CNI ADD in it), by path: the
+   * VM joins it with the same TAP + tc mirred wiring, and nothing of it but that wiring is made or
+   * removed here (no namespace, no CNI ADD or DEL), whatever the configured network mode; the guest
+   * is told what its `eth0` holds. A path in /run/netns or /var/run/netns is used by name
+   * (`ip -n`), any other absolute path through `nsenter --net=`. Refused: a path that is not
+   * absolute and normalised (INVALID_ARGUMENT), one that does not exist, is not a network
+   * namespace, or has no `eth0` with an address (FAILED_PRECONDITION), each naming `joinNetns`.
+   * Absent: the configured pod networking (CNI mode) or none. See docs/networking.md.
    */
   joinNetns?: string;
 }

@@ -20,7 +20,8 @@ const AUDITED: Record<string, string> = {
   'src/images/snapshot.ts': 'cp between content-addressed store paths',
   'src/images/unpack-applier.ts': 'mkfifo/mknod after "--" on paths resolved inside the unpack root',
   'src/network/cni-exec.ts': 'CNI plugins: the binary found in cniBinDirs, the config on stdin, pod metadata only as CNI_ARGS env values',
-  'src/network/wiring.ts': 'ip/tc argv: the pod netns name, fixed TAP name, the CNI interface name, numeric MTU',
+  'src/network/wiring.ts':
+    'ip/tc argv, or after nsenter --net=<a joined namespace: an absolute, normalised path> --: the pod netns name, fixed TAP name, the CNI interface name, numeric MTU',
   'src/runtime/container/shared-dir.ts': 'mount/umount: sources pinned as /proc/self/fd/N, targets under the shared dir, "--" before paths',
   'src/runtime/gather-facts.ts': 'fixed version probes of configured binaries',
   'src/runtime/sandbox/shared-dir.ts': 'mount/umount of the sandbox shared dir (a path under the state dir)',

@@ -1,8 +1,9 @@
 /**
  * What recovery does with a sandbox's pod network (the network layer faked, the records real, from
- * the format-3 fixture migrated to format 4): a sandbox whose VM is gone while CNI DEL was still due
- * gets DEL retried at start, and the record says it is done; a creation cut short is torn down
- * completely (TAP, DEL, namespace) and its record deleted; a sandbox with nothing due is left alone.
+ * the format-3 fixture migrated to the current format): a sandbox whose VM is gone while CNI DEL
+ * (or a joined namespace's unwiring) was still due gets it retried at start, and the record says
+ * it is done; a creation cut short is torn down completely (TAP, DEL, namespace) and its record
+ * deleted; a sandbox with nothing due is left alone.
  */
 import { mkdir, mkdtemp, readFile, rm } from 'node:fs/promises';
 import os from 'node:os';
@@ -12,7 +13,7 @@ import { createCgroupDriver } from '../../../src/cgroups/index.js';
 import { silentLogger } from '../../../src/common/logger.js';
 import { packageRoot } from '../../../src/common/paths.js';
 import { defaultConfig } from '../../../src/config/defaults.js';
-import type { PodNetworkRecord, PodNetworks } from '../../../src/network/index.js';
+import type { CniPodNetworkRecord, JoinedPodNetworkRecord, PodNetworkRecord, PodNetworks } from '../../../src/network/index.js';
 import { RuntimeMetrics } from '../../../src/runtime/metrics.js';
 import { SandboxManager } from '../../../src/runtime/sandbox/manager.js';
 import { migrateSandboxRecord, SANDBOX_RECORD_KIND, type SandboxRecord } from '../../../src/runtime/sandbox/record.js';
@@ -21,9 +22,10 @@ import { testFacts } from '../../helpers/runtime-facts.js';
 
 const FIXTURE_ID = 'a1'.repeat(32);
 
-function networkOf(id: string, due: { cniAttached: boolean; tapWired: boolean }): PodNetworkRecord {
+function networkOf(id: string, due: { cniAttached: boolean; tapWired: boolean }): CniPodNetworkRecord {
   const netnsName = `kata-ts-${id.slice(0, 16)}`;
   return {
+    kind: 'cni',
     netnsName,
     netnsPath: `/run/netns/${netnsName}`,
     ifName: 'eth0',
@@ -35,6 +37,20 @@ function networkOf(id: string, due: { cniAttached: boolean; tapWired: boolean })
     result: null,
     mac: null,
     mtu: null,
+  };
+}
+
+function joinedOf(netnsPath: string, tapWired: boolean): JoinedPodNetworkRecord {
+  return {
+    kind: 'joined',
+    netnsName: netnsPath.startsWith('/run/netns/') ? netnsPath.slice('/run/netns/'.length) : null,
+    netnsPath,
+    ifName: 'eth0',
+    tapName: 'tap0_kata',
+    result: { ips: [{ address: '10.1.2.3', prefixLength: 24, family: 4 }], routes: [], dns: { servers: [], searches: [], options: [] } },
+    mac: '0a:58:0a:01:02:03',
+    mtu: 1500,
+    tapWired,
   };
 }
 
@@ -78,22 +94,35 @@ describe('recovery of pod networks', () => {
       state: 'SANDBOX_NOTREADY',
       network: networkOf('d1'.repeat(32), { cniAttached: false, tapWired: false }),
     });
+    // A caller's namespace (the shim's joinNetns): a stopped sandbox whose TAP is still wired, and
+    // one cut short; PodNetworks undoes only the TAP of a joined one (test/integration/network/join.test.ts).
+    const joinedStopped = variant('pod-joined-stopped', 'u-joined-stopped', {
+      phase: 'stopped',
+      state: 'SANDBOX_NOTREADY',
+      network: joinedOf('/run/netns/cni-11111111-2222', true),
+    });
+    const joinedCreating = variant('pod-joined-creating', 'u-joined-creating', {
+      phase: 'creating',
+      vmm: null,
+      network: joinedOf('/proc/1234/ns/net', true),
+    });
     await mkdir(path.join(stateDir, 'sandboxes'), { recursive: true });
-    for (const r of [stopped, creating, clean]) await store.put(r);
+    for (const r of [stopped, creating, clean, joinedStopped, joinedCreating]) await store.put(r);
 
     const calls: Array<[string, string]> = [];
+    const undo = async (net: PodNetworkRecord, persist: () => Promise<void>) => {
+      net.tapWired = false;
+      if (net.kind === 'cni') net.cniAttached = false;
+      await persist();
+    };
     const fake = {
       detach: async (net: PodNetworkRecord, persist: () => Promise<void>) => {
-        calls.push(['detach', net.netnsName]);
-        net.tapWired = false;
-        net.cniAttached = false;
-        await persist();
+        calls.push(['detach', net.netnsPath]);
+        await undo(net, persist);
       },
       teardown: async (net: PodNetworkRecord, persist: () => Promise<void>) => {
-        calls.push(['teardown', net.netnsName]);
-        net.tapWired = false;
-        net.cniAttached = false;
-        await persist();
+        calls.push(['teardown', net.netnsPath]);
+        await undo(net, persist);
       },
     } as unknown as PodNetworks;
     const cgroups = createCgroupDriver('cgroupfs', { cgroupRoot: path.join(stateDir, 'no-cgroups'), dbusAddress: null, logger });
@@ -112,15 +141,19 @@ describe('recovery of pod networks', () => {
     });
     await manager.recover();
 
-    expect(calls).toEqual(
+    const byPath = (a: [string, string], b: [string, string]) => (a[1] < b[1] ? -1 : 1);
+    expect([...calls].sort(byPath)).toEqual(
       [
-        ['detach', stopped.network!.netnsName],
-        ['teardown', creating.network!.netnsName],
-      ].sort((a, b) => (a[1]! < b[1]! ? -1 : 1)),
+        ['detach', stopped.network!.netnsPath],
+        ['teardown', creating.network!.netnsPath],
+        ['detach', joinedStopped.network!.netnsPath],
+        ['teardown', joinedCreating.network!.netnsPath],
+      ].sort(byPath as (a: string[], b: string[]) => number),
     );
     const { records } = await store.load();
-    expect(records.map((r) => r.id).sort()).toEqual([stopped.id, clean.id].sort());
+    expect(records.map((r) => r.id).sort()).toEqual([stopped.id, clean.id, joinedStopped.id].sort());
     expect(records.find((r) => r.id === stopped.id)!.network).toMatchObject({ cniAttached: false, tapWired: false });
+    expect(records.find((r) => r.id === joinedStopped.id)!.network).toMatchObject({ kind: 'joined', tapWired: false });
     // Remove: the namespace goes too (teardown), even with nothing else due.
     await manager.remove(clean.id, {
       method: 'RemovePodSandbox',
@@ -129,6 +162,6 @@ describe('recovery of pod networks', () => {
       deadlineMs: undefined,
       annotate: () => {},
     });
-    expect(calls.at(-1)).toEqual(['teardown', clean.network!.netnsName]);
+    expect(calls.at(-1)).toEqual(['teardown', clean.network!.netnsPath]);
   });
 });

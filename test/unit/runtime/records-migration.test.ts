@@ -244,12 +244,75 @@ describe('format-3 records (written before pod networking)', () => {
     expect(record?.network).toBeNull();
     expect(JSON.parse(JSON.stringify({ ...record, network: undefined }))).toEqual(original.record);
     const onDisk = JSON.parse(await readFile(path.join(stateDir, 'sandboxes', `${SANDBOX_ID}.json`), 'utf8'));
-    expect(onDisk.version).toBe(4);
+    expect(onDisk.version).toBe(SANDBOX_RECORD_KIND.version);
     expect((await store.load()).records).toEqual(records);
   });
 
-  it('a network already there is kept by the migration', () => {
+  it('a network already there is kept by the migration (as one kata-ts made with CNI)', () => {
     const migrated = migrateSandboxRecord(3, { id: SANDBOX_ID, network: { netnsName: 'x' } }) as SandboxRecord;
-    expect(migrated.network).toEqual({ netnsName: 'x' });
+    expect(migrated.network).toEqual({ kind: 'cni', netnsName: 'x' });
+  });
+});
+
+describe('format-4 records (written before joined network namespaces)', () => {
+  const V4 = path.join(packageRoot(), 'fixtures', 'records', 'v4');
+  let stateDir: string;
+  beforeEach(async () => {
+    stateDir = await mkdtemp(path.join(os.tmpdir(), 'kata-ts-v4-'));
+    await cp(V4, stateDir, { recursive: true, filter: (src) => !src.endsWith('README.md') });
+  });
+  afterEach(async () => {
+    await rm(stateDir, { recursive: true, force: true });
+  });
+
+  it('are format 4 as that code wrote them, a CNI network without a kind', async () => {
+    const s = JSON.parse(await readFile(path.join(V4, 'sandboxes', `${SANDBOX_ID}.json`), 'utf8'));
+    expect(s.version).toBe(4);
+    expect(s.record.network).toMatchObject({ netnsName: `kata-ts-${SANDBOX_ID.slice(0, 16)}`, cniAttached: false });
+    expect(s.record.network).not.toHaveProperty('kind');
+  });
+
+  it('migrate on load to the current format with network.kind "cni", the rest unchanged', async () => {
+    const original = JSON.parse(await readFile(path.join(V4, 'sandboxes', `${SANDBOX_ID}.json`), 'utf8'));
+    const store = new RecordStore<SandboxRecord>(stateDir, SANDBOX_RECORD_KIND, silentLogger());
+    const { records, problems } = await store.load();
+    expect(problems).toEqual([]);
+    const [record] = records;
+    expect(record?.network?.kind).toBe('cni');
+    const { kind: _kind, ...network } = record!.network!;
+    expect(JSON.parse(JSON.stringify({ ...record, network }))).toEqual(original.record);
+    const onDisk = JSON.parse(await readFile(path.join(stateDir, 'sandboxes', `${SANDBOX_ID}.json`), 'utf8'));
+    expect(onDisk.version).toBe(5);
+    expect((await store.load()).records).toEqual(records);
+  });
+
+  it('a format-4 sandbox without a network migrates with none; a kind already there is kept', () => {
+    expect((migrateSandboxRecord(4, { id: SANDBOX_ID, network: null }) as SandboxRecord).network).toBeNull();
+    const joined = { kind: 'joined', netnsName: null, netnsPath: '/proc/1/ns/net' };
+    expect((migrateSandboxRecord(4, { id: SANDBOX_ID, network: joined }) as SandboxRecord).network).toEqual(joined);
+    expect(() => migrateSandboxRecord(5, {})).toThrow(/format 5/);
+  });
+});
+
+describe('sandbox ids of a caller (format 5)', () => {
+  it('a record holds a containerd identifier as its id, and a container record names it as its sandbox', async () => {
+    const stateDir = await mkdtemp(path.join(os.tmpdir(), 'kata-ts-v5-'));
+    try {
+      await cp(path.join(packageRoot(), 'fixtures', 'records', 'v4'), stateDir, {
+        recursive: true,
+        filter: (src) => !src.endsWith('README.md'),
+      });
+      const store = new RecordStore<SandboxRecord>(stateDir, SANDBOX_RECORD_KIND, silentLogger());
+      const [record] = (await store.load()).records;
+      for (const id of ['pod-1.web_2', 'a'.repeat(76)]) await store.put({ ...record!, id });
+      await expect(store.put({ ...record!, id: 'a'.repeat(77) })).rejects.toThrow();
+      await expect(store.put({ ...record!, id: 'pod..1' })).rejects.toThrow();
+      expect((await store.load()).records.map((r) => r.id).sort()).toEqual([SANDBOX_ID, 'a'.repeat(76), 'pod-1.web_2'].sort());
+      const schema = CONTAINER_RECORD_KIND.schema as { properties: { sandboxId: { pattern: string; maxLength: number } } };
+      expect(new RegExp(schema.properties.sandboxId.pattern).test('pod-1.web_2')).toBe(true);
+      expect(schema.properties.sandboxId.maxLength).toBe(76);
+    } finally {
+      await rm(stateDir, { recursive: true, force: true });
+    }
   });
 });

@@ -21,7 +21,7 @@ import type { KataConfig } from '../../../src/config/types.js';
 import { decodeProtoJson } from '../../../src/cri/protojson.js';
 import type { RunPodSandboxRequest__Output } from '../../../src/generated/runtime/v1/RunPodSandboxRequest.js';
 import type { VirtiofsdProcess, VmProcess } from '../../../src/hypervisor/index.js';
-import type { PodNetworkRecord, PodNetworks } from '../../../src/network/index.js';
+import type { CniPodNetworkRecord, JoinedPodNetworkRecord, PodNetworkRecord, PodNetworks } from '../../../src/network/index.js';
 import type { CreateDeps, CreateRequest, SandboxLaunchers } from '../../../src/runtime/sandbox/create-types.js';
 import { executeSandbox } from '../../../src/runtime/sandbox/execute.js';
 import { PLANNED_MAC } from '../../../src/runtime/sandbox/network.js';
@@ -54,28 +54,36 @@ type Step = (typeof STEPS)[number];
 /**
  * What a failure at each step must undo, in this order (the work dir, removed last of all, is
  * checked on disk). Placing QEMU makes its cgroup's undo end QEMU and virtiofsd before removing it.
+ * A network of our own is torn down (TAP, CNI DEL, namespace); a joined one (the caller's
+ * namespace, CNI done by the caller) is only unwired.
  */
-const AFTER_NETWORK = ['tear down the pod network', 'delete record'];
-const AFTER_SHARED_DIR = ['unmount the shared dir', ...AFTER_NETWORK];
-const AFTER_VIRTIOFSD = ['stop virtiofsd', ...AFTER_SHARED_DIR];
-const AFTER_QEMU = ['kill QEMU', ...AFTER_VIRTIOFSD];
-const AFTER_PLACEMENT = ['kill QEMU', 'stop virtiofsd', 'remove cgroup', ...AFTER_SHARED_DIR];
-const AFTER_AGENT = ['close the agent client', ...AFTER_PLACEMENT];
-const EXPECTED_UNDO: Record<Step, string[]> = {
-  'write record': [],
-  // Registered before setup: what a half-made network recorded is torn down.
-  'network setup': AFTER_NETWORK,
-  // Registered before the mount: a half-made mount is released.
-  'shared dir': AFTER_SHARED_DIR,
-  virtiofsd: AFTER_SHARED_DIR,
-  QEMU: AFTER_VIRTIOFSD,
-  'cgroup placement': AFTER_QEMU,
-  'guest ready': AFTER_PLACEMENT,
-  'agent connect': AFTER_PLACEMENT,
-  CreatePod: AFTER_AGENT,
-  ConfigureNetwork: AFTER_AGENT,
-  'final record': AFTER_AGENT,
-};
+function expectedUndo(networkUndo: string): Record<Step, string[]> {
+  const AFTER_NETWORK = [networkUndo, 'delete record'];
+  const AFTER_SHARED_DIR = ['unmount the shared dir', ...AFTER_NETWORK];
+  const AFTER_VIRTIOFSD = ['stop virtiofsd', ...AFTER_SHARED_DIR];
+  const AFTER_QEMU = ['kill QEMU', ...AFTER_VIRTIOFSD];
+  const AFTER_PLACEMENT = ['kill QEMU', 'stop virtiofsd', 'remove cgroup', ...AFTER_SHARED_DIR];
+  const AFTER_AGENT = ['close the agent client', ...AFTER_PLACEMENT];
+  return {
+    'write record': [],
+    // Registered before setup: what a half-made network recorded is torn down.
+    'network setup': AFTER_NETWORK,
+    // Registered before the mount: a half-made mount is released.
+    'shared dir': AFTER_SHARED_DIR,
+    virtiofsd: AFTER_SHARED_DIR,
+    QEMU: AFTER_VIRTIOFSD,
+    'cgroup placement': AFTER_QEMU,
+    'guest ready': AFTER_PLACEMENT,
+    'agent connect': AFTER_PLACEMENT,
+    CreatePod: AFTER_AGENT,
+    ConfigureNetwork: AFTER_AGENT,
+    'final record': AFTER_AGENT,
+  };
+}
+const EXPECTED_UNDO = { cni: expectedUndo('tear down the pod network'), joined: expectedUndo('unwire the joined network') };
+/** The caller's namespace in the joined cases (containerd's name for one); never opened: the network layer is faked. */
+const JOIN_NETNS = '/run/netns/cni-5f1b2c3d-0000-4000-8000-000000000001';
+const JOINED_MAC = '0a:58:0a:f4:01:09';
 
 interface World {
   deps: CreateDeps;
@@ -88,6 +96,10 @@ interface World {
   undone: string[];
   /** The record's phase in the store when QEMU was started. */
   phaseAtQemuStart: string | undefined;
+  /** The namespace QEMU was started in. */
+  qemuNetns: string | undefined;
+  /** What the guest agent was told to configure. */
+  configured: unknown;
 }
 
 /** A bzImage header, a gzip magic and an erofs superblock: enough for checkGuestAssets. */
@@ -113,9 +125,10 @@ function requestFor(podConfig: Record<string, unknown>): RunPodSandboxRequest__O
   });
 }
 
-function networkRecordFor(id: string): PodNetworkRecord {
+function networkRecordFor(id: string): CniPodNetworkRecord {
   const netnsName = `kata-ts-${id.slice(0, 16)}`;
   return {
+    kind: 'cni',
     netnsName,
     netnsPath: `/run/netns/${netnsName}`,
     ifName: 'eth0',
@@ -131,10 +144,29 @@ function networkRecordFor(id: string): PodNetworkRecord {
   };
 }
 
+/** What PodNetworks.prepareJoin reads from a namespace with eth0 (as ip -j shows containerd's CNI left it). */
+function joinedRecordFor(netnsPath: string): JoinedPodNetworkRecord {
+  return {
+    kind: 'joined',
+    netnsName: netnsPath.slice('/run/netns/'.length),
+    netnsPath,
+    ifName: 'eth0',
+    tapName: 'tap0_kata',
+    result: {
+      ips: [{ address: '10.244.1.9', prefixLength: 24, family: 4 }],
+      routes: [{ destination: '0.0.0.0/0', gateway: '10.244.1.1' }],
+      dns: { servers: [], searches: [], options: [] },
+    },
+    mac: JOINED_MAC,
+    mtu: 1450,
+    tapWired: false,
+  };
+}
+
 async function world(
   stateDir: string,
   assetsDir: string,
-  options: { failAt?: Step; hostCpus?: number; pod?: Record<string, unknown> } = {},
+  options: { failAt?: Step; hostCpus?: number; pod?: Record<string, unknown>; joinNetns?: string; cniMode?: boolean } = {},
 ) {
   const fail = (step: Step) => {
     if (options.failAt === step) throw new Error(`injected: ${step} failed`);
@@ -167,7 +199,15 @@ async function world(
 
   const network = {
     prepare: async (id: string) => networkRecordFor(id),
+    prepareJoin: async (netnsPath: string) => joinedRecordFor(netnsPath),
     setup: async (net: PodNetworkRecord, persist: () => Promise<void>) => {
+      if (net.kind === 'joined') {
+        net.tapWired = true; // what the real one records before wiring the TAP
+        await persist();
+        fail('network setup');
+        w.done.push('network setup');
+        return;
+      }
       net.cniAttached = true; // what the real one records before CNI ADD
       await persist();
       fail('network setup');
@@ -183,6 +223,11 @@ async function world(
     teardown: async (net: PodNetworkRecord, persist: () => Promise<void>) => {
       undid('tear down the pod network');
       Object.assign(net, { cniAttached: false, tapWired: false });
+      await persist();
+    },
+    detach: async (net: PodNetworkRecord, persist: () => Promise<void>) => {
+      undid(net.kind === 'joined' ? 'unwire the joined network' : 'detach the pod network');
+      net.tapWired = false;
       await persist();
     },
   } as unknown as PodNetworks;
@@ -229,8 +274,11 @@ async function world(
     },
     startVm: async (o) => {
       w.phaseAtQemuStart = (await realStore.load()).records.find((r) => r.id === ID)?.phase;
-      // The plan QEMU is started with carries the CNI interface's MAC, not the placeholder.
-      if (!o.argv.join(' ').includes(CNI_MAC)) throw new Error('QEMU started with the placeholder MAC');
+      w.qemuNetns = o.netnsPath;
+      // The plan QEMU is started with carries the CNI (or joined) interface's MAC, not the placeholder.
+      if (!o.argv.join(' ').includes(options.joinNetns === undefined ? CNI_MAC : JOINED_MAC)) {
+        throw new Error('QEMU started with the placeholder MAC');
+      }
       fail('QEMU');
       qemuAlive = true;
       w.done.push('QEMU');
@@ -256,7 +304,8 @@ async function world(
       w.done.push('CreatePod');
       return { pausePid: 12, shmPath: '/run/kata-ts/shm', sharedDir: '/run/kata-ts/shared', sharedDirMounted: true };
     },
-    configureNetwork: async () => {
+    configureNetwork: async (req: unknown) => {
+      w.configured = req;
       fail('ConfigureNetwork');
       w.done.push('ConfigureNetwork');
       return {};
@@ -277,7 +326,8 @@ async function world(
     cgroups,
     host: env.host,
     readPcieFacts: async () => env.pcieFacts,
-    network,
+    // A joined namespace needs no network mode: the shim runs with none configured.
+    ...(options.cniMode === false ? {} : { network }),
     launchers,
     connectAgent: async () => {
       fail('agent connect');
@@ -294,6 +344,7 @@ async function world(
     logger,
     signal: new AbortController().signal,
     readyTimeoutMs: 60_000,
+    ...(options.joinNetns === undefined ? {} : { joinNetns: options.joinNetns }),
   };
   return w;
 }
@@ -335,10 +386,42 @@ describe('prepareSandbox', () => {
     expect(w.done).toEqual([]);
     expect(prep.record.phase).toBe('creating');
     expect(prep.record.vmm).toBeNull();
-    expect(prep.record.network?.cniAttached).toBe(false);
+    expect(prep.record.network).toMatchObject({ kind: 'cni', cniAttached: false });
     expect(prep.record.plan.qemu.argv.join(' ')).toContain(PLANNED_MAC);
     expect(prep.layout.workDir).toBe(w.workDir);
     expect(prep.layout.withAgent).toBe(true);
+  });
+
+  it("joining a caller's namespace: validated and read, planned with its interface's MAC at once, nothing made", async () => {
+    const w = await world(dirs.stateDir, dirs.assetsDir, { joinNetns: JOIN_NETNS });
+    const before = await snapshot(dirs.stateDir);
+    const prep = await prepareSandbox(w.deps, w.req);
+    expect(await snapshot(dirs.stateDir)).toEqual(before);
+    expect(w.done).toEqual([]);
+    expect(prep.record.network).toMatchObject({ kind: 'joined', netnsPath: JOIN_NETNS, tapWired: false, mac: JOINED_MAC });
+    expect(prep.record.plan.qemu.argv.join(' ')).toContain(JOINED_MAC);
+    expect(prep.record.plan.qemu.argv.join(' ')).not.toContain(PLANNED_MAC);
+  });
+
+  it('joining without a network mode configured: the real check refuses a path that is not there, or not a namespace, naming it', async () => {
+    // deps.network absent (network.mode "none", the shim): the join is checked by the real network layer.
+    const missing = path.join(dirs.stateDir, 'no-such-netns');
+    const notNetns = path.join(dirs.assetsDir, 'vmlinuz');
+    for (const [joinNetns, kind, reason] of [
+      [missing, 'precondition', 'JOIN_NETNS_MISSING'],
+      [notNetns, 'precondition', 'JOIN_NETNS_NOT_NETNS'],
+      ['run/netns/relative', 'invalid', 'JOIN_NETNS_INVALID'],
+    ] as const) {
+      const w = await world(dirs.stateDir, dirs.assetsDir, { joinNetns, cniMode: false });
+      const before = await snapshot(dirs.stateDir);
+      const refusal = await prepareSandbox(w.deps, w.req).then(
+        () => undefined,
+        (err: unknown) => err,
+      );
+      expect(refusal).toMatchObject({ kind, reason, details: { field: 'joinNetns', joinNetns } });
+      expect((refusal as Error).message).toContain(joinNetns);
+      expect(await snapshot(dirs.stateDir)).toEqual(before);
+    }
   });
 
   it('refused at its last step (planning), after every fact was gathered, it changes nothing on disk either', async () => {
@@ -381,10 +464,37 @@ describe('executeSandbox', () => {
     const w = await world(dirs.stateDir, dirs.assetsDir, { failAt: step });
     const prep = await prepareSandbox(w.deps, w.req);
     await expect(executeSandbox(w.deps, prep)).rejects.toThrow(`injected: ${step} failed`);
-    expect(w.undone).toEqual(EXPECTED_UNDO[step]);
+    expect(w.undone).toEqual(EXPECTED_UNDO.cni[step]);
     expect(existsSync(w.workDir)).toBe(false);
     expect((await w.store.load()).records).toEqual([]);
   });
+
+  it("joining a caller's namespace: QEMU runs in it with its interface's MAC, the guest is told what eth0 held", async () => {
+    const w = await world(dirs.stateDir, dirs.assetsDir, { joinNetns: JOIN_NETNS });
+    const { record } = await executeSandbox(w.deps, await prepareSandbox(w.deps, w.req));
+    expect(w.undone).toEqual([]);
+    expect(w.qemuNetns).toBe(JOIN_NETNS);
+    expect(record.network).toMatchObject({ kind: 'joined', netnsPath: JOIN_NETNS, tapWired: true });
+    expect(record.plan.qemu.argv.join(' ')).toContain(JOINED_MAC);
+    expect(w.configured).toMatchObject({
+      interfaces: [{ mac: JOINED_MAC, mtu: 1450, addresses: ['10.244.1.9/24'] }],
+      routes: [{ destination: '0.0.0.0/0', gateway: '10.244.1.1' }],
+    });
+    const [stored] = (await w.store.load()).records;
+    expect(stored?.network).toEqual(record.network);
+  });
+
+  it.each(STEPS.map((step) => [step]))(
+    'joining a caller\'s namespace, a failure at "%s" undoes every earlier step, the network only unwired',
+    async (step) => {
+      const w = await world(dirs.stateDir, dirs.assetsDir, { failAt: step, joinNetns: JOIN_NETNS });
+      const prep = await prepareSandbox(w.deps, w.req);
+      await expect(executeSandbox(w.deps, prep)).rejects.toThrow(`injected: ${step} failed`);
+      expect(w.undone).toEqual(EXPECTED_UNDO.joined[step]);
+      expect(existsSync(w.workDir)).toBe(false);
+      expect((await w.store.load()).records).toEqual([]);
+    },
+  );
 
   it('a work dir that exists already is refused and left alone, and nothing else is made', async () => {
     const w = await world(dirs.stateDir, dirs.assetsDir);
