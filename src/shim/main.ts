@@ -33,7 +33,8 @@ import type { LoadedConfig } from '../config/types.js';
 import { deleteTask, encodeDeleteResponse } from './delete.js';
 import { shimLogger } from './log.js';
 import { podStateDir, shimSocketPath } from './paths.js';
-import { type RegisterServices, registerNoServices, runServe } from './serve.js';
+import { registerTaskService } from './register.js';
+import { type RegisterServices, runServe } from './serve.js';
 import { type ShimCommand, startShim } from './start.js';
 
 /** The binary's name, as containerd derives it from the runtime type. */
@@ -349,7 +350,7 @@ export async function main(argv: readonly string[], options: ShimMainOptions = {
         return await runServe({
           loaded,
           stateDir: podStateDir(stateRoot, inv.namespace, inv.id),
-          registerServices: options.registerServices ?? registerNoServices,
+          registerServices: options.registerServices ?? registerTaskService,
           identity: {
             namespace: inv.namespace,
             sandboxId: inv.id,

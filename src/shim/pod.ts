@@ -6,9 +6,9 @@
  */
 import os from 'node:os';
 import { createCgroupDriver, detectCgroupMode } from '../cgroups/index.js';
-import { epochNs } from '../common/time.js';
 import { errorMessage, precondition } from '../common/errors.js';
 import type { Logger } from '../common/logger.js';
+import { epochNs } from '../common/time.js';
 import type { CgroupDriverName, KataConfig, LoadedConfig } from '../config/types.js';
 import { GUEST_SHARED_DIR } from '../hypervisor/argv.js';
 import { readPcieHostFacts } from '../pcie/index.js';

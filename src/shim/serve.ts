@@ -53,7 +53,17 @@ export interface ShimIdentity {
  * `shutdown()` asks the shim to exit: it does (after the current call is answered) and returns
  * true when the pod holds no task any more, else it only logs and returns false.
  */
-export type RegisterServices = (server: TtrpcServer, pod: ShimPod, shutdown: () => boolean, shim: ShimIdentity) => void | Promise<void>;
+export type RegisterServices = (
+  server: TtrpcServer,
+  pod: ShimPod,
+  shutdown: () => boolean,
+  shim: ShimIdentity,
+) => RegisteredServices | undefined | Promise<RegisteredServices | undefined>;
+
+/** What registered services hold beyond the server: closed once the server has answered its last call. */
+export interface RegisteredServices {
+  close(): Promise<void>;
+}
 
 /** No services at all: a server that only answers UNIMPLEMENTED (tests, and until the Task service is wired). */
 export const registerNoServices: RegisterServices = () => undefined;
@@ -130,7 +140,7 @@ export async function startShimServer(options: ServeOptions): Promise<ShimServer
     await pod.recover();
     server = new TtrpcServer({ logger: log });
     const control = new Control(server, pod, lock, options);
-    await options.registerServices(server, pod, () => control.requestShutdown(), identity);
+    control.services = await options.registerServices(server, pod, () => control.requestShutdown(), identity);
     await fsp.mkdir(path.dirname(identity.socketPath), { recursive: true, mode: 0o700 });
     await clearStaleSocket(identity.socketPath);
     await server.listen(identity.socketPath);
@@ -158,6 +168,8 @@ export async function startShimServer(options: ServeOptions): Promise<ShimServer
 /** The end of a shim server: one stop, whichever asks first. */
 class Control {
   private ending: Promise<ShimEnd> | undefined;
+  /** What the registered services hold (the event publisher): closed after the server. */
+  services: RegisteredServices | undefined;
   private resolveDone!: (end: ShimEnd) => void;
   readonly done = new Promise<ShimEnd>((resolve) => {
     this.resolveDone = resolve;
@@ -217,6 +229,7 @@ class Control {
       log.warn('calls still running after the grace period: dropping their connections');
       this.server.destroy();
     }
+    await this.services?.close().catch((err: unknown) => log.warn({ err: errorMessage(err) }, 'closing the services failed'));
     await this.pod.close();
     await fsp.rm(identity.socketPath, { force: true });
     const gone = why === 'shutdown' && this.pod.taskCount() === 0;

@@ -149,7 +149,8 @@ export class ShimTasks {
     if (kind === 'sandbox') {
       // The pod's DNS is the resolv.conf containerd wrote for it (the guest gets it as its own).
       const first = decodePodSpec(oci);
-      const resolvConf = first.resolvConfPath === null ? undefined : await fsp.readFile(first.resolvConfPath, 'utf8').catch(() => undefined);
+      const resolvConf =
+        first.resolvConfPath === null ? undefined : await fsp.readFile(first.resolvConfPath, 'utf8').catch(() => undefined);
       const pod = resolvConf === undefined ? first : decodePodSpec(oci, { resolvConf });
       await this.deps.pod.sandboxes.run(pod.spec, this.deps.handler, ctx, {
         id: req.id,

@@ -1,0 +1,55 @@
+/**
+ * The Task service wired into a pod's shim server: containerd's events publisher on
+ * TTRPC_ADDRESS, the pod's tasks, and one method table served under the task API's v2 and v3 names.
+ */
+import path from 'node:path';
+import { detectCgroupMode } from '../cgroups/index.js';
+import { packageVersion } from '../common/paths.js';
+import { EventPublisher } from './events.js';
+import type { MetricsVersion } from './metrics.js';
+import { serviceMethods, TASK_SERVICE_NAMES, TASK_SERVICE_V2 } from './proto.js';
+import type { RegisterServices } from './serve.js';
+import { taskHandlers } from './task-service.js';
+import { ShimTasks } from './tasks.js';
+
+/** How long the last events may take to reach containerd when the shim ends. */
+const EVENTS_FLUSH_MS = 5_000;
+
+/**
+ * The kata-ts runtime handler a shim binary runs pods with: `containerd-shim-<handler>-v2` (the
+ * name containerd derives from `runtime_type = "io.containerd.<handler>.v2"`), when the config
+ * knows that handler; `kata-ts` otherwise.
+ */
+export function handlerForBinary(binary: string, known: readonly string[]): string {
+  const m = /^containerd-shim-(.+)-v2$/.exec(path.basename(binary));
+  return m?.[1] !== undefined && known.includes(m[1]) ? m[1] : 'kata-ts';
+}
+
+export const registerTaskService: RegisterServices = async (server, pod, shutdown, shim) => {
+  const logger = shim.logger;
+  const events = new EventPublisher({ address: shim.ttrpcAddress, namespace: shim.namespace, logger });
+  const handler = handlerForBinary(process.argv[1] ?? '', Object.keys(pod.config.handlers));
+  const tasks = new ShimTasks({ pod, events, handler, logger });
+  const mode = await detectCgroupMode(pod.config.cgroupRoot).catch(() => 'v1' as const);
+  const metricsVersion: MetricsVersion = mode === 'v2' ? 'v2' : 'v1';
+  const methods = serviceMethods(
+    TASK_SERVICE_V2,
+    taskHandlers({
+      tasks,
+      stats: pod.stats,
+      sandboxes: pod.sandboxes,
+      logger,
+      metricsVersion,
+      shutdown: () => void shutdown(),
+      version: `kata-ts ${packageVersion()}`,
+    }),
+  );
+  for (const name of TASK_SERVICE_NAMES) server.register(name, methods);
+  logger.info({ handler, metricsVersion }, 'task service registered');
+  return {
+    close: async () => {
+      tasks.close();
+      await events.close(EVENTS_FLUSH_MS);
+    },
+  };
+};
