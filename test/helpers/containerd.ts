@@ -106,7 +106,7 @@ export interface ContainerdStopReport {
 export interface ContainerdHandle {
   /** containerd's gRPC socket, which serves the CRI. */
   criSocket: string;
-  /** `unix://` address of containerd's gRPC socket (what shims get as GRPC_ADDRESS is the path). */
+  /** containerd's gRPC socket (GRPC_ADDRESS and `-address` for shims; the same socket as criSocket). */
   grpcAddress: string;
   /** containerd's ttrpc socket (TTRPC_ADDRESS for shims). */
   ttrpcAddress: string;
@@ -383,7 +383,7 @@ class PrivateContainerd implements ContainerdHandle {
     private readonly options: ContainerdOptions,
   ) {
     this.criSocket = path.join(dir, 'containerd.sock');
-    this.grpcAddress = `unix://${this.criSocket}`;
+    this.grpcAddress = this.criSocket;
     this.ttrpcAddress = path.join(dir, 'containerd.sock.ttrpc');
     this.configPath = path.join(dir, 'config.toml');
     this.rootDir = path.join(dir, 'root');

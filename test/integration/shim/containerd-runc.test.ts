@@ -18,6 +18,7 @@
 import { randomUUID } from 'node:crypto';
 import { existsSync, promises as fsp, readFileSync } from 'node:fs';
 import path from 'node:path';
+import type { ServiceError } from '@grpc/grpc-js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { packageRoot } from '../../../src/common/paths.js';
 import type { PodSandboxConfig } from '../../../src/generated/runtime/v1/PodSandboxConfig.js';
@@ -115,7 +116,8 @@ describe.skipIf(MISSING !== null)('a runc pod through a private containerd 1.6.2
     // Idempotent: the last test stopped it already unless an earlier one failed.
     const report = await ctrd?.stop();
     await registry?.stop();
-    if (report !== undefined && report.leftovers.length > 0) console.error(`containerd harness left: ${report.leftovers.join('; ')}`);
+    // After a failure too: whatever containerd left was killed and removed, and nothing may remain.
+    if (report !== undefined && report.leftovers.length > 0) throw new Error(`the containerd harness left: ${report.leftovers.join('; ')}`);
   });
 
   it('serves the CRI as containerd 1.6.20, runtime and network ready', async () => {
@@ -297,6 +299,24 @@ describe.skipIf(MISSING !== null)('a runc pod through a private containerd 1.6.2
     expect(await fsp.readdir(path.join(ctrd!.ipamDir, 'kata-ts-containerd'))).not.toContain(podIp);
     const links = JSON.parse(await ctrd!.nodeExec(['ip', '-j', 'link', 'show'])) as Array<{ ifname: string }>;
     expect(links.map((l) => l.ifname).sort()).toEqual(['kts-cni0', 'lo']);
+  });
+
+  it('the kata-ts handler is configured: without its shim on PATH, RunPodSandbox fails naming the binary and leaves nothing', async () => {
+    const failed = await cri!.runtime
+      .RunPodSandbox({
+        config: { ...sandboxConfig(), metadata: { name: 'no-shim', uid: randomUUID(), namespace: 'default', attempt: 0 } },
+        runtime_handler: 'kata-ts',
+      })
+      .then(
+        () => undefined,
+        (err: ServiceError) => err,
+      );
+    expect(failed?.details).toMatch(/runtime "io\.containerd\.kata-ts\.v2" binary not installed "containerd-shim-kata-ts-v2"/);
+    expect((await cri!.runtime.ListPodSandbox({})).items).toEqual([]);
+    expect(await ctrd!.strayProcesses()).toEqual([]);
+    expect(await ctrd!.mountsUnder()).toEqual([]);
+    expect(await fsp.readdir(ctrd!.netnsDir)).toEqual([]);
+    expect(await fsp.readdir(path.join(ctrd!.ipamDir, 'kata-ts-containerd'))).not.toContain(expect.stringMatching(/^\d/));
   });
 
   it("stop(): containerd killed by pid, no stray process, the node's namespaces, the cgroup tree and the directory gone", async () => {
