@@ -41,7 +41,7 @@ import { packageRoot } from '../../src/common/paths.js';
 import { createPrivateCgroups, mkdirEverywhere, type PrivateCgroups, removePrivateCgroups, treeDeepestFirst } from './cgroups-private.js';
 import { criClient } from './cri-client.js';
 import { buildImage, busyboxBaseEntries, RegistryPusher } from './images-builder.js';
-import { type RegistryHandle, startRegistry } from './images-registry.js';
+import { REGISTRY_BINARY, type RegistryHandle, startRegistry } from './images-registry.js';
 import { type LoopbackRelay, startLoopbackRelay } from './loopback-relay.js';
 import { DEBIAN_CNI_BIN_DIR } from './network-node.js';
 import { until } from './poll.js';
@@ -158,6 +158,7 @@ export function containerdMissing(): string | null {
   for (const bin of ['containerd', 'containerd-shim-runc-v2', 'runc', 'unshare', 'nsenter', 'ip']) {
     if (!onPath(bin)) return `${bin} is not installed (scripts/setup.sh installs it)`;
   }
+  if (!existsSync(REGISTRY_BINARY)) return `${REGISTRY_BINARY} is not installed (scripts/setup.sh installs it)`;
   for (const plugin of ['bridge', 'host-local', 'loopback']) {
     if (!existsSync(path.join(DEBIAN_CNI_BIN_DIR, plugin))) return `the CNI plugin ${plugin} is not in ${DEBIAN_CNI_BIN_DIR}`;
   }

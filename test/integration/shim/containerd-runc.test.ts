@@ -23,6 +23,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { packageRoot } from '../../../src/common/paths.js';
 import type { PodSandboxConfig } from '../../../src/generated/runtime/v1/PodSandboxConfig.js';
 import { pushBusyboxImage } from '../../helpers/busybox-image.js';
+import { pid1OffRoot } from '../../helpers/cgroups-machine.js';
 import { type ContainerdHandle, containerdMissing, startContainerd } from '../../helpers/containerd.js';
 import { type CriClient, criClient } from '../../helpers/cri-client.js';
 import { criToolMissingNotice, criToolPath } from '../../helpers/cri-tools.js';
@@ -286,7 +287,9 @@ describe.skipIf(MISSING !== null)('a runc pod through a private containerd 1.6.2
       return strays.length === 0 ? true : undefined;
     });
     expect(running(shimPid)).toBe(false);
-    // runc removed the pod's and the container's cgroups; the parent (the kubelet's, here made by runc) is empty.
+    // runc removed the pod's and the container's cgroups: what is left of the tree is the parent
+    // (the kubelet's to remove; here runc made it), empty, in every hierarchy.
+    expect(await ctrd!.podCgroups()).toEqual(['/kubepods', '/kubepods/besteffort', cgroupParent]);
     for (const dir of ctrd!.cgroupDirs(cgroupParent)) {
       const children = (await fsp.readdir(dir, { withFileTypes: true })).filter((e) => e.isDirectory());
       expect(
@@ -328,5 +331,6 @@ describe.skipIf(MISSING !== null)('a runc pod through a private containerd 1.6.2
     expect(running(pid)).toBe(false);
     expect(existsSync(dir)).toBe(false);
     for (const d of cgroupDirs) expect(existsSync(d), d).toBe(false);
+    expect(await pid1OffRoot()).toEqual([]);
   });
 });
