@@ -1,0 +1,264 @@
+/**
+ * kata-ts as a RuntimeClass handler behind the real containerd (Debian's 1.6.20, started
+ * privately by test/helpers/containerd.ts): containerd execs `containerd-shim-kata-ts-v2` (the
+ * repo's sources through tsx) for the `kata-ts` handler, beside runc pods on the same containerd.
+ * One pod VM is booted: pull, RunPodSandbox, containers (output in containerd's CRI log through
+ * our FIFOs, exit codes, stop), ExecSync, stats, a containerd restart under the running pod, then
+ * the shim SIGKILLed (containerd hears the exit and its `delete` leaves nothing: no QEMU,
+ * virtiofsd, mount, TAP, cgroup or file). No kata-ts daemon runs at any point.
+ *
+ * Skipped with a notice when containerd (or runc, the CNI plugins) is not installed.
+ */
+import { randomUUID } from 'node:crypto';
+import { existsSync, promises as fsp, readdirSync, readFileSync } from 'node:fs';
+import path from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { packageRoot } from '../../../src/common/paths.js';
+import type { PodSandboxConfig } from '../../../src/generated/runtime/v1/PodSandboxConfig.js';
+import { pushBusyboxImage } from '../../helpers/busybox-image.js';
+import { type ContainerdHandle, containerdMissing, KATA_TS_HANDLER, startContainerd } from '../../helpers/containerd.js';
+import { type CriClient, criClient } from '../../helpers/cri-client.js';
+import { type RegistryHandle, startRegistry } from '../../helpers/images-registry.js';
+import { until, untilLogLines } from '../../helpers/poll.js';
+import { guestDirConfig } from '../../helpers/runtime-daemon.js';
+import { scaledMs } from '../../helpers/time-scale.js';
+
+const MISSING = containerdMissing();
+if (MISSING !== null) console.warn(`kata-ts behind containerd skipped: ${MISSING}`);
+
+/** A live (not zombie) process. */
+function running(pid: number): boolean {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    return stat.slice(stat.lastIndexOf(')') + 2, stat.lastIndexOf(')') + 3) !== 'Z';
+  } catch {
+    return false;
+  }
+}
+
+/** Pids whose command line mentions `needle` (QEMU and virtiofsd name their pod's work dir). */
+function processesMentioning(needle: string): number[] {
+  const out: number[] = [];
+  for (const entry of readdirSync('/proc')) {
+    if (!/^\d+$/.test(entry)) continue;
+    try {
+      const cmdline = readFileSync(`/proc/${entry}/cmdline`, 'utf8');
+      if (cmdline.includes(needle) && running(Number(entry))) out.push(Number(entry));
+    } catch {
+      // gone
+    }
+  }
+  return out;
+}
+
+describe.skipIf(MISSING !== null)('kata-ts behind containerd 1.6.20 (the shim v2 handler), beside runc', () => {
+  let registry: RegistryHandle | undefined;
+  let ctrd: ContainerdHandle | undefined;
+  let cri: CriClient | undefined;
+  let image = '';
+  let dir = '';
+  let stateRoot = '';
+  let logDir = '';
+  let podId = '';
+  let runcPodId = '';
+  let podIp = '';
+  const podUid = randomUUID();
+  const cgroupParent = `/kubepods/burstable/pod${podUid}`;
+  const sandboxConfig = (name = 'kata', uid = podUid): PodSandboxConfig => ({
+    metadata: { name, uid, namespace: 'default', attempt: 0 },
+    hostname: `${name}-pod`,
+    log_directory: logDir,
+    linux: { cgroup_parent: cgroupParent },
+  });
+  const containerStatus = async (id: string) => (await cri!.runtime.ContainerStatus({ container_id: id })).status!;
+  const shimPids = () =>
+    processesMentioning(`-id\u0000${podId}`).filter((p) => readFileSync(`/proc/${p}/cmdline`, 'utf8').includes('serve'));
+
+  beforeAll(async () => {
+    dir = await fsp.mkdtemp('/tmp/ktk-');
+    stateRoot = path.join(dir, 'shim');
+    const configPath = path.join(dir, 'kata-ts.json');
+    await fsp.writeFile(
+      configPath,
+      JSON.stringify({
+        stateDir: path.join(dir, 'unused-state'),
+        socketPath: path.join(dir, 'unused.sock'),
+        metricsAddress: null,
+        cgroupDriver: 'cgroupfs',
+        logLevel: 'debug',
+        network: { mode: 'none' },
+        shim: { stateRoot },
+        hypervisor: guestDirConfig(),
+      }),
+    );
+    // containerd finds the shim by name on its PATH; this one runs the repo's sources.
+    const bin = path.join(dir, 'bin');
+    await fsp.mkdir(bin);
+    await fsp.writeFile(
+      path.join(bin, 'containerd-shim-kata-ts-v2'),
+      [
+        '#!/bin/sh',
+        `export KATA_TS_CONFIG=${configPath}`,
+        'export KATA_TS_SHIM_TSX=1',
+        `exec ${process.execPath} ${path.join(packageRoot(), 'bin', 'containerd-shim-kata-ts-v2')} "$@"`,
+        '',
+      ].join('\n'),
+      { mode: 0o755 },
+    );
+    registry = await startRegistry();
+    image = await pushBusyboxImage(registry, 'kata-ts/busybox', 'kata-shim', ['sleep', 'ip', 'hostname', 'cat']);
+    ctrd = await startContainerd({ registry, shimBinDir: bin });
+    cri = criClient(ctrd.criSocket);
+    logDir = path.join(ctrd.dir, 'pods', `default_kata_${podUid}`);
+    await fsp.mkdir(logDir, { recursive: true });
+    await cri.image.PullImage({ image: { image } });
+  });
+
+  afterAll(async () => {
+    cri?.close();
+    const report = await ctrd?.stop();
+    await registry?.stop();
+    // A pod VM left by a failed test: its QEMU and virtiofsd name the state root.
+    for (const pid of processesMentioning(stateRoot === '' ? '\u0000never' : stateRoot)) process.kill(pid, 'SIGKILL');
+    if (dir !== '') await fsp.rm(dir, { recursive: true, force: true });
+    if (report !== undefined && report.leftovers.length > 0) throw new Error(`the containerd harness left: ${report.leftovers.join('; ')}`);
+  });
+
+  it('RunPodSandbox with the kata-ts handler boots the pod VM in the pod network containerd made; a runc pod runs beside it', async () => {
+    runcPodId = (await cri!.runtime.RunPodSandbox({ config: sandboxConfig('plain', randomUUID()), runtime_handler: '' })).pod_sandbox_id;
+    podId = (
+      await cri!.runtime.RunPodSandbox(
+        { config: sandboxConfig(), runtime_handler: KATA_TS_HANDLER },
+        { deadline: Date.now() + scaledMs(240_000) },
+      )
+    ).pod_sandbox_id;
+    const { status } = await cri!.runtime.PodSandboxStatus({ pod_sandbox_id: podId });
+    expect(status?.state).toBe('SANDBOX_READY');
+    podIp = status?.network?.ip ?? '';
+    expect(podIp.startsWith(ctrd!.podSubnetPrefix)).toBe(true);
+    // One shim process for the pod, serving it; QEMU runs under the pod's cgroup parent.
+    expect(shimPids()).toHaveLength(1);
+    const podDirs = await fsp.readdir(path.join(stateRoot, 'k8s.io'));
+    expect(podDirs).toEqual([podId.slice(0, 16)]);
+    const qemu = processesMentioning(path.join(stateRoot, 'k8s.io', podId.slice(0, 16))).filter((p) =>
+      readFileSync(`/proc/${p}/cmdline`, 'utf8').startsWith('qemu-system'),
+    );
+    expect(qemu).toHaveLength(1);
+    const cgroup = readFileSync(`/proc/${qemu[0]}/cgroup`, 'utf8');
+    expect(cgroup).toContain(`/pod${podUid}/`);
+    expect((await cri!.runtime.PodSandboxStatus({ pod_sandbox_id: runcPodId })).status?.state).toBe('SANDBOX_READY');
+  });
+
+  let appId = '';
+  it("a container: its stdout and stderr reach containerd's CRI log through the FIFOs; ExecSync; stats", async () => {
+    appId = (
+      await cri!.runtime.CreateContainer({
+        pod_sandbox_id: podId,
+        config: {
+          metadata: { name: 'app', attempt: 0 },
+          image: { image },
+          command: [
+            'sh',
+            '-c',
+            "trap 'echo got TERM; exit 42' TERM; echo hello from the VM; echo to stderr >&2; while :; do sleep 1 & wait $!; done",
+          ],
+          log_path: 'app.log',
+          linux: { resources: { memory_limit_in_bytes: String(64 * 1024 * 1024) } },
+        },
+        sandbox_config: sandboxConfig(),
+      })
+    ).container_id;
+    await cri!.runtime.StartContainer({ container_id: appId });
+    expect((await containerStatus(appId)).state).toBe('CONTAINER_RUNNING');
+    await untilLogLines(
+      'the container output in the CRI log',
+      [path.join(logDir, 'app.log')],
+      (l) => l.includes('stdout F hello from the VM') && l.includes('stderr F to stderr'),
+    );
+    const res = await cri!.runtime.ExecSync({ container_id: appId, cmd: ['sh', '-c', 'echo out; echo err >&2; exit 3'], timeout: 60 });
+    expect([res.stdout.toString(), res.stderr.toString(), res.exit_code]).toEqual(['out\n', 'err\n', 3]);
+    const ip = await cri!.runtime.ExecSync({ container_id: appId, cmd: ['ip', '-4', '-o', 'addr'], timeout: 60 });
+    expect(ip.stdout.toString()).toContain(`inet ${podIp}/`);
+    const hostname = await cri!.runtime.ExecSync({ container_id: appId, cmd: ['hostname'], timeout: 60 });
+    expect(hostname.stdout.toString().trim()).toBe('kata-pod');
+    await until('cpu and memory in ContainerStats', async (note) => {
+      const { stats } = await cri!.runtime.ContainerStats({ container_id: appId });
+      note(stats);
+      const cpu = BigInt(stats?.cpu?.usage_core_nano_seconds?.value ?? '0');
+      const memory = BigInt(stats?.memory?.working_set_bytes?.value ?? '0');
+      return cpu > 0n && memory > 0n ? true : undefined;
+    });
+  });
+
+  it('a container that exits on its own: its exit code; stdin reaches a container through the FIFO', async () => {
+    const id = (
+      await cri!.runtime.CreateContainer({
+        pod_sandbox_id: podId,
+        config: {
+          metadata: { name: 'exits', attempt: 0 },
+          image: { image },
+          command: ['sh', '-c', 'echo bye; exit 7'],
+          log_path: 'exits.log',
+        },
+        sandbox_config: sandboxConfig(),
+      })
+    ).container_id;
+    await cri!.runtime.StartContainer({ container_id: id });
+    const status = await until('the container to exit', async (note) => {
+      const s = await containerStatus(id);
+      note(s.state);
+      return s.state === 'CONTAINER_EXITED' ? s : undefined;
+    });
+    expect(status).toMatchObject({ exit_code: 7, reason: 'Error' });
+    await untilLogLines('its output', [path.join(logDir, 'exits.log')], (l) => l.includes('stdout F bye'));
+    await cri!.runtime.RemoveContainer({ container_id: id });
+  });
+
+  it('a containerd restart leaves the pod and its shim running; the new containerd drives them', async () => {
+    const [shim] = shimPids();
+    await ctrd!.restart();
+    expect(running(shim!)).toBe(true);
+    expect((await cri!.runtime.PodSandboxStatus({ pod_sandbox_id: podId })).status?.state).toBe('SANDBOX_READY');
+    expect((await containerStatus(appId)).state).toBe('CONTAINER_RUNNING');
+    const res = await cri!.runtime.ExecSync({ container_id: appId, cmd: ['echo', 'after restart'], timeout: 60 });
+    expect([res.stdout.toString(), res.exit_code]).toEqual(['after restart\n', 0]);
+  });
+
+  it('StopContainer: SIGTERM and its exit code; RemoveContainer', async () => {
+    await cri!.runtime.StopContainer({ container_id: appId, timeout: 30 });
+    expect(await containerStatus(appId)).toMatchObject({ state: 'CONTAINER_EXITED', exit_code: 42 });
+    await untilLogLines('the trap output', [path.join(logDir, 'app.log')], (l) => l.includes('stdout F got TERM'));
+    await cri!.runtime.RemoveContainer({ container_id: appId });
+  });
+
+  it('the shim SIGKILLed: containerd hears the pod end, and its delete leaves no QEMU, mount, cgroup or file', async () => {
+    const [shim] = shimPids();
+    const podDir = path.join(stateRoot, 'k8s.io', podId.slice(0, 16));
+    process.kill(shim!, 'SIGKILL');
+    await until('containerd to see the sandbox NOTREADY', async (note) => {
+      const s = (await cri!.runtime.PodSandboxStatus({ pod_sandbox_id: podId })).status?.state;
+      note(s);
+      return s === 'SANDBOX_NOTREADY' ? true : undefined;
+    });
+    await cri!.runtime.StopPodSandbox({ pod_sandbox_id: podId });
+    await cri!.runtime.RemovePodSandbox({ pod_sandbox_id: podId });
+    await until('no process of the pod', async (note) => {
+      const left = processesMentioning(podDir);
+      note(left);
+      return left.length === 0 ? true : undefined;
+    });
+    expect(existsSync(podDir)).toBe(false);
+    expect(await ctrd!.mountsUnder(stateRoot)).toEqual([]);
+    for (const d of ctrd!.cgroupDirs(cgroupParent)) {
+      const children = (await fsp.readdir(d, { withFileTypes: true })).filter((e) => e.isDirectory()).map((e) => e.name);
+      expect(
+        children.filter((c) => c.includes(podId.slice(0, 16))),
+        d,
+      ).toEqual([]);
+    }
+    // The runc pod was never disturbed.
+    expect((await cri!.runtime.PodSandboxStatus({ pod_sandbox_id: runcPodId })).status?.state).toBe('SANDBOX_READY');
+    await cri!.runtime.StopPodSandbox({ pod_sandbox_id: runcPodId });
+    await cri!.runtime.RemovePodSandbox({ pod_sandbox_id: runcPodId });
+  });
+});
