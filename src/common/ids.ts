@@ -15,6 +15,19 @@ export function isObjectId(value: string): boolean {
 }
 
 /**
+ * containerd's identifier rule (`identifiers.Validate`), which the ids of its containers and
+ * sandboxes follow: letters and digits in runs joined by one `.`, `_` or `-`, at most
+ * MAX_IDENTIFIER_LENGTH characters. Never `.` or `..`, never a `/`: safe as a path component.
+ */
+export const IDENTIFIER_PATTERN = '^[A-Za-z0-9]+(?:[._-][A-Za-z0-9]+)*$';
+export const MAX_IDENTIFIER_LENGTH = 76;
+const IDENTIFIER = new RegExp(IDENTIFIER_PATTERN);
+
+export function isIdentifier(value: string): boolean {
+  return value.length <= MAX_IDENTIFIER_LENGTH && IDENTIFIER.test(value);
+}
+
+/**
  * Resolve a possibly truncated id (as crictl accepts) against known ids: an exact match wins,
  * otherwise a unique prefix. Returns undefined when nothing or more than one id matches.
  */

@@ -112,6 +112,8 @@ export class FifoSink implements OutputSink {
   private eofSeen = false;
   private eofStored = false;
   private closed = false;
+  /** A write failed: what went into the pipes is unknown; a new sink resumes at `committedOffset`. */
+  private broken = false;
 
   private constructor(
     private readonly stdout: FifoOut | undefined,
@@ -155,6 +157,10 @@ export class FifoSink implements OutputSink {
     return this.batchBytes;
   }
 
+  get reusable(): boolean {
+    return !this.closed && !this.broken;
+  }
+
   get dirty(): boolean {
     return this.batch.length > 0 || this.accepted !== this.committed || this.eofSeen !== this.eofStored;
   }
@@ -188,10 +194,15 @@ export class FifoSink implements OutputSink {
     const err = batch.filter((b) => b.err).map((b) => b.data);
     // Each stream in one write, both at once: a stderr nobody reads does not hold stdout back
     // within a batch (the pump's bound still stops pulling until both are in).
-    await Promise.all([
-      out.length > 0 && this.stdout !== undefined ? this.stdout.write(Buffer.concat(out)) : undefined,
-      err.length > 0 && this.stderr !== undefined ? this.stderr.write(Buffer.concat(err)) : undefined,
-    ]);
+    try {
+      await Promise.all([
+        out.length > 0 && this.stdout !== undefined ? this.stdout.write(Buffer.concat(out)) : undefined,
+        err.length > 0 && this.stderr !== undefined ? this.stderr.write(Buffer.concat(err)) : undefined,
+      ]);
+    } catch (e) {
+      this.broken = true;
+      throw e;
+    }
     this.committed = offset;
     if (eof && !this.eofStored) {
       // Everything is in the pipes: closing our ends gives the readers their end of file.

@@ -38,6 +38,13 @@ export interface OutputSink {
   accept(chunk: OutputChunkLike): void;
   /** Store the batch; resolves to `committedOffset`. One at a time (the pump awaits each). */
   flush(): Promise<number>;
+  /**
+   * Whether the sink can take the resumed stream after the pump failed (the stream broke): the
+   * FIFO sink can, and must (closing the FIFOs would end the reader's stream), until one of its
+   * own writes failed; the log writer is reopened instead (`open` repairs a torn batch from its
+   * state file).
+   */
+  readonly reusable: boolean;
   /** Store what can be stored and release the sink; never waits for a reader that does not read. */
   close(): Promise<void>;
 }

@@ -154,6 +154,11 @@ export class ContainerLogWriter implements OutputSink {
     return this.state.eof;
   }
 
+  /** A log writer is opened again after any failure: `open` repairs the file from the state. */
+  get reusable(): boolean {
+    return false;
+  }
+
   /** Formatted bytes held in memory, not yet handed to a write. */
   get bufferedBytes(): number {
     return this.batchBytes;
