@@ -4,9 +4,10 @@
  * then the shared directory), the record. Every step that changed something registers its undo;
  * a failure runs them newest first.
  */
+import { promises as fsp } from 'node:fs';
 import path from 'node:path';
-import { alreadyExists, errorMessage, notFound, precondition } from '../../common/errors.js';
-import { newObjectId } from '../../common/ids.js';
+import { alreadyExists, errorMessage, invalid, notFound, precondition } from '../../common/errors.js';
+import { CALLER_ID_MAX_LENGTH, isCallerId, newObjectId } from '../../common/ids.js';
 import type { Logger } from '../../common/logger.js';
 import type { VmProcess } from '../../hypervisor/index.js';
 import { createContainerSnapshot, removeContainerSnapshot } from '../../images/snapshot.js';
@@ -21,9 +22,9 @@ import type { ContainerSpec } from '../spec/container.js';
 import { announcedPodResources, type SandboxSpec } from '../spec/sandbox.js';
 import { applyHotplug, detachDevices, planContainerHotplug, vfioGroupFunctions } from './devices.js';
 import { type GuestDeviceFacts, prepareGuest } from './prepare.js';
-import type { AttachedDevice, ContainerRecord } from './record.js';
+import type { AttachedDevice, ContainerRecord, ContainerStdio } from './record.js';
 import { unmountAndRemove } from './shared-dir.js';
-import type { ContainerLookup, ContainerManagerDeps } from './types.js';
+import type { ContainerCreateOptions, ContainerLookup, ContainerManagerDeps } from './types.js';
 
 /** How long a detached device may take to leave the guest (the guest acknowledges the unplug). */
 export const UNPLUG_TIMEOUT_MS = 30_000;
@@ -31,115 +32,203 @@ export const UNPLUG_TIMEOUT_MS = 30_000;
 /** What CreateContainer needs of the manager. */
 export interface CreateHost extends Pick<ContainerLookup, 'inSandbox' | 'growthFor'> {
   deps: ContainerManagerDeps;
+  /**
+   * Hold a caller's id until the record is registered or the create failed (release it then):
+   * ALREADY_EXISTS when a container has it or another create holds it. Synchronous, so two
+   * creates in different sandboxes (different locks) cannot both take it.
+   */
+  claimId(id: string): () => void;
   /** The record is stored: make it visible (map, CREATED event). */
   register(record: ContainerRecord): void;
 }
 
-/** CreateContainer under the sandbox's lock; returns the new container's id. */
+/**
+ * With a terminal the guest makes the container's console socket at
+ * `/run/kata-ts/bundles/<id>/console.sock` (guest/agent/containers: GUEST_PATHS.bundles), and a
+ * socket path holds at most 107 bytes: 73 characters are left for the id.
+ */
+export const MAX_TERMINAL_CONTAINER_ID_LENGTH = 107 - '/run/kata-ts/bundles/'.length - '/console.sock'.length;
+
+/** CreateContainer under the sandbox's lock; returns the container's id (the caller's, or a new one). */
 export async function createContainer(
   host: CreateHost,
   sandboxIdOrPrefix: string,
   spec: ContainerSpec,
   ctx: RequestContext,
+  options: ContainerCreateOptions = {},
 ): Promise<string> {
   const { deps } = host;
-  return deps.sandboxes.withSandbox(sandboxIdOrPrefix, async (sandbox) => {
-    const sandboxId = sandbox.record.id;
-    ctx.annotate({ sandboxId });
-    validateCreate(host, spec, sandbox);
-    const { name } = spec.metadata;
-    const image = deps.images.resolveImage(spec.image.image);
-    if (image === undefined) throw notFound('IMAGE_NOT_FOUND', `image "${spec.image.image}" is not present; pull it first`);
+  const stdio = options.stdio ?? { kind: 'cri-log' };
+  await validateOptions(options, stdio, spec);
+  const id = options.id ?? newObjectId();
+  const release = options.id === undefined ? () => {} : host.claimId(id);
+  try {
+    return await deps.sandboxes.withSandbox(sandboxIdOrPrefix, (sandbox) =>
+      createInSandbox(host, sandbox, id, spec, ctx, { rootfs: options.rootfs, stdio }),
+    );
+  } finally {
+    release();
+  }
+}
 
-    // Admission (pure): nothing below runs for a container the VM was not shaped for.
-    const announced = announcedPodResources(sandbox.record.spec);
-    const demand = containerDemand(spec);
-    let resize: ResizePlan | undefined;
-    if (announced !== undefined) {
-      const result = admitAnnounced(announced, spec);
-      if (!result.ok) throw admissionError(name, result.differences);
-    } else {
-      const admitted = host
-        .inSandbox(sandboxId)
-        .filter((c) => c.state === 'CONTAINER_CREATED')
-        .map((c) => c.demand);
-      resize = host.growthFor(sandbox.record, demand, admitted, name);
-    }
-    // The host inventory is read only for a container that brings devices at all.
-    const bringsDevices = spec.devices.length > 0 || spec.CDI_devices.length > 0;
-    const facts = bringsDevices ? await deps.readPcieFacts() : undefined;
-    const hotplug = facts ? planContainerHotplug(sandbox.record.topology, spec, facts, deps.config.pcie.simulateVfioWith) : undefined;
-    // The guest finds each device's node by where the hot-plug puts it (the planned topology).
-    const devices: GuestDeviceFacts = {
-      topology: hotplug?.topology ?? sandbox.record.topology,
-      vfioFunctions: facts && spec.devices.length > 0 ? vfioGroupFunctions(facts.inventory, spec.devices) : {},
-    };
+async function createInSandbox(
+  host: CreateHost,
+  sandbox: SandboxHandle,
+  id: string,
+  spec: ContainerSpec,
+  ctx: RequestContext,
+  options: { rootfs: string | undefined; stdio: ContainerStdio },
+): Promise<string> {
+  const { deps } = host;
+  const sandboxId = sandbox.record.id;
+  ctx.annotate({ sandboxId });
+  validateCreate(host, spec, sandbox);
+  const { name } = spec.metadata;
+  // A caller's root filesystem comes with no image here: the spec's image is a name only.
+  const image =
+    options.rootfs !== undefined ? { id: spec.image.image, repoDigests: [] as string[] } : deps.images.resolveImage(spec.image.image);
+  if (image === undefined) throw notFound('IMAGE_NOT_FOUND', `image "${spec.image.image}" is not present; pull it first`);
 
-    const id = newObjectId();
-    ctx.annotate({ containerId: id });
-    const rootfs = path.join(deps.config.stateDir, 'rootfs', id);
-    const log = ctx.logger.child({ containerId: id, name });
-    // Every step that changed something pushes its undo; a failure runs them newest first.
-    const undo = new RollbackSteps(log);
-    try {
+  // Admission (pure): nothing below runs for a container the VM was not shaped for.
+  const announced = announcedPodResources(sandbox.record.spec);
+  const demand = containerDemand(spec);
+  let resize: ResizePlan | undefined;
+  if (announced !== undefined) {
+    const result = admitAnnounced(announced, spec);
+    if (!result.ok) throw admissionError(name, result.differences);
+  } else {
+    const admitted = host
+      .inSandbox(sandboxId)
+      .filter((c) => c.state === 'CONTAINER_CREATED')
+      .map((c) => c.demand);
+    resize = host.growthFor(sandbox.record, demand, admitted, name);
+  }
+  // The host inventory is read only for a container that brings devices at all.
+  const bringsDevices = spec.devices.length > 0 || spec.CDI_devices.length > 0;
+  const facts = bringsDevices ? await deps.readPcieFacts() : undefined;
+  const hotplug = facts ? planContainerHotplug(sandbox.record.topology, spec, facts, deps.config.pcie.simulateVfioWith) : undefined;
+  // The guest finds each device's node by where the hot-plug puts it (the planned topology).
+  const devices: GuestDeviceFacts = {
+    topology: hotplug?.topology ?? sandbox.record.topology,
+    vfioFunctions: facts && spec.devices.length > 0 ? vfioGroupFunctions(facts.inventory, spec.devices) : {},
+  };
+
+  ctx.annotate({ containerId: id });
+  const rootfsOwner = options.rootfs === undefined ? 'runtime' : 'caller';
+  const rootfs = options.rootfs ?? path.join(deps.config.stateDir, 'rootfs', id);
+  const log = ctx.logger.child({ containerId: id, name });
+  // Every step that changed something pushes its undo; a failure runs them newest first.
+  const undo = new RollbackSteps(log);
+  try {
+    // The caller's root filesystem is used as it is and never removed, not even by a rollback.
+    if (rootfsOwner === 'runtime') {
       await createContainerSnapshot(deps.images.rootfsFor(image.id), rootfs, { signal: ctx.signal });
       undo.push('remove root filesystem', () => removeContainerSnapshot(rootfs));
-      const guest = await prepareContainerGuest(deps, sandbox, id, spec, image.id, rootfs, log, devices);
-      if (guest !== null) undo.push('unmount the shared directory', () => unmountAndRemove(guest.hostDir, guest.bindMounts, log));
-      let attached: AttachedDevice[] = [];
-      if (hotplug !== undefined) {
-        const vm = requireVm(sandbox);
-        const before = sandbox.record.topology;
-        attached = await applyHotplug(vm, hotplug, ctx.logger, UNPLUG_TIMEOUT_MS);
-        // QEMU confirmed every device_add: only now does the topology record change.
-        sandbox.record.topology = hotplug.topology;
-        undo.push('unplug hot-plugged devices', async () => {
-          await detachDevices(vm, sandbox.record.topology, attached, UNPLUG_TIMEOUT_MS);
-          sandbox.record.topology = before;
-        });
-      }
-      if (resize?.changed) {
-        const checkpoint = resizeCheckpoint(sandbox);
-        // Registered before applying: a resize that fails half-way has changed something too.
-        undo.push('resize back', () => revertResize(sandbox, checkpoint, log));
-        await applyResize(sandbox, resize, ctx.logger);
-      }
-      const record: ContainerRecord = {
-        id,
-        sandboxId,
-        state: 'CONTAINER_CREATED',
-        createdAtNs: nowNs(),
-        startedAtNs: '0',
-        finishedAtNs: '0',
-        exitCode: 0,
-        reason: '',
-        message: '',
-        metadata: { name, attempt: spec.metadata.attempt },
-        image: { requested: spec.image.image, id: image.id, ref: image.repoDigests[0] ?? image.id },
-        labels: spec.labels,
-        annotations: spec.annotations,
-        logPath: logPathOf(sandbox.record.spec, spec),
-        rootfs,
-        spec,
-        demand,
-        devices: attached,
-        guest,
-      };
-      await deps.store.put(record);
-      undo.push('delete container record', () => deps.store.delete(id));
-      if (hotplug !== undefined || resize?.changed) await sandbox.persist();
-      host.register(record);
-      ctx.logger.info({ containerId: id, name, image: image.id, devices: attached, shape: sandbox.record.shape }, 'container created');
-      return id;
-    } catch (err) {
-      log.warn({ err: errorMessage(err) }, 'container creation failed; rolling back');
-      const changedSandbox = undo.has('unplug hot-plugged devices') || undo.has('resize back');
-      await undo.run();
-      // The sandbox record tells what the VM has after the rollback (a vCPU stays plugged).
-      if (changedSandbox) await undo.attempt('save sandbox record', () => sandbox.persist());
-      throw err;
     }
-  });
+    const imageConfig = rootfsOwner === 'runtime' ? await deps.images.imageConfig(image.id) : null;
+    const guest = await prepareContainerGuest(deps, sandbox, id, spec, imageConfig, rootfs, log, devices);
+    if (guest !== null) undo.push('unmount the shared directory', () => unmountAndRemove(guest.hostDir, guest.bindMounts, log));
+    let attached: AttachedDevice[] = [];
+    if (hotplug !== undefined) {
+      const vm = requireVm(sandbox);
+      const before = sandbox.record.topology;
+      attached = await applyHotplug(vm, hotplug, ctx.logger, UNPLUG_TIMEOUT_MS);
+      // QEMU confirmed every device_add: only now does the topology record change.
+      sandbox.record.topology = hotplug.topology;
+      undo.push('unplug hot-plugged devices', async () => {
+        await detachDevices(vm, sandbox.record.topology, attached, UNPLUG_TIMEOUT_MS);
+        sandbox.record.topology = before;
+      });
+    }
+    if (resize?.changed) {
+      const checkpoint = resizeCheckpoint(sandbox);
+      // Registered before applying: a resize that fails half-way has changed something too.
+      undo.push('resize back', () => revertResize(sandbox, checkpoint, log));
+      await applyResize(sandbox, resize, ctx.logger);
+    }
+    const record: ContainerRecord = {
+      id,
+      sandboxId,
+      state: 'CONTAINER_CREATED',
+      createdAtNs: nowNs(),
+      startedAtNs: '0',
+      finishedAtNs: '0',
+      exitCode: 0,
+      reason: '',
+      message: '',
+      metadata: { name, attempt: spec.metadata.attempt },
+      image: { requested: spec.image.image, id: image.id, ref: image.repoDigests[0] ?? image.id },
+      labels: spec.labels,
+      annotations: spec.annotations,
+      // The caller's FIFOs take the output: no CRI log of ours.
+      logPath: options.stdio.kind === 'cri-log' ? logPathOf(sandbox.record.spec, spec) : '',
+      rootfs,
+      rootfsOwner,
+      stdio: options.stdio,
+      pid: 0,
+      spec,
+      demand,
+      devices: attached,
+      guest,
+    };
+    await deps.store.put(record);
+    undo.push('delete container record', () => deps.store.delete(id));
+    if (hotplug !== undefined || resize?.changed) await sandbox.persist();
+    host.register(record);
+    ctx.logger.info({ containerId: id, name, image: image.id, devices: attached, shape: sandbox.record.shape }, 'container created');
+    return id;
+  } catch (err) {
+    log.warn({ err: errorMessage(err) }, 'container creation failed; rolling back');
+    const changedSandbox = undo.has('unplug hot-plugged devices') || undo.has('resize back');
+    await undo.run();
+    // The sandbox record tells what the VM has after the rollback (a vCPU stays plugged).
+    if (changedSandbox) await undo.attempt('save sandbox record', () => sandbox.persist());
+    throw err;
+  }
+}
+
+/**
+ * A caller's id, root filesystem and FIFOs, checked before anything happens: INVALID_ARGUMENT
+ * naming the field. The id's uniqueness is checked when it is claimed.
+ */
+async function validateOptions(options: ContainerCreateOptions, stdio: ContainerStdio, spec: ContainerSpec): Promise<void> {
+  const terminal = stdio.kind === 'fifo' ? stdio.terminal : spec.tty;
+  if (options.id !== undefined) {
+    if (!isCallerId(options.id)) {
+      throw invalid(
+        'CONTAINER_ID_INVALID',
+        `id "${options.id}" is not a container id: letters and digits joined by single ".", "_" or "-", at most ${CALLER_ID_MAX_LENGTH} characters`,
+      );
+    }
+    if (terminal && options.id.length > MAX_TERMINAL_CONTAINER_ID_LENGTH) {
+      throw invalid(
+        'CONTAINER_ID_INVALID',
+        `id "${options.id}" is too long for a container with a terminal: at most ${MAX_TERMINAL_CONTAINER_ID_LENGTH} characters (the guest's console socket path)`,
+      );
+    }
+  }
+  if (options.rootfs !== undefined) {
+    const st = path.isAbsolute(options.rootfs) ? await fsp.stat(options.rootfs).catch(() => undefined) : undefined;
+    if (st === undefined || !st.isDirectory()) {
+      throw invalid('CONTAINER_ROOTFS_INVALID', `rootfs "${options.rootfs}" is not an existing directory (an absolute path)`);
+    }
+  }
+  if (stdio.kind === 'fifo') {
+    if (stdio.terminal !== spec.tty) {
+      throw invalid(
+        'CONTAINER_STDIO_INVALID',
+        `stdio.terminal is ${stdio.terminal} but the container's tty is ${spec.tty}: they must agree`,
+      );
+    }
+    // With a terminal there is one stream: stderr is not used, whatever it names.
+    const fifos = { stdin: stdio.stdin, stdout: stdio.stdout, ...(stdio.terminal ? {} : { stderr: stdio.stderr }) };
+    for (const [field, p] of Object.entries(fifos)) {
+      if (p === '') continue;
+      const st = path.isAbsolute(p) ? await fsp.stat(p).catch(() => undefined) : undefined;
+      if (st === undefined || !st.isFIFO())
+        throw invalid('CONTAINER_STDIO_INVALID', `stdio.${field} "${p}" is not an existing FIFO (an absolute path)`);
+    }
+  }
 }
 
 /** The sandbox must run, and the name and attempt must be free in it. */
@@ -170,7 +259,7 @@ async function prepareContainerGuest(
   sandbox: SandboxHandle,
   containerId: string,
   spec: ContainerSpec,
-  imageId: string,
+  imageConfig: Record<string, unknown> | null,
   rootfs: string,
   logger: Logger,
   devices: GuestDeviceFacts,
@@ -182,7 +271,7 @@ async function prepareContainerGuest(
     containerId,
     spec,
     sandboxSpec: sandbox.record.spec as OciSpecInput['sandbox'],
-    imageConfig: await deps.images.imageConfig(imageId),
+    imageConfig,
     rootfs,
     sharedHostDir: deps.guests.sharedDirOf(sandboxId),
     sharedDirsRoot: deps.guests.sharedDirsRoot,

@@ -47,24 +47,38 @@ export function exitReason(exit: Pick<ExitStatus, 'exitCode' | 'signal' | 'oomKi
   return { reason: 'Error', message: `the container exited with code ${exit.exitCode}` };
 }
 
-/** CreateContainer + StartContainer in the guest; returns the start time (ns since the epoch). */
-export async function createAndStart(agent: AgentClient, record: ContainerRecord, timeoutMs = CALL_MS): Promise<string> {
+/**
+ * The container's stdin as the agent opens it. The CRI's: as the spec asks (attach writes it;
+ * stdin_once closes it after the first attach). The caller's FIFO: open when there is one, and
+ * closed when its writer closes or the caller says so (CloseIO): `stdinOnce`, since the agent
+ * closes a container's stdin at the end of a WriteStdin stream only then.
+ */
+export function guestStdin(record: Pick<ContainerRecord, 'spec' | 'stdio'>): { stdin: boolean; stdinOnce: boolean } {
+  if (record.stdio.kind === 'fifo') return { stdin: record.stdio.stdin !== '', stdinOnce: true };
+  return { stdin: record.spec.stdin, stdinOnce: record.spec.stdin_once };
+}
+
+/** CreateContainer + StartContainer in the guest: the start time (ns since the epoch) and the guest pid. */
+export async function createAndStart(
+  agent: AgentClient,
+  record: ContainerRecord,
+  timeoutMs = CALL_MS,
+): Promise<{ startedAtNs: string; pid: number }> {
   const guest = record.guest!;
-  const { spec } = record;
-  await agent.createContainer(
+  // create() made sure a FIFO's terminal and the spec's tty agree.
+  const { pid } = await agent.createContainer(
     {
       containerId: record.id,
       ociConfigJson: JSON.stringify(guest.ociSpec),
       rootfsPath: guest.rootfsGuestPath,
-      stdio: spec.tty ? 'STDIO_MODE_TTY' : 'STDIO_MODE_PIPES',
-      stdin: spec.stdin,
-      stdinOnce: spec.stdin_once,
+      stdio: record.spec.tty ? 'STDIO_MODE_TTY' : 'STDIO_MODE_PIPES',
+      ...guestStdin(record),
       devices: guest.guestDevices,
     },
     { timeoutMs },
   );
   const { startedAt } = await agent.startContainer(record.id, { timeoutMs });
-  return timestampNs(startedAt);
+  return { startedAtNs: timestampNs(startedAt), pid };
 }
 
 /**
@@ -115,24 +129,49 @@ async function ignoreGone(p: Promise<void>, exited: Promise<unknown>): Promise<v
   try {
     await p;
   } catch (err) {
-    // Not found, or already stopped: the container is not running, which is what was asked.
-    if (isKataError(err) && (err.kind === 'not_found' || err.kind === 'precondition')) return;
-    // It exited between the agent's state check and crun's kill ("open pidfd: No such process"):
-    // its exit report follows within moments, and then the stop has nothing left to do (found by
-    // the soak: StopContainer of a container that had just exited answered INTERNAL).
-    let timer: NodeJS.Timeout | undefined;
-    const grace = new Promise<false>((r) => {
-      timer = setTimeout(() => r(false), EXIT_REPORT_GRACE_MS);
-    });
-    const gone = await Promise.race([
-      exited.then(
-        () => true,
-        () => true,
-      ),
-      grace,
-    ]);
-    clearTimeout(timer);
-    if (gone) return;
+    if (await goneWhenSignalled(err, exited)) return;
+    throw err;
+  }
+}
+
+/** Whether a signal that failed with `err` failed because the container is not running (any more). */
+async function goneWhenSignalled(err: unknown, exited: Promise<unknown>): Promise<boolean> {
+  // Not found, or already stopped: the agent says the container is not running.
+  if (isKataError(err) && (err.kind === 'not_found' || err.kind === 'precondition')) return true;
+  // It exited between the agent's state check and crun's kill ("open pidfd: No such process"):
+  // its exit report follows within moments (found by the soak: StopContainer of a container that
+  // had just exited answered INTERNAL).
+  let timer: NodeJS.Timeout | undefined;
+  const grace = new Promise<false>((r) => {
+    timer = setTimeout(() => r(false), EXIT_REPORT_GRACE_MS);
+  });
+  const gone = await Promise.race([
+    exited.then(
+      () => true,
+      () => true,
+    ),
+    grace,
+  ]);
+  clearTimeout(timer);
+  return gone;
+}
+
+/**
+ * A signal to a running container's process (`all`: every process of the container); false when
+ * it had exited already (or exits just then), as the agent's refusal or the exit report says.
+ */
+export async function signalInGuest(
+  agent: AgentClient,
+  record: ContainerRecord,
+  signal: number,
+  all: boolean,
+  exited: Promise<unknown>,
+): Promise<boolean> {
+  try {
+    await agent.signalContainer(record.id, signal, all, { timeoutMs: CALL_MS });
+    return true;
+  } catch (err) {
+    if (await goneWhenSignalled(err, exited)) return false;
     throw err;
   }
 }

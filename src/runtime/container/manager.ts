@@ -1,6 +1,7 @@
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
-import { errorMessage, isKataError, notFound, precondition } from '../../common/errors.js';
+import type { AgentClient } from '../../agent-client/index.js';
+import { alreadyExists, cancelled, errorMessage, invalid, isKataError, notFound, precondition } from '../../common/errors.js';
 import { resolveIdPrefix } from '../../common/ids.js';
 import type { Logger } from '../../common/logger.js';
 import { resolveHandler } from '../../config/handlers.js';
@@ -14,11 +15,19 @@ import { createContainer, UNPLUG_TIMEOUT_MS } from './create.js';
 import { detachDevices } from './devices.js';
 import { ContainerEvents } from './events.js';
 import { containerMatches } from './filter.js';
-import { createAndStart, type ExecSyncResult, execSync, exitReason, stopInGuest, timestampNs } from './guest-ops.js';
+import { createAndStart, type ExecSyncResult, execSync, exitReason, signalInGuest, stopInGuest, timestampNs } from './guest-ops.js';
 import type { ContainerRecord } from './record.js';
 import { unmountAndRemove } from './shared-dir.js';
 import { ContainerTasks } from './tasks.js';
-import type { ContainerFilter, ContainerLookup, ContainerManagerDeps } from './types.js';
+import type { ContainerCreateOptions, ContainerFilter, ContainerLookup, ContainerManagerDeps } from './types.js';
+
+/** A container's exit as a face reports it (containerd's Wait). */
+export interface ContainerExit {
+  /** The exit code, 128 + the signal for a killed process, 255 when it was lost with its VM. */
+  exitCode: number;
+  /** Nanoseconds since the epoch. */
+  finishedAtNs: string;
+}
 
 /**
  * Containers in pod VMs: CreateContainer admission against what RunPodSandbox announced, device
@@ -28,6 +37,8 @@ import type { ContainerFilter, ContainerLookup, ContainerManagerDeps } from './t
  */
 export class ContainerManager implements SandboxListener, ContainerLookup {
   private readonly containers = new Map<string, ContainerRecord>();
+  /** Caller's ids of creates in progress (see CreateHost.claimId). */
+  private readonly claimedIds = new Set<string>();
   readonly events = new ContainerEvents();
   readonly tasks: ContainerTasks;
 
@@ -39,7 +50,9 @@ export class ContainerManager implements SandboxListener, ContainerLookup {
         const r = this.containers.get(id);
         if (r === undefined || r.state === 'CONTAINER_EXITED') return;
         const { reason, message } = exitReason(exit);
-        await this.markExited(r, reason, message, exit.exitCode, timestampNs(exit.finishedAt));
+        const finishedAtNs = timestampNs(exit.finishedAt);
+        if (exit.oomKilled) this.events.emitOom(r, finishedAtNs);
+        await this.markExited(r, reason, message, exit.exitCode, finishedAtNs);
       },
       onLost: async (id) => {
         const r = this.containers.get(id);
@@ -61,7 +74,7 @@ export class ContainerManager implements SandboxListener, ContainerLookup {
       const live = this.deps.sandboxes.find(r.sandboxId);
       if (live === undefined) {
         this.deps.logger.warn({ containerId: r.id, sandboxId: r.sandboxId }, 'container of a removed sandbox; removing it');
-        await removeContainerSnapshot(r.rootfs);
+        if (r.rootfsOwner === 'runtime') await removeContainerSnapshot(r.rootfs);
         await this.deps.store.delete(r.id);
         continue;
       }
@@ -74,7 +87,22 @@ export class ContainerManager implements SandboxListener, ContainerLookup {
       // A running container: its output resumes from the stored log state and its exit is
       // watched again (WaitContainer answers at once for one that exited while we were down).
       const agent = this.deps.guests.agentOf(r.sandboxId);
-      if (r.state === 'CONTAINER_RUNNING' && agent !== undefined) this.tasks.attach(r, agent);
+      if (r.state === 'CONTAINER_RUNNING' && agent !== undefined) {
+        this.tasks.attach(r, agent);
+        if (r.pid === 0) void this.learnPid(r, agent);
+      }
+    }
+  }
+
+  /** A running container recorded before pids were (format 4): the agent still knows it. */
+  private async learnPid(record: ContainerRecord, agent: AgentClient): Promise<void> {
+    try {
+      const [state] = await agent.listContainers([record.id], { timeoutMs: 30_000 });
+      if (state === undefined || state.pid === 0 || this.containers.get(record.id) !== record || record.pid !== 0) return;
+      record.pid = state.pid;
+      await this.deps.store.put(record);
+    } catch (err) {
+      this.deps.logger.debug({ containerId: record.id, err: errorMessage(err) }, 'the guest pid of a recovered container is not known');
     }
   }
 
@@ -102,14 +130,23 @@ export class ContainerManager implements SandboxListener, ContainerLookup {
 
   /**
    * CreateContainer in sandbox `sandboxIdOrPrefix` for a validated spec (a face decodes its
-   * request with decodeContainerSpec); returns the new container's id.
+   * request with decodeContainerSpec); returns the container's id. `options` (none from the CRI
+   * face): the caller's id (INVALID_ARGUMENT CONTAINER_ID_INVALID unless it is containerd's kind of
+   * identifier, ALREADY_EXISTS CONTAINER_EXISTS when a container has it), a root filesystem the
+   * caller owns (used as it is: no image, no copy, never removed), and the stdio (the CRI log, or
+   * the caller's FIFOs as raw bytes).
    */
-  async create(sandboxIdOrPrefix: string, spec: ContainerSpec, ctx: RequestContext): Promise<string> {
+  async create(sandboxIdOrPrefix: string, spec: ContainerSpec, ctx: RequestContext, options: ContainerCreateOptions = {}): Promise<string> {
     return createContainer(
       {
         deps: this.deps,
         inSandbox: (id) => this.inSandbox(id),
         growthFor: (record, incoming, admitted, name) => this.growthFor(record, incoming, admitted, name),
+        claimId: (id) => {
+          if (this.containers.has(id) || this.claimedIds.has(id)) throw alreadyExists('CONTAINER_EXISTS', `container ${id} already exists`);
+          this.claimedIds.add(id);
+          return () => this.claimedIds.delete(id);
+        },
         register: (record) => {
           this.containers.set(record.id, record);
           this.events.emit('CONTAINER_CREATED_EVENT', record);
@@ -118,6 +155,7 @@ export class ContainerManager implements SandboxListener, ContainerLookup {
       sandboxIdOrPrefix,
       spec,
       ctx,
+      options,
     );
   }
 
@@ -158,7 +196,9 @@ export class ContainerManager implements SandboxListener, ContainerLookup {
         await (await fsp.open(record.logPath, 'a', 0o640)).close();
       }
       try {
-        record.startedAtNs = await createAndStart(agent, record);
+        const started = await createAndStart(agent, record);
+        record.startedAtNs = started.startedAtNs;
+        record.pid = started.pid;
       } catch (err) {
         // A half-created container in the guest would hold its name: delete it (best effort).
         await agent.deleteContainer(record.id, true, { timeoutMs: 10_000 }).catch(() => undefined);
@@ -236,7 +276,8 @@ export class ContainerManager implements SandboxListener, ContainerLookup {
         `container ${record.id}: a bind mount under ${record.guest.hostDir} could not be unmounted`,
       );
     }
-    await removeContainerSnapshot(record.rootfs);
+    // A caller's root filesystem is the caller's: never removed here (only unbound above).
+    if (record.rootfsOwner === 'runtime') await removeContainerSnapshot(record.rootfs);
     await fsp.rm(this.tasks.logStatePath(record.id), { force: true });
     await this.deps.store.delete(record.id);
     this.containers.delete(record.id);
@@ -258,6 +299,71 @@ export class ContainerManager implements SandboxListener, ContainerLookup {
     record.message = message;
     await this.deps.store.put(record);
     this.events.emit('CONTAINER_STOPPED_EVENT', record);
+  }
+
+  /**
+   * Signal the container's process (`all`: every process of the container) through the agent,
+   * as containerd's Kill does. Only a running container has a process: one that has exited is
+   * NOT_FOUND CONTAINER_PROCESS_FINISHED (containerd's "process already finished", which its CRI
+   * plugin takes as done), also when it exits just as the signal goes; one created but never
+   * started is FAILED_PRECONDITION CONTAINER_NOT_RUNNING (it has no process yet: `stop` ends it).
+   * A signal outside 0..64 is INVALID_ARGUMENT. Not under the sandbox's lock (as stop).
+   */
+  async kill(idOrPrefix: string, signal: number, all: boolean, ctx: RequestContext): Promise<void> {
+    const record = this.resolve(idOrPrefix);
+    ctx.annotate({ containerId: record.id, sandboxId: record.sandboxId });
+    if (!Number.isInteger(signal) || signal < 0 || signal > 64)
+      throw invalid('CONTAINER_SIGNAL_INVALID', `signal ${signal} is not a Linux signal number`);
+    const finished = () => notFound('CONTAINER_PROCESS_FINISHED', `container ${record.id}: its process has already finished`);
+    if (record.state === 'CONTAINER_EXITED') throw finished();
+    if (record.state === 'CONTAINER_CREATED') {
+      throw precondition('CONTAINER_NOT_RUNNING', `container ${record.id} was created but not started: it has no process to signal`);
+    }
+    const agent = this.deps.guests.agentOf(record.sandboxId);
+    if (agent === undefined) {
+      await this.markExited(record, ...VM_GONE);
+      throw finished();
+    }
+    if (!(await signalInGuest(agent, record, signal, all, this.tasks.exited(record.id)))) throw finished();
+    ctx.logger.info({ containerId: record.id, signal, all }, 'container signalled');
+  }
+
+  /**
+   * Resolves once the container has exited (at once when it has), also when its VM went away
+   * (exit code 255): what containerd's Wait answers. Rejects with NOT_FOUND when the container
+   * is removed before it exited, and with CANCELLED when `signal` aborts.
+   */
+  waitExit(idOrPrefix: string, signal: AbortSignal): Promise<ContainerExit> {
+    const record = this.resolve(idOrPrefix);
+    const exitOf = (r: ContainerRecord): ContainerExit => ({ exitCode: r.exitCode, finishedAtNs: r.finishedAtNs });
+    if (record.state === 'CONTAINER_EXITED') return Promise.resolve(exitOf(record));
+    return new Promise((resolve, reject) => {
+      const finish = (settle: () => void) => {
+        unsubscribe();
+        signal.removeEventListener('abort', onAbort);
+        settle();
+      };
+      const onAbort = () => finish(() => reject(cancelled('CALL_CANCELLED', `waiting for container ${record.id} to exit was cancelled`)));
+      const unsubscribe = this.events.subscribe((e) => {
+        if (e.record.id !== record.id) return;
+        if (e.type === 'CONTAINER_STOPPED_EVENT') finish(() => resolve(exitOf(e.record)));
+        else if (e.type === 'CONTAINER_DELETED_EVENT') {
+          finish(() => reject(notFound('CONTAINER_NOT_FOUND', `container ${record.id} was removed before it exited`)));
+        }
+      });
+      if (signal.aborted) onAbort();
+      else signal.addEventListener('abort', onAbort, { once: true });
+    });
+  }
+
+  /**
+   * containerd's CloseIO: the container's stdin closes once what its stdin FIFO gave went in (it
+   * closes by itself when the FIFO's writer closes it). Nothing to do for a container without a
+   * stdin FIFO, or without a process.
+   */
+  async closeStdin(idOrPrefix: string): Promise<void> {
+    const record = this.resolve(idOrPrefix);
+    this.tasks.closeStdin(record.id);
   }
 
   /** ExecSync in a running container. */

@@ -1,8 +1,8 @@
 /**
- * A running container's output, from the agent's StreamOutput into the CRI log file, across
- * broken sessions and daemon restarts: the README's caller's sequence in src/runtime/logs, with
- * a retry whenever the stream ends early (the session went; StreamOutput resumes from the
- * writer's committed offset on the next one).
+ * A running container's output, from the agent's StreamOutput into its sink (the CRI log file, or
+ * the caller's FIFOs), across broken sessions and daemon restarts: the README's caller's sequence
+ * in src/runtime/logs, with a retry whenever the stream ends early (the session went; StreamOutput
+ * resumes from the sink's committed offset on the next one).
  */
 
 import { promises as fsp } from 'node:fs';
@@ -10,8 +10,11 @@ import path from 'node:path';
 import type { AgentClient } from '../../agent-client/index.js';
 import { errorMessage } from '../../common/errors.js';
 import type { Logger } from '../../common/logger.js';
+import { FifoSink } from '../logs/fifo-sink.js';
 import { pump } from '../logs/pump.js';
+import type { OutputChunkLike, OutputSink } from '../logs/sink.js';
 import { ContainerLogWriter } from '../logs/writer.js';
+import type { ContainerStdio } from './record.js';
 
 const ACK_TIMEOUT_MS = 10_000;
 const RETRY_DELAY_MS = 200;
@@ -21,6 +24,8 @@ const READY_TIMEOUT_MS = 30_000;
 export interface OutputPumpOptions {
   agent: AgentClient;
   containerId: string;
+  /** The CRI log (at `logPath`; none when it is '': the output is read and dropped) or the caller's FIFOs. */
+  stdio: ContainerStdio;
   logPath: string;
   statePath: string;
   tty: boolean;
@@ -28,7 +33,7 @@ export interface OutputPumpOptions {
 }
 
 /**
- * One container's log pump. `done` settles when the output reached its end (eof stored) or the
+ * One container's output pump. `done` settles when the output reached its end (eof stored) or the
  * pump was stopped; `reopen()` serves ReopenContainerLog.
  */
 export class OutputPump {
@@ -36,13 +41,14 @@ export class OutputPump {
   private writer: ContainerLogWriter | undefined;
   private readonly abort = new AbortController();
   private finished = false;
-  private discardedTo = 0;
+  /** Where a sink without a state file of its own resumes: the last one's committed offset. */
+  private resumeAt: number | undefined;
 
   private constructor(private readonly opts: OutputPumpOptions) {
     this.done = this.run();
   }
 
-  /** Start pumping (after a restart: resume from what the log state says). */
+  /** Start pumping (after a restart: resume from what the log state, or the agent, says). */
   static start(opts: OutputPumpOptions): OutputPump {
     return new OutputPump(opts);
   }
@@ -63,56 +69,105 @@ export class OutputPump {
     await this.done;
   }
 
-  /** No log path: the output is read and acknowledged so the container never blocks on it. */
-  private async discard(signal: AbortSignal, ack: (offset: number) => Promise<void>): Promise<boolean> {
-    const { agent, containerId } = this.opts;
-    await agent.connection.ready(READY_TIMEOUT_MS, signal);
-    for await (const chunk of agent.streamOutput(containerId, this.discardedTo, { signal })) {
-      this.discardedTo = chunk.offset + chunk.data.length;
-      await ack(this.discardedTo);
-      if (chunk.eof) return true;
+  /**
+   * The sink for the next attempt. The log writer resumes from its state file; the others from
+   * the last sink's offset or, first, from what the agent says it has acknowledged (after a
+   * restart: the bytes below are gone from the agent and were stored before).
+   */
+  private async openSink(signal: AbortSignal): Promise<OutputSink> {
+    const { agent, containerId, stdio } = this.opts;
+    if (stdio.kind === 'cri-log' && this.opts.logPath !== '') {
+      await fsp.mkdir(path.dirname(this.opts.statePath), { recursive: true, mode: 0o700 });
+      const writer = await ContainerLogWriter.open({ logPath: this.opts.logPath, statePath: this.opts.statePath, tty: this.opts.tty });
+      this.writer = writer;
+      return writer;
     }
-    return false;
+    if (this.resumeAt === undefined) {
+      await agent.connection.ready(READY_TIMEOUT_MS, signal);
+      const [state] = await agent.listContainers([containerId], { timeoutMs: ACK_TIMEOUT_MS, signal });
+      this.resumeAt = state?.outputAckedOffset ?? 0;
+    }
+    if (stdio.kind === 'cri-log') return new DiscardSink(this.resumeAt);
+    return FifoSink.open({ stdout: stdio.stdout, stderr: stdio.stderr, terminal: stdio.terminal, startOffset: this.resumeAt, signal });
   }
 
   private async run(): Promise<void> {
     const { agent, containerId, logger } = this.opts;
     const signal = this.abort.signal;
     const ack = (offset: number) => agent.ackOutput(containerId, offset, { timeoutMs: ACK_TIMEOUT_MS });
-    let writer: ContainerLogWriter | undefined;
+    let sink: OutputSink | undefined;
     let eof = false;
     let failures = 0;
     while (!eof && !signal.aborted) {
       try {
-        if (this.opts.logPath === '') {
-          eof = await this.discard(signal, ack);
-          continue;
-        }
-        // After a failure the writer is opened again: open() repairs the file from the state.
-        if (writer === undefined) await fsp.mkdir(path.dirname(this.opts.statePath), { recursive: true, mode: 0o700 });
-        writer ??= await ContainerLogWriter.open({ logPath: this.opts.logPath, statePath: this.opts.statePath, tty: this.opts.tty });
-        this.writer = writer;
-        if (writer.eof) {
+        sink ??= await this.openSink(signal);
+        if (sink.eof) {
           eof = true;
           break;
         }
         await agent.connection.ready(READY_TIMEOUT_MS, signal);
-        ({ eof } = await pump(writer, agent.streamOutput(containerId, writer.committedOffset, { signal }), ack));
+        ({ eof } = await pump(sink, agent.streamOutput(containerId, sink.committedOffset, { signal }), ack));
         if (!eof) await delay(RETRY_DELAY_MS, signal);
       } catch (err) {
         if (signal.aborted) break;
         // Logged once per run of failures: a VM that is gone fails every attempt until the pump stops.
         if (failures++ === 0)
           logger.warn({ containerId, err: errorMessage(err) }, 'container output stream broke; resuming from the stored offset');
-        await writer?.close().catch(() => undefined);
-        writer = undefined;
-        this.writer = undefined;
+        if (sink !== undefined && !sink.reusable) {
+          this.resumeAt = sink.committedOffset;
+          await sink.close().catch(() => undefined);
+          sink = undefined;
+          this.writer = undefined;
+        }
         await delay(Math.min(5000, RETRY_DELAY_MS * failures), signal);
       }
     }
     this.finished = eof;
-    await writer?.close().catch((err: unknown) => logger.warn({ containerId, err: errorMessage(err) }, 'closing the log writer failed'));
+    await sink?.close().catch((err: unknown) => logger.warn({ containerId, err: errorMessage(err) }, 'closing the output sink failed'));
   }
+}
+
+/**
+ * No log path: the output is read and acknowledged (so the container never blocks on it) and
+ * dropped.
+ */
+class DiscardSink implements OutputSink {
+  private accepted: number;
+  private committed: number;
+  private eofSeen = false;
+  private eofStored = false;
+  readonly bufferedBytes = 0;
+  readonly reusable = true;
+
+  constructor(startOffset: number) {
+    this.accepted = startOffset;
+    this.committed = startOffset;
+  }
+
+  get committedOffset(): number {
+    return this.committed;
+  }
+
+  get eof(): boolean {
+    return this.eofStored;
+  }
+
+  get dirty(): boolean {
+    return this.accepted !== this.committed || this.eofSeen !== this.eofStored;
+  }
+
+  accept(chunk: OutputChunkLike): void {
+    this.accepted = Math.max(this.accepted, chunk.offset + chunk.data.byteLength);
+    if (chunk.eof === true) this.eofSeen = true;
+  }
+
+  async flush(): Promise<number> {
+    this.committed = this.accepted;
+    this.eofStored = this.eofSeen;
+    return this.committed;
+  }
+
+  async close(): Promise<void> {}
 }
 
 function delay(ms: number, signal: AbortSignal): Promise<void> {

@@ -40,6 +40,24 @@ export interface AttachedDevice {
   bdf: string | null;
 }
 
+/** Where a container's stdio goes (recorded: the output resumes to the same place after a restart). */
+export type ContainerStdio =
+  /** The CRI log file the spec names (the CRI server). */
+  | { kind: 'cri-log' }
+  /**
+   * FIFOs the caller made (containerd's shim API): raw bytes, stdout and stderr apart (one
+   * stream with a terminal); '' for a stream the container does not have.
+   */
+  | { kind: 'fifo'; stdin: string; stdout: string; stderr: string; terminal: boolean };
+
+/**
+ * Who owns a container's root filesystem: `runtime`, kata-ts's own copy of the image
+ * (`stateDir/rootfs/<id>`, removed with the container); `caller`, a directory the face's caller
+ * prepared and keeps (containerd's snapshot at `<bundle>/rootfs`): shared into the guest as it
+ * is, never copied, never removed here.
+ */
+export type RootfsOwner = 'runtime' | 'caller';
+
 export interface ContainerRecord {
   id: string;
   sandboxId: string;
@@ -65,8 +83,12 @@ export interface ContainerRecord {
   annotations: Record<string, string>;
   /** Absolute: the sandbox's log_directory joined with the container's log_path ('' when neither). */
   logPath: string;
-  /** The container's own copy of the image's root filesystem. */
+  /** The container's root filesystem on the host: its own copy of the image, or the caller's (rootfsOwner). */
   rootfs: string;
+  rootfsOwner: RootfsOwner;
+  stdio: ContainerStdio;
+  /** The container's process in the guest (the agent's pid for it), 0 until it started or when not known. */
+  pid: number;
   /** The container's validated configuration, as resized since (echoed in status; mounts, resources, devices). */
   spec: ContainerSpec;
   /** What the container counts against the VM's budget (sandboxes sized without pod_resources). */
@@ -77,13 +99,16 @@ export interface ContainerRecord {
 }
 
 /**
- * Format 4 (this one) adds `guest.guestDevices`: the devices travel in the agent API's
+ * Format 5 (this one) adds what a second face passes at create: `rootfsOwner` (a caller's root
+ * filesystem is never removed), `stdio` (the CRI log or the caller's FIFOs), the guest `pid`, and
+ * ids as containerd spells them (CALLER_ID_PATTERN; kata-ts's own are 64 hex digits, which it
+ * allows). Format 4 added `guest.guestDevices`: the devices travel in the agent API's
  * CreateContainerRequest.devices instead of an annotation inside the stored spec. Format 3 added
  * `startedAtNs`, the RUNNING state and `guest` (the OCI spec and the shared-directory mounts).
  * Format 2 stored the typed `spec`; format 1 stored the decoded ContainerConfig as `config`. Older
  * records are migrated on load (see migrateContainerRecord).
  */
-export const CONTAINER_RECORD_VERSION = 4;
+export const CONTAINER_RECORD_VERSION = 5;
 
 /** The annotation format 3 put the device requests in (agent API 1). */
 const LEGACY_DEVICES_ANNOTATION = 'io.kata-ts.guest-devices';
@@ -122,13 +147,15 @@ function migrateGuestPlan(guest: Record<string, unknown>): Record<string, unknow
 }
 
 /**
- * Format 1, 2 or 3 -> current. 1 -> 2: `config` becomes `spec`. 2 -> 3: never started
+ * Format 1 to 4 -> current. 1 -> 2: `config` becomes `spec`. 2 -> 3: never started
  * (`startedAtNs` '0') and nothing prepared in the guest (`guest` null): such a container can be
  * stopped and removed, not started. 3 -> 4: the spec's device annotation becomes
- * `guest.guestDevices`. Pure; throws when it cannot.
+ * `guest.guestDevices`. 4 -> 5: every older container has kata-ts's own snapshot
+ * (`rootfsOwner` runtime) and its CRI log (`stdio` cri-log); its guest pid was not kept (0).
+ * Pure; throws when it cannot.
  */
 export function migrateContainerRecord(fromVersion: number, record: unknown): unknown {
-  if (fromVersion !== 1 && fromVersion !== 2 && fromVersion !== 3)
+  if (!Number.isInteger(fromVersion) || fromVersion < 1 || fromVersion >= CONTAINER_RECORD_VERSION)
     throw new Error(`no migration from container record format ${fromVersion}`);
   if (typeof record !== 'object' || record === null) throw new Error('the record is not an object');
   let current = record as Record<string, unknown>;
@@ -137,11 +164,16 @@ export function migrateContainerRecord(fromVersion: number, record: unknown): un
     if (typeof config !== 'object' || config === null) throw new Error('config is missing');
     current = { ...rest, spec: containerSpecFromV1(config as Record<string, unknown>) };
   }
-  if (fromVersion <= 2) return { ...current, startedAtNs: '0', guest: null };
-  const { guest } = current;
-  if (typeof guest !== 'object' || guest === null) return current;
-  return { ...current, guest: migrateGuestPlan(guest as Record<string, unknown>) };
+  if (fromVersion <= 2) current = { ...current, startedAtNs: '0', guest: null };
+  else if (fromVersion === 3) {
+    const { guest } = current;
+    if (typeof guest === 'object' && guest !== null) current = { ...current, guest: migrateGuestPlan(guest as Record<string, unknown>) };
+  }
+  return { ...current, rootfsOwner: 'runtime', stdio: { kind: 'cri-log' }, pid: 0 };
 }
+
+/** A container or sandbox id: containerd's identifiers (kata-ts's own 64 hex digits are some). */
+const idSchema = { type: 'string', maxLength: CALLER_ID_MAX_LENGTH, pattern: CALLER_ID_PATTERN } as const;
 
 export const CONTAINER_RECORD_KIND: RecordKind = {
   kind: 'container',
@@ -167,15 +199,17 @@ export const CONTAINER_RECORD_KIND: RecordKind = {
       'annotations',
       'logPath',
       'rootfs',
+      'rootfsOwner',
+      'stdio',
+      'pid',
       'spec',
       'demand',
       'devices',
       'guest',
     ],
     properties: {
-      id: { type: 'string', pattern: '^[0-9a-f]{64}$' },
-      // The sandbox's id: 64 hex, or a caller's (containerd's identifier rule; see the sandbox record).
-      sandboxId: { type: 'string', pattern: CALLER_ID_PATTERN, maxLength: CALLER_ID_MAX_LENGTH },
+      id: idSchema,
+      sandboxId: idSchema,
       state: { enum: ['CONTAINER_CREATED', 'CONTAINER_RUNNING', 'CONTAINER_EXITED'] },
       createdAtNs: { type: 'string', pattern: '^[0-9]+$' },
       startedAtNs: { type: 'string', pattern: '^[0-9]+$' },
@@ -194,6 +228,25 @@ export const CONTAINER_RECORD_KIND: RecordKind = {
       annotations: stringMap,
       logPath: { type: 'string' },
       rootfs: { type: 'string' },
+      rootfsOwner: { enum: ['runtime', 'caller'] },
+      stdio: {
+        anyOf: [
+          { type: 'object', additionalProperties: false, required: ['kind'], properties: { kind: { const: 'cri-log' } } },
+          {
+            type: 'object',
+            additionalProperties: false,
+            required: ['kind', 'stdin', 'stdout', 'stderr', 'terminal'],
+            properties: {
+              kind: { const: 'fifo' },
+              stdin: { type: 'string' },
+              stdout: { type: 'string' },
+              stderr: { type: 'string' },
+              terminal: { type: 'boolean' },
+            },
+          },
+        ],
+      },
+      pid: { type: 'integer', minimum: 0 },
       spec: CONTAINER_SPEC_SCHEMA,
       demand: {
         type: 'object',

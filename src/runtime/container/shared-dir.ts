@@ -138,7 +138,10 @@ export async function hostSubmounts(hostPath: string): Promise<string[] | undefi
 /**
  * Unmount `bindMounts` (deepest first; a mount already gone is fine) and remove `hostDir`. The
  * directory is removed only when every unmount succeeded: removing it recursively with a bind
- * mount still inside would delete the mounted host files. Returns whether everything went.
+ * mount still inside would delete the mounted host files (a caller's root filesystem, a volume).
+ * Each mount point is removed on its own first, without recursion (rmdir, unlink): one that still
+ * shows files (a mount the checks above missed) stops the recursive removal. Returns whether
+ * everything went.
  */
 export async function unmountAndRemove(hostDir: string, bindMounts: readonly string[], logger: Logger): Promise<boolean> {
   let ok = true;
@@ -151,6 +154,7 @@ export async function unmountAndRemove(hostDir: string, bindMounts: readonly str
         await run('umount', ['--', target]).catch(() => run('umount', ['--lazy', '--', target]));
         if (await isMountPoint(target)) throw new Error('still mounted after a lazy unmount');
       }
+      await removeMountPoint(target);
     } catch (err) {
       ok = false;
       logger.error({ target, err: errorMessage(err) }, 'could not unmount a container bind mount');
@@ -158,6 +162,15 @@ export async function unmountAndRemove(hostDir: string, bindMounts: readonly str
   }
   if (ok) await fsp.rm(hostDir, { recursive: true, force: true });
   return ok;
+}
+
+/** An unmounted mount point: an empty directory, or the empty file a file was bound on (a missing one is fine). */
+async function removeMountPoint(target: string): Promise<void> {
+  const st = await fsp.lstat(target).catch(() => undefined);
+  if (st === undefined) return;
+  if (st.isDirectory()) await fsp.rmdir(target);
+  else if (st.size === 0) await fsp.unlink(target);
+  else throw new Error(`${target} is not the empty file a bind mount was made on`);
 }
 
 /** Whether `p` is a mount point (its parent is on another mount, or /proc/self/mountinfo lists it). */

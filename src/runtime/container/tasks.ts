@@ -1,13 +1,16 @@
 /**
- * The background work of running containers: each has a log pump (agent output -> CRI log) and an
- * exit watch (WaitContainer across sessions). Both survive broken sessions; after a daemon restart
- * `attach` starts them again from the stored log state and the agent's own record of the exit.
+ * The background work of running containers: each has an output pump (agent output -> CRI log,
+ * or the caller's FIFOs), an exit watch (WaitContainer across sessions) and, for a caller's stdin
+ * FIFO, the stdin forwarding. They survive broken sessions; after a daemon restart `attach` starts
+ * them again from the stored log state (or the agent's acknowledged offset) and the agent's own
+ * record of the exit.
  */
 import path from 'node:path';
 import type { AgentClient } from '../../agent-client/index.js';
 import { errorMessage, isKataError } from '../../common/errors.js';
 import type { Logger } from '../../common/logger.js';
 import type { ExitStatus } from '../../generated/agent/agent.js';
+import { FifoStdin } from './fifo-stdin.js';
 import { waitForExit } from './guest-ops.js';
 import { OutputPump } from './output.js';
 import type { ContainerRecord } from './record.js';
@@ -20,6 +23,8 @@ interface Watch {
   /** Settles with the exit, or undefined when the watch was stopped or the agent lost the container. */
   exited: Promise<ExitStatus | undefined>;
   pump: OutputPump;
+  /** The caller's stdin FIFO into the container's stdin, when it has one. */
+  stdin: FifoStdin | undefined;
 }
 
 export interface ContainerTasksDeps {
@@ -41,14 +46,20 @@ export class ContainerTasks {
     return path.join(this.deps.stateDir, 'logs', `${containerId}.json`);
   }
 
-  /** Start pumping the output and watching the exit (idempotent). */
+  /** Start pumping the output, forwarding a stdin FIFO and watching the exit (idempotent). */
   attach(record: ContainerRecord, agent: AgentClient): void {
     if (this.watches.has(record.id)) return;
     const logger = this.deps.logger.child({ containerId: record.id });
     const abort = new AbortController();
+    const { stdio } = record;
+    const stdin =
+      stdio.kind === 'fifo' && stdio.stdin !== ''
+        ? FifoStdin.start({ agent, containerId: record.id, fifo: stdio.stdin, logger })
+        : undefined;
     const pump = OutputPump.start({
       agent,
       containerId: record.id,
+      stdio,
       logPath: record.logPath,
       statePath: this.logStatePath(record.id),
       tty: record.spec.tty,
@@ -68,7 +79,7 @@ export class ContainerTasks {
         return undefined;
       },
     );
-    this.watches.set(record.id, { abort, exited, pump });
+    this.watches.set(record.id, { abort, exited, pump, stdin });
   }
 
   /** Resolves when the container has exited (and the exit is recorded), or at once without a watch. */
@@ -92,13 +103,21 @@ export class ContainerTasks {
     return true;
   }
 
-  /** Stop both tasks (the container is removed, its VM gone, or the daemon closes). */
+  /** CloseIO: the container's stdin closes once what its FIFO gave went in; false without a stdin FIFO watched. */
+  closeStdin(containerId: string): boolean {
+    const stdin = this.watches.get(containerId)?.stdin;
+    if (stdin === undefined) return false;
+    stdin.close();
+    return true;
+  }
+
+  /** Stop the tasks (the container is removed, its VM gone, or the daemon closes). */
   async detach(containerId: string): Promise<void> {
     const watch = this.watches.get(containerId);
     if (watch === undefined) return;
     this.watches.delete(containerId);
     watch.abort.abort();
-    await watch.pump.stop();
+    await Promise.all([watch.pump.stop(), watch.stdin?.stop()]);
   }
 
   async detachAll(): Promise<void> {

@@ -17,7 +17,7 @@ import type { SandboxAccess } from '../sandbox/types.js';
 import type { SandboxSpec } from '../spec/sandbox.js';
 import type { RecordStore } from '../store.js';
 import type { GuestPod } from './guest-spec.js';
-import type { ContainerRecord, ContainerState } from './record.js';
+import type { ContainerRecord, ContainerState, ContainerStdio } from './record.js';
 
 /** What the container layer needs of the image store. */
 export interface ImageLookup {
@@ -92,16 +92,6 @@ export interface SandboxResourceUpdate {
   overhead: LinuxPodSandboxConfig__Output['overhead'];
   pod_resources: SandboxSpec['pod_resources'];
 }
-
-/** Where a container's stdio goes. */
-export type ContainerStdio =
-  /** The CRI log file the spec names (the CRI server). */
-  | { kind: 'cri-log' }
-  /**
-   * FIFOs the caller made (containerd's shim API): raw bytes, stdout and stderr apart (one
-   * stream with a terminal); '' for a stream the container does not have.
-   */
-  | { kind: 'fifo'; stdin: string; stdout: string; stderr: string; terminal: boolean };
 
 /**
  * How a face asks for a container beyond its spec. The CRI server sets none of these; the shim

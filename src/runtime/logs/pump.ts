@@ -1,12 +1,12 @@
 /**
- * The loop that moves one container's output from the agent to its log file: pull chunks, format,
- * write a batch, store the state, acknowledge. While a batch is being written the next one
+ * The loop that moves one container's output from the agent to its sink (the CRI log file, or the
+ * caller's FIFOs; `sink.ts`): pull chunks, take them into a batch, store the batch, acknowledge. While a batch is being written the next one
  * gathers in memory, so many chunks become one write; once `maxBufferedBytes` of records wait, no
  * more chunks are pulled until the write finishes. Pulling less is what throttles the container:
  * the channel's flow control stops the agent's stream, the agent's bounded buffer of unacknowledged
  * output fills, and the agent stops reading the container's pipes.
  */
-import type { ContainerLogWriter, OutputChunkLike } from './writer.js';
+import type { OutputChunkLike, OutputSink } from './sink.js';
 
 /** Records gathered while a write is in flight before pulling pauses. */
 export const DEFAULT_MAX_BUFFERED_BYTES = 1024 * 1024;
@@ -29,14 +29,15 @@ export interface PumpResult {
 type Step = { kind: 'chunk'; result: IteratorResult<OutputChunkLike> } | { kind: 'written' };
 
 /**
- * Run until the output's end (a chunk with eof) or the source ends; a writer that already stored
- * the end returns at once without pulling. `ack(offset)` runs after the state naming that offset
- * is stored, never before, and once at the start for what the writer already stored. Errors from the source, the disk or `ack`
- * reject; the writer's state file is then still a correct place to resume from (reopen the
- * writer with `ContainerLogWriter.open` and StreamOutput from its `committedOffset`).
+ * Run until the output's end (a chunk with eof) or the source ends; a sink that already stored
+ * the end returns at once without pulling. `ack(offset)` runs after the sink stored everything
+ * below that offset, never before, and once at the start for what the sink already stored. Errors
+ * from the source, the sink or `ack` reject; the sink's `committedOffset` is then still a correct
+ * place to resume from (for the log writer: reopen it with `ContainerLogWriter.open`, which repairs
+ * the file from its state, and StreamOutput from its `committedOffset`).
  */
 export async function pump(
-  writer: ContainerLogWriter,
+  sink: OutputSink,
   source: AsyncIterable<OutputChunkLike>,
   ack: (offset: number) => Promise<void>,
   opts: PumpOptions = {},
@@ -44,16 +45,16 @@ export async function pump(
   const limit = opts.maxBufferedBytes ?? DEFAULT_MAX_BUFFERED_BYTES;
   // The agent may not have heard of what is already stored (a crash between the state write and
   // the acknowledgement): say it first. Acknowledging twice is harmless.
-  let acked = writer.committedOffset;
+  let acked = sink.committedOffset;
   if (acked > 0) await ack(acked);
-  if (writer.eof) return { committedOffset: acked, eof: true };
+  if (sink.eof) return { committedOffset: acked, eof: true };
   const it = source[Symbol.asyncIterator]();
   let next: Promise<IteratorResult<OutputChunkLike>> | undefined;
   let inflight: Promise<void> | undefined;
   let sourceDone = false;
   let eof = false;
   const store = async (): Promise<void> => {
-    const offset = await writer.flush();
+    const offset = await sink.flush();
     if (offset > acked) {
       await ack(offset);
       acked = offset;
@@ -61,8 +62,8 @@ export async function pump(
   };
   try {
     for (;;) {
-      if (!sourceDone && next === undefined && writer.bufferedBytes < limit) next = it.next();
-      if (inflight === undefined && writer.dirty) inflight = store();
+      if (!sourceDone && next === undefined && sink.bufferedBytes < limit) next = it.next();
+      if (inflight === undefined && sink.dirty) inflight = store();
       if (next === undefined && inflight === undefined) break;
       const racers: Promise<Step>[] = [];
       if (next !== undefined) racers.push(next.then((result) => ({ kind: 'chunk', result })));
@@ -77,7 +78,7 @@ export async function pump(
         sourceDone = true;
         continue;
       }
-      writer.accept(step.result.value);
+      sink.accept(step.result.value);
       if (step.result.value.eof === true) {
         eof = true;
         sourceDone = true;

@@ -33,15 +33,7 @@ import { errnoCode, internal, isReason, precondition } from '../../common/errors
 import { CriLogFormatter, DEFAULT_MAX_LINE_BYTES, type LogStream, nanoClock, type PendingLines } from './format.js';
 import { decodePending, encodePending, type LogStateRecord, readLogState, writeLogState } from './state.js';
 import './reasons.js';
-
-/** A chunk of container output as the agent's StreamOutput sends it (enums as names). */
-export interface OutputChunkLike {
-  stream: LogStream | 'OUTPUT_STREAM_STDOUT' | 'OUTPUT_STREAM_STDERR' | 'OUTPUT_STREAM_UNSPECIFIED';
-  /** Offset of data[0] in the container's output sequence. */
-  offset: number;
-  data: Uint8Array;
-  eof?: boolean;
-}
+import { isStderrChunk, type OutputChunkLike, type OutputSink } from './sink.js';
 
 export interface ContainerLogWriterOptions {
   /** The CRI log path (log_directory joined with log_path), absolute. */
@@ -112,7 +104,7 @@ async function writeAll(handle: FileHandle, data: Buffer): Promise<void> {
 }
 
 /** Appends one container's output to its CRI log file; see the file comment for the guarantees. */
-export class ContainerLogWriter {
+export class ContainerLogWriter implements OutputSink {
   private batch: Buffer[] = [];
   private batchBytes = 0;
   private readonly formatter: CriLogFormatter;
@@ -162,6 +154,11 @@ export class ContainerLogWriter {
     return this.state.eof;
   }
 
+  /** A log writer is opened again after any failure: `open` repairs the file from the state. */
+  get reusable(): boolean {
+    return false;
+  }
+
   /** Formatted bytes held in memory, not yet handed to a write. */
   get bufferedBytes(): number {
     return this.batchBytes;
@@ -185,8 +182,7 @@ export class ContainerLogWriter {
       });
     }
     const data = chunk.data.subarray(Math.min(chunk.data.byteLength, this.accepted - chunk.offset));
-    const isStderr = chunk.stream === 'stderr' || chunk.stream === 'OUTPUT_STREAM_STDERR';
-    const stream: LogStream = this.opts.tty !== true && isStderr ? 'stderr' : 'stdout';
+    const stream: LogStream = this.opts.tty !== true && isStderrChunk(chunk) ? 'stderr' : 'stdout';
     const nowNs = this.nowNs();
     const records = [
       data.byteLength > 0 ? this.formatter.push({ stream, data, receivedAtNs: nowNs }) : undefined,

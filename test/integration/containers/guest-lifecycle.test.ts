@@ -46,6 +46,9 @@ function record(id: string, args: string[], opts: { stopSignal?: string; logDir:
     annotations: {},
     logPath: path.join(opts.logDir, `${id}.log`),
     rootfs,
+    rootfsOwner: 'caller',
+    stdio: { kind: 'cri-log' },
+    pid: 0,
     spec: { tty: opts.tty ?? false, stdin: false, stdin_once: false } as ContainerRecord['spec'],
     demand: { cpuMillicores: 0, memoryBytes: 0, hugepages: {} },
     devices: [],
@@ -132,7 +135,7 @@ describe.skipIf(!HAVE_CRUN)('containers through the real guest agent and crun (h
     const ok = record('c-ok', ['sh', '-c', 'echo hello; printf "no newline"'], { logDir: dir }, host.rootfs);
     const bad = record('c-bad', ['sh', '-c', 'echo oops >&2; exit 3'], { logDir: dir }, host.rootfs);
     for (const r of [ok, bad]) {
-      expect(BigInt(await createAndStart(agent, r))).toBeGreaterThan(0n);
+      expect(BigInt((await createAndStart(agent, r)).startedAtNs)).toBeGreaterThan(0n);
       tasks.attach(r, agent);
     }
     await tasks.exited(ok.id);

@@ -3,7 +3,7 @@
  * kuberuntime/logs parseCRILog does (timestamp, stream, tags split on ':', content; a P record's
  * newline is not content, an F record's is), and a fake agent output buffer with offsets.
  */
-import type { OutputChunkLike } from '../../../src/runtime/logs/writer.js';
+import type { OutputChunkLike } from '../../../src/runtime/logs/sink.js';
 
 export interface ParsedRecord {
   timestamp: string;

@@ -4,7 +4,8 @@ import path from 'node:path';
 import fc from 'fast-check';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { pump } from '../../../src/runtime/logs/pump.js';
-import { ContainerLogWriter, type ContainerLogWriterOptions, type OutputChunkLike } from '../../../src/runtime/logs/writer.js';
+import type { OutputChunkLike } from '../../../src/runtime/logs/sink.js';
+import { ContainerLogWriter, type ContainerLogWriterOptions } from '../../../src/runtime/logs/writer.js';
 import { asKubectlShows, FakeAgent, parseCriLog, streamText, type Write } from './cri-log.js';
 
 let root: string;

@@ -106,6 +106,9 @@ describe('reading /etc/passwd inside a snapshot', () => {
   });
 });
 
+/** What the migration to format 5 adds to every older record (test/unit/runtime/records-migration.test.ts loads a real one). */
+const FORMAT_5 = { rootfsOwner: 'runtime', stdio: { kind: 'cri-log' }, pid: 0 };
+
 describe('container record format 3', () => {
   it('a format-2 record migrates to never started and without a guest plan', async () => {
     const { migrateContainerRecord } = await import('../../../src/runtime/container/record.js');
@@ -114,8 +117,9 @@ describe('container record format 3', () => {
       state: 'CONTAINER_CREATED',
       startedAtNs: '0',
       guest: null,
+      ...FORMAT_5,
     });
-    expect(() => migrateContainerRecord(4, {})).toThrow();
+    expect(() => migrateContainerRecord(5, {})).toThrow();
   });
 });
 
@@ -146,6 +150,7 @@ describe('container record format 4', () => {
           { containerPath: '/dev/tun0', access: 'rwm', kind: 'GUEST_DEVICE_KIND_GUEST_NODE', pciPaths: [], guestPath: '/dev/net/tun' },
         ],
       },
+      ...FORMAT_5,
     });
   });
 
@@ -154,9 +159,14 @@ describe('container record format 4', () => {
     expect(migrateContainerRecord(3, { id: 'x', guest: guest({ 'io.kata-ts.guest-devices': '[]' }) })).toEqual({
       id: 'x',
       guest: { ...guest(), guestDevices: [] },
+      ...FORMAT_5,
     });
-    expect(migrateContainerRecord(3, { id: 'x', guest: guest() })).toEqual({ id: 'x', guest: { ...guest(), guestDevices: [] } });
-    expect(migrateContainerRecord(3, { id: 'x', guest: null })).toEqual({ id: 'x', guest: null });
+    expect(migrateContainerRecord(3, { id: 'x', guest: guest() })).toEqual({
+      id: 'x',
+      guest: { ...guest(), guestDevices: [] },
+      ...FORMAT_5,
+    });
+    expect(migrateContainerRecord(3, { id: 'x', guest: null })).toEqual({ id: 'x', guest: null, ...FORMAT_5 });
   });
 
   it('an annotation that is not what format 3 wrote fails the migration', async () => {

@@ -316,3 +316,42 @@ describe('sandbox ids of a caller (format 5)', () => {
     }
   });
 });
+
+describe('format-4 container records (written before the shim face)', () => {
+  const V4 = path.join(packageRoot(), 'fixtures', 'records', 'v4');
+  let stateDir: string;
+  beforeEach(async () => {
+    stateDir = await mkdtemp(path.join(os.tmpdir(), 'kata-ts-v4-'));
+    await cp(V4, stateDir, { recursive: true, filter: (src) => !src.endsWith('README.md') });
+  });
+  afterEach(async () => {
+    await rm(stateDir, { recursive: true, force: true });
+  });
+
+  async function fixture(): Promise<{ name: string; envelope: { version: number; record: Record<string, unknown> } }> {
+    const [name] = await readdir(path.join(V4, 'containers'));
+    return { name: name!, envelope: JSON.parse(await readFile(path.join(V4, 'containers', name!), 'utf8')) };
+  }
+
+  it('are format 4 as that code wrote them, with a guest plan and without rootfsOwner, stdio or pid', async () => {
+    const { envelope } = await fixture();
+    expect(envelope.version).toBe(4);
+    expect(envelope.record).not.toHaveProperty('rootfsOwner');
+    expect(envelope.record).not.toHaveProperty('stdio');
+    expect(envelope.record).not.toHaveProperty('pid');
+    expect((envelope.record.guest as { bindMounts: string[] }).bindMounts).toHaveLength(1);
+  });
+
+  it('migrate on load: kata-ts owns the rootfs, the CRI log, pid unknown; the rest unchanged; written back as format 5', async () => {
+    const { name, envelope } = await fixture();
+    const store = new RecordStore<ContainerRecord>(stateDir, CONTAINER_RECORD_KIND, silentLogger());
+    const { records, problems } = await store.load();
+    expect(problems).toEqual([]);
+    const [record] = records;
+    expect([record?.rootfsOwner, record?.stdio, record?.pid]).toEqual(['runtime', { kind: 'cri-log' }, 0]);
+    expect(JSON.parse(JSON.stringify({ ...record, rootfsOwner: undefined, stdio: undefined, pid: undefined }))).toEqual(envelope.record);
+    const onDisk = JSON.parse(await readFile(path.join(stateDir, 'containers', name), 'utf8'));
+    expect(onDisk.version).toBe(5);
+    expect((await store.load()).records).toEqual(records);
+  });
+});
