@@ -8,7 +8,14 @@ import { constants, promises as fsp } from 'node:fs';
 import net from 'node:net';
 import type { Readable, Writable } from 'node:stream';
 import { newExecId } from '../runtime/container/commands.js';
-import type { TaskIo } from './tasks.js';
+
+/** Where a task's or an exec's stdio goes: the FIFOs containerd made ('' for none). */
+export interface TaskIo {
+  stdin: string;
+  stdout: string;
+  stderr: string;
+  terminal: boolean;
+}
 
 export interface ExecStdio {
   /** The agent's id of the process (containerd's exec ids can be too long for the guest's socket paths). */

@@ -20,7 +20,7 @@ import type { EventPublisher } from './events.js';
 import type { ShimPod } from './pod.js';
 import { timestampOfNs } from './proto.js';
 import { mountRootfs, type RootfsMount, unmountRootfs } from './rootfs.js';
-import { type ExecStdio, openExecStdio } from './stdio.js';
+import { type ExecStdio, openExecStdio, type TaskIo } from './stdio.js';
 import './task-reasons.js';
 
 /** containerd's task states (containerd.v1.types.Status). */
@@ -30,14 +30,6 @@ export type TaskStatus = 'CREATED' | 'RUNNING' | 'STOPPED' | 'UNKNOWN';
 export interface TaskExit {
   status: number;
   atNs: bigint;
-}
-
-/** Where a task's or an exec's stdio goes: the FIFOs containerd made ('' for none). */
-export interface TaskIo {
-  stdin: string;
-  stdout: string;
-  stderr: string;
-  terminal: boolean;
 }
 
 export interface CreateTask extends TaskIo {

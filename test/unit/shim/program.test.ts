@@ -16,6 +16,7 @@ import { isSameLiveProcess, readProcStat } from '../../../src/common/procfs.js';
 import { decodeDeleteResponse, EXIT_STATUS_KILLED } from '../../../src/shim/delete.js';
 import { main } from '../../../src/shim/main.js';
 import { podStateDir, readShimInfo, shimSocketPath } from '../../../src/shim/paths.js';
+import { decodeMessage, encodeMessage } from '../../../src/shim/proto.js';
 import { connectTtrpc } from '../../../src/ttrpc/index.js';
 import { until } from '../../helpers/poll.js';
 import { scaledMs } from '../../helpers/time-scale.js';
@@ -121,7 +122,14 @@ describe('containerd-shim-kata-ts-v2', () => {
       expect(readlinkSync(`/proc/${pid}/fd/2`)).toBe(path.join(stateDir(), 'shim.log'));
       const client = await connectTtrpc(socket());
       try {
-        await expect(client.call('containerd.task.v2.Task', 'Connect', new Uint8Array())).rejects.toMatchObject({ code: 12 });
+        // The task API answers: Connect names the shim's pid; a task it does not hold is NOT_FOUND.
+        const connected = decodeMessage(
+          'containerd.task.v2.ConnectResponse',
+          await client.call('containerd.task.v2.Task', 'Connect', new Uint8Array()),
+        );
+        expect(connected.shim_pid).toBe(pid);
+        const state = encodeMessage('containerd.task.v2.StateRequest', { id: 'nope' });
+        await expect(client.call('containerd.task.v3.Task', 'State', state)).rejects.toMatchObject({ code: 5 });
       } finally {
         await client.close();
       }

@@ -81,7 +81,8 @@ describe('decoded containers run what their config.json says (buildOciSpec round
     for (const g of wantGids) expect(got.user.additionalGids).toContain(g);
     for (const g of got.user.additionalGids ?? []) expect(wantGids.has(g) || g === want.user.gid).toBe(true);
     expect(got.noNewPrivileges).toBe(want.noNewPrivileges === true);
-    expect(got.oomScoreAdj).toBe(want.oomScoreAdj);
+    // An adjustment of 0 is the default whether written or not.
+    expect(got.oomScoreAdj ?? 0).toBe(want.oomScoreAdj ?? 0);
     if (!privileged) {
       expect(new Set(got.capabilities?.bounding)).toEqual(new Set(want.capabilities?.bounding ?? []));
       expect(got.capabilities?.ambient ?? []).toEqual(want.capabilities?.ambient ?? []);
