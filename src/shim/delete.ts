@@ -144,16 +144,16 @@ export async function deleteTask(options: DeleteOptions): Promise<DeleteOutcome>
     await unmountRootfs(rootfs, log);
     return result;
   }
-  let lock = await tryLock(stateDir, log);
-  if (lock === undefined) {
-    if (role.role === 'container') {
-      // The pod's shim lives and owns the container: only a rootfs it no longer knows is ours to release.
-      if (!(await hasContainerRecord(stateDir, options.id))) await unmountRootfs(rootfs, log);
-      log.info({ sandboxId: role.sandboxId }, 'the pod shim still runs: it owns the container');
-      return result;
-    }
-    await endLiveShim(stateDir, options.stopShimTimeoutMs ?? 10_000, log);
-    lock = await acquireStateLock(stateDir, log);
+  const lock = await lockPod(stateDir, role, options, log);
+  if (lock === 'shim-owns-container') {
+    // The pod's shim lives and owns the container: only a rootfs it no longer knows is ours to release.
+    if (!(await hasContainerRecord(stateDir, options.id))) await unmountRootfs(rootfs, log);
+    log.info({ sandboxId: role.sandboxId }, 'the pod shim still runs: it owns the container');
+    return result;
+  }
+  if (lock === 'gone') {
+    await unmountRootfs(rootfs, log);
+    return result;
   }
   try {
     result.removed = await cleanPod(options, role, stateDir, lock, log);
@@ -179,6 +179,44 @@ async function tryLock(stateDir: string, log: Logger): Promise<StateLock | undef
     if (isReason(err, 'STATE_DIR_LOCKED')) return undefined;
     throw err;
   }
+}
+
+/** How long a delete waits for another delete of the same pod (containerd may run two at once). */
+const OTHER_DELETE_WAIT_MS = 60_000;
+
+/**
+ * The pod's lock, for this delete. Its holder is either the pod's live shim (named by shim.json):
+ * a container's delete leaves the pod to it, a sandbox's delete ends it and takes the lock; or
+ * another delete of the same pod (containerd runs one per task, and again on retries): wait for
+ * that one to finish and look again, the pod may be gone by then ('gone').
+ */
+async function lockPod(
+  stateDir: string,
+  role: TaskRole,
+  options: DeleteOptions,
+  log: Logger,
+): Promise<StateLock | 'shim-owns-container' | 'gone'> {
+  const deadline = Date.now() + OTHER_DELETE_WAIT_MS;
+  for (;;) {
+    if (!(await exists(stateDir))) return 'gone';
+    const lock = await tryLock(stateDir, log);
+    if (lock !== undefined) return lock;
+    const holder = await lockHolderPid(stateDir);
+    const shim = await readShimInfo(stateDir).catch(() => undefined);
+    if (holder !== undefined && shim !== undefined && holder === shim.pid) {
+      if (role.role === 'container') return 'shim-owns-container';
+      await endLiveShim(stateDir, options.stopShimTimeoutMs ?? 10_000, log);
+      return acquireStateLock(stateDir, log);
+    }
+    if (Date.now() > deadline) return acquireStateLock(stateDir, log);
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
+
+async function lockHolderPid(stateDir: string): Promise<number | undefined> {
+  const text = await fsp.readFile(path.join(stateDir, STATE_LOCK_FILE), 'utf8').catch(() => '');
+  const m = /^([0-9]+) /.exec(text);
+  return m === null ? undefined : Number(m[1]);
 }
 
 /** SIGTERM the shim holding the pod's lock (named by pid and start time), SIGKILL it after `timeoutMs`. */

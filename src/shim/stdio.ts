@@ -1,12 +1,12 @@
 /**
  * containerd's FIFOs for an exec'd process: containerd makes them and opens its ends before it
- * calls Exec/Start; the shim writes stdout and stderr and reads stdin. Every FIFO is opened
- * read-write so that no open ever waits for the other side (a plain O_WRONLY open blocks until a
- * reader exists); stdin therefore ends only when containerd says so (CloseIO) or the exec goes.
+ * calls Exec/Start; the shim writes stdout and stderr and reads stdin (src/common/fifo.ts opens
+ * them without waiting for the other side). stdin ends at its writer's end, at CloseIO, or when
+ * the exec goes.
  */
-import { constants, promises as fsp } from 'node:fs';
-import net from 'node:net';
+import type net from 'node:net';
 import type { Readable, Writable } from 'node:stream';
+import { openFifoSocket } from '../common/fifo.js';
 import { newExecId } from '../runtime/container/commands.js';
 
 /** Where a task's or an exec's stdio goes: the FIFOs containerd made ('' for none). */
@@ -27,27 +27,14 @@ export interface ExecStdio {
   close(): Promise<void>;
 }
 
-/** One FIFO as a socket on its file descriptor (libuv treats a FIFO as a pipe). */
-async function openFifo(fifo: string, mode: 'read' | 'write'): Promise<net.Socket> {
-  const handle = await fsp.open(fifo, constants.O_RDWR | constants.O_NONBLOCK);
-  const stat = await handle.stat();
-  if (!stat.isFIFO()) {
-    await handle.close();
-    throw new Error(`${fifo} is not a FIFO`);
-  }
-  // The socket owns the descriptor from here on (closed with it).
-  const fd = handle.fd;
-  return new net.Socket({ fd, readable: mode === 'read', writable: mode === 'write', allowHalfOpen: true });
-}
-
 export async function openExecStdio(io: TaskIo, signal: AbortSignal): Promise<ExecStdio> {
   const opened: net.Socket[] = [];
   try {
-    const stdin = io.stdin === '' ? null : await openFifo(io.stdin, 'read');
+    const stdin = io.stdin === '' ? null : await openFifoSocket(io.stdin, 'read');
     if (stdin !== null) opened.push(stdin);
-    const stdout = io.stdout === '' ? null : await openFifo(io.stdout, 'write');
+    const stdout = io.stdout === '' ? null : await openFifoSocket(io.stdout, 'write');
     if (stdout !== null) opened.push(stdout);
-    const stderr = io.terminal || io.stderr === '' ? null : await openFifo(io.stderr, 'write');
+    const stderr = io.terminal || io.stderr === '' ? null : await openFifoSocket(io.stderr, 'write');
     if (stderr !== null) opened.push(stderr);
     for (const s of opened) s.on('error', () => undefined);
     const closeStdin = () => {

@@ -15,16 +15,12 @@
  * container created with stdinOnce, which is how a FIFO's container is created
  * (guest-ops.ts guestStdin); a stream cancelled (`stop`) leaves it open.
  */
-import { close, constants, fstat, open } from 'node:fs';
-import net from 'node:net';
-import { promisify } from 'node:util';
+
+import type net from 'node:net';
 import type { AgentClient, StdinWriter } from '../../agent-client/index.js';
 import { errorMessage, isKataError } from '../../common/errors.js';
+import { openFifoSocket } from '../../common/fifo.js';
 import type { Logger } from '../../common/logger.js';
-
-const openFd = promisify(open);
-const fstatFd = promisify(fstat);
-const closeFd = promisify(close);
 
 /** How long a broken session may take to come back before the forwarding gives up. */
 const READY_TIMEOUT_MS = 30_000;
@@ -76,18 +72,8 @@ export class FifoStdin {
     await this.done;
   }
 
-  private async openFifo(): Promise<net.Socket> {
-    const fd = await openFd(this.opts.fifo, constants.O_RDONLY | constants.O_NONBLOCK | constants.O_NOCTTY);
-    const st = await fstatFd(fd).catch(() => undefined);
-    if (st === undefined || !st.isFIFO()) {
-      await closeFd(fd).catch(() => undefined);
-      throw new Error(`${this.opts.fifo} is not a FIFO`);
-    }
-    return new net.Socket({ fd, readable: true, writable: false });
-  }
-
   private async run(): Promise<void> {
-    const socket = await this.openFifo();
+    const socket = await openFifoSocket(this.opts.fifo, 'read');
     this.socket = socket;
     socket.on('error', () => undefined);
     if (this.ending !== undefined) socket.destroy();

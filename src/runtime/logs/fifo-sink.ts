@@ -26,16 +26,12 @@
  * acknowledged (at least once: a batch written but not yet acknowledged when the process died is
  * written again).
  */
-import { close, constants, fstat, open } from 'node:fs';
-import net from 'node:net';
-import { promisify } from 'node:util';
+
+import type net from 'node:net';
 import { internal, precondition } from '../../common/errors.js';
+import { openFifoSocket } from '../../common/fifo.js';
 import { isStderrChunk, type OutputChunkLike, type OutputSink } from './sink.js';
 import './reasons.js';
-
-const openFd = promisify(open);
-const fstatFd = promisify(fstat);
-const closeFd = promisify(close);
 
 export interface FifoSinkOptions {
   /** The stdout FIFO; '' drops stdout. */
@@ -65,19 +61,11 @@ class FifoOut {
   }
 
   static async open(fifo: string): Promise<FifoOut> {
-    let fd: number;
     try {
-      fd = await openFd(fifo, constants.O_RDWR | constants.O_NONBLOCK | constants.O_NOCTTY);
+      return new FifoOut(fifo, await openFifoSocket(fifo, 'write'));
     } catch (err) {
-      throw precondition('LOGS_FIFO_UNUSABLE', `output FIFO ${fifo} cannot be opened`, { cause: err });
+      throw precondition('LOGS_FIFO_UNUSABLE', `output FIFO ${fifo} cannot be opened as a FIFO`, { cause: err });
     }
-    const st = await fstatFd(fd).catch(() => undefined);
-    if (st === undefined || !st.isFIFO()) {
-      await closeFd(fd).catch(() => undefined);
-      throw precondition('LOGS_FIFO_UNUSABLE', `output FIFO ${fifo} is not a FIFO`);
-    }
-    // The socket owns the descriptor from here on (closed when it is destroyed).
-    return new FifoOut(fifo, new net.Socket({ fd, readable: false, writable: true }));
   }
 
   /** Resolves once the kernel took every byte. */
