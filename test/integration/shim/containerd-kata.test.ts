@@ -63,12 +63,13 @@ describe.skipIf(MISSING !== null)('kata-ts behind containerd 1.6.20 (the shim v2
   let runcPodId = '';
   let podIp = '';
   const podUid = randomUUID();
-  const cgroupParent = `/kubepods/burstable/pod${podUid}`;
+  const podUid2 = randomUUID();
+  const parentOf = (uid: string) => `/kubepods/burstable/pod${uid}`;
   const sandboxConfig = (name = 'kata', uid = podUid): PodSandboxConfig => ({
     metadata: { name, uid, namespace: 'default', attempt: 0 },
     hostname: `${name}-pod`,
     log_directory: logDir,
-    linux: { cgroup_parent: cgroupParent },
+    linux: { cgroup_parent: parentOf(uid) },
   });
   const containerStatus = async (id: string) => (await cri!.runtime.ContainerStatus({ container_id: id })).status!;
   const shimPids = () =>
@@ -225,6 +226,39 @@ describe.skipIf(MISSING !== null)('kata-ts behind containerd 1.6.20 (the shim v2
     expect([res.stdout.toString(), res.exit_code]).toEqual(['after restart\n', 0]);
   });
 
+  it("exec -it through containerd's streaming server: a terminal, stdin and the exit code (the Exec, ResizePty and CloseIO rpcs)", async () => {
+    const { url } = await cri!.runtime.Exec({
+      container_id: appId,
+      cmd: ['sh', '-c', 'stty size; read line; echo got $line; exit 4'],
+      tty: true,
+      stdin: true,
+      stdout: true,
+    });
+    const out = await ctrd!.nodeExec(
+      [
+        process.execPath,
+        '--import',
+        import.meta.resolve('tsx'),
+        path.join(packageRoot(), 'test', 'helpers', 'spdy-command-child.ts'),
+        url,
+        JSON.stringify({ tty: true, stdin: 'hello\n', stderr: false, resize: { Width: 91, Height: 17 }, stdinDelayMs: 500 }),
+      ],
+      120_000,
+    );
+    const result = JSON.parse(out) as { stdout: string; status: string };
+    expect(result.stdout).toContain('17 91');
+    expect(result.stdout).toContain('got hello');
+    expect(result.status).toContain('exit code 4');
+  });
+
+  it('UpdateContainerResources reaches the task (Update): the container keeps running', async () => {
+    await cri!.runtime.UpdateContainerResources({
+      container_id: appId,
+      linux: { memory_limit_in_bytes: String(96 * 1024 * 1024), cpu_period: '100000', cpu_quota: '50000' },
+    });
+    expect((await containerStatus(appId)).state).toBe('CONTAINER_RUNNING');
+  });
+
   it('StopContainer: SIGTERM and its exit code; RemoveContainer', async () => {
     await cri!.runtime.StopContainer({ container_id: appId, timeout: 30 });
     expect(await containerStatus(appId)).toMatchObject({ state: 'CONTAINER_EXITED', exit_code: 42 });
@@ -232,7 +266,33 @@ describe.skipIf(MISSING !== null)('kata-ts behind containerd 1.6.20 (the shim v2
     await cri!.runtime.RemoveContainer({ container_id: appId });
   });
 
+  it('StopPodSandbox, RemovePodSandbox: the shim exits once its last task is gone, leaving no process, mount, cgroup or file', async () => {
+    const [shim] = shimPids();
+    const podDir = path.join(stateRoot, 'k8s.io', podId.slice(0, 16));
+    await cri!.runtime.StopPodSandbox({ pod_sandbox_id: podId });
+    expect((await cri!.runtime.PodSandboxStatus({ pod_sandbox_id: podId })).status?.state).toBe('SANDBOX_NOTREADY');
+    await cri!.runtime.RemovePodSandbox({ pod_sandbox_id: podId });
+    await until('the shim to exit (Shutdown with no task left)', async (note) => {
+      note(running(shim!));
+      return running(shim!) ? undefined : true;
+    });
+    expect(processesMentioning(podDir)).toEqual([]);
+    expect(existsSync(podDir)).toBe(false);
+    expect(await fsp.readdir(path.join(stateRoot, 's'))).toEqual([]);
+    expect(await ctrd!.mountsUnder(stateRoot)).toEqual([]);
+    for (const d of ctrd!.cgroupDirs(parentOf(podUid2))) {
+      const children = (await fsp.readdir(d, { withFileTypes: true }).catch(() => [])).filter((e) => e.isDirectory()).map((e) => e.name);
+      expect(children, d).toEqual([]);
+    }
+  });
+
   it('the shim SIGKILLed: containerd hears the pod end, and its delete leaves no QEMU, mount, cgroup or file', async () => {
+    podId = (
+      await cri!.runtime.RunPodSandbox(
+        { config: sandboxConfig('doomed', podUid2), runtime_handler: KATA_TS_HANDLER },
+        { deadline: Date.now() + scaledMs(240_000) },
+      )
+    ).pod_sandbox_id;
     const [shim] = shimPids();
     const podDir = path.join(stateRoot, 'k8s.io', podId.slice(0, 16));
     process.kill(shim!, 'SIGKILL');
@@ -254,8 +314,8 @@ describe.skipIf(MISSING !== null)('kata-ts behind containerd 1.6.20 (the shim v2
       return existsSync(podDir) ? undefined : true;
     });
     expect(await ctrd!.mountsUnder(stateRoot)).toEqual([]);
-    for (const d of ctrd!.cgroupDirs(cgroupParent)) {
-      const children = (await fsp.readdir(d, { withFileTypes: true })).filter((e) => e.isDirectory()).map((e) => e.name);
+    for (const d of ctrd!.cgroupDirs(parentOf(podUid2))) {
+      const children = (await fsp.readdir(d, { withFileTypes: true }).catch(() => [])).filter((e) => e.isDirectory()).map((e) => e.name);
       expect(
         children.filter((c) => c.includes(podId.slice(0, 16))),
         d,
