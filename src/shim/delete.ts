@@ -181,6 +181,9 @@ async function tryLock(stateDir: string, log: Logger): Promise<StateLock | undef
   }
 }
 
+/** How long a dead shim's VM gets to stop before it is killed. */
+const DEAD_POD_STOP_MS = 3_000;
+
 /** How long a delete waits for another delete of the same pod (containerd may run two at once). */
 const OTHER_DELETE_WAIT_MS = 60_000;
 
@@ -259,7 +262,8 @@ async function cleanPod(
   let removed: DeleteOutcome['removed'] = 'nothing';
   try {
     await pod.recover();
-    const ctx = shimRequestContext(log, 'delete');
+    // The shim is gone and the pod with it: its VM is not owed a long graceful stop.
+    const ctx = shimRequestContext(log, 'delete', { deadlineMs: Date.now() + DEAD_POD_STOP_MS });
     if (role.role === 'container') {
       if (pod.containers.list(null).some((c) => c.id === options.id)) {
         await pod.containers.remove(options.id, ctx);

@@ -12,6 +12,7 @@
 import { randomUUID } from 'node:crypto';
 import { existsSync, promises as fsp, readdirSync, readFileSync } from 'node:fs';
 import path from 'node:path';
+import { pathToFileURL } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { packageRoot } from '../../../src/common/paths.js';
 import type { PodSandboxConfig } from '../../../src/generated/runtime/v1/PodSandboxConfig.js';
@@ -226,29 +227,37 @@ describe.skipIf(MISSING !== null)('kata-ts behind containerd 1.6.20 (the shim v2
     expect([res.stdout.toString(), res.exit_code]).toEqual(['after restart\n', 0]);
   });
 
-  it("exec -it through containerd's streaming server: a terminal, stdin and the exit code (the Exec, ResizePty and CloseIO rpcs)", async () => {
-    const { url } = await cri!.runtime.Exec({
-      container_id: appId,
-      cmd: ['sh', '-c', 'stty size; read line; echo got $line; exit 4'],
-      tty: true,
-      stdin: true,
-      stdout: true,
-    });
+  /** One exec through containerd's streaming server, by a client run inside the node's network namespace. */
+  const streamExec = async (cmd: string[], tty: boolean, options: Record<string, unknown>) => {
+    const { url } = await cri!.runtime.Exec({ container_id: appId, cmd, tty, stdin: 'stdin' in options, stdout: true, stderr: !tty });
     const out = await ctrd!.nodeExec(
       [
         process.execPath,
         '--import',
-        import.meta.resolve('tsx'),
+        // tsx by path: the child runs with the node's cwd, outside the repository.
+        pathToFileURL(path.join(packageRoot(), 'node_modules', 'tsx', 'dist', 'loader.mjs')).href,
         path.join(packageRoot(), 'test', 'helpers', 'spdy-command-child.ts'),
         url,
-        JSON.stringify({ tty: true, stdin: 'hello\n', stderr: false, resize: { Width: 91, Height: 17 }, stdinDelayMs: 500 }),
+        JSON.stringify({ tty, ...options }),
       ],
       120_000,
     );
-    const result = JSON.parse(out) as { stdout: string; status: string };
+    return JSON.parse(out) as { stdout: string; stderr: string; status: string };
+  };
+
+  it("exec -t through containerd's streaming server: the terminal's size (ResizePty) and the exit code", async () => {
+    // containerd sends the size (ResizePty) once Start has answered, after the process started:
+    // the process waits for its terminal to have one, as a shell would on SIGWINCH.
+    const waitForSize = 'until s=$(stty size <&1 2>/dev/null) && [ "$s" != "0 0" ]; do sleep 0.1; done; echo "$s"; exit 4';
+    const result = await streamExec(['sh', '-c', waitForSize], true, { stderr: false, resize: { Width: 91, Height: 17 } });
     expect(result.stdout).toContain('17 91');
-    expect(result.stdout).toContain('got hello');
     expect(result.status).toContain('exit code 4');
+  });
+
+  it('exec -i: stdin through the FIFO, closed at its end (CloseIO); stdout and stderr apart', async () => {
+    const result = await streamExec(['sh', '-c', 'read line; echo got $line; echo oops >&2; exit 5'], false, { stdin: 'hello\n' });
+    expect([result.stdout, result.stderr]).toEqual(['got hello\n', 'oops\n']);
+    expect(result.status).toContain('exit code 5');
   });
 
   it('UpdateContainerResources reaches the task (Update): the container keeps running', async () => {

@@ -27,6 +27,7 @@ const AUDITED: Record<string, string> = {
   'src/runtime/sandbox/shared-dir.ts': 'mount/umount of the sandbox shared dir (a path under the state dir)',
   'src/shim/rootfs.ts':
     "mount/umount: containerd's rootfs mounts (overlay or bind only, options checked for commas) after '--', at <bundle>/rootfs",
+  'src/shim/main.ts': "this shim binary again, detached, with delete's own arguments and the action cleanup",
   'src/shim/start.ts':
     "this shim binary again (its own node, flags and script) with containerd's flags as whole arguments and the action serve",
 };
