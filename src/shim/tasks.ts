@@ -402,6 +402,7 @@ export class ShimTasks {
     const agent = this.deps.pod.guests.agentOf(this.sandboxId as string);
     if (agent === undefined) throw precondition('TASK_NOT_RUNNING', `task ${id} is not running`);
     const guestExecId = execId === '' ? '' : (this.exec(task, execId).stdio?.guestExecId ?? '');
+    this.deps.logger.debug({ taskId: id, execId, guestExecId, width, height }, 'terminal resized');
     await agent.resizeTty(id, guestExecId, height, width, { timeoutMs: 30_000 });
   }
 

@@ -248,7 +248,8 @@ describe.skipIf(MISSING !== null)('kata-ts behind containerd 1.6.20 (the shim v2
   it("exec -t through containerd's streaming server: the terminal's size (ResizePty) and the exit code", async () => {
     // containerd sends the size (ResizePty) once Start has answered, after the process started:
     // the process waits for its terminal to have one, as a shell would on SIGWINCH.
-    const waitForSize = 'until s=$(stty size <&1 2>/dev/null) && [ "$s" != "0 0" ]; do sleep 0.1; done; echo "$s"; exit 4';
+    // (fd 3: the terminal, since inside $(...) fd 1 is the pipe; busybox stty prints nothing for a 0x0 terminal.)
+    const waitForSize = 'exec 3<&1; until s=$(stty size <&3 2>/dev/null) && [ -n "$s" ] && [ "$s" != "0 0" ]; do sleep 0.1; done; echo "$s"; exit 4';
     const result = await streamExec(['sh', '-c', waitForSize], true, { stderr: false, resize: { Width: 91, Height: 17 } });
     expect(result.stdout).toContain('17 91');
     expect(result.status).toContain('exit code 4');
