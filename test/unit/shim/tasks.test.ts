@@ -10,6 +10,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { silentLogger } from '../../../src/common/logger.js';
+import { packageRoot } from '../../../src/common/paths.js';
 import { ContainerEvents } from '../../../src/runtime/container/events.js';
 import type { ContainerRecord } from '../../../src/runtime/container/record.js';
 import type { EventPublisher } from '../../../src/shim/events.js';
@@ -17,7 +18,7 @@ import { type ShimPod, shimRequestContext } from '../../../src/shim/pod.js';
 import { CRIO_OOM_FILE, containerRootfsPath, ShimTasks } from '../../../src/shim/tasks.js';
 import { deferred } from '../ttrpc/helpers.js';
 
-const FIXTURES = path.join(__dirname, '../../../fixtures/cri-o/1.28');
+const FIXTURES = path.join(packageRoot(), 'fixtures', 'cri-o', '1.28');
 const SANDBOX = '7e6d5c4b3a29180f7e6d5c4b3a29180f7e6d5c4b3a29180f7e6d5c4b3a29180f';
 const CONTAINER = '0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0';
 
