@@ -62,7 +62,7 @@ const FIXTURE = {
   podUid: '8d2b6a8e-5c0f-4b8e-9a3e-2f1c7d9e4b61',
   netnsId: '4d0a3c2e-1b7f-4e9a-8c6d-5f3e2a1b0c9d',
 };
-const APPLETS = ['sleep', 'tail', 'hostname', 'ip', 'printf'];
+const APPLETS = ['sleep', 'tail', 'hostname', 'ip', 'printf', 'stty'];
 
 /** A 64-hex id, as CRI-O's utils.GenerateID makes for containers and exec processes. */
 export function crioId(): string {

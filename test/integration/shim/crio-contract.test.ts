@@ -8,7 +8,7 @@
  *   reaches CRI-O through `<bundle>/log`;
  * - the task API over ttrpc as CRI-O calls it: the sandbox task, containers on the mounted image
  *   CRI-O names by `root.path` with raw output in the FIFOs the test made, exits through Wait (no
- *   events service), Exec with its own FIFOs and CloseIO, Kill, State, Pids, Stats as the cgroup
+ *   events service), Exec with its own FIFOs, CloseIO and ResizePty, Kill, State, Pids, Stats as the cgroup
  *   metrics CRI-O decodes, Pause/Resume/Checkpoint refused, Delete then Shutdown per container;
  * - CRI-O's restore: a new connection from `<bundle>/address` finds the running container;
  * - an OOM kill: exit 137 and the `<bundle>/oom` file CRI-O looks for;
@@ -146,7 +146,7 @@ describe("kata-ts under CRI-O's VM runtime contract (CRI-O replayed: the real sh
   );
 
   it(
-    'a running container: State, Pids, the probe, Stats as cgroup metrics CRI-O decodes; Exec with its own FIFOs (and stdin + CloseIO); Pause/Resume/Checkpoint refused; a restored connection; SIGKILL -> 137',
+    'a running container: State, Pids, the probe, Stats as cgroup metrics CRI-O decodes; Exec with its own FIFOs (stdin + CloseIO, a terminal + ResizePty); Pause/Resume/Checkpoint refused; a restored connection; SIGKILL -> 137',
     async () => {
       const c = await node.containerBundle({ name: 'sleeper', args: ['sleep', '1000'] });
       const { pid } = await createAndStart(c);
@@ -221,6 +221,27 @@ describe("kata-ts under CRI-O's VM runtime contract (CRI-O replayed: the real sh
       expect((await wait(c.id, catId)).exit_status).toBe(0);
       stdin.destroy();
       await api.call('Delete', 'containerd.task.v2.DeleteRequest', { id: c.id, exec_id: catId }, 'containerd.task.v2.DeleteResponse');
+
+      // A terminal exec (kubectl exec -it): one output FIFO, the size CRI-O's ResizePty sets.
+      const ttyId = crioId();
+      const ttyIn = await node.makeFifo(`${ttyId}-stdin`);
+      const ttyOut = await node.fifo(`${ttyId}-stdout`);
+      await api.empty('Exec', 'containerd.task.v2.ExecProcessRequest', {
+        id: c.id,
+        exec_id: ttyId,
+        terminal: true,
+        stdin: ttyIn,
+        stdout: ttyOut.path,
+        spec: jsonAnyOf(OCI_TYPE_URLS.process, { ...node.execProcess(c, ['sh', '-c', 'read line; stty size']), terminal: true }),
+      });
+      const ttyStdin = await openFifoSocket(ttyIn, 'write');
+      await api.call('Start', 'containerd.task.v2.StartRequest', { id: c.id, exec_id: ttyId }, 'containerd.task.v2.StartResponse', LONG);
+      await api.empty('ResizePty', 'containerd.task.v2.ResizePtyRequest', { id: c.id, exec_id: ttyId, width: 123, height: 45 });
+      await new Promise<void>((resolve) => ttyStdin.write('go\n', () => resolve()));
+      expect((await wait(c.id, ttyId)).exit_status).toBe(0);
+      ttyStdin.destroy();
+      expect(ttyOut.text()).toContain('45 123\r\n');
+      await api.call('Delete', 'containerd.task.v2.DeleteRequest', { id: c.id, exec_id: ttyId }, 'containerd.task.v2.DeleteResponse');
 
       for (const [method, req] of [
         ['Pause', 'containerd.task.v2.PauseRequest'],
