@@ -165,7 +165,7 @@ export class ShimTasks {
       execs: new Map(),
       rootfsMounted: false,
       watch: new AbortController(),
-      crio: decodeBundleRole(oci).kind === 'cri-o',
+      crio: false,
       oom: undefined,
     };
     if (kind === 'sandbox') {
@@ -183,6 +183,7 @@ export class ShimTasks {
     } else {
       const sandboxId = this.sandboxId as string;
       const spec = decodeTaskContainerSpec(oci, sandboxId);
+      task.crio = decodeBundleRole(oci).kind === 'cri-o';
       const rootfs = containerRootfsPath(oci, req.bundle, req.rootfs.length > 0);
       if (req.rootfs.length > 0) {
         await mountRootfs(req.rootfs, rootfs);
