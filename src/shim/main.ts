@@ -14,7 +14,8 @@
  * - `delete`: clean up after a shim that is gone, print a DeleteResponse (delete.ts);
  * - `serve` (ours): the per-pod server `start` runs detached (serve.ts).
  *
- * `-v` prints the version. The environment: TTRPC_ADDRESS (containerd's ttrpc socket, for events),
+ * `-v` prints the version. The environment: TTRPC_ADDRESS (containerd's ttrpc socket, for events;
+ * CRI-O sets it empty: no events are sent),
  * GRPC_ADDRESS and NAMESPACE (containerd 2.x; the flags win), MAX_SHIM_VERSION (2.x: the newest
  * bootstrap format it reads; the plain address we print is read by every version), SCHED_CORE
  * (core scheduling for the shim's processes: not supported here, ignored), KATA_TS_CONFIG (the
