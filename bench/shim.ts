@@ -11,8 +11,8 @@
  *    shim / runc. One warm-up of each is not counted.
  * 2. **the shim's memory per pod**: RSS, PSS and private memory (/proc/<pid>/smaps_rollup) of the
  *    pod's `serve` process with the pod alone and with one container, beside the ~18 MB PSS per
- *    pod published for Kata's Go shim; and the peak RSS of the `start` invocations (GNU time),
- *    read on the warm-up pod.
+ *    pod published for Kata's Go shim and beside an idle `node` process (Node's own floor); and
+ *    the peak RSS and wall time of the `start` invocations (GNU time), read on the warm-up pod.
  *
  * The same busybox image from one loopback registry everywhere. containerd is the private harness
  * of test/helpers/containerd.ts (its own namespaces, cgroups, CNI bridge); the daemon runs in
@@ -21,7 +21,7 @@
  *
  *   node --import tsx bench/shim.ts [--rounds N] [--shim-tsx] [--json]
  */
-import { execFile, execFileSync } from 'node:child_process';
+import { execFile, execFileSync, spawn } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
 import { existsSync, promises as fsp } from 'node:fs';
 import os from 'node:os';
@@ -46,7 +46,7 @@ import { DEBIAN_CNI_BIN_DIR } from '../test/helpers/network-node.js';
 import { guestDirConfig } from '../test/helpers/runtime-daemon.js';
 import { type BenchDaemon, createBenchDaemon } from './lib/daemon.js';
 import { median, processArgs, type SmapsRollupKiB, sampledSmapsRollupKiB, sleep } from './lib/proc.js';
-import { distStaleness, GNU_TIME, readStartPeaks, type ShimCode, writeShimWrapper } from './lib/shim-binary.js';
+import { distStaleness, GNU_TIME, readStartRuns, type ShimCode, type StartRun, writeShimWrapper } from './lib/shim-binary.js';
 
 const execFileAsync = promisify(execFile);
 
@@ -88,9 +88,11 @@ export interface ShimBenchResult {
     /** The serve process's smaps_rollup with the pod alone, then with one container running. */
     podOnlyKiB: SmapsRollupKiB;
     oneContainerKiB: SmapsRollupKiB;
-    /** GNU time's peak RSS of `start` for the sandbox and for the container; null when not measured. */
-    startPeakKiB: { sandbox: number | null; container: number | null };
-    startPeakNote: string;
+    /** An idle `node` process (this node binary), for scale: what Node itself costs. */
+    idleNodeKiB: SmapsRollupKiB;
+    /** GNU time's peak RSS and wall time of `start` for the sandbox and for the container; null when not measured. */
+    start: { sandbox: StartRun | null; container: StartRun | null };
+    startNote: string;
   };
   /** What the bench found left behind (a shim's serve process or state dir after its pod was removed, containerd's stop report). */
   leftovers: string[];
@@ -333,17 +335,18 @@ export async function runShimBench(
     const servePid = servePids(shimWarm.sid);
     if (servePid.length !== 1) throw new Error(`expected one serve process for pod ${shimWarm.sid}, found ${servePid.length}`);
     const oneContainerKiB = await sampledSmapsRollupKiB(servePid[0]!);
-    const peaks = await readStartPeaks(peakFile);
-    const startPeakKiB = {
-      sandbox: peaks.get(shimWarm.sid) ?? null,
-      container: [...peaks].find(([id]) => id !== shimWarm.sid)?.[1] ?? null,
-    };
+    const runs = await readStartRuns(peakFile);
+    const start = { sandbox: runs.get(shimWarm.sid) ?? null, container: [...runs].find(([id]) => id !== shimWarm.sid)?.[1] ?? null };
+    const idleNodeKiB = await idleNodeMemory();
+    progress(`warm-up: shim ${formatTiming(shimWarm.timing)}`);
     const shimShape = qemuShape(path.join(stateRoot, 'k8s.io', shimWarm.sid.slice(0, 16)));
     await removePod(door('shim'), shimWarm.sid);
     const standaloneWarm = await podWithContainer(door('standalone'), 'warm-standalone');
     const standaloneShape = qemuShape(daemon.stateDir);
+    progress(`warm-up: standalone ${formatTiming(standaloneWarm.timing)}`);
     await removePod(door('standalone'), standaloneWarm.sid);
     const runcWarm = await podWithContainer(door('runc'), 'warm-runc');
+    progress(`warm-up: runc ${formatTiming(runcWarm.timing)}`);
     await removePod(door('runc'), runcWarm.sid);
     progress(`VM shape: shim ${shimShape}, standalone ${standaloneShape}`);
 
@@ -378,10 +381,9 @@ export async function runShimBench(
       memory: {
         podOnlyKiB: podOnlyKiB!,
         oneContainerKiB,
-        startPeakKiB,
-        startPeakNote: timeInstalled
-          ? `GNU time (${GNU_TIME}) around the warm-up pod's start invocations`
-          : `not measured: ${GNU_TIME} is not installed`,
+        idleNodeKiB,
+        start,
+        startNote: timeInstalled ? "GNU time around the warm-up pod's start invocations" : `not measured: ${GNU_TIME} is not installed`,
       },
       leftovers,
     };
@@ -394,16 +396,33 @@ export async function runShimBench(
   }
 }
 
+/** `total (pod P, started S)` in ms. */
+function formatTiming(p: PodTiming): string {
+  return `${p.totalMs.toFixed(0)} ms (RunPodSandbox ${p.podMs.toFixed(0)}, StartContainer answered ${p.startedMs.toFixed(0)})`;
+}
+
+/** smaps_rollup of an idle node process (the same binary the shim runs on), after a second of start-up. */
+async function idleNodeMemory(): Promise<SmapsRollupKiB> {
+  const child = spawn(process.execPath, ['-e', 'setInterval(() => {}, 1000)'], { stdio: 'ignore' });
+  try {
+    await sleep(1_000);
+    return await sampledSmapsRollupKiB(child.pid!);
+  } finally {
+    child.kill('SIGKILL');
+  }
+}
+
 export function formatShimReport(r: ShimBenchResult): string {
-  const mib = (kib: number | null) => (kib === null ? 'n/a' : `${(kib / 1024).toFixed(1)} MiB`);
+  const mib = (kib: number) => `${(kib / 1024).toFixed(1)} MiB`;
   const mem = (m: SmapsRollupKiB) =>
     `RSS ${mib(m.rss)}, PSS ${mib(m.pss)}, private ${mib(m.private)}${m.swap > 0 ? `, swap ${mib(m.swap)}` : ''}`;
-  const t = (p: PodTiming) => `${p.totalMs.toFixed(0)} (pod ${p.podMs.toFixed(0)}, started ${p.startedMs.toFixed(0)})`;
   return [
     `pod + first container until its first output line in the CRI log (${r.rounds.length} rounds, order rotating; load ${r.loadavg1.map((l) => l.toFixed(1)).join(' -> ')})`,
     `  shim ran ${r.shimCodeWhy}`,
     `  VM shape: shim ${r.vmShape.shim}; standalone ${r.vmShape.standalone}${r.vmShape.shim === r.vmShape.standalone ? ' (same)' : ' (DIFFERENT)'}`,
-    ...r.rounds.map((s, i) => `  round ${i + 1} (${s.order.join(', ')}), ms: ${SIDES.map((side) => `${side} ${t(s[side])}`).join('; ')}`),
+    ...r.rounds.map(
+      (s, i) => `  round ${i + 1} (${s.order.join(', ')}): ${SIDES.map((side) => `${side} ${formatTiming(s[side])}`).join('; ')}`,
+    ),
     `  median: shim ${r.medianMs.shim.toFixed(0)} ms, standalone ${r.medianMs.standalone.toFixed(0)} ms, runc ${r.medianMs.runc.toFixed(0)} ms`,
     `  shim / standalone ${r.ratioShimStandalone.toFixed(3)} (goal <= ${GOAL_RATIO.toFixed(2)}: ${r.goalMet ? 'met' : 'not met'})`,
     `  shim / runc ${r.ratioShimRunc.toFixed(1)}`,
@@ -411,7 +430,13 @@ export function formatShimReport(r: ShimBenchResult): string {
     `  pod alone:       ${mem(r.memory.podOnlyKiB)}`,
     `  one container:   ${mem(r.memory.oneContainerKiB)}`,
     `  Kata's Go shim (containerd-shim-kata-v2), published: ~${KATA_GO_SHIM_PSS_MB} MB PSS per pod`,
-    `  start's peak RSS: sandbox ${mib(r.memory.startPeakKiB.sandbox)}, container ${mib(r.memory.startPeakKiB.container)} (${r.memory.startPeakNote})`,
+    `  an idle node process, for scale: ${mem(r.memory.idleNodeKiB)}`,
+    `  start invocations (${r.memory.startNote}): ${(['sandbox', 'container'] as const)
+      .map((k) => {
+        const run = r.memory.start[k];
+        return run === null ? `${k} n/a` : `${k} peak RSS ${mib(run.maxRssKiB)} in ${run.elapsedMs.toFixed(0)} ms`;
+      })
+      .join(', ')}`,
     r.leftovers.length === 0 ? 'left behind: nothing' : `left behind:\n${r.leftovers.map((l) => `  ${l}`).join('\n')}`,
   ].join('\n');
 }

@@ -2,7 +2,7 @@
  * kata-ts's shim as containerd finds it for a bench: a `containerd-shim-kata-ts-v2` on containerd's
  * PATH that runs bin/containerd-shim-kata-ts-v2 with the bench's config, on the compiled code
  * (dist/, what a node runs) when it is fresh, else on the sources through tsx; and, when asked, GNU
- * time around `start` for its peak RSS.
+ * time around `start` for its peak RSS and wall time.
  */
 import { existsSync, promises as fsp, readdirSync, statSync } from 'node:fs';
 import path from 'node:path';
@@ -52,7 +52,8 @@ export interface ShimWrapperOptions {
   code: ShimCode;
   /**
    * While this file exists (and GNU time is installed), each `start` runs under GNU time, which
-   * appends `<max RSS KiB> <command line>` to `peakFile`. Other invocations are never wrapped.
+   * appends `<max RSS KiB> <elapsed s> <command line>` to `peakFile`. Other invocations are never
+   * wrapped.
    */
   peakFlagFile: string;
   peakFile: string;
@@ -73,7 +74,7 @@ export async function writeShimWrapper(o: ShimWrapperOptions): Promise<string> {
       o.code === 'tsx' ? 'export KATA_TS_SHIM_TSX=1' : 'unset KATA_TS_SHIM_TSX',
       'for last in "$@"; do :; done',
       `if [ "$last" = start ] && [ -e ${sh(o.peakFlagFile)} ] && [ -x ${GNU_TIME} ]; then`,
-      `  exec ${GNU_TIME} -a -o ${sh(o.peakFile)} -f '%M %C' ${node} ${bin} "$@"`,
+      `  exec ${GNU_TIME} -a -o ${sh(o.peakFile)} -f '%M %e %C' ${node} ${bin} "$@"`,
       'fi',
       `exec ${node} ${bin} "$@"`,
       '',
@@ -83,15 +84,21 @@ export async function writeShimWrapper(o: ShimWrapperOptions): Promise<string> {
   return file;
 }
 
-/** The peak RSS (KiB) of each `start` GNU time recorded, by the task id (`-id`) it started. */
-export async function readStartPeaks(peakFile: string): Promise<Map<string, number>> {
+/** What GNU time recorded of one `start`. */
+export interface StartRun {
+  maxRssKiB: number;
+  elapsedMs: number;
+}
+
+/** Each `start` GNU time recorded, by the task id (`-id`) it started. */
+export async function readStartRuns(peakFile: string): Promise<Map<string, StartRun>> {
   const text = await fsp.readFile(peakFile, 'utf8').catch(() => '');
-  const out = new Map<string, number>();
+  const out = new Map<string, StartRun>();
   for (const line of text.split('\n')) {
-    const m = /^(\d+) (.*)$/.exec(line);
+    const m = /^(\d+) ([\d.]+) (.*)$/.exec(line);
     if (m === null) continue; // e.g. GNU time's "Command exited with non-zero status N"
-    const id = / -id (\S+)/.exec(` ${m[2]}`)?.[1];
-    if (id !== undefined) out.set(id, Number(m[1]));
+    const id = / -id (\S+)/.exec(` ${m[3]}`)?.[1];
+    if (id !== undefined) out.set(id, { maxRssKiB: Number(m[1]), elapsedMs: Number(m[2]) * 1000 });
   }
   return out;
 }
