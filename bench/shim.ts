@@ -10,9 +10,11 @@
  *    rounds rotate which goes first; medians; ratios shim / standalone (goal <= 1.10) and
  *    shim / runc. One warm-up of each is not counted.
  * 2. **the shim's memory per pod**: RSS, PSS and private memory (/proc/<pid>/smaps_rollup) of the
- *    pod's `serve` process with the pod alone and with one container, beside the ~18 MB PSS per
- *    pod published for Kata's Go shim and beside an idle `node` process (Node's own floor); and
- *    the peak RSS and wall time of the `start` invocations (GNU time), read on the warm-up pod.
+ *    pod's `serve` process (found by its command line: `-id <pod id>` ... `serve`) with the pod
+ *    alone (the warm-up pod) and with one container (every shim pod, read after its timing
+ *    ended), beside the ~18 MB PSS per pod published for Kata's Go shim and an idle `node`
+ *    process (Node's own floor); and the peak RSS and wall time of the `start` invocations (GNU
+ *    time), read on the warm-up pod.
  *
  * The same busybox image from one loopback registry everywhere. containerd is the private harness
  * of test/helpers/containerd.ts (its own namespaces, cgroups, CNI bridge); the daemon runs in
@@ -89,8 +91,13 @@ export interface ShimBenchResult {
   medianRoundRatio: number;
   goalMet: boolean;
   memory: {
-    /** The serve process's smaps_rollup with the pod alone, then with one container running. */
+    /** The warm-up pod's serve process (smaps_rollup) with the pod alone. */
     podOnlyKiB: SmapsRollupKiB;
+    /**
+     * Every shim pod's serve process with its one container running (warm-up, then each round's,
+     * read after the timing ended), and the median of each field over them.
+     */
+    oneContainerSamplesKiB: SmapsRollupKiB[];
     oneContainerKiB: SmapsRollupKiB;
     /** An idle `node` process (this node binary), for scale: what Node itself costs. */
     idleNodeKiB: SmapsRollupKiB;
@@ -100,6 +107,38 @@ export interface ShimBenchResult {
   };
   /** What the bench found left behind (a shim's serve process or state dir after its pod was removed, containerd's stop report). */
   leftovers: string[];
+  /**
+   * Warnings and errors in containerd's log: the shim's own (its JSON log lines of level warn and
+   * above, which containerd copies from the shim's log FIFO), the last few in full; containerd's
+   * (`level=warning|error|fatal`), counted by message.
+   */
+  logProblems: LogProblems;
+}
+
+export interface LogProblems {
+  shimCount: number;
+  shimLast: string[];
+  containerd: Array<{ level: string; msg: string; count: number }>;
+}
+
+/** The shim's and containerd's warning and error lines in containerd's log. */
+export function logProblems(text: string, keep = 10): LogProblems {
+  const lines = text.split('\n');
+  const shim = lines.filter((l) => l.startsWith('{') && /"level":(4|5|6)0\b/.test(l));
+  const counts = new Map<string, { level: string; msg: string; count: number }>();
+  for (const l of lines) {
+    const m = /level=(warning|error|fatal) msg="((?:[^"\\]|\\.){0,60})/.exec(l);
+    if (m === null) continue;
+    const key = `${m[1]} ${m[2]}`;
+    const entry = counts.get(key) ?? { level: m[1]!, msg: m[2]!, count: 0 };
+    entry.count++;
+    counts.set(key, entry);
+  }
+  return {
+    shimCount: shim.length,
+    shimLast: shim.slice(-keep).map((l) => (l.length > 400 ? `${l.slice(0, 400)}...` : l)),
+    containerd: [...counts.values()],
+  };
 }
 
 /** One front door: where its CRI is, which handler, where pods log and are placed. */
@@ -154,6 +193,19 @@ async function untilMarker(file: string, timeoutMs: number): Promise<void> {
   }
 }
 
+function medianSmaps(samples: readonly SmapsRollupKiB[]): SmapsRollupKiB {
+  const m = (k: keyof SmapsRollupKiB) => median(samples.map((x) => x[k]));
+  return { rss: m('rss'), pss: m('pss'), private: m('private'), swap: m('swap') };
+}
+
+/** One serve process's memory, read in a running pod with one container. */
+async function serveMemory(sid: string): Promise<SmapsRollupKiB> {
+  await sleep(2_000);
+  const pids = servePids(sid);
+  if (pids.length !== 1) throw new Error(`expected one serve process for pod ${sid}, found ${pids.length}`);
+  return sampledSmapsRollupKiB(pids[0]!);
+}
+
 export async function runShimBench(
   rounds: number,
   options: { forceTsx?: boolean } = {},
@@ -174,6 +226,7 @@ export async function runShimBench(
   // TCG's translation cache needs more than the default VMM overhead (as bench/pod-container.ts).
   const profile = { ...defaultHandlerProfile(), vmmOverhead: { cpuMillicores: 100, memoryMiB: 1024 } };
   const leftovers: string[] = [];
+  let problems: LogProblems = { shimCount: 0, shimLast: [], containerd: [] };
   let registry: RegistryHandle | undefined;
   let ctrd: ContainerdHandle | undefined;
   let rt: BenchDaemon | undefined;
@@ -202,6 +255,7 @@ export async function runShimBench(
           await execFileAsync('ip', ['netns', 'del', netnsNameFor(sid)]).catch(() => undefined);
       }
       if (ctrd !== undefined) {
+        problems = logProblems(ctrd.logText());
         const report: ContainerdStopReport = await ctrd.stop();
         leftovers.push(...report.strays.map((s) => `after containerd stopped, still running in its tree: ${s}`));
         leftovers.push(...report.leftovers.map((s) => `containerd harness: ${s}`));
@@ -322,8 +376,8 @@ export async function runShimBench(
     const door = (side: Side): Door => doors.get(side)!;
 
     // Warm-up, not counted: code paths and guest files into the page cache. The shim's warm-up pod
-    // is where its memory is read (every pod has a serve process of its own, started fresh).
-    progress('warm-up: one pod with a container through each door (not counted); the shim pod is the memory sample');
+    // is where the pod-alone memory and the start invocations are read.
+    progress('warm-up: one pod with a container through each door (not counted)');
     const timeInstalled = existsSync(GNU_TIME);
     if (timeInstalled) await fsp.writeFile(peakFlagFile, '');
     let podOnlyKiB: SmapsRollupKiB | undefined;
@@ -335,10 +389,7 @@ export async function runShimBench(
       podOnlyKiB = await sampledSmapsRollupKiB(pid);
     });
     await fsp.rm(peakFlagFile, { force: true });
-    await sleep(2_000);
-    const servePid = servePids(shimWarm.sid);
-    if (servePid.length !== 1) throw new Error(`expected one serve process for pod ${shimWarm.sid}, found ${servePid.length}`);
-    const oneContainerKiB = await sampledSmapsRollupKiB(servePid[0]!);
+    const oneContainerSamplesKiB = [await serveMemory(shimWarm.sid)];
     const runs = await readStartRuns(peakFile);
     const start = { sandbox: runs.get(shimWarm.sid) ?? null, container: [...runs].find(([id]) => id !== shimWarm.sid)?.[1] ?? null };
     const idleNodeKiB = await idleNodeMemory();
@@ -362,6 +413,7 @@ export async function runShimBench(
       for (const side of order) {
         const pod = await podWithContainer(door(side), `r${r}-${side}`);
         sample[side] = pod.timing;
+        if (side === 'shim') oneContainerSamplesKiB.push(await serveMemory(pod.sid));
         await removePod(door(side), pod.sid);
       }
       samples.push(sample);
@@ -387,14 +439,17 @@ export async function runShimBench(
       goalMet: ratioShimStandalone <= GOAL_RATIO,
       memory: {
         podOnlyKiB: podOnlyKiB!,
-        oneContainerKiB,
+        oneContainerSamplesKiB,
+        oneContainerKiB: medianSmaps(oneContainerSamplesKiB),
         idleNodeKiB,
         start,
         startNote: timeInstalled ? "GNU time around the warm-up pod's start invocations" : `not measured: ${GNU_TIME} is not installed`,
       },
       leftovers,
+      logProblems: problems,
     };
     await teardown();
+    result.logProblems = problems;
     return result;
   } finally {
     await teardown();
@@ -435,7 +490,7 @@ export function formatShimReport(r: ShimBenchResult): string {
     `  shim / runc ${r.ratioShimRunc.toFixed(1)}`,
     `the shim's serve process, one per pod (smaps_rollup, median of 5 readings):`,
     `  pod alone:       ${mem(r.memory.podOnlyKiB)}`,
-    `  one container:   ${mem(r.memory.oneContainerKiB)}`,
+    `  one container:   ${mem(r.memory.oneContainerKiB)} (median of ${r.memory.oneContainerSamplesKiB.length} pods; PSS ${r.memory.oneContainerSamplesKiB.map((m) => (m.pss / 1024).toFixed(1)).join(' / ')} MiB)`,
     `  Kata's Go shim (containerd-shim-kata-v2), published: ~${KATA_GO_SHIM_PSS_MB} MB PSS per pod`,
     `  an idle node process, for scale: ${mem(r.memory.idleNodeKiB)}`,
     `  start invocations (${r.memory.startNote}): ${(['sandbox', 'container'] as const)
@@ -445,6 +500,10 @@ export function formatShimReport(r: ShimBenchResult): string {
       })
       .join(', ')}`,
     r.leftovers.length === 0 ? 'left behind: nothing' : `left behind:\n${r.leftovers.map((l) => `  ${l}`).join('\n')}`,
+    r.logProblems.shimCount === 0
+      ? "the shim's log (through containerd's): no warning or error"
+      : `the shim's log (through containerd's): ${r.logProblems.shimCount} warning/error lines, the last ${r.logProblems.shimLast.length}:\n${r.logProblems.shimLast.map((l) => `  ${l}`).join('\n')}`,
+    `containerd's own warnings and errors: ${r.logProblems.containerd.length === 0 ? 'none' : r.logProblems.containerd.map((p) => `${p.count}x ${p.level} "${p.msg}"`).join(', ')}`,
   ].join('\n');
 }
 
