@@ -13,8 +13,8 @@
  *    pod's `serve` process (found by its command line: `-id <pod id>` ... `serve`) with the pod
  *    alone (the warm-up pod) and with one container (every shim pod, read after its timing
  *    ended), beside the ~18 MB PSS per pod published for Kata's Go shim and an idle `node`
- *    process (Node's own floor); and the peak RSS and wall time of the `start` invocations (GNU
- *    time), read on the warm-up pod.
+ *    process (Node's own floor); and the peak RSS and wall time of the `start` and `delete`
+ *    invocations (GNU time), read on the warm-up pod.
  *
  * The same busybox image from one loopback registry everywhere. containerd is the private harness
  * of test/helpers/containerd.ts (its own namespaces, cgroups, CNI bridge); the daemon runs in
@@ -48,7 +48,7 @@ import { DEBIAN_CNI_BIN_DIR } from '../test/helpers/network-node.js';
 import { guestDirConfig } from '../test/helpers/runtime-daemon.js';
 import { type BenchDaemon, createBenchDaemon } from './lib/daemon.js';
 import { median, processArgs, type SmapsRollupKiB, sampledSmapsRollupKiB, sleep } from './lib/proc.js';
-import { distStaleness, GNU_TIME, readStartRuns, type ShimCode, type StartRun, writeShimWrapper } from './lib/shim-binary.js';
+import { distStaleness, GNU_TIME, readShimRuns, type ShimCode, type ShimRun, writeShimWrapper } from './lib/shim-binary.js';
 
 const execFileAsync = promisify(execFile);
 
@@ -102,8 +102,8 @@ export interface ShimBenchResult {
     /** An idle `node` process (this node binary), for scale: what Node itself costs. */
     idleNodeKiB: SmapsRollupKiB;
     /** GNU time's peak RSS and wall time of `start` for the sandbox and for the container; null when not measured. */
-    start: { sandbox: StartRun | null; container: StartRun | null };
-    startNote: string;
+    invocations: Array<ShimRun & { task: 'sandbox' | 'container' }>;
+    invocationsNote: string;
   };
   /** What the bench found left behind (a shim's serve process or state dir after its pod was removed, containerd's stop report). */
   leftovers: string[];
@@ -270,7 +270,17 @@ export async function runShimBench(
   process.once('SIGINT', onSignal);
   process.once('SIGTERM', onSignal);
 
-  /** StopPodSandbox + RemovePodSandbox; for a shim pod, then waits for its serve process and state dir to go. */
+  const shimBin = path.join(root, 'bin', 'containerd-shim-kata-ts-v2');
+  /** `pid action` of every shim process running (any pod: one runs at a time). */
+  const shimProcesses = () =>
+    processArgs()
+      .filter(({ args }) => args.includes(shimBin))
+      .map(({ pid, args }) => `${pid} ${args.at(-1)}`);
+
+  /**
+   * StopPodSandbox + RemovePodSandbox; for a shim pod, then waits for its serve process and state
+   * dir to go, and for containerd's background `delete` invocations to end.
+   */
   async function removePod(door: Door, sid: string): Promise<void> {
     await door.cri.runtime.StopPodSandbox({ pod_sandbox_id: sid });
     await door.cri.runtime.RemovePodSandbox({ pod_sandbox_id: sid });
@@ -282,6 +292,12 @@ export async function runShimBench(
     const pids = servePids(sid);
     if (pids.length > 0) leftovers.push(`shim pod ${sid.slice(0, 12)}: serve ${pids.join(', ')} still running 60 s after RemovePodSandbox`);
     if (existsSync(podDir)) leftovers.push(`shim pod ${sid.slice(0, 12)}: state dir ${podDir} still there 60 s after RemovePodSandbox`);
+    // containerd runs `<shim> delete` for each of the pod's tasks once the shim's connection
+    // closed, in the background: those node processes must not overlap the next timed pod.
+    while (shimProcesses().length > 0 && Date.now() < deadline + 60_000) await sleep(100);
+    const shims = shimProcesses();
+    if (shims.length > 0)
+      leftovers.push(`shim pod ${sid.slice(0, 12)}: shim processes ${shims.join('; ')} still running after its removal`);
   }
 
   try {
@@ -376,7 +392,7 @@ export async function runShimBench(
     const door = (side: Side): Door => doors.get(side)!;
 
     // Warm-up, not counted: code paths and guest files into the page cache. The shim's warm-up pod
-    // is where the pod-alone memory and the start invocations are read.
+    // is where the pod-alone memory and the start and delete invocations are read.
     progress('warm-up: one pod with a container through each door (not counted)');
     const timeInstalled = existsSync(GNU_TIME);
     if (timeInstalled) await fsp.writeFile(peakFlagFile, '');
@@ -388,14 +404,16 @@ export async function runShimBench(
       await sleep(2_000);
       podOnlyKiB = await sampledSmapsRollupKiB(pid);
     });
-    await fsp.rm(peakFlagFile, { force: true });
     const oneContainerSamplesKiB = [await serveMemory(shimWarm.sid)];
-    const runs = await readStartRuns(peakFile);
-    const start = { sandbox: runs.get(shimWarm.sid) ?? null, container: [...runs].find(([id]) => id !== shimWarm.sid)?.[1] ?? null };
     const idleNodeKiB = await idleNodeMemory();
     progress(`warm-up: shim ${formatTiming(shimWarm.timing)}`);
     const shimShape = qemuShape(path.join(stateRoot, 'k8s.io', shimWarm.sid.slice(0, 16)));
     await removePod(door('shim'), shimWarm.sid);
+    await fsp.rm(peakFlagFile, { force: true });
+    const invocations = (await readShimRuns(peakFile)).map((run) => ({
+      ...run,
+      task: run.id === shimWarm.sid ? ('sandbox' as const) : ('container' as const),
+    }));
     const standaloneWarm = await podWithContainer(door('standalone'), 'warm-standalone');
     const standaloneShape = qemuShape(daemon.stateDir);
     progress(`warm-up: standalone ${formatTiming(standaloneWarm.timing)}`);
@@ -442,8 +460,8 @@ export async function runShimBench(
         oneContainerSamplesKiB,
         oneContainerKiB: medianSmaps(oneContainerSamplesKiB),
         idleNodeKiB,
-        start,
-        startNote: timeInstalled ? "GNU time around the warm-up pod's start invocations" : `not measured: ${GNU_TIME} is not installed`,
+        invocations,
+        invocationsNote: timeInstalled ? 'GNU time, the warm-up pod' : `not measured: ${GNU_TIME} is not installed`,
       },
       leftovers,
       logProblems: problems,
@@ -493,12 +511,8 @@ export function formatShimReport(r: ShimBenchResult): string {
     `  one container:   ${mem(r.memory.oneContainerKiB)} (median of ${r.memory.oneContainerSamplesKiB.length} pods; PSS ${r.memory.oneContainerSamplesKiB.map((m) => (m.pss / 1024).toFixed(1)).join(' / ')} MiB)`,
     `  Kata's Go shim (containerd-shim-kata-v2), published: ~${KATA_GO_SHIM_PSS_MB} MB PSS per pod`,
     `  an idle node process, for scale: ${mem(r.memory.idleNodeKiB)}`,
-    `  start invocations (${r.memory.startNote}): ${(['sandbox', 'container'] as const)
-      .map((k) => {
-        const run = r.memory.start[k];
-        return run === null ? `${k} n/a` : `${k} peak RSS ${mib(run.maxRssKiB)} in ${run.elapsedMs.toFixed(0)} ms`;
-      })
-      .join(', ')}`,
+    `the shim's start and delete invocations (${r.memory.invocationsNote}):${r.memory.invocations.length === 0 ? ' none recorded' : ''}`,
+    ...r.memory.invocations.map((run) => `  ${run.action} (${run.task}): peak RSS ${mib(run.maxRssKiB)}, ${run.elapsedMs.toFixed(0)} ms`),
     r.leftovers.length === 0 ? 'left behind: nothing' : `left behind:\n${r.leftovers.map((l) => `  ${l}`).join('\n')}`,
     r.logProblems.shimCount === 0
       ? "the shim's log (through containerd's): no warning or error"

@@ -2,7 +2,7 @@
  * kata-ts's shim as containerd finds it for a bench: a `containerd-shim-kata-ts-v2` on containerd's
  * PATH that runs bin/containerd-shim-kata-ts-v2 with the bench's config, on the compiled code
  * (dist/, what a node runs) when it is fresh, else on the sources through tsx; and, when asked, GNU
- * time around `start` for its peak RSS and wall time.
+ * time around `start` and `delete` for their peak RSS and wall time.
  */
 import { existsSync, promises as fsp, readdirSync, statSync } from 'node:fs';
 import path from 'node:path';
@@ -51,8 +51,8 @@ export interface ShimWrapperOptions {
   configPath: string;
   code: ShimCode;
   /**
-   * While this file exists (and GNU time is installed), each `start` runs under GNU time, which
-   * appends `<max RSS KiB> <elapsed s> <command line>` to `peakFile`. Other invocations are never
+   * While this file exists (and GNU time is installed), each `start` and `delete` runs under GNU
+   * time, which appends `<max RSS KiB> <elapsed s> <command line>` to `peakFile`. `serve` is never
    * wrapped.
    */
   peakFlagFile: string;
@@ -73,7 +73,7 @@ export async function writeShimWrapper(o: ShimWrapperOptions): Promise<string> {
       `export KATA_TS_CONFIG=${sh(o.configPath)}`,
       o.code === 'tsx' ? 'export KATA_TS_SHIM_TSX=1' : 'unset KATA_TS_SHIM_TSX',
       'for last in "$@"; do :; done',
-      `if [ "$last" = start ] && [ -e ${sh(o.peakFlagFile)} ] && [ -x ${GNU_TIME} ]; then`,
+      `if { [ "$last" = start ] || [ "$last" = delete ]; } && [ -e ${sh(o.peakFlagFile)} ] && [ -x ${GNU_TIME} ]; then`,
       `  exec ${GNU_TIME} -a -o ${sh(o.peakFile)} -f '%M %e %C' ${node} ${bin} "$@"`,
       'fi',
       `exec ${node} ${bin} "$@"`,
@@ -84,21 +84,24 @@ export async function writeShimWrapper(o: ShimWrapperOptions): Promise<string> {
   return file;
 }
 
-/** What GNU time recorded of one `start`. */
-export interface StartRun {
+/** What GNU time recorded of one shim invocation. */
+export interface ShimRun {
+  action: 'start' | 'delete';
+  /** The task id (`-id`). */
+  id: string;
   maxRssKiB: number;
   elapsedMs: number;
 }
 
-/** Each `start` GNU time recorded, by the task id (`-id`) it started. */
-export async function readStartRuns(peakFile: string): Promise<Map<string, StartRun>> {
+/** Each `start` and `delete` GNU time recorded, in order. */
+export async function readShimRuns(peakFile: string): Promise<ShimRun[]> {
   const text = await fsp.readFile(peakFile, 'utf8').catch(() => '');
-  const out = new Map<string, StartRun>();
+  const out: ShimRun[] = [];
   for (const line of text.split('\n')) {
-    const m = /^(\d+) ([\d.]+) (.*)$/.exec(line);
+    const m = /^(\d+) ([\d.]+) (.*) (start|delete)$/.exec(line);
     if (m === null) continue; // e.g. GNU time's "Command exited with non-zero status N"
     const id = / -id (\S+)/.exec(` ${m[3]}`)?.[1];
-    if (id !== undefined) out.set(id, { maxRssKiB: Number(m[1]), elapsedMs: Number(m[2]) * 1000 });
+    if (id !== undefined) out.push({ action: m[4] as ShimRun['action'], id, maxRssKiB: Number(m[1]), elapsedMs: Number(m[2]) * 1000 });
   }
   return out;
 }
