@@ -32,12 +32,9 @@ import { createLogger, type LogLevel } from '../common/logger.js';
 import { packageVersion } from '../common/paths.js';
 import { loadConfig } from '../config/load.js';
 import type { LoadedConfig } from '../config/types.js';
-import { deleteTask, EXIT_STATUS_KILLED, encodeDeleteResponse } from './delete.js';
-import { shimLogger } from './log.js';
-import { podStateDir, shimSocketPath } from './paths.js';
-import { registerTaskService } from './register.js';
-import { type RegisterServices, runServe } from './serve.js';
-import { type ShimCommand, startShim } from './start.js';
+import { EXIT_STATUS_KILLED, encodeDeleteResponse } from './delete-response.js';
+import type { RegisterServices } from './serve.js';
+import type { ShimCommand } from './start.js';
 
 /** The binary's name, as containerd derives it from the runtime type. */
 export const SHIM_BINARY_NAME = 'containerd-shim-kata-ts-v2';
@@ -349,6 +346,9 @@ export async function main(argv: readonly string[], options: ShimMainOptions = {
     switch (inv.action) {
       case 'start': {
         await drainStdin(io.stdin);
+        // Each action loads only its own code: containerd runs `start` and `delete` once per
+        // task, and the pod's core is big.
+        const { startShim } = await import('./start.js');
         const address = await startShim({
           config: loaded.config,
           namespace: inv.namespace,
@@ -386,10 +386,17 @@ export async function main(argv: readonly string[], options: ShimMainOptions = {
             },
           },
         });
+        const { deleteTask } = await import('./delete.js');
         await deleteTask({ loaded, namespace: inv.namespace, id: inv.id, bundle: inv.bundle, logger });
         return 0;
       }
       case 'serve': {
+        const [{ shimLogger }, { podStateDir, shimSocketPath }, { registerTaskService }, { runServe }] = await Promise.all([
+          import('./log.js'),
+          import('./paths.js'),
+          import('./register.js'),
+          import('./serve.js'),
+        ]);
         const stateRoot = loaded.config.shim.stateRoot;
         const level: LogLevel = inv.debug ? 'debug' : loaded.config.logLevel;
         const logger = shimLogger(2, level, { namespace: inv.namespace, sandboxId: inv.id });

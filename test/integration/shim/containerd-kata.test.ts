@@ -323,7 +323,7 @@ describe.skipIf(MISSING !== null)('kata-ts behind containerd 1.6.20 (the shim v2
       note(existsSync(podDir) ? readdirSync(podDir) : 'gone');
       return existsSync(podDir) ? undefined : true;
     });
-    expect(await ctrd!.mountsUnder(stateRoot)).toEqual([]);
+    expect(await ctrd!.mountsUnder(podDir)).toEqual([]);
     for (const d of ctrd!.cgroupDirs(parentOf(podUid2))) {
       const children = (await fsp.readdir(d, { withFileTypes: true }).catch(() => [])).filter((e) => e.isDirectory()).map((e) => e.name);
       expect(

@@ -14,7 +14,7 @@
 import { existsSync, readFileSync } from 'node:fs';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { decodeDeleteResponse } from '../../../src/shim/delete.js';
+import { decodeDeleteResponse } from '../../../src/shim/delete-response.js';
 import { connectTtrpc } from '../../../src/ttrpc/index.js';
 import { type ContainerBundle, type CrioNode, createCrioNode, type TaskApi } from '../../helpers/crio-node.js';
 import { processesMentioning } from '../../helpers/hypervisor-guest.js';

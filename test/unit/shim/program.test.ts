@@ -13,7 +13,7 @@ import { Readable, Writable } from 'node:stream';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { packageRoot } from '../../../src/common/paths.js';
 import { isSameLiveProcess, readProcStat } from '../../../src/common/procfs.js';
-import { decodeDeleteResponse, EXIT_STATUS_KILLED } from '../../../src/shim/delete.js';
+import { decodeDeleteResponse, EXIT_STATUS_KILLED } from '../../../src/shim/delete-response.js';
 import { main } from '../../../src/shim/main.js';
 import { podStateDir, readShimInfo, shimSocketPath } from '../../../src/shim/paths.js';
 import { decodeMessage, encodeMessage } from '../../../src/shim/proto.js';
