@@ -193,7 +193,7 @@ describe.skipIf(MISSING !== null)('kata-ts behind containerd 1.6.20 (the shim v2
     });
   });
 
-  it('a container that exits on its own: its exit code; stdin reaches a container through the FIFO', async () => {
+  it('a container that exits on its own: its exit code and last output', async () => {
     const id = (
       await cri!.runtime.CreateContainer({
         pod_sandbox_id: podId,
@@ -249,7 +249,8 @@ describe.skipIf(MISSING !== null)('kata-ts behind containerd 1.6.20 (the shim v2
     // containerd sends the size (ResizePty) once Start has answered, after the process started:
     // the process waits for its terminal to have one, as a shell would on SIGWINCH.
     // (fd 3: the terminal, since inside $(...) fd 1 is the pipe; busybox stty prints nothing for a 0x0 terminal.)
-    const waitForSize = 'exec 3<&1; until s=$(stty size <&3 2>/dev/null) && [ -n "$s" ] && [ "$s" != "0 0" ]; do sleep 0.1; done; echo "$s"; exit 4';
+    const waitForSize =
+      'exec 3<&1; until s=$(stty size <&3 2>/dev/null) && [ -n "$s" ] && [ "$s" != "0 0" ]; do sleep 0.1; done; echo "$s"; exit 4';
     const result = await streamExec(['sh', '-c', waitForSize], true, { stderr: false, resize: { Width: 91, Height: 17 } });
     expect(result.stdout).toContain('17 91');
     expect(result.status).toContain('exit code 4');
@@ -266,6 +267,15 @@ describe.skipIf(MISSING !== null)('kata-ts behind containerd 1.6.20 (the shim v2
       container_id: appId,
       linux: { memory_limit_in_bytes: String(96 * 1024 * 1024), cpu_period: '100000', cpu_quota: '50000' },
     });
+    expect((await containerStatus(appId)).state).toBe('CONTAINER_RUNNING');
+    // Beyond what the VM can grow to, the core's refusal comes back through containerd, naming memory.
+    const refused = await cri!.runtime
+      .UpdateContainerResources({ container_id: appId, linux: { memory_limit_in_bytes: String(1024 * 1024 * 1024 * 1024) } })
+      .then(
+        () => undefined,
+        (err: { details?: string }) => err.details ?? String(err),
+      );
+    expect(refused).toMatch(/memory/i);
     expect((await containerStatus(appId)).state).toBe('CONTAINER_RUNNING');
   });
 
