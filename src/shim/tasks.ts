@@ -7,6 +7,7 @@
  */
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
+import { raceAbort } from '../common/abort.js';
 import { alreadyExists, errorMessage, invalid, notFound, precondition } from '../common/errors.js';
 import type { Logger } from '../common/logger.js';
 import { epochNs } from '../common/time.js';
@@ -315,7 +316,7 @@ export class ShimTasks {
   async wait(id: string, execId: string, signal: AbortSignal): Promise<TaskExit> {
     const task = this.task(id);
     const latch = execId === '' ? task.exit : this.exec(task, execId).exit;
-    return raceSignal(latch.promise, signal);
+    return raceAbort(latch.promise, signal, (sig) => (sig.reason instanceof Error ? sig.reason : new Error('the wait was cancelled')));
   }
 
   async delete(id: string, execId: string, ctx: RequestContext): Promise<{ pid: number; exit: TaskExit }> {
@@ -537,22 +538,4 @@ export async function readBundleSpec(bundle: string): Promise<unknown> {
   } catch (err) {
     throw invalid('BUNDLE_INVALID', `bundle ${bundle}: config.json is not JSON: ${errorMessage(err)}`);
   }
-}
-
-function raceSignal<T>(promise: Promise<T>, signal: AbortSignal): Promise<T> {
-  if (signal.aborted) return Promise.reject(signal.reason);
-  return new Promise((resolve, reject) => {
-    const onAbort = () => reject(signal.reason);
-    signal.addEventListener('abort', onAbort, { once: true });
-    promise.then(
-      (v) => {
-        signal.removeEventListener('abort', onAbort);
-        resolve(v);
-      },
-      (e: unknown) => {
-        signal.removeEventListener('abort', onAbort);
-        reject(e);
-      },
-    );
-  });
 }
