@@ -14,6 +14,11 @@
  * - `delete`: clean up after a shim that is gone, print a DeleteResponse (delete.ts);
  * - `serve` (ours): the per-pod server `start` runs detached (serve.ts).
  *
+ * `serve` and `delete` work in the runtime's own mount namespace (`mountNamespacePath`; see
+ * src/runtime/mount-namespace.ts): `start` starts `serve` inside it, and either action run outside
+ * it runs itself again inside and answers with that child's output and exit code (`delete` only
+ * when the namespace exists: without it nothing of a pod can be mounted anywhere).
+ *
  * `-v` prints the version. The environment: TTRPC_ADDRESS (containerd's ttrpc socket, for events),
  * GRPC_ADDRESS and NAMESPACE (containerd 2.x; the flags win), MAX_SHIM_VERSION (2.x: the newest
  * bootstrap format it reads; the plain address we print is read by every version), SCHED_CORE
@@ -30,6 +35,7 @@ import { createLogger, type LogLevel } from '../common/logger.js';
 import { packageVersion } from '../common/paths.js';
 import { loadConfig } from '../config/load.js';
 import type { LoadedConfig } from '../config/types.js';
+import { boundNamespace, placeInNamespace, runInsideMountNamespace } from '../runtime/mount-namespace.js';
 import { deleteTask, encodeDeleteResponse } from './delete.js';
 import { shimLogger } from './log.js';
 import { podStateDir, shimSocketPath } from './paths.js';
@@ -315,6 +321,21 @@ export async function main(argv: readonly string[], options: ShimMainOptions = {
   }
   try {
     const loaded = await loadShimConfig(inv.env);
+    const nsFile = loaded.config.mountNamespacePath;
+    if (inv.action !== 'start' && nsFile !== null && (await placeInNamespace(nsFile, processEnv)) === 'outside') {
+      if (inv.action === 'serve' || (await boundNamespace(nsFile)) !== undefined) {
+        const self = options.self ?? defaultSelf();
+        const logger = createLogger({ level: 'warn', destination: { write: (line: string) => io.stderr.write(line) } });
+        return await runInsideMountNamespace({
+          file: nsFile,
+          self: { command: self.command, args: [...self.args, ...argv] },
+          cwd: options.cwd ?? process.cwd(),
+          env: processEnv,
+          stdio: { stdout: io.stdout, stderr: io.stderr },
+          logger,
+        });
+      }
+    }
     switch (inv.action) {
       case 'start': {
         await drainStdin(io.stdin);
