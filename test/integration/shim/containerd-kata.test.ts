@@ -10,13 +10,13 @@
  * Skipped with a notice when containerd (or runc, the CNI plugins) is not installed.
  */
 import { randomUUID } from 'node:crypto';
-import { existsSync, promises as fsp, readdirSync, readFileSync } from 'node:fs';
+import { existsSync, promises as fsp, readdirSync, readFileSync, readlinkSync } from 'node:fs';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { packageRoot } from '../../../src/common/paths.js';
 import type { PodSandboxConfig } from '../../../src/generated/runtime/v1/PodSandboxConfig.js';
 import { pushBusyboxImage } from '../../helpers/busybox-image.js';
-import { type ContainerdHandle, containerdMissing, KATA_TS_HANDLER, startContainerd } from '../../helpers/containerd.js';
+import { type ContainerdHandle, containerdMissing, KATA_TS_HANDLER, mountPointsUnder, startContainerd } from '../../helpers/containerd.js';
 import { type CriClient, criClient } from '../../helpers/cri-client.js';
 import { type RegistryHandle, startRegistry } from '../../helpers/images-registry.js';
 import { until, untilLogLines } from '../../helpers/poll.js';
@@ -58,6 +58,8 @@ describe.skipIf(MISSING !== null)('kata-ts behind containerd 1.6.20 (the shim v2
   let image = '';
   let dir = '';
   let stateRoot = '';
+  /** The runtime's mount namespace, bound (by the first shim start) inside the harness's node. */
+  let nsFile = '';
   let logDir = '';
   let podId = '';
   let runcPodId = '';
@@ -77,6 +79,7 @@ describe.skipIf(MISSING !== null)('kata-ts behind containerd 1.6.20 (the shim v2
   beforeAll(async () => {
     dir = await fsp.mkdtemp('/tmp/ktk-');
     stateRoot = path.join(dir, 'shim');
+    nsFile = path.join(dir, 'mntns', 'mnt');
     const configPath = path.join(dir, 'kata-ts.json');
     await fsp.writeFile(
       configPath,
@@ -88,6 +91,7 @@ describe.skipIf(MISSING !== null)('kata-ts behind containerd 1.6.20 (the shim v2
         logLevel: 'debug',
         network: { mode: 'none' },
         shim: { stateRoot },
+        mountNamespacePath: nsFile,
         hypervisor: guestDirConfig(),
       }),
     );
@@ -145,6 +149,10 @@ describe.skipIf(MISSING !== null)('kata-ts behind containerd 1.6.20 (the shim v2
       readFileSync(`/proc/${p}/cmdline`, 'utf8').startsWith('qemu-system'),
     );
     expect(qemu).toHaveLength(1);
+    // The shim and its QEMU run in the runtime's mount namespace, not in the node's.
+    const mntns = (pid: number) => readlinkSync(`/proc/${pid}/ns/mnt`);
+    expect(mntns(qemu[0]!)).toBe(mntns(shimPids()[0]!));
+    expect(mntns(qemu[0]!)).not.toBe(mntns(ctrd!.nodePid));
     const cgroup = readFileSync(`/proc/${qemu[0]}/cgroup`, 'utf8');
     expect(cgroup).toContain(`/pod${podUid}/`);
     expect((await cri!.runtime.PodSandboxStatus({ pod_sandbox_id: runcPodId })).status?.state).toBe('SANDBOX_READY');
@@ -253,7 +261,10 @@ describe.skipIf(MISSING !== null)('kata-ts behind containerd 1.6.20 (the shim v2
       note(existsSync(podDir) ? readdirSync(podDir) : 'gone');
       return existsSync(podDir) ? undefined : true;
     });
+    // The shims' mounts were made in the runtime's mount namespace, never in the node's.
     expect(await ctrd!.mountsUnder(stateRoot)).toEqual([]);
+    const runtimeMounts = await ctrd!.nodeExec(['nsenter', `--mount=${nsFile}`, '--', 'cat', '/proc/self/mountinfo']);
+    expect(mountPointsUnder(runtimeMounts, stateRoot)).toEqual([]);
     for (const d of ctrd!.cgroupDirs(cgroupParent)) {
       const children = (await fsp.readdir(d, { withFileTypes: true })).filter((e) => e.isDirectory()).map((e) => e.name);
       expect(
