@@ -68,16 +68,14 @@ export async function spawnDaemon(
   socketPath: string,
   logFile: string,
   options: {
-    /** Start it in this network namespace (nsenter execs node there: the child's pid is the daemon's own). */
+    /** Start it in this network namespace (nsenter execs node there). */
     netnsPath?: string;
-    /** A command that execs the daemon (keeping its pid), e.g. `unshare --mount --propagation slave --`. */
-    wrapper?: readonly string[];
   } = {},
 ): Promise<SpawnedDaemon> {
   const log = createWriteStream(logFile, { flags: 'a' });
   const node = [process.execPath, '--import', 'tsx', 'src/cli/entry.ts', 'serve', '--config', configPath];
   const inNetns = options.netnsPath === undefined ? node : ['nsenter', `--net=${options.netnsPath}`, '--', ...node];
-  const [cmd, ...args] = [...(options.wrapper ?? []), ...inNetns] as [string, ...string[]];
+  const [cmd, ...args] = inNetns as [string, ...string[]];
   const child = spawn(cmd, args, {
     cwd: packageRoot(),
     stdio: ['ignore', 'ignore', 'pipe'],
