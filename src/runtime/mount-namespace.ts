@@ -195,6 +195,51 @@ async function lockDir(dir: string, logger: Logger): Promise<StateLock> {
   }
 }
 
+/** The CPUs this process may run on (Cpus_allowed_list of /proc/self/status). */
+async function allowedCpus(): Promise<number[]> {
+  const status = await fsp.readFile('/proc/self/status', 'utf8').catch(() => '');
+  const list = /^Cpus_allowed_list:\s*(\S+)/m.exec(status)?.[1] ?? '';
+  const cpus: number[] = [];
+  for (const part of list.split(',')) {
+    const [a, b] = part.split('-').map(Number);
+    if (a === undefined || !Number.isInteger(a)) continue;
+    for (let c = a; c <= (b !== undefined && Number.isInteger(b) ? b : a); c++) cpus.push(c);
+  }
+  return cpus;
+}
+
+/**
+ * unshare makes the namespace, binds it at `target` and exits: the namespace lives on, holding
+ * copies of this one's mounts, all of them slaves.
+ *
+ * The kernel refuses (EINVAL) to bind a mount namespace whose id is not above the binder's own
+ * namespace's (mnt_ns_loop), and Linux 6.18 (measured here) hands namespace ids out in per-CPU
+ * batches: made on another CPU than the one this namespace's id came from, a newer namespace can
+ * have a lower id, and the bind fails every time on that CPU (on a host's initial namespace, id 1,
+ * never). So on EINVAL the namespace is made again on each CPU in turn (taskset), until one takes.
+ */
+async function bindNewNamespace(target: string): Promise<void> {
+  const unshare = ['unshare', `--mount=${target}`, '--propagation', 'slave', 'true'];
+  const isLoop = (err: unknown) => isReason(err, 'MOUNT_NAMESPACE_FAILED') && /Invalid argument/.test(errorMessage(err));
+  let first: unknown;
+  try {
+    await run(unshare[0]!, unshare.slice(1));
+    return;
+  } catch (err) {
+    if (!isLoop(err)) throw err;
+    first = err;
+  }
+  for (const cpu of await allowedCpus()) {
+    try {
+      await run('taskset', ['--cpu-list', String(cpu), ...unshare]);
+      return;
+    } catch (err) {
+      if (!isLoop(err)) throw err;
+    }
+  }
+  throw first;
+}
+
 /** The namespace bound at `file`, created (a slave of this process's namespace) when there is none. */
 export async function ensureMountNamespace(file: string, logger: Logger): Promise<{ id: MountNamespaceId; created: boolean }> {
   const existing = await boundNamespace(file);
@@ -209,9 +254,7 @@ export async function ensureMountNamespace(file: string, logger: Logger): Promis
     if (raced !== undefined) return { id: raced, created: false };
     await makePrivateMount(dir);
     await fsp.writeFile(target, '', { flag: 'a', mode: 0o600 });
-    // unshare binds the new namespace at the file and exits: the namespace lives on, holding
-    // copies of this one's mounts, all of them slaves.
-    await run('unshare', [`--mount=${target}`, '--propagation', 'slave', 'true']);
+    await bindNewNamespace(target);
     const id = await boundNamespace(target);
     if (id === undefined) throw internal('MOUNT_NAMESPACE_FAILED', `unshare bound no mount namespace at ${target}.`);
     return { id, created: true };

@@ -71,6 +71,46 @@ describe("the runtime's mount namespace", () => {
     expect((await ensureMountNamespace(file, silentLogger())).created).toBe(false);
   });
 
+  it.skipIf(os.cpus().length < 2)(
+    'is made from a namespace made on any CPU (namespace ids come in per-CPU batches: binding one with a lower id fails)',
+    async () => {
+      const script = [
+        `const m = await import(${JSON.stringify(path.join(packageRoot(), 'src/runtime/mount-namespace.ts'))});`,
+        `const l = await import(${JSON.stringify(path.join(packageRoot(), 'src/common/logger.ts'))});`,
+        'const r = await m.ensureMountNamespace(process.argv[1], l.silentLogger());',
+        'process.stdout.write(String(r.created));',
+      ].join('\n');
+      const all = `0-${os.cpus().length - 1}`;
+      for (const [i, cpu] of [0, 1, 0, 1].entries()) {
+        // The outer namespace is made on one CPU; the daemon may then run on any.
+        const { stdout } = await execFileAsync(
+          'taskset',
+          [
+            '--cpu-list',
+            String(cpu),
+            'unshare',
+            '--mount',
+            '--propagation',
+            'private',
+            '--',
+            'taskset',
+            '--cpu-list',
+            all,
+            process.execPath,
+            '--import',
+            'tsx',
+            '--input-type=module',
+            '-e',
+            script,
+            path.join(dir, `try${i}`, 'mnt'),
+          ],
+          { cwd: packageRoot() },
+        );
+        expect(stdout).toBe('true');
+      }
+    },
+  );
+
   it("in a shared tree, the host's later mounts reach it and none of its own leave; it cannot go while a process is inside", async () => {
     // What systemd makes of a host: shared mounts (here only the test's own directory).
     await execFileAsync('mount', ['--bind', dir, dir]);
