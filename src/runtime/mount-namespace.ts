@@ -367,6 +367,12 @@ export interface RunInsideOptions {
   /** `inherit`: the child uses this process's stdio; else its stdout and stderr are copied into these streams. */
   stdio: 'inherit' | { stdout: NodeJS.WritableStream; stderr: NodeJS.WritableStream };
   logger: Logger;
+  /**
+   * Whether the child dies with this process (default true: a daemon must not outlive the process
+   * its service manager knows). False for work that must finish even when whoever waits for this
+   * process gives up on it (the shim's `delete`, which containerd kills after a few seconds).
+   */
+  dieWithParent?: boolean;
 }
 
 const FORWARDED: readonly NodeJS.Signals[] = ['SIGTERM', 'SIGINT', 'SIGHUP'];
@@ -375,7 +381,8 @@ const FORWARDED: readonly NodeJS.Signals[] = ['SIGTERM', 'SIGINT', 'SIGHUP'];
  * Run `self` inside the runtime's namespace (created when missing) and wait for it: resolves with
  * its exit code (128 + the signal's number when a signal ended it). SIGTERM, SIGINT and SIGHUP are
  * passed on once each (the child has a process group of its own, so a terminal's signals reach it
- * only through here); if this process dies, the child is killed with it.
+ * only through here); if this process dies, the child is killed with it (unless `dieWithParent`
+ * is false).
  */
 export async function runInsideMountNamespace(options: RunInsideOptions): Promise<number> {
   const { id, created } = await ensureMountNamespace(options.file, options.logger);
@@ -388,7 +395,7 @@ export async function runInsideMountNamespace(options: RunInsideOptions): Promis
       );
     }
   }
-  const cmd = insideCommand(options.file, id, options.cwd, options.self, true);
+  const cmd = insideCommand(options.file, id, options.cwd, options.self, options.dieWithParent ?? true);
   const piped = options.stdio !== 'inherit';
   const child = spawn(cmd.command, cmd.args, {
     env: { ...options.env, ...cmd.env },

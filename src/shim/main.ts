@@ -333,6 +333,9 @@ export async function main(argv: readonly string[], options: ShimMainOptions = {
           env: processEnv,
           stdio: { stdout: io.stdout, stderr: io.stderr },
           logger,
+          // containerd kills a `delete` that takes more than a few seconds (5 by default), and two
+          // Node starts take a good part of that: the cleanup inside goes on regardless.
+          dieWithParent: inv.action === 'serve',
         });
       }
     }
