@@ -316,6 +316,8 @@ export async function runShimBench(
         logLevel: 'info',
         network: { mode: 'none' }, // containerd runs CNI; the shim joins the namespace it made
         shim: { stateRoot },
+        // Bound inside the harness's node (a mount namespace that goes with it).
+        mountNamespacePath: path.join(dir, 'mntns', 'mnt'),
         handlers: { 'kata-ts': profile },
         hypervisor: guestDirConfig(),
       }),

@@ -14,6 +14,11 @@
  * - `delete`: clean up after a shim that is gone, print a DeleteResponse (delete.ts);
  * - `serve` (ours): the per-pod server `start` runs detached (serve.ts).
  *
+ * `serve` and `delete`'s detached `cleanup` work in the runtime's own mount namespace
+ * (`mountNamespacePath`; see src/runtime/mount-namespace.ts): `start` starts `serve` inside it, and
+ * either run outside it runs itself again inside (`cleanup` only when the namespace exists: without
+ * it nothing of a pod can be mounted anywhere).
+ *
  * `-v` prints the version. The environment: TTRPC_ADDRESS (containerd's ttrpc socket, for events;
  * CRI-O sets it empty: no events are sent),
  * GRPC_ADDRESS and NAMESPACE (containerd 2.x; the flags win), MAX_SHIM_VERSION (2.x: the newest
@@ -32,6 +37,7 @@ import { createLogger, type LogLevel } from '../common/logger.js';
 import { packageVersion } from '../common/paths.js';
 import { loadConfig } from '../config/load.js';
 import type { LoadedConfig } from '../config/types.js';
+import { boundNamespace, placeInNamespace, runInsideMountNamespace } from '../runtime/mount-namespace.js';
 import { EXIT_STATUS_KILLED, encodeDeleteResponse } from './delete-response.js';
 import type { RegisterServices } from './serve.js';
 import type { ShimCommand } from './start.js';
@@ -343,6 +349,24 @@ export async function main(argv: readonly string[], options: ShimMainOptions = {
   }
   try {
     const loaded = await loadShimConfig(inv.env);
+    const nsFile = loaded.config.mountNamespacePath;
+    // `delete` itself stays outside: it only starts the detached cleanup, which enters.
+    const entering = inv.action === 'serve' || inv.action === 'cleanup';
+    if (entering && nsFile !== null && (await placeInNamespace(nsFile, processEnv)) === 'outside') {
+      if (inv.action === 'serve' || (await boundNamespace(nsFile)) !== undefined) {
+        const self = options.self ?? defaultSelf();
+        const logger = createLogger({ level: 'warn', destination: { write: (line: string) => io.stderr.write(line) } });
+        return await runInsideMountNamespace({
+          file: nsFile,
+          self: { command: self.command, args: [...self.args, ...argv] },
+          cwd: options.cwd ?? process.cwd(),
+          env: processEnv,
+          stdio: { stdout: io.stdout, stderr: io.stderr },
+          logger,
+          dieWithParent: inv.action === 'serve',
+        });
+      }
+    }
     switch (inv.action) {
       case 'start': {
         await drainStdin(io.stdin);

@@ -214,6 +214,9 @@ export async function createCrioNode(): Promise<CrioNode> {
         logLevel: 'debug',
         network: { mode: 'none' },
         shim: { stateRoot },
+        // No runtime mount namespace: CRI-O's side here runs in the host's, where a bound namespace
+        // file would outlive a failed test (the containerd tests cover the namespace).
+        mountNamespacePath: null,
         hypervisor: guestDirConfig(),
       }),
     );

@@ -10,14 +10,14 @@
  * Skipped with a notice when containerd (or runc, the CNI plugins) is not installed.
  */
 import { randomUUID } from 'node:crypto';
-import { existsSync, promises as fsp, readdirSync, readFileSync } from 'node:fs';
+import { existsSync, promises as fsp, readdirSync, readFileSync, readlinkSync } from 'node:fs';
 import path from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { packageRoot } from '../../../src/common/paths.js';
 import type { PodSandboxConfig } from '../../../src/generated/runtime/v1/PodSandboxConfig.js';
 import { pushBusyboxImage } from '../../helpers/busybox-image.js';
-import { type ContainerdHandle, containerdMissing, KATA_TS_HANDLER, startContainerd } from '../../helpers/containerd.js';
+import { type ContainerdHandle, containerdMissing, KATA_TS_HANDLER, mountPointsUnder, startContainerd } from '../../helpers/containerd.js';
 import { type CriClient, criClient } from '../../helpers/cri-client.js';
 import { type RegistryHandle, startRegistry } from '../../helpers/images-registry.js';
 import { until, untilLogLines } from '../../helpers/poll.js';
@@ -59,6 +59,8 @@ describe.skipIf(MISSING !== null)('kata-ts behind containerd 1.6.20 (the shim v2
   let image = '';
   let dir = '';
   let stateRoot = '';
+  /** The runtime's mount namespace, bound (by the first shim start) inside the harness's node. */
+  let nsFile = '';
   let logDir = '';
   let podId = '';
   let runcPodId = '';
@@ -73,12 +75,14 @@ describe.skipIf(MISSING !== null)('kata-ts behind containerd 1.6.20 (the shim v2
     linux: { cgroup_parent: parentOf(uid) },
   });
   const containerStatus = async (id: string) => (await cri!.runtime.ContainerStatus({ container_id: id })).status!;
+  const runtimeMountinfo = () => ctrd!.nodeExec(['nsenter', `--mount=${nsFile}`, '--', 'cat', '/proc/self/mountinfo']);
   const shimPids = () =>
     processesMentioning(`-id\u0000${podId}`).filter((p) => readFileSync(`/proc/${p}/cmdline`, 'utf8').includes('serve'));
 
   beforeAll(async () => {
     dir = await fsp.mkdtemp('/tmp/ktk-');
     stateRoot = path.join(dir, 'shim');
+    nsFile = path.join(dir, 'mntns', 'mnt');
     const configPath = path.join(dir, 'kata-ts.json');
     await fsp.writeFile(
       configPath,
@@ -90,6 +94,7 @@ describe.skipIf(MISSING !== null)('kata-ts behind containerd 1.6.20 (the shim v2
         logLevel: 'debug',
         network: { mode: 'none' },
         shim: { stateRoot },
+        mountNamespacePath: nsFile,
         hypervisor: guestDirConfig(),
       }),
     );
@@ -147,6 +152,10 @@ describe.skipIf(MISSING !== null)('kata-ts behind containerd 1.6.20 (the shim v2
       readFileSync(`/proc/${p}/cmdline`, 'utf8').startsWith('qemu-system'),
     );
     expect(qemu).toHaveLength(1);
+    // The shim and its QEMU run in the runtime's mount namespace, not in the node's.
+    const mntns = (pid: number) => readlinkSync(`/proc/${pid}/ns/mnt`);
+    expect(mntns(qemu[0]!)).toBe(mntns(shimPids()[0]!));
+    expect(mntns(qemu[0]!)).not.toBe(mntns(ctrd!.nodePid));
     const cgroup = readFileSync(`/proc/${qemu[0]}/cgroup`, 'utf8');
     expect(cgroup).toContain(`/pod${podUid}/`);
     expect((await cri!.runtime.PodSandboxStatus({ pod_sandbox_id: runcPodId })).status?.state).toBe('SANDBOX_READY');
@@ -299,7 +308,9 @@ describe.skipIf(MISSING !== null)('kata-ts behind containerd 1.6.20 (the shim v2
     expect(processesMentioning(podDir)).toEqual([]);
     expect(existsSync(podDir)).toBe(false);
     expect(await fsp.readdir(path.join(stateRoot, 's'))).toEqual([]);
+    // The shims' mounts were made in the runtime's mount namespace, never in the node's.
     expect(await ctrd!.mountsUnder(stateRoot)).toEqual([]);
+    expect(mountPointsUnder(await runtimeMountinfo(), podDir)).toEqual([]);
     for (const d of ctrd!.cgroupDirs(parentOf(podUid2))) {
       const children = (await fsp.readdir(d, { withFileTypes: true }).catch(() => [])).filter((e) => e.isDirectory()).map((e) => e.name);
       expect(children, d).toEqual([]);
@@ -334,6 +345,7 @@ describe.skipIf(MISSING !== null)('kata-ts behind containerd 1.6.20 (the shim v2
       return existsSync(podDir) ? undefined : true;
     });
     expect(await ctrd!.mountsUnder(podDir)).toEqual([]);
+    expect(mountPointsUnder(await runtimeMountinfo(), podDir)).toEqual([]);
     for (const d of ctrd!.cgroupDirs(parentOf(podUid2))) {
       const children = (await fsp.readdir(d, { withFileTypes: true }).catch(() => [])).filter((e) => e.isDirectory()).map((e) => e.name);
       expect(

@@ -24,6 +24,8 @@ const AUDITED: Record<string, string> = {
     'ip/tc argv, or after nsenter --net=<a joined namespace: an absolute, normalised path> --: the pod netns name, fixed TAP name, the CNI interface name, numeric MTU',
   'src/runtime/container/shared-dir.ts': 'mount/umount: sources pinned as /proc/self/fd/N, targets under the shared dir, "--" before paths',
   'src/runtime/gather-facts.ts': 'fixed version probes of configured binaries',
+  'src/runtime/mount-namespace.ts':
+    'mount/umount/unshare/nsenter/setpriv/env -C/cat: the configured namespace file and its directory after "--" or as --mount=, the program\'s own argv after "--"',
   'src/runtime/sandbox/shared-dir.ts': 'mount/umount of the sandbox shared dir (a path under the state dir)',
   'src/shim/rootfs.ts':
     "mount/umount: containerd's rootfs mounts (overlay or bind only, options checked for commas) after '--', at <bundle>/rootfs",
