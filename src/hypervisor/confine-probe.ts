@@ -21,6 +21,8 @@ function runWithInput(file: string, args: string[], input: string): Promise<{ co
     child.stderr.on('data', (b: Buffer) => (out += b.toString()));
     child.once('error', reject);
     child.once('close', (code) => resolve({ code, out }));
+    // A program that exits (or never started) before reading its input: its exit says why.
+    child.stdin.on('error', () => undefined);
     child.stdin.end(input);
   });
 }

@@ -16,6 +16,8 @@ export const QEMU_SECCOMP_SANDBOX = 'on,obsolete=deny,elevateprivileges=deny,spa
 
 /** util-linux setpriv, run inside the jail (so it must live under /usr, which the jail binds). */
 export const SETPRIV_BINARY = '/usr/bin/setpriv';
+/** util-linux prlimit, run inside the jail while still root (raising a hard limit needs CAP_SYS_RESOURCE). */
+export const PRLIMIT_BINARY = '/usr/bin/prlimit';
 /** util-linux nsenter: enters the pod's network namespace and chroots (no fork: the pid is QEMU's). */
 export const JAIL_NSENTER_BINARY = 'nsenter';
 
@@ -211,14 +213,18 @@ export interface VmmLaunchSpec {
   argv: string[];
   /** The pod's network namespace, entered first (QEMU opens the TAP there). */
   netnsPath?: string;
-  /** Confined: chroot into `jailDir`, then become `identity` with no capabilities and no_new_privs. */
-  jail?: { jailDir: string; identity: VmmIdentity };
+  /**
+   * Confined: chroot into `jailDir`, then become `identity` with no capabilities and no_new_privs.
+   * `memlockBytes`: RLIMIT_MEMLOCK (soft and hard) set first, while still root: an unprivileged
+   * QEMU pins a VFIO device's DMA memory against it, having no CAP_IPC_LOCK.
+   */
+  jail?: { jailDir: string; identity: VmmIdentity; memlockBytes?: number };
 }
 
 /**
  * Pure: the program and arguments that start QEMU. Confined, one chain of execs (no fork, so the
  * pid is QEMU's own): nsenter enters the pod's network namespace and chroots into the jail;
- * setpriv (found at /usr/bin in the jail) sets the uid and gid, clears the supplementary groups,
+ * prlimit raises the locked-memory limit when VFIO needs it; setpriv (found at /usr/bin in the jail) sets the uid and gid, clears the supplementary groups,
  * the inheritable, ambient and bounding capability sets, sets no_new_privs, and execs QEMU.
  * Changing the uid away from 0 clears the permitted and effective sets, so QEMU holds none.
  */
@@ -229,8 +235,11 @@ export function vmmLaunchCommand(spec: VmmLaunchSpec): { file: string; args: str
       ? { file: spec.qemuBinary, args: spec.argv }
       : { file: JAIL_NSENTER_BINARY, args: [...net, '--', spec.qemuBinary, ...spec.argv] };
   }
-  const { jailDir, identity } = spec.jail;
+  const { jailDir, identity, memlockBytes } = spec.jail;
   requirePath('jailDir', jailDir);
+  if (memlockBytes !== undefined && (!Number.isSafeInteger(memlockBytes) || memlockBytes < 1)) {
+    throw invalid('VM_IDENTITY_INVALID', `a confined QEMU's locked-memory limit must be a positive number of bytes, not ${memlockBytes}.`);
+  }
   for (const [field, id] of [
     ['uid', identity.uid],
     ['gid', identity.gid],
@@ -246,6 +255,7 @@ export function vmmLaunchCommand(spec: VmmLaunchSpec): { file: string; args: str
       `--root=${jailDir}`,
       '--wd=/',
       '--',
+      ...(memlockBytes === undefined ? [] : [PRLIMIT_BINARY, `--memlock=${memlockBytes}:${memlockBytes}`, '--']),
       SETPRIV_BINARY,
       `--reuid=${identity.uid}`,
       `--regid=${identity.gid}`,

@@ -35,7 +35,7 @@ export interface StartVmOptions {
    * Start QEMU confined: chrooted into `jailDir` (built beforehand, src/runtime/sandbox/jail.ts)
    * as `identity`, with no capabilities and no_new_privs (vmmLaunchCommand). Absent: as root.
    */
-  jail?: { jailDir: string; identity: VmmIdentity };
+  jail?: { jailDir: string; identity: VmmIdentity; memlockBytes?: number };
 }
 
 /** util-linux nsenter, which enters a namespace and execs the command (no fork). */

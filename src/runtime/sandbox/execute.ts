@@ -201,7 +201,7 @@ async function launchVm(run: SandboxRun, identity: VmmIdentity | undefined): Pro
     logger: run.log,
     qmpTimeoutMs: run.deps.config.hypervisor.qmpTimeoutMs,
     ...(network === null ? {} : { netnsPath: network.record.netnsPath }),
-    ...(identity === undefined ? {} : { jail: { jailDir: layout.jailDir, identity } }),
+    ...(identity === undefined ? {} : { jail: { jailDir: layout.jailDir, identity, ...vfioMemlock(run) } }),
   });
   run.undo.push('kill QEMU', () => vm.kill());
   run.record.vmm = {
@@ -217,6 +217,20 @@ async function launchVm(run: SandboxRun, identity: VmmIdentity | undefined): Pro
   req.signal.throwIfAborted();
   return vm;
 }
+
+/**
+ * A confined QEMU with real VFIO devices pins the guest's memory for DMA without CAP_IPC_LOCK: its
+ * RLIMIT_MEMLOCK must hold all of it (boot RAM and the virtio-mem headroom) plus room for ROMs.
+ * Not for simulated devices (pcie.simulateVfioWith), which pin nothing.
+ */
+function vfioMemlock(run: SandboxRun): { memlockBytes?: number } {
+  const { plan } = run.record;
+  if (plan.pcie.topology.functions.length === 0 || run.deps.config.pcie.simulateVfioWith !== null) return {};
+  return { memlockBytes: (run.record.shape.maxMemoryMiB + VFIO_MEMLOCK_SLACK_MIB) * 1024 * 1024 };
+}
+
+/** Locked memory beyond the guest's RAM a VFIO VMM may pin (option ROMs, the IOMMU's own mappings). */
+const VFIO_MEMLOCK_SLACK_MIB = 64;
 
 /**
  * Placed while still paused: no guest instruction runs outside the pod's budget, and virtiofsd

@@ -77,24 +77,18 @@ export class VmmIdentities {
   }
 
   /**
-   * Take the lowest free number of the range for `owner`: first one without a lease, then one
-   * whose lease is stale. RESOURCE_EXHAUSTED when every number is held.
+   * Take the lowest free number of the range for `owner` (no lease, or a stale one, taken over).
+   * RESOURCE_EXHAUSTED when a live record holds every number.
    */
   async acquire(owner: LeaseOwner): Promise<VmmIdentity> {
     const { firstId, count, leaseDir } = this.config;
     await fsp.mkdir(leaseDir, { recursive: true, mode: 0o700 });
     const taken = new Set((await fsp.readdir(leaseDir)).filter((n) => /^[0-9]+$/.test(n)).map(Number));
     const text = leaseText(owner);
+    // The lowest number no record holds: one without a lease, or one whose lease is stale.
     for (let id = firstId; id < firstId + count; id++) {
-      if (taken.has(id)) continue;
+      if (taken.has(id) && !(await this.takeOverIfStale(id))) continue;
       if (await this.create(id, text)) return { uid: id, gid: id };
-    }
-    // Every number had a lease when listed: take over the first stale one.
-    for (let id = firstId; id < firstId + count; id++) {
-      if (!taken.has(id)) continue;
-      if (await this.takeOverIfStale(id)) {
-        if (await this.create(id, text)) return { uid: id, gid: id };
-      }
     }
     throw exhausted(
       'VMM_IDENTITIES_EXHAUSTED',
