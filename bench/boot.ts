@@ -35,6 +35,8 @@ export interface BootBenchOptions {
 interface SandboxInfo {
   pid: number;
   workDir: string;
+  /** A confined QEMU's files are in its VMM dir (the default handler): the dir the argv names. */
+  confinement: { vmmDir: string | null } | null;
   accel: { accel: string; reason?: string };
   cgroup: Record<string, string>;
   shape: { vcpus: number; maxVcpus: number; memoryMiB: number; maxMemoryMiB: number };
@@ -126,7 +128,7 @@ export async function runBootBench(options: BootBenchOptions): Promise<BootBench
     const warm = await runPod(daemon, live, 'bench-warmup');
     const info = await sandboxInfo(daemon, warm.id);
     if (info.guest === null) throw new Error('warm-up sandbox has no guest report');
-    const template = { binary: info.plan.qemu.binary, argv: info.plan.qemu.argv, workDir: info.workDir };
+    const template = { binary: info.plan.qemu.binary, argv: info.plan.qemu.argv, workDir: info.confinement?.vmmDir ?? info.workDir };
     const templateNorm = JSON.stringify(normalizedArgv(template.argv, template.workDir));
     const guest = info.guest;
     await removePod(daemon, live, warm.id);
@@ -141,7 +143,7 @@ export async function runBootBench(options: BootBenchOptions): Promise<BootBench
         sample.runtimeMs = ms;
         sample.runtimeQemuRssKiB = readVmRssKiB(i.pid);
         // Same pod, same plan: only the identity parts of the argv may differ from the template.
-        if (JSON.stringify(normalizedArgv(i.plan.qemu.argv, i.workDir)) !== templateNorm)
+        if (JSON.stringify(normalizedArgv(i.plan.qemu.argv, i.confinement?.vmmDir ?? i.workDir)) !== templateNorm)
           throw new Error(`round ${r + 1}: the runtime's argv differs from the template`);
         await removePod(daemon, live, id);
       };

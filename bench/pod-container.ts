@@ -138,6 +138,7 @@ export async function runPodContainerBench(
     const warm = await podWithContainer('warm');
     const info = JSON.parse((await rt.cri.runtime.PodSandboxStatus({ pod_sandbox_id: warm.sid, verbose: true })).info.info!) as {
       workDir: string;
+      confinement: { vmmDir: string | null } | null;
       plan: { qemu: { binary: string; argv: string[] } };
     };
     await removePod(warm.sid);
@@ -160,7 +161,7 @@ export async function runPodContainerBench(
         // The argv has a vhost-user-fs device: QEMU needs its virtiofsd listening, as the runtime
         // starts one per pod. Its start counts in the bare time.
         const socketPath = path.join(dir, 'vfs.sock');
-        const argv = bareArgv(info.plan.qemu.argv, info.workDir, dir, 'direct').map((a) =>
+        const argv = bareArgv(info.plan.qemu.argv, info.confinement?.vmmDir ?? info.workDir, dir, 'direct').map((a) =>
           a.startsWith(`socket,id=${VIRTIOFS_CHARDEV},path=`) ? `socket,id=${VIRTIOFS_CHARDEV},path=${socketPath}` : a,
         );
         const t0 = performance.now();

@@ -1,7 +1,10 @@
+import { promises as fsp } from 'node:fs';
 import { detectCgroupMode, probeSystemdManager } from '../cgroups/index.js';
 import { errorMessage } from '../common/errors.js';
 import { createLogger } from '../common/logger.js';
 import type { KataConfig } from '../config/types.js';
+import { probeQemuSandbox, probeSetpriv } from '../hypervisor/confine-probe.js';
+import { QEMU_SECCOMP_SANDBOX } from '../hypervisor/index.js';
 import { NETNS_DIR, networkReadiness } from '../network/index.js';
 import { readHostInventory } from '../pcie/index.js';
 import { gatherFacts } from '../runtime/gather-facts.js';
@@ -22,8 +25,9 @@ const HELP = `Usage: kata-ts doctor [--config FILE] [--format text|json]
 Checks this host the way the daemon will use it and prints one line per check with ok, warn or
 fail: QEMU binary, acceleration (KVM or TCG, and why), guest kernel and initramfs, CNI network,
 cgroup mode (v1, v2 or hybrid), the cgroup driver RuntimeConfig will advertise, systemd
-reachability, IOMMU groups for VFIO, the runtime's mount namespace, and orphans (QEMU, virtiofsd,
-mounts in that namespace, cgroups, files no record owns). Exits 1 when any check fails.
+reachability, IOMMU groups for VFIO, the runtime's mount namespace, the VMM confinement (QEMU's
+seccomp option, setpriv, the identity range, what each handler turns off), and orphans (QEMU,
+virtiofsd, mounts in that namespace, cgroups, files no record owns). Exits 1 when any check fails.
 `;
 
 export type Verdict = 'ok' | 'warn' | 'fail';
@@ -59,6 +63,8 @@ export async function runDoctorChecks(config: KataConfig, configPath: string | n
     verdict: 'ok',
     message: `${driver.name} (${driver.source === 'config' ? 'set in the config file' : `detected: ${config.systemdRuntimeDir} ${driver.name === 'systemd' ? 'exists' : 'does not exist'}`}); RuntimeConfig advertises the same`,
   });
+
+  checks.push(...(await vmmChecks(config)));
 
   const quiet = createLogger({ level: 'silent' });
   try {
@@ -169,4 +175,48 @@ export async function runDoctorCommand(argv: string[], io: CliIo): Promise<numbe
     for (const c of checks) io.stdout.write(`${c.verdict.padEnd(4)}  ${c.name.padEnd(width)}  ${c.message}\n`);
   }
   return checks.some((c) => c.verdict === 'fail') ? 1 : 0;
+}
+
+/**
+ * What this host supports for confined VMMs, and what the handlers ask of it: a failure only
+ * where some handler needs the missing piece (an opted-out handler's needs are a warning).
+ */
+export async function vmmChecks(config: KataConfig): Promise<DoctorCheck[]> {
+  const handlers = Object.entries(config.handlers);
+  const wantSeccomp = handlers.some(([, h]) => h.vmmConfinement.seccomp);
+  const wantUnprivileged = handlers.some(([, h]) => h.vmmConfinement.unprivileged);
+  const checks: DoctorCheck[] = [];
+  const seccomp = await probeQemuSandbox(config.hypervisor.qemuBinary, QEMU_SECCOMP_SANDBOX);
+  checks.push({ name: 'vmm-seccomp', verdict: seccomp.ok ? 'ok' : wantSeccomp ? 'fail' : 'warn', message: seccomp.message });
+  const setpriv = await probeSetpriv();
+  const ids = config.hypervisor.vmmIdentities;
+  const last = ids.firstId + ids.count - 1;
+  const accounts = await accountsInRange(ids.firstId, last);
+  const leased = await fsp
+    .readdir(ids.leaseDir)
+    .then((names) => names.filter((n) => /^[0-9]+$/.test(n)).length)
+    .catch(() => 0);
+  checks.push({
+    name: 'vmm-identity',
+    verdict: !setpriv.ok ? (wantUnprivileged ? 'fail' : 'warn') : accounts.length > 0 ? 'warn' : 'ok',
+    message: `${setpriv.ok ? `${setpriv.message} drops QEMU's privileges` : setpriv.message}; uids/gids ${ids.firstId}-${last}, ${leased} leased in ${ids.leaseDir}${accounts.length > 0 ? `; accounts of /etc/passwd in that range: ${accounts.join(', ')}` : ''}`,
+  });
+  const optedOut = handlers.filter(([, h]) => !h.vmmConfinement.seccomp || !h.vmmConfinement.unprivileged);
+  const describe = ([name, h]: (typeof handlers)[number]) => {
+    const c = h.vmmConfinement;
+    const off = [c.seccomp ? null : 'seccomp', c.unprivileged ? null : 'unprivileged'].filter((x) => x !== null);
+    return off.length === 0 ? `${name}: seccomp, own uid, no capabilities, jail` : `${name}: ${off.join(' and ')} off (${c.optOutReason})`;
+  };
+  checks.push({ name: 'vmm-handlers', verdict: optedOut.length > 0 ? 'warn' : 'ok', message: handlers.map(describe).join('; ') });
+  return checks;
+}
+
+/** Accounts of /etc/passwd whose uid falls in [first, last] (a confined QEMU would share their uid). */
+async function accountsInRange(first: number, last: number): Promise<string[]> {
+  const text = await fsp.readFile('/etc/passwd', 'utf8').catch(() => '');
+  return text
+    .split('\n')
+    .map((line) => line.split(':'))
+    .filter((f) => f.length > 2 && Number(f[2]) >= first && Number(f[2]) <= last)
+    .map((f) => `${f[0]} (${f[2]})`);
 }

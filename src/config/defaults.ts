@@ -10,6 +10,14 @@ export const DEFAULT_SHIM_STATE_ROOT = '/run/kata-ts/shim';
 /** Where the runtime's mount namespace is bound (a tmpfs: a reboot ends the namespace anyway). */
 export const DEFAULT_MOUNT_NAMESPACE_PATH = '/run/kata-ts/ns/mnt';
 export const DEFAULT_HANDLER = 'kata-ts';
+/**
+ * Confined QEMUs' uids and gids: far above the ranges distributions hand out to accounts (below
+ * 60000) and to /etc/subuid (100000 upwards in steps of 65536 for the first users).
+ */
+export const DEFAULT_VMM_FIRST_ID = 2_000_000_000;
+export const DEFAULT_VMM_ID_COUNT = 65_536;
+/** Node-wide (the daemon and every shim): the leases of the identities in use. */
+export const DEFAULT_VMM_LEASE_DIR = '/var/lib/kata-ts/vmm-identities';
 export const CONFIDENTIAL_HANDLER = 'kata-ts-cvm';
 
 /** The general-purpose profile: grows by CPU and memory hot-plug, VFIO devices hot-plugged. */
@@ -35,6 +43,7 @@ export function defaultHandlerProfile(): HandlerProfile {
       pref64ReserveFloorMiB: 256,
       memReserveFloorMiB: 16,
     },
+    vmmConfinement: { seccomp: true, unprivileged: true, optOutReason: null },
   };
 }
 
@@ -75,6 +84,11 @@ export function defaultConfig(): KataConfig {
       stopTimeoutMs: 10_000,
       qmpTimeoutMs: 10_000,
       tcgTranslationCacheMiB: 64,
+      vmmIdentities: {
+        firstId: DEFAULT_VMM_FIRST_ID,
+        count: DEFAULT_VMM_ID_COUNT,
+        leaseDir: DEFAULT_VMM_LEASE_DIR,
+      },
     },
     pcie: {
       sysfsRoot: '/sys',

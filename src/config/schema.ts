@@ -45,6 +45,15 @@ const handlerProfile = {
         memReserveFloorMiB: nonNegativeInt,
       },
     },
+    vmmConfinement: {
+      type: 'object',
+      additionalProperties: false,
+      properties: {
+        seccomp: { type: 'boolean' },
+        unprivileged: { type: 'boolean' },
+        optOutReason: { type: ['string', 'null'], minLength: 1, maxLength: 500 },
+      },
+    },
   },
 } as const;
 
@@ -77,6 +86,16 @@ export const configFileSchema = {
         stopTimeoutMs: positiveInt,
         qmpTimeoutMs: positiveInt,
         tcgTranslationCacheMiB: { type: 'integer', minimum: 16, maximum: 4096 },
+        vmmIdentities: {
+          type: 'object',
+          additionalProperties: false,
+          properties: {
+            // Never 0 (root); doctor warns when the range holds an account of /etc/passwd.
+            firstId: { type: 'integer', minimum: 1, maximum: 4_294_967_294 },
+            count: { type: 'integer', minimum: 1, maximum: 16_777_216 },
+            leaseDir: absolutePath,
+          },
+        },
       },
     },
     pcie: {

@@ -41,6 +41,23 @@ export interface HandlerPcieConfig {
   memReserveFloorMiB: number;
 }
 
+/**
+ * How a handler's QEMU is confined (docs/security.md#the-vmm-jail). Both are on by default; turning
+ * either off needs `optOutReason`, which is logged at every RunPodSandbox and shown by `plan`.
+ */
+export interface VmmConfinementConfig {
+  /** QEMU's own seccomp filter (`-sandbox on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny`). */
+  seccomp: boolean;
+  /**
+   * QEMU runs as a uid/gid of its own (hypervisor.vmmIdentities), with no capabilities and
+   * no_new_privs, chrooted into a jail holding /usr (read only), its own device nodes and its
+   * pod's files. Off: QEMU runs as root with every capability and sees the host (as before).
+   */
+  unprivileged: boolean;
+  /** Why this handler turns something off; null when nothing is. */
+  optOutReason: string | null;
+}
+
 export interface HandlerProfile {
   /** Confidential VMs are sized once and never reconfigured after boot. */
   confidential: boolean;
@@ -51,6 +68,7 @@ export interface HandlerProfile {
   /** What QEMU itself consumes on the host, added to the VMM's cgroup budget. */
   vmmOverhead: CpuMemory;
   pcie: HandlerPcieConfig;
+  vmmConfinement: VmmConfinementConfig;
 }
 
 export interface HypervisorConfig {
@@ -76,6 +94,19 @@ export interface HypervisorConfig {
    * here and counted in the VMM's memory budget. Unused under KVM.
    */
   tcgTranslationCacheMiB: number;
+  /** The uids/gids confined QEMUs run as, one per pod (see VmmIdentityConfig). */
+  vmmIdentities: VmmIdentityConfig;
+}
+
+/**
+ * The range a confined QEMU's identity is taken from: uid = gid = one number in
+ * [firstId, firstId + count), free while no sandbox record holds it. A lease file per number in
+ * `leaseDir` (node-wide: the daemon and every shim share it) names the record holding it.
+ */
+export interface VmmIdentityConfig {
+  firstId: number;
+  count: number;
+  leaseDir: string;
 }
 
 export interface PcieHostConfig {

@@ -11,6 +11,10 @@ export function crossFieldProblems(config: KataConfig): string[] {
   if (!(config.defaultHandler in config.handlers)) {
     problems.push(`/defaultHandler "${config.defaultHandler}" is not one of the handlers (${names.join(', ')})`);
   }
+  const ids = config.hypervisor.vmmIdentities;
+  if (ids.firstId + ids.count - 1 > 4_294_967_294) {
+    problems.push(`/hypervisor/vmmIdentities firstId ${ids.firstId} + count ${ids.count} runs past the last uid (4294967294)`);
+  }
   for (const [name, h] of Object.entries(config.handlers)) {
     const at = `/handlers/${name}`;
     const vm = h.vm;
@@ -22,6 +26,11 @@ export function crossFieldProblems(config: KataConfig): string[] {
     }
     if (vm.defaultVcpus > vm.maxVcpus) {
       problems.push(`${at}/vm/defaultVcpus ${vm.defaultVcpus} exceeds maxVcpus ${vm.maxVcpus}`);
+    }
+    const c = h.vmmConfinement;
+    if ((!c.seccomp || !c.unprivileged) && (c.optOutReason === null || c.optOutReason.trim() === '')) {
+      const off = [c.seccomp ? null : 'seccomp', c.unprivileged ? null : 'unprivileged'].filter((x) => x !== null).join(' and ');
+      problems.push(`${at}/vmmConfinement/optOutReason must say why ${off} is turned off`);
     }
     if (h.confidential) {
       if (vm.hotplugVcpus !== 0 || vm.hotplugMemoryMiB !== 0) {

@@ -53,6 +53,11 @@ export interface QemuArgvSpec {
   tcgTranslationCacheMiB?: number;
   /** The pod's NIC: a virtio-net device on a TAP that QEMU opens by name (see NicSpec). Absent: no network. */
   nic?: NicSpec;
+  /**
+   * QEMU's `-sandbox` value (its seccomp filter; QEMU_SECCOMP_SANDBOX in confine.ts). Absent: no
+   * filter (a handler that opted out, with a reason).
+   */
+  seccompSandbox?: string;
 }
 
 /**
@@ -172,6 +177,7 @@ export function buildQemuArgv(spec: QemuArgvSpec): string[] {
   add('-nodefaults', '-no-user-config', '-display', 'none');
   add('-S', '-no-reboot');
   add('-msg', 'timestamp=on');
+  if (spec.seccompSandbox !== undefined) add('-sandbox', spec.seccompSandbox);
 
   add('-chardev', `socket,id=${QMP_CHARDEV_ID},path=${optionValue(spec.paths.qmpSocket)},server=on,wait=off`);
   add('-mon', `chardev=${QMP_CHARDEV_ID},mode=control`);
@@ -277,6 +283,12 @@ function validateSpec(spec: QemuArgvSpec): void {
     }
   });
   validatePcieArgs(spec.pcieArgs);
+  if (spec.seccompSandbox !== undefined && !/^on(,[a-z]+=(allow|deny|children))*$/.test(spec.seccompSandbox)) {
+    throw invalid(
+      'QEMU_SANDBOX_INVALID',
+      `seccompSandbox ${JSON.stringify(spec.seccompSandbox)} is not a QEMU -sandbox value like "on,spawn=deny".`,
+    );
+  }
   if (spec.nic !== undefined) {
     if (!/^[A-Za-z0-9_.-]{1,15}$/.test(spec.nic.tapName)) {
       throw invalid(

@@ -19,6 +19,21 @@ export {
   type VmSocketPaths,
 } from './argv.js';
 export { checkGuestAssets, type GuestAssetCheck, type GuestAssetPaths } from './assets.js';
+export {
+  fstabField,
+  inJail,
+  JAIL_NSENTER_BINARY,
+  type JailDevices,
+  type JailLayout,
+  type JailSpec,
+  planJail,
+  QEMU_SECCOMP_SANDBOX,
+  ROOT_LINK_NAMES,
+  SETPRIV_BINARY,
+  type VmmIdentity,
+  type VmmLaunchSpec,
+  vmmLaunchCommand,
+} from './confine.js';
 export { type GuestMessage, type GuestReport, parseGuestLine, READY_PORT_NAME } from './guest-protocol.js';
 export {
   type AttachVmOptions,

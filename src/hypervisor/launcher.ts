@@ -4,6 +4,7 @@ import path from 'node:path';
 import { errorMessage, internal, isReason, type KataError, notFound, precondition, timedOut, unavailable } from '../common/errors.js';
 import type { Logger } from '../common/logger.js';
 import { isSameLiveProcess, readCmdline, readProcStat } from '../common/procfs.js';
+import { JAIL_NSENTER_BINARY, type VmmIdentity, vmmLaunchCommand } from './confine.js';
 import { tailFile } from './log-tail.js';
 import { connectQmp, type QmpClient } from './qmp/client.js';
 import { ReadyChannel } from './ready-channel.js';
@@ -30,10 +31,15 @@ export interface StartVmOptions {
    * network namespace changes; QEMU's unix sockets are paths and work from any.
    */
   netnsPath?: string;
+  /**
+   * Start QEMU confined: chrooted into `jailDir` (built beforehand, src/runtime/sandbox/jail.ts)
+   * as `identity`, with no capabilities and no_new_privs (vmmLaunchCommand). Absent: as root.
+   */
+  jail?: { jailDir: string; identity: VmmIdentity; memlockBytes?: number };
 }
 
 /** util-linux nsenter, which enters a namespace and execs the command (no fork). */
-export const NSENTER_BINARY = 'nsenter';
+export const NSENTER_BINARY = JAIL_NSENTER_BINARY;
 
 const DEFAULT_START_TIMEOUT_MS = 15_000;
 const CONNECT_RETRY_MS = 25;
@@ -56,12 +62,15 @@ export async function startVm(options: StartVmOptions): Promise<VmProcess> {
   // A socket file left by an earlier QEMU would accept no connection and mislead the wait below.
   await Promise.all([fsp.rm(paths.qmpSocket, { force: true }), fsp.rm(paths.readySocket, { force: true })]);
 
-  const child =
-    options.netnsPath === undefined
-      ? await spawnDetached(options.qemuBinary, options.argv, paths.qemuLog)
-      : await spawnDetached(NSENTER_BINARY, [`--net=${options.netnsPath}`, '--', options.qemuBinary, ...options.argv], paths.qemuLog);
+  const command = vmmLaunchCommand({
+    qemuBinary: options.qemuBinary,
+    argv: options.argv,
+    ...(options.netnsPath === undefined ? {} : { netnsPath: options.netnsPath }),
+    ...(options.jail === undefined ? {} : { jail: options.jail }),
+  });
+  const child = await spawnDetached(command.file, command.args, paths.qemuLog);
   const pid = child.pid!;
-  logger.info({ pid, qemuLog: paths.qemuLog }, 'QEMU started (paused)');
+  logger.info({ pid, qemuLog: paths.qemuLog, uid: options.jail?.identity.uid ?? 0 }, 'QEMU started (paused)');
   const processExit = new Promise<{ code: number | null; signal: string | null }>((resolve) => {
     if (child.exitCode !== null || child.signalCode !== null) resolve({ code: child.exitCode, signal: child.signalCode });
     else child.once('exit', (code, signal) => resolve({ code, signal }));

@@ -22,8 +22,9 @@ export interface VirtiofsdArgvSpec {
 /**
  * Pure: virtiofsd's argv (without the binary). The sandbox stays `namespace`: virtiofsd
  * pivot_roots into the shared directory, so `..` and absolute symlinks resolve inside it and the
- * guest cannot name anything else of the host; CAP_MKNOD is dropped, so no device node can be
- * made in the host directory. Throws `invalid` naming the field.
+ * guest cannot name anything else of the host; CAP_MKNOD and CAP_SETFCAP are dropped, so no
+ * device node or file capability can be made in the host directory; its own seccomp filter is
+ * always on. Throws `invalid` naming the field.
  */
 export function buildVirtiofsdArgv(spec: VirtiofsdArgvSpec): string[] {
   for (const [field, value] of [
@@ -50,9 +51,12 @@ export function buildVirtiofsdArgv(spec: VirtiofsdArgvSpec): string[] {
     `cache=${spec.cache ?? 'auto'}`,
     '-o',
     'sandbox=namespace',
-    // Without CAP_MKNOD the guest cannot create device nodes in the host directory at all.
+    // Its default set is chown, dac_override, fowner, fsetid, setgid, setuid, mknod and setfcap.
+    // Without CAP_MKNOD the guest cannot create device nodes in the host directory at all; without
+    // CAP_SETFCAP nothing can set a file capability (xattrs are off anyway: no_xattr is the
+    // default). The rest is what serving files of any owner as that owner takes.
     '-o',
-    'modcaps=-mknod',
+    'modcaps=-mknod:-setfcap',
     '-o',
     'log_level=warn',
   ];

@@ -15,4 +15,6 @@ export {
   POD_TAP_NAME,
   planTapUnwiring,
   planTapWiring,
+  type TapOptions,
+  type TapOwner,
 } from './wiring.js';

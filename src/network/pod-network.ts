@@ -24,6 +24,7 @@ import {
   planTapUnwiring,
   planTapWiring,
   runAll,
+  type TapOptions,
 } from './wiring.js';
 import './reasons.js';
 
@@ -86,12 +87,13 @@ export class PodNetworks {
   /**
    * Namespace, CNI ADD, TAP (a joined namespace: the TAP only): `net` is changed in place and
    * `persist` called before each step that leaves something to undo. On failure the caller runs
-   * teardown (which undoes what was recorded).
+   * teardown (which undoes what was recorded). `tapOwner`: the TAP is made for that uid and gid
+   * (`ip tuntap add ... user U group G`), so an unprivileged QEMU may attach to it.
    */
-  async setup(net: PodNetworkRecord, persist: () => Promise<void>, log: Logger): Promise<void> {
+  async setup(net: PodNetworkRecord, persist: () => Promise<void>, log: Logger, options: TapOptions = {}): Promise<void> {
     if (net.kind === 'joined') {
       const started = Date.now();
-      await this.wire(net, persist);
+      await this.wire(net, persist, options);
       log.info(
         { netns: net.netnsPath, ips: net.result?.ips, mac: net.mac, mtu: net.mtu, wiringMs: Date.now() - started },
         'pod network joined',
@@ -109,7 +111,7 @@ export class PodNetworks {
     const { mac, mtu } = await linkInfo(net.netnsName, net.ifName);
     net.mac = mac;
     net.mtu = mtu;
-    await this.wire(net, persist);
+    await this.wire(net, persist, options);
     log.info(
       { netns: net.netnsName, ips: net.result.ips, mac, mtu, cniMs, wiringMs: Date.now() - started - cniMs },
       'pod network attached',
@@ -117,12 +119,12 @@ export class PodNetworks {
   }
 
   /** The TAP and its filters, recorded first: a crash half-way is unwired all the same. */
-  private async wire(net: PodNetworkRecord, persist: () => Promise<void>): Promise<void> {
+  private async wire(net: PodNetworkRecord, persist: () => Promise<void>, options: TapOptions): Promise<void> {
     // Known before wiring (linkInfo, or the joined namespace read at prepare): null here is a bug.
     if (net.mtu === null) throw new Error('the pod network is wired without an MTU');
     net.tapWired = true;
     await persist();
-    await runAll(planTapWiring(netnsRefOf(net), net.ifName, net.tapName, net.mtu));
+    await runAll(planTapWiring(netnsRefOf(net), net.ifName, net.tapName, net.mtu, options.tapOwner));
   }
 
   /**

@@ -41,8 +41,22 @@ export function inNetns(ns: NetnsRef, tool: 'ip' | 'tc', args: string[]): string
 /** What netnsNameFor makes, to tell a pod namespace among others in NETNS_DIR. */
 export const POD_NETNS_NAME = /^kata-ts-[0-9a-f]{16}$/;
 
-/** The argv lists that create the TAP and redirect both ways between it and `ifName`. */
-export function planTapWiring(netns: NetnsRef, ifName: string, tapName: string, mtu: number): string[][] {
+/** Who may attach to a TAP without CAP_NET_ADMIN: a confined QEMU's uid and gid. */
+export interface TapOwner {
+  uid: number;
+  gid: number;
+}
+
+/** How PodNetworks.setup makes the TAP. */
+export interface TapOptions {
+  tapOwner?: TapOwner;
+}
+
+/**
+ * The argv lists that create the TAP (for `owner`, when given: its uid and gid may attach to it)
+ * and redirect both ways between it and `ifName`.
+ */
+export function planTapWiring(netns: NetnsRef, ifName: string, tapName: string, mtu: number, owner?: TapOwner): string[][] {
   const redirect = (from: string, to: string): string[][] => [
     inNetns(netns, 'tc', ['qdisc', 'add', 'dev', from, 'ingress']),
     inNetns(netns, 'tc', [
@@ -68,7 +82,15 @@ export function planTapWiring(netns: NetnsRef, ifName: string, tapName: string, 
     ]),
   ];
   return [
-    inNetns(netns, 'ip', ['tuntap', 'add', 'dev', tapName, 'mode', 'tap']),
+    inNetns(netns, 'ip', [
+      'tuntap',
+      'add',
+      'dev',
+      tapName,
+      'mode',
+      'tap',
+      ...(owner === undefined ? [] : ['user', String(owner.uid), 'group', String(owner.gid)]),
+    ]),
     inNetns(netns, 'ip', ['link', 'set', 'dev', tapName, 'mtu', String(mtu), 'up']),
     ...redirect(ifName, tapName),
     ...redirect(tapName, ifName),

@@ -1,6 +1,6 @@
 import type { ResolvedHandler } from '../config/handlers.js';
 import type { HypervisorConfig } from '../config/types.js';
-import { type AccelerationChoice, buildQemuArgv, type NicSpec, type VmSocketPaths } from '../hypervisor/index.js';
+import { type AccelerationChoice, buildQemuArgv, type NicSpec, QEMU_SECCOMP_SANDBOX, type VmSocketPaths } from '../hypervisor/index.js';
 import { type KubeletPodResources, type PcieHostFacts, type PodPciePlan, planPodPcie } from '../pcie/index.js';
 import type { PodSandboxConfigInput } from '../sizing/input.js';
 import { planSizing } from '../sizing/shape.js';
@@ -20,9 +20,25 @@ export interface SandboxPlanInput {
   simulateVfioWith?: string | null;
   /** QEMU `-name`: shown in ps, unique per sandbox. */
   vmName: string;
+  /** The VM's sockets: in the VMM dir when the handler confines QEMU (sandboxArgvPaths). */
   paths: VmSocketPaths;
   /** The pod's NIC (a pod with CNI networking); its MAC is the CNI interface's, known after CNI ADD. */
   nic?: NicSpec;
+}
+
+/**
+ * How the VMM is confined (the handler's vmmConfinement): QEMU's seccomp option, and whether it
+ * runs as an identity of its own, jailed. The identity itself is taken at RunPodSandbox (the first
+ * free number of `identityRange`) and recorded in the sandbox record, not planned.
+ */
+export interface VmmConfinementPlan {
+  /** The `-sandbox` value in the argv; null: no seccomp filter. */
+  seccomp: string | null;
+  unprivileged: boolean;
+  /** Where the identity comes from; null when QEMU runs as root. */
+  identityRange: { firstId: number; count: number } | null;
+  /** The handler's reason for what it turns off; null when nothing is. */
+  optOutReason: string | null;
 }
 
 /** The decided shape of one pod's VM: sizes, PCIe layout and the exact QEMU command line. */
@@ -32,6 +48,19 @@ export interface SandboxPlan {
   sizing: SizingPlan;
   pcie: PodPciePlan;
   qemu: { binary: string; accel: AccelerationChoice; argv: string[] };
+  vmm: VmmConfinementPlan;
+}
+
+/** Pure: the confinement a handler asks for, with the node's identity range. */
+export function planVmmConfinement(input: Pick<SandboxPlanInput, 'handler' | 'hypervisor'>): VmmConfinementPlan {
+  const c = input.handler.profile.vmmConfinement;
+  const { firstId, count } = input.hypervisor.vmmIdentities;
+  return {
+    seccomp: c.seccomp ? QEMU_SECCOMP_SANDBOX : null,
+    unprivileged: c.unprivileged,
+    identityRange: c.unprivileged ? { firstId, count } : null,
+    optOutReason: c.seccomp && c.unprivileged ? null : c.optOutReason,
+  };
 }
 
 /**
@@ -52,6 +81,7 @@ export function planSandbox(input: SandboxPlanInput): SandboxPlan {
     profile: { ...profile.pcie, confidential: profile.confidential },
     simulateVfioWith: input.simulateVfioWith ?? null,
   });
+  const vmm = planVmmConfinement(input);
   const argv = buildQemuArgv({
     name: input.vmName,
     shape: sizing.vm,
@@ -65,6 +95,7 @@ export function planSandbox(input: SandboxPlanInput): SandboxPlan {
     ...(input.nic === undefined ? {} : { nic: input.nic }),
     ...(tcg ? { tcgTranslationCacheMiB: translationCacheMiB } : {}),
     ...(input.hypervisor.guestImagePath === null ? {} : { guestImagePath: input.hypervisor.guestImagePath }),
+    ...(vmm.seccomp === null ? {} : { seccompSandbox: vmm.seccomp }),
   });
   return {
     handler: input.handler.name,
@@ -72,5 +103,6 @@ export function planSandbox(input: SandboxPlanInput): SandboxPlan {
     sizing,
     pcie,
     qemu: { binary: input.hypervisor.qemuBinary, accel: input.accel, argv },
+    vmm,
   };
 }

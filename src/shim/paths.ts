@@ -100,7 +100,8 @@ export function podStateDir(stateRoot: string, namespace: string, sandboxId: str
   validateNamespace(namespace);
   validateId(sandboxId);
   const dir = path.join(stateRoot, namespace, sandboxId.slice(0, POD_DIR_ID_CHARS));
-  const sockets = Object.values(sandboxVmPaths(sandboxWorkDir(dir, sandboxId))).filter((p) => p.endsWith('.sock'));
+  // The confined layout's sockets (in the VMM dir) are the longer ones.
+  const sockets = Object.values(sandboxVmPaths(sandboxWorkDir(dir, sandboxId), true)).filter((p) => p.endsWith('.sock'));
   for (const socketPath of sockets) checkSocketLength(socketPath, 'shim.stateRoot or the namespace');
   return dir;
 }

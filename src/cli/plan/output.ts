@@ -1,5 +1,6 @@
 import type { AccelerationChoice } from '../../hypervisor/index.js';
 import type { PodPciePlan } from '../../pcie/index.js';
+import type { VmmConfinementPlan } from '../../runtime/plan.js';
 import type { HostCapacity, SizingPlan, VmmOverheadSource } from '../../sizing/types.js';
 
 /**
@@ -16,6 +17,16 @@ export interface PlanReport {
   qemu: { binary: string; accel: AccelerationChoice; argv: string[]; workDir: string };
   /** The pod's NIC (network.mode "cni"); null without pod networking. */
   network: PlanNetwork | null;
+  /** How QEMU is confined (the handler's vmmConfinement), and where its jail would be. */
+  vmm: PlanVmm;
+}
+
+/** The VMM's confinement as planned: the identity is taken at RunPodSandbox (the first free of the range). */
+export interface PlanVmm extends VmmConfinementPlan {
+  /** Where the identity leases are (node-wide); null when QEMU runs as root. */
+  leaseDir: string | null;
+  jailDir: string | null;
+  vmmDir: string | null;
 }
 
 /** The network part of a plan: where the NIC sits and what RunPodSandbox will fill in from CNI. */
@@ -224,8 +235,36 @@ const qemu: PlanSection = {
   text: (r) => [`QEMU (${r.qemu.accel.accel}: ${r.qemu.accel.reason})`, `  ${r.qemu.binary}`, ...argvLines(r.qemu.argv)],
 };
 
+const vmm: PlanSection = {
+  key: 'vmm',
+  json: (r) => r.vmm,
+  text: (r) => {
+    const v = r.vmm;
+    const off = (what: string) => `off (${what}): ${v.optOutReason ?? 'no reason given'}`;
+    const range = v.identityRange;
+    return [
+      'VMM confinement',
+      ...table([
+        ['seccomp', v.seccomp === null ? off('no -sandbox') : `-sandbox ${v.seccomp}`],
+        [
+          'identity',
+          range === null
+            ? off('QEMU runs as root with every capability')
+            : `uid = gid = the first free of ${range.firstId}-${range.firstId + range.count - 1}, taken at RunPodSandbox (leases in ${v.leaseDir})`,
+        ],
+        ...(range === null
+          ? []
+          : [
+              ['privileges', 'no capabilities (none permitted, effective, inheritable, ambient or bounding), no_new_privs'],
+              ['jail', `chroot ${v.jailDir}: /usr read only, its own /dev, ${v.vmmDir} (its sockets and console), the guest's files`],
+            ]),
+      ]),
+    ];
+  },
+};
+
 /** Sections in output order. */
-export const PLAN_SECTIONS: PlanSection[] = [summary, vm, host, vmmOverhead, workload, containers, pcie, network, qemu];
+export const PLAN_SECTIONS: PlanSection[] = [summary, vm, host, vmmOverhead, workload, containers, pcie, network, vmm, qemu];
 
 /** The JSON document: identity keys first, then one key per section. */
 export function planJson(report: PlanReport): Record<string, unknown> {

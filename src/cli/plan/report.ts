@@ -6,7 +6,7 @@ import { netnsNameFor, POD_TAP_NAME } from '../../network/index.js';
 import type { PcieHostFacts } from '../../pcie/index.js';
 import { planSandbox } from '../../runtime/plan.js';
 import { PLANNED_MAC } from '../../runtime/sandbox/network.js';
-import { sandboxArgvPaths, sandboxWorkDir, vmNameFor } from '../../runtime/sandbox/paths.js';
+import { sandboxArgvPaths, sandboxJailDir, sandboxVmmDir, sandboxWorkDir, vmNameFor } from '../../runtime/sandbox/paths.js';
 import type { RunPodSandboxRequestInput } from '../../sizing/input.js';
 import type { HostCapacity } from '../../sizing/types.js';
 import type { PlanReport } from './output.js';
@@ -32,6 +32,7 @@ export function buildPlanReport(request: RunPodSandboxRequestInput, env: PlanEnv
   const handler = resolveHandler(env.config, handlerOverride ?? request.runtime_handler ?? '');
   const sandbox = request.config ?? {};
   const workDir = sandboxWorkDir(env.config.stateDir, DRY_RUN_SANDBOX_ID);
+  const confined = handler.profile.vmmConfinement.unprivileged;
   const cni = env.config.network.mode === 'cni';
   const vhost = env.vhostNet ?? false;
   const plan = planSandbox({
@@ -43,7 +44,7 @@ export function buildPlanReport(request: RunPodSandboxRequestInput, env: PlanEnv
     accel: env.accel,
     hypervisor: env.config.hypervisor,
     vmName: vmNameFor(DRY_RUN_SANDBOX_ID),
-    paths: sandboxArgvPaths(workDir, env.config.hypervisor),
+    paths: sandboxArgvPaths(workDir, env.config.hypervisor, confined),
     simulateVfioWith: env.config.pcie.simulateVfioWith,
   });
   const metadata = sandbox.metadata;
@@ -54,6 +55,12 @@ export function buildPlanReport(request: RunPodSandboxRequestInput, env: PlanEnv
     sizing: plan.sizing,
     pcie: plan.pcie,
     qemu: { binary: plan.qemu.binary, accel: plan.qemu.accel, argv: plan.qemu.argv, workDir: path.normalize(workDir) },
+    vmm: {
+      ...plan.vmm,
+      leaseDir: confined ? env.config.hypervisor.vmmIdentities.leaseDir : null,
+      jailDir: confined ? sandboxJailDir(workDir) : null,
+      vmmDir: confined ? sandboxVmmDir(workDir) : null,
+    },
     network: cni
       ? {
           cniConfDir: env.config.network.cniConfDir,

@@ -17,10 +17,14 @@ import type { RollbackSteps } from '../rollback.js';
 import type { SandboxSpec } from '../spec/sandbox.js';
 import type { RecordStore } from '../store.js';
 import type { connectAgentClient } from './agent.js';
+import type { VmmIdentities } from './identities.js';
+import type { buildJail, releaseJail } from './jail.js';
 import type { SandboxRecord } from './record.js';
 import type { prepareSharedDir, releaseSharedMounts } from './shared-dir.js';
 
 export interface CreateDeps {
+  /** The node's VMM identity leases (tests give their own); one over config.hypervisor.vmmIdentities unless given. */
+  identities?: VmmIdentities;
   /** How to reach a guest's agent (tests replace it); connectAgentClient unless given. */
   connectAgent?: typeof connectAgentClient;
   /** What starts the sandbox's host processes and mounts its shared dir (tests replace it); the real ones unless given. */
@@ -41,6 +45,8 @@ export interface SandboxLaunchers {
   startVirtiofsd: typeof startVirtiofsd;
   prepareSharedDir: typeof prepareSharedDir;
   releaseSharedMounts: typeof releaseSharedMounts;
+  buildJail: typeof buildJail;
+  releaseJail: typeof releaseJail;
 }
 
 export interface CreateRequest {
@@ -66,6 +72,12 @@ export interface CreatedSandbox {
 /** Where a sandbox's files and sockets go on the host (all under its work dir). */
 export interface SandboxLayout {
   workDir: string;
+  /** The handler confines QEMU: an identity of its own, the VMM dir and the jail below. */
+  confined: boolean;
+  /** A confined QEMU's own files (sandboxVmmDir); unused unconfined. */
+  vmmDir: string;
+  /** A confined QEMU's chroot (sandboxJailDir); unused unconfined. */
+  jailDir: string;
   /** What virtiofsd shares with the guest. */
   sharedDir: string;
   /** QEMU's own: QMP, ready, console and log. */

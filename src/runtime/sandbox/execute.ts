@@ -9,16 +9,18 @@
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
 import { errnoCode, errorMessage, internal } from '../../common/errors.js';
-import { startVirtiofsd, startVm, type VirtiofsdProcess, type VmProcess } from '../../hypervisor/index.js';
+import { startVirtiofsd, startVm, type VirtiofsdProcess, type VmmIdentity, type VmProcess } from '../../hypervisor/index.js';
 import type { PodNetworkRecord, PodNetworks } from '../../network/index.js';
 import { RollbackSteps } from '../rollback.js';
 import { bootGuest } from './boot.js';
 import type { CreateDeps, CreatedSandbox, SandboxLaunchers, SandboxPreparation, SandboxRun } from './create-types.js';
+import { leaseOwnerOf, VmmIdentities } from './identities.js';
+import { buildJail, releaseJail } from './jail.js';
 import { planWithMac } from './prepare.js';
 import { prepareSharedDir, releaseSharedMounts, removeWorkDir } from './shared-dir.js';
 import { restrictSocketModes } from './socket-modes.js';
 
-const REAL_LAUNCHERS: SandboxLaunchers = { startVm, startVirtiofsd, prepareSharedDir, releaseSharedMounts };
+const REAL_LAUNCHERS: SandboxLaunchers = { startVm, startVirtiofsd, prepareSharedDir, releaseSharedMounts, buildJail, releaseJail };
 
 /** Carry out `prep`; on failure everything done is undone and the error rethrown. */
 export async function executeSandbox(deps: CreateDeps, prep: SandboxPreparation): Promise<CreatedSandbox> {
@@ -39,9 +41,11 @@ export async function executeSandbox(deps: CreateDeps, prep: SandboxPreparation)
     await deps.store.put(record);
     run.undo.push('delete record', () => deps.store.delete(req.id));
     req.signal.throwIfAborted();
-    if (prep.network !== null) await attachNetwork(run, prep.network.networks, prep.network.record);
-    const virtiofsd = prep.layout.withAgent ? await startSharedFs(run) : undefined;
-    const vm = await launchVm(run);
+    const identity = await confine(run);
+    if (prep.network !== null) await attachNetwork(run, prep.network.networks, prep.network.record, identity);
+    const virtiofsd = prep.layout.withAgent ? await startSharedFs(run, identity) : undefined;
+    if (identity !== undefined) await makeJail(run, identity);
+    const vm = await launchVm(run, identity);
     await placeVm(run, vm, virtiofsd);
     const agent = await bootGuest(run, vm);
     record.phase = 'running';
@@ -70,16 +74,86 @@ async function makeWorkDir(run: SandboxRun): Promise<void> {
 }
 
 /**
- * Namespace, CNI ADD, TAP (a joined namespace: the TAP only); then the plan again with the CNI
- * interface's MAC.
+ * How QEMU will run, recorded before anything is started for it. Confined: an identity leased from
+ * the node's range (released by the undo, or at RemovePodSandbox), and the VMM dir it owns (0700),
+ * where its sockets and console go. Returns the identity, undefined when QEMU runs as root.
  */
-async function attachNetwork(run: SandboxRun, networks: PodNetworks, net: PodNetworkRecord): Promise<void> {
+async function confine(run: SandboxRun): Promise<VmmIdentity | undefined> {
+  const { layout, req } = run.prep;
+  const { vmm } = run.record.plan;
+  const base = { seccomp: vmm.seccomp, optOutReason: vmm.optOutReason };
+  if (!layout.confined) {
+    run.record.confinement = { ...base, identity: null, jailDir: null, vmmDir: null };
+    await run.persist();
+    return undefined;
+  }
+  const identities = run.deps.identities ?? new VmmIdentities(run.deps.config.hypervisor.vmmIdentities, run.log);
+  const owner = leaseOwnerOf(run.deps.store, req.id);
+  const identity = await identities.acquire(owner);
+  run.undo.push('release the VMM identity', () => identities.release(identity.uid, owner));
+  run.record.confinement = {
+    ...base,
+    identity: { ...identity, lease: identities.leaseFile(identity.uid) },
+    jailDir: layout.jailDir,
+    vmmDir: layout.vmmDir,
+  };
+  await run.persist();
+  // Inside the work dir: removed with it.
+  await fsp.mkdir(layout.vmmDir, { mode: 0o700 });
+  await fsp.chown(layout.vmmDir, identity.uid, identity.gid);
+  run.log.info({ uid: identity.uid, gid: identity.gid, seccomp: vmm.seccomp }, 'VMM identity taken');
+  req.signal.throwIfAborted();
+  return identity;
+}
+
+/**
+ * The jail a confined QEMU is chrooted into (jail.ts): /usr, its device nodes (the pod's VFIO
+ * groups among them, owned by its identity while the pod holds them), its VMM dir and guest files.
+ */
+async function makeJail(run: SandboxRun, identity: VmmIdentity): Promise<void> {
+  const { layout, network, planInput } = run.prep;
+  const { plan } = run.record;
+  const { hypervisor, pcie } = run.deps.config;
+  // Registered first: a half-made jail's mounts are released all the same (after QEMU is gone).
+  run.undo.push('release the jail', () => run.launchers.releaseJail(layout.jailDir, run.log));
+  const files = [hypervisor.kernelPath, hypervisor.initrdPath];
+  if (hypervisor.guestImagePath !== null) files.push(hypervisor.guestImagePath);
+  if (path.isAbsolute(plan.qemu.binary)) files.push(plan.qemu.binary);
+  await run.launchers.buildJail(
+    {
+      jailDir: layout.jailDir,
+      vmmDir: layout.vmmDir,
+      files,
+      devices: {
+        kvm: plan.qemu.accel.accel === 'kvm',
+        tun: network !== null,
+        vhostNet: planInput.nic?.vhost === true,
+        vfioGroups: plan.pcie.topology.groups.map((g) => g.group),
+        vfioFunctions: plan.pcie.topology.functions.map((f) => ({ bdf: f.bdf, group: f.group })),
+        devRoot: pcie.devRoot,
+      },
+    },
+    identity,
+  );
+  run.prep.req.signal.throwIfAborted();
+}
+
+/**
+ * Namespace, CNI ADD, TAP (a joined namespace: the TAP only; made for the confined QEMU's
+ * identity, which may then attach to it); then the plan again with the CNI interface's MAC.
+ */
+async function attachNetwork(
+  run: SandboxRun,
+  networks: PodNetworks,
+  net: PodNetworkRecord,
+  identity: VmmIdentity | undefined,
+): Promise<void> {
   // Registered first: teardown undoes what `net` records, so a half-made network goes all the same.
   // It runs once QEMU (which holds the TAP) is gone: QEMU's undo is registered later, so runs earlier.
   // A joined namespace is the caller's, CNI in it too: only the TAP wiring is undone.
   if (net.kind === 'joined') run.undo.push('unwire the joined network', () => networks.detach(net, run.persist, run.log));
   else run.undo.push('tear down the pod network', () => networks.teardown(net, run.persist, run.log));
-  await networks.setup(net, run.persist, run.log);
+  await networks.setup(net, run.persist, run.log, identity === undefined ? {} : { tapOwner: identity });
   // setup() records the MAC (linkInfo refuses an interface without one; a joined namespace's was
   // read at prepare): null here is a bug.
   if (net.mac === null) throw new Error('the pod network was set up without a MAC');
@@ -88,8 +162,11 @@ async function attachNetwork(run: SandboxRun, networks: PodNetworks, net: PodNet
   run.prep.req.signal.throwIfAborted();
 }
 
-/** The shared dir's mount, then virtiofsd serving it; QEMU connects to virtiofsd as the client, so it starts first. */
-async function startSharedFs(run: SandboxRun): Promise<VirtiofsdProcess> {
+/**
+ * The shared dir's mount, then virtiofsd serving it; QEMU connects to virtiofsd as the client, so it
+ * starts first. A confined QEMU gets the socket (in its VMM dir) for its identity.
+ */
+async function startSharedFs(run: SandboxRun, identity: VmmIdentity | undefined): Promise<VirtiofsdProcess> {
   const { layout } = run.prep;
   // Registered first: a half-made mount is released all the same.
   run.undo.push('unmount the shared dir', () => run.launchers.releaseSharedMounts(layout.sharedDir, run.log));
@@ -104,12 +181,16 @@ async function startSharedFs(run: SandboxRun): Promise<VirtiofsdProcess> {
   run.undo.push('stop virtiofsd', () => virtiofsd.stop(0));
   run.record.virtiofsd = { pid: virtiofsd.pid, startTimeTicks: virtiofsd.startTimeTicks, socketPath: layout.virtiofsSocket };
   await run.persist();
+  if (identity !== undefined) await fsp.chown(layout.virtiofsSocket, identity.uid, identity.gid);
   run.prep.req.signal.throwIfAborted();
   return virtiofsd;
 }
 
-/** QEMU, paused (-S), in the pod's network namespace when it has one; its sockets made 0600. */
-async function launchVm(run: SandboxRun): Promise<VmProcess> {
+/**
+ * QEMU, paused (-S), in the pod's network namespace when it has one, confined (chrooted into its
+ * jail as its identity) unless the handler opted out; its sockets made 0600.
+ */
+async function launchVm(run: SandboxRun, identity: VmmIdentity | undefined): Promise<VmProcess> {
   const { layout, network, req } = run.prep;
   const { plan } = run.record;
   const vm = await run.launchers.startVm({
@@ -120,6 +201,7 @@ async function launchVm(run: SandboxRun): Promise<VmProcess> {
     logger: run.log,
     qmpTimeoutMs: run.deps.config.hypervisor.qmpTimeoutMs,
     ...(network === null ? {} : { netnsPath: network.record.netnsPath }),
+    ...(identity === undefined ? {} : { jail: { jailDir: layout.jailDir, identity, ...vfioMemlock(run) } }),
   });
   run.undo.push('kill QEMU', () => vm.kill());
   run.record.vmm = {
@@ -131,9 +213,24 @@ async function launchVm(run: SandboxRun): Promise<VmProcess> {
   };
   await run.persist();
   await restrictSocketModes(layout.workDir);
+  if (identity !== undefined) await restrictSocketModes(layout.vmmDir);
   req.signal.throwIfAborted();
   return vm;
 }
+
+/**
+ * A confined QEMU with real VFIO devices pins the guest's memory for DMA without CAP_IPC_LOCK: its
+ * RLIMIT_MEMLOCK must hold all of it (boot RAM and the virtio-mem headroom) plus room for ROMs.
+ * Not for simulated devices (pcie.simulateVfioWith), which pin nothing.
+ */
+function vfioMemlock(run: SandboxRun): { memlockBytes?: number } {
+  const { plan } = run.record;
+  if (plan.pcie.topology.functions.length === 0 || run.deps.config.pcie.simulateVfioWith !== null) return {};
+  return { memlockBytes: (run.record.shape.maxMemoryMiB + VFIO_MEMLOCK_SLACK_MIB) * 1024 * 1024 };
+}
+
+/** Locked memory beyond the guest's RAM a VFIO VMM may pin (option ROMs, the IOMMU's own mappings). */
+const VFIO_MEMLOCK_SLACK_MIB = 64;
 
 /**
  * Placed while still paused: no guest instruction runs outside the pod's budget, and virtiofsd

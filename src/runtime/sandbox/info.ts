@@ -75,6 +75,8 @@ export async function sandboxVerboseInfo(live: LiveSandbox, cgroups: CgroupDrive
     pid: record.vmm?.pid ?? null,
     accel: record.plan.qemu.accel,
     workDir: record.vmm?.workDir ?? null,
+    // How the VMM runs: its seccomp option, uid/gid (null: root), jail; null for a format-5 sandbox.
+    confinement: record.confinement,
     cgroup: record.placement === null ? { driver: cgroups.name, placed: false } : cgroups.describe(record.placement),
     shape: record.shape,
     qmp,
@@ -102,6 +104,7 @@ export async function sandboxVerboseInfo(live: LiveSandbox, cgroups: CgroupDrive
       containers: record.plan.sizing.containers,
       pcie: record.plan.pcie.description,
       qemu: record.plan.qemu,
+      vmm: record.plan.vmm,
     },
   };
   return { info: JSON.stringify(info) };

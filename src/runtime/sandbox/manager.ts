@@ -10,6 +10,8 @@ import { KeyedMutex } from '../locks.js';
 import type { SandboxSpec } from '../spec/sandbox.js';
 import { createSandbox } from './create.js';
 import { sandboxMatches } from './filter.js';
+import { releaseIdentity } from './identities.js';
+import { releaseJail } from './jail.js';
 import { networksFor } from './network.js';
 import { killAndWait } from './orphans.js';
 import { sandboxSharedDir, sandboxVmRoot, sandboxWorkDir } from './paths.js';
@@ -231,6 +233,8 @@ export class SandboxManager implements SandboxAccess {
       await this.deps.store.put(record);
     }
     await releaseSharedMounts(sandboxSharedDir(this.deps.config.stateDir, record.id), log);
+    // The jail's mounts (its /usr, /dev and the guest's files) serve no one once QEMU is gone.
+    if (record.confinement?.jailDir != null) await releaseJail(record.confinement.jailDir, log);
     // CNI DEL and the TAP once QEMU is gone; a failure fails the stop, which the kubelet retries.
     if (record.network !== null) await networksFor(this.deps).detach(record.network, () => this.deps.store.put(record), log);
     if (record.placement !== null) {
@@ -256,7 +260,10 @@ export class SandboxManager implements SandboxAccess {
         await networksFor(this.deps).teardown(record.network, () => this.deps.store.put(record), log);
       }
       await this.deps.store.delete(record.id);
-      await removeWorkDir(sandboxWorkDir(this.deps.config.stateDir, record.id), this.deps.logger.child({ sandboxId: record.id }));
+      const log = this.deps.logger.child({ sandboxId: record.id });
+      await removeWorkDir(sandboxWorkDir(this.deps.config.stateDir, record.id), log);
+      // Last: the identity is free for another pod once nothing of this one is left.
+      await releaseIdentity(this.deps, record, log);
       this.sandboxes.delete(record.id);
       this.identities.delete(identityKey(record.metadata));
       this.updateGauge();

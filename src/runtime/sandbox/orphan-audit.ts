@@ -4,7 +4,7 @@ import { errnoCode } from '../../common/errors.js';
 import { readProcStatFields } from '../../common/proc-stat.js';
 import { readCmdline } from '../../hypervisor/index.js';
 import { POD_NETNS_NAME } from '../../network/index.js';
-import { sandboxSharedDir, sandboxVmRoot, sandboxWorkDir } from './paths.js';
+import { sandboxJailDir, sandboxSharedDir, sandboxVmRoot, sandboxWorkDir } from './paths.js';
 
 /** Something under the daemon's roots that no record owns. */
 export interface Orphan {
@@ -147,7 +147,7 @@ async function hierarchies(root: string): Promise<string[]> {
 /**
  * Everything under the daemon's roots that no record owns: QEMU and virtiofsd processes serving a
  * work dir without a record (or a second one beside the recorded pid), work dirs, mounts under the
- * state dir outside a recorded sandbox's shared dir, sockets and files where none belong, container
+ * state dir outside a recorded sandbox's shared dir and VMM jail, sockets and files where none belong, container
  * root filesystems without a container record, pod network namespaces no record names (given
  * `netnsDir`), and `kata-ts-<id>` cgroups of no record that are
  * empty or hold one of those processes (a cgroup holding another daemon's VMM is not ours to name).
@@ -178,7 +178,11 @@ export async function auditOrphans(owners: AuditOwners, opts: AuditOptions): Pro
       }
     }
   }
-  const owned = owners.sandboxes.map((s) => `${sandboxSharedDir(opts.stateDir, s.id)}/`);
+  // A sandbox's mounts: its shared dir and, confined, its VMM jail (itself a mount, and all inside).
+  const owned = owners.sandboxes.flatMap((s) => [
+    `${sandboxSharedDir(opts.stateDir, s.id)}/`,
+    `${sandboxJailDir(sandboxWorkDir(opts.stateDir, s.id))}/`,
+  ]);
   const mountinfo = opts.mountinfo ?? readFileSync(path.join(procRoot, 'self', 'mountinfo'), 'utf8');
   const stateRoot = `${opts.stateDir}/`;
   for (const point of mountPointsOf(mountinfo)) {

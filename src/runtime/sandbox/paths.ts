@@ -36,14 +36,36 @@ export function sandboxSharedDir(stateDir: string, sandboxId: string): string {
 }
 
 /**
- * Every path of a sandbox's VM: QMP, ready, console and QEMU log (vmPaths), plus the agent's
- * port socket and virtiofsd's socket, all inside the work dir (short: sun_path holds 107 bytes).
+ * A confined QEMU's own directory, `<workDir>/vmm`: owned by its identity (0700), holding what
+ * QEMU creates or connects to (QMP, ready, agent and virtio-fs sockets, the guest console). The
+ * work dir itself stays root's: a QEMU owning it could swap `shared` for a symlink the daemon
+ * would then mount through.
  */
-export function sandboxVmPaths(workDir: string): VmPaths & { agentSocket: string; virtiofsSocket: string; virtiofsdLog: string } {
+export function sandboxVmmDir(workDir: string): string {
+  return path.join(workDir, 'vmm');
+}
+
+/** A confined QEMU's chroot, `<workDir>/jail` (src/runtime/sandbox/jail.ts). */
+export function sandboxJailDir(workDir: string): string {
+  return path.join(workDir, 'jail');
+}
+
+/**
+ * Every path of a sandbox's VM: QMP, ready, console and QEMU log (vmPaths), plus the agent's
+ * port socket and virtiofsd's socket (short: sun_path holds 107 bytes). Unconfined, all in the
+ * work dir; `confined`, what QEMU itself opens is in the VMM dir (sandboxVmmDir), the logs the
+ * daemon writes stay in the work dir.
+ */
+export function sandboxVmPaths(
+  workDir: string,
+  confined = false,
+): VmPaths & { agentSocket: string; virtiofsSocket: string; virtiofsdLog: string } {
+  const own = confined ? sandboxVmmDir(workDir) : workDir;
   return {
-    ...vmPaths(workDir),
-    agentSocket: path.join(workDir, 'agent.sock'),
-    virtiofsSocket: path.join(workDir, 'vfs.sock'),
+    ...vmPaths(own),
+    qemuLog: path.join(workDir, 'qemu.log'),
+    agentSocket: path.join(own, 'agent.sock'),
+    virtiofsSocket: path.join(own, 'vfs.sock'),
     virtiofsdLog: path.join(workDir, 'virtiofsd.log'),
   };
 }
@@ -51,9 +73,9 @@ export function sandboxVmPaths(workDir: string): VmPaths & { agentSocket: string
 /**
  * The sockets the QEMU argv names, as RunPodSandbox (and `kata-ts plan`) builds it: with a guest
  * image (which carries the agent) the VM gets the agent's port and virtio-fs; without one it runs
- * no containers and gets neither.
+ * no containers and gets neither. `confined`: in the VMM dir (sandboxVmPaths).
  */
-export function sandboxArgvPaths(workDir: string, hypervisor: Pick<HypervisorConfig, 'guestImagePath'>): VmSocketPaths {
-  const { agentSocket, virtiofsSocket, virtiofsdLog: _log, qemuLog: _qemuLog, ...paths } = sandboxVmPaths(workDir);
+export function sandboxArgvPaths(workDir: string, hypervisor: Pick<HypervisorConfig, 'guestImagePath'>, confined = false): VmSocketPaths {
+  const { agentSocket, virtiofsSocket, virtiofsdLog: _log, qemuLog: _qemuLog, ...paths } = sandboxVmPaths(workDir, confined);
   return hypervisor.guestImagePath === null ? paths : { ...paths, agentSocket, virtiofsSocket };
 }

@@ -14,7 +14,7 @@ import { planSandbox, type SandboxPlan, type SandboxPlanInput } from '../plan.js
 import { cgroupParentOf } from '../spec/sandbox.js';
 import type { CreateDeps, CreateRequest, SandboxLayout, SandboxPreparation } from './create-types.js';
 import { networksFor, PLANNED_MAC, podNetworkRequest } from './network.js';
-import { sandboxArgvPaths, sandboxSharedDir, sandboxVmPaths, sandboxWorkDir, vmNameFor } from './paths.js';
+import { sandboxArgvPaths, sandboxJailDir, sandboxSharedDir, sandboxVmmDir, sandboxVmPaths, sandboxWorkDir, vmNameFor } from './paths.js';
 import { nowNs, type SandboxRecord } from './record.js';
 
 /** Validate, gather facts, plan; side-effect free (see the file's comment). */
@@ -30,7 +30,7 @@ export async function prepareSandbox(deps: CreateDeps, req: CreateRequest): Prom
   });
   if (!assets.ok) throw precondition('GUEST_ASSETS_MISSING', assets.message);
 
-  const layout = sandboxLayout(config, req.id);
+  const layout = sandboxLayout(config, req.id, req.handler.profile.vmmConfinement.unprivileged);
   const kubelet = await askKubelet(config, req);
   const network = await prepareNetwork(deps, req);
   const planInput: SandboxPlanInput = {
@@ -42,7 +42,7 @@ export async function prepareSandbox(deps: CreateDeps, req: CreateRequest): Prom
     accel: deps.facts.acceleration,
     hypervisor: config.hypervisor,
     vmName: vmNameFor(req.id),
-    paths: sandboxArgvPaths(layout.workDir, config.hypervisor),
+    paths: sandboxArgvPaths(layout.workDir, config.hypervisor, layout.confined),
     simulateVfioWith: config.pcie.simulateVfioWith,
     // The NIC takes the CNI interface's MAC, known only after CNI ADD: planned now with a
     // placeholder (same slot, same everything else), planned again before QEMU starts. A joined
@@ -54,9 +54,15 @@ export async function prepareSandbox(deps: CreateDeps, req: CreateRequest): Prom
   };
   const plan = planSandbox(planInput);
   req.logger.info(
-    { handler: plan.handler, source: plan.sizing.source, vm: plan.sizing.vm, pcie: plan.pcie.description },
+    { handler: plan.handler, source: plan.sizing.source, vm: plan.sizing.vm, pcie: plan.pcie.description, vmm: plan.vmm },
     'sandbox planned',
   );
+  if (plan.vmm.optOutReason !== null) {
+    req.logger.warn(
+      { handler: plan.handler, seccomp: plan.vmm.seccomp !== null, unprivileged: plan.vmm.unprivileged, reason: plan.vmm.optOutReason },
+      'the handler runs this QEMU less confined',
+    );
+  }
   return { req, cgroupParent, layout, network, planInput, record: firstRecord(deps, req, plan, network?.record ?? null) };
 }
 
@@ -80,11 +86,14 @@ export function planWithMac(input: SandboxPlanInput, mac: string): SandboxPlan {
   return planSandbox(input.nic === undefined ? input : { ...input, nic: { ...input.nic, mac } });
 }
 
-function sandboxLayout(config: KataConfig, sandboxId: string): SandboxLayout {
+function sandboxLayout(config: KataConfig, sandboxId: string, confined: boolean): SandboxLayout {
   const workDir = sandboxWorkDir(config.stateDir, sandboxId);
-  const { agentSocket, virtiofsSocket, virtiofsdLog, ...vmPaths } = sandboxVmPaths(workDir);
+  const { agentSocket, virtiofsSocket, virtiofsdLog, ...vmPaths } = sandboxVmPaths(workDir, confined);
   return {
     workDir,
+    confined,
+    vmmDir: sandboxVmmDir(workDir),
+    jailDir: sandboxJailDir(workDir),
     sharedDir: sandboxSharedDir(config.stateDir, sandboxId),
     vmPaths,
     agentSocket,
@@ -112,6 +121,7 @@ function firstRecord(deps: CreateDeps, req: CreateRequest, plan: SandboxPlan, ne
     shape: plan.sizing.vm,
     topology: plan.pcie.topology,
     vmm: null,
+    confinement: null,
     virtiofsd: null,
     placement: null,
     guest: null,

@@ -34,6 +34,25 @@ export interface VmmRecord {
   virtiofsSocket?: string;
 }
 
+/**
+ * How the sandbox's QEMU runs (format 6). `identity` null: as root with every capability (the
+ * handler opted out, or a sandbox of format 5 and older, migrated with `confinement: null`).
+ */
+export interface VmmConfinementRecord {
+  /** The `-sandbox` value QEMU was started with; null: no seccomp filter. */
+  seccomp: string | null;
+  /**
+   * The uid and gid QEMU runs as, leased from hypervisor.vmmIdentities (`lease`: the lease file)
+   * and released at RemovePodSandbox; null: root.
+   */
+  identity: { uid: number; gid: number; lease: string } | null;
+  /** The chroot (`<workDir>/jail`) and QEMU's own dir (`<workDir>/vmm`); null when not jailed. */
+  jailDir: string | null;
+  vmmDir: string | null;
+  /** The handler's reason for what it turned off; null when nothing. */
+  optOutReason: string | null;
+}
+
 /** The sandbox's virtiofsd (started before QEMU; identified by pid + start time like QEMU). */
 export interface VirtiofsdRecord {
   pid: number;
@@ -84,6 +103,12 @@ export interface SandboxRecord {
   /** The PCIe topology as it is now: the plan's at boot, updated after each confirmed hot-plug. */
   topology: PcieTopology;
   vmm: VmmRecord | null;
+  /**
+   * How QEMU is confined, set before anything is started for it (the identity's lease is taken
+   * right after the first record write); null: a sandbox of format 5 or older (QEMU as root), or
+   * one whose creation had not got that far.
+   */
+  confinement: VmmConfinementRecord | null;
   /** Set as soon as virtiofsd runs (before QEMU); null for a sandbox without virtio-fs. */
   virtiofsd: VirtiofsdRecord | null;
   placement: PlacementRecord | null;
@@ -105,7 +130,8 @@ const anyObject = { type: 'object' } as const;
 const nullable = (schema: object): object => ({ anyOf: [{ type: 'null' }, schema] });
 
 /**
- * Format 5 (this one) adds `network.kind` (`cni`, or `joined`: a namespace the caller made, whose
+ * Format 6 (this one) adds `confinement` (QEMU's seccomp option, its uid/gid, jail and VMM dir)
+ * and `plan.vmm`. Format 5 added `network.kind` (`cni`, or `joined`: a namespace the caller made, whose
  * CNI and namespace are never ours to undo) and ids of a caller's choosing (containerd's
  * identifier rule); format 4 added `network`; format 3 added `virtiofsd` and `guestPod` (and the
  * optional agent and virtio-fs sockets of `vmm`); format 2 stored the typed `spec`; format 1
@@ -113,16 +139,20 @@ const nullable = (schema: object): object => ({ anyOf: [{ type: 'null' }, schema
  * migrateSandboxRecord). A format-5 record is left alone by format-4 code (a newer format), which
  * would otherwise take a joined namespace for its own and delete it.
  */
-export const SANDBOX_RECORD_VERSION = 5;
+export const SANDBOX_RECORD_VERSION = 6;
+
+/** What a sandbox of format 5 or older was: QEMU as root, no seccomp filter, no jail. */
+export const UNCONFINED_BEFORE_FORMAT_6 = { seccomp: null, unprivileged: false, identityRange: null, optOutReason: null } as const;
 
 /**
- * Format 1 to 4 -> current. 1 -> 2: `podConfig` becomes `spec` through the request decoder.
+ * Format 1 to 5 -> current. 1 -> 2: `podConfig` becomes `spec` through the request decoder.
  * 2 -> 3: a sandbox of format 2 had no virtiofsd and no pod in its guest (null both).
  * 3 -> 4: a sandbox of format 3 had no network (null). 4 -> 5: every format-4 network was made
- * by kata-ts with CNI (`kind: 'cni'`). Pure; throws when it cannot.
+ * by kata-ts with CNI (`kind: 'cni'`). 5 -> 6: QEMU ran as root without seccomp (`confinement`
+ * null, `plan.vmm` UNCONFINED_BEFORE_FORMAT_6). Pure; throws when it cannot.
  */
 export function migrateSandboxRecord(fromVersion: number, record: unknown): unknown {
-  if (fromVersion !== 1 && fromVersion !== 2 && fromVersion !== 3 && fromVersion !== 4)
+  if (fromVersion !== 1 && fromVersion !== 2 && fromVersion !== 3 && fromVersion !== 4 && fromVersion !== 5)
     throw new Error(`no migration from sandbox record format ${fromVersion}`);
   if (typeof record !== 'object' || record === null) throw new Error('the record is not an object');
   let out = record as Record<string, unknown>;
@@ -132,8 +162,14 @@ export function migrateSandboxRecord(fromVersion: number, record: unknown): unkn
     out = { ...rest, spec: sandboxSpecFromV1(podConfig as Record<string, unknown>) };
   }
   const network = out.network ?? null;
+  const plan = out.plan;
   return {
     ...out,
+    confinement: out.confinement ?? null,
+    plan:
+      typeof plan === 'object' && plan !== null && !('vmm' in plan)
+        ? { ...(plan as object), vmm: { ...UNCONFINED_BEFORE_FORMAT_6 } }
+        : plan,
     virtiofsd: out.virtiofsd ?? null,
     guestPod: out.guestPod ?? null,
     network: typeof network === 'object' && network !== null && !('kind' in network) ? { kind: 'cni', ...network } : network,
@@ -226,6 +262,7 @@ export const SANDBOX_RECORD_KIND: RecordKind = {
       'shape',
       'topology',
       'vmm',
+      'confinement',
       'virtiofsd',
       'placement',
       'guest',
@@ -258,8 +295,24 @@ export const SANDBOX_RECORD_KIND: RecordKind = {
       spec: SANDBOX_SPEC_SCHEMA,
       plan: {
         type: 'object',
-        required: ['handler', 'confidential', 'sizing', 'pcie', 'qemu'],
+        required: ['handler', 'confidential', 'sizing', 'pcie', 'qemu', 'vmm'],
         properties: {
+          vmm: {
+            type: 'object',
+            additionalProperties: false,
+            required: ['seccomp', 'unprivileged', 'identityRange', 'optOutReason'],
+            properties: {
+              seccomp: { type: ['string', 'null'] },
+              unprivileged: { type: 'boolean' },
+              identityRange: nullable({
+                type: 'object',
+                additionalProperties: false,
+                required: ['firstId', 'count'],
+                properties: { firstId: { type: 'integer', minimum: 1 }, count: { type: 'integer', minimum: 1 } },
+              }),
+              optOutReason: { type: ['string', 'null'] },
+            },
+          },
           handler: { type: 'string' },
           confidential: { type: 'boolean' },
           sizing: anyObject,
@@ -298,6 +351,27 @@ export const SANDBOX_RECORD_KIND: RecordKind = {
           qemuLog: { type: 'string' },
           agentSocket: { type: 'string' },
           virtiofsSocket: { type: 'string' },
+        },
+      }),
+      confinement: nullable({
+        type: 'object',
+        additionalProperties: false,
+        required: ['seccomp', 'identity', 'jailDir', 'vmmDir', 'optOutReason'],
+        properties: {
+          seccomp: { type: ['string', 'null'] },
+          identity: nullable({
+            type: 'object',
+            additionalProperties: false,
+            required: ['uid', 'gid', 'lease'],
+            properties: {
+              uid: { type: 'integer', minimum: 1, maximum: 4_294_967_294 },
+              gid: { type: 'integer', minimum: 1, maximum: 4_294_967_294 },
+              lease: { type: 'string', pattern: '^/' },
+            },
+          }),
+          jailDir: { type: ['string', 'null'], pattern: '^/' },
+          vmmDir: { type: ['string', 'null'], pattern: '^/' },
+          optOutReason: { type: ['string', 'null'] },
         },
       }),
       virtiofsd: nullable({

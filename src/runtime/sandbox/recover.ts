@@ -6,6 +6,7 @@ import type { Logger } from '../../common/logger.js';
 import { attachVm, isSameLiveProcess, type VmProcess } from '../../hypervisor/index.js';
 import { cgroupParentOf } from '../spec/sandbox.js';
 import { reopenAgentClient } from './agent.js';
+import { reassertIdentity, releaseIdentity } from './identities.js';
 import { networksFor } from './network.js';
 import { killAndWait, qemuPidsUsing, virtiofsdPidsUsing } from './orphans.js';
 import { sandboxWorkDir } from './paths.js';
@@ -33,6 +34,8 @@ export async function recoverSandboxes(deps: RecoverDeps): Promise<LiveSandbox[]
         await rollBackInterruptedCreate(deps, record, slog);
         continue;
       }
+      // The record holds the VMM's identity (a confined QEMU, running or not): so does its lease.
+      await reassertIdentity(deps, record, slog);
       const vm = record.state === 'SANDBOX_READY' ? await reattach(deps, record, slog) : undefined;
       if (vm === undefined) await retryNetworkDetach(deps, record, slog);
       out.push({ record, vm, agent: vm === undefined ? undefined : reconnectAgent(record, slog), stopping: false });
@@ -128,9 +131,12 @@ async function rollBackInterruptedCreate(deps: RecoverDeps, record: SandboxRecor
     const cgroupParent = cgroupParentOf(record.spec);
     await driver.remove(await driver.placementFor(record.id, cgroupParent));
   }
-  // The shared directory's mounts go before anything below them is deleted.
+  // The shared directory's and the jail's mounts go before anything below them is deleted.
   await removeWorkDir(workDir, log);
   await deps.store.delete(record.id);
+  // Last, as RemovePodSandbox does; by the record, or by the lease's owner when the crash came
+  // before the record named the identity.
+  await releaseIdentity(deps, record, log);
 }
 
 /**

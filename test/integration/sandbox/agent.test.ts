@@ -25,6 +25,8 @@ const repo = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../.
 interface Info {
   pid: number;
   workDir: string;
+  /** A confined QEMU's sockets are in its VMM dir (the default handler confines it). */
+  confinement: { vmmDir: string | null } | null;
   agent: { connected: boolean; apiVersion: number | null; agentInstanceId: string | null } | null;
   virtiofsd: { pid: number; running: boolean } | null;
   guestPod: { pausePid: number; shmPath: string } | null;
@@ -147,7 +149,7 @@ describe('a sandbox with its guest agent and virtio-fs', () => {
     // Talk to the agent ourselves while the daemon is down (QEMU's socket serves one client).
     await rt.stop();
     const agent = await AgentClient.connect(
-      { socketPath: path.join(first.workDir, 'agent.sock'), logger: silentLogger(), hostVersion: 'test' },
+      { socketPath: path.join(first.confinement?.vmmDir ?? first.workDir, 'agent.sock'), logger: silentLogger(), hostVersion: 'test' },
       30_000,
     );
     try {

@@ -97,11 +97,11 @@ describe('RunPodSandbox failures roll back completely', () => {
   it('a daemon killed in the middle of RunPodSandbox: the next start rolls the creation back', async () => {
     const rt = await runtimeWith();
     const call = rt.cri.runtime.RunPodSandbox({ config: podConfig(rt, 'crash') }).catch((e: unknown) => e);
-    // Wait until QEMU runs for it (its work dir holds the QMP socket), then kill -9 the daemon.
+    // Wait until QEMU runs for it (its VMM dir holds the QMP socket: confined by default), then kill -9 the daemon.
     const vmRoot = path.join(rt.stateDir, 'vm');
     for (let i = 0; i < 200; i++) {
       const dirs = await readdir(vmRoot).catch(() => [] as string[]);
-      if (dirs.length > 0 && (await readdir(path.join(vmRoot, dirs[0]!)).catch(() => [] as string[])).includes('qmp.sock')) break;
+      if (dirs.length > 0 && (await readdir(path.join(vmRoot, dirs[0]!, 'vmm')).catch(() => [] as string[])).includes('qmp.sock')) break;
       await new Promise((r) => setTimeout(r, 50));
     }
     process.kill(rt.pid(), 'SIGKILL');

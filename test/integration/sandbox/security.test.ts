@@ -1,6 +1,7 @@
 /**
- * Security checks on a real sandbox (one boot): the CRI socket is 0660; the state, VM and work
- * directories are 0700 and every QMP, ready, agent and virtio-fs socket in a work dir is 0600;
+ * Security checks on a real sandbox (one boot): the CRI socket is 0660; the state, VM, work and
+ * VMM directories are 0700 and every QMP, ready, agent and virtio-fs socket (in the VMM dir of
+ * the confined QEMU) is 0600;
  * shell metacharacters in request fields reach no shell (nothing runs them) and no QEMU argv; a
  * log path or log directory leaving the pod's log directory is refused and changes nothing.
  */
@@ -11,7 +12,7 @@ import path from 'node:path';
 import { status } from '@grpc/grpc-js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { readCmdline } from '../../../src/hypervisor/index.js';
-import { sandboxSharedDir, sandboxWorkDir } from '../../../src/runtime/sandbox/paths.js';
+import { sandboxSharedDir, sandboxVmmDir, sandboxWorkDir } from '../../../src/runtime/sandbox/paths.js';
 import { expectGrpcError } from '../../helpers/cri-expect.js';
 import { ensureGuestAssets } from '../../helpers/hypervisor-guest.js';
 import { createTestRuntime, podConfig, type TestRuntime } from '../../helpers/runtime-daemon.js';
@@ -42,15 +43,18 @@ describe('security checks on a running sandbox', () => {
     await fsp.rm(marker, { force: true });
   });
 
-  it('the CRI socket is 0660; state, VM and work dirs and the shared dir are 0700; every socket in the work dir is 0600', async () => {
+  it('the CRI socket is 0660; state, VM, work, VMM and shared dirs are 0700; every socket (in the VMM dir) is 0600', async () => {
     expect(await mode(rt.socketPath)).toBe(0o660);
     const workDir = sandboxWorkDir(rt.stateDir, id);
-    for (const dir of [rt.stateDir, path.dirname(workDir), workDir, sandboxSharedDir(rt.stateDir, id)]) {
+    // The default handler confines QEMU: its sockets are in its VMM dir, none in the work dir.
+    const vmmDir = sandboxVmmDir(workDir);
+    for (const dir of [rt.stateDir, path.dirname(workDir), workDir, vmmDir, sandboxSharedDir(rt.stateDir, id)]) {
       expect([dir, await mode(dir)]).toEqual([dir, 0o700]);
     }
+    expect((await fsp.readdir(workDir, { withFileTypes: true })).filter((e) => e.isSocket())).toEqual([]);
     const sockets: Array<[string, number]> = [];
-    for (const entry of await fsp.readdir(workDir, { withFileTypes: true })) {
-      if (entry.isSocket()) sockets.push([entry.name, await mode(path.join(workDir, entry.name))]);
+    for (const entry of await fsp.readdir(vmmDir, { withFileTypes: true })) {
+      if (entry.isSocket()) sockets.push([entry.name, await mode(path.join(vmmDir, entry.name))]);
     }
     expect(sockets.map(([n]) => n).sort()).toEqual(['agent.sock', 'qmp.sock', 'ready.sock', 'vfs.sock']);
     for (const s of sockets) expect(s).toEqual([s[0], 0o600]);

@@ -15,7 +15,9 @@ const AUDITED: Record<string, string> = {
   'guest/agent/containers/runtime.ts': 'crun argv: fixed verbs, file paths under the agent state dir, container ids',
   'guest/agent/network.ts': 'busybox ip: the NIC found by MAC, addresses and routes CNI returned, in argument arrays',
   'guest/agent/pods.ts': 'mount/umount of the pod shm (size a number), pause with the pod id and a validated hostname',
-  'src/hypervisor/launcher.ts': 'QEMU argv from the pure plan (ids, paths under the state dir, host inventory)',
+  'src/hypervisor/confine-probe.ts': 'doctor probes: the configured QEMU with a fixed -sandbox value and QMP on stdin; setpriv --version',
+  'src/hypervisor/launcher.ts':
+    'QEMU argv from the pure plan (ids, paths under the state dir, host inventory), after nsenter --net/--root and setpriv with numeric ids (vmmLaunchCommand)',
   'src/hypervisor/virtiofsd.ts': 'virtiofsd argv: socket and shared dir under the state dir',
   'src/images/snapshot.ts': 'cp between content-addressed store paths',
   'src/images/unpack-applier.ts': 'mkfifo/mknod after "--" on paths resolved inside the unpack root',
@@ -26,6 +28,8 @@ const AUDITED: Record<string, string> = {
   'src/runtime/gather-facts.ts': 'fixed version probes of configured binaries',
   'src/runtime/mount-namespace.ts':
     'mount/umount/unshare/nsenter/setpriv/env -C/cat: the configured namespace file and its directory after "--" or as --mount=, the program\'s own argv after "--"',
+  'src/runtime/sandbox/jail.ts':
+    'mount --all --fstab <a file under the state dir, fields escaped>; cp -a --parents of fixed /dev names and vfio/<group number> after "--"',
   'src/runtime/sandbox/shared-dir.ts': 'mount/umount of the sandbox shared dir (a path under the state dir)',
   'src/shim/rootfs.ts':
     "mount/umount: containerd's rootfs mounts (overlay or bind only, options checked for commas) after '--', at <bundle>/rootfs",

@@ -117,6 +117,56 @@ describe('kata-ts plan', () => {
     );
   });
 
+  it('shows how QEMU is confined: seccomp, the identity range, the jail; an opted-out handler shows its reason', async () => {
+    const confined = await plan('--request', path.join(PODS, 'besteffort.pod.yaml'), '--config', emptyConfig, ...BIG);
+    expect(confined.code).toBe(0);
+    expect(confined.stdout).toMatch(
+      /VMM confinement\n\s+seccomp\s+-sandbox on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny\n/,
+    );
+    expect(confined.stdout).toMatch(/identity\s+uid = gid = the first free of 2000000000-2000065535, taken at RunPodSandbox/);
+    expect(confined.stdout).toMatch(/privileges\s+no capabilities .*no_new_privs/);
+    expect(confined.stdout).toMatch(/jail\s+chroot \/var\/lib\/kata-ts\/vm\/0{16}\/jail: \/usr read only/);
+    expect(confined.stdout).toContain('-sandbox on,obsolete=deny');
+    expect(confined.stdout).toContain('path=/var/lib/kata-ts/vm/0000000000000000/vmm/qmp.sock,');
+
+    const config = file(
+      'root.json',
+      JSON.stringify({
+        handlers: { 'kata-ts-root': { vmmConfinement: { seccomp: false, unprivileged: false, optOutReason: 'gdb on QEMU' } } },
+      }),
+    );
+    const root = await plan('--request', path.join(PODS, 'besteffort.pod.yaml'), '--config', config, '--handler', 'kata-ts-root', ...BIG);
+    expect(root.code).toBe(0);
+    expect(root.stdout).toMatch(/seccomp\s+off \(no -sandbox\): gdb on QEMU/);
+    expect(root.stdout).toMatch(/identity\s+off \(QEMU runs as root with every capability\): gdb on QEMU/);
+    expect(root.stdout).not.toContain('-sandbox on');
+    expect(root.stdout).toContain('path=/var/lib/kata-ts/vm/0000000000000000/qmp.sock,');
+    const json = JSON.parse(
+      (
+        await plan(
+          '--request',
+          path.join(PODS, 'besteffort.pod.yaml'),
+          '--config',
+          config,
+          '--handler',
+          'kata-ts-root',
+          '--format',
+          'json',
+          ...BIG,
+        )
+      ).stdout,
+    );
+    expect(json.vmm).toEqual({
+      seccomp: null,
+      unprivileged: false,
+      identityRange: null,
+      optOutReason: 'gdb on QEMU',
+      leaseDir: null,
+      jailDir: null,
+      vmmDir: null,
+    });
+  });
+
   it('exits 1 with the numbers when the pod does not fit the host', async () => {
     const r = await plan('--request', path.join(PODS, 'migration.pod.yaml'), '--config', emptyConfig, '--host-cpus', '2');
     expect(r.code).toBe(1);

@@ -79,6 +79,48 @@ describe('config file', () => {
   });
 });
 
+describe('VMM confinement settings', () => {
+  it('every handler confines its QEMU by default: seccomp and an identity of its own from the node range', () => {
+    const config = parseConfigDocument({}, 'test');
+    for (const h of Object.values(config.handlers)) {
+      expect(h.vmmConfinement).toEqual({ seccomp: true, unprivileged: true, optOutReason: null });
+    }
+    expect(config.hypervisor.vmmIdentities).toEqual({ firstId: 2_000_000_000, count: 65_536, leaseDir: '/var/lib/kata-ts/vmm-identities' });
+  });
+
+  it('turning either off needs a reason; with one the handler is accepted as written', () => {
+    const problems = problemsOf(() =>
+      parseConfigDocument(
+        {
+          handlers: {
+            a: { vmmConfinement: { seccomp: false } },
+            b: { vmmConfinement: { unprivileged: false, optOutReason: '   ' } },
+          },
+        },
+        'test',
+      ),
+    );
+    expect(problems).toEqual([
+      '/handlers/a/vmmConfinement/optOutReason must say why seccomp is turned off',
+      '/handlers/b/vmmConfinement/optOutReason must say why unprivileged is turned off',
+    ]);
+    const ok = parseConfigDocument(
+      { handlers: { dbg: { vmmConfinement: { seccomp: false, optOutReason: 'gdb attaches to QEMU' } } } },
+      'test',
+    );
+    expect(ok.handlers.dbg!.vmmConfinement).toEqual({ seccomp: false, unprivileged: true, optOutReason: 'gdb attaches to QEMU' });
+  });
+
+  it('the identity range stays inside uid_t and never starts at root', () => {
+    expect(problemsOf(() => parseConfigDocument({ hypervisor: { vmmIdentities: { firstId: 0 } } }, 'test')).join()).toMatch(
+      /vmmIdentities\/firstId/,
+    );
+    expect(
+      problemsOf(() => parseConfigDocument({ hypervisor: { vmmIdentities: { firstId: 4_294_967_290, count: 100 } } }, 'test')),
+    ).toEqual(['/hypervisor/vmmIdentities firstId 4294967290 + count 100 runs past the last uid (4294967294)']);
+  });
+});
+
 describe('loadConfig', () => {
   let dir: string;
   beforeEach(async () => {

@@ -20,7 +20,7 @@ describe('buildVirtiofsdArgv', () => {
       '-o',
       'sandbox=namespace',
       '-o',
-      'modcaps=-mknod',
+      'modcaps=-mknod:-setfcap',
       '-o',
       'log_level=warn',
     ]);

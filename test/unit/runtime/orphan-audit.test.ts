@@ -83,6 +83,11 @@ describe('auditOrphans', () => {
       line(`${vm}/${A.slice(0, 16)}/shared`),
       line(`${vm}/${A.slice(0, 16)}/shared/containers/c1/rootfs`),
       line(`${vm}/${B.slice(0, 16)}/shared`),
+      // A confined VMM's jail: itself, its /usr and the VMM dir at its own path inside.
+      line(`${vm}/${A.slice(0, 16)}/jail`),
+      line(`${vm}/${A.slice(0, 16)}/jail/usr`),
+      line(`${vm}/${A.slice(0, 16)}/jail${vm}/${A.slice(0, 16)}/vmm`),
+      line(`${vm}/${B.slice(0, 16)}/jail/usr`),
       line('/elsewhere'),
     ].join('\n');
 
@@ -103,6 +108,7 @@ describe('auditOrphans', () => {
         `workdir state/vm/${B.slice(0, 16)}`,
         'file state/vm/junk',
         `mount state/vm/${B.slice(0, 16)}/shared`,
+        `mount state/vm/${B.slice(0, 16)}/jail/usr`,
         'rootfs state/rootfs/gone',
         'file state/logs/gone.json',
         `netns netns/kata-ts-${B.slice(0, 16)}`,

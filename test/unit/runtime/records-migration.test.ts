@@ -26,6 +26,18 @@ const FIXTURES = path.join(packageRoot(), 'fixtures', 'records', 'v1');
 const SANDBOX_ID = 'a1'.repeat(32);
 const CONTAINER_ID = 'c2'.repeat(32);
 
+/**
+ * A migrated record without what format 6 added, checked to be what an old sandbox was (QEMU as
+ * root, no seccomp, no jail): comparable with the record as its own format wrote it.
+ */
+function withoutFormat6(record: SandboxRecord | undefined): Record<string, unknown> {
+  expect(record?.confinement).toBeNull();
+  expect(record?.plan.vmm).toEqual({ seccomp: null, unprivileged: false, identityRange: null, optOutReason: null });
+  const { confinement: _c, plan, ...rest } = record!;
+  const { vmm: _v, ...oldPlan } = plan;
+  return { ...rest, plan: oldPlan };
+}
+
 async function envelope(dir: string, id: string): Promise<{ kind: string; version: number; record: Record<string, unknown> }> {
   return JSON.parse(await readFile(path.join(FIXTURES, dir, `${id}.json`), 'utf8'));
 }
@@ -48,7 +60,7 @@ describe('format-1 records', () => {
     );
     expect(migrated).not.toHaveProperty('podConfig');
     expect(JSON.parse(JSON.stringify(migrated.spec))).toEqual(JSON.parse(JSON.stringify(decodeSandboxSpec(request.config))));
-    expect(migrated.plan).toEqual(record.plan);
+    expect(withoutFormat6(migrated).plan).toEqual(record.plan);
   });
 
   it('a sandbox resized by format 1 without a linux part (a partial linux object) migrates with defaults', async () => {
@@ -202,9 +214,9 @@ describe('format-2 records (written before the agent and virtio-fs)', () => {
     expect(problems).toEqual([]);
     const [record] = records;
     expect([record?.virtiofsd, record?.guestPod]).toEqual([null, null]);
-    expect(JSON.parse(JSON.stringify({ ...record, virtiofsd: undefined, guestPod: undefined, network: undefined }))).toEqual(
-      original.record,
-    );
+    expect(
+      JSON.parse(JSON.stringify({ ...withoutFormat6(record), virtiofsd: undefined, guestPod: undefined, network: undefined })),
+    ).toEqual(original.record);
     const onDisk = JSON.parse(await readFile(path.join(stateDir, 'sandboxes', `${SANDBOX_ID}.json`), 'utf8'));
     expect(onDisk.version).toBe(SANDBOX_RECORD_KIND.version);
     expect((await store.load()).records).toEqual(records);
@@ -242,7 +254,7 @@ describe('format-3 records (written before pod networking)', () => {
     expect(problems).toEqual([]);
     const [record] = records;
     expect(record?.network).toBeNull();
-    expect(JSON.parse(JSON.stringify({ ...record, network: undefined }))).toEqual(original.record);
+    expect(JSON.parse(JSON.stringify({ ...withoutFormat6(record), network: undefined }))).toEqual(original.record);
     const onDisk = JSON.parse(await readFile(path.join(stateDir, 'sandboxes', `${SANDBOX_ID}.json`), 'utf8'));
     expect(onDisk.version).toBe(SANDBOX_RECORD_KIND.version);
     expect((await store.load()).records).toEqual(records);
@@ -280,9 +292,9 @@ describe('format-4 records (written before joined network namespaces)', () => {
     const [record] = records;
     expect(record?.network?.kind).toBe('cni');
     const { kind: _kind, ...network } = record!.network!;
-    expect(JSON.parse(JSON.stringify({ ...record, network }))).toEqual(original.record);
+    expect(JSON.parse(JSON.stringify({ ...withoutFormat6(record), network }))).toEqual(original.record);
     const onDisk = JSON.parse(await readFile(path.join(stateDir, 'sandboxes', `${SANDBOX_ID}.json`), 'utf8'));
-    expect(onDisk.version).toBe(5);
+    expect(onDisk.version).toBe(SANDBOX_RECORD_KIND.version);
     expect((await store.load()).records).toEqual(records);
   });
 
@@ -290,7 +302,45 @@ describe('format-4 records (written before joined network namespaces)', () => {
     expect((migrateSandboxRecord(4, { id: SANDBOX_ID, network: null }) as SandboxRecord).network).toBeNull();
     const joined = { kind: 'joined', netnsName: null, netnsPath: '/proc/1/ns/net' };
     expect((migrateSandboxRecord(4, { id: SANDBOX_ID, network: joined }) as SandboxRecord).network).toEqual(joined);
-    expect(() => migrateSandboxRecord(5, {})).toThrow(/format 5/);
+    expect(() => migrateSandboxRecord(6, {})).toThrow(/format 6/);
+  });
+});
+
+describe('format-5 records (written before confined VMMs)', () => {
+  const V5 = path.join(packageRoot(), 'fixtures', 'records', 'v5');
+  let stateDir: string;
+  beforeEach(async () => {
+    stateDir = await mkdtemp(path.join(os.tmpdir(), 'kata-ts-v5-'));
+    await cp(V5, stateDir, { recursive: true, filter: (src) => !src.endsWith('README.md') });
+  });
+  afterEach(async () => {
+    await rm(stateDir, { recursive: true, force: true });
+  });
+
+  it('are format 5 as that code wrote them, without confinement or plan.vmm', async () => {
+    const s = JSON.parse(await readFile(path.join(V5, 'sandboxes', `${SANDBOX_ID}.json`), 'utf8'));
+    expect(s.version).toBe(5);
+    expect(s.record).not.toHaveProperty('confinement');
+    expect(s.record.plan).not.toHaveProperty('vmm');
+    expect(s.record.plan.qemu.argv).not.toContain('-sandbox');
+  });
+
+  it('migrate on load to the current format as a root QEMU without seccomp (confinement null), the rest unchanged', async () => {
+    const original = JSON.parse(await readFile(path.join(V5, 'sandboxes', `${SANDBOX_ID}.json`), 'utf8'));
+    const store = new RecordStore<SandboxRecord>(stateDir, SANDBOX_RECORD_KIND, silentLogger());
+    const { records, problems } = await store.load();
+    expect(problems).toEqual([]);
+    expect(JSON.parse(JSON.stringify(withoutFormat6(records[0])))).toEqual(original.record);
+    const onDisk = JSON.parse(await readFile(path.join(stateDir, 'sandboxes', `${SANDBOX_ID}.json`), 'utf8'));
+    expect(onDisk.version).toBe(6);
+    expect((await store.load()).records).toEqual(records);
+  });
+
+  it('a confinement or plan.vmm already there is kept by the migration', () => {
+    const confinement = { seccomp: 'on', identity: null, jailDir: null, vmmDir: null, optOutReason: 'x' };
+    const vmm = { seccomp: 'on', unprivileged: false, identityRange: null, optOutReason: 'x' };
+    const migrated = migrateSandboxRecord(5, { id: SANDBOX_ID, confinement, plan: { handler: 'h', vmm } }) as SandboxRecord;
+    expect([migrated.confinement, migrated.plan.vmm]).toEqual([confinement, vmm]);
   });
 });
 

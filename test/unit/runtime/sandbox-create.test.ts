@@ -7,7 +7,7 @@
  *   and leaves neither the record nor the work dir behind.
  */
 import { existsSync } from 'node:fs';
-import { mkdir, mkdtemp, readdir, rm, stat, writeFile } from 'node:fs/promises';
+import { mkdir, mkdtemp, readdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
@@ -24,6 +24,7 @@ import type { VirtiofsdProcess, VmProcess } from '../../../src/hypervisor/index.
 import type { CniPodNetworkRecord, JoinedPodNetworkRecord, PodNetworkRecord, PodNetworks } from '../../../src/network/index.js';
 import type { CreateDeps, CreateRequest, SandboxLaunchers } from '../../../src/runtime/sandbox/create-types.js';
 import { executeSandbox } from '../../../src/runtime/sandbox/execute.js';
+import { type LeaseOwner, VmmIdentities } from '../../../src/runtime/sandbox/identities.js';
 import { PLANNED_MAC } from '../../../src/runtime/sandbox/network.js';
 import { sandboxWorkDir } from '../../../src/runtime/sandbox/paths.js';
 import { prepareSandbox } from '../../../src/runtime/sandbox/prepare.js';
@@ -38,9 +39,11 @@ const CNI_MAC = '0a:58:0a:f4:00:07';
 /** The execute steps a failure can be injected at, in the order they run. */
 const STEPS = [
   'write record',
+  'VMM identity',
   'network setup',
   'shared dir',
   'virtiofsd',
+  'jail',
   'QEMU',
   'cgroup placement',
   'guest ready',
@@ -58,20 +61,25 @@ type Step = (typeof STEPS)[number];
  * namespace, CNI done by the caller) is only unwired.
  */
 function expectedUndo(networkUndo: string): Record<Step, string[]> {
-  const AFTER_NETWORK = [networkUndo, 'delete record'];
+  const AFTER_IDENTITY = ['release the VMM identity', 'delete record'];
+  const AFTER_NETWORK = [networkUndo, ...AFTER_IDENTITY];
   const AFTER_SHARED_DIR = ['unmount the shared dir', ...AFTER_NETWORK];
   const AFTER_VIRTIOFSD = ['stop virtiofsd', ...AFTER_SHARED_DIR];
-  const AFTER_QEMU = ['kill QEMU', ...AFTER_VIRTIOFSD];
-  const AFTER_PLACEMENT = ['kill QEMU', 'stop virtiofsd', 'remove cgroup', ...AFTER_SHARED_DIR];
+  const AFTER_JAIL = ['release the jail', ...AFTER_VIRTIOFSD];
+  const AFTER_QEMU = ['kill QEMU', ...AFTER_JAIL];
+  const AFTER_PLACEMENT = ['kill QEMU', 'stop virtiofsd', 'remove cgroup', 'release the jail', ...AFTER_SHARED_DIR];
   const AFTER_AGENT = ['close the agent client', ...AFTER_PLACEMENT];
   return {
     'write record': [],
+    'VMM identity': ['delete record'],
     // Registered before setup: what a half-made network recorded is torn down.
     'network setup': AFTER_NETWORK,
     // Registered before the mount: a half-made mount is released.
     'shared dir': AFTER_SHARED_DIR,
     virtiofsd: AFTER_SHARED_DIR,
-    QEMU: AFTER_VIRTIOFSD,
+    // Registered before the jail is built: a half-made one is released.
+    jail: AFTER_JAIL,
+    QEMU: AFTER_JAIL,
     'cgroup placement': AFTER_QEMU,
     'guest ready': AFTER_PLACEMENT,
     'agent connect': AFTER_PLACEMENT,
@@ -100,6 +108,11 @@ interface World {
   qemuNetns: string | undefined;
   /** What the guest agent was told to configure. */
   configured: unknown;
+  /** What the jail was built for, and what QEMU was started in. */
+  jail: { vmmDir: string; uid: number; tun: boolean } | undefined;
+  qemuJail: unknown;
+  /** The lease the identity step took (and whether it was released). */
+  tapOwner: unknown;
 }
 
 /** A bzImage header, a gzip magic and an erofs superblock: enough for checkGuestAssets. */
@@ -172,7 +185,11 @@ async function world(
     if (options.failAt === step) throw new Error(`injected: ${step} failed`);
   };
   const config: KataConfig = { ...defaultConfig(), stateDir };
-  config.hypervisor = { ...config.hypervisor, ...(await fakeGuestAssets(assetsDir)) };
+  config.hypervisor = {
+    ...config.hypervisor,
+    ...(await fakeGuestAssets(assetsDir)),
+    vmmIdentities: { firstId: 2_000_000_000, count: 4, leaseDir: path.join(stateDir, 'leases') },
+  };
   const env = await fixturePlanEnvironment({ cpus: options.hostCpus ?? 8, memoryMiB: 16_384 }, 'no-iommu', config);
   const logger = silentLogger();
   const realStore = new RecordStore<SandboxRecord>(stateDir, SANDBOX_RECORD_KIND, logger);
@@ -185,6 +202,7 @@ async function world(
   let puts = 0;
   let runningPuts = 0;
   const store = {
+    directory: realStore.directory,
     put: async (record: SandboxRecord) => {
       if (puts++ === 0) fail('write record');
       // Only the first: the rollback's own saves (the network's teardown) go through.
@@ -200,7 +218,8 @@ async function world(
   const network = {
     prepare: async (id: string) => networkRecordFor(id),
     prepareJoin: async (netnsPath: string) => joinedRecordFor(netnsPath),
-    setup: async (net: PodNetworkRecord, persist: () => Promise<void>) => {
+    setup: async (net: PodNetworkRecord, persist: () => Promise<void>, _log: unknown, options: { tapOwner?: unknown }) => {
+      w.tapOwner = options.tapOwner;
       if (net.kind === 'joined') {
         net.tapWired = true; // what the real one records before wiring the TAP
         await persist();
@@ -266,15 +285,25 @@ async function world(
       w.done.push('shared dir');
     },
     releaseSharedMounts: async () => void undid('unmount the shared dir'),
-    startVirtiofsd: async () => {
+    startVirtiofsd: async (o) => {
       fail('virtiofsd');
+      // The real one resolves once its socket listens; the runtime hands it to a confined QEMU's uid.
+      await writeFile(o.socketPath, '');
       virtiofsdAlive = true;
       w.done.push('virtiofsd');
       return virtiofsd;
     },
+    buildJail: async (spec, identity) => {
+      fail('jail');
+      w.done.push('jail');
+      w.jail = { vmmDir: spec.vmmDir, uid: identity.uid, tun: spec.devices.tun };
+      return undefined as never;
+    },
+    releaseJail: async () => void undid('release the jail'),
     startVm: async (o) => {
       w.phaseAtQemuStart = (await realStore.load()).records.find((r) => r.id === ID)?.phase;
       w.qemuNetns = o.netnsPath;
+      w.qemuJail = o.jail;
       // The plan QEMU is started with carries the CNI (or joined) interface's MAC, not the placeholder.
       if (!o.argv.join(' ').includes(options.joinNetns === undefined ? CNI_MAC : JOINED_MAC)) {
         throw new Error('QEMU started with the placeholder MAC');
@@ -312,8 +341,23 @@ async function world(
     },
   } as unknown as AgentClient;
 
+  const realIdentities = new VmmIdentities(config.hypervisor.vmmIdentities, logger);
+  const identities = {
+    leaseFile: (id: number) => realIdentities.leaseFile(id),
+    acquire: async (owner: LeaseOwner) => {
+      fail('VMM identity');
+      w.done.push('VMM identity');
+      return realIdentities.acquire(owner);
+    },
+    release: async (id: number, owner: LeaseOwner) => {
+      undid('release the VMM identity');
+      await realIdentities.release(id, owner);
+    },
+  } as unknown as VmmIdentities;
+
   w.store = realStore;
   w.deps = {
+    identities,
     config,
     facts: {
       configPath: null,
@@ -458,6 +502,50 @@ describe('executeSandbox', () => {
       [ID, 'running', 'SANDBOX_READY', 4242, 4241, 12],
     ]);
     expect(existsSync(w.workDir)).toBe(true);
+    // Confined (the default handler): the first identity of the range, leased for this record,
+    // its VMM dir, the TAP and the jail made for it, QEMU started in the jail as it.
+    const identity = { uid: 2_000_000_000, gid: 2_000_000_000 };
+    const leaseFile = path.join(dirs.stateDir, 'leases', '2000000000');
+    expect(record.confinement).toEqual({
+      seccomp: 'on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny',
+      identity: { ...identity, lease: leaseFile },
+      jailDir: path.join(w.workDir, 'jail'),
+      vmmDir: path.join(w.workDir, 'vmm'),
+      optOutReason: null,
+    });
+    expect(JSON.parse(await readFile(leaseFile, 'utf8'))).toEqual({ sandboxId: ID, record: path.join(w.store.directory, `${ID}.json`) });
+    const vmmDir = await stat(path.join(w.workDir, 'vmm'));
+    expect([vmmDir.uid, vmmDir.gid, vmmDir.mode & 0o777]).toEqual([identity.uid, identity.gid, 0o700]);
+    expect(w.tapOwner).toEqual(identity);
+    expect(w.jail).toEqual({ vmmDir: path.join(w.workDir, 'vmm'), uid: identity.uid, tun: true });
+    expect(w.qemuJail).toEqual({ jailDir: path.join(w.workDir, 'jail'), identity });
+    expect(record.plan.qemu.argv).toContain('-sandbox');
+    expect(record.vmm?.qmpSocket).toBe(path.join(w.workDir, 'vmm', 'qmp.sock'));
+  });
+
+  it('a handler that opts out with a reason: QEMU as root, no identity, no jail, no seccomp, the reason recorded', async () => {
+    const w = await world(dirs.stateDir, dirs.assetsDir);
+    w.deps.config.handlers['kata-ts'] = {
+      ...w.deps.config.handlers['kata-ts']!,
+      vmmConfinement: { seccomp: false, unprivileged: false, optOutReason: 'debugging QEMU with gdb' },
+    };
+    w.req.handler = resolveHandler(w.deps.config, '');
+    const { record } = await executeSandbox(w.deps, await prepareSandbox(w.deps, w.req));
+    expect(w.done).not.toContain('VMM identity');
+    expect(w.done).not.toContain('jail');
+    expect(w.qemuJail).toBeUndefined();
+    expect(w.tapOwner).toBeUndefined();
+    expect(record.confinement).toEqual({
+      seccomp: null,
+      identity: null,
+      jailDir: null,
+      vmmDir: null,
+      optOutReason: 'debugging QEMU with gdb',
+    });
+    expect(record.plan.vmm).toEqual({ seccomp: null, unprivileged: false, identityRange: null, optOutReason: 'debugging QEMU with gdb' });
+    expect(record.plan.qemu.argv).not.toContain('-sandbox');
+    expect(record.vmm?.qmpSocket).toBe(path.join(w.workDir, 'qmp.sock'));
+    expect(existsSync(path.join(dirs.stateDir, 'leases'))).toBe(false);
   });
 
   it.each(STEPS.map((step) => [step]))('a failure at "%s" undoes every earlier step, newest first', async (step) => {
@@ -467,6 +555,8 @@ describe('executeSandbox', () => {
     expect(w.undone).toEqual(EXPECTED_UNDO.cni[step]);
     expect(existsSync(w.workDir)).toBe(false);
     expect((await w.store.load()).records).toEqual([]);
+    // The identity went back with everything else.
+    expect(await readdir(path.join(dirs.stateDir, 'leases')).catch(() => [])).toEqual([]);
   });
 
   it("joining a caller's namespace: QEMU runs in it with its interface's MAC, the guest is told what eth0 held", async () => {

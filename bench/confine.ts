@@ -1,0 +1,131 @@
+/**
+ * The cost of the confined VMM: RunPodSandbox-to-ready through the CRI socket of one real
+ * `kata-ts serve`, for pods of the default handler (QEMU under seccomp, as a uid of its own with
+ * no capabilities, chrooted into its jail) side by side with pods of a handler that opts out
+ * (QEMU as root, unfiltered, as before confinement). Rounds alternate which goes first; the result
+ * is the ratio of the medians (goal: confined at most 1.02x unconfined).
+ *
+ * Also, from the daemon's log, the host-side part alone: from `sandbox planned` to `QEMU started
+ * (paused)` (identity lease, VMM dir, virtiofsd, jail mounts and device nodes, the exec chain),
+ * which the guest's boot does not blur.
+ *
+ *   node --import tsx bench/confine.ts [--rounds N] [--json]
+ */
+import { randomBytes } from 'node:crypto';
+import { performance } from 'node:perf_hooks';
+import { pathToFileURL } from 'node:url';
+import { parseArgs } from 'node:util';
+import { ensureGuestAssets } from '../test/helpers/hypervisor-guest.js';
+import { type BenchDaemon, createBenchDaemon } from './lib/daemon.js';
+import { median } from './lib/proc.js';
+
+const UNCONFINED = 'kata-ts-unconfined';
+const GOAL_RATIO = 1.02;
+
+export interface ConfineBenchResult {
+  rounds: Array<{ first: 'confined' | 'unconfined'; confinedMs: number; unconfinedMs: number }>;
+  medianConfinedMs: number;
+  medianUnconfinedMs: number;
+  ratio: number;
+  /** Host-side setup (planned -> QEMU started), medians from the daemon's log. */
+  setupConfinedMs: number;
+  setupUnconfinedMs: number;
+  goalMet: boolean;
+}
+
+function podConfig(daemon: BenchDaemon, name: string): Record<string, unknown> {
+  const uid = randomBytes(8).toString('hex');
+  return {
+    metadata: { name, namespace: 'kata-ts-bench', uid, attempt: 0 },
+    labels: { app: name, 'kata-ts.dev/bench': 'confine' },
+    linux: { cgroup_parent: daemon.cgroupParent(uid) },
+  };
+}
+
+async function boot(daemon: BenchDaemon, name: string, handler: string): Promise<{ id: string; ms: number }> {
+  const t0 = performance.now();
+  const { pod_sandbox_id: id } = await daemon.cri.runtime.RunPodSandbox({ config: podConfig(daemon, name), runtime_handler: handler });
+  const ms = performance.now() - t0;
+  await daemon.cri.runtime.RemovePodSandbox({ pod_sandbox_id: id });
+  return { id, ms };
+}
+
+/** planned -> QEMU started, per sandbox id, from the daemon's JSON log. */
+async function setupMs(daemon: BenchDaemon, ids: string[]): Promise<number[]> {
+  const lines = await daemon.logLines();
+  // pino's time is an ISO string here (src/common/logger.ts).
+  const at = (id: string, msg: string) => {
+    const time = lines.find((l) => l.sandboxId === id && l.msg === msg)?.time;
+    return typeof time === 'string' ? Date.parse(time) : undefined;
+  };
+  return ids.flatMap((id) => {
+    const planned = at(id, 'sandbox planned');
+    const started = at(id, 'QEMU started (paused)');
+    return planned === undefined || started === undefined ? [] : [started - planned];
+  });
+}
+
+export async function runConfineBench(rounds: number, progress: (line: string) => void): Promise<ConfineBenchResult> {
+  await ensureGuestAssets();
+  const daemon = await createBenchDaemon({
+    handlers: {
+      [UNCONFINED]: { vmmConfinement: { seccomp: false, unprivileged: false, optOutReason: 'bench: the unconfined baseline' } },
+    },
+  });
+  try {
+    await daemon.start();
+    progress('warm-up: one pod of each (not counted)');
+    await boot(daemon, 'warm-c', 'kata-ts');
+    await boot(daemon, 'warm-u', UNCONFINED);
+    const samples: ConfineBenchResult['rounds'] = [];
+    const ids = { confined: [] as string[], unconfined: [] as string[] };
+    for (let r = 0; r < rounds; r++) {
+      const first: 'confined' | 'unconfined' = r % 2 === 0 ? 'confined' : 'unconfined';
+      const run = async (kind: 'confined' | 'unconfined') => {
+        const { id, ms } = await boot(daemon, `${kind}-${r}`, kind === 'confined' ? 'kata-ts' : UNCONFINED);
+        ids[kind].push(id);
+        return ms;
+      };
+      const a = await run(first);
+      const b = await run(first === 'confined' ? 'unconfined' : 'confined');
+      const s = first === 'confined' ? { first, confinedMs: a, unconfinedMs: b } : { first, confinedMs: b, unconfinedMs: a };
+      samples.push(s);
+      progress(
+        `round ${r + 1}/${rounds} (${first} first): confined ${s.confinedMs.toFixed(0)} ms, unconfined ${s.unconfinedMs.toFixed(0)} ms`,
+      );
+    }
+    const medianConfinedMs = median(samples.map((s) => s.confinedMs));
+    const medianUnconfinedMs = median(samples.map((s) => s.unconfinedMs));
+    const ratio = medianConfinedMs / medianUnconfinedMs;
+    return {
+      rounds: samples,
+      medianConfinedMs,
+      medianUnconfinedMs,
+      ratio,
+      setupConfinedMs: median(await setupMs(daemon, ids.confined)),
+      setupUnconfinedMs: median(await setupMs(daemon, ids.unconfined)),
+      goalMet: ratio <= GOAL_RATIO,
+    };
+  } finally {
+    await daemon.cleanup();
+  }
+}
+
+export function formatConfineReport(r: ConfineBenchResult): string {
+  return [
+    'confined VMM: RunPodSandbox-to-ready, confined (seccomp, own uid, no capabilities, jail) vs unconfined (root)',
+    `  rounds                  ${r.rounds.length}`,
+    `  median confined         ${r.medianConfinedMs.toFixed(0)} ms`,
+    `  median unconfined       ${r.medianUnconfinedMs.toFixed(0)} ms`,
+    `  ratio                   ${r.ratio.toFixed(3)} (goal <= ${GOAL_RATIO}: ${r.goalMet ? 'met' : 'NOT met'})`,
+    `  host setup (planned -> QEMU started), median: confined ${r.setupConfinedMs.toFixed(0)} ms, unconfined ${r.setupUnconfinedMs.toFixed(0)} ms`,
+  ].join('\n');
+}
+
+if (import.meta.url === pathToFileURL(process.argv[1] ?? '').href) {
+  const { values } = parseArgs({ options: { rounds: { type: 'string', default: '5' }, json: { type: 'boolean' } } });
+  const rounds = Number(values.rounds);
+  if (!Number.isSafeInteger(rounds) || rounds < 1) throw new Error(`--rounds must be a positive whole number, not ${values.rounds}`);
+  const result = await runConfineBench(rounds, (line) => process.stderr.write(`${line}\n`));
+  process.stdout.write(values.json === true ? `${JSON.stringify({ bench: 'confine', ...result })}\n` : `${formatConfineReport(result)}\n`);
+}
