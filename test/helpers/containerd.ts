@@ -152,6 +152,21 @@ export interface ContainerdHandle {
   stop(): Promise<ContainerdStopReport>;
 }
 
+/**
+ * containerd's PATH without the directories that hold a kata-ts shim installed on this machine
+ * (scripts/setup.sh links one into /usr/local/bin): containerd finds only the shim a test puts in
+ * `shimBinDir`, which runs with the test's config, never the machine's.
+ */
+export function containerdBasePath(pathValue = process.env.PATH ?? '/usr/sbin:/usr/bin:/sbin:/bin'): string {
+  return pathValue
+    .split(path.delimiter)
+    .filter((d) => d !== '' && !KATA_TS_SHIM_NAMES.some((name) => existsSync(path.join(d, name))))
+    .join(path.delimiter);
+}
+
+/** The names an installed kata-ts shim has (scripts/setup.sh). */
+const KATA_TS_SHIM_NAMES = ['containerd-shim-kata-ts-v2', 'containerd-shim-kata-ts-cvm-v2'];
+
 /** Why this machine cannot run the harness (a sentence), or null when it can. */
 export function containerdMissing(): string | null {
   if (process.getuid?.() !== 0) return 'not root';
@@ -520,7 +535,7 @@ class PrivateContainerd implements ContainerdHandle {
 
   private async startDaemon(): Promise<void> {
     const log = await fsp.open(path.join(this.dir, 'containerd.log'), 'a');
-    const basePath = process.env.PATH ?? '/usr/sbin:/usr/bin:/sbin:/bin';
+    const basePath = containerdBasePath();
     const child = spawn(
       'bash',
       [
