@@ -1,6 +1,6 @@
 /**
  * Every bench, in sequence: bench/sizing.ts, bench/boot.ts, bench/guest-boot.ts,
- * bench/pod-container.ts, bench/confine.ts (what `npm run bench` runs). Options are passed through to the benches that take them; `--only NAME` runs one.
+ * bench/pod-container.ts, bench/shim.ts, bench/confine.ts (what `npm run bench` runs). Options are passed through to the benches that take them; `--only NAME` runs one.
  *
  *   node --import tsx bench/run.ts [--rounds N] [--round-ms MS] [--bare-mode direct|paused]
  *                                  [--rss-pods N] [--ready-timeout-ms MS] [--only NAME] [--json]
@@ -19,6 +19,7 @@ const BENCHES = {
   boot: ['rounds', 'bare-mode', 'rss-pods', 'ready-timeout-ms', 'json'],
   'guest-boot': ['rounds', 'json'],
   'pod-container': ['rounds', 'json'],
+  shim: ['rounds', 'json'],
   confine: ['rounds', 'json'],
 } as const;
 type BenchName = keyof typeof BENCHES;

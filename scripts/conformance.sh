@@ -127,7 +127,8 @@ trap 'exit 130' INT TERM
 echo "==> conformance: critest $("$critest" -version 2>/dev/null | head -1 || true), work dir $work"
 set +e
 # Inside the private mount namespace (whose mounts unshare made private copies) / is made rshared,
-# so the daemon's own namespace, a slave of this one (run.ts), still receives critest's mounts.
+# as systemd makes a host's mounts: the runtime's own mount namespace, which `kata-ts serve` makes
+# as a slave of this one (mountNamespacePath in the run's work dir), receives critest's mounts.
 KTC_WORK=$work TMPDIR=$work CRITEST=$critest CRITEST_IMAGES=$images CONFORMANCE_BUSYBOX=$busybox \
   CONFORMANCE_PARALLEL=${CONFORMANCE_PARALLEL:-2} \
   unshare --mount --ipc --net --fork -- \

@@ -76,8 +76,10 @@ npm run --silent build
 # containerd (and CRI-O) find a shim by its binary name on PATH: the runtime type
 # io.containerd.kata-ts.v2 runs containerd-shim-kata-ts-v2 (docs/shim.md). A symlink to this clone's
 # script, which runs dist/shim/main.js, so a rebuild is picked up by the next pod.
-step "installing the containerd shim: /usr/local/bin/containerd-shim-kata-ts-v2"
+step "installing the containerd shim: /usr/local/bin/containerd-shim-kata-ts-v2 (and -kata-ts-cvm-v2)"
 ln -sfn "$PWD/bin/containerd-shim-kata-ts-v2" /usr/local/bin/containerd-shim-kata-ts-v2
+# The same binary under the confidential handler's name runs kata-ts-cvm pods (src/shim/register.ts).
+ln -sfn "$PWD/bin/containerd-shim-kata-ts-v2" /usr/local/bin/containerd-shim-kata-ts-cvm-v2
 
 step "building guest kernel, initramfs and image"
 bash scripts/build-guest.sh

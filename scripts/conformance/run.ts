@@ -7,8 +7,9 @@
  *    tests use) and a link root pointing at it, given to kata-ts as `cgroupRoot`: critest sends an
  *    empty cgroup_parent for the cgroupfs driver, so every VMM lands inside the private tree;
  * 2. Debian's docker-registry on 127.0.0.1 with the critest stand-in images pushed;
- * 3. `kata-ts serve` with its own config (socket, state dir, registry mirrors for registry.k8s.io
- *    and gcr.io, plain HTTP for 127.0.0.1);
+ * 3. `kata-ts serve` with its own config (socket, state dir, the runtime's mount namespace in the
+ *    work dir, registry mirrors for registry.k8s.io and gcr.io, plain HTTP for 127.0.0.1), started
+ *    in critest's mount namespace as a user starts it;
  * 4. critest (sharded over CONFORMANCE_PARALLEL processes when > 1) with JSON reports;
  * 5. the report, judged against test/conformance/expected.txt and not-applicable.txt.
  *
@@ -135,6 +136,7 @@ async function main(): Promise<number> {
       {
         socketPath,
         stateDir: path.join(work, 'state'),
+        mountNamespacePath: path.join(work, 'mntns', 'mnt'),
         metricsAddress: null,
         logLevel: 'info',
         cgroupDriver: 'cgroupfs',
@@ -150,11 +152,12 @@ async function main(): Promise<number> {
       2,
     ),
   );
-  // The daemon gets a mount namespace of its own, a slave of the run's (what systemd's
-  // PrivateMounts=yes gives a service): critest's host mounts still reach it, but its share bind
-  // mounts stay out of critest's namespace, where a copy of a volume's submount made the volume's
-  // directory unremovable (EBUSY) for critest while the container existed.
-  const daemon = await spawnDaemon(configPath, socketPath, daemonLog, { wrapper: ['unshare', '--mount', '--propagation', 'slave', '--'] });
+  // Started as a user starts it, in critest's mount namespace (the run's, rshared like a systemd
+  // host's): `kata-ts serve` makes the runtime's own namespace, a slave of it, at
+  // mountNamespacePath and runs the daemon there, so critest's host mounts reach the daemon and
+  // none of the daemon's reach critest (a copy of a volume's submount in critest's namespace kept
+  // the submount's directory unremovable, EBUSY, while the container existed).
+  const daemon = await spawnDaemon(configPath, socketPath, daemonLog);
   say(`kata-ts: pid ${daemon.pid}, socket ${socketPath}, log ${daemonLog}`);
 
   const endpoint = `unix://${socketPath}`;

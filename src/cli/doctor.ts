@@ -8,6 +8,14 @@ import { QEMU_SECCOMP_SANDBOX } from '../hypervisor/index.js';
 import { NETNS_DIR, networkReadiness } from '../network/index.js';
 import { readHostInventory } from '../pcie/index.js';
 import { gatherFacts } from '../runtime/gather-facts.js';
+import {
+  boundNamespace,
+  namespaceOf,
+  processesInNamespace,
+  readNamespaceMountinfo,
+  rootMountShared,
+  sameNamespace,
+} from '../runtime/mount-namespace.js';
 import { auditOrphans, ownersFromRecords } from '../runtime/sandbox/orphan-audit.js';
 import { type CliIo, parseCommandArgs, UsageError } from './args.js';
 import { loadWithOverrides } from './serve.js';
@@ -17,9 +25,9 @@ const HELP = `Usage: kata-ts doctor [--config FILE] [--format text|json]
 Checks this host the way the daemon will use it and prints one line per check with ok, warn or
 fail: QEMU binary, acceleration (KVM or TCG, and why), guest kernel and initramfs, CNI network,
 cgroup mode (v1, v2 or hybrid), the cgroup driver RuntimeConfig will advertise, systemd
-reachability, IOMMU groups for VFIO, the VMM confinement (QEMU's seccomp option, setpriv, the
-identity range, what each handler turns off), and orphans (QEMU, virtiofsd, mounts, cgroups, files no record
-owns). Exits 1 when any check fails.
+reachability, IOMMU groups for VFIO, the runtime's mount namespace, the VMM confinement (QEMU's
+seccomp option, setpriv, the identity range, what each handler turns off), and orphans (QEMU,
+virtiofsd, mounts in that namespace, cgroups, files no record owns). Exits 1 when any check fails.
 `;
 
 export type Verdict = 'ok' | 'warn' | 'fail';
@@ -94,11 +102,21 @@ export async function runDoctorChecks(config: KataConfig, configPath: string | n
   } catch (err) {
     checks.push({ name: 'iommu', verdict: 'fail', message: errorMessage(err) });
   }
+  // The daemon's mounts are in the runtime's namespace: the audit reads that mount table.
+  let mountinfo: string | undefined;
+  try {
+    const ns = await mountNamespaceCheck(config);
+    checks.push(ns.check);
+    mountinfo = ns.mountinfo;
+  } catch (err) {
+    checks.push({ name: 'mount-namespace', verdict: 'warn', message: errorMessage(err) });
+  }
   try {
     const orphans = await auditOrphans(await ownersFromRecords(config.stateDir), {
       stateDir: config.stateDir,
       cgroupRoot: config.cgroupRoot,
       netnsDir: NETNS_DIR,
+      ...(mountinfo === undefined ? {} : { mountinfo }),
     });
     checks.push(
       orphans.length === 0
@@ -113,6 +131,28 @@ export async function runDoctorChecks(config: KataConfig, configPath: string | n
     checks.push({ name: 'orphans', verdict: 'warn', message: errorMessage(err) });
   }
   return checks;
+}
+
+/** Where the runtime's mount namespace is and who is in it, and its mount table when this process is outside it. */
+async function mountNamespaceCheck(config: KataConfig): Promise<{ check: DoctorCheck; mountinfo?: string }> {
+  const name = 'mount-namespace';
+  const file = config.mountNamespacePath;
+  if (file === null)
+    return { check: { name, verdict: 'ok', message: 'mountNamespacePath null: the runtime mounts in the namespace it is started in' } };
+  const shared = await rootMountShared();
+  const note = shared ? '' : "; the root mount is private here, so mounts the host makes later do not reach the runtime's namespace";
+  const id = await boundNamespace(file);
+  if (id === undefined) return { check: { name, verdict: shared ? 'ok' : 'warn', message: `${file}: not created yet${note}` } };
+  const own = namespaceOf();
+  const inside = own !== undefined && sameNamespace(own, id);
+  return {
+    check: {
+      name,
+      verdict: shared ? 'ok' : 'warn',
+      message: `${file}: mnt:[${id.ino}], ${processesInNamespace(id).length} process(es) in it${note}`,
+    },
+    ...(inside ? {} : { mountinfo: await readNamespaceMountinfo(file) }),
+  };
 }
 
 export async function runDoctorCommand(argv: string[], io: CliIo): Promise<number> {

@@ -1,6 +1,7 @@
 import { packageVersion } from '../common/paths.js';
 import { type CliIo, processIo, UsageError } from './args.js';
 import { runDoctorCommand } from './doctor.js';
+import { runMountNamespaceCommand } from './mount-namespace.js';
 import { runPlanCommand } from './plan.js';
 import { runServeCommand } from './serve.js';
 
@@ -9,10 +10,11 @@ const USAGE = `kata-ts: a CRI runtime that runs every pod in its own QEMU virtua
 Usage: kata-ts <command> [options]
 
 Commands:
-  serve     run the CRI daemon on its unix socket
-  plan      show how a pod's VM would be shaped, without starting anything
-  doctor    check this host: QEMU, acceleration, guest assets, cgroups, systemd, IOMMU
-  version   print the version
+  serve            run the CRI daemon on its unix socket
+  plan             show how a pod's VM would be shaped, without starting anything
+  doctor           check this host: QEMU, acceleration, guest assets, cgroups, systemd, IOMMU
+  mount-namespace  show or remove the runtime's own mount namespace (where its mounts are)
+  version          print the version
 
 Run 'kata-ts <command> --help' for a command's options.
 `;
@@ -23,6 +25,7 @@ const COMMANDS: Record<string, Command> = {
   serve: runServeCommand,
   plan: runPlanCommand,
   doctor: runDoctorCommand,
+  'mount-namespace': runMountNamespaceCommand,
   version: async (argv, io) => {
     if (argv.includes('--help') || argv.includes('-h')) {
       io.stdout.write('Usage: kata-ts version\n\nPrints the kata-ts version and the CRI API version it speaks.\n');

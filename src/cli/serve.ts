@@ -3,6 +3,7 @@ import { createLogger } from '../common/logger.js';
 import { loadConfig } from '../config/load.js';
 import type { LoadedConfig } from '../config/types.js';
 import { startDaemon } from '../daemon/daemon.js';
+import { type CommandLine, placeInNamespace, runInsideMountNamespace } from '../runtime/mount-namespace.js';
 import { type CliIo, parseCommandArgs, UsageError } from './args.js';
 
 const HELP = `Usage: kata-ts serve [--config FILE] [--socket PATH] [--state-dir DIR]
@@ -10,6 +11,10 @@ const HELP = `Usage: kata-ts serve [--config FILE] [--socket PATH] [--state-dir 
 Runs the CRI daemon. Without --config, /etc/kata-ts/config.json is read when it exists, else the
 built-in defaults apply. --socket and --state-dir override the config file. SIGTERM or SIGINT stop
 the daemon gracefully; pod VMs keep running and are found again at the next start.
+
+The daemon makes its mounts in the runtime's own mount namespace (mountNamespacePath, created when
+missing): this process runs the daemon again inside it, passes SIGTERM, SIGINT and SIGHUP on, and
+exits with its exit code. 'kata-ts mount-namespace' shows or removes that namespace.
 `;
 
 /** Load the config and apply command-line overrides (absolute paths only). */
@@ -26,7 +31,12 @@ export async function loadWithOverrides(values: { config?: string; socket?: stri
   return loaded;
 }
 
-export async function runServeCommand(argv: string[], io: CliIo): Promise<number> {
+/** This program again, with `argv` after `serve`: this process's node, its flags and its script. */
+function selfCommand(argv: readonly string[]): CommandLine {
+  return { command: process.execPath, args: [...process.execArgv, process.argv[1] ?? '', 'serve', ...argv] };
+}
+
+export async function runServeCommand(argv: string[], io: CliIo, self: CommandLine = selfCommand(argv)): Promise<number> {
   const { values } = parseCommandArgs(argv, {
     config: { type: 'string' },
     socket: { type: 'string' },
@@ -39,6 +49,11 @@ export async function runServeCommand(argv: string[], io: CliIo): Promise<number
   }
   const loaded = await loadWithOverrides(values);
   const logger = createLogger({ level: loaded.config.logLevel });
+  const nsFile = loaded.config.mountNamespacePath;
+  if (nsFile !== null && (await placeInNamespace(nsFile, process.env)) === 'outside') {
+    // Node cannot enter a mount namespace itself: the daemon runs as a child that starts inside.
+    return runInsideMountNamespace({ file: nsFile, self, cwd: process.cwd(), env: process.env, stdio: 'inherit', logger });
+  }
   const daemon = await startDaemon({ loaded, logger });
   await new Promise<void>((resolve) => {
     const stop = (signal: NodeJS.Signals): void => {

@@ -24,3 +24,27 @@ export async function openFifoSocket(fifo: string, mode: 'read' | 'write'): Prom
   }
   return new net.Socket({ fd, readable: mode === 'read', writable: mode === 'write' });
 }
+
+/** How often waitForFifoReader looks. */
+const READER_POLL_MS = 50;
+
+/**
+ * Resolves true once `fifo` has a reader (a write-only non-blocking open succeeds only then; it
+ * fails with ENXIO while nobody reads), false after `timeoutMs` or on `signal`. A writer that
+ * opened read-write and is about to close calls this first: bytes still in the pipe when its last
+ * descriptor closes with no reader yet would be lost, and a reader that is about to open (containerd
+ * opens its read side asynchronously) gets them once it has.
+ */
+export async function waitForFifoReader(fifo: string, timeoutMs: number, signal?: AbortSignal): Promise<boolean> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    try {
+      await closeFd(await openFd(fifo, constants.O_WRONLY | constants.O_NONBLOCK | constants.O_NOCTTY));
+      return true;
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code !== 'ENXIO') return false;
+    }
+    if (Date.now() >= deadline || signal?.aborted === true) return false;
+    await new Promise((resolve) => setTimeout(resolve, READER_POLL_MS));
+  }
+}

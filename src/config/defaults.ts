@@ -7,6 +7,8 @@ export const DEFAULT_STATE_DIR = '/var/lib/kata-ts';
 export const DEFAULT_GUEST_DIR = '/usr/local/share/kata-ts/guest';
 /** Where the shim binary keeps its sockets and its pods' state (see ShimConfig). */
 export const DEFAULT_SHIM_STATE_ROOT = '/run/kata-ts/shim';
+/** Where the runtime's mount namespace is bound (a tmpfs: a reboot ends the namespace anyway). */
+export const DEFAULT_MOUNT_NAMESPACE_PATH = '/run/kata-ts/ns/mnt';
 export const DEFAULT_HANDLER = 'kata-ts';
 /**
  * Confined QEMUs' uids and gids: far above the ranges distributions hand out to accounts (below
@@ -62,6 +64,7 @@ export function defaultConfig(): KataConfig {
   return {
     socketPath: DEFAULT_SOCKET_PATH,
     stateDir: DEFAULT_STATE_DIR,
+    mountNamespacePath: DEFAULT_MOUNT_NAMESPACE_PATH,
     logLevel: 'info',
     metricsAddress: '127.0.0.1:9464',
     cgroupDriver: 'auto',

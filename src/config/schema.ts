@@ -64,6 +64,7 @@ export const configFileSchema = {
   properties: {
     socketPath: absolutePath,
     stateDir: absolutePath,
+    mountNamespacePath: { type: ['string', 'null'], pattern: '^/[^/].*/[^/]+$' },
     logLevel: { enum: ['trace', 'debug', 'info', 'warn', 'error', 'fatal', 'silent'] },
     metricsAddress: { type: ['string', 'null'], pattern: '^[^:\\s]+:[0-9]{1,5}$' },
     cgroupDriver: { enum: ['auto', 'systemd', 'cgroupfs'] },

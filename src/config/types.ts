@@ -179,6 +179,13 @@ export interface ShimConfig {
 export interface KataConfig {
   socketPath: string;
   stateDir: string;
+  /**
+   * The file the runtime's own mount namespace is bound at (docs/architecture.md, "The runtime's
+   * mount namespace"): `kata-ts serve` and the shim run in it, so their mounts stay out of the
+   * host's mount table. Its directory is the runtime's: made a private mount of itself. Null: the
+   * programs make their mounts in the namespace they are started in.
+   */
+  mountNamespacePath: string | null;
   logLevel: LogLevel;
   /** `host:port` for the Prometheus endpoint, loopback by default; null disables it. */
   metricsAddress: string | null;

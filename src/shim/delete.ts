@@ -20,7 +20,6 @@
  */
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
-import protobuf from 'protobufjs';
 import { isReason } from '../common/errors.js';
 import type { Logger } from '../common/logger.js';
 import { isSameLiveProcess } from '../common/procfs.js';
@@ -29,79 +28,11 @@ import type { RuntimeFacts } from '../runtime/facts.js';
 import { releaseSharedMounts } from '../runtime/sandbox/shared-dir.js';
 import { acquireStateLock, STATE_LOCK_FILE, type StateLock } from '../runtime/state-lock.js';
 import { readBundleConfig, type TaskRole, taskRole } from './bundle.js';
+import { type DeleteResult, EXIT_STATUS_KILLED } from './delete-response.js';
 import { hasContainerRecord, locatePod, podStateDir, readShimInfo, validateId, validateNamespace } from './paths.js';
 import { composePod, shimRequestContext } from './pod.js';
 import { unmountRootfs } from './rootfs.js';
 import './reasons.js';
-
-/** 128 + SIGKILL: how a task whose shim died is reported, as containerd's own shims report it. */
-export const EXIT_STATUS_KILLED = 137;
-
-/** containerd.task.v2.DeleteResponse. */
-export interface DeleteResult {
-  pid: number;
-  exitStatus: number;
-  exitedAt: Date;
-}
-
-// TODO(proto): switch to src/shim/proto.ts (containerd's task API from proto/containerd/) once it
-// lands; until then the one message `delete` writes is declared here, field for field:
-//   DeleteResponse { uint32 pid = 1; uint32 exit_status = 2; google.protobuf.Timestamp exited_at = 3; }
-//   Timestamp { int64 seconds = 1; int32 nanos = 2; }
-const root = protobuf.Root.fromJSON({
-  nested: {
-    containerd: {
-      nested: {
-        task: {
-          nested: {
-            v2: {
-              nested: {
-                DeleteResponse: {
-                  fields: {
-                    pid: { type: 'uint32', id: 1 },
-                    exit_status: { type: 'uint32', id: 2 },
-                    exited_at: { type: 'google.protobuf.Timestamp', id: 3 },
-                  },
-                },
-              },
-            },
-          },
-        },
-      },
-    },
-    google: {
-      nested: {
-        protobuf: { nested: { Timestamp: { fields: { seconds: { type: 'int64', id: 1 }, nanos: { type: 'int32', id: 2 } } } } },
-      },
-    },
-  },
-});
-const DeleteResponseType = root.lookupType('containerd.task.v2.DeleteResponse');
-
-/** The DeleteResponse bytes containerd reads from `delete`'s stdout. */
-export function encodeDeleteResponse(result: DeleteResult): Uint8Array {
-  const ms = result.exitedAt.getTime();
-  const seconds = Math.floor(ms / 1000);
-  // proto3 leaves fields at their zero value off the wire.
-  return DeleteResponseType.encode(
-    DeleteResponseType.fromObject({
-      ...(result.pid === 0 ? {} : { pid: result.pid }),
-      ...(result.exitStatus === 0 ? {} : { exit_status: result.exitStatus }),
-      exited_at: { seconds, nanos: (ms - seconds * 1000) * 1_000_000 },
-    }),
-  ).finish();
-}
-
-/** The inverse of encodeDeleteResponse (tests, and a reader of our own output). */
-export function decodeDeleteResponse(bytes: Uint8Array): DeleteResult {
-  const o = DeleteResponseType.toObject(DeleteResponseType.decode(bytes), { longs: Number, defaults: true }) as {
-    pid: number;
-    exit_status: number;
-    exited_at?: { seconds: number; nanos: number };
-  };
-  const at = o.exited_at ?? { seconds: 0, nanos: 0 };
-  return { pid: o.pid, exitStatus: o.exit_status, exitedAt: new Date(at.seconds * 1000 + Math.floor(at.nanos / 1_000_000)) };
-}
 
 export interface DeleteOptions {
   loaded: LoadedConfig;
@@ -181,6 +112,9 @@ async function tryLock(stateDir: string, log: Logger): Promise<StateLock | undef
   }
 }
 
+/** How long a dead shim's VM gets to stop before it is killed. */
+const DEAD_POD_STOP_MS = 3_000;
+
 /** How long a delete waits for another delete of the same pod (containerd may run two at once). */
 const OTHER_DELETE_WAIT_MS = 60_000;
 
@@ -240,6 +174,33 @@ async function endLiveShim(stateDir: string, timeoutMs: number, log: Logger): Pr
   }
 }
 
+/**
+ * SIGKILL every QEMU and virtiofsd the pod's sandbox records name (by pid and start time, so a
+ * reused pid is never hit). Read as plain JSON: recovery, which checks records fully, follows.
+ */
+async function killRecordedProcesses(stateDir: string, log: Logger): Promise<void> {
+  const dir = path.join(stateDir, 'sandboxes');
+  const files = await fsp.readdir(dir).catch(() => [] as string[]);
+  for (const file of files.filter((f) => f.endsWith('.json'))) {
+    const record = (await fsp
+      .readFile(path.join(dir, file), 'utf8')
+      .then((text) => JSON.parse(text) as Record<string, unknown>)
+      .catch(() => undefined)) as
+      | { vmm?: { pid?: unknown; startTimeTicks?: unknown } | null; virtiofsd?: { pid?: unknown; startTimeTicks?: unknown } | null }
+      | undefined;
+    for (const proc of [record?.vmm, record?.virtiofsd]) {
+      if (typeof proc?.pid !== 'number' || typeof proc.startTimeTicks !== 'number') continue;
+      if (!isSameLiveProcess(proc.pid, proc.startTimeTicks)) continue;
+      try {
+        process.kill(proc.pid, 'SIGKILL');
+        log.info({ pid: proc.pid }, "killed a process of the dead shim's pod");
+      } catch {
+        // gone meanwhile
+      }
+    }
+  }
+}
+
 /** With the pod's lock held: remove the container, or the whole pod; drop the state dir once the pod is empty. */
 async function cleanPod(
   options: DeleteOptions,
@@ -249,6 +210,9 @@ async function cleanPod(
   log: Logger,
 ): Promise<DeleteOutcome['removed']> {
   const info = await readShimInfo(stateDir).catch(() => undefined);
+  // The shim is gone and the pod with it: its VMM and virtiofsd end first, before anything that
+  // could be slow (composing the pod, recovery's agent reconnects) or cut short by containerd.
+  if (role.role === 'sandbox') await killRecordedProcesses(stateDir, log);
   const pod = await composePod({
     loaded: options.loaded,
     stateDir,
@@ -259,7 +223,8 @@ async function cleanPod(
   let removed: DeleteOutcome['removed'] = 'nothing';
   try {
     await pod.recover();
-    const ctx = shimRequestContext(log, 'delete');
+    // The shim is gone and the pod with it: its VM is not owed a long graceful stop.
+    const ctx = shimRequestContext(log, 'delete', { deadlineMs: Date.now() + DEAD_POD_STOP_MS });
     if (role.role === 'container') {
       if (pod.containers.list(null).some((c) => c.id === options.id)) {
         await pod.containers.remove(options.id, ctx);

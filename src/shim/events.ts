@@ -8,6 +8,11 @@
  * start), so events leave one at a time, in the order published: an event that fails is retried, with a
  * growing pause, before the next is sent, and dropped (logged) after a few attempts so that a
  * containerd that is gone for long does not stop the events after it forever.
+ *
+ * CRI-O (`runtime_type = "vm"`) starts the shim with an empty TTRPC_ADDRESS: it has no events
+ * service and learns exits through Wait (and OOM kills from `<bundle>/oom`). With no address the
+ * publisher sends nothing: events are dropped where they are published, said once in the log,
+ * without connecting, retrying or queueing.
  */
 import type { Buffer } from 'node:buffer';
 import { cancelled } from '../common/errors.js';
@@ -45,7 +50,10 @@ export type TaskTopic = keyof typeof TASK_EVENT_TYPES;
 export type TaskEventOf<T extends TaskTopic> = MessageInput<(typeof TASK_EVENT_TYPES)[T]>;
 
 export interface EventPublisherOptions {
-  /** containerd's ttrpc socket, the shim's TTRPC_ADDRESS: a path (a `unix://` prefix is accepted). */
+  /**
+   * containerd's ttrpc socket, the shim's TTRPC_ADDRESS: a path (a `unix://` prefix is accepted).
+   * '' (CRI-O, which has no events service): every event is dropped at once.
+   */
   address: string;
   /** The containerd namespace the shim serves (its -namespace flag); every envelope carries it. */
   namespace: string;
@@ -85,11 +93,15 @@ export class EventPublisher {
   private running: Promise<void> | undefined;
   private client: TtrpcClient | undefined;
   private closing = false;
+  /** No events address: events are dropped as they are published (and that said once). */
+  private readonly disabled: boolean;
+  private disabledSaid = false;
   /** Aborted when close() runs out of time: the pause or call in progress ends at once. */
   private readonly stop = new AbortController();
 
   constructor(private readonly options: EventPublisherOptions) {
     this.socketPath = options.address.replace(/^unix:\/\//, '');
+    this.disabled = this.socketPath.trim() === '';
     this.logger = options.logger ?? silentLogger();
     this.maxAttempts = options.maxAttempts ?? 5;
     this.initialBackoffMs = options.initialBackoffMs ?? 200;
@@ -109,6 +121,16 @@ export class EventPublisher {
    * stamped now. Returns at once; delivery happens in the background, in publish order.
    */
   publish<T extends TaskTopic>(topic: T, event: TaskEventOf<T>): void {
+    if (this.disabled) {
+      if (!this.disabledSaid) {
+        this.disabledSaid = true;
+        this.logger.info(
+          { topic },
+          'no events address (TTRPC_ADDRESS is empty): task events are not sent; the caller learns exits through Wait',
+        );
+      }
+      return;
+    }
     if (this.closing) {
       this.logger.warn({ topic }, 'event published after the publisher closed: dropped');
       return;

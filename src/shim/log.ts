@@ -1,8 +1,8 @@
 /**
- * Where a pod's shim logs. containerd 1.6 makes a FIFO `<bundle>/log` before it runs `start` and
- * copies whatever comes out of it into its own log; the per-pod `serve` process gets that FIFO
- * as its stderr. Elsewhere (CRI-O, a bundle without the FIFO, containerd gone) the log is a file
- * in the pod's state dir.
+ * Where a pod's shim logs. containerd 1.6 (and CRI-O's VM runtime) makes a FIFO `<bundle>/log`
+ * before it runs `start` and copies whatever comes out of it into its own log; the per-pod `serve`
+ * process gets that FIFO as its stderr. Elsewhere (a bundle without the FIFO, nobody reading it)
+ * the log is a file in the pod's state dir.
  *
  * A FIFO is opened write-only and non-blocking: opening it blocks (or, non-blocking, fails with
  * ENXIO) while nobody reads it, and a full FIFO must never stall the shim. The logger writes

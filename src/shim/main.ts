@@ -14,7 +14,13 @@
  * - `delete`: clean up after a shim that is gone, print a DeleteResponse (delete.ts);
  * - `serve` (ours): the per-pod server `start` runs detached (serve.ts).
  *
- * `-v` prints the version. The environment: TTRPC_ADDRESS (containerd's ttrpc socket, for events),
+ * `serve` and `delete`'s detached `cleanup` work in the runtime's own mount namespace
+ * (`mountNamespacePath`; see src/runtime/mount-namespace.ts): `start` starts `serve` inside it, and
+ * either run outside it runs itself again inside (`cleanup` only when the namespace exists: without
+ * it nothing of a pod can be mounted anywhere).
+ *
+ * `-v` prints the version. The environment: TTRPC_ADDRESS (containerd's ttrpc socket, for events;
+ * CRI-O sets it empty: no events are sent),
  * GRPC_ADDRESS and NAMESPACE (containerd 2.x; the flags win), MAX_SHIM_VERSION (2.x: the newest
  * bootstrap format it reads; the plain address we print is read by every version), SCHED_CORE
  * (core scheduling for the shim's processes: not supported here, ignored), KATA_TS_CONFIG (the
@@ -23,6 +29,7 @@
  * A bad command line exits 2 with one sentence naming the flag; a failure exits 1 with one
  * sentence on stderr.
  */
+import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
 import { errorMessage } from '../common/errors.js';
@@ -30,12 +37,10 @@ import { createLogger, type LogLevel } from '../common/logger.js';
 import { packageVersion } from '../common/paths.js';
 import { loadConfig } from '../config/load.js';
 import type { LoadedConfig } from '../config/types.js';
-import { deleteTask, encodeDeleteResponse } from './delete.js';
-import { shimLogger } from './log.js';
-import { podStateDir, shimSocketPath } from './paths.js';
-import { registerTaskService } from './register.js';
-import { type RegisterServices, runServe } from './serve.js';
-import { type ShimCommand, startShim } from './start.js';
+import { boundNamespace, placeInNamespace, runInsideMountNamespace } from '../runtime/mount-namespace.js';
+import { EXIT_STATUS_KILLED, encodeDeleteResponse } from './delete-response.js';
+import type { RegisterServices } from './serve.js';
+import type { ShimCommand } from './start.js';
 
 /** The binary's name, as containerd derives it from the runtime type. */
 export const SHIM_BINARY_NAME = 'containerd-shim-kata-ts-v2';
@@ -175,7 +180,7 @@ export function readShimEnv(env: NodeJS.ProcessEnv): ShimEnv {
 
 /** An action's inputs: flags, environment and working directory together, checked. */
 export interface ShimInvocation {
-  action: 'start' | 'delete' | 'serve';
+  action: (typeof ACTIONS)[number];
   namespace: string;
   id: string;
   /** Absolute: `-bundle`, else the working directory. */
@@ -188,13 +193,15 @@ export interface ShimInvocation {
   env: ShimEnv;
 }
 
-const ACTIONS = ['start', 'delete', 'serve'] as const;
+/** The actions containerd and CRI-O call; `serve` and `cleanup` are this binary's own children. */
+const PUBLIC_ACTIONS = ['start', 'delete', 'serve'] as const;
+const ACTIONS = [...PUBLIC_ACTIONS, 'cleanup'] as const;
 
 /** Combine flags, environment and working directory; throws ShimUsageError naming what is missing or wrong. */
 export function shimInvocation(args: ShimArgs, env: ShimEnv, cwd: string): ShimInvocation {
-  if (args.action === '') throw new ShimUsageError(`an action is required: ${ACTIONS.join(', ')}`);
+  if (args.action === '') throw new ShimUsageError(`an action is required: ${PUBLIC_ACTIONS.join(', ')}`);
   const action = ACTIONS.find((a) => a === args.action);
-  if (action === undefined) throw new ShimUsageError(`unknown action "${args.action}"; actions: ${ACTIONS.join(', ')}`);
+  if (action === undefined) throw new ShimUsageError(`unknown action "${args.action}"; actions: ${PUBLIC_ACTIONS.join(', ')}`);
   const namespace = args.namespace !== '' ? args.namespace : env.namespace;
   if (namespace === '') throw new ShimUsageError('-namespace is required (or NAMESPACE in the environment)');
   if (args.id === '') throw new ShimUsageError('-id is required');
@@ -280,6 +287,33 @@ function write(stream: NodeJS.WritableStream, data: string | Uint8Array): Promis
 }
 
 /** The command that runs this binary again: node, its flags, and the script it runs. */
+/** How long `delete` waits for its cleanup child before answering containerd (under its 5 s default). */
+const DELETE_WAIT_MS = 3_500;
+/** Where a detached cleanup writes its warnings, under the shim's state root. */
+const CLEANUP_LOG_FILE = 'cleanup.log';
+
+/**
+ * This binary again with `cleanup` for `delete`'s arguments, in a session of its own with no
+ * stdio of ours; true when it finished within `waitMs`.
+ */
+async function runDetachedCleanup(self: ShimCommand, argv: readonly string[], env: NodeJS.ProcessEnv, waitMs: number): Promise<boolean> {
+  const args = argv.map((a) => (a === 'delete' ? 'cleanup' : a));
+  const child = spawn(self.command, [...self.args, ...args], { detached: true, stdio: 'ignore', env });
+  child.unref();
+  return new Promise((resolve) => {
+    // Kept referenced: it alone keeps this process up while the (unreferenced) child works.
+    const timer = setTimeout(() => resolve(false), waitMs);
+    child.once('exit', () => {
+      clearTimeout(timer);
+      resolve(true);
+    });
+    child.once('error', () => {
+      clearTimeout(timer);
+      resolve(false);
+    });
+  });
+}
+
 function defaultSelf(): ShimCommand {
   return { command: process.execPath, args: [...process.execArgv, process.argv[1] ?? ''] };
 }
@@ -315,9 +349,30 @@ export async function main(argv: readonly string[], options: ShimMainOptions = {
   }
   try {
     const loaded = await loadShimConfig(inv.env);
+    const nsFile = loaded.config.mountNamespacePath;
+    // `delete` itself stays outside: it only starts the detached cleanup, which enters.
+    const entering = inv.action === 'serve' || inv.action === 'cleanup';
+    if (entering && nsFile !== null && (await placeInNamespace(nsFile, processEnv)) === 'outside') {
+      if (inv.action === 'serve' || (await boundNamespace(nsFile)) !== undefined) {
+        const self = options.self ?? defaultSelf();
+        const logger = createLogger({ level: 'warn', destination: { write: (line: string) => io.stderr.write(line) } });
+        return await runInsideMountNamespace({
+          file: nsFile,
+          self: { command: self.command, args: [...self.args, ...argv] },
+          cwd: options.cwd ?? process.cwd(),
+          env: processEnv,
+          stdio: { stdout: io.stdout, stderr: io.stderr },
+          logger,
+          dieWithParent: inv.action === 'serve',
+        });
+      }
+    }
     switch (inv.action) {
       case 'start': {
         await drainStdin(io.stdin);
+        // Each action loads only its own code: containerd runs `start` and `delete` once per
+        // task, and the pod's core is big.
+        const { startShim } = await import('./start.js');
         const address = await startShim({
           config: loaded.config,
           namespace: inv.namespace,
@@ -333,14 +388,39 @@ export async function main(argv: readonly string[], options: ShimMainOptions = {
         return 0;
       }
       case 'delete': {
+        // containerd gives `delete` a few seconds (io.containerd.timeout.shim.cleanup, 5 s by
+        // default) and then kills it: the cleanup runs in a detached child that outlives that, and
+        // delete answers once it is done or after DELETE_WAIT_MS, whichever comes first.
+        const done = await runDetachedCleanup(options.self ?? defaultSelf(), argv, processEnv, DELETE_WAIT_MS);
+        if (!done) io.stderr.write(`${SHIM_BINARY_NAME} delete: the cleanup of ${inv.id} goes on in the background\n`);
+        await write(io.stdout, encodeDeleteResponse({ pid: 0, exitStatus: EXIT_STATUS_KILLED, exitedAt: new Date() }));
+        return 0;
+      }
+      case 'cleanup': {
+        // Warnings only, into the shim's state root (created on the first one): nobody reads this
+        // child's stderr, and a pipe it held would keep containerd waiting.
+        const file = path.join(loaded.config.shim.stateRoot, CLEANUP_LOG_FILE);
         const level: LogLevel = inv.debug ? 'debug' : 'warn';
-        // containerd logs delete's stderr as cleanup warnings: warnings and errors only, unless -debug.
-        const logger = createLogger({ level, destination: { write: (line: string) => io.stderr.write(line) } });
-        const outcome = await deleteTask({ loaded, namespace: inv.namespace, id: inv.id, bundle: inv.bundle, logger });
-        await write(io.stdout, encodeDeleteResponse(outcome));
+        const logger = createLogger({
+          level,
+          destination: {
+            write: (line: string) => {
+              fs.mkdirSync(path.dirname(file), { recursive: true, mode: 0o700 });
+              fs.appendFileSync(file, line);
+            },
+          },
+        });
+        const { deleteTask } = await import('./delete.js');
+        await deleteTask({ loaded, namespace: inv.namespace, id: inv.id, bundle: inv.bundle, logger });
         return 0;
       }
       case 'serve': {
+        const [{ shimLogger }, { podStateDir, shimSocketPath }, { registerTaskService }, { runServe }] = await Promise.all([
+          import('./log.js'),
+          import('./paths.js'),
+          import('./register.js'),
+          import('./serve.js'),
+        ]);
         const stateRoot = loaded.config.shim.stateRoot;
         const level: LogLevel = inv.debug ? 'debug' : loaded.config.logLevel;
         const logger = shimLogger(2, level, { namespace: inv.namespace, sandboxId: inv.id });

@@ -16,20 +16,26 @@ export interface UsageReading {
 
 export type MetricsVersion = 'v1' | 'v2';
 
-/** The Stats answer's Any for a reading. */
+/**
+ * The Stats answer's Any for a reading. Every sub-message a reader dereferences is present, zero
+ * when nothing was measured: CRI-O (internal/oci/runtime_vm.go) reads v1's `memory.usage`,
+ * `.swap`, `.kernel`, `.kernel_tcp`, `cpu.usage`, `cpu.throttling` and `pids`, and v2's `memory`,
+ * `cpu` and `pids`, through Go pointers without a nil check: a message left out crashes it.
+ */
 export function metricsAny(usage: UsageReading, version: MetricsVersion): AnyMessage {
   const m = usage.memory;
   // containerd takes the working set as usage - inactive file; the rest of usage is stated as such.
   const inactiveFile = m === null ? 0 : Math.max(0, m.usageBytes - m.workingSetBytes);
   const limit = m === null ? 0 : m.availableBytes + m.workingSetBytes;
+  const pids = usage.processCount === null ? {} : { current: usage.processCount };
   if (version === 'v2') {
     return anyOf('io.containerd.cgroups.v2.Metrics', {
-      ...(usage.processCount === null ? {} : { pids: { current: usage.processCount } }),
-      ...(usage.cpu === null ? {} : { cpu: { usage_usec: (usage.cpu.usageNs / 1000n).toString() } }),
-      ...(m === null
-        ? {}
-        : {
-            memory: {
+      pids,
+      cpu: usage.cpu === null ? {} : { usage_usec: (usage.cpu.usageNs / 1000n).toString() },
+      memory:
+        m === null
+          ? {}
+          : {
               usage: m.usageBytes,
               usage_limit: limit,
               inactive_file: inactiveFile,
@@ -37,16 +43,15 @@ export function metricsAny(usage: UsageReading, version: MetricsVersion): AnyMes
               pgfault: m.pageFaults,
               pgmajfault: m.majorPageFaults,
             },
-          }),
     });
   }
   return anyOf('io.containerd.cgroups.v1.Metrics', {
-    ...(usage.processCount === null ? {} : { pids: { current: usage.processCount } }),
-    ...(usage.cpu === null ? {} : { cpu: { usage: { total: usage.cpu.usageNs.toString() } } }),
-    ...(m === null
-      ? {}
-      : {
-          memory: {
+    pids,
+    cpu: { usage: usage.cpu === null ? {} : { total: usage.cpu.usageNs.toString() }, throttling: {} },
+    memory: {
+      ...(m === null
+        ? {}
+        : {
             rss: m.rssBytes,
             total_rss: m.rssBytes,
             total_inactive_file: inactiveFile,
@@ -54,8 +59,11 @@ export function metricsAny(usage: UsageReading, version: MetricsVersion): AnyMes
             total_pg_fault: m.pageFaults,
             pg_maj_fault: m.majorPageFaults,
             total_pg_maj_fault: m.majorPageFaults,
-            usage: { usage: m.usageBytes, limit },
-          },
-        }),
+          }),
+      usage: m === null ? {} : { usage: m.usageBytes, limit },
+      swap: {},
+      kernel: {},
+      kernel_tcp: {},
+    },
   });
 }

@@ -22,7 +22,9 @@ import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import net from 'node:net';
 import { errorMessage, timedOut, unavailable } from '../common/errors.js';
+import { silentLogger } from '../common/logger.js';
 import type { KataConfig } from '../config/types.js';
+import { ensureMountNamespace, insideCommand, placeInNamespace } from '../runtime/mount-namespace.js';
 import { readBundleConfig, taskRole, writeAddressFile } from './bundle.js';
 import { openShimLog } from './log.js';
 import { podStateDir, shimSocketPath, socketAddress, validateId, validateNamespace } from './paths.js';
@@ -118,14 +120,34 @@ export async function startShim(options: StartOptions): Promise<string> {
   return address;
 }
 
+/**
+ * The `serve` child's command line and environment: this binary again, started inside the
+ * runtime's mount namespace (created when missing) unless it is off or this process is in it.
+ */
+async function serveCommand(
+  options: StartOptions,
+  sandboxId: string,
+  socketPath: string,
+): Promise<{ command: string; args: string[]; env: NodeJS.ProcessEnv }> {
+  const self = { command: options.self.command, args: [...options.self.args, ...serveArgs(options, sandboxId, socketPath)] };
+  const file = options.config.mountNamespacePath;
+  if (file === null || (await placeInNamespace(file, options.env)) === 'inside') return { ...self, env: options.env };
+  // Silent: containerd reads start's stdout and stderr together as the address.
+  const { id } = await ensureMountNamespace(file, silentLogger());
+  // No setpriv: the pod's shim outlives this `start`.
+  const inside = insideCommand(file, id, options.bundle, self, false);
+  return { command: inside.command, args: inside.args, env: { ...options.env, ...inside.env } };
+}
+
 /** Start the detached `serve` child and wait until its socket answers (or it dies, or time runs out). */
 async function spawnServe(options: StartOptions, sandboxId: string, socketPath: string, stateDir: string): Promise<void> {
+  const cmd = await serveCommand(options, sandboxId, socketPath);
   const log = await openShimLog(options.bundle, stateDir);
   let child: ReturnType<typeof spawn>;
   try {
-    child = spawn(options.self.command, [...options.self.args, ...serveArgs(options, sandboxId, socketPath)], {
+    child = spawn(cmd.command, cmd.args, {
       cwd: options.bundle,
-      env: options.env,
+      env: cmd.env,
       detached: true,
       stdio: ['ignore', 'ignore', log.fd],
     });

@@ -6,8 +6,12 @@
  */
 import type net from 'node:net';
 import type { Readable, Writable } from 'node:stream';
-import { openFifoSocket } from '../common/fifo.js';
+import { openFifoSocket, waitForFifoReader } from '../common/fifo.js';
+
 import { newExecId } from '../runtime/container/commands.js';
+
+/** How long an exec's end waits for a FIFO's reader to open before closing anyway. */
+const READER_WAIT_MS = 30_000;
 
 /** Where a task's or an exec's stdio goes: the FIFOs containerd made ('' for none). */
 export interface TaskIo {
@@ -49,6 +53,10 @@ export async function openExecStdio(io: TaskIo, signal: AbortSignal): Promise<Ex
       closeStdin,
       close: async () => {
         closeStdin();
+        // Bytes in a pipe whose reader has not opened yet would go with our descriptor.
+        await Promise.all(
+          [io.stdout, io.terminal ? '' : io.stderr].filter((f) => f !== '').map((f) => waitForFifoReader(f, READER_WAIT_MS, signal)),
+        );
         await Promise.all(
           [stdout, stderr].map(
             (s) =>

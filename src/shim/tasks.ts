@@ -7,6 +7,7 @@
  */
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
+import { raceAbort } from '../common/abort.js';
 import { alreadyExists, errorMessage, invalid, notFound, precondition } from '../common/errors.js';
 import type { Logger } from '../common/logger.js';
 import { epochNs } from '../common/time.js';
@@ -15,7 +16,7 @@ import { runExec } from '../runtime/container/commands.js';
 import type { ContainerRecord } from '../runtime/container/record.js';
 import type { ContainerResourceUpdate } from '../runtime/container/types.js';
 import type { RequestContext } from '../runtime/context.js';
-import { decodeExecProcess, decodePodSpec, decodeTaskContainerSpec, type ExecSpec } from './decode/index.js';
+import { decodeBundleRole, decodeExecProcess, decodePodSpec, decodeTaskContainerSpec, type ExecSpec } from './decode/index.js';
 import type { EventPublisher } from './events.js';
 import type { ShimPod } from './pod.js';
 import { timestampOfNs } from './proto.js';
@@ -92,6 +93,10 @@ interface Task {
   rootfsMounted: boolean;
   /** Stops the exit watch (Delete). */
   watch: AbortController;
+  /** CRI-O wrote the bundle: an OOM kill is also told by a `<bundle>/oom` file. */
+  crio: boolean;
+  /** The OOM kill told (event published, CRI-O's file written): the exit waits for it. */
+  oom: Promise<void> | undefined;
 }
 
 export interface ShimTasksDeps {
@@ -105,11 +110,35 @@ export interface ShimTasksDeps {
 /** A signal's exit status as runc reports it (128 + the signal). */
 const SIGKILL_STATUS = 128 + 9;
 
+/**
+ * The file CRI-O looks for in a container's bundle when a VM runtime's container exited non-zero
+ * (internal/oci/runtime_vm.go updateContainerStatus): its presence means OOMKilled. CRI-O has no
+ * events service to hear containerd's TaskOOM on; Kata's shim writes the same file for it.
+ */
+export const CRIO_OOM_FILE = 'oom';
+
+/**
+ * Where a container's root filesystem is (pure): `<bundle>/rootfs` when the Create request
+ * brought mounts for it (containerd's snapshotter; the shim mounts them there), else the spec's
+ * `root.path` (relative to the bundle, as runc reads it): CRI-O hands no rootfs mounts and names
+ * the mounted image directly (`/var/lib/containers/storage/overlay/<id>/merged`).
+ */
+export function containerRootfsPath(oci: unknown, bundle: string, mountsGiven: boolean): string {
+  const fallback = path.join(bundle, 'rootfs');
+  if (mountsGiven) return fallback;
+  const root = typeof oci === 'object' && oci !== null ? (oci as { root?: { path?: unknown } }).root : undefined;
+  return typeof root?.path === 'string' && root.path !== '' ? path.resolve(bundle, root.path) : fallback;
+}
+
 export class ShimTasks {
   private readonly tasks = new Map<string, Task>();
   private sandboxId: string | undefined;
+  private readonly unsubscribeOom: () => void;
 
-  constructor(private readonly deps: ShimTasksDeps) {}
+  constructor(private readonly deps: ShimTasksDeps) {
+    // The core reports an OOM kill just before the exit it caused (ContainerEvents).
+    this.unsubscribeOom = deps.pod.containers.events.subscribeOom((e) => this.oomKilled(e.record.id));
+  }
 
   /** No task is left: Shutdown may end the shim. */
   get empty(): boolean {
@@ -137,6 +166,8 @@ export class ShimTasks {
       execs: new Map(),
       rootfsMounted: false,
       watch: new AbortController(),
+      crio: false,
+      oom: undefined,
     };
     if (kind === 'sandbox') {
       // The pod's DNS is the resolv.conf containerd wrote for it (the guest gets it as its own).
@@ -153,7 +184,8 @@ export class ShimTasks {
     } else {
       const sandboxId = this.sandboxId as string;
       const spec = decodeTaskContainerSpec(oci, sandboxId);
-      const rootfs = path.join(req.bundle, 'rootfs');
+      task.crio = decodeBundleRole(oci).kind === 'cri-o';
+      const rootfs = containerRootfsPath(oci, req.bundle, req.rootfs.length > 0);
       if (req.rootfs.length > 0) {
         await mountRootfs(req.rootfs, rootfs);
         task.rootfsMounted = true;
@@ -201,13 +233,42 @@ export class ShimTasks {
     const exited =
       task.kind === 'sandbox'
         ? this.deps.pod.sandboxExited(task.id, signal)
-        : this.deps.pod.containers.waitExit(task.id, signal).then((e) => ({ status: e.exitCode, atNs: BigInt(e.finishedAtNs) }));
+        : this.deps.pod.containers.waitExit(task.id, signal).then(async (e) => {
+            // An OOM kill the core recorded without the event reaching us (it came before Start's watch).
+            if (task.oom === undefined && this.exitReason(task.id) === 'OOMKilled') this.oomKilled(task.id);
+            await task.oom;
+            return { status: e.exitCode, atNs: BigInt(e.finishedAtNs) };
+          });
     exited.then(
       (exit) => this.taskExited(task, exit),
       (err: unknown) => {
         if (!signal.aborted) this.deps.logger.warn({ taskId: task.id, err: errorMessage(err) }, 'watching a task exit failed');
       },
     );
+  }
+
+  private exitReason(id: string): string | undefined {
+    try {
+      return this.deps.pod.containers.resolve(id).reason;
+    } catch {
+      return undefined;
+    }
+  }
+
+  /**
+   * The guest's OOM killer ended a container: containerd hears TaskOOM before the exit, CRI-O
+   * finds `<bundle>/oom` when it reads the exit (the exit waits for the file).
+   */
+  private oomKilled(id: string): void {
+    const task = this.tasks.get(id);
+    if (task === undefined || task.kind !== 'container' || task.oom !== undefined) return;
+    this.deps.logger.info({ taskId: id }, 'task OOM-killed');
+    this.deps.events.publish('/tasks/oom', { container_id: id });
+    task.oom = task.crio
+      ? fsp.writeFile(path.join(task.bundle, CRIO_OOM_FILE), '', { mode: 0o644 }).catch((err: unknown) => {
+          this.deps.logger.warn({ taskId: id, err: errorMessage(err) }, "writing CRI-O's oom file failed");
+        })
+      : Promise.resolve();
   }
 
   private taskExited(task: Task, exit: TaskExit): void {
@@ -233,6 +294,10 @@ export class ShimTasks {
       return;
     }
     if (task.exit.value !== undefined) throw notFound('PROCESS_FINISHED', `task ${id} has already finished`);
+    if (signal === 0 && (task.kind === 'sandbox' || !task.started)) {
+      // A liveness probe (CRI-O's IsContainerAlive): the task has not finished, nothing is ended.
+      return;
+    }
     if (task.kind === 'sandbox') {
       // The pod's VM stops as a whole; its containers are told by the core and exit with it.
       await this.deps.pod.sandboxes.stop(id, ctx);
@@ -251,7 +316,7 @@ export class ShimTasks {
   async wait(id: string, execId: string, signal: AbortSignal): Promise<TaskExit> {
     const task = this.task(id);
     const latch = execId === '' ? task.exit : this.exec(task, execId).exit;
-    return raceSignal(latch.promise, signal);
+    return raceAbort(latch.promise, signal, (sig) => (sig.reason instanceof Error ? sig.reason : new Error('the wait was cancelled')));
   }
 
   async delete(id: string, execId: string, ctx: RequestContext): Promise<{ pid: number; exit: TaskExit }> {
@@ -402,6 +467,7 @@ export class ShimTasks {
     const agent = this.deps.pod.guests.agentOf(this.sandboxId as string);
     if (agent === undefined) throw precondition('TASK_NOT_RUNNING', `task ${id} is not running`);
     const guestExecId = execId === '' ? '' : (this.exec(task, execId).stdio?.guestExecId ?? '');
+    this.deps.logger.debug({ taskId: id, execId, guestExecId, width, height }, 'terminal resized');
     await agent.resizeTty(id, guestExecId, height, width, { timeoutMs: 30_000 });
   }
 
@@ -438,6 +504,7 @@ export class ShimTasks {
 
   /** Every task's exit watch stopped, every exec's streams closed (the shim is going away). */
   close(): void {
+    this.unsubscribeOom();
     for (const task of this.tasks.values()) {
       task.watch.abort();
       for (const exec of task.execs.values()) exec.abort.abort();
@@ -471,22 +538,4 @@ export async function readBundleSpec(bundle: string): Promise<unknown> {
   } catch (err) {
     throw invalid('BUNDLE_INVALID', `bundle ${bundle}: config.json is not JSON: ${errorMessage(err)}`);
   }
-}
-
-function raceSignal<T>(promise: Promise<T>, signal: AbortSignal): Promise<T> {
-  if (signal.aborted) return Promise.reject(signal.reason);
-  return new Promise((resolve, reject) => {
-    const onAbort = () => reject(signal.reason);
-    signal.addEventListener('abort', onAbort, { once: true });
-    promise.then(
-      (v) => {
-        signal.removeEventListener('abort', onAbort);
-        resolve(v);
-      },
-      (e: unknown) => {
-        signal.removeEventListener('abort', onAbort);
-        reject(e);
-      },
-    );
-  });
 }

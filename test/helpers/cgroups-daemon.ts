@@ -36,9 +36,19 @@ export async function startDaemonProcess(dir: string, config: Record<string, unk
   const hypervisor = { ...guestDirConfig(), ...(config.hypervisor as Record<string, unknown> | undefined) };
   await fsp.writeFile(
     configPath,
-    // No CNI: the host's network is never touched by tests (see test/helpers/network-node.ts).
+    // No CNI: the host's network is never touched by tests (see test/helpers/network-node.ts). The
+    // runtime's mount namespace is bound in `dir`, inside the caller's namespaces, which end with it.
     JSON.stringify(
-      { socketPath, stateDir, metricsAddress: null, logLevel: 'debug', network: { mode: 'none' }, ...config, hypervisor },
+      {
+        socketPath,
+        stateDir,
+        metricsAddress: null,
+        logLevel: 'debug',
+        network: { mode: 'none' },
+        mountNamespacePath: path.join(dir, 'mntns', 'mnt'),
+        ...config,
+        hypervisor,
+      },
       null,
       2,
     ),

@@ -3,16 +3,23 @@
  * that benches and the confined systemd scenarios (plain node processes) share it with the tests.
  */
 import { type ChildProcess, spawn } from 'node:child_process';
-import { createWriteStream, promises as fsp } from 'node:fs';
+import { createWriteStream, promises as fsp, readdirSync } from 'node:fs';
 import net from 'node:net';
 import { packageRoot } from '../../src/common/paths.js';
+import { readProcStatFields } from '../../src/common/proc-stat.js';
+import { readCmdline } from '../../src/common/procfs.js';
 
 export interface SpawnedDaemon {
+  /**
+   * The daemon's own pid: the process that holds the state dir. `kata-ts serve` started outside
+   * the runtime's mount namespace runs the daemon as its child inside it; this is that child.
+   */
   pid: number;
+  /** The process started here (`kata-ts serve` as a user starts it): the daemon's parent, or the daemon itself. */
   child: ChildProcess;
-  /** SIGTERM and wait (SIGKILL after 15 s), what `systemctl stop` does. Pod VMs keep running. */
+  /** SIGTERM `child` and wait (SIGKILL after 15 s), what `systemctl stop` does. Pod VMs keep running. */
   stop(): Promise<void>;
-  /** SIGKILL and wait: a crash (no shutdown code runs). Pod VMs keep running. */
+  /** SIGKILL the daemon (`pid`) and wait for `child` too: a crash (no shutdown code runs). Pod VMs keep running. */
   kill(): Promise<void>;
 }
 
@@ -26,6 +33,21 @@ export function accepts(socketPath: string): Promise<boolean> {
     });
     sock.once('error', () => resolve(false));
   });
+}
+
+/**
+ * The daemon started as `spawned`: its child running `serve` (what `kata-ts serve` starts inside
+ * the runtime's mount namespace), else `spawned` itself.
+ */
+export function daemonPidOf(spawned: number): number {
+  for (const entry of readdirSync('/proc')) {
+    if (!/^\d+$/.test(entry)) continue;
+    const pid = Number(entry);
+    if (readProcStatFields(pid)?.ppid !== spawned) continue;
+    const argv = readCmdline(pid);
+    if (argv.includes('serve') && argv.some((a) => a.endsWith('entry.ts') || a.endsWith('kata-ts.js'))) return pid;
+  }
+  return spawned;
 }
 
 /** The JSON lines of a daemon's log file so far. */
@@ -46,16 +68,14 @@ export async function spawnDaemon(
   socketPath: string,
   logFile: string,
   options: {
-    /** Start it in this network namespace (nsenter execs node there: the child's pid is the daemon's own). */
+    /** Start it in this network namespace (nsenter execs node there). */
     netnsPath?: string;
-    /** A command that execs the daemon (keeping its pid), e.g. `unshare --mount --propagation slave --`. */
-    wrapper?: readonly string[];
   } = {},
 ): Promise<SpawnedDaemon> {
   const log = createWriteStream(logFile, { flags: 'a' });
   const node = [process.execPath, '--import', 'tsx', 'src/cli/entry.ts', 'serve', '--config', configPath];
   const inNetns = options.netnsPath === undefined ? node : ['nsenter', `--net=${options.netnsPath}`, '--', ...node];
-  const [cmd, ...args] = [...(options.wrapper ?? []), ...inNetns] as [string, ...string[]];
+  const [cmd, ...args] = inNetns as [string, ...string[]];
   const child = spawn(cmd, args, {
     cwd: packageRoot(),
     stdio: ['ignore', 'ignore', 'pipe'],
@@ -72,8 +92,9 @@ export async function spawnDaemon(
     await exited;
     throw new Error(`kata-ts did not start (config ${configPath}); log:\n${await fsp.readFile(logFile, 'utf8').catch(() => '')}`);
   }
+  const pid = daemonPidOf(child.pid as number);
   return {
-    pid: child.pid as number,
+    pid,
     child,
     async stop() {
       if (child.exitCode !== null || child.signalCode !== null) return;
@@ -84,8 +105,15 @@ export async function spawnDaemon(
     },
     async kill() {
       if (child.exitCode !== null || child.signalCode !== null) return;
-      child.kill('SIGKILL');
+      try {
+        process.kill(pid, 'SIGKILL');
+      } catch {
+        // gone already
+      }
+      // `child`, when it is the daemon's parent, exits with it (and would kill it if it went first).
+      const timer = setTimeout(() => child.kill('SIGKILL'), 5_000);
       await exited;
+      clearTimeout(timer);
     },
   };
 }

@@ -11,6 +11,7 @@ import path from 'node:path';
 import { promisify } from 'node:util';
 import { silentLogger } from '../../src/common/logger.js';
 import { DEFAULT_VMM_LEASE_DIR } from '../../src/config/defaults.js';
+import { boundNamespace, readNamespaceMountinfo, removeMountNamespace } from '../../src/runtime/mount-namespace.js';
 import { releaseSharedMounts } from '../../src/runtime/sandbox/shared-dir.js';
 import { mountedHierarchies, treeDeepestFirst } from './cgroups-private.js';
 import { type CriClient, criClient } from './cri-client.js';
@@ -26,6 +27,12 @@ export interface TestRuntime {
   stateDir: string;
   socketPath: string;
   configPath: string;
+  /** The runtime's mount namespace file (`<dir>/mntns/mnt`): the daemon makes its mounts there, not in the test's namespace. */
+  mountNamespacePath: string;
+  /** The mount table inside the runtime's mount namespace ('' before the daemon first made it). */
+  mountinfo(): Promise<string>;
+  /** Run a command inside the runtime's mount namespace (nsenter); its stdout. */
+  inNamespace(argv: readonly string[]): Promise<string>;
   /** `kata-ts-test-<random>`: the private cgroup root every test pod's cgroup_parent starts with. */
   cgroupRoot: string;
   /** A cgroupfs-style cgroup_parent under the private root, as a kubelet would send for a pod. */
@@ -43,7 +50,7 @@ export interface TestRuntime {
   crash(): Promise<void>;
   /** The daemon's JSON log lines so far. */
   logLines(): Promise<Array<Record<string, unknown>>>;
-  /** Stop the daemon, kill any QEMU of this runtime, remove the private cgroups and the temp dir. */
+  /** Stop the daemon, kill any QEMU of this runtime, remove the private cgroups, the mount namespace and the temp dir. */
   cleanup(): Promise<void>;
 }
 
@@ -83,6 +90,7 @@ export async function createTestRuntime(configDoc: Record<string, unknown> = {},
   const stateDir = path.join(dir, 'state');
   const socketPath = path.join(dir, 'kata-ts.sock');
   const configPath = path.join(dir, 'config.json');
+  const mountNamespacePath = path.join(dir, 'mntns', 'mnt');
   const cgroupRoot = `${cgroupPrefix}${randomBytes(5).toString('hex')}`;
   if (options.stateTmpfsMiB !== undefined) await mountTmpfs(stateDir, options.stateTmpfsMiB, 'kata-ts-state');
   await fsp.writeFile(
@@ -97,6 +105,7 @@ export async function createTestRuntime(configDoc: Record<string, unknown> = {},
         // No CNI unless a test brings its own config in a namespace of its own (test/helpers/network-node.ts):
         // the host's network is never touched by tests.
         network: { mode: 'none' },
+        mountNamespacePath,
         ...configDoc,
         hypervisor: { ...guestDirConfig(), ...(configDoc.hypervisor as Record<string, unknown> | undefined) },
       },
@@ -114,6 +123,14 @@ export async function createTestRuntime(configDoc: Record<string, unknown> = {},
     stateDir,
     socketPath,
     configPath,
+    mountNamespacePath,
+    async mountinfo() {
+      return (await boundNamespace(mountNamespacePath)) === undefined ? '' : readNamespaceMountinfo(mountNamespacePath);
+    },
+    async inNamespace(argv) {
+      const { stdout } = await execFileAsync('nsenter', [`--mount=${mountNamespacePath}`, '--', ...argv]);
+      return stdout;
+    },
     cgroupRoot,
     cgroupParent: (podUid) => `/${cgroupRoot}/pod${podUid}`,
     get cri(): CriClient {
@@ -152,8 +169,14 @@ export async function createTestRuntime(configDoc: Record<string, unknown> = {},
         }
       }
       await removeCgroupTree(cgroupRoot, cgroupPrefix);
-      // Sandboxes' shared directories and VMM jails are mounts: release them (the processes are
-      // gone) before deleting, or the delete would fail on them.
+      // The daemon's mounts (sandboxes' shared dirs, VMM jails) are in its namespace, which goes
+      // (with them) once no process is in it.
+      for (let i = 0; i < 50; i++) {
+        if ((await removeMountNamespace(mountNamespacePath)).users.length === 0) break;
+        await new Promise((r) => setTimeout(r, 100));
+      }
+      // What is mounted in this namespace (a test's own tmpfs): released before deleting, or the
+      // delete would fail on it.
       await releaseSharedMounts(dir, silentLogger());
       await releaseLeasesUnder(configPath, dir);
       await fsp.rm(dir, { recursive: true, force: true });

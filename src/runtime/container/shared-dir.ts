@@ -11,6 +11,7 @@
  * host.
  */
 import { execFile } from 'node:child_process';
+import { randomUUID } from 'node:crypto';
 import { constants, promises as fsp } from 'node:fs';
 import path from 'node:path';
 import { promisify } from 'node:util';
@@ -43,12 +44,18 @@ export interface ContainerDirs {
   hostDir: string;
   /** The same directory in the guest. */
   guestDir: string;
+  /**
+   * Where a private bind is made before it is moved into the share (see bindPinned): outside the
+   * shared directory, `<sandbox work dir>/staging`, a private mount of itself.
+   */
+  stagingDir: string;
 }
 
 export function containerDirs(sharedHostDir: string, sharedGuestDir: string, containerId: string): ContainerDirs {
   return {
     hostDir: path.join(sharedHostDir, 'containers', containerId),
     guestDir: path.posix.join(sharedGuestDir, 'containers', containerId),
+    stagingDir: path.join(path.dirname(sharedHostDir), 'staging'),
   };
 }
 
@@ -71,7 +78,12 @@ export class SharedDirMounts {
   async bindRootfs(rootfsHostPath: string): Promise<string> {
     await fsp.mkdir(this.dirs.hostDir, { recursive: true, mode: 0o700 });
     const target = path.join(this.dirs.hostDir, 'rootfs');
-    await bindPinned(rootfsHostPath, target, { readonly: false, propagationFlag: '--make-rprivate' }, 'rootfs');
+    await bindPinned(
+      rootfsHostPath,
+      target,
+      { readonly: false, propagationFlag: '--make-rprivate', stagingDir: this.dirs.stagingDir },
+      'rootfs',
+    );
     this.bindMounts.push(target);
     return path.posix.join(this.dirs.guestDir, 'rootfs');
   }
@@ -93,6 +105,7 @@ export class SharedDirMounts {
         recursive: m.recursive_read_only === true,
         propagationFlag: PROPAGATION_FLAG[m.propagation],
         sharedDirsRoot: this.sharedDirsRoot,
+        stagingDir: this.dirs.stagingDir,
       };
       await bindPinned(m.host_path, target, opts, field);
       this.bindMounts.push(target);
@@ -188,11 +201,19 @@ async function isMountPoint(p: string): Promise<boolean> {
  * (realpath), checked with lstat, opened with O_NOFOLLOW, checked again by fstat (same device and
  * inode), and the mount is made from `/proc/<pid>/fd/<n>` with `--no-canonicalize`, so the kernel
  * binds exactly the file that was checked.
+ *
+ * A private bind is made in `stagingDir` and moved into the share only once it is private. Made
+ * in the share directly, its copies reached virtiofsd's mount namespace (a slave of the share)
+ * while they were still slaves of the source's mounts; made private afterwards, ours let go of
+ * those copies, which then became slaves of the source's own peers. The host's unmount of a
+ * submount of the volume then propagated to virtiofsd's copy, which is busy while the guest has a
+ * file of it open, and failed (EBUSY). Moved in as a private tree, its copies in virtiofsd's
+ * namespace are copies of a private mount, private too once ours is made private again.
  */
 async function bindPinned(
   source: string,
   target: string,
-  opts: { readonly: boolean; recursive?: boolean; propagationFlag: string; sharedDirsRoot?: string },
+  opts: { readonly: boolean; recursive?: boolean; propagationFlag: string; sharedDirsRoot?: string; stagingDir: string },
   field: string,
 ): Promise<void> {
   if (!path.isAbsolute(source)) throw invalid('CONTAINER_MOUNT_SOURCE_INVALID', `${field}: host_path "${source}" is not absolute`);
@@ -221,37 +242,82 @@ async function bindPinned(
   }
   const flags = constants.O_RDONLY | constants.O_NOFOLLOW | constants.O_NONBLOCK | (before.isDirectory() ? constants.O_DIRECTORY : 0);
   const handle = await fsp.open(resolved, flags);
+  const isPrivate = opts.propagationFlag === PROPAGATION_FLAG.PROPAGATION_PRIVATE;
   try {
     const after = await handle.stat();
     if (after.dev !== before.dev || after.ino !== before.ino) {
       throw invalid('CONTAINER_MOUNT_SOURCE_INVALID', `${field}: host_path "${source}" changed while it was being mounted`);
     }
-    if (before.isDirectory()) await fsp.mkdir(target, { recursive: true, mode: 0o755 });
-    else {
-      await fsp.mkdir(path.dirname(target), { recursive: true, mode: 0o700 });
-      await fsp.writeFile(target, '', { flag: 'a', mode: 0o600 });
-    }
-    const pinned = `/proc/${process.pid}/fd/${handle.fd}`;
-    await mountCmd(['--no-canonicalize', '--rbind', pinned, target], field);
-    try {
-      const options = ['remount', 'bind', 'nodev', 'nosuid', opts.readonly ? 'ro' : 'rw'].join(',');
-      await mountCmd(['--no-canonicalize', '-o', options, target], field);
-      await mountCmd([opts.propagationFlag, target], field);
-      if (opts.sharedDirsRoot !== undefined && opts.propagationFlag === PROPAGATION_FLAG.PROPAGATION_PRIVATE)
-        await dropSharedDirCopies(resolved, target, opts.sharedDirsRoot, field);
-      // The remount above changes the top mount only; the guest reaches the submounts through
-      // virtiofsd on the host, so each one must refuse writes here, whatever the guest does.
-      if (opts.recursive === true) {
-        const below = mountsUnder(await fsp.readFile('/proc/self/mountinfo', 'utf8'), target).filter((p) => p !== target);
-        for (const sub of below) await mountCmd(['--no-canonicalize', '-o', 'remount,bind,nodev,nosuid,ro', sub], field);
+    const makePoint = async (point: string) => {
+      if (before.isDirectory()) await fsp.mkdir(point, { recursive: true, mode: 0o755 });
+      else {
+        await fsp.mkdir(path.dirname(point), { recursive: true, mode: 0o700 });
+        await fsp.writeFile(point, '', { flag: 'a', mode: 0o600 });
       }
-    } catch (err) {
-      await run('umount', ['--', target]).catch(() => undefined);
-      throw err;
+    };
+    await makePoint(target);
+    // Where the bind is made and set up: below a staging point (private binds), or the target.
+    const staging = isPrivate ? await stagingPoint(opts.stagingDir, field) : undefined;
+    try {
+      const at = staging === undefined ? target : path.join(staging, 'm');
+      if (staging !== undefined) await makePoint(at);
+      const pinned = `/proc/${process.pid}/fd/${handle.fd}`;
+      await mountCmd(['--no-canonicalize', '--rbind', pinned, at], field);
+      let moved = false;
+      try {
+        const options = ['remount', 'bind', 'nodev', 'nosuid', opts.readonly ? 'ro' : 'rw'].join(',');
+        await mountCmd(['--no-canonicalize', '-o', options, at], field);
+        await mountCmd([opts.propagationFlag, at], field);
+        if (opts.sharedDirsRoot !== undefined && isPrivate) await dropSharedDirCopies(resolved, at, opts.sharedDirsRoot, field);
+        // The remount above changes the top mount only; the guest reaches the submounts through
+        // virtiofsd on the host, so each one must refuse writes here, whatever the guest does.
+        if (opts.recursive === true) {
+          const below = mountsUnder(await fsp.readFile('/proc/self/mountinfo', 'utf8'), at).filter((p) => p !== at);
+          for (const sub of below) await mountCmd(['--no-canonicalize', '-o', 'remount,bind,nodev,nosuid,ro', sub], field);
+        }
+        if (staging !== undefined) {
+          await mountCmd(['--move', '--', at, target], field);
+          moved = true;
+          // Attached below the share (shared), the tree was made shared: private again.
+          await mountCmd(['--make-rprivate', target], field);
+        }
+      } catch (err) {
+        await run('umount', ['--lazy', '--', moved || staging === undefined ? target : at]).catch(() => undefined);
+        throw err;
+      }
+    } finally {
+      if (staging !== undefined) await releaseStagingPoint(staging);
     }
   } finally {
     await handle.close();
   }
+}
+
+/**
+ * A fresh mount point in `stagingDir` for a private bind, made a private bind mount of itself:
+ * nothing mounted on it propagates anywhere, and the kernel moves no mount out of a shared parent
+ * (the state dir's mount may be shared when the daemon runs in the host's namespace).
+ * releaseStagingPoint takes it down again.
+ */
+async function stagingPoint(stagingDir: string, field: string): Promise<string> {
+  const point = path.join(stagingDir, randomUUID());
+  await fsp.mkdir(point, { recursive: true, mode: 0o700 });
+  try {
+    await mountCmd(['--bind', '--make-private', '--', point, point], field);
+  } catch (err) {
+    await fsp.rmdir(point).catch(() => undefined);
+    throw err;
+  }
+  return point;
+}
+
+/** Unmount a staging point (whatever is still on it, lazily) and remove it. */
+async function releaseStagingPoint(point: string): Promise<void> {
+  for (const p of mountsUnder(await fsp.readFile('/proc/self/mountinfo', 'utf8'), point))
+    await run('umount', ['--lazy', '--', p]).catch(() => undefined);
+  // Never recursively: only the empty mount point inside, then the point itself.
+  await removeMountPoint(path.join(point, 'm')).catch(() => undefined);
+  await fsp.rmdir(point).catch(() => undefined);
 }
 
 /**

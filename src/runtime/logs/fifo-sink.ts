@@ -29,9 +29,12 @@
 
 import type net from 'node:net';
 import { internal, precondition } from '../../common/errors.js';
-import { openFifoSocket } from '../../common/fifo.js';
+import { openFifoSocket, waitForFifoReader } from '../../common/fifo.js';
 import { isStderrChunk, type OutputChunkLike, type OutputSink } from './sink.js';
 import './reasons.js';
+
+/** How long the end of output waits for a FIFO's reader to open before closing anyway. */
+const READER_WAIT_MS = 30_000;
 
 export interface FifoSinkOptions {
   /** The stdout FIFO; '' drops stdout. */
@@ -193,7 +196,11 @@ export class FifoSink implements OutputSink {
     }
     this.committed = offset;
     if (eof && !this.eofStored) {
-      // Everything is in the pipes: closing our ends gives the readers their end of file.
+      // Everything is in the pipes: closing our ends gives the readers their end of file, once
+      // they have opened (bytes in a pipe nobody has opened yet go with its last writer).
+      await Promise.all(
+        [this.stdout, this.stderr].map((f) => (f === undefined ? true : waitForFifoReader(f.path, READER_WAIT_MS, this.signal))),
+      );
       this.eofStored = true;
       this.release();
     }

@@ -52,11 +52,17 @@ async function readMountinfo(): Promise<string> {
   return fsp.readFile('/proc/self/mountinfo', 'utf8');
 }
 
-/** Create `dir` (0700) and make it a `nodev,nosuid` bind mount of itself with shared propagation. */
+/**
+ * Create `dir` (0700) and make it a `nodev,nosuid` bind mount of itself with shared propagation, in
+ * a peer group of its own: made private first, since a bind of a directory on a shared mount joins
+ * that mount's peer group, and everything mounted under the share would then be copied to the
+ * state dir's mount and wherever it propagates (and those copies would outlive our unmounts).
+ */
 export async function prepareSharedDir(dir: string): Promise<void> {
   await fsp.mkdir(dir, { mode: 0o700 });
   await run('mount', ['--bind', dir, dir]);
   await run('mount', ['-o', 'remount,bind,nodev,nosuid', dir]);
+  await run('mount', ['--make-private', dir]);
   await run('mount', ['--make-rshared', dir]);
 }
 

@@ -52,6 +52,9 @@ for d in run var/lib; do
   mount -t overlay -o "lowerdir=/$d,upperdir=$layer/upper,workdir=$layer/work" kata-ts-test-overlay "/$d"
 done
 mkdir -p /run/containerd
+# Shared, as systemd makes a node's mounts: the runtime's mount namespace (a slave of this one, made
+# by the kata-ts shim) then receives what containerd mounts later, the pods' network namespaces.
+mount --make-rshared /
 
 ip link set dev lo up
 echo ready

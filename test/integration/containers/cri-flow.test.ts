@@ -230,7 +230,8 @@ describe('the crictl sequence in a pod VM (real QEMU, crun in the guest, virtio-
       });
       expect(containers.every((c) => c.state === 'CONTAINER_EXITED')).toBe(true);
       await rt.cri.runtime.RemovePodSandbox({ pod_sandbox_id: sid });
-      // Nothing of the pod stays mounted on the host.
+      // Nothing of the pod stays mounted, in the runtime's mount namespace or on the host.
+      expect((await rt.mountinfo()).includes(rt.stateDir)).toBe(false);
       expect((await fsp.readFile('/proc/self/mountinfo', 'utf8')).includes(rt.dir)).toBe(false);
     },
     RESTART_TEST_TIMEOUT_MS,

@@ -36,7 +36,7 @@ describe('SharedDirMounts: read-only volumes with a submount', () => {
 
   const bind = async (recursive: boolean) => {
     const mounts = new SharedDirMounts(
-      { hostDir: path.join(dir, 'share', 'c1'), guestDir: '/run/share/c1' },
+      { hostDir: path.join(dir, 'share', 'c1'), guestDir: '/run/share/c1', stagingDir: path.join(dir, 'staging') },
       path.join(dir, 'share'),
       silentLogger(),
     );

@@ -7,6 +7,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { silentLogger } from '../../../src/common/logger.js';
 import { parseConfigDocument } from '../../../src/config/load.js';
 import { type Daemon, startDaemon } from '../../../src/daemon/daemon.js';
+import { removeMountNamespace } from '../../../src/runtime/mount-namespace.js';
 import { type CriClient, criClient } from '../../helpers/cri-client.js';
 import { expectGrpcError } from '../../helpers/cri-expect.js';
 
@@ -204,7 +205,11 @@ describe('kata-ts serve as a process', () => {
     const dir = await mkdtemp(path.join(os.tmpdir(), 'kata-ts-serve-'));
     const socketPath = path.join(dir, 'k.sock');
     const configPath = path.join(dir, 'config.json');
-    await writeFile(configPath, JSON.stringify({ metricsAddress: null, stateDir: path.join(dir, 'state'), logLevel: 'info' }));
+    const mountNamespacePath = path.join(dir, 'mntns', 'mnt');
+    await writeFile(
+      configPath,
+      JSON.stringify({ metricsAddress: null, stateDir: path.join(dir, 'state'), logLevel: 'info', mountNamespacePath }),
+    );
     const child = spawn(
       process.execPath,
       ['--import', 'tsx', 'src/cli/entry.ts', 'serve', '--config', configPath, '--socket', socketPath],
@@ -238,6 +243,7 @@ describe('kata-ts serve as a process', () => {
       expect(JSON.parse(line!)).toMatchObject({ rpc: 'Version', code: 'OK', durationMs: expect.any(Number) });
     } finally {
       if (child.exitCode === null) child.kill('SIGKILL');
+      await removeMountNamespace(mountNamespacePath);
       await rm(dir, { recursive: true, force: true });
     }
   });

@@ -281,7 +281,7 @@ describe('fuzzing the container rpcs against a live sandbox (real VM)', () => {
     async (propagation) => {
       // The widest host path a request can name: bound recursively into the shared directory (an
       // rshared tree) and served to the guest. Its removal must take every mount it made with it.
-      const mounts = async () => mountsUnder(await fsp.readFile('/proc/self/mountinfo', 'utf8'), rt.dir);
+      const mounts = async () => mountsUnder(await rt.mountinfo(), rt.dir);
       const before = await mounts();
       // A container made before the volume: its root filesystem's mount is copied by the recursive
       // bind of "/", and its removal must not be pinned by that copy (it was: EBUSY at rmdir).

@@ -230,8 +230,9 @@ describe('pod networking through CNI (real plugins, real QEMU, a node namespace 
       await rt.cri.runtime.StopPodSandbox({ pod_sandbox_id: b.id });
       expect(await node.allocations()).not.toContain(podBIp);
       expect((await node.links()).length).toBe(linksBefore.length - 1); // B's veth
-      // The namespace stays until RemovePodSandbox; the TAP and its filters went with Stop.
-      const inPod = execFileSync('ip', ['-n', netns, '-j', 'link', 'show'], { encoding: 'utf8' });
+      // The namespace stays until RemovePodSandbox; the TAP and its filters went with Stop. Its
+      // file is bound in the runtime's mount namespace (on the host it is an empty file).
+      const inPod = await rt.inNamespace(['ip', '-n', netns, '-j', 'link', 'show']);
       expect((JSON.parse(inPod) as Array<{ ifname: string }>).map((l) => l.ifname)).toEqual(['lo']);
       await rt.cri.runtime.StopPodSandbox({ pod_sandbox_id: b.id }); // idempotent
       await rt.cri.runtime.RemovePodSandbox({ pod_sandbox_id: b.id });

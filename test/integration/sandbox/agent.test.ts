@@ -53,8 +53,6 @@ function alive(pid: number): boolean {
   return stat !== undefined && stat.state !== 'Z' && stat.state !== 'X';
 }
 
-const mountinfo = () => fsp.readFile('/proc/self/mountinfo', 'utf8');
-
 /** A minimal OCI spec: write the UTS namespace's hostname into the root filesystem. */
 function probeSpec(pausePid: number, devTmpfs = true): Record<string, unknown> {
   return {
@@ -118,11 +116,13 @@ describe('a sandbox with its guest agent and virtio-fs', () => {
 
     // The shared directory: its own bind mount, nodev+nosuid, shared propagation.
     const shared = path.join(first.workDir, 'shared');
-    const line = (await mountinfo()).split('\n').find((l) => l.split(' ')[4] === shared);
+    // In the runtime's mount namespace, where the daemon makes its mounts; none of them on the host.
+    const line = (await rt.mountinfo()).split('\n').find((l) => l.split(' ')[4] === shared);
     expect(line).toBeDefined();
     expect(line!.split(' ')[5]).toMatch(/nosuid/);
     expect(line!.split(' ')[5]).toMatch(/nodev/);
     expect(line).toMatch(/ shared:\d+/);
+    expect(mountsUnder(await fsp.readFile('/proc/self/mountinfo', 'utf8'), rt.stateDir)).toEqual([]);
 
     // What the host puts there after boot, including a bind mount added later (as the container
     // layer does), and what must stay out of reach: a file next to the share.
@@ -137,7 +137,7 @@ describe('a sandbox with its guest agent and virtio-fs', () => {
     await fsp.writeFile(path.join(extraMountSource, 'volume.txt'), 'bind-mounted later\n');
     const volume = path.join(shared, 'containers', 'c1', 'vol');
     await fsp.mkdir(volume, { recursive: true });
-    execFileSync('mount', ['--bind', extraMountSource, volume]);
+    await rt.inNamespace(['mount', '--bind', '--', extraMountSource, volume]);
 
     // A busybox root filesystem for a probe container, shared like the container layer shares one.
     const probeRootfs = path.join(shared, 'containers', 'probe', 'rootfs');
@@ -229,7 +229,7 @@ describe('a sandbox with its guest agent and virtio-fs', () => {
     // Stop: virtiofsd gone, every mount under the work dir released (the later bind mount too).
     await rt.cri.runtime.StopPodSandbox({ pod_sandbox_id: id });
     expect(alive(vfsPid)).toBe(false);
-    expect(mountsUnder(await mountinfo(), first.workDir)).toEqual([]);
+    expect(mountsUnder(await rt.mountinfo(), first.workDir)).toEqual([]);
     const stopped = await info(rt, id);
     expect([stopped.agent, stopped.virtiofsd, stopped.guestPod]).toEqual([null, null, null]);
     await rt.cri.runtime.RemovePodSandbox({ pod_sandbox_id: id });

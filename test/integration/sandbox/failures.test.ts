@@ -108,15 +108,16 @@ describe('RunPodSandbox failures roll back completely', () => {
     expect(await call).toBeInstanceOf(Error);
     const before = await leftovers(rt);
     // The half-created VM and its virtiofsd (two processes: sandbox=namespace forks) outlived the
-    // daemon, and the shared dir is mounted.
+    // daemon, and the shared dir is mounted (in the runtime's mount namespace).
     expect(before.processes.length).toBe(3);
-    expect(mountsUnder(await readFile('/proc/self/mountinfo', 'utf8'), vmRoot).length).toBeGreaterThan(0);
+    expect(mountsUnder(await rt.mountinfo(), vmRoot).length).toBeGreaterThan(0);
     await rt.start();
     const list = await rt.cri.runtime.ListPodSandbox({});
     expect(list.items).toEqual([]);
     // The pod's parent cgroups belong to whoever made them (a kubelet, here the test); the VMM's own
     // cgroup must be gone even when the crash came between placing the VMM and recording it.
     expect(await leftovers(rt, { vmmCgroupsOnly: true })).toEqual(NOTHING);
+    expect(mountsUnder(await rt.mountinfo(), vmRoot)).toEqual([]);
     expect(mountsUnder(await readFile('/proc/self/mountinfo', 'utf8'), vmRoot)).toEqual([]);
   });
 });

@@ -10,13 +10,14 @@
  * Skipped with a notice when containerd (or runc, the CNI plugins) is not installed.
  */
 import { randomUUID } from 'node:crypto';
-import { existsSync, promises as fsp, readdirSync, readFileSync } from 'node:fs';
+import { existsSync, promises as fsp, readdirSync, readFileSync, readlinkSync } from 'node:fs';
 import path from 'node:path';
+import { pathToFileURL } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { packageRoot } from '../../../src/common/paths.js';
 import type { PodSandboxConfig } from '../../../src/generated/runtime/v1/PodSandboxConfig.js';
 import { pushBusyboxImage } from '../../helpers/busybox-image.js';
-import { type ContainerdHandle, containerdMissing, KATA_TS_HANDLER, startContainerd } from '../../helpers/containerd.js';
+import { type ContainerdHandle, containerdMissing, KATA_TS_HANDLER, mountPointsUnder, startContainerd } from '../../helpers/containerd.js';
 import { type CriClient, criClient } from '../../helpers/cri-client.js';
 import { type RegistryHandle, startRegistry } from '../../helpers/images-registry.js';
 import { until, untilLogLines } from '../../helpers/poll.js';
@@ -58,25 +59,30 @@ describe.skipIf(MISSING !== null)('kata-ts behind containerd 1.6.20 (the shim v2
   let image = '';
   let dir = '';
   let stateRoot = '';
+  /** The runtime's mount namespace, bound (by the first shim start) inside the harness's node. */
+  let nsFile = '';
   let logDir = '';
   let podId = '';
   let runcPodId = '';
   let podIp = '';
   const podUid = randomUUID();
-  const cgroupParent = `/kubepods/burstable/pod${podUid}`;
+  const podUid2 = randomUUID();
+  const parentOf = (uid: string) => `/kubepods/burstable/pod${uid}`;
   const sandboxConfig = (name = 'kata', uid = podUid): PodSandboxConfig => ({
     metadata: { name, uid, namespace: 'default', attempt: 0 },
     hostname: `${name}-pod`,
     log_directory: logDir,
-    linux: { cgroup_parent: cgroupParent },
+    linux: { cgroup_parent: parentOf(uid) },
   });
   const containerStatus = async (id: string) => (await cri!.runtime.ContainerStatus({ container_id: id })).status!;
+  const runtimeMountinfo = () => ctrd!.nodeExec(['nsenter', `--mount=${nsFile}`, '--', 'cat', '/proc/self/mountinfo']);
   const shimPids = () =>
     processesMentioning(`-id\u0000${podId}`).filter((p) => readFileSync(`/proc/${p}/cmdline`, 'utf8').includes('serve'));
 
   beforeAll(async () => {
     dir = await fsp.mkdtemp('/tmp/ktk-');
     stateRoot = path.join(dir, 'shim');
+    nsFile = path.join(dir, 'mntns', 'mnt');
     const configPath = path.join(dir, 'kata-ts.json');
     await fsp.writeFile(
       configPath,
@@ -88,6 +94,7 @@ describe.skipIf(MISSING !== null)('kata-ts behind containerd 1.6.20 (the shim v2
         logLevel: 'debug',
         network: { mode: 'none' },
         shim: { stateRoot },
+        mountNamespacePath: nsFile,
         hypervisor: guestDirConfig(),
       }),
     );
@@ -145,6 +152,10 @@ describe.skipIf(MISSING !== null)('kata-ts behind containerd 1.6.20 (the shim v2
       readFileSync(`/proc/${p}/cmdline`, 'utf8').startsWith('qemu-system'),
     );
     expect(qemu).toHaveLength(1);
+    // The shim and its QEMU run in the runtime's mount namespace, not in the node's.
+    const mntns = (pid: number) => readlinkSync(`/proc/${pid}/ns/mnt`);
+    expect(mntns(qemu[0]!)).toBe(mntns(shimPids()[0]!));
+    expect(mntns(qemu[0]!)).not.toBe(mntns(ctrd!.nodePid));
     const cgroup = readFileSync(`/proc/${qemu[0]}/cgroup`, 'utf8');
     expect(cgroup).toContain(`/pod${podUid}/`);
     expect((await cri!.runtime.PodSandboxStatus({ pod_sandbox_id: runcPodId })).status?.state).toBe('SANDBOX_READY');
@@ -191,7 +202,7 @@ describe.skipIf(MISSING !== null)('kata-ts behind containerd 1.6.20 (the shim v2
     });
   });
 
-  it('a container that exits on its own: its exit code; stdin reaches a container through the FIFO', async () => {
+  it('a container that exits on its own: its exit code and last output', async () => {
     const id = (
       await cri!.runtime.CreateContainer({
         pod_sandbox_id: podId,
@@ -225,6 +236,58 @@ describe.skipIf(MISSING !== null)('kata-ts behind containerd 1.6.20 (the shim v2
     expect([res.stdout.toString(), res.exit_code]).toEqual(['after restart\n', 0]);
   });
 
+  /** One exec through containerd's streaming server, by a client run inside the node's network namespace. */
+  const streamExec = async (cmd: string[], tty: boolean, options: Record<string, unknown>) => {
+    const { url } = await cri!.runtime.Exec({ container_id: appId, cmd, tty, stdin: 'stdin' in options, stdout: true, stderr: !tty });
+    const out = await ctrd!.nodeExec(
+      [
+        process.execPath,
+        '--import',
+        // tsx by path: the child runs with the node's cwd, outside the repository.
+        pathToFileURL(path.join(packageRoot(), 'node_modules', 'tsx', 'dist', 'loader.mjs')).href,
+        path.join(packageRoot(), 'test', 'helpers', 'spdy-command-child.ts'),
+        url,
+        JSON.stringify({ tty, ...options }),
+      ],
+      120_000,
+    );
+    return JSON.parse(out) as { stdout: string; stderr: string; status: string };
+  };
+
+  it("exec -t through containerd's streaming server: the terminal's size (ResizePty) and the exit code", async () => {
+    // containerd sends the size (ResizePty) once Start has answered, after the process started:
+    // the process waits for its terminal to have one, as a shell would on SIGWINCH.
+    // (fd 3: the terminal, since inside $(...) fd 1 is the pipe; busybox stty prints nothing for a 0x0 terminal.)
+    const waitForSize =
+      'exec 3<&1; until s=$(stty size <&3 2>/dev/null) && [ -n "$s" ] && [ "$s" != "0 0" ]; do sleep 0.1; done; echo "$s"; exit 4';
+    const result = await streamExec(['sh', '-c', waitForSize], true, { stderr: false, resize: { Width: 91, Height: 17 } });
+    expect(result.stdout).toContain('17 91');
+    expect(result.status).toContain('exit code 4');
+  });
+
+  it('exec -i: stdin through the FIFO, closed at its end (CloseIO); stdout and stderr apart', async () => {
+    const result = await streamExec(['sh', '-c', 'read line; echo got $line; echo oops >&2; exit 5'], false, { stdin: 'hello\n' });
+    expect([result.stdout, result.stderr]).toEqual(['got hello\n', 'oops\n']);
+    expect(result.status).toContain('exit code 5');
+  });
+
+  it('UpdateContainerResources reaches the task (Update): the container keeps running', async () => {
+    await cri!.runtime.UpdateContainerResources({
+      container_id: appId,
+      linux: { memory_limit_in_bytes: String(96 * 1024 * 1024), cpu_period: '100000', cpu_quota: '50000' },
+    });
+    expect((await containerStatus(appId)).state).toBe('CONTAINER_RUNNING');
+    // Beyond what the VM can grow to, the core's refusal comes back through containerd, naming memory.
+    const refused = await cri!.runtime
+      .UpdateContainerResources({ container_id: appId, linux: { memory_limit_in_bytes: String(1024 * 1024 * 1024 * 1024) } })
+      .then(
+        () => undefined,
+        (err: { details?: string }) => err.details ?? String(err),
+      );
+    expect(refused).toMatch(/memory/i);
+    expect((await containerStatus(appId)).state).toBe('CONTAINER_RUNNING');
+  });
+
   it('StopContainer: SIGTERM and its exit code; RemoveContainer', async () => {
     await cri!.runtime.StopContainer({ container_id: appId, timeout: 30 });
     expect(await containerStatus(appId)).toMatchObject({ state: 'CONTAINER_EXITED', exit_code: 42 });
@@ -232,7 +295,35 @@ describe.skipIf(MISSING !== null)('kata-ts behind containerd 1.6.20 (the shim v2
     await cri!.runtime.RemoveContainer({ container_id: appId });
   });
 
+  it('StopPodSandbox, RemovePodSandbox: the shim exits once its last task is gone, leaving no process, mount, cgroup or file', async () => {
+    const [shim] = shimPids();
+    const podDir = path.join(stateRoot, 'k8s.io', podId.slice(0, 16));
+    await cri!.runtime.StopPodSandbox({ pod_sandbox_id: podId });
+    expect((await cri!.runtime.PodSandboxStatus({ pod_sandbox_id: podId })).status?.state).toBe('SANDBOX_NOTREADY');
+    await cri!.runtime.RemovePodSandbox({ pod_sandbox_id: podId });
+    await until('the shim to exit (Shutdown with no task left)', async (note) => {
+      note(running(shim!));
+      return running(shim!) ? undefined : true;
+    });
+    expect(processesMentioning(podDir)).toEqual([]);
+    expect(existsSync(podDir)).toBe(false);
+    expect(await fsp.readdir(path.join(stateRoot, 's'))).toEqual([]);
+    // The shims' mounts were made in the runtime's mount namespace, never in the node's.
+    expect(await ctrd!.mountsUnder(stateRoot)).toEqual([]);
+    expect(mountPointsUnder(await runtimeMountinfo(), podDir)).toEqual([]);
+    for (const d of ctrd!.cgroupDirs(parentOf(podUid2))) {
+      const children = (await fsp.readdir(d, { withFileTypes: true }).catch(() => [])).filter((e) => e.isDirectory()).map((e) => e.name);
+      expect(children, d).toEqual([]);
+    }
+  });
+
   it('the shim SIGKILLed: containerd hears the pod end, and its delete leaves no QEMU, mount, cgroup or file', async () => {
+    podId = (
+      await cri!.runtime.RunPodSandbox(
+        { config: sandboxConfig('doomed', podUid2), runtime_handler: KATA_TS_HANDLER },
+        { deadline: Date.now() + scaledMs(240_000) },
+      )
+    ).pod_sandbox_id;
     const [shim] = shimPids();
     const podDir = path.join(stateRoot, 'k8s.io', podId.slice(0, 16));
     process.kill(shim!, 'SIGKILL');
@@ -253,9 +344,10 @@ describe.skipIf(MISSING !== null)('kata-ts behind containerd 1.6.20 (the shim v2
       note(existsSync(podDir) ? readdirSync(podDir) : 'gone');
       return existsSync(podDir) ? undefined : true;
     });
-    expect(await ctrd!.mountsUnder(stateRoot)).toEqual([]);
-    for (const d of ctrd!.cgroupDirs(cgroupParent)) {
-      const children = (await fsp.readdir(d, { withFileTypes: true })).filter((e) => e.isDirectory()).map((e) => e.name);
+    expect(await ctrd!.mountsUnder(podDir)).toEqual([]);
+    expect(mountPointsUnder(await runtimeMountinfo(), podDir)).toEqual([]);
+    for (const d of ctrd!.cgroupDirs(parentOf(podUid2))) {
+      const children = (await fsp.readdir(d, { withFileTypes: true }).catch(() => [])).filter((e) => e.isDirectory()).map((e) => e.name);
       expect(
         children.filter((c) => c.includes(podId.slice(0, 16))),
         d,

@@ -26,11 +26,14 @@ const AUDITED: Record<string, string> = {
     'ip/tc argv, or after nsenter --net=<a joined namespace: an absolute, normalised path> --: the pod netns name, fixed TAP name, the CNI interface name, numeric MTU',
   'src/runtime/container/shared-dir.ts': 'mount/umount: sources pinned as /proc/self/fd/N, targets under the shared dir, "--" before paths',
   'src/runtime/gather-facts.ts': 'fixed version probes of configured binaries',
+  'src/runtime/mount-namespace.ts':
+    'mount/umount/unshare/nsenter/setpriv/env -C/cat: the configured namespace file and its directory after "--" or as --mount=, the program\'s own argv after "--"',
   'src/runtime/sandbox/jail.ts':
     'mount --all --fstab <a file under the state dir, fields escaped>; cp -a --parents of fixed /dev names and vfio/<group number> after "--"',
   'src/runtime/sandbox/shared-dir.ts': 'mount/umount of the sandbox shared dir (a path under the state dir)',
   'src/shim/rootfs.ts':
     "mount/umount: containerd's rootfs mounts (overlay or bind only, options checked for commas) after '--', at <bundle>/rootfs",
+  'src/shim/main.ts': "this shim binary again, detached, with delete's own arguments and the action cleanup",
   'src/shim/start.ts':
     "this shim binary again (its own node, flags and script) with containerd's flags as whole arguments and the action serve",
 };

@@ -6,6 +6,7 @@
  */
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { internal, invalid } from '../../../src/common/errors.js';
+import { createLogger } from '../../../src/common/logger.js';
 import { EventPublisher, type EventPublisherOptions } from '../../../src/shim/events.js';
 import {
   decodeAny,
@@ -236,6 +237,24 @@ describe('EventPublisher', () => {
     await p.close(100);
     expect(Date.now() - started).toBeLessThan(1000);
     expect(p.queued).toBe(0);
+  });
+
+  it('with no address (CRI-O starts the shim with TTRPC_ADDRESS empty) drops every event at once, said once in the log', async () => {
+    const lines: Array<{ level: string; msg: string }> = [];
+    const logger = createLogger({ level: 'debug', destination: { write: (line: string) => lines.push(JSON.parse(line)) } });
+    for (const empty of ['', 'unix://']) {
+      const p = open({ address: empty, logger, maxAttempts: 1000 });
+      for (let i = 0; i < 20; i++) p.publish('/tasks/exit', { container_id: `c${i}`, id: `c${i}`, pid: 1, exit_status: 0 });
+      expect(p.queued).toBe(0);
+      await p.idle();
+      const started = Date.now();
+      await p.close(5000);
+      expect(Date.now() - started).toBeLessThan(500);
+    }
+    // One line per publisher, at info: no warning, no retry, no error, nothing sent.
+    expect(lines.map((l) => l.level)).toEqual(['info', 'info']);
+    expect(lines[0]!.msg).toContain('TTRPC_ADDRESS is empty');
+    expect(containerd.attempts).toEqual([]);
   });
 
   it('pairs each topic with its event type at compile time', () => {

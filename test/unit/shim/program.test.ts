@@ -3,7 +3,9 @@
  * detached `serve` (the TypeScript sources through bin/containerd-shim-kata-ts-v2 with
  * KATA_TS_SHIM_TSX=1, no services registered) that answers on the pod's socket; a container's
  * `start` finds it; SIGTERM ends it; `delete` cleans the pod, and for an unknown id still prints
- * a DeleteResponse and exits 0. Every process started here is ended by pid in afterAll.
+ * a DeleteResponse and exits 0. `serve` runs in the runtime's mount namespace (bound in the test's
+ * temp dir), this process does not. Every process started here is ended by pid in afterAll, and the
+ * namespace is removed.
  */
 import { execFile } from 'node:child_process';
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, readlinkSync, rmSync, writeFileSync } from 'node:fs';
@@ -13,7 +15,8 @@ import { Readable, Writable } from 'node:stream';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { packageRoot } from '../../../src/common/paths.js';
 import { isSameLiveProcess, readProcStat } from '../../../src/common/procfs.js';
-import { decodeDeleteResponse, EXIT_STATUS_KILLED } from '../../../src/shim/delete.js';
+import { boundNamespace, namespaceOf, removeMountNamespace } from '../../../src/runtime/mount-namespace.js';
+import { decodeDeleteResponse, EXIT_STATUS_KILLED } from '../../../src/shim/delete-response.js';
 import { main } from '../../../src/shim/main.js';
 import { podStateDir, readShimInfo, shimSocketPath } from '../../../src/shim/paths.js';
 import { decodeMessage, encodeMessage } from '../../../src/shim/proto.js';
@@ -28,17 +31,22 @@ const CONTAINER = 'c0ffee00c0ffee00c0ffee00c0ffee00c0ffee00c0ffee00c0ffee00c0ffe
 const LONG = scaledMs(90_000);
 
 let root: string;
+let nsFile: string;
 let env: NodeJS.ProcessEnv;
 const servePids = new Set<number>();
 
 beforeAll(() => {
   root = mkdtempSync(path.join(os.tmpdir(), 'kata-ts-shim-prog-'));
   const config = path.join(root, 'config.json');
-  writeFileSync(config, JSON.stringify({ shim: { stateRoot: path.join(root, 'state') }, network: { mode: 'none' } }));
+  nsFile = path.join(root, 'mntns', 'mnt');
+  writeFileSync(
+    config,
+    JSON.stringify({ shim: { stateRoot: path.join(root, 'state') }, network: { mode: 'none' }, mountNamespacePath: nsFile }),
+  );
   env = { ...process.env, KATA_TS_CONFIG: config, KATA_TS_SHIM_TSX: '1', TTRPC_ADDRESS: `${ADDRESS}.ttrpc` };
 });
 
-afterAll(() => {
+afterAll(async () => {
   for (const pid of servePids) {
     try {
       process.kill(pid, 'SIGKILL');
@@ -46,6 +54,11 @@ afterAll(() => {
       // gone already
     }
   }
+  await until('the runtime mount namespace to be removed', async (note) => {
+    const removal = await removeMountNamespace(nsFile);
+    note(removal);
+    return removal.users.length === 0 ? true : undefined;
+  });
   rmSync(root, { recursive: true, force: true });
 });
 
@@ -115,6 +128,11 @@ describe('containerd-shim-kata-ts-v2', () => {
       expect(info).toMatchObject({ sandboxId: SANDBOX, namespace: 'default', bundle: dir, socket: socket(), cgroupDriver: 'cgroupfs' });
       const pid = info!.pid;
       servePids.add(pid);
+      // In the runtime's mount namespace, which start created; start itself is not in it.
+      const ns = await boundNamespace(nsFile);
+      expect(ns).toBeDefined();
+      expect(namespaceOf(pid)).toEqual(ns);
+      expect(namespaceOf()).not.toEqual(ns);
       // Its own session, no stdio of ours: /dev/null in, /dev/null out, the shim log as stderr.
       expect(sessionOf(pid)).toBe(pid);
       expect(readlinkSync(`/proc/${pid}/fd/0`)).toBe('/dev/null');
@@ -193,7 +211,8 @@ describe('containerd-shim-kata-ts-v2', () => {
       const response = decodeDeleteResponse(r.stdout);
       expect(response.exitStatus).toBe(EXIT_STATUS_KILLED);
       expect(response.exitedAt.getTime()).toBeGreaterThanOrEqual(before - 1000);
-      expect(existsSync(stateDir())).toBe(false);
+      // The cleanup runs in a detached child, which may outlive delete's answer.
+      await until('the pod state removed', async () => (existsSync(stateDir()) ? undefined : true));
     },
     LONG,
   );

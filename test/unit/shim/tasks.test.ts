@@ -1,0 +1,170 @@
+/**
+ * ShimTasks over a scripted pod core (no VM): what CRI-O's VM runtime relies on beyond the
+ * containerd face's tests. A container's root filesystem is `root.path` when Create brings no
+ * rootfs mounts (CRI-O names its mounted image there); Kill with signal 0 is a liveness probe
+ * that ends nothing; an OOM kill the core reports is told by `/tasks/oom` before `/tasks/exit`
+ * and, for a CRI-O bundle, by `<bundle>/oom` written before Wait answers.
+ */
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import { silentLogger } from '../../../src/common/logger.js';
+import { packageRoot } from '../../../src/common/paths.js';
+import { ContainerEvents } from '../../../src/runtime/container/events.js';
+import type { ContainerRecord } from '../../../src/runtime/container/record.js';
+import type { EventPublisher } from '../../../src/shim/events.js';
+import { type ShimPod, shimRequestContext } from '../../../src/shim/pod.js';
+import { CRIO_OOM_FILE, containerRootfsPath, ShimTasks } from '../../../src/shim/tasks.js';
+import { deferred } from '../ttrpc/helpers.js';
+
+const FIXTURES = path.join(packageRoot(), 'fixtures', 'cri-o', '1.28');
+const SANDBOX = '7e6d5c4b3a29180f7e6d5c4b3a29180f7e6d5c4b3a29180f7e6d5c4b3a29180f';
+const CONTAINER = '0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0';
+
+/** The pod core as far as ShimTasks uses it, scripted. */
+function scriptedPod() {
+  const calls: string[] = [];
+  const events = new ContainerEvents();
+  const record = { id: CONTAINER, sandboxId: SANDBOX, state: 'CONTAINER_CREATED', pid: 0, reason: '', exitCode: 0 } as ContainerRecord;
+  const exit = deferred<{ exitCode: number; finishedAtNs: string }>();
+  let createdWith: { rootfs?: string } = {};
+  const pod = {
+    sandboxes: {
+      run: async () => {
+        calls.push('sandboxes.run');
+      },
+      find: () => ({ vm: { pid: 4242 }, record: {} }),
+      stop: async () => {
+        calls.push('sandboxes.stop');
+      },
+    },
+    sandboxExited: (_id: string, signal: AbortSignal) =>
+      new Promise((_resolve, reject) => signal.addEventListener('abort', () => reject(signal.reason), { once: true })),
+    containers: {
+      events,
+      create: async (_sandbox: string, _spec: unknown, _ctx: unknown, options: { rootfs?: string }) => {
+        createdWith = options;
+        calls.push('containers.create');
+      },
+      start: async () => {
+        record.state = 'CONTAINER_RUNNING';
+        record.pid = 7;
+      },
+      resolve: () => record,
+      waitExit: () => exit.promise,
+      kill: async (_id: string, signal: number) => {
+        calls.push(`containers.kill ${signal}`);
+      },
+      stop: async () => {
+        calls.push('containers.stop');
+      },
+    },
+  } as unknown as ShimPod;
+  return { pod, calls, containerEvents: events, record, exit, createdWith: () => createdWith };
+}
+
+function publisher(): { events: EventPublisher; topics: string[] } {
+  const topics: string[] = [];
+  return { events: { publish: (topic: string) => topics.push(topic) } as unknown as EventPublisher, topics };
+}
+
+describe('containerRootfsPath', () => {
+  it('is <bundle>/rootfs with rootfs mounts, else root.path (absolute, or relative to the bundle)', () => {
+    expect(containerRootfsPath({ root: { path: '/var/lib/containers/storage/overlay/x/merged' } }, '/b', true)).toBe('/b/rootfs');
+    expect(containerRootfsPath({ root: { path: '/var/lib/containers/storage/overlay/x/merged' } }, '/b', false)).toBe(
+      '/var/lib/containers/storage/overlay/x/merged',
+    );
+    expect(containerRootfsPath({ root: { path: 'rootfs' } }, '/b', false)).toBe('/b/rootfs');
+    expect(containerRootfsPath({ root: { path: '' } }, '/b', false)).toBe('/b/rootfs');
+    expect(containerRootfsPath({}, '/b', false)).toBe('/b/rootfs');
+  });
+});
+
+describe('ShimTasks for CRI-O', () => {
+  let dir: string;
+  let sandboxBundle: string;
+  let containerBundle: string;
+  const ctx = shimRequestContext(silentLogger(), 'test');
+  const io = { stdin: '', stdout: '', stderr: '', terminal: false };
+
+  beforeEach(() => {
+    dir = mkdtempSync(path.join(os.tmpdir(), 'kata-ts-shim-tasks-'));
+    sandboxBundle = path.join(dir, SANDBOX);
+    containerBundle = path.join(dir, CONTAINER);
+    mkdirSync(sandboxBundle);
+    mkdirSync(containerBundle);
+    writeFileSync(path.join(sandboxBundle, 'config.json'), readFileSync(path.join(FIXTURES, 'sandbox.config.synthetic.json')));
+    const container = JSON.parse(readFileSync(path.join(FIXTURES, 'container.config.synthetic.json'), 'utf8')) as Record<string, unknown>;
+    container.root = { path: path.join(dir, 'merged') };
+    writeFileSync(path.join(containerBundle, 'config.json'), JSON.stringify(container));
+  });
+
+  afterEach(() => rmSync(dir, { recursive: true, force: true }));
+
+  async function podWithContainer() {
+    const s = scriptedPod();
+    const p = publisher();
+    const tasks = new ShimTasks({ pod: s.pod, events: p.events, handler: 'kata-ts', logger: silentLogger() });
+    await tasks.create({ id: SANDBOX, bundle: sandboxBundle, rootfs: [], ...io }, ctx);
+    await tasks.start(SANDBOX, '', ctx);
+    await tasks.create({ id: CONTAINER, bundle: containerBundle, rootfs: [], ...io }, ctx);
+    return { ...s, ...p, tasks };
+  }
+
+  it("runs the container on the spec's root.path when Create brings no rootfs mounts (nothing mounted at <bundle>/rootfs)", async () => {
+    const { createdWith, tasks } = await podWithContainer();
+    expect(createdWith().rootfs).toBe(path.join(dir, 'merged'));
+    tasks.close();
+  });
+
+  it('Kill with signal 0 is a liveness probe: the sandbox VM and a created container are not ended; a started one is asked', async () => {
+    const { calls, tasks } = await podWithContainer();
+    await tasks.kill(SANDBOX, '', 0, false, ctx);
+    await tasks.kill(CONTAINER, '', 0, false, ctx);
+    expect(tasks.state(SANDBOX, '').status).toBe('RUNNING');
+    expect(tasks.state(CONTAINER, '').status).toBe('CREATED');
+    await tasks.start(CONTAINER, '', ctx);
+    await tasks.kill(CONTAINER, '', 0, true, ctx);
+    expect(calls.filter((c) => c.includes('stop') || c.includes('kill'))).toEqual(['containers.kill 0']);
+    tasks.close();
+  });
+
+  it('an OOM kill: /tasks/oom before /tasks/exit, and <bundle>/oom exists when Wait answers 137', async () => {
+    const { tasks, topics, containerEvents, record, exit } = await podWithContainer();
+    await tasks.start(CONTAINER, '', ctx);
+    const waited = tasks.wait(CONTAINER, '', new AbortController().signal).then((e) => {
+      expect(existsSync(path.join(containerBundle, CRIO_OOM_FILE))).toBe(true);
+      return e;
+    });
+    record.reason = 'OOMKilled';
+    record.exitCode = 137;
+    containerEvents.emitOom(record, '5000');
+    exit.resolve({ exitCode: 137, finishedAtNs: '5000' });
+    expect((await waited).status).toBe(137);
+    expect(topics.filter((t) => t === '/tasks/oom' || t === '/tasks/exit')).toEqual(['/tasks/oom', '/tasks/exit']);
+    tasks.close();
+  });
+
+  it('an exit the core recorded as OOMKilled without the event reaching the shim is told the same way, once', async () => {
+    const { tasks, topics, record, exit } = await podWithContainer();
+    await tasks.start(CONTAINER, '', ctx);
+    record.reason = 'OOMKilled';
+    exit.resolve({ exitCode: 137, finishedAtNs: '5000' });
+    expect((await tasks.wait(CONTAINER, '', new AbortController().signal)).status).toBe(137);
+    expect(existsSync(path.join(containerBundle, CRIO_OOM_FILE))).toBe(true);
+    expect(topics.filter((t) => t === '/tasks/oom' || t === '/tasks/exit')).toEqual(['/tasks/oom', '/tasks/exit']);
+    tasks.close();
+  });
+
+  it('an ordinary exit writes no oom file', async () => {
+    const { tasks, topics, record, exit } = await podWithContainer();
+    await tasks.start(CONTAINER, '', ctx);
+    record.reason = 'Error';
+    exit.resolve({ exitCode: 5, finishedAtNs: '5000' });
+    expect((await tasks.wait(CONTAINER, '', new AbortController().signal)).status).toBe(5);
+    expect(existsSync(path.join(containerBundle, CRIO_OOM_FILE))).toBe(false);
+    expect(topics).not.toContain('/tasks/oom');
+    tasks.close();
+  });
+});
