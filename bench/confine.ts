@@ -12,6 +12,7 @@
  *   node --import tsx bench/confine.ts [--rounds N] [--json]
  */
 import { randomBytes } from 'node:crypto';
+import { readFileSync } from 'node:fs';
 import { performance } from 'node:perf_hooks';
 import { pathToFileURL } from 'node:url';
 import { parseArgs } from 'node:util';
@@ -23,10 +24,23 @@ const UNCONFINED = 'kata-ts-unconfined';
 const GOAL_RATIO = 1.02;
 
 export interface ConfineBenchResult {
-  rounds: Array<{ first: 'confined' | 'unconfined'; confinedMs: number; unconfinedMs: number }>;
+  rounds: Array<{
+    first: 'confined' | 'unconfined';
+    confinedMs: number;
+    unconfinedMs: number;
+    confinedCpuMs: number;
+    unconfinedCpuMs: number;
+  }>;
   medianConfinedMs: number;
   medianUnconfinedMs: number;
   ratio: number;
+  /**
+   * QEMU's own CPU time (user + system) until the pod answered ready: much less disturbed by other
+   * load on the machine than wall time, and where a seccomp filter's per-call cost would show.
+   */
+  cpuRatio: number;
+  /** The median of each round's confined/unconfined ratio: the pair shares the machine's moment. */
+  pairedRatio: number;
   /** Host-side setup (planned -> QEMU started), medians from the daemon's log. */
   setupConfinedMs: number;
   setupUnconfinedMs: number;
@@ -42,12 +56,25 @@ function podConfig(daemon: BenchDaemon, name: string): Record<string, unknown> {
   };
 }
 
-async function boot(daemon: BenchDaemon, name: string, handler: string): Promise<{ id: string; ms: number }> {
+/** Clock ticks per second of /proc/<pid>/stat's utime and stime (USER_HZ: 100 on Linux/x86). */
+const USER_HZ = 100;
+
+/** CPU time (user + system) a process has used, from /proc/<pid>/stat fields 14 and 15. */
+function cpuMs(pid: number): number {
+  const text = readFileSync(`/proc/${pid}/stat`, 'utf8');
+  const fields = text.slice(text.lastIndexOf(')') + 2).split(' ');
+  // fields[0] is field 3 (state): utime is field 14, stime field 15.
+  return ((Number(fields[11]) + Number(fields[12])) * 1000) / USER_HZ;
+}
+
+async function boot(daemon: BenchDaemon, name: string, handler: string): Promise<{ id: string; ms: number; qemuCpuMs: number }> {
   const t0 = performance.now();
   const { pod_sandbox_id: id } = await daemon.cri.runtime.RunPodSandbox({ config: podConfig(daemon, name), runtime_handler: handler });
   const ms = performance.now() - t0;
+  const status = await daemon.cri.runtime.PodSandboxStatus({ pod_sandbox_id: id, verbose: true });
+  const qemuCpuMs = cpuMs((JSON.parse(status.info.info!) as { pid: number }).pid);
   await daemon.cri.runtime.RemovePodSandbox({ pod_sandbox_id: id });
-  return { id, ms };
+  return { id, ms, qemuCpuMs };
 }
 
 /** planned -> QEMU started, per sandbox id, from the daemon's JSON log. */
@@ -82,16 +109,17 @@ export async function runConfineBench(rounds: number, progress: (line: string) =
     for (let r = 0; r < rounds; r++) {
       const first: 'confined' | 'unconfined' = r % 2 === 0 ? 'confined' : 'unconfined';
       const run = async (kind: 'confined' | 'unconfined') => {
-        const { id, ms } = await boot(daemon, `${kind}-${r}`, kind === 'confined' ? 'kata-ts' : UNCONFINED);
-        ids[kind].push(id);
-        return ms;
+        const booted = await boot(daemon, `${kind}-${r}`, kind === 'confined' ? 'kata-ts' : UNCONFINED);
+        ids[kind].push(booted.id);
+        return booted;
       };
       const a = await run(first);
       const b = await run(first === 'confined' ? 'unconfined' : 'confined');
-      const s = first === 'confined' ? { first, confinedMs: a, unconfinedMs: b } : { first, confinedMs: b, unconfinedMs: a };
+      const [c, u] = first === 'confined' ? [a, b] : [b, a];
+      const s = { first, confinedMs: c.ms, unconfinedMs: u.ms, confinedCpuMs: c.qemuCpuMs, unconfinedCpuMs: u.qemuCpuMs };
       samples.push(s);
       progress(
-        `round ${r + 1}/${rounds} (${first} first): confined ${s.confinedMs.toFixed(0)} ms, unconfined ${s.unconfinedMs.toFixed(0)} ms`,
+        `round ${r + 1}/${rounds} (${first} first): confined ${s.confinedMs.toFixed(0)} ms (QEMU CPU ${s.confinedCpuMs} ms), unconfined ${s.unconfinedMs.toFixed(0)} ms (QEMU CPU ${s.unconfinedCpuMs} ms)`,
       );
     }
     const medianConfinedMs = median(samples.map((s) => s.confinedMs));
@@ -102,6 +130,8 @@ export async function runConfineBench(rounds: number, progress: (line: string) =
       medianConfinedMs,
       medianUnconfinedMs,
       ratio,
+      cpuRatio: median(samples.map((s) => s.confinedCpuMs)) / median(samples.map((s) => s.unconfinedCpuMs)),
+      pairedRatio: median(samples.map((s) => s.confinedMs / s.unconfinedMs)),
       setupConfinedMs: median(await setupMs(daemon, ids.confined)),
       setupUnconfinedMs: median(await setupMs(daemon, ids.unconfined)),
       goalMet: ratio <= GOAL_RATIO,
@@ -118,6 +148,8 @@ export function formatConfineReport(r: ConfineBenchResult): string {
     `  median confined         ${r.medianConfinedMs.toFixed(0)} ms`,
     `  median unconfined       ${r.medianUnconfinedMs.toFixed(0)} ms`,
     `  ratio                   ${r.ratio.toFixed(3)} (goal <= ${GOAL_RATIO}: ${r.goalMet ? 'met' : 'NOT met'})`,
+    `  paired                  median of the rounds' ratios ${r.pairedRatio.toFixed(3)}`,
+    `  QEMU CPU time to ready  ratio of medians ${r.cpuRatio.toFixed(3)}`,
     `  host setup (planned -> QEMU started), median: confined ${r.setupConfinedMs.toFixed(0)} ms, unconfined ${r.setupUnconfinedMs.toFixed(0)} ms`,
   ].join('\n');
 }

@@ -63,13 +63,14 @@ export type RuntimeReason =
   | 'SANDBOX_NOT_READY'
   | 'SANDBOX_NOT_RUNNING'
   | 'SANDBOX_WORKDIR_EXISTS'
-  | 'VMM_IDENTITIES_EXHAUSTED'
-  | 'VMM_JAIL_FAILED'
   | 'SHARED_DIR_MOUNT_FAILED'
   | 'SHARED_DIR_STILL_MOUNTED'
   | 'STATE_DIR_LOCKED'
   | 'STATE_DISK_FULL'
-  | 'STORE_BAD_ID';
+  | 'STORE_BAD_ID'
+  | 'VMM_IDENTITIES_EXHAUSTED'
+  | 'VMM_JAIL_FAILED'
+  | 'VMM_SOCKET_REPLACED';
 
 declare module '../common/errors.js' {
   interface KataReasons {

@@ -10,6 +10,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { promisify } from 'node:util';
 import { silentLogger } from '../../src/common/logger.js';
+import { DEFAULT_VMM_LEASE_DIR } from '../../src/config/defaults.js';
 import { boundNamespace, readNamespaceMountinfo, removeMountNamespace } from '../../src/runtime/mount-namespace.js';
 import { releaseSharedMounts } from '../../src/runtime/sandbox/shared-dir.js';
 import { mountedHierarchies, treeDeepestFirst } from './cgroups-private.js';
@@ -168,7 +169,8 @@ export async function createTestRuntime(configDoc: Record<string, unknown> = {},
         }
       }
       await removeCgroupTree(cgroupRoot, cgroupPrefix);
-      // The daemon's mounts are in its namespace, which goes (with them) once no process is in it.
+      // The daemon's mounts (sandboxes' shared dirs, VMM jails) are in its namespace, which goes
+      // (with them) once no process is in it.
       for (let i = 0; i < 50; i++) {
         if ((await removeMountNamespace(mountNamespacePath)).users.length === 0) break;
         await new Promise((r) => setTimeout(r, 100));
@@ -176,10 +178,28 @@ export async function createTestRuntime(configDoc: Record<string, unknown> = {},
       // What is mounted in this namespace (a test's own tmpfs): released before deleting, or the
       // delete would fail on it.
       await releaseSharedMounts(dir, silentLogger());
+      await releaseLeasesUnder(configPath, dir);
       await fsp.rm(dir, { recursive: true, force: true });
     },
   };
   return runtime;
+}
+
+/**
+ * The VMM identity leases (node-wide, hypervisor.vmmIdentities.leaseDir) of this runtime's
+ * sandboxes that were not removed through the CRI: stale once the records go with `dir` (the next
+ * taker would take them over), removed here so that a test leaves nothing behind.
+ */
+async function releaseLeasesUnder(configPath: string, dir: string): Promise<void> {
+  const config = JSON.parse(await fsp.readFile(configPath, 'utf8').catch(() => '{}')) as {
+    hypervisor?: { vmmIdentities?: { leaseDir?: string } };
+  };
+  const leaseDir = config.hypervisor?.vmmIdentities?.leaseDir ?? DEFAULT_VMM_LEASE_DIR;
+  for (const name of await fsp.readdir(leaseDir).catch(() => [] as string[])) {
+    const file = path.join(leaseDir, name);
+    const lease = JSON.parse(await fsp.readFile(file, 'utf8').catch(() => '{}')) as { record?: unknown };
+    if (typeof lease.record === 'string' && lease.record.startsWith(`${dir}/`)) await fsp.rm(file, { force: true });
+  }
 }
 
 /**

@@ -1,7 +1,7 @@
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
 import type { AgentClient } from '../../agent-client/index.js';
-import { errnoCode, errorMessage, isReason } from '../../common/errors.js';
+import { errnoCode, errorMessage, isReason, precondition } from '../../common/errors.js';
 import type { Logger } from '../../common/logger.js';
 import { attachVm, isSameLiveProcess, type VmProcess } from '../../hypervisor/index.js';
 import { cgroupParentOf } from '../spec/sandbox.js';
@@ -56,6 +56,7 @@ async function reattach(deps: RecoverDeps, record: SandboxRecord, log: Logger): 
   if (vmm === null) throw new Error('a READY sandbox record without a VMM');
   let vm: VmProcess;
   try {
+    await checkVmmSockets(record);
     vm = await attachVm({
       pid: vmm.pid,
       startTimeTicks: vmm.startTimeTicks,
@@ -91,6 +92,28 @@ async function reattach(deps: RecoverDeps, record: SandboxRecord, log: Logger): 
     log.info({ pid: vm.pid }, 'VM re-attached');
   }
   return vm;
+}
+
+/**
+ * A confined QEMU owns its VMM dir: before the daemon connects to the sockets in it again (QMP,
+ * ready, the agent's port), each must still be a socket of the VMM's uid, not a link the VMM put
+ * in its place to some other socket of the host. A VM whose sockets fail this is not re-attached
+ * (NOTREADY; StopPodSandbox ends it).
+ */
+export async function checkVmmSockets(record: Pick<SandboxRecord, 'vmm' | 'confinement'>): Promise<void> {
+  const uid = record.confinement?.identity?.uid;
+  const vmm = record.vmm;
+  if (uid === undefined || vmm === null) return;
+  for (const socket of [vmm.qmpSocket, vmm.readySocket, vmm.agentSocket]) {
+    if (socket === undefined) continue;
+    const st = await fsp.lstat(socket).catch(() => undefined);
+    // Gone: attachVm says so with its own error.
+    if (st !== undefined && (!st.isSocket() || st.uid !== uid)) {
+      throw precondition('VMM_SOCKET_REPLACED', `${socket} is no longer a socket of the confined VMM (uid ${uid}).`, {
+        details: { socket, uid: st.uid, socketKind: st.isSymbolicLink() ? 'symlink' : 'other' },
+      });
+    }
+  }
 }
 
 /**

@@ -155,8 +155,13 @@ describe('confined VMMs with real QEMU', () => {
   it("A's root is its jail: /usr read only, its own /dev, its VMM dir, nothing else; its files are its uid's", async () => {
     const jail = infoA.confinement!.jailDir!;
     expect(await fsp.readlink(`/proc/${infoA.pid}/root`)).toBe(jail);
+    // The jail's mounts are the daemon's (its own mount namespace): seen through QEMU's root.
+    const root = `/proc/${infoA.pid}/root`;
+    const mounts = await rt.mountinfo();
+    for (const point of [jail, `${jail}/usr`, `${jail}/dev`, `${jail}${infoA.confinement!.vmmDir}`]) expect(mounts).toContain(` ${point} `);
     // bin, lib, lib64, sbin: links into /usr; sys: QEMU's VFIO links; tmp/...: the VMM dir at its own path.
-    expect((await fsp.readdir(jail)).sort()).toEqual(['bin', 'dev', 'lib', 'lib64', 'sbin', 'sys', 'tmp', 'usr']);
+    expect((await fsp.readdir(root)).sort()).toEqual(['bin', 'dev', 'lib', 'lib64', 'sbin', 'sys', 'tmp', 'usr']);
+    expect(await fsp.readdir(`${root}/usr/bin`)).toContain('qemu-system-x86_64');
     const { uid, gid } = infoA.confinement!.identity!;
     const vmm = await fsp.stat(infoA.confinement!.vmmDir!);
     expect([vmm.uid, vmm.gid, vmm.mode & 0o777]).toEqual([uid, gid, 0o700]);
@@ -168,18 +173,18 @@ describe('confined VMMs with real QEMU', () => {
     const work = await fsp.stat(infoA.workDir);
     expect([work.uid, work.mode & 0o777]).toEqual([0, 0o700]);
     // No NIC (network.mode none in tests): no net/tun; TCG: no kvm.
-    expect((await fsp.readdir(path.join(jail, 'dev'))).sort()).toEqual(['null', 'random', 'urandom', 'vfio', 'zero']);
+    expect((await fsp.readdir(`${root}/dev`)).sort()).toEqual(['null', 'random', 'urandom', 'vfio', 'zero']);
   });
 
   it("a simulated VFIO group (no VFIO hardware here) is the pod's uid's in its jail while held; the host's node is untouched", async () => {
     const { uid, gid } = infoA.confinement!.identity!;
-    const jailed = await fsp.stat(path.join(infoA.confinement!.jailDir!, 'dev', 'vfio', '12'));
+    const jailed = await fsp.stat(`/proc/${infoA.pid}/root/dev/vfio/12`);
     expect([jailed.uid, jailed.gid, jailed.mode & 0o777]).toEqual([uid, gid, 0o600]);
     const host = await fsp.stat(path.join(FIXTURE, 'dev', 'vfio', '12'));
     expect([host.uid, host.mode & 0o777]).toEqual([0, 0o644]);
     expect(infoA.topology.filter((p) => p.reservedFor !== null).map((p) => p.id)).toEqual(['rp0', 'rp1']);
     // The sysfs link QEMU's vfio-pci reads for the group number.
-    expect(await fsp.readlink(path.join(infoA.confinement!.jailDir!, 'sys/bus/pci/devices/0000:01:00.0/iommu_group'))).toMatch(/\/12$/);
+    expect(await fsp.readlink(`/proc/${infoA.pid}/root/sys/bus/pci/devices/0000:01:00.0/iommu_group`)).toMatch(/\/12$/);
   });
 
   it('virtiofsd keeps its seccomp filter and serves without CAP_MKNOD or CAP_SETFCAP', () => {
@@ -285,7 +290,9 @@ describe('confined VMMs with real QEMU', () => {
       await rt.cri.runtime.RemovePodSandbox({ pod_sandbox_id: b });
       await expect(fsp.stat(infoA.confinement!.identity!.lease)).rejects.toThrow(/ENOENT/);
       expect(readFileSync('/proc/self/mountinfo', 'utf8')).not.toContain(rt.stateDir);
-      expect(await leftovers(rt)).toEqual(NOTHING);
+      expect(await rt.mountinfo()).not.toContain(path.join(rt.stateDir, 'vm'));
+      // The VMMs' own cgroups (the test's private root, which both pods' parents share, goes with cleanup()).
+      expect(await leftovers(rt, { vmmCgroupsOnly: true })).toEqual(NOTHING);
       const host = await fsp.stat(path.join(FIXTURE, 'dev', 'vfio', '12'));
       expect(host.uid).toBe(0);
     },

@@ -4,12 +4,14 @@
  * a lease held while its record exists and taken over once that record is gone, release only by
  * the holder, and recovery writing a lost lease again from the record.
  */
-import { mkdtemp, readdir, readFile, rm, writeFile } from 'node:fs/promises';
+import { chown, mkdtemp, readdir, readFile, rm, symlink, writeFile } from 'node:fs/promises';
+import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { silentLogger } from '../../../src/common/logger.js';
 import { type LeaseOwner, VmmIdentities } from '../../../src/runtime/sandbox/identities.js';
+import { checkVmmSockets } from '../../../src/runtime/sandbox/recover.js';
 
 const FIRST = 2_000_000_000;
 
@@ -90,5 +92,34 @@ describe('VMM identity leases', () => {
     // And the next taker skips it.
     expect(await ids().acquire(await owner('c'))).toEqual({ uid: FIRST, gid: FIRST });
     expect(await ids().acquire(await owner('d'))).toEqual({ uid: FIRST + 2, gid: FIRST + 2 });
+  });
+});
+
+describe('re-attaching a confined VMM checks its sockets first', () => {
+  it('a socket of the VMM passes; a link in its place, or another owner’s socket, is VMM_SOCKET_REPLACED', async () => {
+    const dir = await mkdtemp(path.join(os.tmpdir(), 'kata-ts-vmmsock-'));
+    const server = net.createServer();
+    try {
+      const qmp = path.join(dir, 'qmp.sock');
+      await new Promise<void>((resolve) => server.listen(qmp, resolve));
+      const record = (uid: number, qmpSocket: string) => ({
+        vmm: { pid: 1, startTimeTicks: 1, workDir: dir, qmpSocket, readySocket: path.join(dir, 'gone.sock'), consoleLog: '', qemuLog: '' },
+        confinement: { seccomp: null, identity: { uid, gid: uid, lease: '/x' }, jailDir: null, vmmDir: dir, optOutReason: null },
+      });
+      await chown(qmp, FIRST, FIRST);
+      await expect(checkVmmSockets(record(FIRST, qmp))).resolves.toBeUndefined();
+      await expect(checkVmmSockets(record(FIRST + 1, qmp))).rejects.toMatchObject({ reason: 'VMM_SOCKET_REPLACED' });
+      const link = path.join(dir, 'link.sock');
+      await symlink(qmp, link);
+      await expect(checkVmmSockets(record(FIRST, link))).rejects.toMatchObject({
+        reason: 'VMM_SOCKET_REPLACED',
+        details: { socketKind: 'symlink' },
+      });
+      // A root QEMU (no identity) is not checked.
+      await expect(checkVmmSockets({ ...record(FIRST, link), confinement: null })).resolves.toBeUndefined();
+    } finally {
+      server.close();
+      await rm(dir, { recursive: true, force: true });
+    }
   });
 });
