@@ -23,6 +23,7 @@
  *
  *   node --import tsx bench/shim.ts [--rounds N] [--shim-tsx] [--json]
  */
+
 import { execFile, execFileSync, spawn } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
 import { existsSync, promises as fsp } from 'node:fs';
@@ -45,7 +46,7 @@ import { type CriClient, criClient } from '../test/helpers/cri-client.js';
 import { ensureGuestAssets } from '../test/helpers/hypervisor-guest.js';
 import { type RegistryHandle, startRegistry } from '../test/helpers/images-registry.js';
 import { DEBIAN_CNI_BIN_DIR } from '../test/helpers/network-node.js';
-import { guestDirConfig } from '../test/helpers/runtime-daemon.js';
+import { shimTestConfig } from '../test/helpers/shim-config.js';
 import { type BenchDaemon, createBenchDaemon } from './lib/daemon.js';
 import { median, processArgs, type SmapsRollupKiB, sampledSmapsRollupKiB, sleep } from './lib/proc.js';
 import { distStaleness, GNU_TIME, readShimRuns, type ShimCode, type ShimRun, writeShimWrapper } from './lib/shim-binary.js';
@@ -308,19 +309,14 @@ export async function runShimBench(
     const configPath = path.join(dir, 'kata-ts-shim.json');
     await fsp.writeFile(
       configPath,
-      JSON.stringify({
-        stateDir: path.join(dir, 'unused-state'),
-        socketPath: path.join(dir, 'unused.sock'),
-        metricsAddress: null,
-        cgroupDriver: 'cgroupfs',
-        logLevel: 'info',
-        network: { mode: 'none' }, // containerd runs CNI; the shim joins the namespace it made
-        shim: { stateRoot },
-        // Bound inside the harness's node (a mount namespace that goes with it).
-        mountNamespacePath: path.join(dir, 'mntns', 'mnt'),
-        handlers: { 'kata-ts': profile },
-        hypervisor: guestDirConfig(),
-      }),
+      JSON.stringify(
+        shimTestConfig(dir, stateRoot, {
+          logLevel: 'info',
+          // Bound inside the harness's node (a mount namespace that goes with it).
+          mountNamespacePath: path.join(dir, 'mntns', 'mnt'),
+          handlers: { 'kata-ts': profile },
+        }),
+      ),
     );
     const binDir = path.join(dir, 'bin');
     await writeShimWrapper({ binDir, root, configPath, code: shimCode, peakFlagFile, peakFile });

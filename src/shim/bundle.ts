@@ -41,7 +41,13 @@ function stringMap(v: unknown): Record<string, string> {
 }
 
 /** Read `<bundle>/config.json`. Throws INVALID_ARGUMENT when it is missing or not an OCI spec object. */
-export async function readBundleConfig(bundle: string): Promise<BundleConfig> {
+/**
+ * `<bundle>/config.json` parsed as a JSON object (its shape beyond that is the readers' to
+ * judge); INVALID_ARGUMENT naming the bundle when the path is not absolute or the file is missing,
+ * unreadable or not a JSON object.
+ */
+export async function readBundleJson(bundle: string): Promise<object> {
+  if (!path.isAbsolute(bundle)) throw invalid('SHIM_BUNDLE_INVALID', `bundle must be an absolute path, got "${bundle}".`);
   const file = path.join(bundle, 'config.json');
   let text: string;
   try {
@@ -59,6 +65,11 @@ export async function readBundleConfig(bundle: string): Promise<BundleConfig> {
   if (typeof spec !== 'object' || spec === null || Array.isArray(spec)) {
     throw invalid('SHIM_BUNDLE_INVALID', `bundle ${bundle}: config.json is not an object.`);
   }
+  return spec;
+}
+
+export async function readBundleConfig(bundle: string): Promise<BundleConfig> {
+  const spec = await readBundleJson(bundle);
   const o = spec as { annotations?: unknown; linux?: { cgroupsPath?: unknown } };
   const cgroupsPath = typeof o.linux?.cgroupsPath === 'string' && o.linux.cgroupsPath !== '' ? o.linux.cgroupsPath : null;
   return { annotations: stringMap(o.annotations), cgroupsPath };

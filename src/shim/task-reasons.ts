@@ -22,8 +22,6 @@ export type ShimTaskReason =
   | 'EXEC_IN_SANDBOX'
   | 'EXEC_ID_MISSING'
   | 'EXEC_EXISTS'
-  /** The bundle's path or config.json is unusable. */
-  | 'BUNDLE_INVALID'
   /** Pause, Resume, Checkpoint: not offered for pod VMs. */
   | 'SHIM_UNSUPPORTED';
 

@@ -9,9 +9,9 @@ import type { Logger } from '../common/logger.js';
 import type { StatsCollector } from '../runtime/container/stats-service.js';
 import type { SandboxAccess } from '../runtime/sandbox/types.js';
 import type { TtrpcCall } from '../ttrpc/index.js';
-import { requestContext } from './context.js';
 import { decodeLinuxResources } from './decode/index.js';
 import { type MetricsVersion, metricsAny } from './metrics.js';
+import { shimRequestContext } from './pod.js';
 import './task-reasons.js';
 import { decodeJsonAny, OCI_TYPE_URLS, type TaskHandlers, timestampOfNs } from './proto.js';
 import type { ShimTasks, TaskExit, TaskState } from './tasks.js';
@@ -49,7 +49,11 @@ function stateResponse(s: TaskState) {
 
 export function taskHandlers(deps: TaskServiceDeps): TaskHandlers {
   const { tasks } = deps;
-  const ctx = (call: TtrpcCall) => requestContext(call, deps.logger);
+  const ctx = (call: TtrpcCall) =>
+    shimRequestContext(deps.logger, call.method, {
+      signal: call.signal,
+      ...(call.timeoutMs === undefined ? {} : { deadlineMs: Date.now() + call.timeoutMs }),
+    });
   const refused = (what: string) => async () => {
     throw unimplemented(
       'SHIM_UNSUPPORTED',

@@ -16,6 +16,7 @@ import { runExec } from '../runtime/container/commands.js';
 import type { ContainerRecord } from '../runtime/container/record.js';
 import type { ContainerResourceUpdate } from '../runtime/container/types.js';
 import type { RequestContext } from '../runtime/context.js';
+import { readBundleJson } from './bundle.js';
 import { decodeBundleRole, decodeExecProcess, decodePodSpec, decodeTaskContainerSpec, type ExecSpec } from './decode/index.js';
 import type { EventPublisher } from './events.js';
 import type { ShimPod } from './pod.js';
@@ -152,7 +153,7 @@ export class ShimTasks {
 
   async create(req: CreateTask, ctx: RequestContext): Promise<number> {
     if (this.tasks.has(req.id)) throw alreadyExists('TASK_EXISTS', `task ${req.id} already exists in this shim`);
-    const oci = await readBundleSpec(req.bundle);
+    const oci = await readBundleJson(req.bundle);
     const io: TaskIo = { stdin: req.stdin, stdout: req.stdout, stderr: req.stderr, terminal: req.terminal };
     const kind = this.sandboxId === undefined ? 'sandbox' : 'container';
     const task: Task = {
@@ -521,21 +522,5 @@ export class ShimTasks {
     const exec = task.execs.get(execId);
     if (exec === undefined) throw notFound('EXEC_NOT_FOUND', `exec ${execId} does not exist in task ${task.id}`);
     return exec;
-  }
-}
-
-/** `<bundle>/config.json`, parsed (its shape is the decoders' to judge). */
-export async function readBundleSpec(bundle: string): Promise<unknown> {
-  if (!path.isAbsolute(bundle)) throw invalid('BUNDLE_INVALID', `bundle must be an absolute path, got "${bundle}"`);
-  let text: string;
-  try {
-    text = await fsp.readFile(path.join(bundle, 'config.json'), 'utf8');
-  } catch (err) {
-    throw precondition('BUNDLE_INVALID', `bundle ${bundle} has no readable config.json: ${errorMessage(err)}`);
-  }
-  try {
-    return JSON.parse(text) as unknown;
-  } catch (err) {
-    throw invalid('BUNDLE_INVALID', `bundle ${bundle}: config.json is not JSON: ${errorMessage(err)}`);
   }
 }

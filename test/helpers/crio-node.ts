@@ -46,7 +46,8 @@ import { connectTtrpc, type TtrpcClient } from '../../src/ttrpc/index.js';
 import { processesMentioning } from './hypervisor-guest.js';
 import { busyboxBaseEntries } from './images-builder.js';
 import { createJoinNamespaces, type JoinNamespaces } from './join-netns.js';
-import { guestDirConfig, removeCgroupTree } from './runtime-daemon.js';
+import { removeCgroupTree } from './runtime-daemon.js';
+import { installTestShim, shimTestConfig } from './shim-config.js';
 
 const execFileAsync = promisify(execFile);
 
@@ -203,35 +204,10 @@ export async function createCrioNode(): Promise<CrioNode> {
   };
 
   try {
-    await fsp.mkdir(path.dirname(shimBin), { recursive: true });
-    await fsp.writeFile(
-      configPath,
-      JSON.stringify({
-        stateDir: path.join(dir, 'unused-state'),
-        socketPath: path.join(dir, 'unused.sock'),
-        metricsAddress: null,
-        cgroupDriver: 'cgroupfs',
-        logLevel: 'debug',
-        network: { mode: 'none' },
-        shim: { stateRoot },
-        // No runtime mount namespace: CRI-O's side here runs in the host's, where a bound namespace
-        // file would outlive a failed test (the containerd tests cover the namespace).
-        mountNamespacePath: null,
-        hypervisor: guestDirConfig(),
-      }),
-    );
-    // CRI-O's runtime_path: this one runs the repo's sources.
-    await fsp.writeFile(
-      shimBin,
-      [
-        '#!/bin/sh',
-        `export KATA_TS_CONFIG=${configPath}`,
-        'export KATA_TS_SHIM_TSX=1',
-        `exec ${process.execPath} ${path.join(packageRoot(), 'bin', 'containerd-shim-kata-ts-v2')} "$@"`,
-        '',
-      ].join('\n'),
-      { mode: 0o755 },
-    );
+    // CRI-O's runtime_path: this one runs the repo's sources. No runtime mount namespace: CRI-O's
+    // side here runs in the host's, where a bound namespace file would outlive a failed test (the
+    // containerd tests cover the namespace).
+    await installTestShim(shimBin, configPath, shimTestConfig(dir, stateRoot, { mountNamespacePath: null }));
     netns = await createJoinNamespaces();
     const ns = netns;
     const common: Array<readonly [string, string]> = [

@@ -21,7 +21,7 @@ import { type ContainerdHandle, containerdMissing, KATA_TS_HANDLER, mountPointsU
 import { type CriClient, criClient } from '../../helpers/cri-client.js';
 import { type RegistryHandle, startRegistry } from '../../helpers/images-registry.js';
 import { until, untilLogLines } from '../../helpers/poll.js';
-import { guestDirConfig } from '../../helpers/runtime-daemon.js';
+import { installTestShim, shimTestConfig } from '../../helpers/shim-config.js';
 import { scaledMs } from '../../helpers/time-scale.js';
 
 const MISSING = containerdMissing();
@@ -83,34 +83,12 @@ describe.skipIf(MISSING !== null)('kata-ts behind containerd 1.6.20 (the shim v2
     dir = await fsp.mkdtemp('/tmp/ktk-');
     stateRoot = path.join(dir, 'shim');
     nsFile = path.join(dir, 'mntns', 'mnt');
-    const configPath = path.join(dir, 'kata-ts.json');
-    await fsp.writeFile(
-      configPath,
-      JSON.stringify({
-        stateDir: path.join(dir, 'unused-state'),
-        socketPath: path.join(dir, 'unused.sock'),
-        metricsAddress: null,
-        cgroupDriver: 'cgroupfs',
-        logLevel: 'debug',
-        network: { mode: 'none' },
-        shim: { stateRoot },
-        mountNamespacePath: nsFile,
-        hypervisor: guestDirConfig(),
-      }),
-    );
     // containerd finds the shim by name on its PATH; this one runs the repo's sources.
     const bin = path.join(dir, 'bin');
-    await fsp.mkdir(bin);
-    await fsp.writeFile(
+    await installTestShim(
       path.join(bin, 'containerd-shim-kata-ts-v2'),
-      [
-        '#!/bin/sh',
-        `export KATA_TS_CONFIG=${configPath}`,
-        'export KATA_TS_SHIM_TSX=1',
-        `exec ${process.execPath} ${path.join(packageRoot(), 'bin', 'containerd-shim-kata-ts-v2')} "$@"`,
-        '',
-      ].join('\n'),
-      { mode: 0o755 },
+      path.join(dir, 'kata-ts.json'),
+      shimTestConfig(dir, stateRoot, { mountNamespacePath: nsFile }),
     );
     registry = await startRegistry();
     image = await pushBusyboxImage(registry, 'kata-ts/busybox', 'kata-shim', ['sleep', 'ip', 'hostname', 'cat']);
