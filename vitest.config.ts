@@ -20,6 +20,7 @@ export default defineConfig({
         test: {
           name: 'integration',
           include: ['test/integration/**/*.test.ts'],
+          globalSetup: ['test/helpers/lease-dir-setup.ts'],
           pool: 'forks',
           poolOptions: { forks: { singleFork: true } },
           testTimeout: scaledMs(240_000),
