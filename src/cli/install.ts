@@ -17,6 +17,7 @@ import { type CliIo, parseCommandArgs, UsageError } from './args.js';
 
 const usage = (verb: 'install' | 'uninstall'): string => `Usage: kata-ts ${verb} --containerd [--config PATH] [--dry-run]
                     [--containerd-version V | --containerd-binary PATH] [--state-file PATH] [--backup-file PATH]
+                    [--host-root DIR]
 
 ${
   verb === 'install'
@@ -35,6 +36,8 @@ Records what it did in the state file; a second install changes nothing.`
   --containerd-binary PATH  the containerd to ask for its version (default: containerd on PATH)
   --state-file PATH         the install record (default: <config>.kata-ts-install.json)
   --backup-file PATH        the original config's backup (default: <config>.kata-ts-backup)
+  --host-root DIR           the host's filesystem is mounted at DIR (a DaemonSet's /host): every
+                            path above and in containerd's config is the host's, read below DIR
 
 Restart containerd afterwards for the change to take effect.
 Exit status: 0 done (or nothing to do); 1 refused or failed (nothing changed); 2 bad usage.
@@ -48,6 +51,7 @@ const OPTIONS = {
   'containerd-binary': { type: 'string' },
   'state-file': { type: 'string' },
   'backup-file': { type: 'string' },
+  'host-root': { type: 'string' },
   help: { type: 'boolean', short: 'h' },
 } as const;
 
@@ -73,6 +77,7 @@ async function run(verb: 'install' | 'uninstall', argv: string[], io: CliIo): Pr
     configPath,
     statePath: values['state-file'] ?? defaultStatePath(configPath),
     backupPath: values['backup-file'] ?? defaultBackupPath(configPath),
+    root: values['host-root'] ?? '',
   };
   const dryRun = values['dry-run'] === true;
   try {
@@ -87,7 +92,7 @@ async function run(verb: 'install' | 'uninstall', argv: string[], io: CliIo): Pr
     } else {
       plan = planUninstall(await gatherUninstallInput(paths));
     }
-    const notes = dryRun ? [] : await executePlan(plan);
+    const notes = dryRun ? [] : await executePlan(plan, paths.root);
     print(io, verb, plan, dryRun, notes);
     return 0;
   } catch (err) {

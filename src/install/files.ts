@@ -6,7 +6,7 @@
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
 import { errnoCode, invalid } from '../common/errors.js';
-import { writeFileAtomic } from '../common/fsutil.js';
+import { isDirectory, writeFileAtomic } from '../common/fsutil.js';
 import './reasons.js';
 import { parseContainerdConfig } from './document.js';
 import type { FileChange, InstallInput, InstallPlan, InstallRecord, UninstallInput } from './plan.js';
@@ -45,12 +45,12 @@ function globRegExp(base: string): RegExp {
 }
 
 /** An import as containerd resolves it: relative to the importing file's directory; a glob matches in its directory, sorted. */
-async function resolveImport(parent: string, pattern: string): Promise<{ dir: string; files: string[] }> {
+async function resolveImport(parent: string, pattern: string, root: string | undefined): Promise<{ dir: string; files: string[] }> {
   const abs = path.isAbsolute(pattern) ? path.normalize(pattern) : path.join(path.dirname(parent), pattern);
   const dir = path.dirname(abs);
   if (!/[*?[]/.test(abs)) return { dir, files: [abs] };
   const re = globRegExp(path.basename(abs));
-  const names = await fsp.readdir(dir).catch(() => [] as string[]);
+  const names = await fsp.readdir(underRoot(root, dir)).catch(() => [] as string[]);
   return {
     dir,
     files: names
@@ -64,6 +64,7 @@ async function resolveImport(parent: string, pattern: string): Promise<{ dir: st
 export async function readImports(
   configPath: string,
   configText: string,
+  root?: string,
 ): Promise<{ imported: Array<{ path: string; text: string }>; dirs: string[] }> {
   const imported: Array<{ path: string; text: string }> = [];
   const dirs: string[] = [];
@@ -78,12 +79,12 @@ export async function readImports(
       continue; // the planner refuses the invalid file itself, naming it
     }
     for (const pattern of imports) {
-      const { dir, files } = await resolveImport(parent, pattern);
+      const { dir, files } = await resolveImport(parent, pattern, root);
       if (!dirs.includes(dir)) dirs.push(dir);
       for (const file of files) {
         if (seen.has(file)) continue;
         seen.add(file);
-        const t = await readTextFile(file);
+        const t = await readTextFile(underRoot(root, file));
         if (t === null) continue;
         imported.push({ path: file, text: t });
         pending.push({ parent: file, text: t });
@@ -125,29 +126,44 @@ export interface InstallPaths {
   configPath: string;
   statePath: string;
   backupPath: string;
+  /**
+   * Where the host's filesystem is ('' or '/': here). Every path above, in the config and in the
+   * record is the host's own; files are read and written below this root (a DaemonSet pod with the
+   * host at /host: the config's absolute `imports` still name the host's directories).
+   */
+  root?: string;
+}
+
+/** `p`, a host path, as this process reaches it below `root`. */
+export function underRoot(root: string | undefined, p: string): string {
+  return root === undefined || root === '' || root === '/' ? p : path.join(root, p);
 }
 
 export async function gatherInstallInput(paths: InstallPaths, version: ContainerdVersion): Promise<InstallInput> {
-  const configText = await readTextFile(paths.configPath);
-  const { imported, dirs } = configText === null ? { imported: [], dirs: [] } : await readImports(paths.configPath, configText);
+  const { root } = paths;
+  const configText = await readTextFile(underRoot(root, paths.configPath));
+  const { imported, dirs } = configText === null ? { imported: [], dirs: [] } : await readImports(paths.configPath, configText, root);
   const existingDirs: string[] = [];
-  for (const d of dirs)
-    if (
-      await fsp.stat(d).then(
-        (s) => s.isDirectory(),
-        () => false,
-      )
-    )
-      existingDirs.push(d);
-  return { ...paths, configText, imported, existingDirs, version, record: await readInstallRecord(paths.statePath) };
+  for (const d of dirs) if (await isDirectory(underRoot(root, d))) existingDirs.push(d);
+  return {
+    configPath: paths.configPath,
+    statePath: paths.statePath,
+    backupPath: paths.backupPath,
+    configText,
+    imported,
+    existingDirs,
+    version,
+    record: await readInstallRecord(underRoot(root, paths.statePath)),
+  };
 }
 
 export async function gatherUninstallInput(paths: InstallPaths): Promise<UninstallInput> {
-  const record = await readInstallRecord(paths.statePath);
+  const { root } = paths;
+  const record = await readInstallRecord(underRoot(root, paths.statePath));
   const files: Record<string, string | null> = {};
   for (const f of record?.files ?? []) {
-    files[f.path] = await readTextFile(f.path);
-    if (f.change === 'edited') files[f.backupPath] = await readTextFile(f.backupPath);
+    files[f.path] = await readTextFile(underRoot(root, f.path));
+    if (f.change === 'edited') files[f.backupPath] = await readTextFile(underRoot(root, f.backupPath));
   }
   return { statePath: paths.statePath, record, files };
 }
@@ -162,11 +178,11 @@ async function writeKeepingOwner(file: string, text: string, mode: number | unde
 }
 
 /** Carry a plan out, in order; any failure undoes the steps before it and is thrown. Returns notes (e.g. a directory left because not empty). */
-export async function executePlan(plan: InstallPlan): Promise<string[]> {
+export async function executePlan(plan: InstallPlan, root?: string): Promise<string[]> {
   const undo: Array<() => Promise<void>> = [];
   const notes: string[] = [];
   try {
-    for (const c of plan.changes) await apply(c, undo, notes);
+    for (const c of plan.changes) await apply({ ...c, path: underRoot(root, c.path) }, undo, notes);
   } catch (err) {
     for (const u of undo.reverse()) await u().catch(() => undefined);
     throw err;

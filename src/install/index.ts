@@ -7,6 +7,7 @@ export {
   gatherInstallInput,
   gatherUninstallInput,
   type InstallPaths,
+  underRoot,
 } from './files.js';
 export { CONTAINER_ANNOTATIONS, handlerTable, KATA_TS_RUNTIMES, POD_ANNOTATIONS, tableName } from './handlers.js';
 export { type ConfigInspection, type HandlerPresence, inspectContainerdConfig } from './inspect.js';

@@ -108,6 +108,22 @@ describe('kata-ts install / uninstall --containerd on files', () => {
     expect(files()).toEqual(['config.toml']);
   });
 
+  it('--host-root: host paths (the config, its absolute imports, the record) are reached below the root', async () => {
+    const host = path.join(dir, 'host');
+    mkdirSync(path.join(host, 'etc', 'containerd', 'conf.d'), { recursive: true });
+    const hostConfig = path.join(host, 'etc', 'containerd', 'config.toml');
+    writeFileSync(hostConfig, "version = 3\nimports = ['/etc/containerd/conf.d/*.toml']\n");
+    const c = capture();
+    const args = ['--containerd', '--host-root', host, '--containerd-version', '2.2.0'];
+    expect(await runInstallCommand(args, c.io)).toBe(0);
+    expect(c.out()).toContain('wrote drop-in /etc/containerd/conf.d/kata-ts.toml (imported by /etc/containerd/config.toml)');
+    expect(readdirSync(path.join(host, 'etc', 'containerd', 'conf.d'))).toEqual(['kata-ts.toml']);
+    expect(readdirSync(path.join(host, 'etc', 'containerd')).sort()).toEqual(['conf.d', 'config.toml', 'config.toml.kata-ts-install.json']);
+    expect(await runUninstallCommand(['--containerd', '--host-root', host], capture().io)).toBe(0);
+    expect(readdirSync(path.join(host, 'etc', 'containerd')).sort()).toEqual(['conf.d', 'config.toml']);
+    expect(readdirSync(path.join(host, 'etc', 'containerd', 'conf.d'))).toEqual([]);
+  });
+
   it('a step that fails undoes the steps before it', async () => {
     writeFileSync(config, ORIGINAL);
     const plan = planInstall(
