@@ -203,6 +203,14 @@ export function planInstall(input: InstallInput): InstallPlan {
     );
   }
 
+  // containerd 1.x: an imported file naming the CRI plugin replaces the config's whole section.
+  const hiding = version.major === 1 ? imported.find((d) => d.definesCriPlugin) : undefined;
+  if (hiding !== undefined) {
+    throw precondition(
+      'CONTAINERD_CONFIG_NOT_EXTENSIBLE',
+      `${hiding.path} (imported by ${configPath}) replaces the whole [plugins."io.containerd.grpc.v1.cri"] section on containerd 1.x, so handlers in ${configPath} would be ignored; add the handler tables to that file by hand`,
+    );
+  }
   const different = found.find((f) => !f.same);
   if (different !== undefined) throw conflict(different);
   if (found.length > 0) {

@@ -21,6 +21,7 @@ import { type CriClient, criClient } from '../../helpers/cri-client.js';
 import { criToolPath } from '../../helpers/cri-tools.js';
 import { type RegistryHandle, startRegistry } from '../../helpers/images-registry.js';
 import { until } from '../../helpers/poll.js';
+import { guestDirConfig } from '../../helpers/runtime-daemon.js';
 import { installTestShim, shimTestConfig } from '../../helpers/shim-config.js';
 import { scaledMs } from '../../helpers/time-scale.js';
 
@@ -83,7 +84,11 @@ describe.skipIf(MISSING !== null)('kata-ts install --containerd against containe
     await installTestShim(
       path.join(bin, 'containerd-shim-kata-ts-v2'),
       path.join(dir, 'kata-ts.json'),
-      shimTestConfig(dir, stateRoot, { mountNamespacePath: path.join(dir, 'mntns', 'mnt') }),
+      shimTestConfig(dir, stateRoot, {
+        mountNamespacePath: path.join(dir, 'mntns', 'mnt'),
+        // A TCG boot on a machine shared with other runs can take minutes: wait on the boot, not a clock sized for an idle machine.
+        hypervisor: { ...guestDirConfig(), readyTimeoutMs: scaledMs(480_000) },
+      }),
     );
     registry = await startRegistry();
     ctrd = await startContainerd({ registry, shimBinDir: bin, kataHandler: false });
@@ -141,11 +146,11 @@ describe.skipIf(MISSING !== null)('kata-ts install --containerd against containe
     }
   });
 
-  it('a kata-ts pod runs through the installed handler (one VM), then is stopped and removed', async () => {
+  it('a kata-ts pod runs through the installed handler (one VM), then is stopped and removed', { timeout: scaledMs(900_000) }, async () => {
     const config = sandboxConfig('installed');
     await fsp.mkdir(config.log_directory!, { recursive: true });
     const id = (
-      await cri!.runtime.RunPodSandbox({ config, runtime_handler: KATA_TS_HANDLER }, { deadline: Date.now() + scaledMs(240_000) })
+      await cri!.runtime.RunPodSandbox({ config, runtime_handler: KATA_TS_HANDLER }, { deadline: Date.now() + scaledMs(600_000) })
     ).pod_sandbox_id;
     expect((await cri!.runtime.PodSandboxStatus({ pod_sandbox_id: id })).status?.state).toBe('SANDBOX_READY');
     const podDir = path.join(stateRoot, 'k8s.io', id.slice(0, 16));

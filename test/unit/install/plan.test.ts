@@ -178,6 +178,20 @@ describe('install into a version 2 config (containerd 1.6 / 1.7)', () => {
     expect(plan.changes.some((c) => c.path.includes('conf.d'))).toBe(false);
   });
 
+  it('refuses where an imported file replaces the CRI section (1.x), naming that file', () => {
+    const text = `imports = ["/etc/containerd/conf.d/*.toml"]\n${V2_CONFIG}`;
+    const node = new Files({
+      [CONFIG]: text,
+      '/etc/containerd/conf.d/20-mirror.toml':
+        'version = 2\n[plugins."io.containerd.grpc.v1.cri".registry]\n  config_path = "/etc/containerd/certs.d"\n',
+    });
+    expect(reason(() => planInstall(node.installInput(V1_6)))).toMatch(
+      /^precondition CONTAINERD_CONFIG_NOT_EXTENSIBLE: \/etc\/containerd\/conf.d\/20-mirror.toml \(imported by \/etc\/containerd\/config.toml\) replaces the whole/,
+    );
+    // containerd 2.x merges tables: the same import is no obstacle there.
+    expect(planInstall(node.installInput(V2_1)).record?.method).toBe('edit');
+  });
+
   it('a file without a trailing newline gets one before the block; uninstall takes it out again', () => {
     const text = 'version = 2\n[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]\n  runtime_type = "io.containerd.runc.v2"';
     const node = new Files({ [CONFIG]: text });
