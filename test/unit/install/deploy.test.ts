@@ -71,6 +71,6 @@ describe('deploy/kata-ts-deploy.sh and deploy/Dockerfile', () => {
     expect(dockerfile).toContain('ENTRYPOINT ["/usr/local/bin/kata-ts-deploy.sh"]');
     expect(dockerfile).toContain('RUN ln -s /opt/kata-ts/bin/kata-ts.js /usr/local/bin/kata-ts');
     expect(dockerfile).toContain('scripts/build-guest.sh --out /opt/kata-ts-guest');
-    expect(script).toContain('IMAGE_GUEST=${IMAGE_GUEST:-/opt/kata-ts-guest}');
+    expect(script).toMatch(/^IMAGE_GUEST=\$\{IMAGE_GUEST:-\/opt\/kata-ts-guest\}$/m);
   });
 });
