@@ -61,7 +61,9 @@ function print(io: CliIo, verb: string, plan: InstallPlan, dryRun: boolean, note
     : plan.changes.length === 0
       ? `kata-ts ${verb} (dry run): `
       : `kata-ts ${verb} (dry run, nothing changed): would have `;
-  for (const line of [...plan.summary, ...notes]) io.stdout.write(`${prefix}${line}\n`);
+  // "would have" + the past participle: the same as the past tense for every verb but "wrote".
+  const lines = dryRun && plan.changes.length > 0 ? plan.summary.map((l) => l.replace(/^wrote /, 'written ')) : plan.summary;
+  for (const line of [...lines, ...notes]) io.stdout.write(`${prefix}${line}\n`);
   if (plan.changes.length > 0 && !dryRun) io.stdout.write(`kata-ts ${verb}: restart containerd for the change to take effect\n`);
 }
 
