@@ -9,9 +9,9 @@ printf '\n==> type-checking\n'
 npx tsc -p tsconfig.json --noEmit
 printf '\n==> lint and format (biome ci: fails on any violation, fixes nothing)\n'
 npx biome ci .
-printf '\n==> shellcheck (scripts, guest/init, .ci/run)\n'
+printf '\n==> shellcheck (scripts, deploy, guest/init, .ci/run)\n'
 shopt -s nullglob
-shell_files=(scripts/*.sh scripts/conformance/*.sh guest/init .ci/run)
+shell_files=(scripts/*.sh scripts/conformance/*.sh deploy/*.sh guest/init .ci/run)
 shopt -u nullglob
 shellcheck "${shell_files[@]}"
 printf '\n==> unit tests\n'

@@ -18,16 +18,20 @@ import {
 } from '../runtime/mount-namespace.js';
 import { auditOrphans, ownersFromRecords } from '../runtime/sandbox/orphan-audit.js';
 import { type CliIo, parseCommandArgs, UsageError } from './args.js';
+import { containerdChecks } from './doctor-containerd.js';
 import { loadWithOverrides } from './serve.js';
 
-const HELP = `Usage: kata-ts doctor [--config FILE] [--format text|json]
+const HELP = `Usage: kata-ts doctor [--config FILE] [--format text|json] [--containerd-config FILE]
 
 Checks this host the way the daemon will use it and prints one line per check with ok, warn or
 fail: QEMU binary, acceleration (KVM or TCG, and why), guest kernel and initramfs, CNI network,
 cgroup mode (v1, v2 or hybrid), the cgroup driver RuntimeConfig will advertise, systemd
 reachability, IOMMU groups for VFIO, the runtime's mount namespace, the VMM confinement (QEMU's
 seccomp option, setpriv, the identity range, what each handler turns off), and orphans (QEMU,
-virtiofsd, mounts in that namespace, cgroups, files no record owns). Exits 1 when any check fails.
+virtiofsd, mounts in that namespace, cgroups, files no record owns), and the containerd integration
+(its version, the kata-ts handlers in its config, default /etc/containerd/config.toml, imports
+followed, the shim binaries on its PATH: warnings until a kata-ts handler is configured, failures
+after). Exits 1 when any check fails.
 `;
 
 export type Verdict = 'ok' | 'warn' | 'fail';
@@ -38,7 +42,11 @@ export interface DoctorCheck {
 }
 
 /** Run every check; never throws for a host problem (that is what the report is for). */
-export async function runDoctorChecks(config: KataConfig, configPath: string | null): Promise<DoctorCheck[]> {
+export async function runDoctorChecks(
+  config: KataConfig,
+  configPath: string | null,
+  containerdConfigPath?: string,
+): Promise<DoctorCheck[]> {
   const checks: DoctorCheck[] = [];
   checks.push({ name: 'config', verdict: 'ok', message: configPath ?? 'no config file: built-in defaults' });
   const facts = await gatherFacts({ config, path: configPath });
@@ -130,6 +138,7 @@ export async function runDoctorChecks(config: KataConfig, configPath: string | n
   } catch (err) {
     checks.push({ name: 'orphans', verdict: 'warn', message: errorMessage(err) });
   }
+  checks.push(...(await containerdChecks(containerdConfigPath === undefined ? {} : { configPath: containerdConfigPath })));
   return checks;
 }
 
@@ -159,6 +168,7 @@ export async function runDoctorCommand(argv: string[], io: CliIo): Promise<numbe
   const { values } = parseCommandArgs(argv, {
     config: { type: 'string' },
     format: { type: 'string', default: 'text' },
+    'containerd-config': { type: 'string' },
     help: { type: 'boolean', short: 'h' },
   });
   if (values.help === true) {
@@ -167,7 +177,7 @@ export async function runDoctorCommand(argv: string[], io: CliIo): Promise<numbe
   }
   if (values.format !== 'text' && values.format !== 'json') throw new UsageError(`--format must be text or json, got "${values.format}"`);
   const loaded = await loadWithOverrides(values);
-  const checks = await runDoctorChecks(loaded.config, loaded.path);
+  const checks = await runDoctorChecks(loaded.config, loaded.path, values['containerd-config']);
   if (values.format === 'json') {
     io.stdout.write(`${JSON.stringify({ checks }, null, 2)}\n`);
   } else {

@@ -1,6 +1,7 @@
 import { packageVersion } from '../common/paths.js';
 import { type CliIo, processIo, UsageError } from './args.js';
 import { runDoctorCommand } from './doctor.js';
+import { runInstallCommand, runUninstallCommand } from './install.js';
 import { runMountNamespaceCommand } from './mount-namespace.js';
 import { runPlanCommand } from './plan.js';
 import { runServeCommand } from './serve.js';
@@ -13,6 +14,8 @@ Commands:
   serve            run the CRI daemon on its unix socket
   plan             show how a pod's VM would be shaped, without starting anything
   doctor           check this host: QEMU, acceleration, guest assets, cgroups, systemd, IOMMU
+  install          install kata-ts's runtime handlers into containerd's config (--containerd)
+  uninstall        remove exactly what install wrote (--containerd)
   mount-namespace  show or remove the runtime's own mount namespace (where its mounts are)
   version          print the version
 
@@ -26,6 +29,8 @@ const COMMANDS: Record<string, Command> = {
   plan: runPlanCommand,
   doctor: runDoctorCommand,
   'mount-namespace': runMountNamespaceCommand,
+  install: runInstallCommand,
+  uninstall: runUninstallCommand,
   version: async (argv, io) => {
     if (argv.includes('--help') || argv.includes('-h')) {
       io.stdout.write('Usage: kata-ts version\n\nPrints the kata-ts version and the CRI API version it speaks.\n');

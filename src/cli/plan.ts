@@ -9,12 +9,18 @@ import type { HostCapacity } from '../sizing/types.js';
 import { type CliIo, parseCommandArgs, UsageError } from './args.js';
 import { loadPlanRequest } from './plan/load.js';
 import { planJson, planText } from './plan/output.js';
+import { defaultOverheadAccel, type OverheadAccel, runtimeClassObject, runtimeClassOverhead, runtimeClassYaml } from './plan/overhead.js';
 import { buildPlanReport } from './plan/report.js';
 
 export const PLAN_USAGE = `Usage: kata-ts plan --request FILE [--config FILE] [--handler NAME] [--format text|json]
                     [--host-cpus N] [--host-memory-mib N] [--sysfs-root DIR] [--cdi-dir DIR]...
 
-Shows how kata-ts would shape a pod's VM, without starting anything.
+       kata-ts plan --overhead [--config FILE] [--handler NAME] [--format yaml|json] [--accel kvm|tcg|any]
+
+Shows how kata-ts would shape a pod's VM, without starting anything. With --overhead: the
+RuntimeClass for a handler (every handler without --handler), its overhead.podFixed computed from
+the handler's VMM budget (vmmOverhead, plus QEMU's TCG translation cache unless --accel kvm;
+default from hypervisor.acceleration, \`auto\` covering both); format yaml (default) or json.
 
   --request FILE        a Kubernetes Pod manifest (YAML or JSON; kind: Pod) or a
                         RunPodSandboxRequest in proto3 JSON
@@ -44,6 +50,8 @@ const OPTIONS = {
   'host-memory-mib': { type: 'string' },
   'sysfs-root': { type: 'string' },
   'cdi-dir': { type: 'string', multiple: true },
+  overhead: { type: 'boolean' },
+  accel: { type: 'string' },
   help: { type: 'boolean', short: 'h' },
 } as const;
 
@@ -82,6 +90,7 @@ export async function runPlanCommand(argv: string[], io: CliIo): Promise<number>
       io.stdout.write(PLAN_USAGE);
       return 0;
     }
+    if (values.overhead === true) return await printOverhead(values, io);
     if (values.request === undefined) throw new UsageError('--request FILE is required (see kata-ts plan --help)');
     const format = values.format ?? 'text';
     if (format !== 'text' && format !== 'json') throw new UsageError(`--format must be text or json, got "${format}"`);
@@ -125,4 +134,31 @@ export async function runPlanCommand(argv: string[], io: CliIo): Promise<number>
     }
     return fail(1, errorMessage(err));
   }
+}
+
+/** `plan --overhead`: the RuntimeClass(es) for the config's handlers. */
+async function printOverhead(
+  values: { config?: string; handler?: string; format?: string; accel?: string; request?: string },
+  io: CliIo,
+): Promise<number> {
+  if (values.request !== undefined) throw new UsageError('--overhead takes no --request (it plans no pod)');
+  const format = values.format ?? 'yaml';
+  if (format !== 'yaml' && format !== 'json') throw new UsageError(`--format must be yaml or json with --overhead, got "${format}"`);
+  const accel = values.accel;
+  if (accel !== undefined && accel !== 'kvm' && accel !== 'tcg' && accel !== 'any')
+    throw new UsageError(`--accel must be kvm, tcg or any, got "${accel}"`);
+  const { config } = await loadConfig(values.config);
+  const names = values.handler === undefined ? Object.keys(config.handlers) : [values.handler];
+  const unknown = names.find((n) => config.handlers[n] === undefined);
+  if (unknown !== undefined)
+    throw new UsageError(`--handler "${unknown}" is not a handler of the config; handlers: ${Object.keys(config.handlers).join(', ')}`);
+  const chosen: OverheadAccel = accel ?? defaultOverheadAccel(config);
+  const classes = names.map((n) => runtimeClassOverhead(config, n, chosen));
+  if (format === 'json') {
+    const objects = classes.map(runtimeClassObject);
+    io.stdout.write(`${JSON.stringify(objects.length === 1 ? objects[0] : objects, null, 2)}\n`);
+  } else {
+    io.stdout.write(classes.map(runtimeClassYaml).join('---\n'));
+  }
+  return 0;
 }

@@ -88,6 +88,8 @@ export interface ContainerdOptions {
   logLevel?: 'debug' | 'info' | 'warn';
   /** TOML appended to config.toml as it is (e.g. `[plugins."...".runtimes.kata-ts.options]`). */
   extraToml?: string;
+  /** false: config.toml names no kata-ts handler (a test installs it, e.g. with `kata-ts install`). Default true. */
+  kataHandler?: boolean;
 }
 
 /** What stop() found and did. */
@@ -207,7 +209,13 @@ const toml = (s: string): string => JSON.stringify(s);
 const tomlList = (xs: string[]): string => `[${xs.map(toml).join(', ')}]`;
 
 /** config.toml (version 2) for a private containerd in `dir`. */
-export function containerdConfigToml(p: { dir: string; sandboxImage: string; logLevel: string; extraToml?: string }): string {
+export function containerdConfigToml(p: {
+  dir: string;
+  sandboxImage: string;
+  logLevel: string;
+  extraToml?: string;
+  kataHandler?: boolean;
+}): string {
   const { dir } = p;
   const cri = 'plugins."io.containerd.grpc.v1.cri"';
   return [
@@ -275,12 +283,16 @@ export function containerdConfigToml(p: { dir: string; sandboxImage: string; log
     `      [${cri}.containerd.runtimes.runc.options]`,
     `        Root = ${toml(path.join(dir, 'runc'))}`,
     '        SystemdCgroup = false',
-    `    [${cri}.containerd.runtimes.${KATA_TS_HANDLER}]`,
-    `      runtime_type = ${toml(KATA_TS_RUNTIME_TYPE)}`,
-    `      pod_annotations = ${tomlList(KATA_TS_ANNOTATIONS)}`,
-    `      container_annotations = ${tomlList(KATA_TS_ANNOTATIONS)}`,
-    // A VM gets no host device by being privileged (Kata's recommended setting).
-    '      privileged_without_host_devices = true',
+    ...(p.kataHandler === false
+      ? []
+      : [
+          `    [${cri}.containerd.runtimes.${KATA_TS_HANDLER}]`,
+          `      runtime_type = ${toml(KATA_TS_RUNTIME_TYPE)}`,
+          `      pod_annotations = ${tomlList(KATA_TS_ANNOTATIONS)}`,
+          `      container_annotations = ${tomlList(KATA_TS_ANNOTATIONS)}`,
+          // A VM gets no host device by being privileged (Kata's recommended setting).
+          '      privileged_without_host_devices = true',
+        ]),
     `  [${cri}.registry]`,
     `    config_path = ${toml(path.join(dir, 'certs.d'))}`,
     '',
@@ -442,6 +454,7 @@ class PrivateContainerd implements ContainerdHandle {
         sandboxImage: this.sandboxImage,
         logLevel: this.options.logLevel ?? 'info',
         ...(this.options.extraToml === undefined ? {} : { extraToml: this.options.extraToml }),
+        ...(this.options.kataHandler === undefined ? {} : { kataHandler: this.options.kataHandler }),
       }),
     );
 

@@ -83,6 +83,7 @@ const LAYERS: LayerTable = {
     'src/shim': 'shim',
     'src/shim/decode': 'shim',
     'src/daemon': 'daemon',
+    'src/install': 'install',
     'src/cli': 'cli',
     'src/cli/plan': 'cli',
     guest: 'guest-root',
@@ -126,7 +127,9 @@ const LAYERS: LayerTable = {
     // face or the daemon (and, below, never @grpc/*).
     shim: [...BELOW_CORE, ...CORE, 'ttrpc'],
     daemon: [...BELOW_CORE, ...CORE, 'cri', 'spdy'],
-    cli: [...BELOW_CORE, ...CORE, 'cri', 'spdy', 'daemon', 'manifest'],
+    // The containerd installer: config files only, no runtime.
+    install: ['common'],
+    cli: [...BELOW_CORE, ...CORE, 'cri', 'spdy', 'daemon', 'manifest', 'install'],
     'guest-agent': ['common', 'channel', 'generated', 'guest-containers'],
     'guest-containers': ['common', 'generated'],
   },

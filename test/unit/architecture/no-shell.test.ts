@@ -21,6 +21,7 @@ const AUDITED: Record<string, string> = {
   'src/hypervisor/virtiofsd.ts': 'virtiofsd argv: socket and shared dir under the state dir',
   'src/images/snapshot.ts': 'cp between content-addressed store paths',
   'src/images/unpack-applier.ts': 'mkfifo/mknod after "--" on paths resolved inside the unpack root',
+  'src/install/probe.ts': 'containerd --version: the binary named by --containerd-binary (or on PATH), a fixed argument',
   'src/network/cni-exec.ts': 'CNI plugins: the binary found in cniBinDirs, the config on stdin, pod metadata only as CNI_ARGS env values',
   'src/network/wiring.ts':
     'ip/tc argv, or after nsenter --net=<a joined namespace: an absolute, normalised path> --: the pod netns name, fixed TAP name, the CNI interface name, numeric MTU',
