@@ -1,8 +1,10 @@
 import { packageVersion } from '../common/paths.js';
 import { type CliIo, processIo, UsageError } from './args.js';
 import { runDoctorCommand } from './doctor.js';
+import { runMetricsCommand } from './metrics.js';
 import { runMountNamespaceCommand } from './mount-namespace.js';
 import { runPlanCommand } from './plan.js';
+import { runPsCommand } from './ps.js';
 import { runServeCommand } from './serve.js';
 
 const USAGE = `kata-ts: a CRI runtime that runs every pod in its own QEMU virtual machine
@@ -14,6 +16,8 @@ Commands:
   plan             show how a pod's VM would be shaped, without starting anything
   doctor           check this host: QEMU, acceleration, guest assets, cgroups, systemd, IOMMU
   mount-namespace  show or remove the runtime's own mount namespace (where its mounts are)
+  ps               list the pods kata-ts runs on this node: VM pid, shape, uptime, cgroup
+  metrics          scrape every pod shim's Prometheus metrics (--shims) as one exposition
   version          print the version
 
 Run 'kata-ts <command> --help' for a command's options.
@@ -26,6 +30,8 @@ const COMMANDS: Record<string, Command> = {
   plan: runPlanCommand,
   doctor: runDoctorCommand,
   'mount-namespace': runMountNamespaceCommand,
+  ps: runPsCommand,
+  metrics: runMetricsCommand,
   version: async (argv, io) => {
     if (argv.includes('--help') || argv.includes('-h')) {
       io.stdout.write('Usage: kata-ts version\n\nPrints the kata-ts version and the CRI API version it speaks.\n');

@@ -126,7 +126,8 @@ const LAYERS: LayerTable = {
     // face or the daemon (and, below, never @grpc/*).
     shim: [...BELOW_CORE, ...CORE, 'ttrpc'],
     daemon: [...BELOW_CORE, ...CORE, 'cri', 'spdy'],
-    cli: [...BELOW_CORE, ...CORE, 'cri', 'spdy', 'daemon', 'manifest'],
+    // ps and metrics read the shims' state and sockets.
+    cli: [...BELOW_CORE, ...CORE, 'cri', 'spdy', 'daemon', 'manifest', 'shim'],
     'guest-agent': ['common', 'channel', 'generated', 'guest-containers'],
     'guest-containers': ['common', 'generated'],
   },
