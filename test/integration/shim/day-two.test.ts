@@ -214,13 +214,31 @@ describe.skipIf(MISSING !== null)('day two behind containerd 1.6.20: kata-ts ps,
     expect(sampleValue(family(families, 'kata_ts_shim_agent_rpc_failures_total'), { ...base, method: 'GuestStats' })).toBe(0);
   });
 
-  it('kata-ts metrics --shims: one node exposition holding the pod', async () => {
+  it('kata-ts metrics --shims: one node exposition holding the pod; a dead socket is named and skipped', async () => {
     const { stdout, stderr } = await kataTs(['metrics', '--shims', '--state-root', stateRoot]);
     expect(stderr).toBe('');
     const families = parseExposition(stdout);
     expect(sampleValue(family(families, 'kata_ts_shim_info'), { sandbox_id: podId })).toBe(1);
     expect(sampleValue(family(families, 'kata_ts_node_shim_scrapes'), {})).toBe(1);
     expect(sampleValue(family(families, 'kata_ts_node_shim_scrape_failures'), {})).toBe(0);
+    // A pod whose shim died: its socket file stays until delete, and nothing answers on it.
+    const dead = path.join(stateRoot, 'k8s.io', 'deadbeefdeadbeef');
+    await fsp.mkdir(dead, { recursive: true });
+    await fsp.writeFile(path.join(dead, 'metrics.sock'), '');
+    try {
+      const withDead = await kataTs(['metrics', '--shims', '--state-root', stateRoot]);
+      expect(withDead.stderr).toContain(`skipped ${path.join(dead, 'metrics.sock')}`);
+      const merged = parseExposition(withDead.stdout);
+      expect(sampleValue(family(merged, 'kata_ts_node_shim_scrape_failures'), {})).toBe(1);
+      expect(sampleValue(family(merged, 'kata_ts_shim_info'), { sandbox_id: podId })).toBe(1);
+      const listed = await ps();
+      expect(listed.map((p) => [p.stateDir, p.status])).toEqual([
+        [dead, 'starting'],
+        [podDir(), 'running'],
+      ]);
+    } finally {
+      await fsp.rm(dead, { recursive: true, force: true });
+    }
   });
 
   it("the shim's lines are in containerd's log, as logfmt naming the pod and, for a task's calls, the container", async () => {
