@@ -29,8 +29,8 @@ import { type ProcessUsage, readProcessUsage } from './proc-usage.js';
 /** Upper bounds (seconds) of the agent round-trip histogram: a warm call takes a millisecond, one under TCG tens. */
 export const AGENT_RPC_BUCKETS_SECONDS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5];
 
-/** How long one agent call of a scrape may take (a scraper's own timeout is 10 s by default). */
-const AGENT_CALL_MS = 3_000;
+/** How long the agent calls of a scrape may take (they run side by side; a scraper's own timeout is 10 s by default). */
+const AGENT_CALL_MS = 5_000;
 
 /** What the collector reads of the pod: its sandbox (record, agent) and its containers. */
 export interface PodMetricsSource {
@@ -120,8 +120,14 @@ export class PodMetrics {
 
     const guestUp = live?.agent !== undefined && live.vm !== undefined && record?.state === 'SANDBOX_READY';
     const agent = guestUp ? live.agent : undefined;
-    const facts = agent === undefined ? undefined : await this.timed('GetGuestFacts', () => agent.guestFacts({ timeoutMs: AGENT_CALL_MS }));
-    const stats = agent === undefined ? undefined : await this.timed('GuestStats', () => agent.guestStats({ timeoutMs: AGENT_CALL_MS }));
+    // Both at once: a busy guest answers one no faster than the other, and the scrape waits for the slower.
+    const [facts, stats] =
+      agent === undefined
+        ? [undefined, undefined]
+        : await Promise.all([
+            this.timed('GetGuestFacts', () => agent.guestFacts({ timeoutMs: AGENT_CALL_MS })),
+            this.timed('GuestStats', () => agent.guestStats({ timeoutMs: AGENT_CALL_MS })),
+          ]);
 
     const families: MetricFamily[] = [
       gauge('kata_ts_shim_info', 'The pod shim: 1, with its kata-ts version.', [sample({ ...base, version: packageVersion() }, 1)]),
