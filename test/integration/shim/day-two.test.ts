@@ -220,9 +220,7 @@ describe.skipIf(MISSING !== null)('day two behind containerd 1.6.20: kata-ts ps,
     expect(total).toBeLessThanOrEqual(pod.shape!.memoryMiB * 1024 * 1024);
     expect(sampleValue(family(families, 'kata_ts_shim_vm_vcpus'), { ...base, bound: 'current' })).toBe(pod.shape!.vcpus);
     expect(sampleValue(family(families, 'kata_ts_shim_containers'), { ...base, state: 'running' })).toBe(1);
-    expect(
-      sampleValue(family(families, 'kata_ts_shim_agent_rpc_failures_total'), { ...base, method: 'GuestStats' }),
-    ).toBeGreaterThanOrEqual(0);
+    expect(family(families, 'kata_ts_shim_agent_rpc_failures_total').type).toBe('counter');
     // What one scrape costs here, for the record (not asserted: timings depend on the machine).
     const mean = (m: string) =>
       (sampleValue(rpc, { ...base, method: m }, '_sum') ?? 0) / (sampleValue(rpc, { ...base, method: m }, '_count') ?? 1);
