@@ -2,8 +2,10 @@ import { packageVersion } from '../common/paths.js';
 import { type CliIo, processIo, UsageError } from './args.js';
 import { runDoctorCommand } from './doctor.js';
 import { runInstallCommand, runUninstallCommand } from './install.js';
+import { runMetricsCommand } from './metrics.js';
 import { runMountNamespaceCommand } from './mount-namespace.js';
 import { runPlanCommand } from './plan.js';
+import { runPsCommand } from './ps.js';
 import { runServeCommand } from './serve.js';
 
 const USAGE = `kata-ts: a CRI runtime that runs every pod in its own QEMU virtual machine
@@ -17,6 +19,8 @@ Commands:
   install          install kata-ts's runtime handlers into containerd's config (--containerd)
   uninstall        remove exactly what install wrote (--containerd)
   mount-namespace  show or remove the runtime's own mount namespace (where its mounts are)
+  ps               list the pods kata-ts runs on this node: VM pid, shape, uptime, cgroup
+  metrics          scrape every pod shim's Prometheus metrics (--shims) as one exposition
   version          print the version
 
 Run 'kata-ts <command> --help' for a command's options.
@@ -31,6 +35,8 @@ const COMMANDS: Record<string, Command> = {
   'mount-namespace': runMountNamespaceCommand,
   install: runInstallCommand,
   uninstall: runUninstallCommand,
+  ps: runPsCommand,
+  metrics: runMetricsCommand,
   version: async (argv, io) => {
     if (argv.includes('--help') || argv.includes('-h')) {
       io.stdout.write('Usage: kata-ts version\n\nPrints the kata-ts version and the CRI API version it speaks.\n');

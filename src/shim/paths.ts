@@ -203,3 +203,16 @@ export async function hasContainerRecord(stateDir: string, id: string): Promise<
     return false;
   }
 }
+
+/** The pod's Prometheus metrics socket, in its state dir (kata-monitor's `shim-monitor.sock` for Kata's shims). */
+export const METRICS_SOCKET_FILE = 'metrics.sock';
+
+/**
+ * `<stateDir>/metrics.sock`: where the pod's shim serves `GET /metrics` over HTTP. Throws when it
+ * would not fit in sun_path (podStateDir's checks of the VM's longer sockets cover it in practice).
+ */
+export function metricsSocketPath(stateDir: string): string {
+  const socketPath = path.join(stateDir, METRICS_SOCKET_FILE);
+  checkSocketLength(socketPath, 'shim.stateRoot or the namespace');
+  return socketPath;
+}

@@ -2,10 +2,10 @@
  * The Task service wired into a pod's shim server: containerd's events publisher on
  * TTRPC_ADDRESS, the pod's tasks, and one method table served under the task API's v2 and v3 names.
  */
-import path from 'node:path';
 import { detectCgroupMode } from '../cgroups/index.js';
 import { packageVersion } from '../common/paths.js';
 import { EventPublisher } from './events.js';
+import { handlerForBinary } from './handler.js';
 import type { MetricsVersion } from './metrics.js';
 import { serviceMethods, TASK_SERVICE_NAMES, TASK_SERVICE_V2 } from './proto.js';
 import type { RegisterServices } from './serve.js';
@@ -15,15 +15,7 @@ import { ShimTasks } from './tasks.js';
 /** How long the last events may take to reach containerd when the shim ends. */
 const EVENTS_FLUSH_MS = 5_000;
 
-/**
- * The kata-ts runtime handler a shim binary runs pods with: `containerd-shim-<handler>-v2` (the
- * name containerd derives from `runtime_type = "io.containerd.<handler>.v2"`), when the config
- * knows that handler; `kata-ts` otherwise.
- */
-export function handlerForBinary(binary: string, known: readonly string[]): string {
-  const m = /^containerd-shim-(.+)-v2$/.exec(path.basename(binary));
-  return m?.[1] !== undefined && known.includes(m[1]) ? m[1] : 'kata-ts';
-}
+export { handlerForBinary };
 
 export const registerTaskService: RegisterServices = async (server, pod, shutdown, shim) => {
   const logger = shim.logger;

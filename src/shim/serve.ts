@@ -26,7 +26,9 @@ import { releaseSharedMounts } from '../runtime/sandbox/shared-dir.js';
 import { acquireStateLock, type StateLock } from '../runtime/state-lock.js';
 import { TtrpcServer } from '../ttrpc/index.js';
 import { readBundleConfig } from './bundle.js';
-import { readShimInfo, type ShimInfo, writeShimInfo } from './paths.js';
+import { handlerForBinary } from './handler.js';
+import { type MetricsEndpoint, PodMetrics, serveMetricsSocket } from './metrics-endpoint.js';
+import { metricsSocketPath, readShimInfo, type ShimInfo, writeShimInfo } from './paths.js';
 import { cgroupDriverForPath, composePod, type ShimPod } from './pod.js';
 import './reasons.js';
 
@@ -121,6 +123,7 @@ export async function startShimServer(options: ServeOptions): Promise<ShimServer
   const lock = await acquireStateLock(stateDir, log);
   let pod: ShimPod | undefined;
   let server: TtrpcServer | undefined;
+  let metrics: MetricsEndpoint | undefined;
   try {
     const previous = await readShimInfo(stateDir);
     if (previous !== undefined && previous.sandboxId !== identity.sandboxId) {
@@ -145,6 +148,8 @@ export async function startShimServer(options: ServeOptions): Promise<ShimServer
     await clearStaleSocket(identity.socketPath);
     await server.listen(identity.socketPath);
     await fsp.chmod(identity.socketPath, 0o600);
+    metrics = await startPodMetrics(pod, identity, stateDir);
+    control.metrics = metrics;
     const info: ShimInfo = {
       pid: process.pid,
       sandboxId: identity.sandboxId,
@@ -159,15 +164,38 @@ export async function startShimServer(options: ServeOptions): Promise<ShimServer
     return control.serving(info);
   } catch (err) {
     server?.destroy();
+    await metrics?.close().catch(() => undefined);
     await pod?.close().catch(() => undefined);
     await lock.release();
     throw err;
   }
 }
 
+/**
+ * The pod's metrics socket (metrics-endpoint.ts); undefined when it cannot listen: metrics are
+ * not worth failing a pod for (the reason is logged).
+ */
+async function startPodMetrics(pod: ShimPod, identity: ShimIdentity, stateDir: string): Promise<MetricsEndpoint | undefined> {
+  const metrics = new PodMetrics({
+    sandboxId: identity.sandboxId,
+    namespace: identity.namespace,
+    handler: handlerForBinary(process.argv[1] ?? '', Object.keys(pod.config.handlers)),
+    findSandbox: (id) => pod.sandboxes.find(id),
+    containers: () => pod.containers.list(null),
+  });
+  try {
+    return await serveMetricsSocket(metricsSocketPath(stateDir), metrics, identity.logger);
+  } catch (err) {
+    identity.logger.warn({ err: errorMessage(err) }, 'the metrics socket could not listen: this pod has no metrics');
+    return undefined;
+  }
+}
+
 /** The end of a shim server: one stop, whichever asks first. */
 class Control {
   private ending: Promise<ShimEnd> | undefined;
+  /** The pod's metrics socket: closed (and removed) with the server. */
+  metrics: MetricsEndpoint | undefined;
   /** What the registered services hold (the event publisher): closed after the server. */
   services: RegisteredServices | undefined;
   private resolveDone!: (end: ShimEnd) => void;
@@ -230,6 +258,7 @@ class Control {
       this.server.destroy();
     }
     await this.services?.close().catch((err: unknown) => log.warn({ err: errorMessage(err) }, 'closing the services failed'));
+    await this.metrics?.close().catch((err: unknown) => log.warn({ err: errorMessage(err) }, 'closing the metrics socket failed'));
     await this.pod.close();
     await fsp.rm(identity.socketPath, { force: true });
     const gone = why === 'shutdown' && this.pod.taskCount() === 0;

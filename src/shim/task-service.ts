@@ -49,11 +49,16 @@ function stateResponse(s: TaskState) {
 
 export function taskHandlers(deps: TaskServiceDeps): TaskHandlers {
   const { tasks } = deps;
-  const ctx = (call: TtrpcCall) =>
-    shimRequestContext(deps.logger, call.method, {
-      signal: call.signal,
-      ...(call.timeoutMs === undefined ? {} : { deadlineMs: Date.now() + call.timeoutMs }),
-    });
+  // Every line logged for a call names its task (the pause task's id is the sandbox's) and exec.
+  const ctx = (call: TtrpcCall, req: { id: string; exec_id?: string }) =>
+    shimRequestContext(
+      deps.logger.child(req.exec_id ? { containerId: req.id, execId: req.exec_id } : { containerId: req.id }),
+      call.method,
+      {
+        signal: call.signal,
+        ...(call.timeoutMs === undefined ? {} : { deadlineMs: Date.now() + call.timeoutMs }),
+      },
+    );
   const refused = (what: string) => async () => {
     throw unimplemented(
       'SHIM_UNSUPPORTED',
@@ -73,12 +78,12 @@ export function taskHandlers(deps: TaskServiceDeps): TaskHandlers {
           stdout: req.stdout,
           stderr: req.stderr,
         },
-        ctx(call),
+        ctx(call, req),
       ),
     }),
-    Start: async (req, call) => ({ pid: await tasks.start(req.id, req.exec_id, ctx(call)) }),
+    Start: async (req, call) => ({ pid: await tasks.start(req.id, req.exec_id, ctx(call, req)) }),
     Delete: async (req, call) => {
-      const { pid, exit } = await tasks.delete(req.id, req.exec_id, ctx(call));
+      const { pid, exit } = await tasks.delete(req.id, req.exec_id, ctx(call, req));
       return { pid, ...exitFields(exit) };
     },
     Pids: async (req) => ({ processes: tasks.pids(req.id).map((p) => ({ pid: p.pid })) }),
@@ -86,7 +91,7 @@ export function taskHandlers(deps: TaskServiceDeps): TaskHandlers {
     Resume: refused('Resume'),
     Checkpoint: refused('Checkpoint'),
     Kill: async (req, call) => {
-      await tasks.kill(req.id, req.exec_id, req.signal, req.all, ctx(call));
+      await tasks.kill(req.id, req.exec_id, req.signal, req.all, ctx(call, req));
       return {};
     },
     Exec: async (req) => {
@@ -104,7 +109,7 @@ export function taskHandlers(deps: TaskServiceDeps): TaskHandlers {
     },
     Update: async (req, call) => {
       const resources = req.resources === null ? null : decodeLinuxResources(decodeJsonAny(req.resources, OCI_TYPE_URLS.linuxResources));
-      await tasks.update(req.id, { linux: resources, kubernetes_resources: null }, ctx(call));
+      await tasks.update(req.id, { linux: resources, kubernetes_resources: null }, ctx(call, req));
       return {};
     },
     Wait: async (req, call) => {

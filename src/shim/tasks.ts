@@ -243,7 +243,7 @@ export class ShimTasks {
     exited.then(
       (exit) => this.taskExited(task, exit),
       (err: unknown) => {
-        if (!signal.aborted) this.deps.logger.warn({ taskId: task.id, err: errorMessage(err) }, 'watching a task exit failed');
+        if (!signal.aborted) this.deps.logger.warn({ containerId: task.id, err: errorMessage(err) }, 'watching a task exit failed');
       },
     );
   }
@@ -263,18 +263,18 @@ export class ShimTasks {
   private oomKilled(id: string): void {
     const task = this.tasks.get(id);
     if (task === undefined || task.kind !== 'container' || task.oom !== undefined) return;
-    this.deps.logger.info({ taskId: id }, 'task OOM-killed');
+    this.deps.logger.info({ containerId: id }, 'task OOM-killed');
     this.deps.events.publish('/tasks/oom', { container_id: id });
     task.oom = task.crio
       ? fsp.writeFile(path.join(task.bundle, CRIO_OOM_FILE), '', { mode: 0o644 }).catch((err: unknown) => {
-          this.deps.logger.warn({ taskId: id, err: errorMessage(err) }, "writing CRI-O's oom file failed");
+          this.deps.logger.warn({ containerId: id, err: errorMessage(err) }, "writing CRI-O's oom file failed");
         })
       : Promise.resolve();
   }
 
   private taskExited(task: Task, exit: TaskExit): void {
     if (!task.exit.settle(exit)) return;
-    this.deps.logger.info({ taskId: task.id, exitStatus: exit.status }, 'task exited');
+    this.deps.logger.info({ containerId: task.id, exitStatus: exit.status }, 'task exited');
     void this.deps.events.publish('/tasks/exit', {
       container_id: task.id,
       id: task.id,
@@ -424,7 +424,7 @@ export class ShimTasks {
     }
     const stdio = await openExecStdio(exec.io, exec.abort.signal);
     exec.stdio = stdio;
-    const logger = ctx.logger.child({ taskId: task.id, execId });
+    const logger = ctx.logger.child({ containerId: task.id, execId });
     const started = new Promise<number>((resolve, reject) => {
       const finish = async (result: CommandResult): Promise<void> => {
         await stdio.close();
@@ -468,7 +468,7 @@ export class ShimTasks {
     const agent = this.deps.pod.guests.agentOf(this.sandboxId as string);
     if (agent === undefined) throw precondition('TASK_NOT_RUNNING', `task ${id} is not running`);
     const guestExecId = execId === '' ? '' : (this.exec(task, execId).stdio?.guestExecId ?? '');
-    this.deps.logger.debug({ taskId: id, execId, guestExecId, width, height }, 'terminal resized');
+    this.deps.logger.debug({ containerId: id, execId, guestExecId, width, height }, 'terminal resized');
     await agent.resizeTty(id, guestExecId, height, width, { timeoutMs: 30_000 });
   }
 
@@ -486,7 +486,7 @@ export class ShimTasks {
     if (task.kind === 'sandbox') {
       // containerd resizes the pod's cgroup through the sandbox task; the VM's own shape follows
       // its containers' updates (UpdateContainerResources), so nothing changes here.
-      ctx.logger.info({ taskId: id }, 'Update of the sandbox task: the VM is resized by its containers updates');
+      ctx.logger.info({ containerId: id }, 'Update of the sandbox task: the VM is resized by its containers updates');
       return;
     }
     await this.deps.pod.resize.updateContainer(id, update, ctx);

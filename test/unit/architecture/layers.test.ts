@@ -129,7 +129,8 @@ const LAYERS: LayerTable = {
     daemon: [...BELOW_CORE, ...CORE, 'cri', 'spdy'],
     // The containerd installer: config files only, no runtime.
     install: ['common'],
-    cli: [...BELOW_CORE, ...CORE, 'cri', 'spdy', 'daemon', 'manifest', 'install'],
+    // ps and metrics read the shims' state and sockets.
+    cli: [...BELOW_CORE, ...CORE, 'cri', 'spdy', 'daemon', 'manifest', 'install', 'shim'],
     'guest-agent': ['common', 'channel', 'generated', 'guest-containers'],
     'guest-containers': ['common', 'generated'],
   },

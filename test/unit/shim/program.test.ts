@@ -193,7 +193,9 @@ describe('containerd-shim-kata-ts-v2', () => {
       servePids.delete(pid);
       expect(existsSync(socket())).toBe(false);
       expect(existsSync(path.join(stateDir(), 'shim.json'))).toBe(true);
-      expect(readFileSync(path.join(stateDir(), 'shim.log'), 'utf8')).toMatch(/"msg":"shim stopped; the pod state stays for delete"/);
+      expect(readFileSync(path.join(stateDir(), 'shim.log'), 'utf8')).toMatch(
+        /msg="shim stopped; the pod state stays for delete" namespace=\S+ sandboxId=/,
+      );
     },
     LONG,
   );

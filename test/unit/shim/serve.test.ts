@@ -10,6 +10,7 @@ import path from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { silentLogger } from '../../../src/common/logger.js';
 import { defaultConfig } from '../../../src/config/defaults.js';
+import { scrapeMetricsSocket } from '../../../src/shim/node-pods.js';
 import { readShimInfo } from '../../../src/shim/paths.js';
 import { type ShimIdentity, type ShimServer, startShimServer } from '../../../src/shim/serve.js';
 import { connectTtrpc } from '../../../src/ttrpc/index.js';
@@ -98,10 +99,18 @@ describe('startShimServer', () => {
     };
     const shim = await startShimServer(options);
     servers.push(shim);
+    // The pod's metrics socket answers while it serves (no sandbox yet: the shim's own process).
+    const metricsSocket = path.join(stateDir, 'metrics.sock');
+    expect(statSync(metricsSocket).mode & 0o777).toBe(0o600);
+    expect(await scrapeMetricsSocket(metricsSocket, 5_000)).toMatch(
+      /^kata_ts_shim_process_up\{sandbox_id="pod-b",namespace="[^"]+",handler="kata-ts",process="shim"\} 1$/m,
+    );
     // A second shim for the same pod is refused before it changes anything.
     await expect(startShimServer(options)).rejects.toMatchObject({ reason: 'STATE_DIR_LOCKED' });
+    expect(existsSync(metricsSocket)).toBe(true);
     expect(await shim.stop()).toBe('signal');
     expect(existsSync(identity.socketPath)).toBe(false);
+    expect(existsSync(metricsSocket)).toBe(false);
     expect(await readShimInfo(stateDir)).toMatchObject({ sandboxId: 'pod-b' });
     expect(existsSync(path.join(stateDir, 'daemon.lock'))).toBe(false);
   });

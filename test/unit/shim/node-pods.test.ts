@@ -1,0 +1,218 @@
+/**
+ * `kata-ts ps`'s reading of a node (src/shim/node-pods.ts) and its view and table (src/cli/ps.ts),
+ * on a state root and a /proc root the test writes: a running pod, a pod whose VM pid was reused,
+ * a dead shim, a pod half written, a pod whose files do not parse; the standalone daemon's pods.
+ * Reading changes nothing on disk (an older record format stays as it was written).
+ */
+import { promises as fsp, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { afterAll, describe, expect, it } from 'vitest';
+import { formatDuration, formatPsTable, podView } from '../../../src/cli/ps.js';
+import { packageRoot } from '../../../src/common/paths.js';
+import { readShimPods, readStandalonePods } from '../../../src/shim/node-pods.js';
+import { parseProcCpu, parseSmapsRollup, readProcessUsage } from '../../../src/shim/proc-usage.js';
+
+const dirs: string[] = [];
+afterAll(() => {
+  for (const d of dirs) rmSync(d, { recursive: true, force: true });
+});
+function tmp(): string {
+  const d = mkdtempSync(path.join(os.tmpdir(), 'kata-ts-node-pods-'));
+  dirs.push(d);
+  return d;
+}
+
+const FIXTURE = path.join(packageRoot(), 'fixtures', 'records', 'v5', 'sandboxes', `${'a1'.repeat(32)}.json`);
+const ID = 'a1'.repeat(32);
+const QEMU_PID = 4194000;
+const SHIM_PID = 4194100;
+
+/** A /proc/<pid>/stat line: utime and stime in ticks, the start time in ticks. */
+function statLine(pid: number, comm: string, state: string, utime: number, stime: number, start: number): string {
+  // Fields 3..22: state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime cutime cstime prio nice threads itreal starttime.
+  return `${pid} (${comm}) ${state} 1 1 1 0 -1 0 0 0 0 0 ${utime} ${stime} 0 0 20 0 1 0 ${start} 1000 10 0\n`;
+}
+
+async function writeProc(procRoot: string, pid: number, files: Record<string, string>): Promise<void> {
+  await fsp.mkdir(path.join(procRoot, String(pid)), { recursive: true });
+  for (const [name, text] of Object.entries(files)) await fsp.writeFile(path.join(procRoot, String(pid), name), text);
+}
+
+/** The v5 fixture record made a running pod (envelope kept at format 5: read-only migration). */
+async function runningRecord(): Promise<string> {
+  const envelope = JSON.parse(readFileSync(FIXTURE, 'utf8')) as { record: Record<string, unknown> };
+  Object.assign(envelope.record, {
+    phase: 'running',
+    state: 'SANDBOX_READY',
+    createdAtNs: String(BigInt(Date.UTC(2026, 0, 1)) * 1_000_000n),
+    vmm: { ...(envelope.record.vmm as object), pid: QEMU_PID, startTimeTicks: 123456 },
+    placement: {
+      driver: 'cgroupfs',
+      cgroupParent: '/kubepods/burstable/podu1',
+      mode: 'hybrid',
+      paths: {
+        memory: '/sys/fs/cgroup/memory/kubepods/burstable/podu1/kata-ts-a1',
+        cpu: '/sys/fs/cgroup/cpu/kubepods/burstable/podu1/kata-ts-a1',
+      },
+      limits: { cpuQuotaMillicores: 2000, cpuRequestMillicores: 100, memoryLimitBytes: 1 << 30 },
+    },
+  });
+  return `${JSON.stringify(envelope, null, 2)}\n`;
+}
+
+async function writePod(
+  stateDir: string,
+  opts: { shimJson?: string; record?: string; containers?: number; socket?: boolean },
+): Promise<void> {
+  await fsp.mkdir(path.join(stateDir, 'sandboxes'), { recursive: true });
+  if (opts.shimJson !== undefined) await fsp.writeFile(path.join(stateDir, 'shim.json'), opts.shimJson);
+  if (opts.record !== undefined) await fsp.writeFile(path.join(stateDir, 'sandboxes', `${ID}.json`), opts.record);
+  await fsp.mkdir(path.join(stateDir, 'containers'), { recursive: true });
+  for (let i = 0; i < (opts.containers ?? 0); i++) await fsp.writeFile(path.join(stateDir, 'containers', `c${i}.json`), '{}');
+  if (opts.socket === true) await fsp.writeFile(path.join(stateDir, 'metrics.sock'), '');
+}
+
+const shimJson = (pid: number) =>
+  JSON.stringify({
+    pid,
+    sandboxId: ID,
+    namespace: 'k8s.io',
+    bundle: '/run/containerd/io.containerd.runtime.v2.task/k8s.io/x',
+    socket: '/run/kata-ts/shim/s/abc',
+    cgroupDriver: 'cgroupfs',
+    startedAt: '2026-01-01T00:00:00.000Z',
+  });
+
+describe('reading /proc', () => {
+  it('CPU seconds from utime + stime, memory from smaps_rollup; a reused pid is not our process', async () => {
+    expect(parseProcCpu(statLine(7, 'a) R 1 (b', 'S', 250, 50, 99))).toEqual({
+      startTimeTicks: 99,
+      state: 'S',
+      userSeconds: 2.5,
+      systemSeconds: 0.5,
+    });
+    expect(parseProcCpu('garbage')).toBeUndefined();
+    expect(parseSmapsRollup('Rss:  2048 kB\nPss:  1024 kB\nPss_Anon: 3 kB\n')).toEqual({ rssBytes: 2048 * 1024, pssBytes: 1024 * 1024 });
+    expect(parseSmapsRollup('Rss: 1 kB\n')).toBeUndefined();
+    const proc = path.join(tmp(), 'proc');
+    await writeProc(proc, 9, { stat: statLine(9, 'qemu', 'S', 10, 10, 500), smaps_rollup: 'Rss: 4 kB\nPss: 2 kB\n' });
+    expect(await readProcessUsage({ pid: 9, startTimeTicks: 500 }, proc)).toMatchObject({
+      alive: true,
+      memory: { rssBytes: 4096, pssBytes: 2048 },
+    });
+    expect((await readProcessUsage({ pid: 9, startTimeTicks: 501 }, proc)).alive).toBe(false);
+    expect((await readProcessUsage({ pid: 10, startTimeTicks: 500 }, proc)).alive).toBe(false);
+    await writeProc(proc, 11, { stat: statLine(11, 'qemu', 'Z', 10, 10, 500) });
+    expect((await readProcessUsage({ pid: 11, startTimeTicks: 500 }, proc)).alive).toBe(false);
+  });
+});
+
+describe('kata-ts ps', () => {
+  it('lists a running pod: live shim and VM, the recorded shape, cgroup, containers, metrics socket; the record file untouched', async () => {
+    const root = tmp();
+    const stateRoot = path.join(root, 'shim');
+    const proc = path.join(root, 'proc');
+    const stateDir = path.join(stateRoot, 'k8s.io', ID.slice(0, 16));
+    await writePod(stateDir, { shimJson: shimJson(SHIM_PID), record: await runningRecord(), containers: 2, socket: true });
+    await fsp.mkdir(path.join(stateRoot, 's'), { recursive: true });
+    await writeProc(proc, QEMU_PID, {
+      stat: statLine(QEMU_PID, 'qemu-system-x86', 'S', 100, 20, 123456),
+      smaps_rollup: 'Rss: 10 kB\nPss: 8 kB\n',
+    });
+    await writeProc(proc, SHIM_PID, { cmdline: ['node', 'shim', '-id', ID, 'serve', ''].join('\0') });
+    const recordFile = path.join(stateDir, 'sandboxes', `${ID}.json`);
+    const before = readFileSync(recordFile, 'utf8');
+
+    const states = await readShimPods(stateRoot, { procRoot: proc });
+    expect(readFileSync(recordFile, 'utf8')).toBe(before);
+    expect(states).toHaveLength(1);
+    const view = podView(states[0]!, Date.UTC(2026, 0, 1, 1, 2, 3));
+    expect(view).toMatchObject({
+      source: 'shim',
+      namespace: 'k8s.io',
+      sandboxId: ID,
+      pod: 'shop/web',
+      handler: 'kata-ts',
+      status: 'running',
+      shim: { pid: SHIM_PID, alive: true },
+      vm: { pid: QEMU_PID, startTimeTicks: 123456, alive: true },
+      shape: { vcpus: 2, maxVcpus: 6, memoryMiB: 800, maxMemoryMiB: 4896 },
+      createdAt: '2026-01-01T00:00:00.000Z',
+      uptimeSeconds: 3723,
+      cgroup: { driver: 'cgroupfs', path: '/sys/fs/cgroup/cpu/kubepods/burstable/podu1/kata-ts-a1', unit: null },
+      containers: 2,
+      metricsSocket: path.join(stateDir, 'metrics.sock'),
+      problems: [],
+    });
+    const table = formatPsTable([view]).split('\n');
+    expect(table[0]).toMatch(
+      /^NAMESPACE\s+SANDBOX\s+POD\s+HANDLER\s+STATUS\s+SHIM\s+VM\s+VCPUS\s+MEMORY\s+UPTIME\s+CTRS\s+CGROUP\s+METRICS$/,
+    );
+    expect(table[1]).toMatch(
+      new RegExp(
+        `^k8s\\.io\\s+${ID.slice(0, 13)}\\s+shop/web\\s+kata-ts\\s+running\\s+${SHIM_PID}\\s+${QEMU_PID}\\s+2/6\\s+800/4896MiB\\s+1h2m\\s+2\\s+/sys/fs/cgroup/cpu/\\S+\\s+\\S+metrics\\.sock$`,
+      ),
+    );
+  });
+
+  it('a dead shim, a reused VM pid, a half-written pod and files that do not parse are listed as such', async () => {
+    const root = tmp();
+    const stateRoot = path.join(root, 'shim');
+    const proc = path.join(root, 'proc');
+    const dir = (name: string, ns = 'k8s.io') => path.join(stateRoot, ns, name);
+    // QEMU's pid now belongs to another process (another start time); the shim runs.
+    await writePod(dir('a-vm-gone'), { shimJson: shimJson(SHIM_PID), record: await runningRecord() });
+    await writeProc(proc, QEMU_PID, { stat: statLine(QEMU_PID, 'bash', 'S', 1, 1, 999) });
+    await writeProc(proc, SHIM_PID, { cmdline: ['node', 'shim', '-id', ID, 'serve', ''].join('\0') });
+    // The shim's pid runs something else.
+    await writePod(dir('b-shim-gone'), { shimJson: shimJson(SHIM_PID + 1), record: await runningRecord() });
+    await writeProc(proc, SHIM_PID + 1, { cmdline: 'sleep\u00001000\u0000' });
+    // Starting: no shim.json, no record yet.
+    await writePod(dir('c-starting', 'other'), {});
+    // shim.json and the record are not what they should be.
+    await writePod(dir('d-broken'), { shimJson: '{"pid": 1', record: '{' });
+    await writePod(dir('e-bad-record'), { shimJson: shimJson(SHIM_PID), record: '{"kind":"sandbox","version":6,"record":{"id":"x"}}' });
+    await fsp.writeFile(path.join(stateRoot, 'cleanup.log'), 'a file beside the namespaces\n');
+
+    const views = (await readShimPods(stateRoot, { procRoot: proc })).map((s) => podView(s, Date.now()));
+    const by = (name: string) => views.find((v) => v.stateDir.endsWith(name))!;
+    expect(views).toHaveLength(5);
+    expect(by('a-vm-gone')).toMatchObject({ status: 'vm-gone', vm: { pid: QEMU_PID, alive: false }, shim: { alive: true } });
+    expect(by('b-shim-gone')).toMatchObject({ status: 'shim-gone', shim: { pid: SHIM_PID + 1, alive: false } });
+    expect(by('c-starting')).toMatchObject({ status: 'starting', namespace: 'other', sandboxId: null, shape: null });
+    expect(by('c-starting').problems).toEqual([expect.stringMatching(/^no shim\.json/)]);
+    expect(by('d-broken').status).toBe('unreadable');
+    expect(by('d-broken').problems).toEqual([
+      expect.stringMatching(/shim\.json is not JSON/),
+      expect.stringMatching(/is not JSON \(being written\?\)/),
+    ]);
+    expect(by('e-bad-record')).toMatchObject({ status: 'unreadable', sandboxId: ID });
+    expect(by('e-bad-record').problems).toEqual([expect.stringMatching(/is not a valid sandbox record/)]);
+    const table = formatPsTable(views);
+    expect(table).toMatch(/vm-gone\s+\d+\s+4194000\(dead\)/);
+    expect(table).toContain('    ! no shim.json');
+    // Nothing under the state root: an empty listing (header only), a missing root too.
+    expect(formatPsTable((await readShimPods(path.join(root, 'none'))).map((s) => podView(s, 0)))).toMatch(/^NAMESPACE.*\n$/);
+  });
+
+  it("--standalone: the daemon's sandbox records, their containers counted by sandbox", async () => {
+    const stateDir = tmp();
+    await fsp.mkdir(path.join(stateDir, 'sandboxes'), { recursive: true });
+    await fsp.mkdir(path.join(stateDir, 'containers'), { recursive: true });
+    await fsp.writeFile(path.join(stateDir, 'sandboxes', `${ID}.json`), await runningRecord());
+    const container = (sandboxId: string) => JSON.stringify({ kind: 'container', version: 1, record: { sandboxId } });
+    await fsp.writeFile(path.join(stateDir, 'containers', 'c1.json'), container(ID));
+    await fsp.writeFile(path.join(stateDir, 'containers', 'c2.json'), container('other'));
+    const [view, ...rest] = (await readStandalonePods(stateDir, { procRoot: path.join(stateDir, 'noproc') })).map((s) =>
+      podView(s, Date.now()),
+    );
+    expect(rest).toEqual([]);
+    expect(view).toMatchObject({ source: 'standalone', namespace: 'shop', sandboxId: ID, status: 'vm-gone', containers: 1, shim: null });
+    expect(formatPsTable([view!])).toMatch(/shop\s+a1a1a1a1a1a1a\s+shop\/web\s+kata-ts\s+vm-gone\s+daemon/);
+  });
+
+  it('formats durations', () => {
+    expect([7, 66, 3723, 90_061].map(formatDuration)).toEqual(['7s', '1m6s', '1h2m', '1d1h']);
+  });
+});
