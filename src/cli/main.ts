@@ -3,6 +3,7 @@ import { type CliIo, processIo, UsageError } from './args.js';
 import { runDoctorCommand } from './doctor.js';
 import { runMountNamespaceCommand } from './mount-namespace.js';
 import { runPlanCommand } from './plan.js';
+import { runReleaseCommand } from './release.js';
 import { runServeCommand } from './serve.js';
 
 const USAGE = `kata-ts: a CRI runtime that runs every pod in its own QEMU virtual machine
@@ -14,6 +15,7 @@ Commands:
   plan             show how a pod's VM would be shaped, without starting anything
   doctor           check this host: QEMU, acceleration, guest assets, cgroups, systemd, IOMMU
   mount-namespace  show or remove the runtime's own mount namespace (where its mounts are)
+  release          install kata-ts on a node as a release, upgrade, roll back, list, prune
   version          print the version
 
 Run 'kata-ts <command> --help' for a command's options.
@@ -26,6 +28,7 @@ const COMMANDS: Record<string, Command> = {
   plan: runPlanCommand,
   doctor: runDoctorCommand,
   'mount-namespace': runMountNamespaceCommand,
+  release: runReleaseCommand,
   version: async (argv, io) => {
     if (argv.includes('--help') || argv.includes('-h')) {
       io.stdout.write('Usage: kata-ts version\n\nPrints the kata-ts version and the CRI API version it speaks.\n');

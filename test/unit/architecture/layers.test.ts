@@ -69,6 +69,7 @@ const LAYERS: LayerTable = {
     'src/agent-client': 'agent-client',
     'src/spdy': 'spdy',
     'src/ttrpc': 'ttrpc',
+    'src/release': 'release',
     'src/runtime': 'core-root',
     'src/runtime/spec': 'spec',
     'src/runtime/admission': 'admission',
@@ -111,6 +112,7 @@ const LAYERS: LayerTable = {
     'agent-client': ['common', 'channel', 'generated'],
     spdy: ['common'],
     ttrpc: ['common', 'generated'],
+    release: ['common'],
     // The core, floor by floor.
     'core-root': ['common', 'config', 'generated', 'sizing', 'pcie', 'hypervisor', 'cgroups'],
     spec: ['common', 'generated'],
@@ -124,9 +126,9 @@ const LAYERS: LayerTable = {
     cri: ['common', 'config', 'generated', 'images', 'oci', 'agent-client', 'channel', 'spdy', ...CORE],
     // The shim face: the core, the libraries below it and the ttrpc transport; never the CRI
     // face or the daemon (and, below, never @grpc/*).
-    shim: [...BELOW_CORE, ...CORE, 'ttrpc'],
+    shim: [...BELOW_CORE, ...CORE, 'ttrpc', 'release'],
     daemon: [...BELOW_CORE, ...CORE, 'cri', 'spdy'],
-    cli: [...BELOW_CORE, ...CORE, 'cri', 'spdy', 'daemon', 'manifest'],
+    cli: [...BELOW_CORE, ...CORE, 'cri', 'spdy', 'daemon', 'manifest', 'release', 'shim'],
     'guest-agent': ['common', 'channel', 'generated', 'guest-containers'],
     'guest-containers': ['common', 'generated'],
   },
