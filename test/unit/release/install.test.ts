@@ -35,14 +35,17 @@ async function writeTree(root: string, version: string): Promise<void> {
 }
 
 async function run(...argv: string[]): Promise<{ code: number; out: string; err: string }> {
-  let out = '';
-  let err = '';
-  const io = {
-    stdout: { write: (s: string) => ((out += s), true) } as unknown as NodeJS.WritableStream,
-    stderr: { write: (s: string) => ((err += s), true) } as unknown as NodeJS.WritableStream,
-  };
-  const code = await main(['release', ...argv], io);
-  return { code, out, err };
+  const out: string[] = [];
+  const err: string[] = [];
+  const sink = (into: string[]) =>
+    ({
+      write: (s: string) => {
+        into.push(s);
+        return true;
+      },
+    }) as unknown as NodeJS.WritableStream;
+  const code = await main(['release', ...argv], { stdout: sink(out), stderr: sink(err) });
+  return { code, out: out.join(''), err: err.join('') };
 }
 
 const layoutArgs = () => ['--prefix', prefix, '--bin-dir', binDir];
