@@ -131,8 +131,15 @@ describe.skipIf(MISSING !== null)('an upgrade under running pods: two kata-ts re
   }
 
   const exec = async (appId: string, word: string) => {
-    const res = await cri!.runtime.ExecSync({ container_id: appId, cmd: ['echo', word], timeout: 60 });
-    return [res.stdout.toString(), res.exit_code];
+    try {
+      const res = await cri!.runtime.ExecSync({ container_id: appId, cmd: ['echo', word], timeout: 60 });
+      return [res.stdout.toString(), res.exit_code];
+    } catch (err) {
+      // Say what became of the container: its status and its last output.
+      const { status } = await cri!.runtime.ContainerStatus({ container_id: appId }).catch(() => ({ status: undefined }));
+      const log = status?.log_path === undefined ? '' : await fsp.readFile(status.log_path, 'utf8').catch(() => '');
+      throw new Error(`exec in ${appId} failed: ${String(err)}; status ${JSON.stringify(status)}; log ${log.slice(-2000)}`);
+    }
   };
 
   /** Remove the pod through containerd and wait for its shim to exit. */
@@ -212,74 +219,93 @@ describe.skipIf(MISSING !== null)('an upgrade under running pods: two kata-ts re
     );
   });
 
-  it("pod 1 runs on A: its shim's command line and shim.json name A's real directory", async () => {
-    const pod = await runPod('one');
-    const info = await shimInfo(pod.podId);
-    const dirA = path.join(prefix, 'releases', releaseA);
-    expect(info.release).toEqual({ id: releaseA, dir: dirA });
-    expect(cmdline(info.pid)).toContain(path.join(dirA, 'bin', 'containerd-shim-kata-ts-v2'));
-    expect(cmdline(info.pid).at(-1)).toBe('serve');
-    expect(await exec(pod.appId, 'one on A')).toEqual(['one on A\n', 0]);
-  });
+  /** A test that boots a pod VM: TCG on a shared two-core machine. */
+  const BOOT = scaledMs(480_000);
 
-  it("release B installed by A's own kata-ts while pod 1 runs: current flips, pod 1's shim is untouched", async () => {
-    const before = await shimInfo(pods[0]!.podId);
-    const out = await kataTs('release', 'install', '--prefix', prefix, '--bin-dir', binDir, '--from', path.join(dir, 'tree-b'));
-    releaseB = (await fsp.readdir(path.join(prefix, 'releases'))).find((r) => r !== releaseA) ?? '';
-    expect(releaseB).toMatch(/^0\.0\.0-upgrade\.b-[0-9a-f]{12}$/);
-    expect(out).toContain(`point ${prefix}/current at releases/${releaseB} (was releases/${releaseA})`);
-    expect(out).toMatch(/copied \d+\/\d+ files/);
-    // The links go through current: nothing else changed.
-    expect(out).not.toContain('link ');
-    expect(await fsp.readlink(path.join(prefix, 'current'))).toBe(`releases/${releaseB}`);
-    // The same install again changes nothing.
-    expect(await kataTs('release', 'install', '--prefix', prefix, '--bin-dir', binDir, '--from', path.join(dir, 'tree-b'))).toContain(
-      'nothing changed',
-    );
-    const after = await shimInfo(pods[0]!.podId);
-    expect(after).toEqual(before);
-    expect(running(before.pid)).toBe(true);
-    // The old shim still serves: an exec takes its (lazily loaded) exec path, from A.
-    expect(await exec(pods[0]!.appId, 'one after the upgrade')).toEqual(['one after the upgrade\n', 0]);
-  });
+  it(
+    "pod 1 runs on A: its shim's command line and shim.json name A's real directory",
+    async () => {
+      const pod = await runPod('one');
+      const info = await shimInfo(pod.podId);
+      const dirA = path.join(prefix, 'releases', releaseA);
+      expect(info.release).toEqual({ id: releaseA, dir: dirA });
+      expect(cmdline(info.pid)).toContain(path.join(dirA, 'bin', 'containerd-shim-kata-ts-v2'));
+      expect(cmdline(info.pid).at(-1)).toBe('serve');
+      expect(await exec(pod.appId, 'one on A')).toEqual(['one on A\n', 0]);
+    },
+    BOOT,
+  );
 
-  it('pod 2 runs on B beside pod 1 on A; list shows both generations; prune keeps both', async () => {
-    const pod = await runPod('two');
-    const info = await shimInfo(pod.podId);
-    const dirB = path.join(prefix, 'releases', releaseB);
-    expect(info.release).toEqual({ id: releaseB, dir: dirB });
-    expect(cmdline(info.pid)).toContain(path.join(dirB, 'bin', 'containerd-shim-kata-ts-v2'));
-    const one = await shimInfo(pods[0]!.podId);
-    expect(one.release?.id).toBe(releaseA);
-    expect(cmdline(one.pid).join(' ')).not.toContain(releaseB);
-    expect(await exec(pod.appId, 'two on B')).toEqual(['two on B\n', 0]);
-    expect(await exec(pods[0]!.appId, 'one on A')).toEqual(['one on A\n', 0]);
+  it(
+    "release B installed by A's own kata-ts while pod 1 runs: current flips, pod 1's shim is untouched",
+    async () => {
+      const before = await shimInfo(pods[0]!.podId);
+      const out = await kataTs('release', 'install', '--prefix', prefix, '--bin-dir', binDir, '--from', path.join(dir, 'tree-b'));
+      releaseB = (await fsp.readdir(path.join(prefix, 'releases'))).find((r) => r !== releaseA) ?? '';
+      expect(releaseB).toMatch(/^0\.0\.0-upgrade\.b-[0-9a-f]{12}$/);
+      expect(out).toContain(`point ${prefix}/current at releases/${releaseB} (was releases/${releaseA})`);
+      expect(out).toMatch(/copied \d+\/\d+ files/);
+      // The links go through current: nothing else changed.
+      expect(out).not.toContain('link ');
+      expect(await fsp.readlink(path.join(prefix, 'current'))).toBe(`releases/${releaseB}`);
+      // The same install again changes nothing.
+      expect(await kataTs('release', 'install', '--prefix', prefix, '--bin-dir', binDir, '--from', path.join(dir, 'tree-b'))).toContain(
+        'nothing changed',
+      );
+      const after = await shimInfo(pods[0]!.podId);
+      expect(after).toEqual(before);
+      expect(running(before.pid)).toBe(true);
+      // The old shim still serves: an exec takes its (lazily loaded) exec path, from A.
+      expect(await exec(pods[0]!.appId, 'one after the upgrade')).toEqual(['one after the upgrade\n', 0]);
+    },
+    BOOT,
+  );
 
-    const list = await kataTs('release', 'list', ...releaseArgs());
-    expect(list).toContain(`  ${releaseA}  `);
-    expect(list).toContain(`* ${releaseB}  `);
-    expect(list).toContain(`pod ${pods[0]!.podId} (k8s.io), shim pid ${one.pid}`);
-    expect(list).toContain(`pod ${pod.podId} (k8s.io), shim pid ${info.pid}`);
+  it(
+    'pod 2 runs on B beside pod 1 on A; list shows both generations; prune keeps both',
+    async () => {
+      const pod = await runPod('two');
+      const info = await shimInfo(pod.podId);
+      const dirB = path.join(prefix, 'releases', releaseB);
+      expect(info.release).toEqual({ id: releaseB, dir: dirB });
+      expect(cmdline(info.pid)).toContain(path.join(dirB, 'bin', 'containerd-shim-kata-ts-v2'));
+      const one = await shimInfo(pods[0]!.podId);
+      expect(one.release?.id).toBe(releaseA);
+      expect(cmdline(one.pid).join(' ')).not.toContain(releaseB);
+      expect(await exec(pod.appId, 'two on B')).toEqual(['two on B\n', 0]);
+      expect(await exec(pods[0]!.appId, 'one on A')).toEqual(['one on A\n', 0]);
 
-    const prune = await kataTs('release', 'prune', ...releaseArgs());
-    expect(prune).toContain(`keeping ${releaseA}: in use by 1 process(es): pod ${pods[0]!.podId} (k8s.io), shim pid ${one.pid}`);
-    expect(prune).toContain(`keeping ${releaseB}: it is current`);
-    expect((await fsp.readdir(path.join(prefix, 'releases'))).sort()).toEqual([releaseA, releaseB].sort());
-    const remove = await execFileAsync(path.join(binDir, 'kata-ts'), ['release', 'remove', releaseA, ...releaseArgs()]).catch(
-      (err: { code?: number; stderr?: string }) => err,
-    );
-    expect(remove).toMatchObject({ code: 1 });
-    expect((remove as { stderr?: string }).stderr).toContain(`RELEASE_IN_USE: release ${releaseA} is in use by 1 process(es)`);
-  });
+      const list = await kataTs('release', 'list', ...releaseArgs());
+      expect(list).toContain(`  ${releaseA}  `);
+      expect(list).toContain(`* ${releaseB}  `);
+      expect(list).toContain(`pod ${pods[0]!.podId} (k8s.io), shim pid ${one.pid}`);
+      expect(list).toContain(`pod ${pod.podId} (k8s.io), shim pid ${info.pid}`);
 
-  it('pod 1 stops and goes through containerd; prune then removes A; pod 2 keeps running on B', async () => {
-    await removePod(pods[0]!);
-    const prune = await kataTs('release', 'prune', ...releaseArgs());
-    expect(prune).toContain(`removed ${releaseA}`);
-    expect(await fsp.readdir(path.join(prefix, 'releases'))).toEqual([releaseB]);
-    expect(await exec(pods[1]!.appId, 'two after the prune')).toEqual(['two after the prune\n', 0]);
-    await removePod(pods[1]!);
-    expect(processesMentioning(prefix)).toEqual([]);
-    expect(processesMentioning(stateRoot)).toEqual([]);
-  });
+      const prune = await kataTs('release', 'prune', ...releaseArgs());
+      expect(prune).toContain(`keeping ${releaseA}: in use by 1 process(es): pod ${pods[0]!.podId} (k8s.io), shim pid ${one.pid}`);
+      expect(prune).toContain(`keeping ${releaseB}: it is current`);
+      expect((await fsp.readdir(path.join(prefix, 'releases'))).sort()).toEqual([releaseA, releaseB].sort());
+      const remove = await execFileAsync(path.join(binDir, 'kata-ts'), ['release', 'remove', releaseA, ...releaseArgs()]).catch(
+        (err: { code?: number; stderr?: string }) => err,
+      );
+      expect(remove).toMatchObject({ code: 1 });
+      expect((remove as { stderr?: string }).stderr).toContain(`RELEASE_IN_USE: release ${releaseA} is in use by 1 process(es)`);
+    },
+    BOOT,
+  );
+
+  it(
+    'pod 1 stops and goes through containerd; prune then removes A; pod 2 keeps running on B',
+    async () => {
+      await removePod(pods[0]!);
+      const prune = await kataTs('release', 'prune', ...releaseArgs());
+      expect(prune).toContain(`removed ${releaseA}`);
+      expect(await fsp.readdir(path.join(prefix, 'releases'))).toEqual([releaseB]);
+      expect(await exec(pods[1]!.appId, 'two after the prune')).toEqual(['two after the prune\n', 0]);
+      await removePod(pods[1]!);
+      expect(processesMentioning(prefix)).toEqual([]);
+      expect(processesMentioning(stateRoot)).toEqual([]);
+    },
+    BOOT,
+  );
 });
