@@ -6,6 +6,7 @@ import { runMetricsCommand } from './metrics.js';
 import { runMountNamespaceCommand } from './mount-namespace.js';
 import { runPlanCommand } from './plan.js';
 import { runPsCommand } from './ps.js';
+import { runReleaseCommand } from './release.js';
 import { runServeCommand } from './serve.js';
 
 const USAGE = `kata-ts: a CRI runtime that runs every pod in its own QEMU virtual machine
@@ -21,6 +22,7 @@ Commands:
   mount-namespace  show or remove the runtime's own mount namespace (where its mounts are)
   ps               list the pods kata-ts runs on this node: VM pid, shape, uptime, cgroup
   metrics          scrape every pod shim's Prometheus metrics (--shims) as one exposition
+  release          install kata-ts on a node as a release, upgrade, roll back, list, prune
   version          print the version
 
 Run 'kata-ts <command> --help' for a command's options.
@@ -37,6 +39,7 @@ const COMMANDS: Record<string, Command> = {
   uninstall: runUninstallCommand,
   ps: runPsCommand,
   metrics: runMetricsCommand,
+  release: runReleaseCommand,
   version: async (argv, io) => {
     if (argv.includes('--help') || argv.includes('-h')) {
       io.stdout.write('Usage: kata-ts version\n\nPrints the kata-ts version and the CRI API version it speaks.\n');

@@ -37,6 +37,7 @@ import { createLogger, type LogLevel } from '../common/logger.js';
 import { packageVersion } from '../common/paths.js';
 import { loadConfig } from '../config/load.js';
 import type { LoadedConfig } from '../config/types.js';
+import { runningRelease, selfScript } from '../release/layout.js';
 import { boundNamespace, placeInNamespace, runInsideMountNamespace } from '../runtime/mount-namespace.js';
 import { EXIT_STATUS_KILLED, encodeDeleteResponse } from './delete-response.js';
 import type { RegisterServices } from './serve.js';
@@ -314,8 +315,15 @@ async function runDetachedCleanup(self: ShimCommand, argv: readonly string[], en
   });
 }
 
+/**
+ * This binary again, from the real directory of the code that runs now (its release, see
+ * src/release/layout.ts), under the name it was started as: a child (`serve`, `cleanup`) runs
+ * the code of the `start` or `delete` that spawned it even when an upgrade moved `current`.
+ */
 function defaultSelf(): ShimCommand {
-  return { command: process.execPath, args: [...process.execArgv, process.argv[1] ?? ''] };
+  const invoked = process.argv[1] ?? '';
+  const script = selfScript(invoked, runningRelease().dir, fs.existsSync) ?? invoked;
+  return { command: process.execPath, args: [...process.execArgv, script] };
 }
 
 async function loadShimConfig(env: ShimEnv): Promise<LoadedConfig> {

@@ -120,6 +120,14 @@ export interface ShimInfo {
   cgroupDriver: CgroupDriverName;
   /** ISO 8601. */
   startedAt: string;
+  /** The kata-ts release whose code the shim runs (`id` null: a checkout); absent in older files. */
+  release?: { id: string | null; dir: string };
+}
+
+function isShimRelease(v: unknown): boolean {
+  if (typeof v !== 'object' || v === null) return false;
+  const o = v as Record<string, unknown>;
+  return (o.id === null || typeof o.id === 'string') && typeof o.dir === 'string';
 }
 
 function isShimInfo(v: unknown): v is ShimInfo {
@@ -132,7 +140,8 @@ function isShimInfo(v: unknown): v is ShimInfo {
     typeof o.bundle === 'string' &&
     typeof o.socket === 'string' &&
     (o.cgroupDriver === 'systemd' || o.cgroupDriver === 'cgroupfs') &&
-    typeof o.startedAt === 'string'
+    typeof o.startedAt === 'string' &&
+    (o.release === undefined || isShimRelease(o.release))
   );
 }
 

@@ -21,6 +21,7 @@ import path from 'node:path';
 import { errnoCode, errorMessage, unavailable } from '../common/errors.js';
 import type { Logger } from '../common/logger.js';
 import type { LoadedConfig } from '../config/types.js';
+import { runningRelease } from '../release/layout.js';
 import type { RuntimeFacts } from '../runtime/facts.js';
 import { releaseSharedMounts } from '../runtime/sandbox/shared-dir.js';
 import { acquireStateLock, type StateLock } from '../runtime/state-lock.js';
@@ -158,6 +159,7 @@ export async function startShimServer(options: ServeOptions): Promise<ShimServer
       socket: identity.socketPath,
       cgroupDriver: pod.facts.cgroupDriver.name,
       startedAt: new Date().toISOString(),
+      release: runningRelease(),
     };
     await writeShimInfo(stateDir, info);
     log.info({ socket: identity.socketPath, stateDir, tasks: pod.taskCount() }, 'shim serving');

@@ -69,6 +69,7 @@ const LAYERS: LayerTable = {
     'src/agent-client': 'agent-client',
     'src/spdy': 'spdy',
     'src/ttrpc': 'ttrpc',
+    'src/release': 'release',
     'src/runtime': 'core-root',
     'src/runtime/spec': 'spec',
     'src/runtime/admission': 'admission',
@@ -112,6 +113,7 @@ const LAYERS: LayerTable = {
     'agent-client': ['common', 'channel', 'generated'],
     spdy: ['common'],
     ttrpc: ['common', 'generated'],
+    release: ['common'],
     // The core, floor by floor.
     'core-root': ['common', 'config', 'generated', 'sizing', 'pcie', 'hypervisor', 'cgroups'],
     spec: ['common', 'generated'],
@@ -125,12 +127,12 @@ const LAYERS: LayerTable = {
     cri: ['common', 'config', 'generated', 'images', 'oci', 'agent-client', 'channel', 'spdy', ...CORE],
     // The shim face: the core, the libraries below it and the ttrpc transport; never the CRI
     // face or the daemon (and, below, never @grpc/*).
-    shim: [...BELOW_CORE, ...CORE, 'ttrpc'],
+    shim: [...BELOW_CORE, ...CORE, 'ttrpc', 'release'],
     daemon: [...BELOW_CORE, ...CORE, 'cri', 'spdy'],
     // The containerd installer: config files only, no runtime.
     install: ['common'],
     // ps and metrics read the shims' state and sockets.
-    cli: [...BELOW_CORE, ...CORE, 'cri', 'spdy', 'daemon', 'manifest', 'install', 'shim'],
+    cli: [...BELOW_CORE, ...CORE, 'cri', 'spdy', 'daemon', 'manifest', 'install', 'release', 'shim'],
     'guest-agent': ['common', 'channel', 'generated', 'guest-containers'],
     'guest-containers': ['common', 'generated'],
   },
