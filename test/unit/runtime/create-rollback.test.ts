@@ -93,7 +93,7 @@ async function world(stateDir: string, failRecord: boolean): Promise<World> {
     sandboxes,
     images: {
       resolveImage: () => ({ id: `sha256:${'e'.repeat(64)}`, repoDigests: [] }),
-      rootfsFor: () => imageRoot,
+      rootfsSourceFor: () => ({ kind: 'flat', dir: imageRoot }),
       imageConfig: async () => ({ Cmd: ['sh'] }),
     },
     host: { cpus: 16, memoryMiB: 65536 },

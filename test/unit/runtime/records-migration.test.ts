@@ -149,7 +149,7 @@ describe('loading and recovering format-1 records', () => {
       logger,
       store: containerStore,
       sandboxes,
-      images: { resolveImage: () => undefined, rootfsFor: () => '', imageConfig: async () => null },
+      images: { resolveImage: () => undefined, rootfsSourceFor: () => ({ kind: 'flat', dir: '' }), imageConfig: async () => null },
       host: { cpus: 16, memoryMiB: 65536 },
       readPcieFacts: () => Promise.reject(new Error('not read during recovery')),
       guests: {
