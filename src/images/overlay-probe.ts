@@ -60,3 +60,19 @@ export async function probeOverlay(dir: string): Promise<RootfsModeProbe> {
     await fsp.rm(root, { recursive: true, force: true }).catch(() => undefined);
   }
 }
+
+/** Where the image store records the mode it chose at its last start (`kata-ts doctor` reads it). */
+export function rootfsModeFile(stateDir: string): string {
+  return path.join(stateDir, 'images', 'rootfs-mode.json');
+}
+
+/** The mode the daemon chose at its last start, or undefined before its first (or an unreadable file). */
+export async function readRootfsMode(stateDir: string): Promise<RootfsModeProbe | undefined> {
+  try {
+    const doc = JSON.parse(await fsp.readFile(rootfsModeFile(stateDir), 'utf8')) as Partial<RootfsModeProbe>;
+    if ((doc.mode === 'overlay' || doc.mode === 'copy') && typeof doc.reason === 'string') return { mode: doc.mode, reason: doc.reason };
+  } catch {
+    // Missing or unreadable: not decided yet as far as anyone can tell.
+  }
+  return undefined;
+}

@@ -3,6 +3,7 @@ import { promises as fsp } from 'node:fs';
 import path from 'node:path';
 import { raceAbort } from '../common/abort.js';
 import { invalid, notFound, precondition } from '../common/errors.js';
+import { writeFileAtomic } from '../common/fsutil.js';
 import type { Logger } from '../common/logger.js';
 import { abortReason, operationScope } from './abort.js';
 import { filterImages, lookupImage, namesFromPull, recordsAfterPull, toImageMessage } from './catalog.js';
@@ -21,7 +22,7 @@ import type {
 } from './cri-types.js';
 import { type Digest, digestHex } from './digest.js';
 import { LayerStore } from './layers.js';
-import { probeOverlay, type RootfsMode, type RootfsModeProbe } from './overlay-probe.js';
+import { probeOverlay, type RootfsMode, type RootfsModeProbe, rootfsModeFile } from './overlay-probe.js';
 import { type FetchedImage, fetchImage, type PullContext } from './pull.js';
 import { formatReference, parseReference } from './reference.js';
 import { type Credentials, credentialsFromAuthConfig } from './registry/auth.js';
@@ -126,6 +127,7 @@ export class ImageService {
     this.modeProbe =
       wanted === 'auto' ? await probeOverlay(this.layers.dir) : { mode: wanted, reason: wanted === 'copy' ? 'configured' : '' };
     if (this.modeProbe.mode === 'copy') this.opts.logger.warn({ reason: this.modeProbe.reason }, 'container root filesystems are copies');
+    await writeFileAtomic(rootfsModeFile(this.opts.stateDir), JSON.stringify(this.modeProbe));
     const registries = await loadRegistriesConfig(this.opts.registriesConfigPath);
     this.client = new RegistryClient({ registries, logger: this.opts.logger.child({ component: 'registry' }) });
     this.pinned = new Set();

@@ -60,7 +60,8 @@ describe('container root filesystems as overlays of shared layers', () => {
     });
     await new RegistryPusher(registry.url).pushImage('kata/layered', '1', built);
     image = `${registry.host}/kata/layered:1`;
-    rt = await createTestRuntime({ images: { registriesConfigPath: '/dev/null' } });
+    // A shared two-core machine boots slowly when other VMs run: the ready wait scales like the test's bounds.
+    rt = await createTestRuntime({ images: { registriesConfigPath: '/dev/null' }, hypervisor: { readyTimeoutMs: scaledMs(180_000) } });
     await allowLoopbackRegistries(rt);
     await rt.start();
     await rt.cri.image.PullImage({ image: { image } });
