@@ -86,6 +86,22 @@ describe('layers unpacked once, shared by images', () => {
     await expect(fsp.stat(dir)).rejects.toMatchObject({ code: 'ENOENT' });
   });
 
+  it('a failed overlay create rolls back: a missing layer leaves no directory, link or mount; an existing dir is refused', async () => {
+    const dir = path.join(h.stateDir, 'rootfs', 'c2');
+    const source = h.service.rootfsSourceFor(appA.id);
+    if (source.kind !== 'layers') throw new Error('expected a layered image');
+    await expect(
+      createContainerRootfs({ kind: 'layers', lowerDirs: [...source.lowerDirs, path.join(layersDir(), 'f'.repeat(64))] }, dir),
+    ).rejects.toMatchObject({
+      reason: 'IMAGE_LAYER_MISSING',
+    });
+    await expect(fsp.stat(dir)).rejects.toMatchObject({ code: 'ENOENT' });
+    await fsp.mkdir(dir, { recursive: true });
+    await expect(createContainerRootfs(source, dir)).rejects.toMatchObject({ kind: 'exists', reason: 'SNAPSHOT_EXISTS' });
+    expect(await isMountPoint(path.join(dir, 'merged'))).toBe(false);
+    await fsp.rmdir(dir);
+  });
+
   it('a restart finds the layered images; RemoveImage removes the layers no image holds and keeps the shared one', async () => {
     h.service = await h.restart();
     expect(h.service.rootfsSourceFor(appB.id)).toEqual({
