@@ -40,6 +40,12 @@ export interface CreateHost extends Pick<ContainerLookup, 'inSandbox' | 'growthF
   claimId(id: string): () => void;
   /** The record is stored: make it visible (map, CREATED event). */
   register(record: ContainerRecord): void;
+  /**
+   * Count an image and the layers its overlay will stack as in use from lookup until the record is
+   * registered or the create failed (call the returned release then): a RemoveImage meanwhile is
+   * refused, and no collection removes those layers under the new mount.
+   */
+  holdImage(imageId: string, layerDirs: readonly string[]): () => void;
 }
 
 /**
@@ -120,12 +126,16 @@ async function createInSandbox(
   const log = ctx.logger.child({ containerId: id, name });
   // Every step that changed something pushes its undo; a failure runs them newest first.
   const undo = new RollbackSteps(log);
+  // Released once the record is registered (it then counts as in use itself) or rolled back.
+  let releaseImage = (): void => {};
   try {
     // The caller's root filesystem is used as it is and never removed, not even by a rollback.
     if (rootfsOwner === 'runtime') {
       // An overlay of the image's layers where overlays work, else a copy (src/images/rootfs.ts).
       const dir = rootfs;
-      const made = await createContainerRootfs(deps.images.rootfsSourceFor(image.id), dir, { signal: ctx.signal, logger: log });
+      const source = deps.images.rootfsSourceFor(image.id);
+      releaseImage = host.holdImage(image.id, source.kind === 'layers' ? source.lowerDirs : []);
+      const made = await createContainerRootfs(source, dir, { signal: ctx.signal, logger: log });
       rootfs = made.path;
       rootfsOverlay = made.overlay;
       const overlay = made.overlay;
@@ -191,6 +201,8 @@ async function createInSandbox(
     // The sandbox record tells what the VM has after the rollback (a vCPU stays plugged).
     if (changedSandbox) await undo.attempt('save sandbox record', () => sandbox.persist());
     throw err;
+  } finally {
+    releaseImage();
   }
 }
 

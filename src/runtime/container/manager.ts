@@ -46,6 +46,8 @@ export class ContainerManager implements SandboxListener, ContainerLookup {
   private readonly containers = new Map<string, ContainerRecord>();
   /** Caller's ids of creates in progress (see CreateHost.claimId). */
   private readonly claimedIds = new Set<string>();
+  /** Images and layer directories of creates between image lookup and registration (see CreateHost.holdImage). */
+  private readonly held: Array<{ imageId: string; layers: string[] }> = [];
   readonly events = new ContainerEvents();
   readonly tasks: ContainerTasks;
 
@@ -135,6 +137,7 @@ export class ContainerManager implements SandboxListener, ContainerLookup {
   layersInUse(): Set<string> {
     const out = new Set<string>();
     for (const c of this.containers.values()) for (const d of c.rootfsOverlay?.lowerDirs ?? []) out.add(path.basename(d));
+    for (const h of this.held) for (const d of h.layers) out.add(path.basename(d));
     return out;
   }
 
@@ -152,7 +155,7 @@ export class ContainerManager implements SandboxListener, ContainerLookup {
 
   isImageInUse(imageId: string): boolean {
     for (const c of this.containers.values()) if (c.image.id === imageId) return true;
-    return false;
+    return this.held.some((h) => h.imageId === imageId);
   }
 
   resolve(idOrPrefix: string): ContainerRecord {
@@ -190,6 +193,14 @@ export class ContainerManager implements SandboxListener, ContainerLookup {
           if (this.containers.has(id) || this.claimedIds.has(id)) throw alreadyExists('CONTAINER_EXISTS', `container ${id} already exists`);
           this.claimedIds.add(id);
           return () => this.claimedIds.delete(id);
+        },
+        holdImage: (imageId, layerDirs) => {
+          const entry = { imageId, layers: [...layerDirs] };
+          this.held.push(entry);
+          return () => {
+            const i = this.held.indexOf(entry);
+            if (i >= 0) this.held.splice(i, 1);
+          };
         },
         register: (record) => {
           this.containers.set(record.id, record);
