@@ -24,6 +24,7 @@ step() { printf '\n==> %s\n' "$*"; }
 # networking; shellcheck for scripts/test.sh's lint step.
 APT_PACKAGES=(
   qemu-system-x86 busybox-static cpio kmod zstd xz-utils
+  attr # setfattr: overlay opaque directories when layers are unpacked (src/images/unpack-applier.ts)
   crun erofs-utils binutils gcc libc6-dev
   docker-registry skopeo umoci apache2-utils
   systemd dbus util-linux iproute2 procps

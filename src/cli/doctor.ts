@@ -5,6 +5,7 @@ import { createLogger } from '../common/logger.js';
 import type { KataConfig } from '../config/types.js';
 import { probeQemuSandbox, probeSetpriv } from '../hypervisor/confine-probe.js';
 import { QEMU_SECCOMP_SANDBOX } from '../hypervisor/index.js';
+import { readRootfsMode } from '../images/overlay-probe.js';
 import { NETNS_DIR, networkReadiness } from '../network/index.js';
 import { readHostInventory } from '../pcie/index.js';
 import { gatherFacts } from '../runtime/gather-facts.js';
@@ -110,6 +111,15 @@ export async function runDoctorChecks(
   } catch (err) {
     checks.push({ name: 'iommu', verdict: 'fail', message: errorMessage(err) });
   }
+  // Decided by the daemon's own probe at its start (a mount in its namespace), not probed here.
+  const rootfs = await readRootfsMode(config.stateDir);
+  checks.push(
+    rootfs === undefined
+      ? { name: 'container-rootfs', verdict: 'ok', message: 'not decided yet: the daemon probes overlayfs at its start' }
+      : rootfs.mode === 'overlay'
+        ? { name: 'container-rootfs', verdict: 'ok', message: 'overlay of shared image layers' }
+        : { name: 'container-rootfs', verdict: 'warn', message: `copies of each image (cp): ${rootfs.reason}` },
+  );
   // The daemon's mounts are in the runtime's namespace: the audit reads that mount table.
   let mountinfo: string | undefined;
   try {

@@ -136,7 +136,7 @@ async function composeDaemon(options: DaemonOptions, releaseLock: () => Promise<
     sandboxes,
     images: {
       resolveImage: (ref) => images.resolveImage(ref),
-      rootfsFor: (id) => images.rootfsFor(id),
+      rootfsSourceFor: (id) => images.rootfsSourceFor(id),
       imageConfig: (id) => images.imageConfig(id),
     },
     host,
@@ -148,6 +148,7 @@ async function composeDaemon(options: DaemonOptions, releaseLock: () => Promise<
     registriesConfigPath: config.images.registriesConfigPath,
     logger,
     isImageInUse: (imageId) => containers.isImageInUse(imageId),
+    layersInUse: () => containers.layersInUse(),
   });
   const resize = new ResourceUpdates({ config, host, sandboxes, containers, store: containerStore });
   await sandboxes.recover();

@@ -106,6 +106,8 @@ export interface PulledImageFacts {
   sizeBytes: number;
   uid: number | null;
   username: string;
+  /** How this pull unpacked it (a re-pull in overlay mode turns a flat image into a layered one). */
+  unpacked: ImageRecord['unpacked'];
 }
 
 /**
@@ -137,10 +139,12 @@ export function recordsAfterPull(
       pinned: false,
       annotations,
       pulledAt: now.toISOString(),
+      unpacked: pulled.unpacked,
     };
     records.push(record);
-  } else if (Object.keys(annotations).length > 0) {
-    record.annotations = annotations;
+  } else {
+    if (Object.keys(annotations).length > 0) record.annotations = annotations;
+    record.unpacked = pulled.unpacked;
   }
   const tag = names.tag;
   if (tag !== undefined) {

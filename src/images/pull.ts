@@ -5,6 +5,8 @@ import { pathExists } from '../common/fsutil.js';
 import type { Logger } from '../common/logger.js';
 import { abortReason, throwIfAborted } from './abort.js';
 import { type Digest, digestHex } from './digest.js';
+import type { LayerStore } from './layers.js';
+import type { RootfsMode } from './overlay-probe.js';
 import { formatReference, type ImageReference, manifestReferenceOf } from './reference.js';
 import type { Credentials } from './registry/auth.js';
 import type { ImageSession, RegistryClient } from './registry/client.js';
@@ -28,6 +30,10 @@ export interface PullContext {
   blobs: BlobStore;
   /** `<stateDir>/images/rootfs` */
   rootfsDir: string;
+  /** `<stateDir>/images/layers` */
+  layers: LayerStore;
+  /** overlay: each layer unpacked on its own (shared); copy: one flat tree per image. */
+  mode: RootfsMode;
   leases: LeaseSet;
   platform: Platform;
   logger: Logger;
@@ -48,6 +54,7 @@ export interface FetchedImage {
   sizeBytes: number;
   uid: number | null;
   username: string;
+  unpacked: 'layers' | 'flat';
   /** Release the leases protecting this image's blobs from GC; call after committing. */
   release: () => void;
 }
@@ -124,7 +131,7 @@ export async function fetchImage(
   }
   const manifest: ImageManifest = doc.manifest;
   const platformManifest = documents[documents.length - 1] ?? top;
-  const release = ctx.leases.acquire([
+  let release = ctx.leases.acquire([
     ...documents.map((d) => d.digest),
     manifest.config.digest,
     ...manifest.layers.map((l) => l.digest),
@@ -154,14 +161,21 @@ export async function fetchImage(
 
     const id = manifest.config.digest;
     const rootfsName = digestHex(id);
-    if (!(await pathExists(path.join(ctx.rootfsDir, rootfsName)))) {
+    const chain = manifest.layers.map((l, i) => ({ digest: l.digest, diffId: diffIds[i] as Digest, file: ctx.blobs.pathOf(l.digest) }));
+    if (ctx.mode === 'overlay') {
+      // Held until the record is committed, like the blobs: a GC meanwhile keeps these layers.
+      const releaseLayers = ctx.leases.acquire(chain.map((l) => `layer:${digestHex(l.diffId)}`));
+      const releaseBlobs = release;
+      release = () => {
+        releaseBlobs();
+        releaseLayers();
+      };
       throwIfAborted(signal);
-      const unpacked = await unpackImage(
-        ctx.rootfsDir,
-        rootfsName,
-        manifest.layers.map((l, i) => ({ digest: l.digest, diffId: diffIds[i] as Digest, file: ctx.blobs.pathOf(l.digest) })),
-        { signal, logger },
-      );
+      const unpacked = await ctx.layers.ensure(chain, { signal, logger });
+      logger.info({ layers: chain.length, unpacked }, 'layers unpacked');
+    } else if (!(await pathExists(path.join(ctx.rootfsDir, rootfsName)))) {
+      throwIfAborted(signal);
+      const unpacked = await unpackImage(ctx.rootfsDir, rootfsName, chain, { signal, logger });
       logger.info({ rootfs: unpacked.path, layers: unpacked.layers.length }, 'root filesystem unpacked');
     }
     const user = imageUser(config);
@@ -179,6 +193,7 @@ export async function fetchImage(
       sizeBytes: platformManifest.bytes.length + manifest.config.size + layersTotalBytes,
       uid: user.uid,
       username: user.username,
+      unpacked: ctx.mode === 'overlay' ? 'layers' : 'flat',
       release,
     };
   } catch (err) {

@@ -2,7 +2,8 @@ import { createHash } from 'node:crypto';
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
 import { raceAbort } from '../common/abort.js';
-import { invalid, precondition } from '../common/errors.js';
+import { invalid, notFound, precondition } from '../common/errors.js';
+import { writeFileAtomic } from '../common/fsutil.js';
 import type { Logger } from '../common/logger.js';
 import { abortReason, operationScope } from './abort.js';
 import { filterImages, lookupImage, namesFromPull, recordsAfterPull, toImageMessage } from './catalog.js';
@@ -20,12 +21,15 @@ import type {
   RemoveImageResponseMessage,
 } from './cri-types.js';
 import { type Digest, digestHex } from './digest.js';
+import { LayerStore } from './layers.js';
+import { probeOverlay, type RootfsMode, type RootfsModeProbe, rootfsModeFile } from './overlay-probe.js';
 import { type FetchedImage, fetchImage, type PullContext } from './pull.js';
 import { formatReference, parseReference } from './reference.js';
 import { type Credentials, credentialsFromAuthConfig } from './registry/auth.js';
 import { RegistryClient } from './registry/client.js';
 import { loadRegistriesConfig } from './registry/config.js';
 import type { Platform } from './registry/manifests.js';
+import type { RootfsSource } from './rootfs.js';
 import { BlobStore } from './store/blobs.js';
 import { collectGarbage } from './store/gc.js';
 import { LeaseSet, Mutex } from './store/mutex.js';
@@ -40,6 +44,16 @@ export interface ImageServiceOptions {
   logger: Logger;
   /** True while a container uses the image (RemoveImage then answers FAILED_PRECONDITION). */
   isImageInUse: (imageId: string) => boolean;
+  /**
+   * The layer directories containers' overlays stack now (diff id hex): never collected, even
+   * when no image holds them any more. None when absent.
+   */
+  layersInUse?: () => Iterable<string>;
+  /**
+   * How containers' root filesystems are made: `auto` (default) probes overlayfs once at init and
+   * falls back to `copy` where it does not work; `overlay` and `copy` force one (tests, bench).
+   */
+  rootfsMode?: RootfsMode | 'auto';
   /** The platform picked from multi-arch indexes; linux/amd64 by default. */
   platform?: Platform;
   /** References whose images are reported pinned (kept by the kubelet's image GC), e.g. the pause image. */
@@ -78,7 +92,9 @@ function credentialsKey(c: Credentials | undefined): string {
 export class ImageService {
   readonly root: string;
   readonly rootfsDir: string;
+  readonly layers: LayerStore;
   private readonly blobs: BlobStore;
+  private modeProbe: RootfsModeProbe = { mode: 'copy', reason: 'ImageService.init() was not called' };
   private readonly recordFile: ImageRecordFile;
   private readonly leases = new LeaseSet();
   private readonly mutex = new Mutex();
@@ -92,6 +108,7 @@ export class ImageService {
   constructor(private readonly opts: ImageServiceOptions) {
     this.root = path.join(opts.stateDir, 'images');
     this.rootfsDir = path.join(this.root, 'rootfs');
+    this.layers = new LayerStore(path.join(this.root, 'layers'));
     this.blobs = new BlobStore(this.root);
     this.recordFile = new ImageRecordFile(this.root);
   }
@@ -105,6 +122,12 @@ export class ImageService {
     await fsp.mkdir(this.root, { recursive: true, mode: 0o700 });
     await this.blobs.init();
     await fsp.mkdir(this.rootfsDir, { recursive: true, mode: 0o700 });
+    await this.layers.init();
+    const wanted = this.opts.rootfsMode ?? 'auto';
+    this.modeProbe =
+      wanted === 'auto' ? await probeOverlay(this.layers.dir) : { mode: wanted, reason: wanted === 'copy' ? 'configured' : '' };
+    if (this.modeProbe.mode === 'copy') this.opts.logger.warn({ reason: this.modeProbe.reason }, 'container root filesystems are copies');
+    await writeFileAtomic(rootfsModeFile(this.opts.stateDir), JSON.stringify(this.modeProbe));
     const registries = await loadRegistriesConfig(this.opts.registriesConfigPath);
     this.client = new RegistryClient({ registries, logger: this.opts.logger.child({ component: 'registry' }) });
     this.pinned = new Set();
@@ -124,15 +147,26 @@ export class ImageService {
     }
     this.records = intact;
     if (intact.length !== loaded.length) await this.recordFile.save(this.records);
-    await collectGarbage({
+    await this.collect(true);
+    this.opts.logger.info({ images: this.records.length, root: this.root, rootfsMode: this.modeProbe.mode }, 'image store ready');
+  }
+
+  /** How containers' root filesystems are made here, and why (decided once, at init). */
+  get rootfsMode(): RootfsModeProbe {
+    return { ...this.modeProbe };
+  }
+
+  private collect(includeTemp: boolean) {
+    return collectGarbage({
       blobs: this.blobs,
       rootfsDir: this.rootfsDir,
+      layers: this.layers,
       records: this.records,
       leases: this.leases,
-      includeTemp: true,
+      layersInUse: new Set(this.opts.layersInUse?.() ?? []),
+      includeTemp,
       logger: this.opts.logger,
     });
-    this.opts.logger.info({ images: this.records.length, root: this.root }, 'image store ready');
   }
 
   /** Close registry connections. Pulls still running are not waited for. */
@@ -142,7 +176,8 @@ export class ImageService {
 
   private async isIntact(record: ImageRecord): Promise<boolean> {
     try {
-      await fsp.access(path.join(this.rootfsDir, digestHex(record.id)));
+      if (record.unpacked === 'flat') await fsp.access(path.join(this.rootfsDir, digestHex(record.id)));
+      else for (const l of record.layers) await fsp.access(this.layers.pathOf(l.diffId));
       for (const d of [record.id, record.manifestDigest, ...record.layers.map((l) => l.digest)]) {
         if (!(await this.blobs.has(d))) return false;
       }
@@ -158,6 +193,8 @@ export class ImageService {
       client: this.client,
       blobs: this.blobs,
       rootfsDir: this.rootfsDir,
+      layers: this.layers,
+      mode: this.modeProbe.mode,
       leases: this.leases,
       platform: this.opts.platform ?? { os: 'linux', architecture: 'amd64' },
       logger: this.opts.logger,
@@ -248,9 +285,29 @@ export class ImageService {
     return lookupImage(this.records, ref)?.record;
   }
 
-  /** The unpacked root filesystem of an image (read-only for callers: snapshot it per container). */
+  /** The flat tree of an image unpacked flat (copy mode, older stores); read-only for callers. */
   rootfsFor(imageId: string): string {
     return path.join(this.rootfsDir, digestHex(imageId as Digest));
+  }
+
+  /**
+   * What a container's root filesystem is made from: the image's layer directories (top first)
+   * for an overlay when the store unpacked it in layers and overlays work here, else its flat tree
+   * to copy. NOT_FOUND IMAGE_NOT_FOUND for an image the store does not hold; FAILED_PRECONDITION
+   * ROOTFS_OVERLAY_UNAVAILABLE for a layered image on a host where overlays stopped working (pull
+   * it again to unpack it flat).
+   */
+  rootfsSourceFor(imageId: string): RootfsSource {
+    const record = this.records.find((r) => r.id === imageId);
+    if (record === undefined) throw notFound('IMAGE_NOT_FOUND', `image ${imageId} is not in the store`);
+    if (record.unpacked === 'flat') return { kind: 'flat', dir: this.rootfsFor(record.id) };
+    if (this.modeProbe.mode !== 'overlay') {
+      throw precondition(
+        'ROOTFS_OVERLAY_UNAVAILABLE',
+        `image ${imageId} is unpacked in layers but overlays do not work here (${this.modeProbe.reason}); remove and pull it again`,
+      );
+    }
+    return { kind: 'layers', lowerDirs: [...record.layers].reverse().map((l) => this.layers.pathOf(l.diffId)) };
   }
 
   /**
@@ -280,7 +337,8 @@ export class ImageService {
         manifestDigest: record.manifestDigest,
         manifestMediaType: record.manifestMediaType,
         layers: record.layers,
-        rootfs: this.rootfsFor(record.id),
+        unpacked: record.unpacked,
+        rootfs: record.unpacked === 'flat' ? this.rootfsFor(record.id) : record.layers.map((l) => this.layers.pathOf(l.diffId)),
         pulledAt: record.pulledAt,
         imageSpec: config,
       });
@@ -332,14 +390,7 @@ export class ImageService {
     await this.recordFile.save(next);
     this.records = next;
     this.opts.logger.info({ id: record.id, repoTags: record.repoTags, blobs: referencedBlobs(record).length }, 'image removed');
-    await collectGarbage({
-      blobs: this.blobs,
-      rootfsDir: this.rootfsDir,
-      records: next,
-      leases: this.leases,
-      includeTemp: false,
-      logger: this.opts.logger,
-    });
+    await this.collect(false);
   }
 
   /** ImageFsInfo: allocated bytes and inodes of `<stateDir>/images` (blobs and unpacked trees). */

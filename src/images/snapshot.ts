@@ -7,16 +7,15 @@ import { pathExists } from '../common/fsutil.js';
 import { abortReason, throwIfAborted } from './abort.js';
 
 /**
- * Make a container's private root filesystem from an image's unpacked rootfs.
+ * Make a container's private root filesystem as a copy of an image's flat tree: the fallback
+ * where overlayfs does not work, and for images an older kata-ts unpacked flat (rootfs.ts makes
+ * an overlay of the image's layers everywhere else; docs/images.md).
  *
- * Why a copy (`cp -a --reflink=auto`) and not hard links or an overlay mount:
- * - hard links share inodes, so a container writing a file in place (O_RDWR, O_TRUNC, chmod,
- *   chown through 9p from the guest) would change the image for every other container;
- * - an overlayfs mount on the host would work but adds mount state that must be torn down on
- *   every failure path and after a crash, and 9p would re-export it;
- * - `cp -a` keeps everything the image had (modes, owners, mtimes, symlinks, hard links within
- *   the tree, device nodes, xattrs, which node's fs API cannot all reproduce), and with
- *   `--reflink=auto` it is a constant-time copy-on-write clone on btrfs/XFS, a plain copy elsewhere.
+ * Why a copy (`cp -a --reflink=auto`) and not hard links: hard links share inodes, so a container
+ * writing a file in place (O_RDWR, O_TRUNC, chmod, chown through virtio-fs from the guest) would
+ * change the image for every other container. `cp -a` keeps everything the image had (modes,
+ * owners, mtimes, symlinks, hard links within the tree, device nodes, xattrs), and with
+ * `--reflink=auto` it is a constant-time copy-on-write clone on btrfs/XFS, a plain copy elsewhere.
  *
  * The copy goes to a temporary sibling and is renamed into place, so `dest` either does not
  * exist or is complete. ALREADY_EXISTS when `dest` exists.

@@ -11,6 +11,9 @@ import { type EntryContext, entryRelativePath, resolveInRoot } from './unpack-pa
 
 const execFileAsync = promisify(execFile);
 
+/** The xattr overlayfs reads to hide everything lower in a directory. */
+export const OVERLAY_OPAQUE_XATTR = 'trusted.overlay.opaque';
+
 /** What one layer did to the tree. */
 export interface LayerStats {
   entries: number;
@@ -37,6 +40,19 @@ export interface ApplyLayerOptions {
   expectedDiffId?: Digest;
   signal?: AbortSignal;
   logger?: Logger;
+  /**
+   * `apply` (default): whiteouts delete what lower layers put in the same tree (a flat root
+   * filesystem). `overlay`: the layer is unpacked on its own, for an overlay mount, and its
+   * whiteouts become overlayfs's: a 0/0 character device for `.wh.<name>`, the xattr
+   * `trusted.overlay.opaque` = `y` on the directory of `.wh..wh..opq`.
+   */
+  whiteouts?: 'apply' | 'overlay';
+  /**
+   * With `overlay`: the layers below, top first. A directory this layer needs but does not
+   * carry (a parent of one of its entries) takes its mode and owner from the first of them that
+   * has it, as the merged view would show it; 0755 root otherwise.
+   */
+  parents?: readonly string[];
 }
 
 /** A tar header as tar-stream yields it (fields may be missing in hand-made archives). */
@@ -83,6 +99,20 @@ export class LayerApplier {
     this.ctx = { layer: opts.layer };
   }
 
+  /** A directory made implicitly: in overlay mode its metadata comes from the layers below. */
+  private readonly onCreated = async (rel: string, hostPath: string): Promise<void> => {
+    if (this.opts.whiteouts !== 'overlay') return;
+    for (const lower of this.opts.parents ?? []) {
+      const st = await fsp.lstat(path.join(lower, rel)).catch(() => undefined);
+      if (st === undefined) continue;
+      // A non-directory below is replaced by this directory: nothing to copy.
+      if (!st.isDirectory()) return;
+      await this.own(hostPath, { name: rel, uid: st.uid, gid: st.gid });
+      await fsp.chmod(hostPath, st.mode & 0o7777);
+      return;
+    }
+  };
+
   private markWritten(hostPath: string): void {
     this.written.add(hostPath);
     for (let p = path.dirname(hostPath); p.length > this.root.length; p = path.dirname(p)) this.aboveWritten.add(p);
@@ -103,10 +133,15 @@ export class LayerApplier {
     if (base.startsWith('.wh.')) {
       await drain(body);
       if (base === '.wh..wh..opq') await this.opaque(dirRel, name);
-      else await this.whiteout(dirRel, base.slice('.wh.'.length), name);
+      else await this.whiteout(dirRel, base.slice('.wh.'.length), name, header);
       return;
     }
-    const parent = (await resolveInRoot(this.root, dirRel, this.ctx, { createMissing: true, followLast: true, entry: name })) as string;
+    const parent = (await resolveInRoot(this.root, dirRel, this.ctx, {
+      createMissing: true,
+      followLast: true,
+      entry: name,
+      onCreated: this.onCreated,
+    })) as string;
     const target = path.join(parent, base);
     switch (type) {
       case 'directory':
@@ -246,14 +281,15 @@ export class LayerApplier {
     }
   }
 
-  private async whiteout(dirRel: string, name: string, entryName: string): Promise<void> {
-    if (name === '' || name === '.' || name === '..') {
+  private async whiteout(dirRel: string, name: string, entryName: string, header?: Headers): Promise<void> {
+    if (name === '' || name === '.' || name === '..' || name.includes('/')) {
       throw invalid(
         'IMAGE_LAYER_INVALID_ENTRY',
         `layer ${this.opts.layer} entry ${JSON.stringify(entryName)} is a whiteout without a name`,
       );
     }
     this.stats.whiteouts++;
+    if (this.opts.whiteouts === 'overlay') return this.overlayWhiteout(dirRel, name, entryName, header);
     const parent = await resolveInRoot(this.root, dirRel, this.ctx, { createMissing: false, followLast: true, entry: entryName });
     if (parent === undefined) return;
     const target = path.join(parent, name);
@@ -265,8 +301,40 @@ export class LayerApplier {
 
   private async opaque(dirRel: string, entryName: string): Promise<void> {
     this.stats.opaqueDirs++;
-    const dir = (await resolveInRoot(this.root, dirRel, this.ctx, { createMissing: true, followLast: true, entry: entryName })) as string;
+    const dir = (await resolveInRoot(this.root, dirRel, this.ctx, {
+      createMissing: true,
+      followLast: true,
+      entry: entryName,
+      onCreated: this.onCreated,
+    })) as string;
+    if (this.opts.whiteouts === 'overlay') {
+      if (dir === this.root) {
+        throw invalid('IMAGE_LAYER_INVALID_ENTRY', `layer ${this.opts.layer} entry ${JSON.stringify(entryName)} makes the root opaque`);
+      }
+      // node has no setxattr(2); attr's setfattr does it. `trusted.*` needs CAP_SYS_ADMIN (the daemon's).
+      await execFileAsync('setfattr', ['-n', OVERLAY_OPAQUE_XATTR, '-v', 'y', '--', dir]);
+      return;
+    }
     await this.pruneLower(dir);
+  }
+
+  /**
+   * overlayfs's whiteout: a character device 0/0 with the whiteout's owner where the deleted
+   * name was. What this very layer wrote under that name stays (the whiteout hides lower layers
+   * only); a later entry of this layer with that name replaces the device.
+   */
+  private async overlayWhiteout(dirRel: string, name: string, entryName: string, header: Headers | undefined): Promise<void> {
+    const parent = (await resolveInRoot(this.root, dirRel, this.ctx, {
+      createMissing: true,
+      followLast: true,
+      entry: entryName,
+      onCreated: this.onCreated,
+    })) as string;
+    const target = path.join(parent, name);
+    if (this.written.has(target) || this.aboveWritten.has(target)) return;
+    await fsp.rm(target, { recursive: true, force: true });
+    await execFileAsync('mknod', ['-m', '0', '--', target, 'c', '0', '0']);
+    await this.own(target, { name: entryName, uid: header?.uid ?? 0, gid: header?.gid ?? 0 });
   }
 
   /** Delete everything under `dir` that lower layers put there, keeping this layer's entries. */

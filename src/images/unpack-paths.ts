@@ -45,7 +45,13 @@ export async function resolveInRoot(
   root: string,
   rel: string,
   ctx: EntryContext,
-  opts: { createMissing: boolean; followLast: boolean; entry: string },
+  opts: {
+    createMissing: boolean;
+    followLast: boolean;
+    entry: string;
+    /** Called for each directory made here (root-relative path): a layer unpacked on its own copies its metadata from below. */
+    onCreated?: (rel: string, hostPath: string) => Promise<void>;
+  },
 ): Promise<string | undefined> {
   const stack: string[] = [];
   const queue = rel.split('/').filter((p) => p !== '' && p !== '.');
@@ -71,6 +77,7 @@ export async function resolveInRoot(
       if (!opts.createMissing) return undefined;
       await fsp.mkdir(hostPath, { mode: 0o755 });
       stack.push(component);
+      await opts.onCreated?.(stack.join('/'), hostPath);
       continue;
     }
     if (st.isSymbolicLink() && (!isLast || opts.followLast)) {

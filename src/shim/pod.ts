@@ -45,7 +45,7 @@ export function cgroupDriverForPath(cgroupsPath: string | null | undefined): Cgr
  */
 const NO_IMAGES: ImageLookup = {
   resolveImage: () => undefined,
-  rootfsFor: (imageId) => {
+  rootfsSourceFor: (imageId) => {
     throw precondition('SHIM_NO_IMAGE_STORE', `image ${imageId}: the shim has no image store; containerd passes each container's rootfs.`);
   },
   imageConfig: async () => null,

@@ -139,6 +139,9 @@ export async function startImageService(
       registriesConfigPath: registriesFile,
       logger: extra.logger ?? silentLogger(),
       isImageInUse: (id) => inUse.has(id),
+      // These tests read unpacked images as flat trees (rootfsFor): copy mode, unless a test asks
+      // for the overlay layout (test/integration/images/layers.test.ts).
+      rootfsMode: 'copy',
       ...rest,
     });
     await svc.init();

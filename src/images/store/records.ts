@@ -38,11 +38,35 @@ export interface ImageRecord {
   annotations: Record<string, string>;
   /** ISO-8601 time of the first pull. */
   pulledAt: string;
+  /**
+   * How the image is unpacked: `layers`, each layer in its own shared directory
+   * (`layers/<diff id hex>`, for overlay root filesystems); `flat`, one merged tree
+   * (`rootfs/<id hex>`, copied per container: copy mode, and every image of an index of format 1).
+   */
+  unpacked: 'layers' | 'flat';
 }
 
+/** Format 2 added `unpacked`; format 1's images were all unpacked flat. */
+export const IMAGE_INDEX_VERSION = 2;
+
 export interface ImageIndexDocument {
-  version: 1;
+  version: typeof IMAGE_INDEX_VERSION;
   images: ImageRecord[];
+}
+
+/**
+ * An index document of an older format -> the current one (pure; anything that is not an older
+ * format is returned as it is, for the schema to judge). 1 -> 2: every image was unpacked flat.
+ */
+export function migrateImageIndex(doc: unknown): unknown {
+  if (typeof doc !== 'object' || doc === null) return doc;
+  const d = doc as { version?: unknown; images?: unknown };
+  if (d.version !== 1 || !Array.isArray(d.images)) return doc;
+  return {
+    ...d,
+    version: IMAGE_INDEX_VERSION,
+    images: d.images.map((i: unknown) => (typeof i === 'object' && i !== null ? { ...i, unpacked: 'flat' } : i)),
+  };
 }
 
 const digest = { type: 'string', pattern: '^sha256:[a-f0-9]{64}$' } as const;
@@ -53,7 +77,7 @@ export const imageIndexSchema = {
   additionalProperties: false,
   required: ['version', 'images'],
   properties: {
-    version: { const: 1 },
+    version: { const: IMAGE_INDEX_VERSION },
     images: {
       type: 'array',
       items: {
@@ -72,6 +96,7 @@ export const imageIndexSchema = {
           'pinned',
           'annotations',
           'pulledAt',
+          'unpacked',
         ],
         properties: {
           id: digest,
@@ -94,6 +119,7 @@ export const imageIndexSchema = {
           pinned: { type: 'boolean' },
           annotations: { type: 'object', additionalProperties: { type: 'string' } },
           pulledAt: { type: 'string' },
+          unpacked: { enum: ['layers', 'flat'] },
         },
       },
     },
@@ -123,6 +149,7 @@ export class ImageRecordFile {
     } catch (err) {
       throw internal('IMAGE_INDEX_CORRUPT', `image index ${this.file} is not valid JSON`, { cause: err });
     }
+    doc = migrateImageIndex(doc);
     const validate = validateIndex();
     if (!validate(doc)) {
       throw internal('IMAGE_INDEX_CORRUPT', `image index ${this.file} is invalid: ${describeSchemaErrors(validate.errors).join('; ')}`);
@@ -132,7 +159,7 @@ export class ImageRecordFile {
 
   async save(images: ImageRecord[]): Promise<void> {
     await fsp.mkdir(path.dirname(this.file), { recursive: true });
-    const doc: ImageIndexDocument = { version: 1, images };
+    const doc: ImageIndexDocument = { version: IMAGE_INDEX_VERSION, images };
     await writeFileAtomic(this.file, JSON.stringify(doc, null, 1));
   }
 }

@@ -10,7 +10,7 @@ import { alreadyExists, errorMessage, invalid, notFound, precondition } from '..
 import { CALLER_ID_MAX_LENGTH, isCallerId, newObjectId } from '../../common/ids.js';
 import type { Logger } from '../../common/logger.js';
 import type { VmProcess } from '../../hypervisor/index.js';
-import { createContainerSnapshot, removeContainerSnapshot } from '../../images/snapshot.js';
+import { createContainerRootfs, type OverlayRootfsRecord, removeContainerRootfs, removeContainerSnapshot } from '../../images/rootfs.js';
 import type { OciSpecInput } from '../../oci/index.js';
 import { admissionError, admitAnnounced, containerDemand } from '../admission/index.js';
 import type { RequestContext } from '../context.js';
@@ -40,6 +40,12 @@ export interface CreateHost extends Pick<ContainerLookup, 'inSandbox' | 'growthF
   claimId(id: string): () => void;
   /** The record is stored: make it visible (map, CREATED event). */
   register(record: ContainerRecord): void;
+  /**
+   * Count an image and the layers its overlay will stack as in use from lookup until the record is
+   * registered or the create failed (call the returned release then): a RemoveImage meanwhile is
+   * refused, and no collection removes those layers under the new mount.
+   */
+  holdImage(imageId: string, layerDirs: readonly string[]): () => void;
 }
 
 /**
@@ -115,15 +121,25 @@ async function createInSandbox(
 
   ctx.annotate({ containerId: id });
   const rootfsOwner = options.rootfs === undefined ? 'runtime' : 'caller';
-  const rootfs = options.rootfs ?? path.join(deps.config.stateDir, 'rootfs', id);
+  let rootfs = options.rootfs ?? path.join(deps.config.stateDir, 'rootfs', id);
+  let rootfsOverlay: OverlayRootfsRecord | null = null;
   const log = ctx.logger.child({ containerId: id, name });
   // Every step that changed something pushes its undo; a failure runs them newest first.
   const undo = new RollbackSteps(log);
+  // Released once the record is registered (it then counts as in use itself) or rolled back.
+  let releaseImage = (): void => {};
   try {
     // The caller's root filesystem is used as it is and never removed, not even by a rollback.
     if (rootfsOwner === 'runtime') {
-      await createContainerSnapshot(deps.images.rootfsFor(image.id), rootfs, { signal: ctx.signal });
-      undo.push('remove root filesystem', () => removeContainerSnapshot(rootfs));
+      // An overlay of the image's layers where overlays work, else a copy (src/images/rootfs.ts).
+      const dir = rootfs;
+      const source = deps.images.rootfsSourceFor(image.id);
+      releaseImage = host.holdImage(image.id, source.kind === 'layers' ? source.lowerDirs : []);
+      const made = await createContainerRootfs(source, dir, { signal: ctx.signal, logger: log });
+      rootfs = made.path;
+      rootfsOverlay = made.overlay;
+      const overlay = made.overlay;
+      undo.push('remove root filesystem', () => (overlay === null ? removeContainerSnapshot(dir) : removeContainerRootfs(overlay, log)));
     }
     const imageConfig = rootfsOwner === 'runtime' ? await deps.images.imageConfig(image.id) : null;
     const guest = await prepareContainerGuest(deps, sandbox, id, spec, imageConfig, rootfs, log, devices);
@@ -164,6 +180,7 @@ async function createInSandbox(
       logPath: options.stdio.kind === 'cri-log' ? logPathOf(sandbox.record.spec, spec) : '',
       rootfs,
       rootfsOwner,
+      rootfsOverlay,
       stdio: options.stdio,
       pid: 0,
       spec,
@@ -184,6 +201,8 @@ async function createInSandbox(
     // The sandbox record tells what the VM has after the rollback (a vCPU stays plugged).
     if (changedSandbox) await undo.attempt('save sandbox record', () => sandbox.persist());
     throw err;
+  } finally {
+    releaseImage();
   }
 }
 

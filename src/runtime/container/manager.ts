@@ -5,7 +5,7 @@ import { alreadyExists, cancelled, errorMessage, invalid, isKataError, notFound,
 import { resolveIdPrefix } from '../../common/ids.js';
 import type { Logger } from '../../common/logger.js';
 import { resolveHandler } from '../../config/handlers.js';
-import { removeContainerSnapshot } from '../../images/snapshot.js';
+import { ensureOverlayMounted, orphanRootfsDirs, removeContainerRootfs, removeContainerSnapshot } from '../../images/rootfs.js';
 import type { RequestContext } from '../context.js';
 import { planGrowth, type ResizePlan } from '../resize/index.js';
 import { nowNs, type SandboxRecord } from '../sandbox/record.js';
@@ -20,6 +20,13 @@ import type { ContainerRecord } from './record.js';
 import { unmountAndRemove } from './shared-dir.js';
 import { ContainerTasks } from './tasks.js';
 import type { ContainerCreateOptions, ContainerFilter, ContainerLookup, ContainerManagerDeps } from './types.js';
+
+/** Remove a runtime-owned root filesystem (overlay: unmounted first); a caller's stays. */
+async function removeRuntimeRootfs(record: ContainerRecord, logger: Logger): Promise<void> {
+  if (record.rootfsOwner !== 'runtime') return;
+  if (record.rootfsOverlay !== null) await removeContainerRootfs(record.rootfsOverlay, logger);
+  else await removeContainerSnapshot(record.rootfs);
+}
 
 /** A container's exit as a face reports it (containerd's Wait). */
 export interface ContainerExit {
@@ -39,6 +46,8 @@ export class ContainerManager implements SandboxListener, ContainerLookup {
   private readonly containers = new Map<string, ContainerRecord>();
   /** Caller's ids of creates in progress (see CreateHost.claimId). */
   private readonly claimedIds = new Set<string>();
+  /** Images and layer directories of creates between image lookup and registration (see CreateHost.holdImage). */
+  private readonly held: Array<{ imageId: string; layers: string[] }> = [];
   readonly events = new ContainerEvents();
   readonly tasks: ContainerTasks;
 
@@ -74,11 +83,20 @@ export class ContainerManager implements SandboxListener, ContainerLookup {
       const live = this.deps.sandboxes.find(r.sandboxId);
       if (live === undefined) {
         this.deps.logger.warn({ containerId: r.id, sandboxId: r.sandboxId }, 'container of a removed sandbox; removing it');
-        if (r.rootfsOwner === 'runtime') await removeContainerSnapshot(r.rootfs);
+        await removeRuntimeRootfs(r, this.deps.logger);
         await this.deps.store.delete(r.id);
         continue;
       }
       this.containers.set(r.id, r);
+      if (r.rootfsOverlay !== null) {
+        // Still mounted when the runtime's namespace outlived the daemon; mounted again otherwise.
+        try {
+          const how = await ensureOverlayMounted(r.rootfsOverlay);
+          if (how === 'remounted') this.deps.logger.info({ containerId: r.id }, 'container root filesystem mounted again');
+        } catch (err) {
+          this.deps.logger.error({ containerId: r.id, err: errorMessage(err) }, 'container root filesystem could not be mounted again');
+        }
+      }
       if (live.record.state !== 'SANDBOX_READY' && r.state !== 'CONTAINER_EXITED') {
         if (r.state === 'CONTAINER_CREATED') await this.markExited(r, ...NEVER_STARTED);
         else await this.markExited(r, ...VM_GONE);
@@ -92,6 +110,35 @@ export class ContainerManager implements SandboxListener, ContainerLookup {
         if (r.pid === 0) void this.learnPid(r, agent);
       }
     }
+    await this.tearDownOrphanOverlays();
+  }
+
+  /**
+   * An overlay root filesystem whose container has no record: a create that crashed between the
+   * mount and the record (the record is written last). Unmounted and removed; copies without a
+   * record are left for the orphan audit to report, as before.
+   */
+  private async tearDownOrphanOverlays(): Promise<void> {
+    const rootfsDir = path.join(this.deps.config.stateDir, 'rootfs');
+    for (const dir of await orphanRootfsDirs(rootfsDir, new Set(this.containers.keys()))) {
+      const upper = await fsp.stat(path.join(dir, 'upper')).catch(() => undefined);
+      const merged = await fsp.stat(path.join(dir, 'merged')).catch(() => undefined);
+      if (upper?.isDirectory() !== true || merged?.isDirectory() !== true) continue;
+      try {
+        await removeContainerRootfs({ dir, lowerDirs: [] }, this.deps.logger);
+        this.deps.logger.warn({ dir }, 'overlay root filesystem of no container torn down');
+      } catch (err) {
+        this.deps.logger.error({ dir, err: errorMessage(err) }, 'overlay root filesystem of no container could not be torn down');
+      }
+    }
+  }
+
+  /** The layer directories (diff id hex) the containers' overlays stack: the image store keeps them. */
+  layersInUse(): Set<string> {
+    const out = new Set<string>();
+    for (const c of this.containers.values()) for (const d of c.rootfsOverlay?.lowerDirs ?? []) out.add(path.basename(d));
+    for (const h of this.held) for (const d of h.layers) out.add(path.basename(d));
+    return out;
   }
 
   /** A running container recorded before pids were (format 4): the agent still knows it. */
@@ -108,7 +155,7 @@ export class ContainerManager implements SandboxListener, ContainerLookup {
 
   isImageInUse(imageId: string): boolean {
     for (const c of this.containers.values()) if (c.image.id === imageId) return true;
-    return false;
+    return this.held.some((h) => h.imageId === imageId);
   }
 
   resolve(idOrPrefix: string): ContainerRecord {
@@ -146,6 +193,14 @@ export class ContainerManager implements SandboxListener, ContainerLookup {
           if (this.containers.has(id) || this.claimedIds.has(id)) throw alreadyExists('CONTAINER_EXISTS', `container ${id} already exists`);
           this.claimedIds.add(id);
           return () => this.claimedIds.delete(id);
+        },
+        holdImage: (imageId, layerDirs) => {
+          const entry = { imageId, layers: [...layerDirs] };
+          this.held.push(entry);
+          return () => {
+            const i = this.held.indexOf(entry);
+            if (i >= 0) this.held.splice(i, 1);
+          };
         },
         register: (record) => {
           this.containers.set(record.id, record);
@@ -277,7 +332,7 @@ export class ContainerManager implements SandboxListener, ContainerLookup {
       );
     }
     // A caller's root filesystem is the caller's: never removed here (only unbound above).
-    if (record.rootfsOwner === 'runtime') await removeContainerSnapshot(record.rootfs);
+    await removeRuntimeRootfs(record, logger);
     await fsp.rm(this.tasks.logStatePath(record.id), { force: true });
     await this.deps.store.delete(record.id);
     this.containers.delete(record.id);

@@ -1,5 +1,6 @@
 import { CALLER_ID_MAX_LENGTH, CALLER_ID_PATTERN } from '../../common/ids.js';
 import type { GuestDevice } from '../../generated/agent/agent.js';
+import type { OverlayRootfsRecord } from '../../images/rootfs.js';
 import type { OciSpec } from '../../oci/index.js';
 import type { AdmissionDemand } from '../admission/index.js';
 import { CONTAINER_SPEC_SCHEMA, type ContainerSpec } from '../spec/container.js';
@@ -83,9 +84,18 @@ export interface ContainerRecord {
   annotations: Record<string, string>;
   /** Absolute: the sandbox's log_directory joined with the container's log_path ('' when neither). */
   logPath: string;
-  /** The container's root filesystem on the host: its own copy of the image, or the caller's (rootfsOwner). */
+  /**
+   * The container's root filesystem on the host: the mount point of its overlay, its own copy of
+   * the image, or the caller's (rootfsOwner).
+   */
   rootfs: string;
   rootfsOwner: RootfsOwner;
+  /**
+   * A runtime-owned overlay root filesystem: its directory (upper, work, links, mount point) and
+   * the layer directories it stacks, top first, to mount it again after a restart and to keep
+   * those layers from garbage collection. null for a copy or a caller's root filesystem.
+   */
+  rootfsOverlay: OverlayRootfsRecord | null;
   stdio: ContainerStdio;
   /** The container's process in the guest (the agent's pid for it), 0 until it started or when not known. */
   pid: number;
@@ -99,7 +109,8 @@ export interface ContainerRecord {
 }
 
 /**
- * Format 5 (this one) adds what a second face passes at create: `rootfsOwner` (a caller's root
+ * Format 6 (this one) adds `rootfsOverlay`: a container's root filesystem may be an overlay of
+ * its image's layers instead of a copy. Format 5 added what a second face passes at create: `rootfsOwner` (a caller's root
  * filesystem is never removed), `stdio` (the CRI log or the caller's FIFOs), the guest `pid`, and
  * ids as containerd spells them (CALLER_ID_PATTERN; kata-ts's own are 64 hex digits, which it
  * allows). Format 4 added `guest.guestDevices`: the devices travel in the agent API's
@@ -108,7 +119,7 @@ export interface ContainerRecord {
  * Format 2 stored the typed `spec`; format 1 stored the decoded ContainerConfig as `config`. Older
  * records are migrated on load (see migrateContainerRecord).
  */
-export const CONTAINER_RECORD_VERSION = 5;
+export const CONTAINER_RECORD_VERSION = 6;
 
 /** The annotation format 3 put the device requests in (agent API 1). */
 const LEGACY_DEVICES_ANNOTATION = 'io.kata-ts.guest-devices';
@@ -147,11 +158,12 @@ function migrateGuestPlan(guest: Record<string, unknown>): Record<string, unknow
 }
 
 /**
- * Format 1 to 4 -> current. 1 -> 2: `config` becomes `spec`. 2 -> 3: never started
+ * Format 1 to 5 -> current. 1 -> 2: `config` becomes `spec`. 2 -> 3: never started
  * (`startedAtNs` '0') and nothing prepared in the guest (`guest` null): such a container can be
  * stopped and removed, not started. 3 -> 4: the spec's device annotation becomes
  * `guest.guestDevices`. 4 -> 5: every older container has kata-ts's own snapshot
  * (`rootfsOwner` runtime) and its CRI log (`stdio` cri-log); its guest pid was not kept (0).
+ * 5 -> 6: every older root filesystem is a copy or the caller's (`rootfsOverlay` null).
  * Pure; throws when it cannot.
  */
 export function migrateContainerRecord(fromVersion: number, record: unknown): unknown {
@@ -169,7 +181,8 @@ export function migrateContainerRecord(fromVersion: number, record: unknown): un
     const { guest } = current;
     if (typeof guest === 'object' && guest !== null) current = { ...current, guest: migrateGuestPlan(guest as Record<string, unknown>) };
   }
-  return { ...current, rootfsOwner: 'runtime', stdio: { kind: 'cri-log' }, pid: 0 };
+  if (fromVersion <= 4) current = { ...current, rootfsOwner: 'runtime', stdio: { kind: 'cri-log' }, pid: 0 };
+  return { ...current, rootfsOverlay: null };
 }
 
 /** A container or sandbox id: containerd's identifiers (kata-ts's own 64 hex digits are some). */
@@ -200,6 +213,7 @@ export const CONTAINER_RECORD_KIND: RecordKind = {
       'logPath',
       'rootfs',
       'rootfsOwner',
+      'rootfsOverlay',
       'stdio',
       'pid',
       'spec',
@@ -229,6 +243,20 @@ export const CONTAINER_RECORD_KIND: RecordKind = {
       logPath: { type: 'string' },
       rootfs: { type: 'string' },
       rootfsOwner: { enum: ['runtime', 'caller'] },
+      rootfsOverlay: {
+        anyOf: [
+          { type: 'null' },
+          {
+            type: 'object',
+            additionalProperties: false,
+            required: ['dir', 'lowerDirs'],
+            properties: {
+              dir: { type: 'string', minLength: 1 },
+              lowerDirs: { type: 'array', minItems: 1, items: { type: 'string', minLength: 1 } },
+            },
+          },
+        ],
+      },
       stdio: {
         anyOf: [
           { type: 'object', additionalProperties: false, required: ['kind'], properties: { kind: { const: 'cri-log' } } },

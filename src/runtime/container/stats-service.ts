@@ -6,6 +6,7 @@
  */
 import { epochNs } from '../../common/time.js';
 import type { ContainerStatsEntry } from '../../generated/agent/agent.js';
+import { containerRootfsDirs } from '../../images/overlay-plan.js';
 import type { SandboxRecord } from '../sandbox/record.js';
 import type { LiveSandbox } from '../sandbox/types.js';
 import type { ContainerRecord } from './record.js';
@@ -44,7 +45,7 @@ export class StatsCollector {
       if (agent !== undefined && running.length > 0) {
         for (const e of await agent.containerStats(running, { timeoutMs: STATS_CALL_MS })) entries.set(e.containerId, e);
       }
-      for (const r of list) out.push(containerUsage(r, entries.get(r.id), await diskUsage(r.rootfs), this.rates));
+      for (const r of list) out.push(containerUsage(r, entries.get(r.id), await diskUsage(writableLayerOf(r)), this.rates));
     }
     return out;
   }
@@ -73,4 +74,9 @@ export class StatsCollector {
   forget(id: string): void {
     this.rates.forget(id);
   }
+}
+
+/** What the container wrote: an overlay's upper directory (the layers are the image's), or the whole copy. */
+function writableLayerOf(r: ContainerRecord): string {
+  return r.rootfsOverlay === null ? r.rootfs : containerRootfsDirs(r.rootfsOverlay.dir).upper;
 }

@@ -9,6 +9,7 @@ import type { KataConfig } from '../../config/types.js';
 import type { KubernetesResources__Output } from '../../generated/runtime/v1/KubernetesResources.js';
 import type { LinuxContainerResources__Output } from '../../generated/runtime/v1/LinuxContainerResources.js';
 import type { LinuxPodSandboxConfig__Output } from '../../generated/runtime/v1/LinuxPodSandboxConfig.js';
+import type { RootfsSource } from '../../images/rootfs.js';
 import type { PcieHostFacts } from '../../pcie/index.js';
 import type { HostCapacity } from '../../sizing/types.js';
 import type { ResizePlan } from '../resize/index.js';
@@ -22,7 +23,8 @@ import type { ContainerRecord, ContainerState, ContainerStdio } from './record.j
 /** What the container layer needs of the image store. */
 export interface ImageLookup {
   resolveImage(ref: string): { id: string; repoDigests: string[] } | undefined;
-  rootfsFor(imageId: string): string;
+  /** What a container's root filesystem is made from: the image's layers (overlay) or its flat tree (copy). */
+  rootfsSourceFor(imageId: string): RootfsSource;
   /** The image config's `config` object (User, Env, Entrypoint, Cmd, WorkingDir, StopSignal). */
   imageConfig(imageId: string): Promise<Record<string, unknown> | null>;
 }

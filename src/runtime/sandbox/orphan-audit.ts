@@ -183,6 +183,8 @@ export async function auditOrphans(owners: AuditOwners, opts: AuditOptions): Pro
     `${sandboxSharedDir(opts.stateDir, s.id)}/`,
     `${sandboxJailDir(sandboxWorkDir(opts.stateDir, s.id))}/`,
   ]);
+  // A container's overlay root filesystem is mounted in its own dir (src/images/rootfs.ts).
+  for (const id of owners.containerIds) owned.push(`${path.join(opts.stateDir, 'rootfs', id)}/`);
   const mountinfo = opts.mountinfo ?? readFileSync(path.join(procRoot, 'self', 'mountinfo'), 'utf8');
   const stateRoot = `${opts.stateDir}/`;
   for (const point of mountPointsOf(mountinfo)) {

@@ -139,7 +139,7 @@ describe('create with a caller id, rootfs and FIFO stdio, in a real pod VM', () 
         resolveImage: () => {
           throw new Error('no image is looked up for a caller rootfs');
         },
-        rootfsFor: () => {
+        rootfsSourceFor: () => {
           throw new Error('no image is copied for a caller rootfs');
         },
         imageConfig: async () => {

@@ -47,6 +47,7 @@ function record(id: string, args: string[], opts: { stopSignal?: string; logDir:
     logPath: path.join(opts.logDir, `${id}.log`),
     rootfs,
     rootfsOwner: 'caller',
+    rootfsOverlay: null,
     stdio: { kind: 'cri-log' },
     pid: 0,
     spec: { tty: opts.tty ?? false, stdin: false, stdin_once: false } as ContainerRecord['spec'],

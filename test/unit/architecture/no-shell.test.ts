@@ -19,8 +19,12 @@ const AUDITED: Record<string, string> = {
   'src/hypervisor/launcher.ts':
     'QEMU argv from the pure plan (ids, paths under the state dir, host inventory), after nsenter --net/--root and setpriv with numeric ids (vmmLaunchCommand)',
   'src/hypervisor/virtiofsd.ts': 'virtiofsd argv: socket and shared dir under the state dir',
+  'src/images/overlay-probe.ts': 'mknod/setfattr/mount/umount of fixed names in a fresh .probe-<random> dir of the layer store, after "--"',
+  'src/images/rootfs.ts':
+    'mount -t overlay with planned options (l/<n>, upper, work relative to the container rootfs dir as cwd); mountpoint/umount of <dir>/merged after "--"',
   'src/images/snapshot.ts': 'cp between content-addressed store paths',
-  'src/images/unpack-applier.ts': 'mkfifo/mknod after "--" on paths resolved inside the unpack root',
+  'src/images/unpack-applier.ts':
+    'mkfifo/mknod (also the 0/0 whiteout device) and setfattr trusted.overlay.opaque after "--" on paths resolved inside the unpack root',
   'src/install/probe.ts': 'containerd --version: the binary named by --containerd-binary (or on PATH), a fixed argument',
   'src/network/cni-exec.ts': 'CNI plugins: the binary found in cniBinDirs, the config on stdin, pod metadata only as CNI_ARGS env values',
   'src/network/wiring.ts':

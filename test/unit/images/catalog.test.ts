@@ -19,6 +19,7 @@ function record(idChar: string, tags: string[], digests: string[], extra: Partia
     pinned: false,
     annotations: {},
     pulledAt: '2024-01-01T00:00:00.000Z',
+    unpacked: 'layers',
     ...extra,
   };
 }
@@ -84,7 +85,16 @@ describe('toImageMessage', () => {
 });
 
 describe('recordsAfterPull', () => {
-  const facts = { id: id('c'), manifestDigest: id('d'), manifestMediaType: 'm', layers: [], sizeBytes: 9, uid: 0, username: '' };
+  const facts = {
+    id: id('c'),
+    manifestDigest: id('d'),
+    manifestMediaType: 'm',
+    layers: [],
+    sizeBytes: 9,
+    uid: 0,
+    username: '',
+    unpacked: 'layers' as const,
+  };
   const now = new Date('2024-02-02T00:00:00Z');
 
   it('adds a new image, moving the tag away from the image that held it', () => {

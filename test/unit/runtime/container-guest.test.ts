@@ -106,8 +106,8 @@ describe('reading /etc/passwd inside a snapshot', () => {
   });
 });
 
-/** What the migration to format 5 adds to every older record (test/unit/runtime/records-migration.test.ts loads a real one). */
-const FORMAT_5 = { rootfsOwner: 'runtime', stdio: { kind: 'cri-log' }, pid: 0 };
+/** What the migrations to formats 5 and 6 add to every older record (test/unit/runtime/records-migration.test.ts loads a real one). */
+const FORMAT_5 = { rootfsOwner: 'runtime', stdio: { kind: 'cri-log' }, pid: 0, rootfsOverlay: null };
 
 describe('container record format 3', () => {
   it('a format-2 record migrates to never started and without a guest plan', async () => {
@@ -119,7 +119,7 @@ describe('container record format 3', () => {
       guest: null,
       ...FORMAT_5,
     });
-    expect(() => migrateContainerRecord(5, {})).toThrow();
+    expect(() => migrateContainerRecord(6, {})).toThrow();
   });
 });
 
@@ -174,5 +174,13 @@ describe('container record format 4', () => {
     const odd = JSON.stringify([{ containerPath: '/dev/x', access: 'rwm', source: { kind: 'block' } }]);
     expect(() => migrateContainerRecord(3, { id: 'x', guest: guest({ 'io.kata-ts.guest-devices': odd }) })).toThrow();
     expect(() => migrateContainerRecord(3, { id: 'x', guest: guest({ 'io.kata-ts.guest-devices': 'not json' }) })).toThrow();
+  });
+});
+
+describe('container record format 6', () => {
+  it('a format-5 record keeps its owner, stdio and pid and gets no overlay (its root filesystem is a copy or the caller’s)', async () => {
+    const { migrateContainerRecord } = await import('../../../src/runtime/container/record.js');
+    const v5 = { id: 'x', rootfs: '/bundle/rootfs', rootfsOwner: 'caller', stdio: { kind: 'fifo' }, pid: 42 };
+    expect(migrateContainerRecord(5, v5)).toEqual({ ...v5, rootfsOverlay: null });
   });
 });

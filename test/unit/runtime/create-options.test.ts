@@ -130,7 +130,7 @@ async function world(stateDir: string, opts: { guestPod: boolean; failPut?: bool
       w.imageLookups.push(ref);
       return { id: `sha256:${'e'.repeat(64)}`, repoDigests: [] };
     },
-    rootfsFor: () => imageRoot,
+    rootfsSourceFor: () => ({ kind: 'flat', dir: imageRoot }),
     imageConfig: async () => ({ Cmd: ['sh'] }),
   };
   w.store = store;

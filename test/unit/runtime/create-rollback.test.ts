@@ -93,7 +93,7 @@ async function world(stateDir: string, failRecord: boolean): Promise<World> {
     sandboxes,
     images: {
       resolveImage: () => ({ id: `sha256:${'e'.repeat(64)}`, repoDigests: [] }),
-      rootfsFor: () => imageRoot,
+      rootfsSourceFor: () => ({ kind: 'flat', dir: imageRoot }),
       imageConfig: async () => ({ Cmd: ['sh'] }),
     },
     host: { cpus: 16, memoryMiB: 65536 },
@@ -139,6 +139,9 @@ describe('CreateContainer rollback', () => {
     expect(w.cpusAdded.length).toBe(w.record.shape.vcpus - 2);
     expect(w.persisted).toBe(1);
     expect(await readdir(path.join(stateDir, 'rootfs'))).toEqual([id]);
+    // The image is in use through the registered record (the create's own hold was released).
+    const imageId = w.manager.resolve(id).image.id;
+    expect(w.manager.isImageInUse(imageId)).toBe(true);
   });
 
   it('a failure after the resize sets memory and limits back, logs the vCPUs that stay, removes the rootfs', async () => {
@@ -160,5 +163,8 @@ describe('CreateContainer rollback', () => {
     expect(w.persisted).toBe(1);
     expect(await readdir(path.join(stateDir, 'rootfs'))).toEqual([]);
     expect(w.manager.list(null)).toEqual([]);
+    // The create's hold on its image and layers went with the rollback.
+    expect(w.manager.isImageInUse(`sha256:${'e'.repeat(64)}`)).toBe(false);
+    expect(w.manager.layersInUse()).toEqual(new Set());
   });
 });

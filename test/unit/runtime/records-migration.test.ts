@@ -13,7 +13,12 @@ import { defaultConfig } from '../../../src/config/defaults.js';
 import { decodeProtoJson } from '../../../src/cri/protojson.js';
 import type { RunPodSandboxRequest__Output } from '../../../src/generated/runtime/v1/RunPodSandboxRequest.js';
 import { ContainerManager } from '../../../src/runtime/container/manager.js';
-import { CONTAINER_RECORD_KIND, type ContainerRecord, migrateContainerRecord } from '../../../src/runtime/container/record.js';
+import {
+  CONTAINER_RECORD_KIND,
+  CONTAINER_RECORD_VERSION,
+  type ContainerRecord,
+  migrateContainerRecord,
+} from '../../../src/runtime/container/record.js';
 import type { RequestContext } from '../../../src/runtime/context.js';
 import { RuntimeMetrics } from '../../../src/runtime/metrics.js';
 import { SandboxManager } from '../../../src/runtime/sandbox/manager.js';
@@ -149,7 +154,7 @@ describe('loading and recovering format-1 records', () => {
       logger,
       store: containerStore,
       sandboxes,
-      images: { resolveImage: () => undefined, rootfsFor: () => '', imageConfig: async () => null },
+      images: { resolveImage: () => undefined, rootfsSourceFor: () => ({ kind: 'flat', dir: '' }), imageConfig: async () => null },
       host: { cpus: 16, memoryMiB: 65536 },
       readPcieFacts: () => Promise.reject(new Error('not read during recovery')),
       guests: {
@@ -392,16 +397,18 @@ describe('format-4 container records (written before the shim face)', () => {
     expect((envelope.record.guest as { bindMounts: string[] }).bindMounts).toHaveLength(1);
   });
 
-  it('migrate on load: kata-ts owns the rootfs, the CRI log, pid unknown; the rest unchanged; written back as format 5', async () => {
+  it('migrate on load: kata-ts owns the rootfs (a copy), the CRI log, pid unknown; the rest unchanged; written back as the current format', async () => {
     const { name, envelope } = await fixture();
     const store = new RecordStore<ContainerRecord>(stateDir, CONTAINER_RECORD_KIND, silentLogger());
     const { records, problems } = await store.load();
     expect(problems).toEqual([]);
     const [record] = records;
-    expect([record?.rootfsOwner, record?.stdio, record?.pid]).toEqual(['runtime', { kind: 'cri-log' }, 0]);
-    expect(JSON.parse(JSON.stringify({ ...record, rootfsOwner: undefined, stdio: undefined, pid: undefined }))).toEqual(envelope.record);
+    expect([record?.rootfsOwner, record?.stdio, record?.pid, record?.rootfsOverlay]).toEqual(['runtime', { kind: 'cri-log' }, 0, null]);
+    expect(
+      JSON.parse(JSON.stringify({ ...record, rootfsOwner: undefined, stdio: undefined, pid: undefined, rootfsOverlay: undefined })),
+    ).toEqual(envelope.record);
     const onDisk = JSON.parse(await readFile(path.join(stateDir, 'containers', name), 'utf8'));
-    expect(onDisk.version).toBe(5);
+    expect(onDisk.version).toBe(CONTAINER_RECORD_VERSION);
     expect((await store.load()).records).toEqual(records);
   });
 });
