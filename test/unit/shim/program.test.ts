@@ -227,7 +227,10 @@ describe('containerd-shim-kata-ts-v2', () => {
         ['-namespace', 'default', '-address', ADDRESS, '-publish-binary', 'x', '-id', 'unknown-task', 'delete'],
         dir,
       );
-      expect({ code: r.code, stderr: r.stderr }).toEqual({ code: 0, stderr: '' });
+      expect(r.code).toBe(0);
+      // delete answers within containerd's cleanup timeout; on a loaded machine the detached
+      // cleanup child may still be starting then, which delete says in one line and is not an error.
+      expect(r.stderr).toMatch(/^(|containerd-shim-kata-ts-v2 delete: the cleanup of unknown-task goes on in the background\n)$/);
       expect(decodeDeleteResponse(r.stdout)).toMatchObject({ pid: 0, exitStatus: 137 });
     },
     LONG,
