@@ -27,7 +27,7 @@ import { acquireStateLock, type StateLock } from '../runtime/state-lock.js';
 import { TtrpcServer } from '../ttrpc/index.js';
 import { readBundleConfig } from './bundle.js';
 import { readShimInfo, type ShimInfo, writeShimInfo } from './paths.js';
-import { cgroupDriverForPath, composePod, type ShimPod } from './pod.js';
+import { composePod, podCgroupDriver, type ShimPod } from './pod.js';
 import './reasons.js';
 
 /** Who this shim is, as containerd started it: what a service needs besides the pod's core. */
@@ -133,7 +133,7 @@ export async function startShimServer(options: ServeOptions): Promise<ShimServer
     pod = await composePod({
       loaded: options.loaded,
       stateDir,
-      cgroupDriver: cgroupDriverForPath(bundle.cgroupsPath),
+      cgroupDriver: podCgroupDriver(options.loaded.config.cgroupDriver, bundle.cgroupsPath),
       logger: log,
       ...(options.facts === undefined ? {} : { facts: options.facts }),
     });

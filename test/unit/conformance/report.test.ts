@@ -76,7 +76,8 @@ describe('parseReports', () => {
     expect(conditions).toMatchObject({ group: '[k8s.io] Runtime info', state: 'failed', filtered: false, location: 'pkg/validate/x.go:7' });
     expect(conditions.message).toBe('should return all the required runtime conditions Expected <int>: 1 to be >= <int>: 2');
     expect(specs.find((s) => s.name === BENCH)?.filtered).toBe(true);
-    expect(closingLine(count(specs))).toBe('conformance: 1 passed, 3 failed, 1 skipped');
+    expect(closingLine(count(specs), 'standalone')).toBe('conformance (standalone): 1 passed, 3 failed, 1 skipped');
+    expect(closingLine(count(specs), 'containerd')).toBe('conformance (containerd): 1 passed, 3 failed, 1 skipped');
   });
 
   it('merges shard reports: the shard that ran a spec wins over the ones that filtered it', () => {
