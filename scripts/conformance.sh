@@ -126,6 +126,13 @@ if [[ -z $busybox ]]; then
   fi
 fi
 
+if [[ $mode == containerd ]]; then
+  # containerd starts the shim for every pod and runs `shim delete` with a short timeout: the shim
+  # of this checkout runs compiled, as installed (dist/ is not tracked), not through tsx.
+  echo "==> conformance ($label): building the shim (npm run build)"
+  npm run build --silent >/dev/null
+fi
+
 work=$(mktemp -d /tmp/ktc-XXXXXX)
 # shellcheck disable=SC2317  # called by the EXIT trap, which shellcheck 0.9 does not follow
 cleanup() {

@@ -107,6 +107,8 @@ interface Target {
   endpoint: string;
   /** Flags for critest beyond the endpoints (e.g. the runtime handler). */
   args: string[];
+  /** critest's deadline for every CRI call, above the VM's ready timeout. */
+  rpcTimeoutS: number;
   /** The command line that runs `cmd args` where critest must run (e.g. in containerd's namespaces). */
   wrap(cmd: string, args: string[]): [string, string[]];
   /** Stops it; what could not be removed. */
@@ -198,6 +200,7 @@ async function startStandalone(registry: RegistryHandle): Promise<Target> {
   return {
     endpoint: `unix://${socketPath}`,
     args: [],
+    rpcTimeoutS: 180,
     wrap: (c, a) => [c, a],
     stop: async () => {
       await daemon.stop();
@@ -212,8 +215,8 @@ async function startStandalone(registry: RegistryHandle): Promise<Target> {
  * took over the default 90 s to ready (3 critest processes on a busy machine): wait up to just
  * below critest's own 180 s rpc timeout.
  */
-function conformanceHypervisor(): Record<string, unknown> {
-  return { ...guestDirConfig(), readyTimeoutMs: 170_000 };
+function conformanceHypervisor(readyTimeoutMs = 170_000): Record<string, unknown> {
+  return { ...guestDirConfig(), readyTimeoutMs };
 }
 
 /**
@@ -231,7 +234,9 @@ async function startContainerdTarget(registry: RegistryHandle, withShim: boolean
     await installTestShim(
       path.join(binDir, 'containerd-shim-kata-ts-v2'),
       path.join(shimDir, 'config.json'),
-      shimTestConfig(shimDir, path.join(shimDir, 'state'), { logLevel: 'info', hypervisor: conformanceHypervisor() }),
+      shimTestConfig(shimDir, path.join(shimDir, 'state'), { logLevel: 'info', hypervisor: conformanceHypervisor(240_000) }),
+      // conformance.sh built dist/ from this checkout: the shim starts as an installed one does.
+      true,
     );
   }
   const containerd = await startContainerd({
@@ -249,6 +254,9 @@ async function startContainerdTarget(registry: RegistryHandle, withShim: boolean
   return {
     endpoint: `unix://${containerd.criSocket}`,
     args: withShim ? [`-runtime-handler=${KATA_TS_HANDLER}`] : [],
+    // containerd pulls the sandbox image, runs CNI and starts a shim process before the VM boots
+    // (all inside critest's deadline): critest's default 300 s, the VM's ready timeout below it.
+    rpcTimeoutS: 300,
     wrap: (c, a) => ['nsenter', [`--target=${containerd.nodePid}`, '--mount', '--net', '--', c, ...a]],
     stop: async () => {
       await fsp.writeFile(logFile, containerd.logText()).catch(() => undefined);
@@ -310,8 +318,8 @@ async function main(): Promise<number> {
     '-ginkgo.no-color',
     '-ginkgo.v',
     `-ginkgo.timeout=${suiteTimeout}`,
-    '-runtime-service-timeout=180s',
-    '-image-service-timeout=180s',
+    `-runtime-service-timeout=${target.rpcTimeoutS}s`,
+    `-image-service-timeout=${target.rpcTimeoutS}s`,
   ];
   const user = splitUserArgs(process.argv.slice(2));
   const plan = await critestArgs(critest, base, user, parallel, work, (cmd, args, log) =>
