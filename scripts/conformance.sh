@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # CRI conformance: upstream critest against a kata-ts daemon of its own, judged by the ratchet in
-# test/conformance/. Arguments go to critest (e.g. -ginkgo.focus='Runtime info', -ginkgo.skip=...).
+# test/conformance/; or through Debian's containerd 1.6.20 with the kata-ts shim as runtime handler
+# `kata-ts`, judged by test/conformance/containerd/; or the same containerd with runc, the
+# reference. Arguments go to critest (e.g. -ginkgo.focus='Runtime info', -ginkgo.skip=...).
 #
-#   bash scripts/conformance.sh [critest flags...]
+#   bash scripts/conformance.sh [critest flags...]                    # standalone (kata-ts serve)
+#   bash scripts/conformance.sh --containerd [critest flags...]       # containerd + kata-ts handler
+#   bash scripts/conformance.sh --containerd-runc [critest flags...]  # containerd + runc (reference)
 #
 # Environment:
 #   CRITEST               the critest binary (default: the first critest on PATH, else
@@ -29,6 +33,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
 
+mode=standalone
+label=standalone
+case ${1:-} in
+  --containerd) mode=containerd label=containerd && shift ;;
+  --containerd-runc) mode=runc label='containerd + runc reference' && shift ;;
+esac
+
 # cri-tools' binaries are built from fetched source, so the repository never carries them. critest
 # is looked up as test/helpers/cri-tools.ts looks tools up: $CRITEST, then PATH, then
 # shared/cri-tools/ beside the checkout (for a git worktree, also beside its main checkout).
@@ -50,7 +61,7 @@ else
 fi
 if [[ -z $critest ]]; then
   if [[ ${CONFORMANCE_IF_AVAILABLE:-} == 1 ]]; then
-    echo "==> conformance: skipped, critest (kubernetes-sigs/cri-tools v1.32) not found: $where." \
+    echo "==> conformance ($label): skipped, critest (kubernetes-sigs/cri-tools v1.32) not found: $where." \
       "To run it, set CRITEST=/path/to/critest, put critest on PATH, or place it in shared/cri-tools/ beside the checkout."
     exit 0
   fi
@@ -80,7 +91,9 @@ if ! command -v python3 >/dev/null; then
   echo "==> conformance: installing python3"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3 >/dev/null
 fi
-for tool in python3 unshare ip docker-registry; do
+tools=(python3 unshare ip docker-registry)
+[[ $mode == standalone ]] || tools+=(containerd containerd-shim-runc-v2 runc nsenter)
+for tool in "${tools[@]}"; do
   if ! command -v "$tool" >/dev/null; then
     echo "conformance: $tool is missing; run 'bash scripts/setup.sh --no-start' first" >&2
     exit 2
@@ -113,6 +126,13 @@ if [[ -z $busybox ]]; then
   fi
 fi
 
+if [[ $mode == containerd ]]; then
+  # containerd starts the shim for every pod and runs `shim delete` with a short timeout: the shim
+  # of this checkout runs compiled, as installed (dist/ is not tracked), not through tsx.
+  echo "==> conformance ($label): building the shim (npm run build)"
+  npm run build --silent >/dev/null
+fi
+
 work=$(mktemp -d /tmp/ktc-XXXXXX)
 # shellcheck disable=SC2317  # called by the EXIT trap, which shellcheck 0.9 does not follow
 cleanup() {
@@ -124,12 +144,12 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-echo "==> conformance: critest $("$critest" -version 2>/dev/null | head -1 || true), work dir $work"
+echo "==> conformance ($label): critest $("$critest" -version 2>/dev/null | head -1 || true), work dir $work"
 set +e
 # Inside the private mount namespace (whose mounts unshare made private copies) / is made rshared,
 # as systemd makes a host's mounts: the runtime's own mount namespace, which `kata-ts serve` makes
 # as a slave of this one (mountNamespacePath in the run's work dir), receives critest's mounts.
-KTC_WORK=$work TMPDIR=$work CRITEST=$critest CRITEST_IMAGES=$images CONFORMANCE_BUSYBOX=$busybox \
+KTC_MODE=$mode KTC_WORK=$work TMPDIR=$work CRITEST=$critest CRITEST_IMAGES=$images CONFORMANCE_BUSYBOX=$busybox \
   CONFORMANCE_PARALLEL=${CONFORMANCE_PARALLEL:-2} \
   unshare --mount --ipc --net --fork -- \
   bash -c 'ip link set lo up && mount --make-rshared / && exec node --import tsx scripts/conformance/run.ts "$@"' conformance "$@"

@@ -224,9 +224,9 @@ export function countByGroup(specs: SpecResult[]): Array<{ group: string } & Cou
   return groups.map((group) => ({ group, ...count(specs.filter((s) => s.group === group)) }));
 }
 
-/** The closing line every run ends with. */
-export function closingLine(c: Counts): string {
-  return `conformance: ${c.passed} passed, ${c.failed} failed, ${c.skipped} skipped`;
+/** The closing line every run ends with; `label` names the run (`standalone`, `containerd`, `containerd + runc`). */
+export function closingLine(c: Counts, label: string): string {
+  return `conformance (${label}): ${c.passed} passed, ${c.failed} failed, ${c.skipped} skipped`;
 }
 
 const MARK: Record<string, string> = { passed: 'PASS', failed: 'FAIL', skipped: 'SKIP', pending: 'SKIP' };
@@ -237,6 +237,8 @@ export function formatResults(
   verdict: Verdict,
   notApplicable: NotApplicable[],
   offline: NotApplicable[] = [],
+  ratchetDir = 'test/conformance',
+  expectedFile = `${ratchetDir}/expected.txt`,
 ): string[] {
   const lines: string[] = [];
   const na = new Set(notApplicable.map((n) => n.name));
@@ -257,17 +259,17 @@ export function formatResults(
     for (const n of names) lines.push(`  ${n}`);
   };
   section(
-    'RATCHET: must-pass specs that did not pass (test/conformance/expected.txt):',
+    `RATCHET: must-pass specs that did not pass (${expectedFile}):`,
     verdict.regressions.map((s) => s.name),
   );
-  section('RATCHET: names in test/conformance/*.txt that critest does not have:', verdict.unknownNames);
+  section(`RATCHET: names in ${ratchetDir}/*.txt that critest does not have:`, verdict.unknownNames);
   section('RATCHET: names listed both as must-pass and as not applicable or offline-limited:', verdict.contradictions);
   section(
-    'newly passing: add these lines to test/conformance/expected.txt in this commit (or run with CONFORMANCE_UPDATE=1):',
+    `newly passing: add these lines to ${expectedFile} in this commit (or run with CONFORMANCE_UPDATE=1):`,
     verdict.newlyPassing.map((s) => s.name),
   );
   section(
-    'not applicable, but not refused with INVALID_ARGUMENT (see test/conformance/not-applicable.txt):',
+    `not applicable, but not refused with INVALID_ARGUMENT (see ${ratchetDir}/not-applicable.txt):`,
     verdict.notRefused.map((s) => `${s.name}\n      -> ${(s.message ?? s.state).slice(0, 200)}`),
   );
   if (verdict.notRun.length > 0) lines.push('', `${verdict.notRun.length} must-pass specs were filtered out of this run and not checked.`);
@@ -279,4 +281,28 @@ export function updatedExpected(text: string, add: string[]): string {
   const header = text.split('\n').filter((l) => l.startsWith('#'));
   const names = [...new Set([...parseExpected(text), ...add])].sort();
   return `${[...header, ...names].join('\n')}\n`;
+}
+
+/**
+ * Specs the runc reference passes (containerd + runc on this machine kind) that ran through the
+ * kata-ts handler and did not pass, apart from those `notApplicable` exempts with a reason.
+ */
+export function referenceFailures(specs: SpecResult[], reference: string[], notApplicable: NotApplicable[]): SpecResult[] {
+  const byName = new Map(specs.map((s) => [s.name, s]));
+  const exempt = new Set(notApplicable.map((n) => n.name));
+  return reference
+    .filter((n) => !exempt.has(n))
+    .map((n) => byName.get(n))
+    .filter((s): s is SpecResult => s !== undefined && !s.filtered && s.state !== 'passed');
+}
+
+/** The lines saying which reference specs the kata-ts handler failed (none when it failed none). */
+export function referenceGap(specs: SpecResult[], reference: string[], notApplicable: NotApplicable[]): string[] {
+  const failed = referenceFailures(specs, reference, notApplicable);
+  if (failed.length === 0) return [];
+  return [
+    '',
+    'passed by containerd + runc (test/conformance/containerd/runc-reference.txt), failed with the kata-ts handler:',
+    ...failed.map((s) => `  ${s.name}`),
+  ];
 }

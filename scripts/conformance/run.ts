@@ -1,7 +1,20 @@
 /**
  * One conformance run, started by scripts/conformance.sh inside private mount, IPC and network
  * namespaces (loopback only), with KTC_WORK set to a fresh `/tmp/ktc-*` directory that holds
- * everything the run makes:
+ * everything the run makes. KTC_MODE picks what critest talks to:
+ *
+ * - `standalone` (default): kata-ts's own CRI server (`kata-ts serve`), steps 1 to 5 below;
+ * - `containerd`: Debian's containerd 1.6.20 (test/helpers/containerd.ts: private root, state,
+ *   config and socket in a "node" of its own network, mount and cgroup namespaces, nested in the
+ *   run's) with this checkout's kata-ts shim as runtime handler `kata-ts` (a wrapper on
+ *   containerd's PATH through a private bin dir, with its own config); containerd pulls the
+ *   stand-ins through hosts.toml mirrors of registry.k8s.io and gcr.io to the loopback registry;
+ *   its CNI is bridge + host-local + portmap inside the node; critest runs in the node's mount and
+ *   network namespaces with `-runtime-handler kata-ts`; judged by test/conformance/containerd/;
+ * - `runc`: the same containerd with its default runc runtime (no handler), the reference: judged
+ *   by test/conformance/containerd/runc-reference.txt.
+ *
+ * The standalone run:
  *
  * 1. a private cgroup tree (`kata-ts-test-*` below this process's own cgroup, as the integration
  *    tests use) and a link root pointing at it, given to kata-ts as `cgroupRoot`: critest sends an
@@ -21,19 +34,23 @@ import path from 'node:path';
 import { createInterface } from 'node:readline';
 import { packageRoot } from '../../src/common/paths.js';
 import { createPrivateCgroups } from '../../test/helpers/cgroups-private.js';
+import { KATA_TS_HANDLER, startContainerd } from '../../test/helpers/containerd.js';
 import { spawnDaemon } from '../../test/helpers/daemon-process.js';
-import { startRegistry } from '../../test/helpers/images-registry.js';
+import { type RegistryHandle, startRegistry } from '../../test/helpers/images-registry.js';
 import { guestDirConfig } from '../../test/helpers/runtime-daemon.js';
+import { installTestShim, shimTestConfig } from '../../test/helpers/shim-config.js';
 import { cleanupRun } from './cleanup.js';
 import {
   closingLine,
   count,
   formatResults,
   judge,
+  type NotApplicable,
   parseExpected,
   parseNotApplicable,
   parseReports,
   ratchetFails,
+  referenceGap,
   updatedExpected,
 } from './report.js';
 import { critestArgs, ProgressLines, splitUserArgs } from './shards.js';
@@ -46,9 +63,57 @@ const parallel = Math.max(1, Number(env.CONFORMANCE_PARALLEL ?? '1') || 1);
 const outDir = env.CONFORMANCE_OUT ?? path.join('/tmp', 'kata-ts-conformance');
 const suiteTimeout = env.CONFORMANCE_TIMEOUT ?? '45m';
 const repo = packageRoot();
-const expectedFile = path.join(repo, 'test/conformance/expected.txt');
-const naFile = path.join(repo, 'test/conformance/not-applicable.txt');
-const offlineFile = path.join(repo, 'test/conformance/offline-limits.txt');
+
+type Mode = 'standalone' | 'containerd' | 'runc';
+const MODES: readonly Mode[] = ['standalone', 'containerd', 'runc'];
+
+/** The ratchet a mode is judged by (paths relative to the checkout). */
+interface Ratchet {
+  /** What the closing line calls the run. */
+  label: string;
+  dir: string;
+  expected: string;
+  /** null: nothing is exempt (the runc reference). */
+  notApplicable: string | null;
+  offline: string;
+}
+
+const RATCHETS: Record<Mode, Ratchet> = {
+  standalone: {
+    label: 'standalone',
+    dir: 'test/conformance',
+    expected: 'test/conformance/expected.txt',
+    notApplicable: 'test/conformance/not-applicable.txt',
+    offline: 'test/conformance/offline-limits.txt',
+  },
+  containerd: {
+    label: 'containerd',
+    dir: 'test/conformance/containerd',
+    expected: 'test/conformance/containerd/expected.txt',
+    notApplicable: 'test/conformance/containerd/not-applicable.txt',
+    offline: 'test/conformance/containerd/offline-limits.txt',
+  },
+  runc: {
+    label: 'containerd + runc reference',
+    dir: 'test/conformance/containerd',
+    expected: 'test/conformance/containerd/runc-reference.txt',
+    notApplicable: null,
+    offline: 'test/conformance/containerd/offline-limits.txt',
+  },
+};
+
+/** What critest talks to: its endpoint, how its command is wrapped, and how it is stopped. */
+interface Target {
+  endpoint: string;
+  /** Flags for critest beyond the endpoints (e.g. the runtime handler). */
+  args: string[];
+  /** critest's deadline for every CRI call, above the VM's ready timeout. */
+  rpcTimeoutS: number;
+  /** The command line that runs `cmd args` where critest must run (e.g. in containerd's namespaces). */
+  wrap(cmd: string, args: string[]): [string, string[]];
+  /** Stops it; what could not be removed. */
+  stop(): Promise<string[]>;
+}
 
 const say = (line: string) => process.stdout.write(`${line}\n`);
 
@@ -59,10 +124,12 @@ function runLogged(
   logFile: string,
   children: Set<ChildProcess>,
   onLine?: (line: string) => void,
+  wrap: Target['wrap'] = (c, a) => [c, a],
 ): Promise<number> {
+  const [command, argv] = wrap(cmd, args);
   return new Promise((resolve, reject) => {
     const log = createWriteStream(logFile, { flags: 'a' });
-    const child = spawn(cmd, args, { stdio: ['ignore', 'pipe', 'pipe'], env: { ...env, GINKGO_NO_COLOR: 'TRUE' } });
+    const child = spawn(command, argv, { stdio: ['ignore', 'pipe', 'pipe'], env: { ...env, GINKGO_NO_COLOR: 'TRUE' } });
     children.add(child);
     if (onLine !== undefined) createInterface({ input: child.stdout! }).on('line', onLine);
     child.stdout!.pipe(log, { end: false });
@@ -85,35 +152,9 @@ async function setUpCgroupRoot(): Promise<string> {
   return root;
 }
 
-async function main(): Promise<number> {
-  if (!path.basename(work).startsWith('ktc-')) throw new Error('KTC_WORK must be a /tmp/ktc-* directory made by scripts/conformance.sh');
-  const children = new Set<ChildProcess>();
-  let stopping = false;
-  const onSignal = (signal: NodeJS.Signals) => {
-    if (stopping) return;
-    stopping = true;
-    say(`\nconformance: ${signal}, stopping critest and cleaning up`);
-    for (const c of children) c.kill('SIGKILL');
-  };
-  process.on('SIGINT', onSignal);
-  process.on('SIGTERM', onSignal);
-
-  const expected = parseExpected(await fsp.readFile(expectedFile, 'utf8'));
-  const notApplicable = parseNotApplicable(await fsp.readFile(naFile, 'utf8'));
-  const offline = parseNotApplicable(await fsp.readFile(offlineFile, 'utf8'));
-  await fsp.mkdir(outDir, { recursive: true });
-  const started = Date.now();
-
+/** kata-ts's own CRI server (`kata-ts serve`) with a config of its own: steps 1 and 3 of the file's comment. */
+async function startStandalone(registry: RegistryHandle): Promise<Target> {
   const cgroupRoot = await setUpCgroupRoot();
-  const registry = await startRegistry();
-  say(`registry: ${registry.host} (pid ${registry.pid})`);
-  const pushLog = path.join(outDir, 'images.log');
-  await fsp.rm(pushLog, { force: true });
-  const busybox = env.CONFORMANCE_BUSYBOX ? ['--busybox', env.CONFORMANCE_BUSYBOX] : [];
-  const pushed = await runLogged('python3', [imagesScript, '--registry', registry.host, ...busybox], pushLog, children);
-  if (pushed !== 0) throw new Error(`critest-images.py failed (exit ${pushed}); see ${pushLog}`);
-  say(`images: pushed in ${((Date.now() - started) / 1000).toFixed(0)} s`);
-
   const registriesFile = path.join(work, 'registries.json');
   await fsp.writeFile(
     registriesFile,
@@ -143,10 +184,7 @@ async function main(): Promise<number> {
         cgroupRoot,
         images: { registriesConfigPath: registriesFile },
         network,
-        // KATA_TS_GUEST_DIR: a guest built from this tree (build-guest.sh --out) instead of the installed one.
-        // Boots under TCG with other VMs on 2 cores took over the default 90 s to ready (3 critest
-        // processes on a busy machine): wait up to just below critest's own 180 s rpc timeout.
-        hypervisor: { ...guestDirConfig(), readyTimeoutMs: 170_000 },
+        hypervisor: conformanceHypervisor(),
       },
       null,
       2,
@@ -159,19 +197,134 @@ async function main(): Promise<number> {
   // the submount's directory unremovable, EBUSY, while the container existed).
   const daemon = await spawnDaemon(configPath, socketPath, daemonLog);
   say(`kata-ts: pid ${daemon.pid}, socket ${socketPath}, log ${daemonLog}`);
+  return {
+    endpoint: `unix://${socketPath}`,
+    args: [],
+    rpcTimeoutS: 180,
+    wrap: (c, a) => [c, a],
+    stop: async () => {
+      await daemon.stop();
+      return [];
+    },
+  };
+}
 
-  const endpoint = `unix://${socketPath}`;
+/**
+ * The VM settings of both kata-ts runs (KATA_TS_GUEST_DIR: a guest built from this tree by
+ * build-guest.sh --out instead of the installed one). Boots under TCG with other VMs on 2 cores
+ * took over the default 90 s to ready (3 critest processes on a busy machine): wait up to just
+ * below critest's own 180 s rpc timeout.
+ */
+function conformanceHypervisor(readyTimeoutMs = 170_000): Record<string, unknown> {
+  return { ...guestDirConfig(), readyTimeoutMs };
+}
+
+/**
+ * containerd 1.6.20 in a node of its own (test/helpers/containerd.ts), nested in the run's
+ * namespaces, with this checkout's shim as handler `kata-ts` when `withShim`; critest runs in the
+ * node's mount and network namespaces, where containerd's socket, the pods' IPs, the host ports
+ * (portmap) and its streaming server live, and where critest's host-side bind mounts must be made.
+ */
+async function startContainerdTarget(registry: RegistryHandle, withShim: boolean): Promise<Target> {
+  const binDir = path.join(work, 'bin');
+  await fsp.mkdir(binDir);
+  if (withShim) {
+    const shimDir = path.join(work, 'shim');
+    await fsp.mkdir(shimDir);
+    await installTestShim(
+      path.join(binDir, 'containerd-shim-kata-ts-v2'),
+      path.join(shimDir, 'config.json'),
+      shimTestConfig(shimDir, path.join(shimDir, 'state'), { logLevel: 'info', hypervisor: conformanceHypervisor(240_000) }),
+      // conformance.sh built dist/ from this checkout: the shim starts as an installed one does.
+      true,
+    );
+  }
+  const containerd = await startContainerd({
+    registry,
+    // critest's own pause name: pulled through the mirror like every other stand-in.
+    sandboxImage: 'registry.k8s.io/pause:3.10',
+    shimBinDir: binDir,
+    mirrorDomains: ['registry.k8s.io', 'gcr.io'],
+    cniPortmap: true,
+  });
+  // cleanup.ts removes this tree too, should the driver be killed before stop().
+  await fsp.writeFile(path.join(work, 'cgroup-name'), containerd.cgroups.name);
+  say(`containerd: pid ${containerd.pid}, socket ${containerd.criSocket}${withShim ? `, handler ${KATA_TS_HANDLER}` : ', runc'}`);
+  const logFile = path.join(outDir, 'containerd.log');
+  return {
+    endpoint: `unix://${containerd.criSocket}`,
+    args: withShim ? [`-runtime-handler=${KATA_TS_HANDLER}`] : [],
+    // containerd pulls the sandbox image, runs CNI and starts a shim process before the VM boots
+    // (all inside critest's deadline): critest's default 300 s, the VM's ready timeout below it.
+    rpcTimeoutS: 300,
+    wrap: (c, a) => ['nsenter', [`--target=${containerd.nodePid}`, '--mount', '--net', '--', c, ...a]],
+    stop: async () => {
+      await fsp.writeFile(logFile, containerd.logText()).catch(() => undefined);
+      const report = await containerd.stop();
+      if (report.strays.length > 0) say(`containerd left running (killed): ${report.strays.join(', ')}`);
+      return report.leftovers;
+    },
+  };
+}
+
+let stopTarget: (() => Promise<string[]>) | undefined;
+
+async function readRatchet(file: string | null): Promise<NotApplicable[]> {
+  return file === null ? [] : parseNotApplicable(await fsp.readFile(path.join(repo, file), 'utf8'));
+}
+
+async function main(): Promise<number> {
+  if (!path.basename(work).startsWith('ktc-')) throw new Error('KTC_WORK must be a /tmp/ktc-* directory made by scripts/conformance.sh');
+  const mode = (env.KTC_MODE ?? 'standalone') as Mode;
+  if (!MODES.includes(mode)) throw new Error(`KTC_MODE must be one of ${MODES.join(', ')}, not ${mode}`);
+  const ratchet = RATCHETS[mode];
+  const expectedFile = path.join(repo, ratchet.expected);
+  const children = new Set<ChildProcess>();
+  let stopping = false;
+  const onSignal = (signal: NodeJS.Signals) => {
+    if (stopping) return;
+    stopping = true;
+    say(`\nconformance: ${signal}, stopping critest and cleaning up`);
+    for (const c of children) c.kill('SIGKILL');
+  };
+  process.on('SIGINT', onSignal);
+  process.on('SIGTERM', onSignal);
+
+  const expected = parseExpected(await fsp.readFile(expectedFile, 'utf8'));
+  const notApplicable = await readRatchet(ratchet.notApplicable);
+  const offline = await readRatchet(ratchet.offline);
+  // The reference: specs containerd + runc passes on this machine kind, each of which the kata-ts
+  // handler must pass unless not-applicable.txt says why a VM cannot.
+  const reference = mode === 'containerd' ? parseExpected(await fsp.readFile(path.join(repo, RATCHETS.runc.expected), 'utf8')) : [];
+  await fsp.mkdir(outDir, { recursive: true });
+  const started = Date.now();
+
+  const registry = await startRegistry();
+  say(`registry: ${registry.host} (pid ${registry.pid})`);
+  const pushLog = path.join(outDir, 'images.log');
+  await fsp.rm(pushLog, { force: true });
+  const busybox = env.CONFORMANCE_BUSYBOX ? ['--busybox', env.CONFORMANCE_BUSYBOX] : [];
+  const pushed = await runLogged('python3', [imagesScript, '--registry', registry.host, ...busybox], pushLog, children);
+  if (pushed !== 0) throw new Error(`critest-images.py failed (exit ${pushed}); see ${pushLog}`);
+  say(`images: pushed in ${((Date.now() - started) / 1000).toFixed(0)} s`);
+
+  const target = mode === 'standalone' ? await startStandalone(registry) : await startContainerdTarget(registry, mode === 'containerd');
+  stopTarget = target.stop;
+
   const base = [
-    `-runtime-endpoint=${endpoint}`,
-    `-image-endpoint=${endpoint}`,
+    `-runtime-endpoint=${target.endpoint}`,
+    `-image-endpoint=${target.endpoint}`,
+    ...target.args,
     '-ginkgo.no-color',
     '-ginkgo.v',
     `-ginkgo.timeout=${suiteTimeout}`,
-    '-runtime-service-timeout=180s',
-    '-image-service-timeout=180s',
+    `-runtime-service-timeout=${target.rpcTimeoutS}s`,
+    `-image-service-timeout=${target.rpcTimeoutS}s`,
   ];
   const user = splitUserArgs(process.argv.slice(2));
-  const plan = await critestArgs(critest, base, user, parallel, work, (cmd, args, log) => runLogged(cmd, args, log, children));
+  const plan = await critestArgs(critest, base, user, parallel, work, (cmd, args, log) =>
+    runLogged(cmd, args, log, children, undefined, target.wrap),
+  );
   say(`critest: ${plan.specCount} specs on ${plan.shards.length} process(es); logs in ${outDir}/critest-*.log`);
   const critestStarted = Date.now();
   const reports: string[] = [];
@@ -182,14 +335,23 @@ async function main(): Promise<number> {
       await fsp.rm(log, { force: true });
       reports.push(report);
       const progress = new ProgressLines();
-      await runLogged(critest, [...args, `-ginkgo.json-report=${report}`], log, children, (line) => {
-        const done = progress.feed(line);
-        if (done !== null) say(`  [${i + 1}] ${done}`);
-      });
+      await runLogged(
+        critest,
+        [...args, `-ginkgo.json-report=${report}`],
+        log,
+        children,
+        (line) => {
+          const done = progress.feed(line);
+          if (done !== null) say(`  [${i + 1}] ${done}`);
+        },
+        target.wrap,
+      );
     }),
   );
   const critestSeconds = (Date.now() - critestStarted) / 1000;
-  await daemon.stop();
+  stopTarget = undefined;
+  const left = await target.stop();
+  if (left.length > 0) throw new Error(`stopping the runtime left:\n  ${left.join('\n  ')}`);
   if (stopping) return 130;
 
   const docs: unknown[] = [];
@@ -202,7 +364,8 @@ async function main(): Promise<number> {
   const parsed = parseReports(docs);
   const verdict = judge(parsed.specs, expected, notApplicable, offline);
   say('');
-  for (const line of formatResults(parsed, verdict, notApplicable, offline)) say(line);
+  for (const line of formatResults(parsed, verdict, notApplicable, offline, ratchet.dir, ratchet.expected)) say(line);
+  if (mode === 'containerd') for (const line of referenceGap(parsed.specs, reference, notApplicable)) say(line);
   if (env.CONFORMANCE_UPDATE === '1' && verdict.newlyPassing.length > 0) {
     await fsp.writeFile(
       expectedFile,
@@ -211,13 +374,13 @@ async function main(): Promise<number> {
         verdict.newlyPassing.map((s) => s.name),
       ),
     );
-    say(`added ${verdict.newlyPassing.length} specs to test/conformance/expected.txt`);
+    say(`added ${verdict.newlyPassing.length} specs to ${ratchet.expected}`);
   }
   say('');
   say(
     `critest wall time: ${critestSeconds.toFixed(0)} s on ${plan.shards.length} process(es); whole run ${((Date.now() - started) / 1000).toFixed(0)} s`,
   );
-  say(closingLine(count(parsed.specs)));
+  say(closingLine(count(parsed.specs), ratchet.label));
   if (parsed.suiteProblems.length > 0) return 2;
   if (ratchetFails(verdict)) return 1;
   if (env.CONFORMANCE_STRICT === '1' && verdict.newlyPassing.length > 0 && env.CONFORMANCE_UPDATE !== '1') return 1;
@@ -230,6 +393,10 @@ try {
 } catch (err) {
   process.stderr.write(`conformance: ${err instanceof Error ? err.message : String(err)}\n`);
 } finally {
+  if (stopTarget !== undefined) {
+    const leftByTarget = await stopTarget().catch((err: unknown) => [String(err)]);
+    if (leftByTarget.length > 0) process.stderr.write(`conformance: stopping the runtime left:\n  ${leftByTarget.join('\n  ')}\n`);
+  }
   const left = await cleanupRun(work).catch((err: unknown) => [String(err)]);
   if (left.length > 0) {
     process.stderr.write(`conformance: cleanup left:\n  ${left.join('\n  ')}\n`);

@@ -9,7 +9,7 @@ import { createCgroupDriver, detectCgroupMode } from '../cgroups/index.js';
 import { errorMessage, precondition } from '../common/errors.js';
 import type { Logger } from '../common/logger.js';
 import { epochNs } from '../common/time.js';
-import type { CgroupDriverName, KataConfig, LoadedConfig } from '../config/types.js';
+import type { CgroupDriverName, CgroupDriverSetting, KataConfig, LoadedConfig } from '../config/types.js';
 import { GUEST_SHARED_DIR } from '../hypervisor/argv.js';
 import { readPcieHostFacts } from '../pcie/index.js';
 import { ContainerManager } from '../runtime/container/manager.js';
@@ -37,6 +37,27 @@ import './reasons.js';
 export function cgroupDriverForPath(cgroupsPath: string | null | undefined): CgroupDriverName | null {
   if (cgroupsPath === null || cgroupsPath === undefined || cgroupsPath === '') return null;
   return cgroupsPath.split(':').length === 3 ? 'systemd' : 'cgroupfs';
+}
+
+/**
+ * The cgroup driver a pod's VMM is placed with: the config's `cgroupDriver` when it names one (as
+ * runc's own SystemdCgroup option, not the path's form, decides for runc), else the form of the
+ * sandbox spec's `linux.cgroupsPath` (cgroupDriverForPath); null: detection decides.
+ */
+export function podCgroupDriver(configured: CgroupDriverSetting, cgroupsPath: string | null | undefined): CgroupDriverName | null {
+  return configured === 'auto' ? cgroupDriverForPath(cgroupsPath) : configured;
+}
+
+/**
+ * The cgroup_parent the core gets for a pod whose spec's path has `pathDriver`'s form while the
+ * pod runs with `driver`. The same driver: the parent as decoded. A systemd slice under a
+ * configured cgroupfs driver (critest through containerd 1.6 sends `/test.slice` whatever the node
+ * runs, as 1.6 has no RuntimeConfig to ask; runc configured without SystemdCgroup likewise ignores
+ * the slice): '' so the VMM goes to `<cgroupRoot>/kata-ts-<id>`. A cgroupfs path under systemd
+ * stays as it is (the systemd driver refuses it with CGROUP_PARENT_STYLE_MISMATCH).
+ */
+export function cgroupParentForDriver(driver: CgroupDriverName, pathDriver: CgroupDriverName | null, parent: string): string {
+  return driver === 'cgroupfs' && pathDriver === 'systemd' ? '' : parent;
 }
 
 /**

@@ -30,7 +30,7 @@ import { readBundleConfig } from './bundle.js';
 import { handlerForBinary } from './handler.js';
 import { type MetricsEndpoint, PodMetrics, serveMetricsSocket } from './metrics-endpoint.js';
 import { metricsSocketPath, readShimInfo, type ShimInfo, writeShimInfo } from './paths.js';
-import { cgroupDriverForPath, composePod, type ShimPod } from './pod.js';
+import { composePod, podCgroupDriver, type ShimPod } from './pod.js';
 import './reasons.js';
 
 /** Who this shim is, as containerd started it: what a service needs besides the pod's core. */
@@ -137,7 +137,7 @@ export async function startShimServer(options: ServeOptions): Promise<ShimServer
     pod = await composePod({
       loaded: options.loaded,
       stateDir,
-      cgroupDriver: cgroupDriverForPath(bundle.cgroupsPath),
+      cgroupDriver: podCgroupDriver(options.loaded.config.cgroupDriver, bundle.cgroupsPath),
       logger: log,
       ...(options.facts === undefined ? {} : { facts: options.facts }),
     });

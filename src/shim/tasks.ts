@@ -19,7 +19,7 @@ import type { RequestContext } from '../runtime/context.js';
 import { readBundleJson } from './bundle.js';
 import { decodeBundleRole, decodeExecProcess, decodePodSpec, decodeTaskContainerSpec, type ExecSpec } from './decode/index.js';
 import type { EventPublisher } from './events.js';
-import type { ShimPod } from './pod.js';
+import { cgroupParentForDriver, type ShimPod } from './pod.js';
 import { timestampOfNs } from './proto.js';
 import { mountRootfs, type RootfsMount, unmountRootfs } from './rootfs.js';
 import { type ExecStdio, openExecStdio, type TaskIo } from './stdio.js';
@@ -176,6 +176,15 @@ export class ShimTasks {
       const resolvConf =
         first.resolvConfPath === null ? undefined : await fsp.readFile(first.resolvConfPath, 'utf8').catch(() => undefined);
       const pod = resolvConf === undefined ? first : decodePodSpec(oci, { resolvConf });
+      const driver = this.deps.pod.facts.cgroupDriver.name;
+      const parent = cgroupParentForDriver(driver, pod.cgroup?.driver ?? null, pod.spec.linux?.cgroup_parent ?? '');
+      if (pod.spec.linux != null && parent !== pod.spec.linux.cgroup_parent) {
+        this.deps.logger.warn(
+          { cgroupsPath: pod.cgroup?.cgroupsPath, driver },
+          'the sandbox names a systemd slice but the configured cgroup driver is cgroupfs: the VMM goes to the cgroupfs root',
+        );
+        pod.spec.linux.cgroup_parent = parent;
+      }
       await this.deps.pod.sandboxes.run(pod.spec, this.deps.handler, ctx, {
         id: req.id,
         ...(pod.netnsPath === null ? {} : { joinNetns: pod.netnsPath }),

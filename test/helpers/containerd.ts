@@ -90,6 +90,13 @@ export interface ContainerdOptions {
   extraToml?: string;
   /** false: config.toml names no kata-ts handler (a test installs it, e.g. with `kata-ts install`). Default true. */
   kataHandler?: boolean;
+  /**
+   * Registry domains (e.g. `registry.k8s.io`) whose hosts.toml mirrors them to `registry` over
+   * plain HTTP, so images keep their upstream names (critest's stand-ins). Default: none.
+   */
+  mirrorDomains?: string[];
+  /** Add the portmap plugin (host ports, as a kubelet node's CNI has it) to the CNI network. Default false. */
+  cniPortmap?: boolean;
 }
 
 /** What stop() found and did. */
@@ -302,7 +309,7 @@ export function containerdConfigToml(p: {
 }
 
 /** A bridge + host-local conflist on `subnet` (containerd adds the loopback network itself). */
-function cniConflist(dir: string, prefix: string): string {
+function cniConflist(dir: string, prefix: string, portmap = false): string {
   return JSON.stringify(
     {
       cniVersion: '1.0.0',
@@ -321,11 +328,17 @@ function cniConflist(dir: string, prefix: string): string {
             routes: [{ dst: '0.0.0.0/0' }],
           },
         },
+        ...(portmap ? [{ type: 'portmap', capabilities: { portMappings: true } }] : []),
       ],
     },
     null,
     2,
   );
+}
+
+/** hosts.toml sending pulls of `server` (a registry's URL) to `mirrorUrl` (plain HTTP). */
+export function mirrorHostsToml(server: string, mirrorUrl: string): string {
+  return [`server = ${toml(server)}`, '', `[host.${toml(mirrorUrl)}]`, '  capabilities = ["pull", "resolve"]', ''].join('\n');
 }
 
 /** Starts a private containerd (see the file's comment); stop() the handle when done. */
@@ -438,15 +451,19 @@ class PrivateContainerd implements ContainerdHandle {
     }
     this.sandboxImage = this.options.sandboxImage ?? (await pushPauseImage(this.registry));
     for (const d of ['root', 'state', 'tmp', 'runc', 'net.d', 'ipam', 'pods']) await fsp.mkdir(path.join(this.dir, d));
-    const hostsDir = path.join(this.dir, 'certs.d', this.registry.host);
-    await fsp.mkdir(hostsDir, { recursive: true });
+    const hosts: Array<[string, string]> = [
+      [this.registry.host, this.registry.url],
+      ...(this.options.mirrorDomains ?? []).map((d): [string, string] => [d, `https://${d}`]),
+    ];
+    for (const [domain, server] of hosts) {
+      const hostsDir = path.join(this.dir, 'certs.d', domain);
+      await fsp.mkdir(hostsDir, { recursive: true });
+      await fsp.writeFile(path.join(hostsDir, 'hosts.toml'), mirrorHostsToml(server, this.registry.url));
+    }
     await fsp.writeFile(
-      path.join(hostsDir, 'hosts.toml'),
-      [`server = ${toml(this.registry.url)}`, '', `[host.${toml(this.registry.url)}]`, '  capabilities = ["pull", "resolve"]', ''].join(
-        '\n',
-      ),
+      path.join(this.cniConfDir, `10-${CNI_NETWORK}.conflist`),
+      cniConflist(this.dir, this.podSubnetPrefix, this.options.cniPortmap === true),
     );
-    await fsp.writeFile(path.join(this.cniConfDir, `10-${CNI_NETWORK}.conflist`), cniConflist(this.dir, this.podSubnetPrefix));
     await fsp.writeFile(
       this.configPath,
       containerdConfigToml({

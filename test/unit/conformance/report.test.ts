@@ -11,6 +11,8 @@ import {
   parseNotApplicable,
   parseReports,
   ratchetFails,
+  referenceFailures,
+  referenceGap,
   updatedExpected,
 } from '../../../scripts/conformance/report.js';
 import { packageRoot } from '../../../src/common/paths.js';
@@ -76,7 +78,8 @@ describe('parseReports', () => {
     expect(conditions).toMatchObject({ group: '[k8s.io] Runtime info', state: 'failed', filtered: false, location: 'pkg/validate/x.go:7' });
     expect(conditions.message).toBe('should return all the required runtime conditions Expected <int>: 1 to be >= <int>: 2');
     expect(specs.find((s) => s.name === BENCH)?.filtered).toBe(true);
-    expect(closingLine(count(specs))).toBe('conformance: 1 passed, 3 failed, 1 skipped');
+    expect(closingLine(count(specs), 'standalone')).toBe('conformance (standalone): 1 passed, 3 failed, 1 skipped');
+    expect(closingLine(count(specs), 'containerd')).toBe('conformance (containerd): 1 passed, 3 failed, 1 skipped');
   });
 
   it('merges shard reports: the shard that ran a spec wins over the ones that filtered it', () => {
@@ -175,5 +178,36 @@ describe('ratchet files', () => {
     expect(expected.filter((n) => listed.has(n))).toEqual([]);
     expect(new Set(expected).size).toBe(expected.length);
     expect(expected.every((n) => n.startsWith('[k8s.io] '))).toBe(true);
+  });
+
+  it('the containerd ratchet parses, and the runc reference lists no spec the offline limits exempt', () => {
+    const dir = path.join(packageRoot(), 'test/conformance/containerd');
+    const expected = parseExpected(readFileSync(path.join(dir, 'expected.txt'), 'utf8'));
+    const reference = parseExpected(readFileSync(path.join(dir, 'runc-reference.txt'), 'utf8'));
+    const na = parseNotApplicable(readFileSync(path.join(dir, 'not-applicable.txt'), 'utf8'));
+    const offline = parseNotApplicable(readFileSync(path.join(dir, 'offline-limits.txt'), 'utf8'));
+    const offlineNames = new Set(offline.map((n) => n.name));
+    const listed = new Set([...na.map((n) => n.name), ...offlineNames]);
+    expect(expected.filter((n) => listed.has(n))).toEqual([]);
+    expect(reference.filter((n) => offlineNames.has(n))).toEqual([]);
+    for (const names of [expected, reference]) {
+      expect(new Set(names).size).toBe(names.length);
+      expect(names.every((n) => n.startsWith('[k8s.io] '))).toBe(true);
+    }
+  });
+});
+
+describe('the runc reference', () => {
+  const specs = parseReports([report({})]).specs;
+  it('names the reference specs the kata-ts handler ran and failed, apart from the not-applicable ones', () => {
+    const failedNames = specs.filter((s) => s.state === 'failed').map((s) => s.name);
+    const passedNames = specs.filter((s) => s.state === 'passed').map((s) => s.name);
+    expect(failedNames.length).toBeGreaterThan(1);
+    const reference = [...failedNames, ...passedNames];
+    expect(referenceFailures(specs, reference, []).map((s) => s.name)).toEqual(failedNames);
+    const exempt = [{ name: failedNames[0]!, reason: 'a VM cannot', accepted: '' }];
+    expect(referenceFailures(specs, reference, exempt).map((s) => s.name)).toEqual(failedNames.slice(1));
+    expect(referenceGap(specs, passedNames, [])).toEqual([]);
+    expect(referenceGap(specs, reference, exempt).slice(2)).toEqual(failedNames.slice(1).map((n) => `  ${n}`));
   });
 });

@@ -16,7 +16,7 @@ import {
   socketPathOf,
   writeShimInfo,
 } from '../../../src/shim/paths.js';
-import { cgroupDriverForPath } from '../../../src/shim/pod.js';
+import { cgroupDriverForPath, cgroupParentForDriver, podCgroupDriver } from '../../../src/shim/pod.js';
 
 const ID = 'f0e1d2c3b4a5968778695a4b3c2d1e0ff0e1d2c3b4a5968778695a4b3c2d1e0f';
 const dirs: string[] = [];
@@ -131,5 +131,22 @@ describe('bundle', () => {
     expect(cgroupDriverForPath('kubepods/abc')).toBe('cgroupfs');
     expect(cgroupDriverForPath('')).toBeNull();
     expect(cgroupDriverForPath(null)).toBeNull();
+  });
+
+  it("lets the config's named cgroup driver win over the path's form; 'auto' follows the path", () => {
+    const slice = 'test.slice:cri-containerd:abc';
+    expect(podCgroupDriver('cgroupfs', slice)).toBe('cgroupfs');
+    expect(podCgroupDriver('systemd', '/kubepods/pod1/abc')).toBe('systemd');
+    expect(podCgroupDriver('auto', slice)).toBe('systemd');
+    expect(podCgroupDriver('auto', '/kubepods/pod1/abc')).toBe('cgroupfs');
+    expect(podCgroupDriver('auto', '')).toBeNull();
+  });
+
+  it('drops a systemd slice as cgroup_parent under the cgroupfs driver, and only then', () => {
+    expect(cgroupParentForDriver('cgroupfs', 'systemd', 'test.slice')).toBe('');
+    expect(cgroupParentForDriver('cgroupfs', 'cgroupfs', '/kubepods/pod1')).toBe('/kubepods/pod1');
+    expect(cgroupParentForDriver('systemd', 'systemd', 'kubepods.slice')).toBe('kubepods.slice');
+    expect(cgroupParentForDriver('systemd', 'cgroupfs', '/kubepods/pod1')).toBe('/kubepods/pod1');
+    expect(cgroupParentForDriver('cgroupfs', null, '')).toBe('');
   });
 });

@@ -60,6 +60,7 @@ function scriptedPod() {
         calls.push('containers.stop');
       },
     },
+    facts: { cgroupDriver: { name: 'cgroupfs', source: 'config' } },
   } as unknown as ShimPod;
   return { pod, calls, containerEvents: events, record, exit, createdWith: () => createdWith };
 }
