@@ -145,12 +145,14 @@ export async function startShimServer(options: ServeOptions): Promise<ShimServer
     server = new TtrpcServer({ logger: log });
     const control = new Control(server, pod, lock, options);
     control.services = await options.registerServices(server, pod, () => control.requestShutdown(), identity);
+    // The metrics socket first: `start` returns once the ttrpc socket answers, and whoever it
+    // answers reads shim.json next, so nothing may come between listening and writing it.
+    metrics = await startPodMetrics(pod, identity, stateDir);
+    control.metrics = metrics;
     await fsp.mkdir(path.dirname(identity.socketPath), { recursive: true, mode: 0o700 });
     await clearStaleSocket(identity.socketPath);
     await server.listen(identity.socketPath);
     await fsp.chmod(identity.socketPath, 0o600);
-    metrics = await startPodMetrics(pod, identity, stateDir);
-    control.metrics = metrics;
     const info: ShimInfo = {
       pid: process.pid,
       sandboxId: identity.sandboxId,
