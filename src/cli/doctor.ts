@@ -16,6 +16,7 @@ import {
   rootMountShared,
   sameNamespace,
 } from '../runtime/mount-namespace.js';
+import { poolDoctorReport } from '../runtime/pool/doctor.js';
 import { auditOrphans, ownersFromRecords } from '../runtime/sandbox/orphan-audit.js';
 import { type CliIo, parseCommandArgs, UsageError } from './args.js';
 import { loadWithOverrides } from './serve.js';
@@ -129,6 +130,11 @@ export async function runDoctorChecks(config: KataConfig, configPath: string | n
     );
   } catch (err) {
     checks.push({ name: 'orphans', verdict: 'warn', message: errorMessage(err) });
+  }
+  try {
+    checks.push({ name: 'pool', ...(await poolDoctorReport(config)) });
+  } catch (err) {
+    checks.push({ name: 'pool', verdict: 'warn', message: errorMessage(err) });
   }
   return checks;
 }

@@ -61,13 +61,15 @@ export interface PoolVmPlan {
 /**
  * The smallest shape and the largest headroom the handler and host allow: one vCPU of up to
  * min(handler, host) vCPUs; the handler's least boot RAM, growable by virtio-mem to the handler's
- * (or host's) most, in whole 128 MiB memory blocks.
+ * (or host's) most, rounded up to whole 128 MiB memory blocks: a pod's own headroom ends at most
+ * there, wherever its boot RAM starts. The region is address space (a sparse memfd) until the
+ * claim plugs what the pod plans; a pod never grows beyond its own planned maximum.
  */
 export function planPoolShape(handler: ResolvedHandler, host: HostCapacity): VmShape {
   const { vm } = handler.profile;
   const memoryMiB = Math.ceil(vm.minMemoryMiB / VIRTIO_MEM_BLOCK_MIB) * VIRTIO_MEM_BLOCK_MIB;
   const ceilingMiB = Math.min(vm.maxMemoryMiB, Math.floor(host.memoryMiB));
-  const headroomMiB = Math.max(0, Math.floor((ceilingMiB - memoryMiB) / MEMORY_BLOCK_MIB) * MEMORY_BLOCK_MIB);
+  const headroomMiB = Math.max(0, Math.ceil((ceilingMiB - memoryMiB) / MEMORY_BLOCK_MIB) * MEMORY_BLOCK_MIB);
   return {
     vcpus: 1,
     maxVcpus: Math.max(1, Math.min(vm.maxVcpus, host.cpus)),

@@ -84,14 +84,14 @@ describe('planPoolShape', () => {
     expect(shape.maxVcpus).toBe(Math.min(vm.maxVcpus, HOST.cpus));
     expect(shape.memoryMiB).toBe(Math.ceil(vm.minMemoryMiB / 2) * 2);
     expect((shape.maxMemoryMiB - shape.memoryMiB) % 128).toBe(0);
-    expect(shape.maxMemoryMiB).toBeLessThanOrEqual(Math.min(vm.maxMemoryMiB, HOST.memoryMiB));
-    expect(shape.maxMemoryMiB + 128).toBeGreaterThan(Math.min(vm.maxMemoryMiB, HOST.memoryMiB));
+    expect(shape.maxMemoryMiB).toBeGreaterThanOrEqual(Math.min(vm.maxMemoryMiB, HOST.memoryMiB));
+    expect(shape.maxMemoryMiB - 128).toBeLessThan(Math.min(vm.maxMemoryMiB, HOST.memoryMiB));
   });
 
   it('is bounded by a small host', () => {
     const shape = planPoolShape(resolveHandler(defaultConfig(), 'kata-ts'), { cpus: 2, memoryMiB: 1000 });
     expect(shape.maxVcpus).toBe(2);
-    expect(shape.maxMemoryMiB).toBeLessThanOrEqual(1000);
+    expect(shape.maxMemoryMiB).toBeLessThan(1000 + 128);
   });
 });
 
@@ -115,10 +115,12 @@ describe('planPoolVm', () => {
 });
 
 describe('poolMiss', () => {
-  it('lets a default pod and a sized pod take the pooled VM', async () => {
+  it('lets a default pod and pods of any size the handler allows take the pooled VM', async () => {
     const pool = await pooled();
     expect(poolMiss(fitInput(await coldPlan({}), pool))).toBeNull();
-    expect(poolMiss(fitInput(await coldPlan(limits(2000, 1024)), pool))).toBeNull();
+    for (const mib of [100, 333, 1024, 1500, 4000]) {
+      expect(poolMiss(fitInput(await coldPlan(limits(2000, mib)), pool)), `${mib} MiB`).toBeNull();
+    }
   });
 
   it('refuses with POOL_DISABLED when the handler has no pool', async () => {
