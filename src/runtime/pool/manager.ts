@@ -102,6 +102,8 @@ export class PoolManager implements SandboxPool {
   async recover(): Promise<void> {
     await this.store.init();
     await fsp.mkdir(poolVmRoot(this.deps.config.stateDir), { recursive: true, mode: 0o700 });
+    // The key of each handler's pooled VM is planned from the host's PCIe facts, read once.
+    if (this.sizes().length > 0) this.planCache ??= await this.deps.readPcieFacts();
     const { records } = await this.store.load();
     const known = new Set<string>();
     for (const record of records) {
