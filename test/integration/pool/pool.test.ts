@@ -152,7 +152,11 @@ describe('the pool of pre-booted VMs (real QEMU, virtiofsd, CNI in a node namesp
   afterAll(async () => {
     if (rt !== undefined) {
       await rememberPoolNetns().catch(() => undefined);
-      for (const id of sandboxes) await rt.cri.runtime.RemovePodSandbox({ pod_sandbox_id: id }).catch(() => undefined);
+      // rt.cri throws when the daemon is down (a failed restart): cleanup must still run.
+      for (const id of sandboxes)
+        await Promise.resolve()
+          .then(() => rt.cri.runtime.RemovePodSandbox({ pod_sandbox_id: id }))
+          .catch(() => undefined);
       const keep = process.env.KATA_TS_KEEP_DAEMON_LOG;
       if (keep !== undefined) await fsp.copyFile(rt.logFile, keep).catch(() => undefined);
       await rt.cleanup();
