@@ -65,7 +65,12 @@ export async function claimPooledVm(input: ClaimInput, log: Logger): Promise<Cre
     // 1. The pooled VM's files become the sandbox's: one rename on the state dir's filesystem.
     await fsp.mkdir(sandboxVmRoot(deps.config.stateDir), { recursive: true, mode: 0o700 });
     await fsp.rename(pool.workDir, layout.workDir);
-    undo.push('remove work dir', () => removeWorkDir(layout.workDir, log));
+    // QEMU (chrooted in the jail under it when confined) goes before its files.
+    const killFirst = () => undo.attempt('kill QEMU', () => vm.kill());
+    undo.push('remove work dir', async () => {
+      await killFirst();
+      await removeWorkDir(layout.workDir, log);
+    });
     // 2. The sandbox record (phase creating) owns it all; then the pool's record goes.
     record.origin = {
       kind: 'pool',
@@ -103,7 +108,10 @@ export async function claimPooledVm(input: ClaimInput, log: Logger): Promise<Cre
       const owner = leaseOwnerOf(deps.store, req.id);
       await identities.transfer(uid, leaseOwnerOf(poolStore, pool.id), owner);
       undo.push('release the VMM identity', () => identities.release(uid, owner));
-      undo.push('release the jail', () => releaseJail(layout.jailDir, log));
+      undo.push('release the jail', async () => {
+        await killFirst();
+        await releaseJail(layout.jailDir, log);
+      });
     }
     await poolStore.delete(pool.id);
     // 3. The pod network in the namespace QEMU already runs in.
