@@ -246,7 +246,7 @@ describe('the pool of pre-booted VMs (real QEMU, virtiofsd, CNI in a node namesp
           .trim();
       expect(await nproc(pc)).toBe(await nproc(c));
     },
-    scaledMs(300_000),
+    scaledMs(600_000),
   );
 
   it(
