@@ -20,7 +20,7 @@ import { GUEST_ROOTS } from './containers/guest-facts.js';
 import { Containers, CrunBackend, GUEST_PATHS } from './containers/index.js';
 import { rootIsInitramfs } from './containers/runtime.js';
 import { GuestNetwork } from './network.js';
-import { PodService } from './pods.js';
+import { GUEST_POD_PATHS, GUEST_VIRTIO_DEVICES_DIR, PodService } from './pods.js';
 import { AGENT_PORT_NAME, findPort, VirtioPort } from './port.js';
 import { AgentService } from './server.js';
 
@@ -83,7 +83,9 @@ export async function runAgent(
 if (process.argv[1] !== undefined && realpathSync(process.argv[1]) === realpathSync(fileURLToPath(import.meta.url))) {
   const logger = agentLogger(process.env);
   guestBackend(logger)
-    .then((backend) => runAgent(backend, process.env, new PodService(logger), logger))
+    .then((backend) =>
+      runAgent(backend, process.env, new PodService(logger, { ...GUEST_POD_PATHS, virtioDevicesDir: GUEST_VIRTIO_DEVICES_DIR }), logger),
+    )
     .catch((err: unknown) => {
       process.stderr.write(`kata-ts-agent: ${err instanceof Error ? err.message : String(err)}\n`);
       process.exit(1);

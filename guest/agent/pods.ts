@@ -23,6 +23,8 @@ import type {
 export const DEFAULT_SHM_SIZE_BYTES = 64 * 1024 * 1024;
 /** StatSharedPath reads at most this much of a file. */
 export const STAT_CONTENT_MAX_BYTES = 64 * 1024;
+/** The share's virtio-fs tag (src/hypervisor/argv.ts SHARED_FS_TAG, guest/init SHARED_TAG). */
+const SHARED_FS_TAG = 'kata-ts-shared';
 const POD_ID = /^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$/;
 /** RFC 1123 labels separated by dots, as Kubernetes hostnames are; at most 64 bytes (HOST_NAME_MAX). */
 const HOSTNAME = /^(?=.{0,64}$)([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*)?$/i;
@@ -38,7 +40,17 @@ export interface PodPaths {
   mount: string;
   umount: string;
   procRoot: string;
+  /**
+   * /sys/bus/virtio/devices: where a virtio-fs device hot-plugged after boot (a pooled VM's claim,
+   * docs/pool.md) shows up; absent: the share is never mounted by the agent.
+   */
+  virtioDevicesDir?: string;
 }
+
+/** virtio device id of virtio-fs (/sys/bus/virtio/devices/N/device). */
+const VIRTIO_ID_FS = '0x001a';
+/** How long CreatePod waits for a just hot-plugged virtio-fs device to be probed. */
+const SHARED_DEVICE_WAIT_MS = 15_000;
 
 export const GUEST_POD_PATHS: PodPaths = {
   pause: '/usr/lib/kata-ts/kata-ts-pause',
@@ -48,6 +60,9 @@ export const GUEST_POD_PATHS: PodPaths = {
   umount: '/bin/umount',
   procRoot: '/proc',
 };
+
+/** The guest's own: GUEST_POD_PATHS with the virtio device list (main.ts). */
+export const GUEST_VIRTIO_DEVICES_DIR = '/sys/bus/virtio/devices';
 
 interface PodState {
   pausePid: number;
@@ -85,7 +100,7 @@ export class PodService {
     if (!HOSTNAME.test(req.hostname))
       throw invalid('POD_HOSTNAME_INVALID', `hostname ${JSON.stringify(req.hostname)} is not a valid hostname.`);
     const dir = path.join(this.paths.podsDir, req.podId);
-    const shared = await this.sharedDirMounted();
+    const shared = await this.ensureSharedDir();
     const existing = await this.readState(req.podId);
     if (existing !== undefined && this.pauseAlive(existing, req.podId)) {
       return { pausePid: existing.pausePid, shmPath: existing.shmPath, sharedDirMounted: shared, sharedDir: this.paths.sharedDir };
@@ -185,6 +200,45 @@ export class PodService {
       }
     }
     return out;
+  }
+
+  /**
+   * guest/init mounts the share at boot when the VM has the device. A pooled VM gets it hot-plugged
+   * just before CreatePod: then the agent waits for the device to be probed and mounts it here.
+   */
+  private async ensureSharedDir(): Promise<boolean> {
+    if (await this.sharedDirMounted()) return true;
+    const dir = this.paths.virtioDevicesDir;
+    if (dir === undefined) return false;
+    const until = Date.now() + SHARED_DEVICE_WAIT_MS;
+    while (!(await this.hasVirtioFs(dir))) {
+      if (Date.now() > until) return false;
+      await new Promise((r) => setTimeout(r, 50));
+    }
+    await fsp.mkdir(this.paths.sharedDir, { recursive: true });
+    for (;;) {
+      try {
+        await run(this.paths.mount, ['-t', 'virtiofs', SHARED_FS_TAG, this.paths.sharedDir]);
+        this.logger.info({ sharedDir: this.paths.sharedDir }, 'hot-plugged shared directory mounted');
+        return true;
+      } catch (err) {
+        // The device is listed before its driver has registered the tag.
+        if (Date.now() > until) {
+          this.logger.warn({ err: String(err) }, 'cannot mount the hot-plugged shared directory');
+          return false;
+        }
+        await new Promise((r) => setTimeout(r, 100));
+      }
+    }
+  }
+
+  private async hasVirtioFs(dir: string): Promise<boolean> {
+    const names = await fsp.readdir(dir).catch(() => [] as string[]);
+    for (const name of names) {
+      const id = await fsp.readFile(path.join(dir, name, 'device'), 'utf8').catch(() => '');
+      if (id.trim() === VIRTIO_ID_FS) return true;
+    }
+    return false;
   }
 
   private async sharedDirMounted(): Promise<boolean> {

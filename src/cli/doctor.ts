@@ -17,6 +17,7 @@ import {
   rootMountShared,
   sameNamespace,
 } from '../runtime/mount-namespace.js';
+import { poolDoctorReport } from '../runtime/pool/doctor.js';
 import { auditOrphans, ownersFromRecords } from '../runtime/sandbox/orphan-audit.js';
 import { type CliIo, parseCommandArgs, UsageError } from './args.js';
 import { containerdChecks } from './doctor-containerd.js';
@@ -149,6 +150,11 @@ export async function runDoctorChecks(
     checks.push({ name: 'orphans', verdict: 'warn', message: errorMessage(err) });
   }
   checks.push(...(await containerdChecks(containerdConfigPath === undefined ? {} : { configPath: containerdConfigPath })));
+  try {
+    checks.push({ name: 'pool', ...(await poolDoctorReport(config)) });
+  } catch (err) {
+    checks.push({ name: 'pool', verdict: 'warn', message: errorMessage(err) });
+  }
   return checks;
 }
 

@@ -117,5 +117,6 @@ export function defaultConfig(): KataConfig {
       [DEFAULT_HANDLER]: defaultHandlerProfile(),
       [CONFIDENTIAL_HANDLER]: confidentialHandlerProfile(),
     },
+    pool: { sizes: {}, refillCpuShares: 64 },
   };
 }

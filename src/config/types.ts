@@ -203,6 +203,19 @@ export interface KataConfig {
   shim: ShimConfig;
   defaultHandler: string;
   handlers: Record<string, HandlerProfile>;
+  pool: PoolConfig;
+}
+
+/**
+ * Pre-booted VMs (docs/pool.md): how many each handler keeps ready, and the CPU weight the
+ * refill's boots get (cgroup v1 cpu.shares of the pool's own cgroup; running pods get 1024).
+ * A confidential handler is never pooled.
+ */
+export interface PoolConfig {
+  /** Handler name -> pooled VMs kept ready (0 or absent: none). */
+  sizes: Record<string, number>;
+  /** cpu.shares of the pool cgroup the refill boots in (2-262144); low, so running pods come first. */
+  refillCpuShares: number;
 }
 
 /** A config together with where it came from, as reported by Status and `doctor`. */

@@ -44,5 +44,11 @@ export function crossFieldProblems(config: KataConfig): string[] {
       }
     }
   }
+  for (const [name, size] of Object.entries(config.pool.sizes)) {
+    if (size === 0) continue;
+    const h = config.handlers[name];
+    if (h === undefined) problems.push(`/pool/sizes/${name} names no handler (${names.join(', ')})`);
+    else if (h.confidential) problems.push(`/pool/sizes/${name} must be 0: a confidential handler's VM is never pooled`);
+  }
   return problems;
 }

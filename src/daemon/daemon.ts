@@ -28,6 +28,7 @@ import { ResourceUpdates } from '../runtime/container/updates.js';
 import type { RuntimeFacts } from '../runtime/facts.js';
 import { gatherFacts } from '../runtime/gather-facts.js';
 import { type MetricsEndpoint, RuntimeMetrics, serveMetrics } from '../runtime/metrics.js';
+import { PoolManager, registerPoolMetrics } from '../runtime/pool/manager.js';
 import { SandboxManager } from '../runtime/sandbox/manager.js';
 import { auditOrphans, ownersFromRecords } from '../runtime/sandbox/orphan-audit.js';
 import { sandboxSharedDir, sandboxVmRoot } from '../runtime/sandbox/paths.js';
@@ -51,6 +52,8 @@ export interface Daemon {
   metrics: RuntimeMetrics;
   /** Base URL of the streaming server (Exec, Attach, PortForward). */
   streamingUrl: string;
+  /** The pool of pre-booted VMs (docs/pool.md). */
+  pool: PoolManager;
   /** Stop serving. Pod VMs keep running: they are found again by the next start. */
   close(): Promise<void>;
 }
@@ -98,6 +101,11 @@ async function composeDaemon(options: DaemonOptions, releaseLock: () => Promise<
   const cgroups = createCgroupDriver(facts.cgroupDriver.name, driverOptions);
   const host = { cpus: Math.max(1, os.cpus().length), memoryMiB: Math.floor(os.totalmem() / (1024 * 1024)) };
   const readPcieFacts = () => readPcieHostFacts(config.pcie);
+  const network = config.network.mode === 'cni' ? new PodNetworks(config.network) : undefined;
+  // Pre-booted VMs (docs/pool.md): recovered (or drained) always, offered to RunPodSandbox when sized.
+  const pool = new PoolManager({ config, facts, cgroups, host, readPcieFacts, logger, ...(network === undefined ? {} : { network }) });
+  await pool.recover();
+  registerPoolMetrics(metrics.registry, pool);
   const sandboxes = new SandboxManager({
     config,
     facts,
@@ -107,7 +115,8 @@ async function composeDaemon(options: DaemonOptions, releaseLock: () => Promise<
     store: new RecordStore<SandboxRecord>(config.stateDir, SANDBOX_RECORD_KIND, logger),
     host,
     readPcieFacts,
-    ...(config.network.mode === 'cni' ? { network: new PodNetworks(config.network) } : {}),
+    ...(network === undefined ? {} : { network }),
+    ...(pool.sizes().length > 0 ? { pool } : {}),
     cgroupDriverNamed: (name) => createCgroupDriver(name, driverOptions),
     // Containers are told when their sandbox stops or goes (containers is defined just below).
     listener: {
@@ -173,7 +182,9 @@ async function composeDaemon(options: DaemonOptions, releaseLock: () => Promise<
     Version: async () => versionResponse(),
     Status: async (req: StatusRequest__Output) => {
       const response = statusResponse(config, facts, req, await networkReadiness(config.network));
-      if (req.verbose) response.info = { ...response.info, streaming: JSON.stringify({ url: streaming.baseUrl }) };
+      if (req.verbose) {
+        response.info = { ...response.info, streaming: JSON.stringify({ url: streaming.baseUrl }), pool: JSON.stringify(pool.status()) };
+      }
       return response;
     },
     RuntimeConfig: async () => runtimeConfigResponse(facts),
@@ -214,6 +225,8 @@ async function composeDaemon(options: DaemonOptions, releaseLock: () => Promise<
     throw err;
   }
   const started = server;
+  // The pool fills once the daemon answers: its boots never delay the daemon's start.
+  pool.start();
   return {
     config,
     facts,
@@ -221,7 +234,9 @@ async function composeDaemon(options: DaemonOptions, releaseLock: () => Promise<
     metricsAddress: endpoint?.address ?? null,
     metrics,
     streamingUrl: streaming.baseUrl,
+    pool,
     close: async () => {
+      await pool.close();
       await started.close();
       await streaming.close();
       await endpoint?.close();

@@ -19,6 +19,7 @@ export {
   type VmSocketPaths,
 } from './argv.js';
 export { checkGuestAssets, type GuestAssetCheck, type GuestAssetPaths } from './assets.js';
+export { CLAIM_NIC_DEVICE_ID, CLAIM_VFS_DEVICE_ID, type ClaimNic, plugNic, plugSharedFs } from './claim-hotplug.js';
 export {
   fstabField,
   inJail,

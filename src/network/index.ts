@@ -6,6 +6,8 @@ export { type PodNetworkRequest, PodNetworks } from './pod-network.js';
 export { type CniPodNetworkRecord, type JoinedPodNetworkRecord, netnsRefOf, type PodNetworkRecord } from './record.js';
 export { type PodNetworkResult, parseCniResult, podIps } from './result.js';
 export {
+  createNetns,
+  deleteNetns,
   inNetns,
   NETNS_DIR,
   type NetnsRef,

@@ -100,7 +100,7 @@ export class PodNetworks {
       );
       return;
     }
-    await createNetns(net.netnsName);
+    if (options.netnsMade !== true) await createNetns(net.netnsName);
     net.cniAttached = true; // before ADD: a crash inside ADD must still be followed by DEL
     await persist();
     const started = Date.now();

@@ -50,6 +50,8 @@ export interface TapOwner {
 /** How PodNetworks.setup makes the TAP. */
 export interface TapOptions {
   tapOwner?: TapOwner;
+  /** The namespace exists already (a pooled VM's, made when the VM was booted; docs/pool.md): not created again. */
+  netnsMade?: boolean;
 }
 
 /**

@@ -83,7 +83,9 @@ export async function spawnDaemon(
   child.stderr!.pipe(log);
   const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()));
   let up = false;
-  for (let i = 0; i < 300 && !up && child.exitCode === null; i++) {
+  // Bounded for a hung daemon, not sized for an idle machine: a loaded 2-core node with several
+  // TCG guests took over 30 s to reach the socket (the process exiting ends the wait at once).
+  for (let i = 0; i < 3000 && !up && child.exitCode === null; i++) {
     up = await accepts(socketPath);
     if (!up) await new Promise((r) => setTimeout(r, 100));
   }

@@ -2,6 +2,7 @@ import { errorMessage, precondition } from '../../common/errors.js';
 import type { Logger } from '../../common/logger.js';
 import { plugVcpus, setVirtioMemSize } from '../../hypervisor/index.js';
 import type { HostBudget, VmShape } from '../../sizing/types.js';
+import { virtioMemBasis } from '../sandbox/record.js';
 import type { SandboxHandle } from '../sandbox/types.js';
 import type { ResizePlan } from './plan.js';
 
@@ -19,7 +20,9 @@ export async function applyResize(sandbox: SandboxHandle, plan: ResizePlan, logg
   };
   if (growing) await updateLimits();
   if (plan.shape.memoryMiB !== record.shape.memoryMiB) {
-    await setVirtioMemSize(vm.qmp, plan.virtioMemMiB, record.shape.maxMemoryMiB - record.plan.sizing.vm.memoryMiB);
+    // A pooled VM's virtio-mem already holds what grew it to the planned boot RAM (docs/pool.md).
+    const basis = virtioMemBasis(record);
+    await setVirtioMemSize(vm.qmp, plan.virtioMemMiB + basis.offsetMiB, basis.maxMiB);
     record.shape = { ...record.shape, memoryMiB: plan.shape.memoryMiB };
   }
   if (plan.addVcpus > 0) {
@@ -63,7 +66,8 @@ export async function revertResize(sandbox: SandboxHandle, to: ResizeCheckpoint,
     const numbers = { fromMemoryMiB: record.shape.memoryMiB, toMemoryMiB: to.shape.memoryMiB };
     try {
       if (vm === undefined) throw new Error('the VM is gone');
-      await setVirtioMemSize(vm.qmp, to.shape.memoryMiB - bootMemoryMiB, record.shape.maxMemoryMiB - bootMemoryMiB);
+      const basis = virtioMemBasis(record);
+      await setVirtioMemSize(vm.qmp, to.shape.memoryMiB - bootMemoryMiB + basis.offsetMiB, basis.maxMiB);
       record.shape = { ...record.shape, memoryMiB: to.shape.memoryMiB };
       log.info(numbers, 'rollback: VM memory resized back');
     } catch (err) {

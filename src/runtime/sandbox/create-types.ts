@@ -37,6 +37,17 @@ export interface CreateDeps {
   readPcieFacts(): Promise<PcieHostFacts>;
   /** Pod networking (network.mode "cni"); absent: pod VMs get no NIC. */
   network?: PodNetworks;
+  /** Pre-booted VMs (src/runtime/pool, docs/pool.md); absent: every pod boots cold. */
+  pool?: SandboxPool;
+}
+
+/**
+ * What RunPodSandbox asks of the pool after planning: a pooled VM grown into `prep`'s plan, or
+ * null when none fits or the claim failed (then `prep.record.origin` says why, and the pod boots
+ * cold; a failed claim has discarded its VM and left nothing behind).
+ */
+export interface SandboxPool {
+  claim(deps: CreateDeps, prep: SandboxPreparation): Promise<CreatedSandbox | null>;
 }
 
 /** The effects of RunPodSandbox that start a process or mount something, as one replaceable set. */

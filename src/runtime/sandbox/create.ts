@@ -8,5 +8,7 @@ import { prepareSandbox } from './prepare.js';
  * rolls them all back before the error is rethrown.
  */
 export async function createSandbox(deps: CreateDeps, req: CreateRequest): Promise<CreatedSandbox> {
-  return executeSandbox(deps, await prepareSandbox(deps, req));
+  const prep = await prepareSandbox(deps, req);
+  const claimed = deps.pool === undefined ? null : await deps.pool.claim(deps, prep);
+  return claimed ?? executeSandbox(deps, prep);
 }

@@ -109,6 +109,21 @@ export class VmmIdentities {
     await fsp.rm(file, { force: true });
   }
 
+  /**
+   * Hand the lease of `id` from `from` to `to` (a pooled VM's identity, taken by the pod that
+   * claims it; docs/pool.md). Refuses when `from` does not hold it.
+   */
+  async transfer(id: number, from: LeaseOwner, to: LeaseOwner): Promise<void> {
+    const file = this.leaseFile(id);
+    const holder = parseLease((await readText(file)) ?? '');
+    if (holder?.sandboxId !== from.sandboxId || holder.recordFile !== from.recordFile) {
+      throw new Error(`VMM identity ${id}'s lease ${file} is not held by pooled VM ${from.sandboxId}`);
+    }
+    const tmp = `${file}.${process.pid}.tmp`;
+    await fsp.writeFile(tmp, leaseText(to), { mode: 0o600 });
+    await fsp.rename(tmp, file);
+  }
+
   /** Every lease naming `owner` released (a creation cut short before its record named the identity). */
   async releaseAllOf(owner: LeaseOwner): Promise<number[]> {
     const released: number[] = [];

@@ -96,6 +96,8 @@ export async function sandboxVerboseInfo(live: LiveSandbox, cgroups: CgroupDrive
     guestPod: record.guestPod,
     network: networkInfo(record.network),
     exit: record.exit,
+    // From the pool or cold, and why not from the pool (docs/pool.md).
+    origin: record.origin ?? null,
     plan: {
       source: record.plan.sizing.source,
       vm: record.plan.sizing.vm,

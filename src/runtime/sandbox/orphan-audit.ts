@@ -250,6 +250,20 @@ export async function ownersFromRecords(stateDir: string): Promise<AuditOwners> 
     }
     sandboxes.push({ id, pids });
   }
+  // Pooled VMs (docs/pool.md) own their QEMU and namespace the same way.
+  for (const e of await entries(path.join(stateDir, 'pool'))) {
+    if (!e.isFile() || !e.name.endsWith('.json')) continue;
+    try {
+      const doc = JSON.parse(await fsp.readFile(path.join(stateDir, 'pool', e.name), 'utf8')) as {
+        record?: { id?: string; vmm?: { pid?: number } | null; network?: { netnsName?: string } | null };
+      };
+      const pid = doc.record?.vmm?.pid;
+      sandboxes.push({ id: e.name.slice(0, -'.json'.length), pids: typeof pid === 'number' ? [pid] : [] });
+      if (typeof doc.record?.network?.netnsName === 'string') netnsNames.push(doc.record.network.netnsName);
+    } catch {
+      // unreadable: the pool's recovery reports it
+    }
+  }
   const containerIds = (await entries(path.join(stateDir, 'containers')))
     .filter((e) => e.isFile() && e.name.endsWith('.json'))
     .map((e) => e.name.slice(0, -'.json'.length));

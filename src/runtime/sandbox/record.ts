@@ -123,6 +123,29 @@ export interface SandboxRecord {
    */
   network: PodNetworkRecord | null;
   exit: SandboxExitRecord | null;
+  /** Where the VM came from (docs/pool.md); absent: a cold boot recorded before the pool existed. */
+  origin?: SandboxOrigin;
+}
+
+/**
+ * A VM taken from the pool (its id, the shape it was booted with, and the virtio-mem it was grown
+ * by, which later resizes add to), or booted cold, with the reason the pool could not serve it.
+ */
+export type SandboxOrigin =
+  | { kind: 'pool'; poolVmId: string; pooledShape: { vcpus: number; memoryMiB: number; maxVcpus: number; maxMemoryMiB: number } }
+  | { kind: 'cold'; poolMiss: { reason: string; message: string } | null };
+
+/**
+ * virtio-mem a resize must add to its own: what grew a pooled VM's boot RAM to the planned boot
+ * RAM, and the device's whole headroom (a cold VM: 0 and maxMemoryMiB - memoryMiB of its plan).
+ */
+export function virtioMemBasis(record: Pick<SandboxRecord, 'origin' | 'plan' | 'shape'>): { offsetMiB: number; maxMiB: number } {
+  const boot = record.plan.sizing.vm.memoryMiB;
+  if (record.origin?.kind === 'pool') {
+    const p = record.origin.pooledShape;
+    return { offsetMiB: boot - p.memoryMiB, maxMiB: p.maxMemoryMiB - p.memoryMiB };
+  }
+  return { offsetMiB: 0, maxMiB: record.shape.maxMemoryMiB - boot };
 }
 
 const stringMap = { type: 'object', additionalProperties: { type: 'string' } } as const;
@@ -419,6 +442,31 @@ export const SANDBOX_RECORD_KIND: RecordKind = {
         properties: { pausePid: { type: 'integer', minimum: 1 }, shmPath: { type: 'string', minLength: 1 } },
       }),
       network: nullable({ anyOf: [CNI_NETWORK_SCHEMA, JOINED_NETWORK_SCHEMA] }),
+      origin: {
+        type: 'object',
+        required: ['kind'],
+        properties: {
+          kind: { enum: ['pool', 'cold'] },
+          poolVmId: { type: 'string' },
+          pooledShape: {
+            type: 'object',
+            additionalProperties: false,
+            required: ['vcpus', 'memoryMiB', 'maxVcpus', 'maxMemoryMiB'],
+            properties: {
+              vcpus: { type: 'integer' },
+              memoryMiB: { type: 'integer' },
+              maxVcpus: { type: 'integer' },
+              maxMemoryMiB: { type: 'integer' },
+            },
+          },
+          poolMiss: nullable({
+            type: 'object',
+            additionalProperties: false,
+            required: ['reason', 'message'],
+            properties: { reason: { type: 'string' }, message: { type: 'string' } },
+          }),
+        },
+      },
       exit: nullable({
         type: 'object',
         additionalProperties: false,

@@ -42,7 +42,7 @@ const BELOW_CORE = [
 ];
 /** The core's lowest floor: its root files (context, deadline, locks, store, facts, metrics, plan, ...). */
 const CORE_BASE = ['core-root', 'spec', 'admission', 'logs'];
-const CORE = [...CORE_BASE, 'sandbox', 'resize', 'container'];
+const CORE = [...CORE_BASE, 'sandbox', 'resize', 'pool', 'container'];
 
 const LAYERS: LayerTable = {
   folders: {
@@ -76,6 +76,7 @@ const LAYERS: LayerTable = {
     'src/runtime/logs': 'logs',
     'src/runtime/sandbox': 'sandbox',
     'src/runtime/resize': 'resize',
+    'src/runtime/pool': 'pool',
     'src/runtime/container': 'container',
     'src/cri': 'cri',
     'src/cri/decode': 'cri',
@@ -121,6 +122,7 @@ const LAYERS: LayerTable = {
     logs: ['common'],
     sandbox: [...BELOW_CORE, ...CORE_BASE],
     resize: [...BELOW_CORE, ...CORE_BASE, 'sandbox'],
+    pool: [...BELOW_CORE, ...CORE_BASE, 'sandbox', 'resize'],
     container: [...BELOW_CORE, ...CORE_BASE, 'sandbox', 'resize'],
     // The CRI face: the core and the pure or face-only parts below it, never a driver that
     // touches the host (cgroups, hypervisor, network, pcie): the daemon wires those in.

@@ -1,0 +1,235 @@
+/**
+ * A pooled VM becomes a pod's (docs/pool.md#claim): its work dir renamed to the sandbox's, its
+ * record replaced by the sandbox record, then what a cold boot puts on the command line added
+ * while it runs: CNI ADD in its namespace and the TAP, the NIC hot-plugged with CNI's MAC,
+ * virtiofsd on the pod's shared dir and its device hot-plugged, the VMM (and virtiofsd) moved
+ * into the pod's cgroup at normal priority and grown to the planned shape, then CreatePod (which
+ * mounts the share) and ConfigureNetwork. Every step registers its undo like executeSandbox's; a
+ * failure runs them all (the VM is discarded, nothing is left) and rethrows.
+ */
+import { promises as fsp } from 'node:fs';
+import { errorMessage } from '../../common/errors.js';
+import type { Logger } from '../../common/logger.js';
+import {
+  plugNic,
+  plugSharedFs,
+  plugVcpus,
+  setVirtioMemSize,
+  startVirtiofsd,
+  type VirtiofsdProcess,
+  virtioMemPluggedMiB,
+} from '../../hypervisor/index.js';
+import { deleteNetns } from '../../network/index.js';
+import { RollbackSteps } from '../rollback.js';
+import { POD_SHM_SIZE_BYTES } from '../sandbox/boot.js';
+import type { CreateDeps, CreatedSandbox, SandboxPreparation } from '../sandbox/create-types.js';
+import { leaseOwnerOf, type VmmIdentities } from '../sandbox/identities.js';
+import { releaseJail } from '../sandbox/jail.js';
+import { configureGuestNetwork } from '../sandbox/network.js';
+import { sandboxVmRoot } from '../sandbox/paths.js';
+import { planWithMac } from '../sandbox/prepare.js';
+import { prepareSharedDir, releaseSharedMounts, removeWorkDir } from '../sandbox/shared-dir.js';
+import type { RecordStore } from '../store.js';
+import { planClaim } from './plan.js';
+import type { PooledVmRecord } from './record.js';
+import { type PooledVm, reniceProcess } from './vm.js';
+
+/** The nice value a claimed VM's threads get back: the pod's cgroup decides its share from then on. */
+const CLAIMED_NICE = 0;
+
+export interface ClaimInput {
+  deps: CreateDeps;
+  prep: SandboxPreparation;
+  pooled: PooledVm;
+  identities: VmmIdentities;
+  poolStore: RecordStore<PooledVmRecord>;
+}
+
+export async function claimPooledVm(input: ClaimInput, log: Logger): Promise<CreatedSandbox> {
+  const { deps, prep, pooled, identities, poolStore } = input;
+  const { req, layout } = prep;
+  const { record } = prep;
+  const { vm, agent } = pooled;
+  const pool = pooled.record;
+  const undo = new RollbackSteps(log);
+  const persist = () => deps.store.put(record);
+  const started = Date.now();
+  const remainingMs = () => Math.max(1, req.readyTimeoutMs - (Date.now() - started));
+  const claim = planClaim(record.plan, { ...pool.shape, hugepages: [], kernelParams: [] }, prep.network !== null);
+  if (pool.vmm === null) throw new Error('a ready pooled VM without a VMM record');
+  const poolVmm = pool.vmm;
+  try {
+    // Whatever fails from here on, the pooled VM goes: QEMU first (its undo runs last-registered-first).
+    undo.push('close the agent client', async () => agent.close());
+    undo.push('kill QEMU', () => vm.kill());
+    // 1. The pooled VM's files become the sandbox's: one rename on the state dir's filesystem.
+    await fsp.mkdir(sandboxVmRoot(deps.config.stateDir), { recursive: true, mode: 0o700 });
+    await fsp.rename(pool.workDir, layout.workDir);
+    // QEMU (chrooted in the jail under it when confined) goes before its files.
+    const killFirst = () => undo.attempt('kill QEMU', () => vm.kill());
+    undo.push('remove work dir', async () => {
+      await killFirst();
+      await removeWorkDir(layout.workDir, log);
+    });
+    // 2. The sandbox record (phase creating) owns it all; then the pool's record goes.
+    record.origin = {
+      kind: 'pool',
+      poolVmId: pool.id,
+      pooledShape: {
+        vcpus: pool.shape.vcpus,
+        memoryMiB: pool.shape.memoryMiB,
+        maxVcpus: pool.shape.maxVcpus,
+        maxMemoryMiB: pool.shape.maxMemoryMiB,
+      },
+    };
+    const { vmm } = record.plan;
+    const base = { seccomp: vmm.seccomp, optOutReason: vmm.optOutReason };
+    record.confinement =
+      pool.confinement === null
+        ? { ...base, identity: null, jailDir: null, vmmDir: null }
+        : {
+            ...base,
+            identity: { uid: pool.confinement.uid, gid: pool.confinement.gid, lease: identities.leaseFile(pool.confinement.uid) },
+            jailDir: layout.jailDir,
+            vmmDir: layout.vmmDir,
+          };
+    record.vmm = {
+      pid: vm.pid,
+      startTimeTicks: vm.startTimeTicks,
+      workDir: layout.workDir,
+      ...layout.vmPaths,
+      agentSocket: layout.agentSocket,
+      virtiofsSocket: layout.virtiofsSocket,
+    };
+    await persist();
+    undo.push('delete record', () => deps.store.delete(req.id));
+    if (pool.confinement !== null) {
+      const { uid } = pool.confinement;
+      const owner = leaseOwnerOf(deps.store, req.id);
+      await identities.transfer(uid, leaseOwnerOf(poolStore, pool.id), owner);
+      undo.push('release the VMM identity', () => identities.release(uid, owner));
+      undo.push('release the jail', async () => {
+        await killFirst();
+        await releaseJail(layout.jailDir, log);
+      });
+    }
+    await poolStore.delete(pool.id);
+    // 3. The pod network in the namespace QEMU already runs in.
+    if (prep.network !== null && prep.network.record.kind === 'cni' && pool.network !== null) {
+      const net = prep.network.record;
+      const { networks } = prep.network;
+      net.netnsName = pool.network.netnsName;
+      net.netnsPath = pool.network.netnsPath;
+      net.attachment = { ...net.attachment, netnsPath: pool.network.netnsPath };
+      record.network = net;
+      await persist();
+      undo.push('tear down the pod network', () => networks.teardown(net, persist, log));
+      const tapOwner = pool.confinement === null ? undefined : { uid: pool.confinement.uid, gid: pool.confinement.gid };
+      await networks.setup(net, persist, log, { netnsMade: true, ...(tapOwner === undefined ? {} : { tapOwner }) });
+      if (net.mac === null || net.mtu === null) throw new Error('the pod network was set up without a MAC');
+      record.plan = planWithMac(prep.planInput, net.mac);
+      await persist();
+      await plugNic(vm.qmp, {
+        tapName: net.tapName,
+        mac: net.mac,
+        vhost: prep.planInput.nic?.vhost === true,
+        bus: claim.nic?.portId ?? '',
+      });
+    } else if (pool.network !== null) {
+      const { netnsName } = pool.network;
+      undo.push('delete netns', () => deleteNetns(netnsName));
+    }
+    req.signal.throwIfAborted();
+    // 4. The shared dir and virtiofsd on it; QEMU connects to it as a client (chardev-add).
+    undo.push('unmount the shared dir', () => releaseSharedMounts(layout.sharedDir, log));
+    await prepareSharedDir(layout.sharedDir);
+    const virtiofsd: VirtiofsdProcess = await startVirtiofsd({
+      binary: deps.config.hypervisor.virtiofsdBinary,
+      socketPath: layout.virtiofsSocket,
+      sourceDir: layout.sharedDir,
+      logFile: layout.virtiofsdLog,
+      logger: log,
+    });
+    undo.push('stop virtiofsd', () => virtiofsd.stop(0));
+    record.virtiofsd = { pid: virtiofsd.pid, startTimeTicks: virtiofsd.startTimeTicks, socketPath: layout.virtiofsSocket };
+    await persist();
+    if (pool.confinement !== null) await fsp.chown(layout.virtiofsSocket, pool.confinement.uid, pool.confinement.gid);
+    // Confined, QEMU sees its VMM dir at the pool's path still (its jail was built there).
+    const qemuSocket = pool.confinement === null ? layout.virtiofsSocket : poolVmm.qemuVirtiofsSocket;
+    await plugSharedFs(vm.qmp, qemuSocket, claim.sharedFs.portId);
+    // 5. The pod's cgroup, at normal priority: from here the VM runs on the pod's budget.
+    const placement = await deps.cgroups.place({
+      sandboxId: req.id,
+      cgroupParent: prep.cgroupParent,
+      pid: vm.pid,
+      extraPids: [virtiofsd.pid],
+      limits: record.plan.sizing.host,
+    });
+    undo.push('remove cgroup', async () => {
+      await undo.attempt('kill QEMU', () => vm.kill());
+      await undo.attempt('stop virtiofsd', () => virtiofsd.stop(0));
+      await deps.cgroups.remove(placement);
+    });
+    record.placement = placement;
+    await persist();
+    reniceProcess(vm.pid, CLAIMED_NICE);
+    // 6. Grown to the planned shape.
+    if (claim.addVcpus > 0) await plugVcpus(vm.qmp, claim.addVcpus);
+    if (claim.virtioMemMiB > 0) await setVirtioMemSize(vm.qmp, claim.virtioMemMiB, claim.virtioMemMaxMiB);
+    const want = record.plan.sizing.vm;
+    const report = await vm.waitForGuestReport((r) => r.vcpus === want.vcpus, remainingMs());
+    while (claim.virtioMemMiB > 0 && (await virtioMemPluggedMiB(vm.qmp)) < claim.virtioMemMiB) {
+      req.signal.throwIfAborted();
+      if (remainingMs() <= 1) throw new Error(`the guest did not plug ${claim.virtioMemMiB} MiB of virtio-mem in time`);
+      await new Promise((r) => setTimeout(r, 50));
+    }
+    record.guest = { vcpus: report.vcpus, memoryKiB: report.memoryKiB };
+    // 7. The pod in the guest (the agent mounts the hot-plugged share) and its network.
+    const pod = await agent.createPod(
+      { podId: req.id, hostname: req.spec.hostname, shmSizeBytes: POD_SHM_SIZE_BYTES },
+      { timeoutMs: remainingMs(), signal: req.signal },
+    );
+    if (!pod.sharedDirMounted) throw new Error('the guest did not mount the hot-plugged shared directory');
+    record.guestPod = { pausePid: pod.pausePid, shmPath: pod.shmPath };
+    if (record.network !== null) await configureWithRetry(agent, record, prep, remainingMs, log);
+    record.phase = 'running';
+    record.state = 'SANDBOX_READY';
+    await persist();
+    log.info({ pid: vm.pid, guest: record.guest, claimMs: Date.now() - started, poolVmId: pool.id }, 'sandbox ready from the pool');
+    return { record, vm, agent };
+  } catch (err) {
+    log.warn({ err: errorMessage(err) }, 'claiming the pooled VM failed; discarding it');
+    await undo.run();
+    // What only the pool held, if the claim stopped before the sandbox record took it over.
+    await poolStore.delete(pool.id).catch(() => undefined);
+    await removeWorkDir(pool.workDir, log).catch(() => undefined);
+    if (pool.confinement !== null) {
+      await identities.release(pool.confinement.uid, leaseOwnerOf(poolStore, pool.id)).catch(() => undefined);
+      await releaseJail(pool.confinement.jailDir, log).catch(() => undefined);
+    }
+    if (pool.network !== null && record.network === null) await deleteNetns(pool.network.netnsName).catch(() => undefined);
+    record.network = null;
+    throw err;
+  }
+}
+
+/** The NIC was hot-plugged moments ago: the guest may not have probed it yet (the agent finds it by MAC). */
+async function configureWithRetry(
+  agent: CreatedSandbox['agent'],
+  record: SandboxPreparation['record'],
+  prep: SandboxPreparation,
+  remainingMs: () => number,
+  log: Logger,
+): Promise<void> {
+  if (agent === undefined || record.network === null) return;
+  for (let attempt = 1; ; attempt++) {
+    try {
+      await configureGuestNetwork(agent, record.network, prep.req.spec, { timeoutMs: remainingMs(), signal: prep.req.signal });
+      return;
+    } catch (err) {
+      if (remainingMs() <= 200 || attempt >= 50) throw err;
+      log.debug({ attempt, err: errorMessage(err) }, 'guest NIC not ready yet');
+      await new Promise((r) => setTimeout(r, 200));
+    }
+  }
+}

@@ -1,0 +1,266 @@
+/**
+ * The pool of pre-booted VMs end to end (docs/pool.md), real parts only: the daemon in a node
+ * network namespace this test creates (CNI bridge + host-local), real QEMU (TCG), virtiofsd, the
+ * guest agent, cgroupfs under a private tree. A pool of 1 fills; a pod claims it through the CRI
+ * face and its container runs (its root filesystem arrives through the hot-plugged virtio-fs) and
+ * answers HTTP on the pod's IP; the pool refills; a second pod with the same request boots cold
+ * (the pool is empty meanwhile: the reason is in its verbose status) and is sized exactly like the
+ * pooled one; a daemon restart finds the refilled VM again (same pid).
+ */
+import { execFileSync } from 'node:child_process';
+import { promises as fsp } from 'node:fs';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { netnsNameFor } from '../../../src/network/index.js';
+import { allowLoopbackRegistries, pushBusyboxImage } from '../../helpers/busybox-image.js';
+import { type RegistryHandle, startRegistry } from '../../helpers/images-registry.js';
+import { createNetworkNode, type NetworkNode } from '../../helpers/network-node.js';
+import { until as pollUntil } from '../../helpers/poll.js';
+import { createTestRuntime, podConfig, type TestRuntime } from '../../helpers/runtime-daemon.js';
+import { scaledMs } from '../../helpers/time-scale.js';
+
+const repo = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../..');
+const APPLETS = ['sleep', 'httpd', 'mkdir', 'echo', 'cat', 'nproc'];
+const HTTP_PORT = 8080;
+const MiB = 1024 * 1024;
+
+/** The guest with this branch's agent (it mounts a hot-plugged share): KATA_TS_GUEST_DIR, else built privately. */
+function poolGuestDir(): string {
+  const given = process.env.KATA_TS_GUEST_DIR;
+  if (given !== undefined) return given;
+  const dir = path.join(repo, '.cache/guest-pool');
+  execFileSync('bash', [path.join(repo, 'scripts/build-guest.sh'), '--out', dir], { stdio: ['ignore', 'ignore', 'inherit'] });
+  return dir;
+}
+
+interface PoolStatus {
+  handler: string;
+  size: number;
+  ready: number;
+  booting: number;
+  claimed: number;
+  pids: number[];
+  lastBootCpuMs: number | null;
+}
+
+interface SandboxInfo {
+  origin: { kind: string; poolVmId?: string; poolMiss?: { reason: string; message: string } | null } | null;
+  shape: Record<string, unknown>;
+  guest: { vcpus: number; memoryKiB: number };
+  qmp: { vcpus: number; baseMemoryMiB: number; pluggedMemoryMiB: number };
+  cgroup: Record<string, unknown>;
+  plan: { vm: unknown; host: unknown; workload: unknown; source: string; pcie: unknown };
+}
+
+describe('the pool of pre-booted VMs (real QEMU, virtiofsd, CNI in a node namespace of our own)', () => {
+  let node: NetworkNode;
+  let rt: TestRuntime;
+  let registry: RegistryHandle;
+  let image: string;
+  const sandboxes: string[] = [];
+  const poolNetns = new Set<string>();
+
+  const poolStatus = async (): Promise<PoolStatus> => {
+    const { info } = await rt.cri.runtime.Status({ verbose: true });
+    const all = JSON.parse(info.pool ?? '[]') as PoolStatus[];
+    const mine = all.find((s) => s.handler === 'kata-ts');
+    if (mine === undefined) throw new Error(`no pool for kata-ts in ${info.pool}`);
+    return mine;
+  };
+  const rememberPoolNetns = async (): Promise<void> => {
+    for (const f of await fsp.readdir(path.join(rt.stateDir, 'pool')).catch(() => [] as string[])) {
+      if (!f.endsWith('.json')) continue;
+      const doc = JSON.parse(await fsp.readFile(path.join(rt.stateDir, 'pool', f), 'utf8')) as {
+        record: { network: { netnsName: string } | null };
+      };
+      if (doc.record.network !== null) poolNetns.add(doc.record.network.netnsName);
+    }
+  };
+  const waitReady = (what: string) =>
+    pollUntil(what, async () => ((await poolStatus().catch(() => undefined))?.ready === 1 ? true : undefined), scaledMs(420_000), 500);
+  const verbose = async (id: string): Promise<SandboxInfo> => {
+    const r = await rt.cri.runtime.PodSandboxStatus({ pod_sandbox_id: id, verbose: true });
+    return JSON.parse(r.info.info!) as SandboxInfo;
+  };
+  const podRequest = (name: string) => {
+    const base = podConfig(rt, name);
+    return {
+      ...base,
+      hostname: name,
+      linux: {
+        ...(base.linux as Record<string, unknown>),
+        resources: { cpu_period: '100000', cpu_quota: '150000', memory_limit_in_bytes: String(300 * MiB) },
+      },
+    };
+  };
+  /** The VMM cgroup's limit files as the kernel holds them (cgroup v1 hybrid here). */
+  const cgroupLimits = async (info: SandboxInfo): Promise<Record<string, string>> => {
+    const out: Record<string, string> = {};
+    const files: Record<string, string[]> = {
+      memory: ['memory.limit_in_bytes'],
+      cpu: ['cpu.cfs_quota_us', 'cpu.cfs_period_us', 'cpu.shares'],
+    };
+    for (const [controller, names] of Object.entries(files)) {
+      const dir = info.cgroup[`cgroupPath.${controller}`];
+      if (typeof dir !== 'string') continue;
+      for (const name of names) out[name] = (await fsp.readFile(path.join(dir, name), 'utf8').catch(() => 'absent')).trim();
+    }
+    return out;
+  };
+  const runPod = async (name: string): Promise<{ id: string; config: Record<string, unknown> }> => {
+    const config = podRequest(name);
+    const { pod_sandbox_id: id } = await rt.cri.runtime.RunPodSandbox({ config }, { deadline: Date.now() + scaledMs(240_000) });
+    sandboxes.push(id);
+    return { id, config };
+  };
+  const runContainer = async (sandboxId: string, sandboxConfig: Record<string, unknown>, name: string, command: string[]) => {
+    const { container_id: id } = await rt.cri.runtime.CreateContainer({
+      pod_sandbox_id: sandboxId,
+      config: { metadata: { name, attempt: 0 }, image: { image }, command, log_path: `${name}.log` },
+      sandbox_config: sandboxConfig,
+    });
+    await rt.cri.runtime.StartContainer({ container_id: id });
+    return id;
+  };
+
+  beforeAll(async () => {
+    const guestDir = poolGuestDir();
+    node = await createNetworkNode();
+    registry = await startRegistry();
+    image = await pushBusyboxImage(registry, 'kata/busybox', '1.0', APPLETS);
+    rt = await createTestRuntime({
+      images: { registriesConfigPath: '/dev/null' },
+      network: node.networkConfig(),
+      hypervisor: {
+        kernelPath: path.join(guestDir, 'vmlinuz'),
+        initrdPath: path.join(guestDir, 'initramfs.cpio.gz'),
+        guestImagePath: path.join(guestDir, 'guest.img'),
+        // Seven sessions share two cores here: a cold boot may take minutes, which is not what this tests.
+        readyTimeoutMs: 240_000,
+      },
+      pool: { sizes: { 'kata-ts': 1 } },
+    });
+    await allowLoopbackRegistries(rt);
+    await rt.start();
+    await rt.cri.image.PullImage({ image: { image } });
+    await rt.stop();
+    rt.netnsPath = node.netnsPath;
+    await rt.start();
+  }, scaledMs(300_000));
+
+  afterAll(async () => {
+    if (rt !== undefined) {
+      await rememberPoolNetns().catch(() => undefined);
+      // rt.cri throws when the daemon is down (a failed restart): cleanup must still run.
+      for (const id of sandboxes)
+        await Promise.resolve()
+          .then(() => rt.cri.runtime.RemovePodSandbox({ pod_sandbox_id: id }))
+          .catch(() => undefined);
+      const keep = process.env.KATA_TS_KEEP_DAEMON_LOG;
+      if (keep !== undefined) await fsp.copyFile(rt.logFile, keep).catch(() => undefined);
+      await rt.cleanup();
+    }
+    await node?.cleanup([...sandboxes.map(netnsNameFor), ...poolNetns]);
+    await registry?.stop();
+  }, scaledMs(180_000));
+
+  let pooledId: string;
+  let pooledConfig: Record<string, unknown>;
+
+  it(
+    'fills: one VM booted to agent ready in the background, shown by Status',
+    async () => {
+      await waitReady('the pool to fill');
+      await rememberPoolNetns();
+      const s = await poolStatus();
+      expect(s).toMatchObject({ size: 1, ready: 1, booting: 0, claimed: 0 });
+      expect(s.pids).toHaveLength(1);
+      expect(s.lastBootCpuMs).toBeGreaterThan(0);
+    },
+    scaledMs(480_000),
+  );
+
+  it(
+    'a pod claims it: its container runs from the hot-plugged share and answers on the pod IP',
+    async () => {
+      const poolPid = (await poolStatus()).pids[0];
+      const a = await runPod('pooled');
+      pooledId = a.id;
+      pooledConfig = a.config;
+      const info = await verbose(pooledId);
+      expect(info.origin?.kind).toBe('pool');
+      const { status } = await rt.cri.runtime.PodSandboxStatus({ pod_sandbox_id: pooledId });
+      expect(status!.state).toBe('SANDBOX_READY');
+      const ip = status!.network!.ip;
+      expect(ip.startsWith(`${node.prefix}.`)).toBe(true);
+      const r = await rt.cri.runtime.PodSandboxStatus({ pod_sandbox_id: pooledId, verbose: true });
+      expect((JSON.parse(r.info.info!) as { pid: number }).pid).toBe(poolPid);
+      await runContainer(pooledId, pooledConfig, 'web', [
+        'sh',
+        '-c',
+        `mkdir -p /www && echo hello-from-pool > /www/index.html && exec httpd -f -p ${HTTP_PORT} -h /www`,
+      ]);
+      const body = await pollUntil(
+        'the pooled pod to answer from the node namespace',
+        async () => {
+          const out = await node.httpGet(`http://${ip}:${HTTP_PORT}/`).catch(() => '');
+          return out.includes('hello-from-pool') ? out : undefined;
+        },
+        scaledMs(120_000),
+        250,
+      );
+      expect(body.trim()).toBe('hello-from-pool');
+    },
+    scaledMs(300_000),
+  );
+
+  let coldId: string;
+
+  it(
+    'a pod with the same request while the pool is empty boots cold, says why, and is sized exactly the same',
+    async () => {
+      const b = await runPod('cold');
+      coldId = b.id;
+      const cold = await verbose(coldId);
+      const pooled = await verbose(pooledId);
+      expect(cold.origin?.kind).toBe('cold');
+      expect(cold.origin?.poolMiss?.reason).toBe('POOL_EMPTY');
+      expect(cold.plan.vm).toEqual(pooled.plan.vm);
+      expect(cold.plan.host).toEqual(pooled.plan.host);
+      expect(cold.plan.workload).toEqual(pooled.plan.workload);
+      expect(cold.plan.pcie).toEqual(pooled.plan.pcie);
+      expect(cold.shape).toEqual(pooled.shape);
+      for (const k of ['cpuQuotaMillicores', 'cpuRequestMillicores', 'memoryLimitBytes']) expect(cold.cgroup[k]).toBe(pooled.cgroup[k]);
+      const coldFiles = await cgroupLimits(cold);
+      expect(Object.keys(coldFiles).length).toBeGreaterThan(0);
+      expect(await cgroupLimits(pooled)).toEqual(coldFiles);
+      expect(cold.guest.vcpus).toBe(pooled.guest.vcpus);
+      expect(cold.qmp.vcpus).toBe(pooled.qmp.vcpus);
+      expect(cold.qmp.baseMemoryMiB + cold.qmp.pluggedMemoryMiB).toBe(pooled.qmp.baseMemoryMiB + pooled.qmp.pluggedMemoryMiB);
+      const c = await runContainer(coldId, b.config, 'cpus', ['sleep', '3600']);
+      const pc = await runContainer(pooledId, pooledConfig, 'cpus', ['sleep', '3600']);
+      const nproc = async (id: string) =>
+        Buffer.from((await rt.cri.runtime.ExecSync({ container_id: id, cmd: ['nproc'], timeout: 30 })).stdout)
+          .toString()
+          .trim();
+      expect(await nproc(pc)).toBe(await nproc(c));
+    },
+    scaledMs(600_000),
+  );
+
+  it(
+    'refills, and a daemon restart finds the pooled VM again',
+    async () => {
+      await waitReady('the pool to refill');
+      await rememberPoolNetns();
+      const before = await poolStatus();
+      expect(before.claimed).toBe(1);
+      await rt.restart();
+      const after = await poolStatus();
+      expect(after.ready).toBe(1);
+      expect(after.pids).toEqual(before.pids);
+    },
+    scaledMs(480_000),
+  );
+});
