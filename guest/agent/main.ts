@@ -26,6 +26,26 @@ import { AgentService } from './server.js';
 
 export const AGENT_VERSION = '0.1.0';
 
+/** Kernel uptime (CLOCK_BOOTTIME, /proc/uptime: 10 ms steps) in seconds; NaN where unreadable. */
+export function guestUptimeS(): number {
+  try {
+    return Number(readFileSync('/proc/uptime', 'utf8').split(' ')[0]);
+  } catch {
+    return Number.NaN;
+  }
+}
+
+/**
+ * The agent's start on the guest's clock, logged with 'agent serving' (the console log on the
+ * host; bench/agent-start.ts reads it): `launchedAtS` is the uptime when guest/init exec'd node
+ * (KATA_TS_AGENT_LAUNCHED_AT), `readyAtS` the uptime now, when the port is open and announced.
+ */
+export function agentStartTimes(env: NodeJS.ProcessEnv): { launchedAtS: number; readyAtS: number; agentStartMs: number } {
+  const launchedAtS = Number(env.KATA_TS_AGENT_LAUNCHED_AT ?? Number.NaN);
+  const readyAtS = guestUptimeS();
+  return { launchedAtS, readyAtS, agentStartMs: Math.round((readyAtS - launchedAtS) * 1000) };
+}
+
 function agentLogger(env: NodeJS.ProcessEnv) {
   return createLogger({ level: (env.KATA_TS_AGENT_LOG_LEVEL as LogLevel | undefined) ?? 'info' }).child({ component: 'guest-agent' });
 }
@@ -75,7 +95,7 @@ export async function runAgent(
     service.attach(session);
   });
   channel.announce();
-  logger.info({ device, instanceId: service.instanceId }, 'agent serving');
+  logger.info({ device, instanceId: service.instanceId, ...agentStartTimes(env) }, 'agent serving');
   await port.run(channel);
 }
 
