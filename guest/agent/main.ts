@@ -99,13 +99,22 @@ export async function runAgent(
   await port.run(channel);
 }
 
-// Started directly (not imported by a test): serve crun containers and the pod service.
-if (process.argv[1] !== undefined && realpathSync(process.argv[1]) === realpathSync(fileURLToPath(import.meta.url))) {
-  const logger = agentLogger(process.env);
+/** Serve crun containers and the pod service (what guest/init starts). */
+export function startAgent(env: NodeJS.ProcessEnv = process.env): void {
+  // Again here: a snapshot (guest/agent/snapshot.ts) ran the line at the top at build time.
+  env.UV_THREADPOOL_SIZE ??= '8';
+  const logger = agentLogger(env);
   guestBackend(logger)
-    .then((backend) => runAgent(backend, process.env, new PodService(logger), logger))
+    .then((backend) => runAgent(backend, env, new PodService(logger), logger))
     .catch((err: unknown) => {
       process.stderr.write(`kata-ts-agent: ${err instanceof Error ? err.message : String(err)}\n`);
       process.exit(1);
     });
+}
+
+// Started directly (not imported by a test, nor bundled into the start-up snapshot, whose entry
+// guest/agent/snapshot.ts starts it): serve. A CommonJS bundle has no import.meta.url.
+const selfUrl: string | undefined = import.meta.url;
+if (selfUrl !== undefined && process.argv[1] !== undefined && realpathSync(process.argv[1]) === realpathSync(fileURLToPath(selfUrl))) {
+  startAgent();
 }
