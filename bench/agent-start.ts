@@ -171,7 +171,10 @@ export async function runAgentStartBench(
   const ratios = Object.fromEntries(
     guests.slice(1).map((g) => [
       `${g.name}/${guests[0]!.name}`,
-      { agentStart: summary[g.name]!.agentStartMs! / base.agentStartMs!, contToAgent: summary[g.name]!.contToAgentMs! / base.contToAgentMs! },
+      {
+        agentStart: summary[g.name]!.agentStartMs! / base.agentStartMs!,
+        contToAgent: summary[g.name]!.contToAgentMs! / base.contToAgentMs!,
+      },
     ]),
   );
   return {
@@ -208,9 +211,7 @@ function format(result: Record<string, unknown>): string {
     row('agent start (guest clock)', 'agentStartMs', 'ms'),
     row('cont -> agent bytes (host clock)', 'contToAgentMs', 'ms'),
     row('QEMU RSS then', 'qemuRssMiB', 'MiB'),
-    ...Object.entries(ratios).map(
-      ([k, r]) => `${k}: agent start ${r.agentStart.toFixed(2)}x, cont -> agent ${r.contToAgent.toFixed(2)}x`,
-    ),
+    ...Object.entries(ratios).map(([k, r]) => `${k}: agent start ${r.agentStart.toFixed(2)}x, cont -> agent ${r.contToAgent.toFixed(2)}x`),
   ].join('\n');
 }
 
