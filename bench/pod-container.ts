@@ -26,7 +26,6 @@ import path from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { parseArgs } from 'node:util';
 import { silentLogger } from '../src/common/logger.js';
-import { confidentialHandlerProfile, defaultHandlerProfile } from '../src/config/defaults.js';
 import { startVirtiofsd } from '../src/hypervisor/virtiofsd.js';
 import { allowLoopbackRegistries, pushBusyboxImage } from '../test/helpers/busybox-image.js';
 import { ensureGuestAssets } from '../test/helpers/hypervisor-guest.js';
@@ -99,9 +98,8 @@ export async function runPodContainerBench(
 ): Promise<PodContainerBenchResult> {
   await ensureGuestAssets();
   const registry = await startRegistry();
-  // TCG's translation cache needs more than the default VMM overhead (see cri-flow.test.ts).
-  const profile = { ...defaultHandlerProfile(), vmmOverhead: { cpuMillicores: 100, memoryMiB: 1024 } };
-  const rt = await createBenchDaemon({ handlers: { 'kata-ts': profile, 'kata-ts-cvm': confidentialHandlerProfile() } });
+  // The handlers' defaults (the VMM budget holds TCG's bounded translation cache since it is planned).
+  const rt = await createBenchDaemon();
   const barePids = new Set<number>();
   try {
     const image = await pushBusyboxImage(registry, 'bench/busybox', '1.0', ['sleep']);
