@@ -104,6 +104,8 @@ export async function runIdleMemoryBench(rounds: number, idleS: number, progress
   const profile = defaultHandlerProfile();
   const rt: BenchDaemon = await createBenchDaemon({
     defaultHandler: HANDLERS.on,
+    // Boots on a loaded shared machine take minutes under TCG; this bench measures memory, not time.
+    hypervisor: { readyTimeoutMs: 600_000 },
     handlers: {
       [HANDLERS.on]: profile,
       [HANDLERS.off]: { ...profile, vm: { ...profile.vm, freePageReporting: false } },
