@@ -35,15 +35,24 @@ export function guestUptimeS(): number {
   }
 }
 
+/** Uptime when startAgent began: node started and the agent's code loaded (or deserialized). */
+let startedAtS = Number.NaN;
+
 /**
  * The agent's start on the guest's clock, logged with 'agent serving' (the console log on the
  * host; bench/agent-start.ts reads it): `launchedAtS` is the uptime when guest/init exec'd node
- * (KATA_TS_AGENT_LAUNCHED_AT), `readyAtS` the uptime now, when the port is open and announced.
+ * (KATA_TS_AGENT_LAUNCHED_AT), `startedAtS` when startAgent began (node and the agent's code are
+ * up), `readyAtS` the uptime now, when the port is open and announced.
  */
-export function agentStartTimes(env: NodeJS.ProcessEnv): { launchedAtS: number; readyAtS: number; agentStartMs: number } {
+export function agentStartTimes(env: NodeJS.ProcessEnv): {
+  launchedAtS: number;
+  startedAtS: number;
+  readyAtS: number;
+  agentStartMs: number;
+} {
   const launchedAtS = Number(env.KATA_TS_AGENT_LAUNCHED_AT ?? Number.NaN);
   const readyAtS = guestUptimeS();
-  return { launchedAtS, readyAtS, agentStartMs: Math.round((readyAtS - launchedAtS) * 1000) };
+  return { launchedAtS, startedAtS, readyAtS, agentStartMs: Math.round((readyAtS - launchedAtS) * 1000) };
 }
 
 function agentLogger(env: NodeJS.ProcessEnv) {
@@ -101,6 +110,7 @@ export async function runAgent(
 
 /** Serve crun containers and the pod service (what guest/init starts). */
 export function startAgent(env: NodeJS.ProcessEnv = process.env): void {
+  startedAtS = guestUptimeS();
   // Again here: a snapshot (guest/agent/snapshot.ts) ran the line at the top at build time.
   env.UV_THREADPOOL_SIZE ??= '8';
   const logger = agentLogger(env);
