@@ -54,6 +54,8 @@ interface Trajectory {
   pssKiBAt: Record<string, number>;
   /** The parts at the last reading. */
   partsKiB: Record<string, number>;
+  /** Pod only: the daemon's PSS minus its PSS before RunPodSandbox, at each reading (may be < 0). */
+  daemonShareRawKiB?: number[];
 }
 
 interface RoundResult {
@@ -145,11 +147,19 @@ export async function runIdleMemoryBench(rounds: number, idleS: number, progress
           plan: { qemu: { binary: string; argv: string[] } };
         };
         const vfsPid = info.virtiofsd?.pid;
-        const trajectory = await follow(t0, idleS, () => ({
-          qemu: pssKiB(info.pid),
-          virtiofsd: vfsPid === undefined ? 0 : pssKiB(vfsPid),
-          daemonShare: (readSmapsRollupKiB(daemonPid)?.pss ?? Number.NaN) - daemonBefore,
-        }));
+        const daemonShareRawKiB: number[] = [];
+        const trajectory = await follow(t0, idleS, () => {
+          // The daemon's PSS moves with its garbage collector by more than one pod costs it: a
+          // difference below 0 counts as 0 in the total (the raw differences are in the JSON).
+          const raw = (readSmapsRollupKiB(daemonPid)?.pss ?? Number.NaN) - daemonBefore;
+          daemonShareRawKiB.push(raw);
+          return {
+            qemu: pssKiB(info.pid),
+            virtiofsd: vfsPid === undefined ? 0 : pssKiB(vfsPid),
+            daemonShare: Math.max(0, raw),
+          };
+        });
+        trajectory.daemonShareRawKiB = daemonShareRawKiB;
         return { trajectory, argv: info.plan.qemu.argv, binary: info.plan.qemu.binary, fromDir: info.confinement?.vmmDir ?? info.workDir };
       } finally {
         await rt.cri.runtime.StopPodSandbox({ pod_sandbox_id: sid });

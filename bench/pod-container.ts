@@ -55,7 +55,7 @@ const PROBE = [
   'cd /proc; a=0; r=0; n=0; t=0; f=0',
   'rss() { v=0; while read -r k x _; do if [ "$k" = VmRSS: ]; then v=$x; fi; done < $1/status; }',
   'for p in [0-9]*; do c=; read -r c < $p/cmdline 2>/dev/null',
-  'case "$c" in *agent[.]mjs*) rss $p; a=$v;; *kata-ts-reape[r]*) rss $p; r=$((r + v)); n=$((n + 1));; esac; done',
+  'case "$c" in *kata-ts/agent[.]*) rss $p; a=$v;; *kata-ts-reape[r]*) rss $p; r=$((r + v)); n=$((n + 1));; esac; done',
   'while read -r k x _; do case $k in MemTotal:) t=$x;; MemAvailable:) f=$x;; esac; done < meminfo',
   'echo $a $r $n $((t - f))',
 ].join('; ');
