@@ -206,7 +206,9 @@ function manifestOf(dir: string): Record<string, string> {
   try {
     const lines = readFileSync(path.join(dir, 'manifest'), 'utf8').split('\n');
     const wanted = ['agent', 'agent_flags', 'agent_snapshot', 'node'];
-    return Object.fromEntries(lines.map((l) => l.split('=', 2) as [string, string]).filter(([k]) => wanted.includes(k)));
+    return Object.fromEntries(
+      lines.map((l) => [l.slice(0, Math.max(0, l.indexOf('='))), l.slice(l.indexOf('=') + 1)] as const).filter(([k]) => wanted.includes(k)),
+    );
   } catch {
     return {};
   }
