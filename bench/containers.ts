@@ -16,7 +16,6 @@
 import path from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { parseArgs } from 'node:util';
-import { confidentialHandlerProfile, defaultHandlerProfile } from '../src/config/defaults.js';
 import { allowLoopbackRegistries, pushBusyboxImage } from '../test/helpers/busybox-image.js';
 import { ensureGuestAssets } from '../test/helpers/hypervisor-guest.js';
 import { startRegistry } from '../test/helpers/images-registry.js';
@@ -49,8 +48,8 @@ export async function runContainerBench(
 ): Promise<ContainerBenchResult> {
   await ensureGuestAssets();
   const registry = await startRegistry();
-  const profile = { ...defaultHandlerProfile(), vmmOverhead: { cpuMillicores: 100, memoryMiB: 1024 } };
-  const rt = await createBenchDaemon({ handlers: { 'kata-ts': profile, 'kata-ts-cvm': confidentialHandlerProfile() } });
+  // The handlers' defaults (the VMM budget holds TCG's bounded translation cache since it is planned).
+  const rt = await createBenchDaemon();
   try {
     const image = await pushBusyboxImage(registry, 'bench/busybox', '1.0', ['sleep']);
     await allowLoopbackRegistries(rt);

@@ -23,7 +23,6 @@ import path from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { fileURLToPath } from 'node:url';
 import { parseArgs, promisify } from 'node:util';
-import { defaultHandlerProfile } from '../src/config/defaults.js';
 import { netnsNameFor } from '../src/network/index.js';
 import { allowLoopbackRegistries, pushBusyboxImage } from '../test/helpers/busybox-image.js';
 import { startRegistry } from '../test/helpers/images-registry.js';
@@ -104,12 +103,10 @@ export async function runNetworkBench(
   const node = await createNetworkNode();
   let registry: Awaited<ReturnType<typeof startRegistry>> | undefined;
   let plain: Awaited<ReturnType<typeof plainPeer>> | undefined;
-  const profile = { ...defaultHandlerProfile(), vmmOverhead: { cpuMillicores: 100, memoryMiB: 1024 } };
   const rt = await createTestRuntime(
     {
       logLevel: 'info',
       network: node.networkConfig(),
-      handlers: { 'kata-ts': profile },
       hypervisor: {
         kernelPath: path.join(guestDir, 'vmlinuz'),
         initrdPath: path.join(guestDir, 'initramfs.cpio.gz'),

@@ -26,7 +26,6 @@ import path from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { parseArgs } from 'node:util';
 import { silentLogger } from '../src/common/logger.js';
-import { confidentialHandlerProfile, defaultHandlerProfile } from '../src/config/defaults.js';
 import { startVirtiofsd } from '../src/hypervisor/virtiofsd.js';
 import { allowLoopbackRegistries, pushBusyboxImage } from '../test/helpers/busybox-image.js';
 import { ensureGuestAssets } from '../test/helpers/hypervisor-guest.js';
@@ -56,7 +55,7 @@ const PROBE = [
   'cd /proc; a=0; r=0; n=0; t=0; f=0',
   'rss() { v=0; while read -r k x _; do if [ "$k" = VmRSS: ]; then v=$x; fi; done < $1/status; }',
   'for p in [0-9]*; do c=; read -r c < $p/cmdline 2>/dev/null',
-  'case "$c" in *agent[.]mjs*) rss $p; a=$v;; *kata-ts-reape[r]*) rss $p; r=$((r + v)); n=$((n + 1));; esac; done',
+  'case "$c" in *kata-ts/agent[.]*) rss $p; a=$v;; *kata-ts-reape[r]*) rss $p; r=$((r + v)); n=$((n + 1));; esac; done',
   'while read -r k x _; do case $k in MemTotal:) t=$x;; MemAvailable:) f=$x;; esac; done < meminfo',
   'echo $a $r $n $((t - f))',
 ].join('; ');
@@ -99,9 +98,8 @@ export async function runPodContainerBench(
 ): Promise<PodContainerBenchResult> {
   await ensureGuestAssets();
   const registry = await startRegistry();
-  // TCG's translation cache needs more than the default VMM overhead (see cri-flow.test.ts).
-  const profile = { ...defaultHandlerProfile(), vmmOverhead: { cpuMillicores: 100, memoryMiB: 1024 } };
-  const rt = await createBenchDaemon({ handlers: { 'kata-ts': profile, 'kata-ts-cvm': confidentialHandlerProfile() } });
+  // The handlers' defaults (the VMM budget holds TCG's bounded translation cache since it is planned).
+  const rt = await createBenchDaemon();
   const barePids = new Set<number>();
   try {
     const image = await pushBusyboxImage(registry, 'bench/busybox', '1.0', ['sleep']);

@@ -32,7 +32,6 @@ import path from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { parseArgs, promisify } from 'node:util';
 import { packageRoot } from '../src/common/paths.js';
-import { defaultHandlerProfile } from '../src/config/defaults.js';
 import { netnsNameFor } from '../src/network/wiring.js';
 import { allowLoopbackRegistries, pushBusyboxImage } from '../test/helpers/busybox-image.js';
 import {
@@ -224,8 +223,6 @@ export async function runShimBench(
         : `the sources through tsx: dist/ is not fresh (${stale}); run \`npm run build\` to bench the compiled shim`;
   progress(`shim code: ${shimCodeWhy}`);
 
-  // TCG's translation cache needs more than the default VMM overhead (as bench/pod-container.ts).
-  const profile = { ...defaultHandlerProfile(), vmmOverhead: { cpuMillicores: 100, memoryMiB: 1024 } };
   const leftovers: string[] = [];
   let problems: LogProblems = { shimCount: 0, shimLast: [], containerd: [] };
   let registry: RegistryHandle | undefined;
@@ -314,7 +311,6 @@ export async function runShimBench(
           logLevel: 'info',
           // Bound inside the harness's node (a mount namespace that goes with it).
           mountNamespacePath: path.join(dir, 'mntns', 'mnt'),
-          handlers: { 'kata-ts': profile },
         }),
       ),
     );
@@ -337,7 +333,7 @@ export async function runShimBench(
 
     // The standalone daemon, in containerd's node network namespace, on containerd's CNI config.
     rt = await createBenchDaemon(
-      { handlers: { 'kata-ts': profile }, network: { mode: 'cni', cniConfDir: ctrd.cniConfDir, cniBinDirs: [DEBIAN_CNI_BIN_DIR] } },
+      { network: { mode: 'cni', cniConfDir: ctrd.cniConfDir, cniBinDirs: [DEBIAN_CNI_BIN_DIR] } },
       { netnsPath: `/proc/${ctrd.nodePid}/ns/net` },
     );
     await allowLoopbackRegistries(rt);

@@ -15,7 +15,6 @@
 import path from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { parseArgs } from 'node:util';
-import { confidentialHandlerProfile, defaultHandlerProfile } from '../src/config/defaults.js';
 import { allowLoopbackRegistries, pushBusyboxImage } from '../test/helpers/busybox-image.js';
 import { ensureGuestAssets } from '../test/helpers/hypervisor-guest.js';
 import { startRegistry } from '../test/helpers/images-registry.js';
@@ -44,8 +43,8 @@ async function timed(fn: () => Promise<unknown>): Promise<number> {
 export async function runStreamingBench(rounds: number, progress: (l: string) => void = (l) => process.stderr.write(`${l}\n`)) {
   await ensureGuestAssets();
   const registry = await startRegistry();
-  const profile = { ...defaultHandlerProfile(), vmmOverhead: { cpuMillicores: 100, memoryMiB: 1024 } };
-  const rt = await createBenchDaemon({ handlers: { 'kata-ts': profile, 'kata-ts-cvm': confidentialHandlerProfile() } });
+  // The handlers' defaults (the VMM budget holds TCG's bounded translation cache since it is planned).
+  const rt = await createBenchDaemon();
   try {
     const image = await pushBusyboxImage(registry, 'bench/busybox', 'stream', ['sleep', 'head']);
     await allowLoopbackRegistries(rt);

@@ -4,13 +4,17 @@
 # dependencies, guest/init) and a read-only erofs image mounted at /usr in the guest (the host's
 # node with its libraries, Debian's crun with its libraries, the agent bundle).
 #
-#   scripts/build-guest.sh [--out DIR] [--cache DIR] [--agent-entry FILE] [--layout L] [--force]
+#   scripts/build-guest.sh [--out DIR] [--cache DIR] [--agent-entry FILE] [--agent-snapshot on|off]
+#                          [--layout L] [--force]
 #
 #   --out DIR           where vmlinuz, initramfs.cpio.gz and guest.img go
 #                       (default /usr/local/share/kata-ts/guest)
 #   --cache DIR         downloaded and extracted kernel packages (default /var/cache/kata-ts/guest-build)
 #   --agent-entry FILE  the agent's entry point (default guest/agent/main.ts), bundled by
 #                       scripts/build-agent.mjs; tests and benches pass a stub
+#   --agent-snapshot S  on (default for the real agent): a V8 start-up snapshot of the agent
+#                       (agent.blob, built by the guest's own node) that init starts from; off:
+#                       node runs agent.mjs. A stub entry never gets one
 #   --layout L          image (default): /usr is the erofs image on a virtio-blk disk;
 #                       initramfs: the same files inside the initramfs, no image (what
 #                       bench/guest-boot.ts compares against)
@@ -29,6 +33,7 @@ cache=/var/cache/kata-ts/guest-build
 force=0
 agent_entry=$repo/guest/agent/main.ts
 agent_entry_given=0
+agent_snapshot=on
 layout=image
 
 say() { echo "build-guest: $*" >&2; }
@@ -42,6 +47,7 @@ while [ $# -gt 0 ]; do
 	--out) out=${2:?--out needs a directory}; shift 2 ;;
 	--cache) cache=${2:?--cache needs a directory}; shift 2 ;;
 	--agent-entry) agent_entry=${2:?--agent-entry needs a file}; agent_entry_given=1; shift 2 ;;
+	--agent-snapshot) agent_snapshot=${2:?--agent-snapshot needs on or off}; shift 2 ;;
 	--layout) layout=${2:?--layout needs image or initramfs}; shift 2 ;;
 	--force) force=1; shift ;;
 	-h | --help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
@@ -50,6 +56,7 @@ while [ $# -gt 0 ]; do
 done
 
 case "$layout" in image | initramfs) ;; *) die "--layout must be image or initramfs, not $layout" ;; esac
+case "$agent_snapshot" in on | off) ;; *) die "--agent-snapshot must be on or off, not $agent_snapshot" ;; esac
 # Absolute from here on: paths are compared with what modprobe prints and used after cd.
 mkdir -p "$out" "$cache" || die "cannot create $out or $cache"
 out=$(cd "$out" && pwd)
@@ -116,7 +123,15 @@ for helper in "kata-ts-reaper:$repo/guest/agent/containers/native/reaper.c" "kat
 done
 if [ -f "$agent_entry" ]; then
 	say "bundling the agent from ${agent_entry#"$repo"/}"
-	node "$repo/scripts/build-agent.mjs" --entry "$agent_entry" --out "$usr/lib/kata-ts/agent.mjs" ||
+	# agent.flags: the V8 flags init starts node with (the agent's heap bounds). The snapshot is
+	# built by the guest's own node binary with those flags: it loads into nothing else.
+	snapshot_args=()
+	if [ "$agent_snapshot" = on ] && [ "$agent_entry" = "$repo/guest/agent/main.ts" ]; then
+		say "building the agent's start-up snapshot"
+		snapshot_args=(--snapshot-blob "$usr/lib/kata-ts/agent.blob" --node "$usr/bin/node")
+	fi
+	node "$repo/scripts/build-agent.mjs" --entry "$agent_entry" --out "$usr/lib/kata-ts/agent.mjs" \
+		--flags-out "$usr/lib/kata-ts/agent.flags" "${snapshot_args[@]}" ||
 		die "bundling the agent from $agent_entry failed"
 elif [ "$agent_entry_given" = 1 ]; then
 	die "agent entry $agent_entry is missing"
@@ -130,7 +145,9 @@ inputs=$(
 		echo "$pkg $version layout=$layout"
 		mkfs.erofs --help 2>&1 | head -n1
 		sha256sum "$busybox" "$guest_src/init" "$guest_src/modules.list" "$0" | awk '{ print $1 }'
-		(cd "$usr" && find . -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum)
+		# agent.blob is left out: V8 writes a different blob for the same bundle, node and flags
+		# (all hashed here) at every build.
+		(cd "$usr" && find . -type f ! -name agent.blob -print0 | LC_ALL=C sort -z | xargs -0 sha256sum)
 	} | sha256sum | awk '{ print $1 }'
 )
 outputs=("$out/vmlinuz" "$out/initramfs.cpio.gz")
@@ -254,6 +271,8 @@ fi
 	echo "crun=$(dpkg-query -W -f '${Version}' crun 2>/dev/null || echo unknown) $(sha256sum "$usr/bin/crun" | cut -c1-16)"
 	if [ -f "$usr/lib/kata-ts/agent.mjs" ]; then
 		echo "agent=${agent_entry#"$repo"/} $(sha256sum "$usr/lib/kata-ts/agent.mjs" | cut -c1-16)"
+		echo "agent_flags=$(cat "$usr/lib/kata-ts/agent.flags")"
+		echo "agent_snapshot=$([ -f "$usr/lib/kata-ts/agent.blob" ] && echo on || echo off)"
 	else
 		echo "agent=none"
 	fi

@@ -106,7 +106,11 @@ async function agentKill(soak: Soak, pod: Pod): Promise<void> {
     soak,
     pod,
     `agent-killer${soak.seq.container++}`,
-    ['sh', '-c', 'cd /proc; for p in [0-9]*; do if grep -q "agent[.]mjs" $p/cmdline 2>/dev/null; then kill -9 $p; fi; done; sleep 1000'],
+    [
+      'sh',
+      '-c',
+      'cd /proc; for p in [0-9]*; do if grep -q "kata-ts/agent[.]" $p/cmdline 2>/dev/null; then kill -9 $p; fi; done; sleep 1000',
+    ],
     { pid: 'NODE' },
   );
   const t0 = Date.now();

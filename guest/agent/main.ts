@@ -26,6 +26,35 @@ import { AgentService } from './server.js';
 
 export const AGENT_VERSION = '0.1.0';
 
+/** Kernel uptime (CLOCK_BOOTTIME, /proc/uptime: 10 ms steps) in seconds; NaN where unreadable. */
+export function guestUptimeS(): number {
+  try {
+    return Number(readFileSync('/proc/uptime', 'utf8').split(' ')[0]);
+  } catch {
+    return Number.NaN;
+  }
+}
+
+/** Uptime when startAgent began: node started and the agent's code loaded (or deserialized). */
+let startedAtS = Number.NaN;
+
+/**
+ * The agent's start on the guest's clock, logged with 'agent serving' (the console log on the
+ * host; bench/agent-start.ts reads it): `launchedAtS` is the uptime when guest/init exec'd node
+ * (KATA_TS_AGENT_LAUNCHED_AT), `startedAtS` when startAgent began (node and the agent's code are
+ * up), `readyAtS` the uptime now, when the port is open and announced.
+ */
+export function agentStartTimes(env: NodeJS.ProcessEnv): {
+  launchedAtS: number;
+  startedAtS: number;
+  readyAtS: number;
+  agentStartMs: number;
+} {
+  const launchedAtS = Number(env.KATA_TS_AGENT_LAUNCHED_AT ?? Number.NaN);
+  const readyAtS = guestUptimeS();
+  return { launchedAtS, startedAtS, readyAtS, agentStartMs: Math.round((readyAtS - launchedAtS) * 1000) };
+}
+
 function agentLogger(env: NodeJS.ProcessEnv) {
   return createLogger({ level: (env.KATA_TS_AGENT_LOG_LEVEL as LogLevel | undefined) ?? 'info' }).child({ component: 'guest-agent' });
 }
@@ -75,19 +104,29 @@ export async function runAgent(
     service.attach(session);
   });
   channel.announce();
-  logger.info({ device, instanceId: service.instanceId }, 'agent serving');
+  logger.info({ device, instanceId: service.instanceId, ...agentStartTimes(env) }, 'agent serving');
   await port.run(channel);
 }
 
-// Started directly (not imported by a test): serve crun containers and the pod service.
-if (process.argv[1] !== undefined && realpathSync(process.argv[1]) === realpathSync(fileURLToPath(import.meta.url))) {
-  const logger = agentLogger(process.env);
+/** Serve crun containers and the pod service (what guest/init starts). */
+export function startAgent(env: NodeJS.ProcessEnv = process.env): void {
+  startedAtS = guestUptimeS();
+  // Again here: a snapshot (guest/agent/snapshot.ts) ran the line at the top at build time.
+  env.UV_THREADPOOL_SIZE ??= '8';
+  const logger = agentLogger(env);
   guestBackend(logger)
     .then((backend) =>
-      runAgent(backend, process.env, new PodService(logger, { ...GUEST_POD_PATHS, virtioDevicesDir: GUEST_VIRTIO_DEVICES_DIR }), logger),
+      runAgent(backend, env, new PodService(logger, { ...GUEST_POD_PATHS, virtioDevicesDir: GUEST_VIRTIO_DEVICES_DIR }), logger),
     )
     .catch((err: unknown) => {
       process.stderr.write(`kata-ts-agent: ${err instanceof Error ? err.message : String(err)}\n`);
       process.exit(1);
     });
+}
+
+// Started directly (not imported by a test, nor bundled into the start-up snapshot, whose entry
+// guest/agent/snapshot.ts starts it): serve. A CommonJS bundle has no import.meta.url.
+const selfUrl: string | undefined = import.meta.url;
+if (selfUrl !== undefined && process.argv[1] !== undefined && realpathSync(process.argv[1]) === realpathSync(fileURLToPath(selfUrl))) {
+  startAgent();
 }

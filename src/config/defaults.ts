@@ -33,6 +33,7 @@ export function defaultHandlerProfile(): HandlerProfile {
       maxMemoryMiB: 65536,
       hotplugVcpus: 4,
       hotplugMemoryMiB: 4096,
+      freePageReporting: true,
     },
     guestOverhead: { cpuMillicores: 250, memoryMiB: 160 },
     vmmOverhead: { cpuMillicores: 100, memoryMiB: 96 },
@@ -54,7 +55,9 @@ export function confidentialHandlerProfile(): HandlerProfile {
     ...base,
     confidential: true,
     description: 'Confidential VM: static size, cold-plug only, no reconfiguration after boot',
-    vm: { ...base.vm, hotplugVcpus: 0, hotplugMemoryMiB: 0 },
+    // No free page reporting: the host would discard pages that are private (encrypted, validated)
+    // to the guest, which the guest kernel does not validate again before reusing them.
+    vm: { ...base.vm, hotplugVcpus: 0, hotplugMemoryMiB: 0, freePageReporting: false },
     pcie: { ...base.pcie, vfioPolicy: 'cold-plug', sparePorts: 0 },
   };
 }

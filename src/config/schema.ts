@@ -30,6 +30,7 @@ const handlerProfile = {
         maxMemoryMiB: positiveInt,
         hotplugVcpus: nonNegativeInt,
         hotplugMemoryMiB: nonNegativeInt,
+        freePageReporting: { type: 'boolean' },
       },
     },
     guestOverhead: cpuMemory,

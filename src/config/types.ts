@@ -28,6 +28,13 @@ export interface HandlerVmConfig {
   /** Room planned at boot for later growth (CPU hot-plug, virtio-mem); 0 for static VMs. */
   hotplugVcpus: number;
   hotplugMemoryMiB: number;
+  /**
+   * Free page reporting: a virtio-balloon device with `free-page-reporting=on` through which the
+   * guest kernel hands memory it freed back to the host, so an idle VM's host memory falls after a
+   * burst instead of staying at its high-water mark. The balloon is never inflated. Must be off
+   * for a confidential handler (a host discarding private guest pages breaks the guest's memory).
+   */
+  freePageReporting: boolean;
 }
 
 export interface HandlerPcieConfig {

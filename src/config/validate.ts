@@ -42,6 +42,11 @@ export function crossFieldProblems(config: KataConfig): string[] {
       if (h.pcie.sparePorts !== 0) {
         problems.push(`${at}/pcie/sparePorts must be 0 for a confidential handler, which never hot-plugs`);
       }
+      if (vm.freePageReporting) {
+        problems.push(
+          `${at}/vm/freePageReporting must be false for a confidential handler: the host would discard pages private to the guest`,
+        );
+      }
     }
   }
   for (const [name, size] of Object.entries(config.pool.sizes)) {

@@ -51,6 +51,13 @@ export interface QemuArgvSpec {
   guestImagePath?: string;
   /** Under TCG: QEMU's translated-code cache (`tb-size`), bounded so the VMM budget holds it. */
   tcgTranslationCacheMiB?: number;
+  /**
+   * Free page reporting: a virtio-balloon device with `free-page-reporting=on` (the guest loads
+   * virtio_balloon from guest/modules.list). The guest kernel reports free 2 MiB blocks and QEMU
+   * discards them (fallocate punch-hole on the memfd backends), so host memory follows what the
+   * guest uses. The balloon is never inflated. Never on a confidential VM.
+   */
+  freePageReporting?: boolean;
   /** The pod's NIC: a virtio-net device on a TAP that QEMU opens by name (see NicSpec). Absent: no network. */
   nic?: NicSpec;
   /**
@@ -82,6 +89,7 @@ export const ROOT_SLOTS = {
   guestImage: 0x04,
   virtioFs: 0x05,
   nic: 0x06,
+  balloon: 0x07,
 } as const;
 export const OWN_SLOT_FIRST = 0x01;
 export const OWN_SLOT_LAST = 0x07;
@@ -106,6 +114,7 @@ const VIRTIOFS_CHARDEV_ID = 'virtiofs';
 const VIRTIOFS_DEVICE_ID = 'vfs0';
 const NIC_NETDEV_ID = 'net0';
 const NIC_DEVICE_ID = 'nic0';
+const BALLOON_DEVICE_ID = 'balloon0';
 const QMP_CHARDEV_ID = 'qmp';
 const CONSOLE_CHARDEV_ID = 'console';
 const RESERVED_IDS = new Set([
@@ -123,6 +132,7 @@ const RESERVED_IDS = new Set([
   VIRTIOFS_DEVICE_ID,
   NIC_NETDEV_ID,
   NIC_DEVICE_ID,
+  BALLOON_DEVICE_ID,
   QMP_CHARDEV_ID,
   CONSOLE_CHARDEV_ID,
 ]);
@@ -136,6 +146,13 @@ export const VIRTIO_MEM_BLOCK_MIB = 2;
 export const Q35_MAX_CPUS = 288;
 /** sockaddr_un.sun_path holds 108 bytes including the terminating NUL. */
 export const SUN_PATH_MAX_BYTES = 107;
+
+/**
+ * What the free-page-reporting balloon costs QEMU on the host, counted in the VMM's memory budget:
+ * the device's state, its virtqueues and the reporting handler (tens of KiB in QEMU 7.2; one MiB
+ * is the bound, the smallest unit the budget is planned in). Reporting itself frees host memory.
+ */
+export const BALLOON_DEVICE_MIB = 1;
 
 /** Kernel parameters every guest gets; the shape's and the config's come after them. */
 export const BASE_KERNEL_PARAMS = ['console=ttyS0', 'panic=-1', 'quiet'] as const;
@@ -223,6 +240,10 @@ export function buildQemuArgv(spec: QemuArgvSpec): string[] {
     add('-device', `virtio-net-pci,id=${NIC_DEVICE_ID},netdev=${NIC_NETDEV_ID},mac=${mac},bus=pcie.0,addr=${slotAddr(ROOT_SLOTS.nic)}`);
   }
 
+  if (spec.freePageReporting === true) {
+    add('-device', `virtio-balloon-pci,id=${BALLOON_DEVICE_ID},free-page-reporting=on,bus=pcie.0,addr=${slotAddr(ROOT_SLOTS.balloon)}`);
+  }
+
   const params: string[] = [...BASE_KERNEL_PARAMS, ...shape.kernelParams];
   // virtio-mem memory is onlined by the kernel itself (no udev in the guest); movable so that it
   // can be unplugged again when the VM shrinks.
@@ -283,6 +304,12 @@ function validateSpec(spec: QemuArgvSpec): void {
     }
   });
   validatePcieArgs(spec.pcieArgs);
+  if (spec.confidential && spec.freePageReporting === true) {
+    throw invalid(
+      'CONFIDENTIAL_VM_NO_BALLOON',
+      'freePageReporting must be off for a confidential VM: the host would discard pages private to the guest.',
+    );
+  }
   if (spec.seccompSandbox !== undefined && !/^on(,[a-z]+=(allow|deny|children))*$/.test(spec.seccompSandbox)) {
     throw invalid(
       'QEMU_SANDBOX_INVALID',

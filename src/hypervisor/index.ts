@@ -4,6 +4,7 @@ export { isSameLiveProcess, type ProcStat, readCmdline, readProcStat } from '../
 export { type AccelerationChoice, type AccelerationRoots, type Accelerator, chooseAcceleration } from './accel.js';
 export {
   AGENT_PORT_NAME,
+  BALLOON_DEVICE_MIB,
   BASE_KERNEL_PARAMS,
   buildQemuArgv,
   GUEST_IMAGE_SERIAL,

@@ -4,6 +4,7 @@
  * and to `isReason` in src/common/errors.ts.
  */
 export type HypervisorReason =
+  | 'CONFIDENTIAL_VM_NO_BALLOON'
   | 'CONFIDENTIAL_VM_NOT_STATIC'
   | 'GUEST_READY_TIMEOUT'
   | 'GUEST_REPORT_TIMEOUT'

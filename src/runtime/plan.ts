@@ -1,6 +1,13 @@
 import type { ResolvedHandler } from '../config/handlers.js';
 import type { HypervisorConfig } from '../config/types.js';
-import { type AccelerationChoice, buildQemuArgv, type NicSpec, QEMU_SECCOMP_SANDBOX, type VmSocketPaths } from '../hypervisor/index.js';
+import {
+  type AccelerationChoice,
+  BALLOON_DEVICE_MIB,
+  buildQemuArgv,
+  type NicSpec,
+  QEMU_SECCOMP_SANDBOX,
+  type VmSocketPaths,
+} from '../hypervisor/index.js';
 import { type KubeletPodResources, type PcieHostFacts, type PodPciePlan, planPodPcie } from '../pcie/index.js';
 import type { PodSandboxConfigInput } from '../sizing/input.js';
 import { planSizing } from '../sizing/shape.js';
@@ -72,7 +79,15 @@ export function planSandbox(input: SandboxPlanInput): SandboxPlan {
   const { profile } = input.handler;
   const tcg = input.accel.accel === 'tcg';
   const translationCacheMiB = tcg ? input.hypervisor.tcgTranslationCacheMiB : 0;
-  const sizing = planSizing({ config: input.config, handler: input.handler, host: input.host, translationCacheMiB });
+  // Never on a confidential VM (config validation refuses it; the argv builder would too).
+  const freePageReporting = profile.vm.freePageReporting && !profile.confidential;
+  const sizing = planSizing({
+    config: input.config,
+    handler: input.handler,
+    host: input.host,
+    translationCacheMiB,
+    balloonMiB: freePageReporting ? BALLOON_DEVICE_MIB : 0,
+  });
   const pcie = planPodPcie({
     facts: input.pcieFacts,
     podResources: input.config.pod_resources ?? null,
@@ -94,6 +109,7 @@ export function planSandbox(input: SandboxPlanInput): SandboxPlan {
     confidential: profile.confidential,
     ...(input.nic === undefined ? {} : { nic: input.nic }),
     ...(tcg ? { tcgTranslationCacheMiB: translationCacheMiB } : {}),
+    ...(freePageReporting ? { freePageReporting } : {}),
     ...(input.hypervisor.guestImagePath === null ? {} : { guestImagePath: input.hypervisor.guestImagePath }),
     ...(vmm.seccomp === null ? {} : { seccompSandbox: vmm.seccomp }),
   });

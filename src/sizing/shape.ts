@@ -40,6 +40,8 @@ export interface PlanSizingInput {
   host: HostCapacity;
   /** QEMU's translated-code cache under TCG (0 or absent under KVM), added to the VMM's memory budget. */
   translationCacheMiB?: number;
+  /** The free-page-reporting balloon device (0 or absent: none), added to the VMM's memory budget. */
+  balloonMiB?: number;
 }
 
 function alignUp(value: bigint, to: bigint): bigint {
@@ -206,8 +208,9 @@ export function planSizing(input: PlanSizingInput): SizingPlan {
   };
   const vmmCpu = toNumber(vmm.cpuMillis, 'VMM cpu overhead');
   const translationCacheBytes = BigInt(input.translationCacheMiB ?? 0) * MIB;
+  const balloonBytes = BigInt(input.balloonMiB ?? 0) * MIB;
   const host: HostBudget = {
-    memoryLimitBytes: toNumber(BigInt(vm.memoryMiB) * MIB + vmm.memoryBytes + translationCacheBytes, 'host memory budget'),
+    memoryLimitBytes: toNumber(BigInt(vm.memoryMiB) * MIB + vmm.memoryBytes + translationCacheBytes + balloonBytes, 'host memory budget'),
     cpuQuotaMillicores: vm.vcpus * 1000 + vmmCpu,
     cpuRequestMillicores: workload.cpuRequestMillicores + vmmCpu,
   };
@@ -222,6 +225,7 @@ export function planSizing(input: PlanSizingInput): SizingPlan {
       cpuMillicores: vmmCpu,
       memoryBytes: toNumber(vmm.memoryBytes, 'VMM memory overhead'),
       ...(translationCacheBytes > 0n ? { translationCacheBytes: toNumber(translationCacheBytes, 'TCG translation cache') } : {}),
+      ...(balloonBytes > 0n ? { balloonBytes: toNumber(balloonBytes, 'balloon device') } : {}),
     },
     containers: demand.containers.map(containerPlan),
   };

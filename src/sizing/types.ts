@@ -97,6 +97,11 @@ export interface VmmOverheadPlan {
    * because plans recorded before it existed lack it.
    */
   translationCacheBytes?: number;
+  /**
+   * The free-page-reporting balloon device (handler vm.freePageReporting), on top of memoryBytes:
+   * QEMU's device state and virtqueues. Absent when the VM has no balloon (and in older plans).
+   */
+  balloonBytes?: number;
 }
 
 /** The sizing planner's answer for one pod. */

@@ -117,6 +117,12 @@ const vm: PlanSection = {
         ['memory', `${v.memoryMiB} MiB${v.maxMemoryMiB > v.memoryMiB ? ` (hot-plug up to ${v.maxMemoryMiB} MiB)` : ' (static)'}`],
         ['hugepages', pages === '' ? 'none' : pages],
         ['kernel params', v.kernelParams.length === 0 ? '-' : v.kernelParams.join(' ')],
+        [
+          'free page reporting',
+          r.sizing.vmmOverhead.balloonBytes
+            ? 'on (virtio-balloon free-page-reporting=on: freed guest memory goes back to the host; never inflated)'
+            : 'off (handler vm.freePageReporting; always off for a confidential handler, whose private pages the host must not discard)',
+        ],
       ]),
     ];
   },
@@ -133,7 +139,7 @@ const host: PlanSection = {
       ...table([
         [
           'memory limit',
-          `${bytes(h.memoryLimitBytes)} (VM ${r.sizing.vm.memoryMiB}Mi + VMM ${bytes(o.memoryBytes)} from ${overheadSource(o.memorySource)}${o.translationCacheBytes ? ` + TCG translation cache ${bytes(o.translationCacheBytes)}` : ''})`,
+          `${bytes(h.memoryLimitBytes)} (VM ${r.sizing.vm.memoryMiB}Mi + VMM ${bytes(o.memoryBytes)} from ${overheadSource(o.memorySource)}${o.translationCacheBytes ? ` + TCG translation cache ${bytes(o.translationCacheBytes)}` : ''}${o.balloonBytes ? ` + balloon ${bytes(o.balloonBytes)}` : ''})`,
         ],
         [
           'CPU quota',

@@ -16,7 +16,10 @@ export interface ResizeBasis {
   shape: VmShape;
   plan: {
     confidential: boolean;
-    sizing: { vm: Pick<VmShape, 'memoryMiB'>; vmmOverhead: { cpuMillicores: number; memoryBytes: number; translationCacheBytes?: number } };
+    sizing: {
+      vm: Pick<VmShape, 'memoryMiB'>;
+      vmmOverhead: { cpuMillicores: number; memoryBytes: number; translationCacheBytes?: number; balloonBytes?: number };
+    };
   };
 }
 
@@ -83,7 +86,7 @@ export function budgetForShape(
 ): HostBudget {
   const overhead = basis.plan.sizing.vmmOverhead;
   return {
-    memoryLimitBytes: shape.memoryMiB * MiB + overhead.memoryBytes + (overhead.translationCacheBytes ?? 0),
+    memoryLimitBytes: shape.memoryMiB * MiB + overhead.memoryBytes + (overhead.translationCacheBytes ?? 0) + (overhead.balloonBytes ?? 0),
     cpuQuotaMillicores: shape.vcpus * 1000 + overhead.cpuMillicores,
     cpuRequestMillicores: cpuRequestMillicores + overhead.cpuMillicores,
   };

@@ -209,7 +209,7 @@ describe('a daemon crash while containers run in a pod VM (real QEMU, crun in th
           'sh',
           '-c',
           'while [ ! -e /vol/kill-agent ]; do sleep 0.1; done; ' +
-            'cd /proc; for p in [0-9]*; do if grep -q "agent[.]mjs" $p/cmdline 2>/dev/null; then kill -9 $p; echo killed $p; break; fi; done; ' +
+            'cd /proc; for p in [0-9]*; do if grep -q "kata-ts/agent[.]" $p/cmdline 2>/dev/null; then kill -9 $p; echo killed $p; break; fi; done; ' +
             'touch /vol/agent-killed; sleep 1000',
         ],
         linux: { security_context: { namespace_options: { pid: 'NODE' } } },

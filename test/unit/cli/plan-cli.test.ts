@@ -69,9 +69,11 @@ describe('kata-ts plan', () => {
       expect(json.handler).toBe('kata-ts');
       expect(json.source).toBe('pod_resources');
       expect(json.vm).toMatchObject({ vcpus: 2, maxVcpus: 6, memoryMiB: 800, maxMemoryMiB: 4896, hugepages: [] });
-      // Under TCG the VMM budget also holds QEMU's bounded translation cache (64 MiB by default).
+      // Under TCG the VMM budget also holds QEMU's bounded translation cache (64 MiB by default);
+      // the free-page-reporting balloon (on for kata-ts) 1 MiB.
       const tcg = (json.qemu as { accel: { accel: string } }).accel.accel === 'tcg';
-      expect(json.host).toMatchObject({ memoryLimitBytes: (896 + (tcg ? 64 : 0)) * 1024 * 1024, cpuQuotaMillicores: 2100 });
+      expect(json.host).toMatchObject({ memoryLimitBytes: (896 + (tcg ? 64 : 0) + 1) * 1024 * 1024, cpuQuotaMillicores: 2100 });
+      expect(json.vmmOverhead).toMatchObject({ balloonBytes: 1024 * 1024 });
     }
   });
 
@@ -97,9 +99,17 @@ describe('kata-ts plan', () => {
       ...BIG,
     );
     expect(cvm.code).toBe(0);
-    const json = JSON.parse(cvm.stdout) as { handler: string; vm: { vcpus: number; maxVcpus: number } };
+    const json = JSON.parse(cvm.stdout) as {
+      handler: string;
+      vm: { vcpus: number; maxVcpus: number };
+      vmmOverhead: Record<string, unknown>;
+      qemu: { argv: string[] };
+    };
     expect(json.handler).toBe('kata-ts-cvm');
     expect(json.vm.maxVcpus).toBe(json.vm.vcpus);
+    // No free page reporting for a confidential VM: no balloon in the argv or the budget.
+    expect(json.vmmOverhead.balloonBytes).toBeUndefined();
+    expect(json.qemu.argv.join(' ')).not.toContain('virtio-balloon');
 
     const unknown = await plan('--request', path.join(PODS, 'web-sidecar.pod.yaml'), '--config', emptyConfig, '--handler', 'gvisor');
     expect(unknown.code).toBe(2);

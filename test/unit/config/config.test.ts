@@ -58,6 +58,15 @@ describe('config file', () => {
     expect(config.handlers['kata-ts-cvm']!.confidential).toBe(true);
   });
 
+  it('free page reporting is on for kata-ts and off for kata-ts-cvm by default', () => {
+    const config = parseConfigDocument({}, 'test');
+    expect(config.handlers['kata-ts']!.vm.freePageReporting).toBe(true);
+    expect(config.handlers['kata-ts-cvm']!.vm.freePageReporting).toBe(false);
+    expect(
+      parseConfigDocument({ handlers: { 'kata-ts': { vm: { freePageReporting: false } } } }, 'test').handlers['kata-ts']!.vm,
+    ).toMatchObject({ freePageReporting: false });
+  });
+
   it('cross-field rules report every problem at once', () => {
     const problems = problemsOf(() =>
       parseConfigDocument(
@@ -65,13 +74,14 @@ describe('config file', () => {
           defaultHandler: 'nope',
           handlers: {
             'kata-ts': { vm: { minMemoryMiB: 4096, maxMemoryMiB: 1024, defaultMemoryMiB: 512 } },
-            'kata-ts-cvm': { vm: { hotplugVcpus: 2 }, pcie: { vfioPolicy: 'hot-plug' } },
+            'kata-ts-cvm': { vm: { hotplugVcpus: 2, freePageReporting: true }, pcie: { vfioPolicy: 'hot-plug' } },
           },
         },
         'test',
       ),
     );
-    expect(problems).toHaveLength(4);
+    expect(problems).toHaveLength(5);
+    expect(problems.join('\n')).toMatch(/\/handlers\/kata-ts-cvm\/vm\/freePageReporting must be false/);
     expect(problems.join('\n')).toMatch(/defaultHandler "nope"/);
     expect(problems.join('\n')).toMatch(/\/handlers\/kata-ts\/vm\/minMemoryMiB 4096 exceeds maxMemoryMiB 1024/);
     expect(problems.join('\n')).toMatch(/\/handlers\/kata-ts-cvm\/vm\/hotplugVcpus/);

@@ -75,6 +75,18 @@ describe('buildQemuArgv properties', () => {
     expect(flagValues(argv, '-numa')).toEqual(['node,memdev=ram0']);
   });
 
+  it('adds the free-page-reporting balloon on its own root slot only when asked, and never to a confidential VM', () => {
+    expect(buildQemuArgv(base()).join(' ')).not.toContain('virtio-balloon');
+    const argv = buildQemuArgv({ ...base(), freePageReporting: true });
+    expect(flagValues(argv, '-device').filter((d) => d.startsWith('virtio-balloon-pci'))).toEqual([
+      'virtio-balloon-pci,id=balloon0,free-page-reporting=on,bus=pcie.0,addr=07.0',
+    ]);
+    const cvm = loadSpec('kvm-confidential-hugepages');
+    expect(() => buildQemuArgv({ ...cvm, freePageReporting: true })).toThrow(
+      expect.objectContaining({ reason: 'CONFIDENTIAL_VM_NO_BALLOON', message: expect.stringContaining('freePageReporting') }),
+    );
+  });
+
   it('adds no agent port, guest image or virtio-fs device unless the spec asks for them', () => {
     const argv = buildQemuArgv(base()).join(' ');
     expect(argv).not.toContain('org.kata-ts.agent');
