@@ -120,6 +120,6 @@ export function defaultConfig(): KataConfig {
       [DEFAULT_HANDLER]: defaultHandlerProfile(),
       [CONFIDENTIAL_HANDLER]: confidentialHandlerProfile(),
     },
-    pool: { sizes: {}, refillCpuShares: 64 },
+    pool: { sizes: {} },
   };
 }

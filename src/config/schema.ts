@@ -164,7 +164,6 @@ export const configFileSchema = {
           propertyNames: { pattern: '^[a-z0-9]([-a-z0-9]*[a-z0-9])?$', maxLength: 63 },
           additionalProperties: { type: 'integer', minimum: 0, maximum: 64 },
         },
-        refillCpuShares: { type: 'integer', minimum: 2, maximum: 262_144 },
       },
     },
   },

@@ -221,8 +221,6 @@ export interface KataConfig {
 export interface PoolConfig {
   /** Handler name -> pooled VMs kept ready (0 or absent: none). */
   sizes: Record<string, number>;
-  /** cpu.shares of the pool cgroup the refill boots in (2-262144); low, so running pods come first. */
-  refillCpuShares: number;
 }
 
 /** A config together with where it came from, as reported by Status and `doctor`. */

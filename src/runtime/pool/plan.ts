@@ -33,6 +33,8 @@ export interface PoolKey {
   /** The `-device` args of the PCIe topology a pod without devices gets: its "topology class". */
   pcieArgs: string[];
   confined: boolean;
+  /** The free-page-reporting balloon (the handler's vm.freePageReporting), as a cold boot has it. */
+  freePageReporting: boolean;
 }
 
 export function samePoolKey(a: PoolKey, b: PoolKey): boolean {
@@ -112,6 +114,8 @@ export function planPoolVm(input: PoolVmPlanInput): PoolVmPlan {
     paths,
     pcieArgs: pcie.qemuArgs,
     confidential: false,
+    // As a cold boot of this handler has it (src/runtime/plan.ts): a pooled pod is the same VM.
+    ...(profile.vm.freePageReporting ? { freePageReporting: true } : {}),
     ...(tcg ? { tcgTranslationCacheMiB: translationCacheMiB } : {}),
     ...(input.hypervisor.guestImagePath === null ? {} : { guestImagePath: input.hypervisor.guestImagePath }),
     ...(vmm.seccomp === null ? {} : { seccompSandbox: vmm.seccomp }),
@@ -128,6 +132,7 @@ export function planPoolVm(input: PoolVmPlanInput): PoolVmPlan {
     tcgTranslationCacheMiB: translationCacheMiB,
     pcieArgs: pcie.qemuArgs,
     confined: vmm.unprivileged,
+    freePageReporting: profile.vm.freePageReporting,
   };
   return { key, shape, vmm, qemu: { binary: input.hypervisor.qemuBinary, accel: input.accel, argv } };
 }

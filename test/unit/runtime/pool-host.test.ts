@@ -54,7 +54,7 @@ describe('poolDoctorReport', () => {
         JSON.stringify({ kind: 'pooled-vm', version: 1, record: { handler: 'kata-ts', phase, vmm: { pid, startTimeTicks: 777 } } }),
       );
     write('a', 'ready', 42);
-    const config = { ...defaultConfig(), stateDir, pool: { sizes: { 'kata-ts': 2 }, refillCpuShares: 64 } };
+    const config = { ...defaultConfig(), stateDir, pool: { sizes: { 'kata-ts': 2 } } };
     expect(await poolDoctorReport(config, proc)).toEqual({
       verdict: 'ok',
       message: 'pooled VMs (nice 19 until claimed): kata-ts: size 2, 1 ready, 0 booting',
