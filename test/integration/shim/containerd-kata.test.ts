@@ -21,36 +21,12 @@ import { type ContainerdHandle, containerdMissing, KATA_TS_HANDLER, mountPointsU
 import { type CriClient, criClient } from '../../helpers/cri-client.js';
 import { type RegistryHandle, startRegistry } from '../../helpers/images-registry.js';
 import { until, untilLogLines } from '../../helpers/poll.js';
+import { isRunning, liveProcessesMentioning } from '../../helpers/processes.js';
 import { installTestShim, shimTestConfig } from '../../helpers/shim-config.js';
 import { scaledMs } from '../../helpers/time-scale.js';
 
 const MISSING = containerdMissing();
 if (MISSING !== null) console.warn(`kata-ts behind containerd skipped: ${MISSING}`);
-
-/** A live (not zombie) process. */
-function running(pid: number): boolean {
-  try {
-    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
-    return stat.slice(stat.lastIndexOf(')') + 2, stat.lastIndexOf(')') + 3) !== 'Z';
-  } catch {
-    return false;
-  }
-}
-
-/** Pids whose command line mentions `needle` (QEMU and virtiofsd name their pod's work dir). */
-function processesMentioning(needle: string): number[] {
-  const out: number[] = [];
-  for (const entry of readdirSync('/proc')) {
-    if (!/^\d+$/.test(entry)) continue;
-    try {
-      const cmdline = readFileSync(`/proc/${entry}/cmdline`, 'utf8');
-      if (cmdline.includes(needle) && running(Number(entry))) out.push(Number(entry));
-    } catch {
-      // gone
-    }
-  }
-  return out;
-}
 
 describe.skipIf(MISSING !== null)('kata-ts behind containerd 1.6.20 (the shim v2 handler), beside runc', () => {
   let registry: RegistryHandle | undefined;
@@ -77,7 +53,7 @@ describe.skipIf(MISSING !== null)('kata-ts behind containerd 1.6.20 (the shim v2
   const containerStatus = async (id: string) => (await cri!.runtime.ContainerStatus({ container_id: id })).status!;
   const runtimeMountinfo = () => ctrd!.nodeExec(['nsenter', `--mount=${nsFile}`, '--', 'cat', '/proc/self/mountinfo']);
   const shimPids = () =>
-    processesMentioning(`-id\u0000${podId}`).filter((p) => readFileSync(`/proc/${p}/cmdline`, 'utf8').includes('serve'));
+    liveProcessesMentioning(`-id\u0000${podId}`).filter((p) => readFileSync(`/proc/${p}/cmdline`, 'utf8').includes('serve'));
 
   beforeAll(async () => {
     dir = await fsp.mkdtemp('/tmp/ktk-');
@@ -104,7 +80,7 @@ describe.skipIf(MISSING !== null)('kata-ts behind containerd 1.6.20 (the shim v2
     const report = await ctrd?.stop();
     await registry?.stop();
     // A pod VM left by a failed test: its QEMU and virtiofsd name the state root.
-    for (const pid of processesMentioning(stateRoot === '' ? '\u0000never' : stateRoot)) process.kill(pid, 'SIGKILL');
+    for (const pid of liveProcessesMentioning(stateRoot === '' ? '\u0000never' : stateRoot)) process.kill(pid, 'SIGKILL');
     // KATA_TS_KEEP_TEST_DIR=1 keeps the shim's logs and state (debugging a failure).
     if (dir !== '' && process.env.KATA_TS_KEEP_TEST_DIR !== '1') await fsp.rm(dir, { recursive: true, force: true });
     if (report !== undefined && report.leftovers.length > 0) throw new Error(`the containerd harness left: ${report.leftovers.join('; ')}`);
@@ -126,7 +102,7 @@ describe.skipIf(MISSING !== null)('kata-ts behind containerd 1.6.20 (the shim v2
     expect(shimPids()).toHaveLength(1);
     const podDirs = await fsp.readdir(path.join(stateRoot, 'k8s.io'));
     expect(podDirs).toEqual([podId.slice(0, 16)]);
-    const qemu = processesMentioning(path.join(stateRoot, 'k8s.io', podId.slice(0, 16))).filter((p) =>
+    const qemu = liveProcessesMentioning(path.join(stateRoot, 'k8s.io', podId.slice(0, 16))).filter((p) =>
       readFileSync(`/proc/${p}/cmdline`, 'utf8').startsWith('qemu-system'),
     );
     expect(qemu).toHaveLength(1);
@@ -207,7 +183,7 @@ describe.skipIf(MISSING !== null)('kata-ts behind containerd 1.6.20 (the shim v2
   it('a containerd restart leaves the pod and its shim running; the new containerd drives them', async () => {
     const [shim] = shimPids();
     await ctrd!.restart();
-    expect(running(shim!)).toBe(true);
+    expect(isRunning(shim!)).toBe(true);
     expect((await cri!.runtime.PodSandboxStatus({ pod_sandbox_id: podId })).status?.state).toBe('SANDBOX_READY');
     expect((await containerStatus(appId)).state).toBe('CONTAINER_RUNNING');
     const res = await cri!.runtime.ExecSync({ container_id: appId, cmd: ['echo', 'after restart'], timeout: 60 });
@@ -280,10 +256,10 @@ describe.skipIf(MISSING !== null)('kata-ts behind containerd 1.6.20 (the shim v2
     expect((await cri!.runtime.PodSandboxStatus({ pod_sandbox_id: podId })).status?.state).toBe('SANDBOX_NOTREADY');
     await cri!.runtime.RemovePodSandbox({ pod_sandbox_id: podId });
     await until('the shim to exit (Shutdown with no task left)', async (note) => {
-      note(running(shim!));
-      return running(shim!) ? undefined : true;
+      note(isRunning(shim!));
+      return isRunning(shim!) ? undefined : true;
     });
-    expect(processesMentioning(podDir)).toEqual([]);
+    expect(liveProcessesMentioning(podDir)).toEqual([]);
     expect(existsSync(podDir)).toBe(false);
     expect(await fsp.readdir(path.join(stateRoot, 's'))).toEqual([]);
     // The shims' mounts were made in the runtime's mount namespace, never in the node's.
@@ -313,7 +289,7 @@ describe.skipIf(MISSING !== null)('kata-ts behind containerd 1.6.20 (the shim v2
     await cri!.runtime.StopPodSandbox({ pod_sandbox_id: podId });
     await cri!.runtime.RemovePodSandbox({ pod_sandbox_id: podId });
     await until('no process of the pod', async (note) => {
-      const left = processesMentioning(podDir);
+      const left = liveProcessesMentioning(podDir);
       note(left);
       return left.length === 0 ? true : undefined;
     });

@@ -16,7 +16,7 @@
  * Skipped with a notice when containerd (or runc, the CNI plugins) is not installed.
  */
 import { randomUUID } from 'node:crypto';
-import { existsSync, promises as fsp, readFileSync } from 'node:fs';
+import { existsSync, promises as fsp } from 'node:fs';
 import path from 'node:path';
 import type { ServiceError } from '@grpc/grpc-js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -29,6 +29,7 @@ import { type CriClient, criClient } from '../../helpers/cri-client.js';
 import { criToolMissingNotice, criToolPath } from '../../helpers/cri-tools.js';
 import { type RegistryHandle, startRegistry } from '../../helpers/images-registry.js';
 import { until, untilLogLines } from '../../helpers/poll.js';
+import { isRunning } from '../../helpers/processes.js';
 
 const MISSING = containerdMissing();
 if (MISSING !== null) console.warn(`containerd + runc baseline skipped: ${MISSING}`);
@@ -64,21 +65,6 @@ async function keepOrCompareFixture(name: string, text: string): Promise<void> {
     namespaces: c.linux.namespaces.map((n) => n.type),
   });
   expect(shape(JSON.parse(text) as OciConfig)).toEqual(shape(JSON.parse(await fsp.readFile(file, 'utf8')) as OciConfig));
-}
-
-/**
- * Whether `pid` is a live process. A zombie is not: the runc shim daemonizes, so when it exits it is
- * reaped by whichever process adopted it (PID 1 of the host), in that process's own time.
- */
-function running(pid: number): boolean {
-  const stat = (() => {
-    try {
-      return readFileSync(`/proc/${pid}/stat`, 'utf8');
-    } catch {
-      return '';
-    }
-  })();
-  return stat !== '' && stat.slice(stat.lastIndexOf(')') + 2, stat.lastIndexOf(')') + 3) !== 'Z';
 }
 
 describe.skipIf(MISSING !== null)('a runc pod through a private containerd 1.6.20 (the shim harness baseline)', () => {
@@ -257,9 +243,9 @@ describe.skipIf(MISSING !== null)('a runc pod through a private containerd 1.6.2
     const before = ctrd!.pid;
     await ctrd!.restart();
     expect(ctrd!.pid).not.toBe(before);
-    expect(running(before)).toBe(false);
+    expect(isRunning(before)).toBe(false);
     // The shim outlived containerd, and the new one found it (its socket under the node's /run/containerd/s).
-    expect(running(shimPid)).toBe(true);
+    expect(isRunning(shimPid)).toBe(true);
     expect((await cri!.runtime.PodSandboxStatus({ pod_sandbox_id: podId })).status?.state).toBe('SANDBOX_READY');
     expect((await containerStatus(ctrId)).state).toBe('CONTAINER_RUNNING');
     const res = await cri!.runtime.ExecSync({ container_id: ctrId, cmd: ['echo', 'after restart'], timeout: 30 });
@@ -286,7 +272,7 @@ describe.skipIf(MISSING !== null)('a runc pod through a private containerd 1.6.2
       note(strays);
       return strays.length === 0 ? true : undefined;
     });
-    expect(running(shimPid)).toBe(false);
+    expect(isRunning(shimPid)).toBe(false);
     // runc removed the pod's and the container's cgroups: what is left of the tree is the parent
     // (the kubelet's to remove; here runc made it), empty, in every hierarchy.
     expect(await ctrd!.podCgroups()).toEqual(['/kubepods', '/kubepods/besteffort', cgroupParent]);
@@ -328,7 +314,7 @@ describe.skipIf(MISSING !== null)('a runc pod through a private containerd 1.6.2
     const cgroupDirs = ctrd!.cgroupDirs('/');
     const report = await ctrd!.stop();
     expect(report).toEqual({ containerd: { pid, signal: 'SIGTERM' }, strays: [], leftovers: [] });
-    expect(running(pid)).toBe(false);
+    expect(isRunning(pid)).toBe(false);
     expect(existsSync(dir)).toBe(false);
     for (const d of cgroupDirs) expect(existsSync(d), d).toBe(false);
     expect(await pid1OffRoot()).toEqual([]);

@@ -14,7 +14,7 @@
  */
 import { execFile } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
-import { existsSync, promises as fsp, readdirSync, readFileSync } from 'node:fs';
+import { existsSync, promises as fsp, readFileSync } from 'node:fs';
 import path from 'node:path';
 import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -28,6 +28,7 @@ import { type ContainerdHandle, containerdMissing, KATA_TS_HANDLER, startContain
 import { type CriClient, criClient } from '../../helpers/cri-client.js';
 import { type RegistryHandle, startRegistry } from '../../helpers/images-registry.js';
 import { until } from '../../helpers/poll.js';
+import { isRunning, liveProcessesMentioning } from '../../helpers/processes.js';
 import { guestDirConfig } from '../../helpers/runtime-daemon.js';
 import { installTestShim, shimTestConfig } from '../../helpers/shim-config.js';
 import { scaledMs } from '../../helpers/time-scale.js';
@@ -43,29 +44,6 @@ async function kataTs(args: string[]): Promise<{ stdout: string; stderr: string 
     cwd: packageRoot(),
     maxBuffer: 16 * 1024 * 1024,
   });
-}
-
-function running(pid: number): boolean {
-  try {
-    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
-    return stat.slice(stat.lastIndexOf(')') + 2, stat.lastIndexOf(')') + 3) !== 'Z';
-  } catch {
-    return false;
-  }
-}
-
-/** Pids whose command line mentions `needle`. */
-function processesMentioning(needle: string): number[] {
-  const out: number[] = [];
-  for (const entry of readdirSync('/proc')) {
-    if (!/^\d+$/.test(entry)) continue;
-    try {
-      if (readFileSync(`/proc/${entry}/cmdline`, 'utf8').includes(needle) && running(Number(entry))) out.push(Number(entry));
-    } catch {
-      // gone
-    }
-  }
-  return out;
 }
 
 const family = (families: MetricFamily[], name: string): MetricFamily => {
@@ -122,7 +100,7 @@ describe.skipIf(MISSING !== null)('day two behind containerd 1.6.20: kata-ts ps,
     cri?.close();
     const report = await ctrd?.stop();
     await registry?.stop();
-    for (const pid of processesMentioning(stateRoot === '' ? '\u0000never' : stateRoot)) process.kill(pid, 'SIGKILL');
+    for (const pid of liveProcessesMentioning(stateRoot === '' ? '\u0000never' : stateRoot)) process.kill(pid, 'SIGKILL');
     if (dir !== '' && process.env.KATA_TS_KEEP_TEST_DIR !== '1') await fsp.rm(dir, { recursive: true, force: true });
     if (report !== undefined && report.leftovers.length > 0) throw new Error(`the containerd harness left: ${report.leftovers.join('; ')}`);
   });
@@ -143,7 +121,7 @@ describe.skipIf(MISSING !== null)('day two behind containerd 1.6.20: kata-ts ps,
     ).container_id;
     await cri!.runtime.StartContainer({ container_id: appId });
 
-    const qemu = processesMentioning(podDir()).filter((p) => readFileSync(`/proc/${p}/cmdline`, 'utf8').startsWith('qemu-system'));
+    const qemu = liveProcessesMentioning(podDir()).filter((p) => readFileSync(`/proc/${p}/cmdline`, 'utf8').startsWith('qemu-system'));
     expect(qemu).toHaveLength(1);
     const envelope = JSON.parse(readFileSync(path.join(podDir(), 'sandboxes', `${podId}.json`), 'utf8')) as {
       record: { shape: { vcpus: number; maxVcpus: number; memoryMiB: number; maxMemoryMiB: number }; vmm: { pid: number } };
@@ -277,8 +255,8 @@ describe.skipIf(MISSING !== null)('day two behind containerd 1.6.20: kata-ts ps,
     await cri!.runtime.StopPodSandbox({ pod_sandbox_id: podId });
     await cri!.runtime.RemovePodSandbox({ pod_sandbox_id: podId });
     await until('the shim to exit', async (note) => {
-      note(running(shim));
-      return running(shim) ? undefined : true;
+      note(isRunning(shim));
+      return isRunning(shim) ? undefined : true;
     });
     expect(existsSync(socket)).toBe(false);
     expect(await ps()).toEqual([]);

@@ -10,7 +10,7 @@
  */
 import { execFile } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
-import { promises as fsp, readdirSync, readFileSync } from 'node:fs';
+import { promises as fsp } from 'node:fs';
 import path from 'node:path';
 import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -21,6 +21,7 @@ import { type CriClient, criClient } from '../../helpers/cri-client.js';
 import { criToolPath } from '../../helpers/cri-tools.js';
 import { type RegistryHandle, startRegistry } from '../../helpers/images-registry.js';
 import { until } from '../../helpers/poll.js';
+import { liveProcessesMentioning } from '../../helpers/processes.js';
 import { guestDirConfig } from '../../helpers/runtime-daemon.js';
 import { installTestShim, shimTestConfig } from '../../helpers/shim-config.js';
 import { scaledMs } from '../../helpers/time-scale.js';
@@ -35,20 +36,6 @@ async function kataTs(args: string[]): Promise<{ code: number; stdout: string; s
     ({ stdout, stderr }) => ({ code: 0, stdout, stderr }),
     (err: { code: number; stdout: string; stderr: string }) => ({ code: err.code, stdout: err.stdout, stderr: err.stderr }),
   );
-}
-
-/** Live processes whose command line mentions `needle`. */
-function processesMentioning(needle: string): number[] {
-  const out: number[] = [];
-  for (const entry of readdirSync('/proc')) {
-    if (!/^\d+$/.test(entry)) continue;
-    try {
-      if (readFileSync(`/proc/${entry}/cmdline`, 'utf8').includes(needle)) out.push(Number(entry));
-    } catch {
-      // gone
-    }
-  }
-  return out;
 }
 
 describe.skipIf(MISSING !== null)('kata-ts install --containerd against containerd 1.6.20', () => {
@@ -100,7 +87,7 @@ describe.skipIf(MISSING !== null)('kata-ts install --containerd against containe
     cri?.close();
     const report = await ctrd?.stop();
     await registry?.stop();
-    for (const pid of processesMentioning(stateRoot === '' ? '\u0000never' : stateRoot)) process.kill(pid, 'SIGKILL');
+    for (const pid of liveProcessesMentioning(stateRoot === '' ? '\u0000never' : stateRoot)) process.kill(pid, 'SIGKILL');
     if (dir !== '' && process.env.KATA_TS_KEEP_TEST_DIR !== '1') await fsp.rm(dir, { recursive: true, force: true });
     if (report !== undefined && report.leftovers.length > 0) throw new Error(`the containerd harness left: ${report.leftovers.join('; ')}`);
   });
@@ -154,11 +141,11 @@ describe.skipIf(MISSING !== null)('kata-ts install --containerd against containe
     ).pod_sandbox_id;
     expect((await cri!.runtime.PodSandboxStatus({ pod_sandbox_id: id })).status?.state).toBe('SANDBOX_READY');
     const podDir = path.join(stateRoot, 'k8s.io', id.slice(0, 16));
-    expect(processesMentioning(podDir).length).toBeGreaterThan(0); // QEMU and virtiofsd name the pod's dir
+    expect(liveProcessesMentioning(podDir).length).toBeGreaterThan(0); // QEMU and virtiofsd name the pod's dir
     await cri!.runtime.StopPodSandbox({ pod_sandbox_id: id });
     await cri!.runtime.RemovePodSandbox({ pod_sandbox_id: id });
     await until('no process of the pod', async (note) => {
-      const left = processesMentioning(podDir);
+      const left = liveProcessesMentioning(podDir);
       note(left);
       return left.length === 0 ? true : undefined;
     });

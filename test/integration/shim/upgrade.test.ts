@@ -14,7 +14,7 @@
  */
 import { execFile } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
-import { existsSync, promises as fsp, readdirSync, readFileSync } from 'node:fs';
+import { existsSync, promises as fsp } from 'node:fs';
 import path from 'node:path';
 import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -28,6 +28,7 @@ import { type ContainerdHandle, containerdMissing, KATA_TS_HANDLER, startContain
 import { type CriClient, criClient } from '../../helpers/cri-client.js';
 import { type RegistryHandle, startRegistry } from '../../helpers/images-registry.js';
 import { until } from '../../helpers/poll.js';
+import { isRunning, liveProcessesMentioning } from '../../helpers/processes.js';
 import { guestDirConfig } from '../../helpers/runtime-daemon.js';
 import { shimTestConfig } from '../../helpers/shim-config.js';
 import { scaledMs } from '../../helpers/time-scale.js';
@@ -35,30 +36,6 @@ import { scaledMs } from '../../helpers/time-scale.js';
 const execFileAsync = promisify(execFile);
 const MISSING = containerdMissing();
 if (MISSING !== null) console.warn(`kata-ts upgrade behind containerd skipped: ${MISSING}`);
-
-/** A live (not zombie) process. */
-function running(pid: number): boolean {
-  try {
-    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
-    return stat.slice(stat.lastIndexOf(')') + 2, stat.lastIndexOf(')') + 3) !== 'Z';
-  } catch {
-    return false;
-  }
-}
-
-/** Pids whose command line mentions `needle`. */
-function processesMentioning(needle: string): number[] {
-  const out: number[] = [];
-  for (const entry of readdirSync('/proc')) {
-    if (!/^\d+$/.test(entry) || Number(entry) === process.pid) continue;
-    try {
-      if (readFileSync(`/proc/${entry}/cmdline`, 'utf8').includes(needle) && running(Number(entry))) out.push(Number(entry));
-    } catch {
-      // gone
-    }
-  }
-  return out;
-}
 
 const cmdline = (pid: number) => readCmdline(pid);
 
@@ -169,8 +146,8 @@ describe.skipIf(MISSING !== null)('an upgrade under running pods: two kata-ts re
     await cri!.runtime.StopPodSandbox({ pod_sandbox_id: pod.podId });
     await cri!.runtime.RemovePodSandbox({ pod_sandbox_id: pod.podId });
     await until('the shim to exit (Shutdown with no task left)', async (note) => {
-      note(running(pid));
-      return running(pid) ? undefined : true;
+      note(isRunning(pid));
+      return isRunning(pid) ? undefined : true;
     });
     expect(existsSync(path.join(stateRoot, 'k8s.io', pod.podId.slice(0, 16)))).toBe(false);
   }
@@ -216,7 +193,7 @@ describe.skipIf(MISSING !== null)('an upgrade under running pods: two kata-ts re
     await registry?.stop();
     // A pod VM or shim left by a failed test: its QEMU, virtiofsd and shim name the state root or the prefix.
     for (const needle of [stateRoot, prefix]) {
-      if (needle !== '') for (const pid of processesMentioning(needle)) process.kill(pid, 'SIGKILL');
+      if (needle !== '') for (const pid of liveProcessesMentioning(needle)) process.kill(pid, 'SIGKILL');
     }
     if (dir !== '' && process.env.KATA_TS_KEEP_TEST_DIR !== '1') await fsp.rm(dir, { recursive: true, force: true });
     if (report !== undefined && report.leftovers.length > 0) throw new Error(`the containerd harness left: ${report.leftovers.join('; ')}`);
@@ -273,7 +250,7 @@ describe.skipIf(MISSING !== null)('an upgrade under running pods: two kata-ts re
       );
       const after = await shimInfo(pods[0]!.podId);
       expect(after).toEqual(before);
-      expect(running(before.pid)).toBe(true);
+      expect(isRunning(before.pid)).toBe(true);
       // The old shim still serves: an exec takes its (lazily loaded) exec path, from A.
       expect(await exec(pods[0]!.appId, 'one after the upgrade')).toEqual(['one after the upgrade\n', 0]);
     },
@@ -322,8 +299,8 @@ describe.skipIf(MISSING !== null)('an upgrade under running pods: two kata-ts re
       expect(await fsp.readdir(path.join(prefix, 'releases'))).toEqual([releaseB]);
       expect(await exec(pods[1]!.appId, 'two after the prune')).toEqual(['two after the prune\n', 0]);
       await removePod(pods[1]!);
-      expect(processesMentioning(prefix)).toEqual([]);
-      expect(processesMentioning(stateRoot)).toEqual([]);
+      expect(liveProcessesMentioning(prefix)).toEqual([]);
+      expect(liveProcessesMentioning(stateRoot)).toEqual([]);
     },
     BOOT,
   );
