@@ -1,3 +1,4 @@
+import { realpathSync } from 'node:fs';
 import path from 'node:path';
 import { createLogger } from '../common/logger.js';
 import { loadConfig } from '../config/load.js';
@@ -31,9 +32,20 @@ export async function loadWithOverrides(values: { config?: string; socket?: stri
   return loaded;
 }
 
-/** This program again, with `argv` after `serve`: this process's node, its flags and its script. */
+/**
+ * This program again, with `argv` after `serve`: this process's node, its flags and its script,
+ * by its real path, so that the daemon in the namespace runs this code even when a release
+ * install flipped `current` meanwhile (src/release/).
+ */
 function selfCommand(argv: readonly string[]): CommandLine {
-  return { command: process.execPath, args: [...process.execArgv, process.argv[1] ?? '', 'serve', ...argv] };
+  const script = process.argv[1] ?? '';
+  let real = script;
+  try {
+    real = realpathSync(script);
+  } catch {
+    // not a file (e.g. a loader's virtual entry): run it as named
+  }
+  return { command: process.execPath, args: [...process.execArgv, real, 'serve', ...argv] };
 }
 
 export async function runServeCommand(argv: string[], io: CliIo, self: CommandLine = selfCommand(argv)): Promise<number> {
