@@ -97,6 +97,26 @@ export const PCIE_PORT_SLOT_FIRST = 0x08;
 export const PCIE_PORT_SLOT_LAST = 0x1e;
 export const ICH9_SLOT = 0x1f;
 
+/**
+ * `-accel`. Under TCG:
+ * - the translated-code cache (`tb-size`, 1 GiB and growing by default) is bounded, so it fits the
+ *   VMM budget that sizing counted it in;
+ * - a VM that may hot-plug vCPUs runs one TCG thread for all its vCPUs (`thread=single`).
+ *   Multi-threaded TCG in QEMU 7.2 splits the cache into regions that each vCPU thread takes as it
+ *   fills them; once the first vCPU has taken all of them (a busy guest does, before the next
+ *   flush), a hot-plugged vCPU's new thread finds none and QEMU aborts
+ *   (`tcg_region_initial_alloc__locked: assertion failed`). A single TCG thread has no regions per
+ *   thread. KVM is unaffected.
+ */
+function accelArg(accel: Accelerator, shape: VmShape, tcgTranslationCacheMiB: number | undefined): string {
+  if (accel !== 'tcg') return accel;
+  return [
+    'tcg',
+    ...(shape.maxVcpus > shape.vcpus ? ['thread=single'] : []),
+    ...(tcgTranslationCacheMiB === undefined ? [] : [`tb-size=${tcgTranslationCacheMiB}`]),
+  ].join(',');
+}
+
 /** QOM ids of the devices the runtime talks to later over QMP. */
 export const VIRTIO_MEM_ID = 'vmem0';
 export const VIRTIO_MEM_QOM_PATH = `/machine/peripheral/${VIRTIO_MEM_ID}`;
@@ -175,12 +195,7 @@ export function buildQemuArgv(spec: QemuArgvSpec): string[] {
 
   add('-name', `guest=${spec.name},debug-threads=on`);
   add('-machine', 'q35');
-  // TCG's translated-code cache defaults to 1 GiB and grows as the guest runs; bounded, it fits
-  // the VMM budget that sizing counted it in.
-  add(
-    '-accel',
-    spec.accel === 'tcg' && spec.tcgTranslationCacheMiB !== undefined ? `tcg,tb-size=${spec.tcgTranslationCacheMiB}` : spec.accel,
-  );
+  add('-accel', accelArg(spec.accel, shape, spec.tcgTranslationCacheMiB));
   // TCG emulates any model; `max` gives the guest every feature TCG implements. Under KVM the
   // host's own model avoids emulating what the hardware has.
   add('-cpu', spec.accel === 'kvm' ? 'host' : 'max');

@@ -179,7 +179,9 @@ export async function createTestRuntime(configDoc: Record<string, unknown> = {},
       // delete would fail on it.
       await releaseSharedMounts(dir, silentLogger());
       await releaseLeasesUnder(configPath, dir);
-      await fsp.rm(dir, { recursive: true, force: true });
+      // KATA_TS_KEEP_TEST_DIR=1 keeps the daemon's log, records and VM work dirs for a look.
+      if (process.env.KATA_TS_KEEP_TEST_DIR === '1') console.warn(`kept the test runtime's dir ${dir}`);
+      else await fsp.rm(dir, { recursive: true, force: true });
     },
   };
   return runtime;
