@@ -23,7 +23,7 @@ import { announcedPodResources, type SandboxSpec } from '../spec/sandbox.js';
 import { applyHotplug, detachDevices, planContainerHotplug, vfioGroupFunctions } from './devices.js';
 import { type GuestDeviceFacts, prepareGuest } from './prepare.js';
 import type { AttachedDevice, ContainerRecord, ContainerStdio } from './record.js';
-import { unmountAndRemove } from './shared-dir.js';
+import { containerRootfsRoot, unmountAndRemove } from './shared-dir.js';
 import type { ContainerCreateOptions, ContainerLookup, ContainerManagerDeps } from './types.js';
 
 /** How long a detached device may take to leave the guest (the guest acknowledges the unplug). */
@@ -121,7 +121,7 @@ async function createInSandbox(
 
   ctx.annotate({ containerId: id });
   const rootfsOwner = options.rootfs === undefined ? 'runtime' : 'caller';
-  let rootfs = options.rootfs ?? path.join(deps.config.stateDir, 'rootfs', id);
+  let rootfs = options.rootfs ?? path.join(containerRootfsRoot(deps.config.stateDir), id);
   let rootfsOverlay: OverlayRootfsRecord | null = null;
   const log = ctx.logger.child({ containerId: id, name });
   // Every step that changed something pushes its undo; a failure runs them newest first.
@@ -293,7 +293,10 @@ async function prepareContainerGuest(
     imageConfig,
     rootfs,
     sharedHostDir: deps.guests.sharedDirOf(sandboxId),
-    sharedDirsRoot: deps.guests.sharedDirsRoot,
+    runtimeMountRoots: [
+      { dir: deps.guests.sharedDirsRoot, shared: true },
+      { dir: containerRootfsRoot(deps.config.stateDir), shared: false },
+    ],
     sharedGuestDir: deps.guests.guestSharedDir,
     pod: pod ?? { pausePid: 1, shmPath: '/dev/shm' },
     logger,

@@ -17,7 +17,7 @@ import { ContainerEvents } from './events.js';
 import { containerMatches } from './filter.js';
 import { createAndStart, type ExecSyncResult, execSync, exitReason, signalInGuest, stopInGuest, timestampNs } from './guest-ops.js';
 import type { ContainerRecord } from './record.js';
-import { unmountAndRemove } from './shared-dir.js';
+import { containerRootfsRoot, unmountAndRemove } from './shared-dir.js';
 import { ContainerTasks } from './tasks.js';
 import type { ContainerCreateOptions, ContainerFilter, ContainerLookup, ContainerManagerDeps } from './types.js';
 
@@ -119,7 +119,7 @@ export class ContainerManager implements SandboxListener, ContainerLookup {
    * record are left for the orphan audit to report, as before.
    */
   private async tearDownOrphanOverlays(): Promise<void> {
-    const rootfsDir = path.join(this.deps.config.stateDir, 'rootfs');
+    const rootfsDir = containerRootfsRoot(this.deps.config.stateDir);
     for (const dir of await orphanRootfsDirs(rootfsDir, new Set(this.containers.keys()))) {
       const upper = await fsp.stat(path.join(dir, 'upper')).catch(() => undefined);
       const merged = await fsp.stat(path.join(dir, 'merged')).catch(() => undefined);

@@ -12,7 +12,7 @@ import type { ContainerSpec } from '../spec/container.js';
 import { type HostNodeType, planGuestDevices } from './guest-devices.js';
 import { type GuestPod, guestLayout, ociInput, readFileInRoot, readSeccompProfile } from './guest-spec.js';
 import type { ContainerGuestPlan } from './record.js';
-import { containerDirs, type HostMountRequest, hostSubmounts, SharedDirMounts } from './shared-dir.js';
+import { containerDirs, type HostMountRequest, hostSubmounts, type RuntimeMountRoot, SharedDirMounts } from './shared-dir.js';
 
 export interface PrepareInput {
   sandboxId: string;
@@ -26,8 +26,8 @@ export interface PrepareInput {
   /** The sandbox's shared directory on the host and in the guest. */
   sharedHostDir: string;
   sharedGuestDir: string;
-  /** Where every sandbox's shared directory is (see SharedDirMounts). */
-  sharedDirsRoot: string;
+  /** The directories the runtime's own mounts are under (see SharedDirMounts). */
+  runtimeMountRoots: readonly RuntimeMountRoot[];
   pod: GuestPod;
   logger: Logger;
   /** Where the container's hot-plugged devices are in the VM (needed when the container has devices). */
@@ -102,7 +102,7 @@ export async function prepareGuest(input: PrepareInput): Promise<{ plan: Contain
   const container = { ...input.spec, devices: [] };
   const built = buildOciSpec(ociInput({ container, sandbox: input.sandboxSpec, image: input.imageConfig, passwd, group, seccomp, guest }));
   if (input.checkOnly === true) return { plan: null };
-  const mounts = new SharedDirMounts(dirs, input.sharedDirsRoot, input.logger);
+  const mounts = new SharedDirMounts(dirs, input.runtimeMountRoots, input.logger);
   try {
     await mounts.bindRootfs(input.rootfs);
     await mounts.bindCriMounts(criMounts);

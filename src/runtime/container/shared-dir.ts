@@ -59,6 +59,21 @@ export function containerDirs(sharedHostDir: string, sharedGuestDir: string, con
   };
 }
 
+/**
+ * A directory the runtime's own mounts are under. `shared`: its mounts are shared (the sandboxes'
+ * shared directories), so copies of them in a slave or shared volume follow their unmounts; the
+ * copies of others' (the containers' overlays, private mounts) never do and are always dropped.
+ */
+export interface RuntimeMountRoot {
+  dir: string;
+  shared: boolean;
+}
+
+/** Where the containers' own root filesystems (`<id>/`, an overlay or a copy) are in the state dir. */
+export function containerRootfsRoot(stateDir: string): string {
+  return path.join(stateDir, 'rootfs');
+}
+
 /** Bind mounts made so far; `undo()` takes them down deepest first and removes the directory. */
 export class SharedDirMounts {
   readonly bindMounts: string[] = [];
@@ -66,11 +81,13 @@ export class SharedDirMounts {
   constructor(
     readonly dirs: ContainerDirs,
     /**
-     * Where every sandbox's shared directory is. A private volume whose host path holds it ("/",
+     * The directories the runtime's own mounts are under: every sandbox's shared directory, and
+     * the containers' overlay root filesystems. A private volume whose host path holds one ("/",
      * "/var/lib") copies, through its recursive bind, every mount there (the shared directories
-     * and the container mounts inside them); those copies are taken down at once (see bindPinned).
+     * and the container mounts inside them, the overlays); those copies are taken down at once
+     * (see bindPinned).
      */
-    private readonly sharedDirsRoot: string,
+    private readonly runtimeMountRoots: readonly RuntimeMountRoot[],
     private readonly logger: Logger,
   ) {}
 
@@ -104,7 +121,7 @@ export class SharedDirMounts {
         readonly: m.readonly,
         recursive: m.recursive_read_only === true,
         propagationFlag: PROPAGATION_FLAG[m.propagation],
-        sharedDirsRoot: this.sharedDirsRoot,
+        runtimeMountRoots: this.runtimeMountRoots,
         stagingDir: this.dirs.stagingDir,
       };
       await bindPinned(m.host_path, target, opts, field);
@@ -213,7 +230,13 @@ async function isMountPoint(p: string): Promise<boolean> {
 async function bindPinned(
   source: string,
   target: string,
-  opts: { readonly: boolean; recursive?: boolean; propagationFlag: string; sharedDirsRoot?: string; stagingDir: string },
+  opts: {
+    readonly: boolean;
+    recursive?: boolean;
+    propagationFlag: string;
+    runtimeMountRoots?: readonly RuntimeMountRoot[];
+    stagingDir: string;
+  },
   field: string,
 ): Promise<void> {
   if (!path.isAbsolute(source)) throw invalid('CONTAINER_MOUNT_SOURCE_INVALID', `${field}: host_path "${source}" is not absolute`);
@@ -268,7 +291,8 @@ async function bindPinned(
         const options = ['remount', 'bind', 'nodev', 'nosuid', opts.readonly ? 'ro' : 'rw'].join(',');
         await mountCmd(['--no-canonicalize', '-o', options, at], field);
         await mountCmd([opts.propagationFlag, at], field);
-        if (opts.sharedDirsRoot !== undefined && isPrivate) await dropSharedDirCopies(resolved, at, opts.sharedDirsRoot, field);
+        for (const root of opts.runtimeMountRoots ?? [])
+          if (isPrivate || !root.shared) await dropRuntimeMountCopies(resolved, at, root.dir, field);
         // The remount above changes the top mount only; the guest reaches the submounts through
         // virtiofsd on the host, so each one must refuse writes here, whatever the guest does.
         if (opts.recursive === true) {
@@ -321,17 +345,19 @@ async function releaseStagingPoint(point: string): Promise<void> {
 }
 
 /**
- * After a private recursive bind of `source` at `target`: when `source` holds `sharedDirsRoot`,
- * the bind copied every sandbox's shared directory with the container mounts in it. Private
+ * After a private recursive bind of `source` at `target`: when `source` holds `mountRoot` (one of
+ * the runtime's mount roots), the bind copied every mount under it: every sandbox's shared
+ * directory with the container mounts in it, or every container's overlay root filesystem. Private
  * copies no longer follow the originals, so each would keep its container's mount point busy in
  * this namespace after that container's own unmount, and its removal would fail (rmdir: EBUSY)
  * for as long as this volume lives. They are detached here (lazily: a subtree at once); being
  * private, their unmount reaches nothing else. What the volume shows there is the directories
  * underneath, as a recursive bind made before any pod ran would. Slave and shared volumes keep
- * their copies: those follow the originals' unmounts by propagation.
+ * their copies of shared mounts (the shared directories): those follow the originals' unmounts by
+ * propagation; copies of private mounts (the overlays) are dropped in every mode.
  */
-async function dropSharedDirCopies(source: string, target: string, sharedDirsRoot: string, field: string): Promise<void> {
-  const rel = path.relative(source, sharedDirsRoot);
+async function dropRuntimeMountCopies(source: string, target: string, mountRoot: string, field: string): Promise<void> {
+  const rel = path.relative(source, mountRoot);
   if (rel.startsWith('..') || path.isAbsolute(rel)) return;
   const copyRoot = path.join(target, rel);
   const copies = mountsUnder(await fsp.readFile('/proc/self/mountinfo', 'utf8'), copyRoot);

@@ -49,7 +49,7 @@ describe('SharedDirMounts: a private volume with a submount, its copy busy in a 
     );
     const mounts = new SharedDirMounts(
       { hostDir: path.join(share, 'c1'), guestDir: '/run/share/c1', stagingDir: path.join(dir, 'staging') },
-      share,
+      [{ dir: share, shared: true }],
       silentLogger(),
     );
     try {

@@ -37,7 +37,7 @@ describe('SharedDirMounts: read-only volumes with a submount', () => {
   const bind = async (recursive: boolean) => {
     const mounts = new SharedDirMounts(
       { hostDir: path.join(dir, 'share', 'c1'), guestDir: '/run/share/c1', stagingDir: path.join(dir, 'staging') },
-      path.join(dir, 'share'),
+      [{ dir: path.join(dir, 'share'), shared: true }],
       silentLogger(),
     );
     const sources = await mounts.bindCriMounts([
