@@ -25,6 +25,9 @@ import { mountRootfs, type RootfsMount, unmountRootfs } from './rootfs.js';
 import { type ExecStdio, openExecStdio, type TaskIo } from './stdio.js';
 import './task-reasons.js';
 
+/** Where Create writes a container's seccomp filter in its bundle (see writeSeccompProfile). */
+const SECCOMP_PROFILE_FILE = 'kata-ts-seccomp.json';
+
 /** containerd's task states (containerd.v1.types.Status). */
 export type TaskStatus = 'CREATED' | 'RUNNING' | 'STOPPED' | 'UNKNOWN';
 
@@ -193,7 +196,8 @@ export class ShimTasks {
       task.pid = this.deps.pod.sandboxes.find(req.id)?.vm?.pid ?? 0;
     } else {
       const sandboxId = this.sandboxId as string;
-      const spec = decodeTaskContainerSpec(oci, sandboxId);
+      const seccompProfilePath = await writeSeccompProfile(oci, req.bundle);
+      const spec = decodeTaskContainerSpec(oci, sandboxId, seccompProfilePath === undefined ? {} : { seccompProfilePath });
       task.crio = decodeBundleRole(oci).kind === 'cri-o';
       const rootfs = containerRootfsPath(oci, req.bundle, req.rootfs.length > 0);
       if (req.rootfs.length > 0) {
@@ -532,4 +536,17 @@ export class ShimTasks {
     if (exec === undefined) throw notFound('EXEC_NOT_FOUND', `exec ${execId} does not exist in task ${task.id}`);
     return exec;
   }
+}
+
+/**
+ * The bundle's `linux.seccomp` filter, written as JSON to `<bundle>/kata-ts-seccomp.json` for the
+ * core to read as a Localhost profile (the container gets the filter containerd computed); the
+ * bundle, and the file with it, is containerd's to remove. Undefined when the spec has no filter.
+ */
+async function writeSeccompProfile(oci: unknown, bundle: string): Promise<string | undefined> {
+  const seccomp = (oci as { linux?: { seccomp?: unknown } } | null)?.linux?.seccomp;
+  if (seccomp === undefined || seccomp === null) return undefined;
+  const file = path.join(bundle, SECCOMP_PROFILE_FILE);
+  await fsp.writeFile(file, JSON.stringify(seccomp), { mode: 0o600 });
+  return file;
 }

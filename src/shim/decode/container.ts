@@ -12,7 +12,8 @@
  *   with the `Strict` policy (containerd already merged the image's /etc/group memberships in);
  * - capabilities: drop ALL, then add the bounding set (the ceiling every exec'd program is held
  *   to); a privileged container (containerd's allow-all device rule) is `privileged`;
- * - seccomp: any filter -> RuntimeDefault (the guest's own profile), none -> Unconfined;
+ * - seccomp: the filter as given (written to a file by the caller, a Localhost profile), or
+ *   without that file any filter -> RuntimeDefault; none -> Unconfined;
  *   masked and readonly paths, no_new_privs, a read-only root as given; AppArmor and SELinux
  *   labels are the host's and dropped;
  * - namespaces: left out -> NODE, with a path -> POD, without -> CONTAINER;
@@ -52,6 +53,13 @@ import './reasons.js';
 import { type OciIdMapping, type OciRuntimeProcess, type OciRuntimeSpec, parseOciRuntimeSpec } from './spec.js';
 
 export interface TaskContainerDecodeOptions {
+  /**
+   * A file holding the spec's `linux.seccomp` filter as JSON (the caller wrote it): the container
+   * gets exactly the filter containerd or CRI-O computed (its RuntimeDefault, or a Localhost
+   * profile of the node), as a Localhost profile. Without it: any filter -> RuntimeDefault (the
+   * guest's own profile).
+   */
+  seccompProfilePath?: string;
   /** Whether the task has a stdin (containerd's Create names a stdin FIFO). Default: CRI-O's `Stdin` annotation, else false. */
   stdin?: boolean;
   /**
@@ -209,7 +217,11 @@ export function envsOf(env: readonly string[] | undefined, field = 'process.env'
 
 const withoutCapPrefix = (name: string): string => (name.toUpperCase().startsWith('CAP_') ? name.slice(4) : name);
 
-function securityContextOf(spec: OciRuntimeSpec, process: OciRuntimeProcess): LinuxContainerSecurityContext__Output {
+function securityContextOf(
+  spec: OciRuntimeSpec,
+  process: OciRuntimeProcess,
+  seccompProfilePath: string | undefined,
+): LinuxContainerSecurityContext__Output {
   const privileged = allowsAllDevices(spec);
   const caps = process.capabilities;
   const unconfined = { profile_type: 'Unconfined' as const, localhost_ref: '' };
@@ -238,7 +250,12 @@ function securityContextOf(spec: OciRuntimeSpec, process: OciRuntimeProcess): Li
     run_as_group: { value: String(process.user.gid) },
     masked_paths: [...(spec.linux?.maskedPaths ?? [])],
     readonly_paths: [...(spec.linux?.readonlyPaths ?? [])],
-    seccomp: privileged || spec.linux?.seccomp === undefined ? unconfined : { profile_type: 'RuntimeDefault', localhost_ref: '' },
+    seccomp:
+      privileged || spec.linux?.seccomp === undefined
+        ? unconfined
+        : seccompProfilePath === undefined
+          ? { profile_type: 'RuntimeDefault', localhost_ref: '' }
+          : { profile_type: 'Localhost', localhost_ref: seccompProfilePath },
     apparmor: null,
     supplemental_groups_policy: 'Strict',
   };
@@ -307,7 +324,7 @@ export function decodeTaskContainerSpec(oci: unknown, sandboxId: string, options
   if (argv.length === 0) throw invalid('SHIM_SPEC_INVALID', 'process.args must not be empty', { details: { field: 'process.args' } });
   const crio = role.kind === 'cri-o';
   const id = identityOf(annotations, crio);
-  const security = securityContextOf(spec, process);
+  const security = securityContextOf(spec, process, options.seccompProfilePath);
 
   const config: ContainerConfig__Output = {
     metadata: { name: id.name, attempt: id.attempt },

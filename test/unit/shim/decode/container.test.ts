@@ -1,4 +1,5 @@
 import { describe, expect, it } from 'vitest';
+import { parseLocalhostProfile } from '../../../../src/oci/seccomp-localhost.js';
 import { decodeTaskContainerSpec, isSandboxFile } from '../../../../src/shim/decode/index.js';
 import { thrown } from '../../../helpers/kata-error.js';
 import { type EditableJson, edited, loadConfig } from './fixtures.js';
@@ -106,6 +107,24 @@ describe('decodeTaskContainerSpec: where each value comes from', () => {
       SB,
     );
     expect(ambient.linux?.security_context?.capabilities?.add_ambient_capabilities).toEqual(['NET_BIND_SERVICE']);
+  });
+
+  it("passes the spec's seccomp filter on as a Localhost profile when the caller wrote it to a file", () => {
+    const oci = loadConfig(CONTAINER) as { linux: { seccomp: unknown } };
+    const given = decodeTaskContainerSpec(oci, SB, { seccompProfilePath: '/bundle/kata-ts-seccomp.json' });
+    expect(given.linux?.security_context?.seccomp).toEqual({ profile_type: 'Localhost', localhost_ref: '/bundle/kata-ts-seccomp.json' });
+    // The filter containerd writes is one the core's Localhost profile reader takes as it is.
+    expect(parseLocalhostProfile(JSON.stringify(oci.linux.seccomp), 'seccomp', []).defaultAction).toBe('SCMP_ACT_ERRNO');
+    expect(decodeTaskContainerSpec(oci, SB).linux?.security_context?.seccomp).toEqual({
+      profile_type: 'RuntimeDefault',
+      localhost_ref: '',
+    });
+    const none = decodeTaskContainerSpec(
+      edited(CONTAINER, (o) => delete o.linux.seccomp),
+      SB,
+      { seccompProfilePath: '/bundle/kata-ts-seccomp.json' },
+    );
+    expect(none.linux?.security_context?.seccomp).toEqual({ profile_type: 'Unconfined', localhost_ref: '' });
   });
 
   it('a user namespace reads as userns POD (which the guest spec builder refuses)', () => {
