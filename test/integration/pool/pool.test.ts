@@ -1,38 +1,17 @@
-/**
- * The pool of pre-booted VMs end to end (docs/pool.md), real parts only: the daemon in a node
- * network namespace this test creates (CNI bridge + host-local), real QEMU (TCG), virtiofsd, the
- * guest agent, cgroupfs under a private tree. A pool of 1 fills; a pod claims it through the CRI
- * face and its container runs (its root filesystem arrives through the hot-plugged virtio-fs) and
- * answers HTTP on the pod's IP; the pool refills; a second pod with the same request boots cold
- * (the pool is empty meanwhile: the reason is in its verbose status) and is sized exactly like the
- * pooled one; a daemon restart finds the refilled VM again (same pid).
- */
-import { execFileSync } from 'node:child_process';
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { netnsNameFor } from '../../../src/network/index.js';
 import { allowLoopbackRegistries, pushBusyboxImage } from '../../helpers/busybox-image.js';
 import { type RegistryHandle, startRegistry } from '../../helpers/images-registry.js';
 import { createNetworkNode, type NetworkNode } from '../../helpers/network-node.js';
 import { until as pollUntil } from '../../helpers/poll.js';
-import { createTestRuntime, podConfig, type TestRuntime } from '../../helpers/runtime-daemon.js';
+import { createTestRuntime, guestDirConfig, podConfig, type TestRuntime } from '../../helpers/runtime-daemon.js';
 import { scaledMs } from '../../helpers/time-scale.js';
 
-const repo = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../..');
 const APPLETS = ['sleep', 'httpd', 'mkdir', 'echo', 'cat', 'nproc'];
 const HTTP_PORT = 8080;
 const MiB = 1024 * 1024;
-
-/** The guest with this branch's agent (it mounts a hot-plugged share): KATA_TS_GUEST_DIR, else built privately. */
-function poolGuestDir(): string {
-  const given = process.env.KATA_TS_GUEST_DIR;
-  if (given !== undefined) return given;
-  const dir = path.join(repo, '.cache/guest-pool');
-  execFileSync('bash', [path.join(repo, 'scripts/build-guest.sh'), '--out', dir], { stdio: ['ignore', 'ignore', 'inherit'] });
-  return dir;
-}
 
 interface PoolStatus {
   handler: string;
@@ -125,7 +104,6 @@ describe('the pool of pre-booted VMs (real QEMU, virtiofsd, CNI in a node namesp
   };
 
   beforeAll(async () => {
-    const guestDir = poolGuestDir();
     node = await createNetworkNode();
     registry = await startRegistry();
     image = await pushBusyboxImage(registry, 'kata/busybox', '1.0', APPLETS);
@@ -133,11 +111,10 @@ describe('the pool of pre-booted VMs (real QEMU, virtiofsd, CNI in a node namesp
       images: { registriesConfigPath: '/dev/null' },
       network: node.networkConfig(),
       hypervisor: {
-        kernelPath: path.join(guestDir, 'vmlinuz'),
-        initrdPath: path.join(guestDir, 'initramfs.cpio.gz'),
-        guestImagePath: path.join(guestDir, 'guest.img'),
+        // The installed guest (setup builds it from this tree), or KATA_TS_GUEST_DIR's.
+        ...guestDirConfig(),
         // Seven sessions share two cores here: a cold boot may take minutes, which is not what this tests.
-        readyTimeoutMs: 240_000,
+        readyTimeoutMs: scaledMs(240_000),
       },
       pool: { sizes: { 'kata-ts': 1 } },
     });
