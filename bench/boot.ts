@@ -8,7 +8,6 @@
  *   node --import tsx bench/boot.ts [--rounds N] [--bare-mode direct|paused] [--rss-pods N] [--json]
  */
 import { execFileSync } from 'node:child_process';
-import { randomBytes } from 'node:crypto';
 import os from 'node:os';
 import path from 'node:path';
 import { performance } from 'node:perf_hooks';
@@ -18,7 +17,7 @@ import { packageRoot } from '../src/common/paths.js';
 import { ensureGuestAssets } from '../test/helpers/hypervisor-guest.js';
 import { type BareMode, bareArgv, bootBare, normalizedArgv } from './lib/bare-qemu.js';
 import { type BootBenchResult, formatBootReport, type RoundSample } from './lib/boot-report.js';
-import { type BenchDaemon, createBenchDaemon } from './lib/daemon.js';
+import { type BenchDaemon, benchPodConfig, createBenchDaemon } from './lib/daemon.js';
 import { linearFit, median, readVmRssKiB, sampledVmRssKiB, sleep } from './lib/proc.js';
 
 export interface BootBenchOptions {
@@ -59,17 +58,8 @@ class Live {
   readonly barePids = new Set<number>();
 }
 
-function podConfig(daemon: BenchDaemon, name: string): Record<string, unknown> {
-  const uid = randomBytes(8).toString('hex');
-  return {
-    metadata: { name, namespace: 'kata-ts-bench', uid, attempt: 0 },
-    labels: { app: name, 'kata-ts.dev/bench': 'boot' },
-    linux: { cgroup_parent: daemon.cgroupParent(uid) },
-  };
-}
-
 async function runPod(daemon: BenchDaemon, live: Live, name: string): Promise<{ id: string; ms: number }> {
-  const config = podConfig(daemon, name);
+  const config = benchPodConfig(daemon, name, { app: name, 'kata-ts.dev/bench': 'boot' });
   const t0 = performance.now();
   const { pod_sandbox_id: id } = await daemon.cri.runtime.RunPodSandbox({
     config,

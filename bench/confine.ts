@@ -1,23 +1,9 @@
-/**
- * The cost of the confined VMM: RunPodSandbox-to-ready through the CRI socket of one real
- * `kata-ts serve`, for pods of the default handler (QEMU under seccomp, as a uid of its own with
- * no capabilities, chrooted into its jail) side by side with pods of a handler that opts out
- * (QEMU as root, unfiltered, as before confinement). Rounds alternate which goes first; the result
- * is the ratio of the medians (goal: confined at most 1.02x unconfined).
- *
- * Also, from the daemon's log, the host-side part alone: from `sandbox planned` to `QEMU started
- * (paused)` (identity lease, VMM dir, virtiofsd, jail mounts and device nodes, the exec chain),
- * which the guest's boot does not blur.
- *
- *   node --import tsx bench/confine.ts [--rounds N] [--json]
- */
-import { randomBytes } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import { performance } from 'node:perf_hooks';
 import { pathToFileURL } from 'node:url';
 import { parseArgs } from 'node:util';
 import { ensureGuestAssets } from '../test/helpers/hypervisor-guest.js';
-import { type BenchDaemon, createBenchDaemon } from './lib/daemon.js';
+import { type BenchDaemon, benchPodConfig, createBenchDaemon } from './lib/daemon.js';
 import { median } from './lib/proc.js';
 
 const UNCONFINED = 'kata-ts-unconfined';
@@ -47,15 +33,6 @@ export interface ConfineBenchResult {
   goalMet: boolean;
 }
 
-function podConfig(daemon: BenchDaemon, name: string): Record<string, unknown> {
-  const uid = randomBytes(8).toString('hex');
-  return {
-    metadata: { name, namespace: 'kata-ts-bench', uid, attempt: 0 },
-    labels: { app: name, 'kata-ts.dev/bench': 'confine' },
-    linux: { cgroup_parent: daemon.cgroupParent(uid) },
-  };
-}
-
 /** Clock ticks per second of /proc/<pid>/stat's utime and stime (USER_HZ: 100 on Linux/x86). */
 const USER_HZ = 100;
 
@@ -69,7 +46,10 @@ function cpuMs(pid: number): number {
 
 async function boot(daemon: BenchDaemon, name: string, handler: string): Promise<{ id: string; ms: number; qemuCpuMs: number }> {
   const t0 = performance.now();
-  const { pod_sandbox_id: id } = await daemon.cri.runtime.RunPodSandbox({ config: podConfig(daemon, name), runtime_handler: handler });
+  const { pod_sandbox_id: id } = await daemon.cri.runtime.RunPodSandbox({
+    config: benchPodConfig(daemon, name, { app: name, 'kata-ts.dev/bench': 'confine' }),
+    runtime_handler: handler,
+  });
   const ms = performance.now() - t0;
   const status = await daemon.cri.runtime.PodSandboxStatus({ pod_sandbox_id: id, verbose: true });
   const qemuCpuMs = cpuMs((JSON.parse(status.info.info!) as { pid: number }).pid);

@@ -18,9 +18,7 @@
  *   node --import tsx bench/pod-container.ts [--rounds N] [--containers N] [--json]
  */
 
-import { randomBytes } from 'node:crypto';
 import { promises as fsp } from 'node:fs';
-import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { performance } from 'node:perf_hooks';
@@ -30,8 +28,8 @@ import { startVirtiofsd } from '../src/hypervisor/virtiofsd.js';
 import { allowLoopbackRegistries, pushBusyboxImage } from '../test/helpers/busybox-image.js';
 import { ensureGuestAssets } from '../test/helpers/hypervisor-guest.js';
 import { startRegistry } from '../test/helpers/images-registry.js';
-import { bareArgv, bootBare } from './lib/bare-qemu.js';
-import { type BenchDaemon, createBenchDaemon } from './lib/daemon.js';
+import { bareArgv, bootBare, msToFirstBytes } from './lib/bare-qemu.js';
+import { benchPodConfig, createBenchDaemon } from './lib/daemon.js';
 import { linearFit, median, sampledVmRssKiB, sleep } from './lib/proc.js';
 
 export interface PodContainerBenchResult {
@@ -64,33 +62,6 @@ const PROBE = [
 const VIRTIOFS_CHARDEV = 'virtiofs';
 const AGENT_CHARDEV = 'agent';
 
-/** Milliseconds from `t0` until something arrives on the unix socket (retried until it exists). */
-async function firstBytes(socketPath: string, t0: number, timeoutMs: number): Promise<number> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const ms = await new Promise<number | undefined>((resolve) => {
-      const sock = net.connect(socketPath);
-      sock.once('data', () => {
-        resolve(performance.now() - t0);
-        sock.destroy();
-      });
-      sock.once('error', () => resolve(undefined));
-      sock.once('close', () => resolve(undefined));
-    });
-    if (ms !== undefined) return ms;
-    if (Date.now() > deadline) return Number.NaN;
-    await sleep(20);
-  }
-}
-
-function podConfig(daemon: BenchDaemon, name: string): Record<string, unknown> {
-  const uid = randomBytes(8).toString('hex');
-  return {
-    metadata: { name, namespace: 'kata-ts-bench', uid, attempt: 0 },
-    linux: { cgroup_parent: daemon.cgroupParent(uid) },
-  };
-}
-
 export async function runPodContainerBench(
   rounds: number,
   containers: number,
@@ -120,7 +91,7 @@ export async function runPodContainerBench(
       return id;
     };
     const podWithContainer = async (name: string) => {
-      const config = podConfig(rt, name);
+      const config = benchPodConfig(rt, name);
       const t0 = performance.now();
       const { pod_sandbox_id: sid } = await rt.cri.runtime.RunPodSandbox({ config });
       const podMs = performance.now() - t0;
@@ -176,7 +147,7 @@ export async function runPodContainerBench(
           ?.split('path=')[1]
           ?.split(',')[0];
         const bootT0 = performance.now();
-        const agentUp = agentSocket === undefined ? Promise.resolve(Number.NaN) : firstBytes(agentSocket, bootT0, 180_000);
+        const agentUp = agentSocket === undefined ? Promise.resolve(Number.NaN) : msToFirstBytes(agentSocket, bootT0, 180_000);
         try {
           const boot = await bootBare({
             qemuBinary: info.plan.qemu.binary,
@@ -200,7 +171,7 @@ export async function runPodContainerBench(
     }
 
     // Memory: one pod, 0..N containers; then the probe reads the guest side.
-    const config = podConfig(rt, 'memory');
+    const config = benchPodConfig(rt, 'memory');
     const { pod_sandbox_id: sid } = await rt.cri.runtime.RunPodSandbox({ config });
     const daemonPid = rt.pid();
     await sleep(1000);

@@ -1,21 +1,4 @@
-/**
- * The pool of pre-booted VMs (docs/pool.md), side by side in one run of one daemon:
- *
- * 1. **pod + first container from the pool** (RunPodSandbox + CreateContainer + StartContainer on
- *    handler `kata-ts`, pool size 1, waiting each round until the pool is full again) against
- *    **the same cold** (handler `kata-ts-cold`: the same profile without a pool; goal ratio
- *    <= 0.25), and against **a bare QEMU** running the cold pod's own argv to the agent's first
- *    bytes on its port (with its virtiofsd; goal <= 0.3). Rounds alternate which goes first.
- * 2. **refill CPU time per pooled VM**: QEMU's user + system time from spawn to agent ready, as the
- *    pool records it.
- * 3. **what running pods lose meanwhile**: ExecSync round trip (`true`) in a running pod while a
- *    refill boots, against the same with the pool full (median of each; ratio).
- *
- *   node --import tsx bench/pool.ts [--rounds N] [--execs N] [--json]
- */
-import { randomBytes } from 'node:crypto';
 import { promises as fsp } from 'node:fs';
-import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { performance } from 'node:perf_hooks';
@@ -26,8 +9,8 @@ import { startVirtiofsd } from '../src/hypervisor/virtiofsd.js';
 import { allowLoopbackRegistries, pushBusyboxImage } from '../test/helpers/busybox-image.js';
 import { ensureGuestAssets } from '../test/helpers/hypervisor-guest.js';
 import { startRegistry } from '../test/helpers/images-registry.js';
-import { bareArgv, bootBare } from './lib/bare-qemu.js';
-import { type BenchDaemon, createBenchDaemon } from './lib/daemon.js';
+import { bareArgv, bootBare, msToFirstBytes } from './lib/bare-qemu.js';
+import { benchPodConfig, createBenchDaemon } from './lib/daemon.js';
 import { median, sleep } from './lib/proc.js';
 
 export interface PoolBenchResult {
@@ -53,30 +36,6 @@ interface PoolStatus {
   booting: number;
   lastBootMs: number | null;
   lastBootCpuMs: number | null;
-}
-
-/** Milliseconds from `t0` until something arrives on the unix socket (retried until it exists). */
-async function firstBytes(socketPath: string, t0: number, timeoutMs: number): Promise<number> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const ms = await new Promise<number | undefined>((resolve) => {
-      const sock = net.connect(socketPath);
-      sock.once('data', () => {
-        resolve(performance.now() - t0);
-        sock.destroy();
-      });
-      sock.once('error', () => resolve(undefined));
-      sock.once('close', () => resolve(undefined));
-    });
-    if (ms !== undefined) return ms;
-    if (Date.now() > deadline) return Number.NaN;
-    await sleep(20);
-  }
-}
-
-function podConfig(daemon: BenchDaemon, name: string): Record<string, unknown> {
-  const uid = randomBytes(8).toString('hex');
-  return { metadata: { name, namespace: 'kata-ts-bench', uid, attempt: 0 }, linux: { cgroup_parent: daemon.cgroupParent(uid) } };
 }
 
 export async function runPoolBench(
@@ -120,7 +79,7 @@ export async function runPoolBench(
       return id;
     };
     const podWithContainer = async (name: string, handler: string) => {
-      const config = podConfig(rt, name);
+      const config = benchPodConfig(rt, name);
       const t0 = performance.now();
       const { pod_sandbox_id: sid } = await rt.cri.runtime.RunPodSandbox({ config, runtime_handler: handler });
       const cid = await startContainer(sid, config);
@@ -203,7 +162,7 @@ export async function runPoolBench(
           ?.split('path=')[1]
           ?.split(',')[0];
         const bootT0 = performance.now();
-        const agentUp = agentSocket === undefined ? Promise.resolve(Number.NaN) : firstBytes(agentSocket, bootT0, 180_000);
+        const agentUp = agentSocket === undefined ? Promise.resolve(Number.NaN) : msToFirstBytes(agentSocket, bootT0, 180_000);
         try {
           const boot = await bootBare({
             qemuBinary: info.plan.qemu.binary,

@@ -229,3 +229,22 @@ function waitForReadyLine(socket: net.Socket, deadline: number, exitedWith: () =
     );
   });
 }
+
+/** Milliseconds from `t0` until something arrives on the unix socket (retried until it exists); NaN after `timeoutMs`. */
+export async function msToFirstBytes(socketPath: string, t0: number, timeoutMs: number): Promise<number> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const ms = await new Promise<number | undefined>((resolve) => {
+      const sock = net.connect(socketPath);
+      sock.once('data', () => {
+        resolve(performance.now() - t0);
+        sock.destroy();
+      });
+      sock.once('error', () => resolve(undefined));
+      sock.once('close', () => resolve(undefined));
+    });
+    if (ms !== undefined) return ms;
+    if (Date.now() > deadline) return Number.NaN;
+    await new Promise((r) => setTimeout(r, 20));
+  }
+}
