@@ -31,6 +31,7 @@ import { promisify } from 'node:util';
 import { openFifoSocket } from '../../src/common/fifo.js';
 import { silentLogger } from '../../src/common/logger.js';
 import { packageRoot } from '../../src/common/paths.js';
+import { runtimeDefaultProfile } from '../../src/oci/index.js';
 import { mountsUnder, releaseSharedMounts } from '../../src/runtime/sandbox/shared-dir.js';
 import { podStateDir, shimSocketPath } from '../../src/shim/paths.js';
 import {
@@ -277,8 +278,11 @@ export async function createCrioNode(): Promise<CrioNode> {
           root: Record<string, unknown>;
           mounts: Array<{ destination: string; source: string }>;
           annotations: Record<string, string>;
-          linux: { cgroupsPath: string; resources: Record<string, unknown> };
+          linux: { cgroupsPath: string; resources: Record<string, unknown>; seccomp?: unknown };
         };
+        // The fixture's filter is abridged (a handful of syscalls); CRI-O writes its whole default
+        // profile, which the shim passes on to the guest as it is: a whole default profile here.
+        spec.linux.seccomp = runtimeDefaultProfile((spec.process.capabilities as { bounding?: string[] } | undefined)?.bounding ?? []);
         spec.process.user = { uid: 0, gid: 0 };
         spec.process.args = options.args;
         spec.process.env = ['PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin', 'HOSTNAME=crio-pod'];

@@ -97,8 +97,12 @@ describe('a CRI-O pod whose shim was SIGKILLed: `delete` in each bundle leaves n
         expect(response.exitStatus).toBe(137);
         expect(Math.abs(response.exitedAt.getTime() - Date.now())).toBeLessThan(LONG);
       }
-      expect(processesMentioning(node.stateRoot)).toEqual([]);
-      expect(existsSync(node.podStateDir)).toBe(false);
+      // delete answers within containerd's few seconds; its detached cleanup may still be at work
+      // on a loaded machine (and says so on stderr): what it leaves is checked once it is done.
+      // Its last step removes the pod's state dir.
+      await until('the detached cleanup to finish', async () =>
+        processesMentioning(node.stateRoot).length === 0 && !existsSync(node.podStateDir) ? true : undefined,
+      );
       expect(existsSync(node.socketPath)).toBe(false);
       expect(await node.mounts()).toEqual([]);
       const cgroups = (await cgroupDirsUnder(node.cgroupRoot)).filter((d) => d.includes(node.sandboxId.slice(0, 16)) || /crio-/.test(d));
