@@ -2,7 +2,7 @@ import { createHash } from 'node:crypto';
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
 import { raceAbort } from '../common/abort.js';
-import { invalid, notFound, precondition } from '../common/errors.js';
+import { errorMessage, invalid, notFound, precondition } from '../common/errors.js';
 import { writeFileAtomic } from '../common/fsutil.js';
 import type { Logger } from '../common/logger.js';
 import { abortReason, operationScope } from './abort.js';
@@ -127,7 +127,11 @@ export class ImageService {
     this.modeProbe =
       wanted === 'auto' ? await probeOverlay(this.layers.dir) : { mode: wanted, reason: wanted === 'copy' ? 'configured' : '' };
     if (this.modeProbe.mode === 'copy') this.opts.logger.warn({ reason: this.modeProbe.reason }, 'container root filesystems are copies');
-    await writeFileAtomic(rootfsModeFile(this.opts.stateDir), JSON.stringify(this.modeProbe));
+    // For `doctor` only: a full state disk must not keep the daemon from starting (and finding
+    // its pods again), so a failed write is logged, not thrown.
+    await writeFileAtomic(rootfsModeFile(this.opts.stateDir), JSON.stringify(this.modeProbe)).catch((err: unknown) =>
+      this.opts.logger.warn({ err: errorMessage(err) }, 'the root filesystem mode could not be recorded for doctor'),
+    );
     const registries = await loadRegistriesConfig(this.opts.registriesConfigPath);
     this.client = new RegistryClient({ registries, logger: this.opts.logger.child({ component: 'registry' }) });
     this.pinned = new Set();
