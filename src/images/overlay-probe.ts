@@ -54,6 +54,10 @@ export async function probeOverlay(dir: string): Promise<RootfsModeProbe> {
     return { mode: 'overlay', reason: '' };
   } catch (err) {
     const stderr = (err as { stderr?: string }).stderr?.trim() || errorMessage(err);
+    // A full disk says nothing about overlayfs: a restart on it must not turn layered images
+    // unusable until the next one. Nothing new can be made there anyway.
+    if ((err as { code?: string }).code === 'ENOSPC' || /No space left on device/.test(stderr))
+      return { mode: 'overlay', reason: `not probed: no space left in ${dir}` };
     return { mode: 'copy', reason: `an overlay cannot be made in ${dir}: ${stderr}` };
   } finally {
     if (mounted) await run('umount', ['--', merged]).catch(() => run('umount', ['--lazy', '--', merged]).catch(() => undefined));
