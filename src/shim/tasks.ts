@@ -251,6 +251,9 @@ export class ShimTasks {
             // An OOM kill the core recorded without the event reaching us (it came before Start's watch).
             if (task.oom === undefined && this.exitReason(task.id) === 'OOMKilled') this.oomKilled(task.id);
             await task.oom;
+            // containerd closes the task's FIFOs as soon as it handles TaskExit: the output goes
+            // in first, or the last lines of a short-lived container are lost.
+            await this.deps.pod.containers.outputStored(task.id).catch(() => undefined);
             return { status: e.exitCode, atNs: BigInt(e.finishedAtNs) };
           });
     exited.then(

@@ -751,8 +751,11 @@ class PrivateContainerd implements ContainerdHandle {
     const hostMounts = mountPointsUnder(await fsp.readFile('/proc/self/mountinfo', 'utf8'), this.dir);
     leftovers.push(...hostMounts.map((m) => `host mount ${m}`));
     if (this.cgroups.name !== '') leftovers.push(...(await removePrivateCgroups(this.cgroups)).map((d) => `cgroup ${d}`));
-    if (hostMounts.length === 0) await fsp.rm(this.dir, { recursive: true, force: true });
-    if (existsSync(this.dir)) leftovers.push(`directory ${this.dir}`);
+    // KATA_TS_KEEP_TEST_DIR=1 keeps containerd's dir (its log, the pods' CRI logs) for a look.
+    const keep = process.env.KATA_TS_KEEP_TEST_DIR === '1';
+    if (hostMounts.length === 0 && !keep) await fsp.rm(this.dir, { recursive: true, force: true });
+    if (keep) console.warn(`kept containerd's dir ${this.dir}`);
+    else if (existsSync(this.dir)) leftovers.push(`directory ${this.dir}`);
     if (this.ownRegistry) await this.registry.stop();
     return { containerd, strays, leftovers };
   }

@@ -384,6 +384,15 @@ export class ContainerManager implements SandboxListener, ContainerLookup {
   }
 
   /**
+   * Resolves once the container's output has reached its sink to the end (bounded: a sink nobody
+   * reads does not hold the caller forever). A front door whose caller closes the output on the
+   * exit (containerd 1.6 closes its FIFOs as it handles TaskExit) waits for this first.
+   */
+  async outputStored(idOrPrefix: string): Promise<void> {
+    await this.tasks.drain(this.resolve(idOrPrefix).id);
+  }
+
+  /**
    * Resolves once the container has exited (at once when it has), also when its VM went away
    * (exit code 255): what containerd's Wait answers. Rejects with NOT_FOUND when the container
    * is removed before it exited, and with CANCELLED when `signal` aborts.

@@ -17,6 +17,7 @@ import { expectGrpcError } from '../../helpers/cri-expect.js';
 import { ensureGuestAssets } from '../../helpers/hypervisor-guest.js';
 import { buildImage, busyboxBaseEntries, RegistryPusher } from '../../helpers/images-builder.js';
 import { type RegistryHandle, startRegistry } from '../../helpers/images-registry.js';
+import { untilProgress } from '../../helpers/poll.js';
 import { createTestRuntime, leftovers, podConfig, type TestRuntime } from '../../helpers/runtime-daemon.js';
 import { scaledMs } from '../../helpers/time-scale.js';
 
@@ -222,7 +223,19 @@ describe('containers in pod VMs', () => {
     expect(grown.shape.vcpus).toBe(2);
     expect(grown.qmp.vcpus).toBe(2);
     expect(grown.shape.memoryMiB).toBe(boot.shape.memoryMiB + 256);
-    expect(grown.qmp.baseMemoryMiB + grown.qmp.pluggedMemoryMiB).toBeGreaterThan(boot.qmp.baseMemoryMiB);
+    // The guest plugs virtio-mem blocks in its own time (under TCG, after the call has answered).
+    const plugged = await untilProgress(
+      'the guest to plug the grown memory',
+      async () => {
+        const { qmp } = await info(sid);
+        return {
+          done: qmp.baseMemoryMiB + qmp.pluggedMemoryMiB > boot.qmp.baseMemoryMiB ? qmp : undefined,
+          progress: qmp.pluggedMemoryMiB,
+        };
+      },
+      60_000,
+    );
+    expect(plugged.baseMemoryMiB).toBe(boot.qmp.baseMemoryMiB);
     const memoryDir = grown.cgroup['cgroupPath.memory']!;
     const limit = Number((await fsp.readFile(path.join(memoryDir, 'memory.limit_in_bytes'), 'utf8')).trim());
     expect(limit).toBeGreaterThan(grown.shape.memoryMiB * 1024 * 1024);
