@@ -28,6 +28,8 @@ function scriptedPod() {
   const events = new ContainerEvents();
   const record = { id: CONTAINER, sandboxId: SANDBOX, state: 'CONTAINER_CREATED', pid: 0, reason: '', exitCode: 0 } as ContainerRecord;
   const exit = deferred<{ exitCode: number; finishedAtNs: string }>();
+  // The container's output stored to its end: resolved at once unless a test holds it.
+  let outputStored: Promise<void> = Promise.resolve();
   let createdWith: { rootfs?: string } = {};
   const pod = {
     sandboxes: {
@@ -53,6 +55,10 @@ function scriptedPod() {
       },
       resolve: () => record,
       waitExit: () => exit.promise,
+      outputStored: () => {
+        calls.push('containers.outputStored');
+        return outputStored;
+      },
       kill: async (_id: string, signal: number) => {
         calls.push(`containers.kill ${signal}`);
       },
@@ -62,7 +68,10 @@ function scriptedPod() {
     },
     facts: { cgroupDriver: { name: 'cgroupfs', source: 'config' } },
   } as unknown as ShimPod;
-  return { pod, calls, containerEvents: events, record, exit, createdWith: () => createdWith };
+  const holdOutput = (p: Promise<void>) => {
+    outputStored = p;
+  };
+  return { pod, calls, containerEvents: events, record, exit, holdOutput, createdWith: () => createdWith };
 }
 
 function publisher(): { events: EventPublisher; topics: string[] } {
@@ -155,6 +164,26 @@ describe('ShimTasks for CRI-O', () => {
     expect((await tasks.wait(CONTAINER, '', new AbortController().signal)).status).toBe(137);
     expect(existsSync(path.join(containerBundle, CRIO_OOM_FILE))).toBe(true);
     expect(topics.filter((t) => t === '/tasks/oom' || t === '/tasks/exit')).toEqual(['/tasks/oom', '/tasks/exit']);
+    tasks.close();
+  });
+
+  it("TaskExit waits until the container's output is stored (containerd closes the FIFOs as it handles the exit)", async () => {
+    const { tasks, topics, record, exit, holdOutput } = await podWithContainer();
+    const stored = deferred<void>();
+    holdOutput(stored.promise);
+    await tasks.start(CONTAINER, '', ctx);
+    record.reason = 'Error';
+    exit.resolve({ exitCode: 7, finishedAtNs: '5000' });
+    let waited = false;
+    const wait = tasks.wait(CONTAINER, '', new AbortController().signal).then((e) => {
+      waited = true;
+      return e;
+    });
+    await new Promise((r) => setTimeout(r, 20));
+    expect([waited, topics.includes('/tasks/exit')]).toEqual([false, false]);
+    stored.resolve();
+    expect((await wait).status).toBe(7);
+    expect(topics).toContain('/tasks/exit');
     tasks.close();
   });
 
