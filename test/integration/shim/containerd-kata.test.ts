@@ -17,26 +17,18 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { packageRoot } from '../../../src/common/paths.js';
 import type { PodSandboxConfig } from '../../../src/generated/runtime/v1/PodSandboxConfig.js';
 import { pushBusyboxImage } from '../../helpers/busybox-image.js';
-import { type ContainerdHandle, containerdMissing, KATA_TS_HANDLER, mountPointsUnder, startContainerd } from '../../helpers/containerd.js';
-import { type CriClient, criClient } from '../../helpers/cri-client.js';
-import { type RegistryHandle, startRegistry } from '../../helpers/images-registry.js';
+import { containerdMissing, KATA_TS_HANDLER, mountPointsUnder } from '../../helpers/containerd.js';
 import { until, untilLogLines } from '../../helpers/poll.js';
 import { isRunning, liveProcessesMentioning } from '../../helpers/processes.js';
-import { installTestShim, shimTestConfig } from '../../helpers/shim-config.js';
+import { ShimNode } from '../../helpers/shim-node.js';
 import { scaledMs } from '../../helpers/time-scale.js';
 
 const MISSING = containerdMissing();
 if (MISSING !== null) console.warn(`kata-ts behind containerd skipped: ${MISSING}`);
 
 describe.skipIf(MISSING !== null)('kata-ts behind containerd 1.6.20 (the shim v2 handler), beside runc', () => {
-  let registry: RegistryHandle | undefined;
-  let ctrd: ContainerdHandle | undefined;
-  let cri: CriClient | undefined;
+  const node = new ShimNode('/tmp/ktk-');
   let image = '';
-  let dir = '';
-  let stateRoot = '';
-  /** The runtime's mount namespace, bound (by the first shim start) inside the harness's node. */
-  let nsFile = '';
   let logDir = '';
   let podId = '';
   let runcPodId = '';
@@ -50,75 +42,54 @@ describe.skipIf(MISSING !== null)('kata-ts behind containerd 1.6.20 (the shim v2
     log_directory: logDir,
     linux: { cgroup_parent: parentOf(uid) },
   });
-  const containerStatus = async (id: string) => (await cri!.runtime.ContainerStatus({ container_id: id })).status!;
-  const runtimeMountinfo = () => ctrd!.nodeExec(['nsenter', `--mount=${nsFile}`, '--', 'cat', '/proc/self/mountinfo']);
+  const containerStatus = async (id: string) => (await node.cri.runtime.ContainerStatus({ container_id: id })).status!;
+  const runtimeMountinfo = () => node.ctrd.nodeExec(['nsenter', `--mount=${node.mountNamespacePath}`, '--', 'cat', '/proc/self/mountinfo']);
   const shimPids = () =>
     liveProcessesMentioning(`-id\u0000${podId}`).filter((p) => readFileSync(`/proc/${p}/cmdline`, 'utf8').includes('serve'));
 
   beforeAll(async () => {
-    dir = await fsp.mkdtemp('/tmp/ktk-');
-    stateRoot = path.join(dir, 'shim');
-    nsFile = path.join(dir, 'mntns', 'mnt');
-    // containerd finds the shim by name on its PATH; this one runs the repo's sources.
-    const bin = path.join(dir, 'bin');
-    await installTestShim(
-      path.join(bin, 'containerd-shim-kata-ts-v2'),
-      path.join(dir, 'kata-ts.json'),
-      shimTestConfig(dir, stateRoot, { mountNamespacePath: nsFile }),
-    );
-    registry = await startRegistry();
-    image = await pushBusyboxImage(registry, 'kata-ts/busybox', 'kata-shim', ['sleep', 'ip', 'hostname', 'cat']);
-    ctrd = await startContainerd({ registry, shimBinDir: bin });
-    cri = criClient(ctrd.criSocket);
-    logDir = path.join(ctrd.dir, 'pods', `default_kata_${podUid}`);
-    await fsp.mkdir(logDir, { recursive: true });
-    await cri.image.PullImage({ image: { image } });
+    await node.start();
+    image = await pushBusyboxImage(node.registry, 'kata-ts/busybox', 'kata-shim', ['sleep', 'ip', 'hostname', 'cat']);
+    logDir = await node.podLogDir('kata', podUid);
+    await node.cri.image.PullImage({ image: { image } });
   });
 
-  afterAll(async () => {
-    cri?.close();
-    const report = await ctrd?.stop();
-    await registry?.stop();
-    // A pod VM left by a failed test: its QEMU and virtiofsd name the state root.
-    for (const pid of liveProcessesMentioning(stateRoot === '' ? '\u0000never' : stateRoot)) process.kill(pid, 'SIGKILL');
-    // KATA_TS_KEEP_TEST_DIR=1 keeps the shim's logs and state (debugging a failure).
-    if (dir !== '' && process.env.KATA_TS_KEEP_TEST_DIR !== '1') await fsp.rm(dir, { recursive: true, force: true });
-    if (report !== undefined && report.leftovers.length > 0) throw new Error(`the containerd harness left: ${report.leftovers.join('; ')}`);
-  });
+  afterAll(() => node.stop());
 
   it('RunPodSandbox with the kata-ts handler boots the pod VM in the pod network containerd made; a runc pod runs beside it', async () => {
-    runcPodId = (await cri!.runtime.RunPodSandbox({ config: sandboxConfig('plain', randomUUID()), runtime_handler: '' })).pod_sandbox_id;
+    runcPodId = (await node.cri.runtime.RunPodSandbox({ config: sandboxConfig('plain', randomUUID()), runtime_handler: '' }))
+      .pod_sandbox_id;
     podId = (
-      await cri!.runtime.RunPodSandbox(
+      await node.cri.runtime.RunPodSandbox(
         { config: sandboxConfig(), runtime_handler: KATA_TS_HANDLER },
         { deadline: Date.now() + scaledMs(240_000) },
       )
     ).pod_sandbox_id;
-    const { status } = await cri!.runtime.PodSandboxStatus({ pod_sandbox_id: podId });
+    const { status } = await node.cri.runtime.PodSandboxStatus({ pod_sandbox_id: podId });
     expect(status?.state).toBe('SANDBOX_READY');
     podIp = status?.network?.ip ?? '';
-    expect(podIp.startsWith(ctrd!.podSubnetPrefix)).toBe(true);
+    expect(podIp.startsWith(node.ctrd.podSubnetPrefix)).toBe(true);
     // One shim process for the pod, serving it; QEMU runs under the pod's cgroup parent.
     expect(shimPids()).toHaveLength(1);
-    const podDirs = await fsp.readdir(path.join(stateRoot, 'k8s.io'));
+    const podDirs = await fsp.readdir(path.join(node.stateRoot, 'k8s.io'));
     expect(podDirs).toEqual([podId.slice(0, 16)]);
-    const qemu = liveProcessesMentioning(path.join(stateRoot, 'k8s.io', podId.slice(0, 16))).filter((p) =>
+    const qemu = liveProcessesMentioning(path.join(node.stateRoot, 'k8s.io', podId.slice(0, 16))).filter((p) =>
       readFileSync(`/proc/${p}/cmdline`, 'utf8').startsWith('qemu-system'),
     );
     expect(qemu).toHaveLength(1);
     // The shim and its QEMU run in the runtime's mount namespace, not in the node's.
     const mntns = (pid: number) => readlinkSync(`/proc/${pid}/ns/mnt`);
     expect(mntns(qemu[0]!)).toBe(mntns(shimPids()[0]!));
-    expect(mntns(qemu[0]!)).not.toBe(mntns(ctrd!.nodePid));
+    expect(mntns(qemu[0]!)).not.toBe(mntns(node.ctrd.nodePid));
     const cgroup = readFileSync(`/proc/${qemu[0]}/cgroup`, 'utf8');
     expect(cgroup).toContain(`/pod${podUid}/`);
-    expect((await cri!.runtime.PodSandboxStatus({ pod_sandbox_id: runcPodId })).status?.state).toBe('SANDBOX_READY');
+    expect((await node.cri.runtime.PodSandboxStatus({ pod_sandbox_id: runcPodId })).status?.state).toBe('SANDBOX_READY');
   });
 
   let appId = '';
   it("a container: its stdout and stderr reach containerd's CRI log through the FIFOs; ExecSync; stats", async () => {
     appId = (
-      await cri!.runtime.CreateContainer({
+      await node.cri.runtime.CreateContainer({
         pod_sandbox_id: podId,
         config: {
           metadata: { name: 'app', attempt: 0 },
@@ -134,21 +105,21 @@ describe.skipIf(MISSING !== null)('kata-ts behind containerd 1.6.20 (the shim v2
         sandbox_config: sandboxConfig(),
       })
     ).container_id;
-    await cri!.runtime.StartContainer({ container_id: appId });
+    await node.cri.runtime.StartContainer({ container_id: appId });
     expect((await containerStatus(appId)).state).toBe('CONTAINER_RUNNING');
     await untilLogLines(
       'the container output in the CRI log',
       [path.join(logDir, 'app.log')],
       (l) => l.includes('stdout F hello from the VM') && l.includes('stderr F to stderr'),
     );
-    const res = await cri!.runtime.ExecSync({ container_id: appId, cmd: ['sh', '-c', 'echo out; echo err >&2; exit 3'], timeout: 60 });
+    const res = await node.cri.runtime.ExecSync({ container_id: appId, cmd: ['sh', '-c', 'echo out; echo err >&2; exit 3'], timeout: 60 });
     expect([res.stdout.toString(), res.stderr.toString(), res.exit_code]).toEqual(['out\n', 'err\n', 3]);
-    const ip = await cri!.runtime.ExecSync({ container_id: appId, cmd: ['ip', '-4', '-o', 'addr'], timeout: 60 });
+    const ip = await node.cri.runtime.ExecSync({ container_id: appId, cmd: ['ip', '-4', '-o', 'addr'], timeout: 60 });
     expect(ip.stdout.toString()).toContain(`inet ${podIp}/`);
-    const hostname = await cri!.runtime.ExecSync({ container_id: appId, cmd: ['hostname'], timeout: 60 });
+    const hostname = await node.cri.runtime.ExecSync({ container_id: appId, cmd: ['hostname'], timeout: 60 });
     expect(hostname.stdout.toString().trim()).toBe('kata-pod');
     await until('cpu and memory in ContainerStats', async (note) => {
-      const { stats } = await cri!.runtime.ContainerStats({ container_id: appId });
+      const { stats } = await node.cri.runtime.ContainerStats({ container_id: appId });
       note(stats);
       const cpu = BigInt(stats?.cpu?.usage_core_nano_seconds?.value ?? '0');
       const memory = BigInt(stats?.memory?.working_set_bytes?.value ?? '0');
@@ -158,7 +129,7 @@ describe.skipIf(MISSING !== null)('kata-ts behind containerd 1.6.20 (the shim v2
 
   it('a container that exits on its own: its exit code and last output', async () => {
     const id = (
-      await cri!.runtime.CreateContainer({
+      await node.cri.runtime.CreateContainer({
         pod_sandbox_id: podId,
         config: {
           metadata: { name: 'exits', attempt: 0 },
@@ -169,7 +140,7 @@ describe.skipIf(MISSING !== null)('kata-ts behind containerd 1.6.20 (the shim v2
         sandbox_config: sandboxConfig(),
       })
     ).container_id;
-    await cri!.runtime.StartContainer({ container_id: id });
+    await node.cri.runtime.StartContainer({ container_id: id });
     const status = await until('the container to exit', async (note) => {
       const s = await containerStatus(id);
       note(s.state);
@@ -177,23 +148,23 @@ describe.skipIf(MISSING !== null)('kata-ts behind containerd 1.6.20 (the shim v2
     });
     expect(status).toMatchObject({ exit_code: 7, reason: 'Error' });
     await untilLogLines('its output', [path.join(logDir, 'exits.log')], (l) => l.includes('stdout F bye'));
-    await cri!.runtime.RemoveContainer({ container_id: id });
+    await node.cri.runtime.RemoveContainer({ container_id: id });
   });
 
   it('a containerd restart leaves the pod and its shim running; the new containerd drives them', async () => {
     const [shim] = shimPids();
-    await ctrd!.restart();
+    await node.ctrd.restart();
     expect(isRunning(shim!)).toBe(true);
-    expect((await cri!.runtime.PodSandboxStatus({ pod_sandbox_id: podId })).status?.state).toBe('SANDBOX_READY');
+    expect((await node.cri.runtime.PodSandboxStatus({ pod_sandbox_id: podId })).status?.state).toBe('SANDBOX_READY');
     expect((await containerStatus(appId)).state).toBe('CONTAINER_RUNNING');
-    const res = await cri!.runtime.ExecSync({ container_id: appId, cmd: ['echo', 'after restart'], timeout: 60 });
+    const res = await node.cri.runtime.ExecSync({ container_id: appId, cmd: ['echo', 'after restart'], timeout: 60 });
     expect([res.stdout.toString(), res.exit_code]).toEqual(['after restart\n', 0]);
   });
 
   /** One exec through containerd's streaming server, by a client run inside the node's network namespace. */
   const streamExec = async (cmd: string[], tty: boolean, options: Record<string, unknown>) => {
-    const { url } = await cri!.runtime.Exec({ container_id: appId, cmd, tty, stdin: 'stdin' in options, stdout: true, stderr: !tty });
-    const out = await ctrd!.nodeExec(
+    const { url } = await node.cri.runtime.Exec({ container_id: appId, cmd, tty, stdin: 'stdin' in options, stdout: true, stderr: !tty });
+    const out = await node.ctrd.nodeExec(
       [
         process.execPath,
         '--import',
@@ -226,13 +197,13 @@ describe.skipIf(MISSING !== null)('kata-ts behind containerd 1.6.20 (the shim v2
   });
 
   it('UpdateContainerResources reaches the task (Update): the container keeps running', async () => {
-    await cri!.runtime.UpdateContainerResources({
+    await node.cri.runtime.UpdateContainerResources({
       container_id: appId,
       linux: { memory_limit_in_bytes: String(96 * 1024 * 1024), cpu_period: '100000', cpu_quota: '50000' },
     });
     expect((await containerStatus(appId)).state).toBe('CONTAINER_RUNNING');
     // Beyond what the VM can grow to, the core's refusal comes back through containerd, naming memory.
-    const refused = await cri!.runtime
+    const refused = await node.cri.runtime
       .UpdateContainerResources({ container_id: appId, linux: { memory_limit_in_bytes: String(1024 * 1024 * 1024 * 1024) } })
       .then(
         () => undefined,
@@ -243,29 +214,29 @@ describe.skipIf(MISSING !== null)('kata-ts behind containerd 1.6.20 (the shim v2
   });
 
   it('StopContainer: SIGTERM and its exit code; RemoveContainer', async () => {
-    await cri!.runtime.StopContainer({ container_id: appId, timeout: 30 });
+    await node.cri.runtime.StopContainer({ container_id: appId, timeout: 30 });
     expect(await containerStatus(appId)).toMatchObject({ state: 'CONTAINER_EXITED', exit_code: 42 });
     await untilLogLines('the trap output', [path.join(logDir, 'app.log')], (l) => l.includes('stdout F got TERM'));
-    await cri!.runtime.RemoveContainer({ container_id: appId });
+    await node.cri.runtime.RemoveContainer({ container_id: appId });
   });
 
   it('StopPodSandbox, RemovePodSandbox: the shim exits once its last task is gone, leaving no process, mount, cgroup or file', async () => {
     const [shim] = shimPids();
-    const podDir = path.join(stateRoot, 'k8s.io', podId.slice(0, 16));
-    await cri!.runtime.StopPodSandbox({ pod_sandbox_id: podId });
-    expect((await cri!.runtime.PodSandboxStatus({ pod_sandbox_id: podId })).status?.state).toBe('SANDBOX_NOTREADY');
-    await cri!.runtime.RemovePodSandbox({ pod_sandbox_id: podId });
+    const podDir = path.join(node.stateRoot, 'k8s.io', podId.slice(0, 16));
+    await node.cri.runtime.StopPodSandbox({ pod_sandbox_id: podId });
+    expect((await node.cri.runtime.PodSandboxStatus({ pod_sandbox_id: podId })).status?.state).toBe('SANDBOX_NOTREADY');
+    await node.cri.runtime.RemovePodSandbox({ pod_sandbox_id: podId });
     await until('the shim to exit (Shutdown with no task left)', async (note) => {
       note(isRunning(shim!));
       return isRunning(shim!) ? undefined : true;
     });
     expect(liveProcessesMentioning(podDir)).toEqual([]);
     expect(existsSync(podDir)).toBe(false);
-    expect(await fsp.readdir(path.join(stateRoot, 's'))).toEqual([]);
+    expect(await fsp.readdir(path.join(node.stateRoot, 's'))).toEqual([]);
     // The shims' mounts were made in the runtime's mount namespace, never in the node's.
-    expect(await ctrd!.mountsUnder(stateRoot)).toEqual([]);
+    expect(await node.ctrd.mountsUnder(node.stateRoot)).toEqual([]);
     expect(mountPointsUnder(await runtimeMountinfo(), podDir)).toEqual([]);
-    for (const d of ctrd!.cgroupDirs(parentOf(podUid2))) {
+    for (const d of node.ctrd.cgroupDirs(parentOf(podUid2))) {
       const children = (await fsp.readdir(d, { withFileTypes: true }).catch(() => [])).filter((e) => e.isDirectory()).map((e) => e.name);
       expect(children, d).toEqual([]);
     }
@@ -273,21 +244,21 @@ describe.skipIf(MISSING !== null)('kata-ts behind containerd 1.6.20 (the shim v2
 
   it('the shim SIGKILLed: containerd hears the pod end, and its delete leaves no QEMU, mount, cgroup or file', async () => {
     podId = (
-      await cri!.runtime.RunPodSandbox(
+      await node.cri.runtime.RunPodSandbox(
         { config: sandboxConfig('doomed', podUid2), runtime_handler: KATA_TS_HANDLER },
         { deadline: Date.now() + scaledMs(240_000) },
       )
     ).pod_sandbox_id;
     const [shim] = shimPids();
-    const podDir = path.join(stateRoot, 'k8s.io', podId.slice(0, 16));
+    const podDir = path.join(node.stateRoot, 'k8s.io', podId.slice(0, 16));
     process.kill(shim!, 'SIGKILL');
     await until('containerd to see the sandbox NOTREADY', async (note) => {
-      const s = (await cri!.runtime.PodSandboxStatus({ pod_sandbox_id: podId })).status?.state;
+      const s = (await node.cri.runtime.PodSandboxStatus({ pod_sandbox_id: podId })).status?.state;
       note(s);
       return s === 'SANDBOX_NOTREADY' ? true : undefined;
     });
-    await cri!.runtime.StopPodSandbox({ pod_sandbox_id: podId });
-    await cri!.runtime.RemovePodSandbox({ pod_sandbox_id: podId });
+    await node.cri.runtime.StopPodSandbox({ pod_sandbox_id: podId });
+    await node.cri.runtime.RemovePodSandbox({ pod_sandbox_id: podId });
     await until('no process of the pod', async (note) => {
       const left = liveProcessesMentioning(podDir);
       note(left);
@@ -298,9 +269,9 @@ describe.skipIf(MISSING !== null)('kata-ts behind containerd 1.6.20 (the shim v2
       note(existsSync(podDir) ? readdirSync(podDir) : 'gone');
       return existsSync(podDir) ? undefined : true;
     });
-    expect(await ctrd!.mountsUnder(podDir)).toEqual([]);
+    expect(await node.ctrd.mountsUnder(podDir)).toEqual([]);
     expect(mountPointsUnder(await runtimeMountinfo(), podDir)).toEqual([]);
-    for (const d of ctrd!.cgroupDirs(parentOf(podUid2))) {
+    for (const d of node.ctrd.cgroupDirs(parentOf(podUid2))) {
       const children = (await fsp.readdir(d, { withFileTypes: true }).catch(() => [])).filter((e) => e.isDirectory()).map((e) => e.name);
       expect(
         children.filter((c) => c.includes(podId.slice(0, 16))),
@@ -308,8 +279,8 @@ describe.skipIf(MISSING !== null)('kata-ts behind containerd 1.6.20 (the shim v2
       ).toEqual([]);
     }
     // The runc pod was never disturbed.
-    expect((await cri!.runtime.PodSandboxStatus({ pod_sandbox_id: runcPodId })).status?.state).toBe('SANDBOX_READY');
-    await cri!.runtime.StopPodSandbox({ pod_sandbox_id: runcPodId });
-    await cri!.runtime.RemovePodSandbox({ pod_sandbox_id: runcPodId });
+    expect((await node.cri.runtime.PodSandboxStatus({ pod_sandbox_id: runcPodId })).status?.state).toBe('SANDBOX_READY');
+    await node.cri.runtime.StopPodSandbox({ pod_sandbox_id: runcPodId });
+    await node.cri.runtime.RemovePodSandbox({ pod_sandbox_id: runcPodId });
   });
 });

@@ -24,13 +24,11 @@ import type { PodSandboxConfig } from '../../../src/generated/runtime/v1/PodSand
 import { type MetricFamily, parseExposition } from '../../../src/shim/exposition.js';
 import { scrapeMetricsSocket } from '../../../src/shim/node-pods.js';
 import { pushBusyboxImage } from '../../helpers/busybox-image.js';
-import { type ContainerdHandle, containerdMissing, KATA_TS_HANDLER, startContainerd } from '../../helpers/containerd.js';
-import { type CriClient, criClient } from '../../helpers/cri-client.js';
-import { type RegistryHandle, startRegistry } from '../../helpers/images-registry.js';
+import { containerdMissing, KATA_TS_HANDLER } from '../../helpers/containerd.js';
 import { until } from '../../helpers/poll.js';
 import { isRunning, liveProcessesMentioning } from '../../helpers/processes.js';
 import { guestDirConfig } from '../../helpers/runtime-daemon.js';
-import { installTestShim, shimTestConfig } from '../../helpers/shim-config.js';
+import { ShimNode } from '../../helpers/shim-node.js';
 import { scaledMs } from '../../helpers/time-scale.js';
 
 const MISSING = containerdMissing();
@@ -55,12 +53,8 @@ const sampleValue = (f: MetricFamily, labels: Record<string, string>, suffix = '
   f.samples.find((s) => s.suffix === suffix && Object.entries(labels).every(([k, v]) => s.labels[k] === v))?.value;
 
 describe.skipIf(MISSING !== null)('day two behind containerd 1.6.20: kata-ts ps, the shim metrics socket, the shim log', () => {
-  let registry: RegistryHandle | undefined;
-  let ctrd: ContainerdHandle | undefined;
-  let cri: CriClient | undefined;
+  const node = new ShimNode('/tmp/ktd2-');
   let image = '';
-  let dir = '';
-  let stateRoot = '';
   let logDir = '';
   let podId = '';
   let appId = '';
@@ -71,55 +65,35 @@ describe.skipIf(MISSING !== null)('day two behind containerd 1.6.20: kata-ts ps,
     log_directory: logDir,
     linux: { cgroup_parent: `/kubepods/burstable/pod${podUid}` },
   });
-  const podDir = () => path.join(stateRoot, 'k8s.io', podId.slice(0, 16));
-  const ps = async (): Promise<PodView[]> => JSON.parse((await kataTs(['ps', '--state-root', stateRoot, '--json'])).stdout) as PodView[];
+  const podDir = () => path.join(node.stateRoot, 'k8s.io', podId.slice(0, 16));
+  const ps = async (): Promise<PodView[]> =>
+    JSON.parse((await kataTs(['ps', '--state-root', node.stateRoot, '--json'])).stdout) as PodView[];
 
   beforeAll(async () => {
-    dir = await fsp.mkdtemp('/tmp/ktd2-');
-    stateRoot = path.join(dir, 'shim');
-    const bin = path.join(dir, 'bin');
-    await installTestShim(
-      path.join(bin, 'containerd-shim-kata-ts-v2'),
-      path.join(dir, 'kata-ts.json'),
-      shimTestConfig(dir, stateRoot, {
-        mountNamespacePath: path.join(dir, 'mntns', 'mnt'),
-        // This test is about the running pod, not boot speed: a busy machine's TCG boot may take long.
-        hypervisor: { ...guestDirConfig(), readyTimeoutMs: scaledMs(200_000) },
-      }),
-    );
-    registry = await startRegistry();
-    image = await pushBusyboxImage(registry, 'kata-ts/busybox', 'daytwo', ['sleep']);
-    ctrd = await startContainerd({ registry, shimBinDir: bin });
-    cri = criClient(ctrd.criSocket);
-    logDir = path.join(ctrd.dir, 'pods', `default_daytwo_${podUid}`);
-    await fsp.mkdir(logDir, { recursive: true });
-    await cri.image.PullImage({ image: { image } });
+    // This test is about the running pod, not boot speed: a busy machine's TCG boot may take long.
+    await node.start({ shimConfig: { hypervisor: { ...guestDirConfig(), readyTimeoutMs: scaledMs(200_000) } } });
+    image = await pushBusyboxImage(node.registry, 'kata-ts/busybox', 'daytwo', ['sleep']);
+    logDir = await node.podLogDir('daytwo', podUid);
+    await node.cri.image.PullImage({ image: { image } });
   });
 
-  afterAll(async () => {
-    cri?.close();
-    const report = await ctrd?.stop();
-    await registry?.stop();
-    for (const pid of liveProcessesMentioning(stateRoot === '' ? '\u0000never' : stateRoot)) process.kill(pid, 'SIGKILL');
-    if (dir !== '' && process.env.KATA_TS_KEEP_TEST_DIR !== '1') await fsp.rm(dir, { recursive: true, force: true });
-    if (report !== undefined && report.leftovers.length > 0) throw new Error(`the containerd harness left: ${report.leftovers.join('; ')}`);
-  });
+  afterAll(() => node.stop());
 
   it('one pod with one container: kata-ts ps lists it with its live VM, its recorded shape, cgroup and metrics socket', async () => {
     podId = (
-      await cri!.runtime.RunPodSandbox(
+      await node.cri.runtime.RunPodSandbox(
         { config: sandboxConfig(), runtime_handler: KATA_TS_HANDLER },
         { deadline: Date.now() + scaledMs(240_000) },
       )
     ).pod_sandbox_id;
     appId = (
-      await cri!.runtime.CreateContainer({
+      await node.cri.runtime.CreateContainer({
         pod_sandbox_id: podId,
         config: { metadata: { name: 'app', attempt: 0 }, image: { image }, command: ['sleep', '3600'], log_path: 'app.log' },
         sandbox_config: sandboxConfig(),
       })
     ).container_id;
-    await cri!.runtime.StartContainer({ container_id: appId });
+    await node.cri.runtime.StartContainer({ container_id: appId });
 
     const qemu = liveProcessesMentioning(podDir()).filter((p) => readFileSync(`/proc/${p}/cmdline`, 'utf8').startsWith('qemu-system'));
     expect(qemu).toHaveLength(1);
@@ -154,7 +128,7 @@ describe.skipIf(MISSING !== null)('day two behind containerd 1.6.20: kata-ts ps,
     expect(pod!.cgroup?.path).toContain(`/pod${podUid}/`);
     expect(readFileSync(`/proc/${qemu[0]}/cgroup`, 'utf8')).toContain(`/pod${podUid}/`);
     // The table names the pod too.
-    const table = (await kataTs(['ps', '--state-root', stateRoot])).stdout;
+    const table = (await kataTs(['ps', '--state-root', node.stateRoot])).stdout;
     expect(table).toMatch(new RegExp(`k8s\\.io\\s+${podId.slice(0, 13)}\\s+default/daytwo\\s+kata-ts\\s+running`));
   });
 
@@ -210,18 +184,18 @@ describe.skipIf(MISSING !== null)('day two behind containerd 1.6.20: kata-ts ps,
   });
 
   it('kata-ts metrics --shims: one node exposition holding the pod; a dead socket is named and skipped', async () => {
-    const { stdout, stderr } = await kataTs(['metrics', '--shims', '--state-root', stateRoot]);
+    const { stdout, stderr } = await kataTs(['metrics', '--shims', '--state-root', node.stateRoot]);
     expect(stderr).toBe('');
     const families = parseExposition(stdout);
     expect(sampleValue(family(families, 'kata_ts_shim_info'), { sandbox_id: podId })).toBe(1);
     expect(sampleValue(family(families, 'kata_ts_node_shim_scrapes'), {})).toBe(1);
     expect(sampleValue(family(families, 'kata_ts_node_shim_scrape_failures'), {})).toBe(0);
     // A pod whose shim died: its socket file stays until delete, and nothing answers on it.
-    const dead = path.join(stateRoot, 'k8s.io', 'deadbeefdeadbeef');
+    const dead = path.join(node.stateRoot, 'k8s.io', 'deadbeefdeadbeef');
     await fsp.mkdir(dead, { recursive: true });
     await fsp.writeFile(path.join(dead, 'metrics.sock'), '');
     try {
-      const withDead = await kataTs(['metrics', '--shims', '--state-root', stateRoot]);
+      const withDead = await kataTs(['metrics', '--shims', '--state-root', node.stateRoot]);
       expect(withDead.stderr).toContain(`skipped ${path.join(dead, 'metrics.sock')}`);
       const merged = parseExposition(withDead.stdout);
       expect(sampleValue(family(merged, 'kata_ts_node_shim_scrape_failures'), {})).toBe(1);
@@ -239,7 +213,7 @@ describe.skipIf(MISSING !== null)('day two behind containerd 1.6.20: kata-ts ps,
   });
 
   it("the shim's lines are in containerd's log, as logfmt naming the pod and, for a task's calls, the container", async () => {
-    const lines = ctrd!.logText().split('\n');
+    const lines = node.ctrd.logText().split('\n');
     const ours = lines.filter((l) => l.includes('component=shim'));
     expect(ours.length).toBeGreaterThan(0);
     for (const l of ours) expect(l, l).toMatch(new RegExp(`^time=\\S+ level=\\w+ msg=.* namespace=k8s\\.io sandboxId=${podId}( |$)`));
@@ -250,17 +224,17 @@ describe.skipIf(MISSING !== null)('day two behind containerd 1.6.20: kata-ts ps,
   it('after the pod is removed: ps lists nothing, the metrics socket is gone', async () => {
     const socket = path.join(podDir(), 'metrics.sock');
     const shim = (await ps())[0]!.shim!.pid;
-    await cri!.runtime.StopContainer({ container_id: appId, timeout: 10 });
-    await cri!.runtime.RemoveContainer({ container_id: appId });
-    await cri!.runtime.StopPodSandbox({ pod_sandbox_id: podId });
-    await cri!.runtime.RemovePodSandbox({ pod_sandbox_id: podId });
+    await node.cri.runtime.StopContainer({ container_id: appId, timeout: 10 });
+    await node.cri.runtime.RemoveContainer({ container_id: appId });
+    await node.cri.runtime.StopPodSandbox({ pod_sandbox_id: podId });
+    await node.cri.runtime.RemovePodSandbox({ pod_sandbox_id: podId });
     await until('the shim to exit', async (note) => {
       note(isRunning(shim));
       return isRunning(shim) ? undefined : true;
     });
     expect(existsSync(socket)).toBe(false);
     expect(await ps()).toEqual([]);
-    const { stdout } = await kataTs(['metrics', '--shims', '--state-root', stateRoot]);
+    const { stdout } = await kataTs(['metrics', '--shims', '--state-root', node.stateRoot]);
     expect(sampleValue(family(parseExposition(stdout), 'kata_ts_node_shim_scrapes'), {})).toBe(0);
   });
 });

@@ -16,14 +16,12 @@ import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { packageRoot } from '../../../src/common/paths.js';
 import type { PodSandboxConfig } from '../../../src/generated/runtime/v1/PodSandboxConfig.js';
-import { type ContainerdHandle, containerdMissing, KATA_TS_HANDLER, startContainerd } from '../../helpers/containerd.js';
-import { type CriClient, criClient } from '../../helpers/cri-client.js';
+import { containerdMissing, KATA_TS_HANDLER } from '../../helpers/containerd.js';
 import { criToolPath } from '../../helpers/cri-tools.js';
-import { type RegistryHandle, startRegistry } from '../../helpers/images-registry.js';
 import { until } from '../../helpers/poll.js';
 import { liveProcessesMentioning } from '../../helpers/processes.js';
 import { guestDirConfig } from '../../helpers/runtime-daemon.js';
-import { installTestShim, shimTestConfig } from '../../helpers/shim-config.js';
+import { ShimNode } from '../../helpers/shim-node.js';
 import { scaledMs } from '../../helpers/time-scale.js';
 
 const execFileAsync = promisify(execFile);
@@ -39,68 +37,43 @@ async function kataTs(args: string[]): Promise<{ code: number; stdout: string; s
 }
 
 describe.skipIf(MISSING !== null)('kata-ts install --containerd against containerd 1.6.20', () => {
-  let registry: RegistryHandle | undefined;
-  let ctrd: ContainerdHandle | undefined;
-  let cri: CriClient | undefined;
-  let dir = '';
-  let stateRoot = '';
+  const node = new ShimNode('/tmp/kti-');
   let original = '';
 
   /** The runtimes containerd's CRI plugin runs with: Status verbose's `config` (what `crictl info` prints). */
   const criRuntimes = async (): Promise<Record<string, { runtimeType: string; PodAnnotations?: string[] }>> => {
-    const res = await cri!.runtime.Status({ verbose: true });
+    const res = await node.cri.runtime.Status({ verbose: true });
     const config = JSON.parse(res.info.config ?? '{}') as { containerd?: { runtimes?: Record<string, { runtimeType: string }> } };
     return config.containerd?.runtimes ?? {};
   };
-  const restart = async (): Promise<void> => {
-    cri?.close();
-    await ctrd!.restart();
-    cri = criClient(ctrd!.criSocket);
-  };
+  const restart = () => node.restartContainerd();
   const sandboxConfig = (name: string): PodSandboxConfig => ({
     metadata: { name, uid: randomUUID(), namespace: 'default', attempt: 0 },
     hostname: name,
-    log_directory: path.join(ctrd!.dir, 'pods', name),
+    log_directory: path.join(node.ctrd.dir, 'pods', name),
     linux: { cgroup_parent: `/kubepods/besteffort/pod${randomUUID()}` },
   });
 
   beforeAll(async () => {
-    dir = await fsp.mkdtemp('/tmp/kti-');
-    stateRoot = path.join(dir, 'shim');
-    const bin = path.join(dir, 'bin');
-    await installTestShim(
-      path.join(bin, 'containerd-shim-kata-ts-v2'),
-      path.join(dir, 'kata-ts.json'),
-      shimTestConfig(dir, stateRoot, {
-        mountNamespacePath: path.join(dir, 'mntns', 'mnt'),
-        // A TCG boot on a machine shared with other runs can take minutes: wait on the boot, not a clock sized for an idle machine.
-        hypervisor: { ...guestDirConfig(), readyTimeoutMs: scaledMs(480_000) },
-      }),
-    );
-    registry = await startRegistry();
-    ctrd = await startContainerd({ registry, shimBinDir: bin, kataHandler: false });
-    cri = criClient(ctrd.criSocket);
-    original = await fsp.readFile(ctrd.configPath, 'utf8');
+    await node.start({
+      // A TCG boot on a machine shared with other runs can take minutes: wait on the boot, not a clock sized for an idle machine.
+      shimConfig: { hypervisor: { ...guestDirConfig(), readyTimeoutMs: scaledMs(480_000) } },
+      containerd: { kataHandler: false },
+    });
+    original = await fsp.readFile(node.ctrd.configPath, 'utf8');
   });
 
-  afterAll(async () => {
-    cri?.close();
-    const report = await ctrd?.stop();
-    await registry?.stop();
-    for (const pid of liveProcessesMentioning(stateRoot === '' ? '\u0000never' : stateRoot)) process.kill(pid, 'SIGKILL');
-    if (dir !== '' && process.env.KATA_TS_KEEP_TEST_DIR !== '1') await fsp.rm(dir, { recursive: true, force: true });
-    if (report !== undefined && report.leftovers.length > 0) throw new Error(`the containerd harness left: ${report.leftovers.join('; ')}`);
-  });
+  afterAll(() => node.stop());
 
   it('before: containerd knows no kata-ts handler and refuses a pod for it', async () => {
     expect(Object.keys(await criRuntimes())).toEqual(['runc']);
-    await expect(cri!.runtime.RunPodSandbox({ config: sandboxConfig('early'), runtime_handler: KATA_TS_HANDLER })).rejects.toThrow(
+    await expect(node.cri.runtime.RunPodSandbox({ config: sandboxConfig('early'), runtime_handler: KATA_TS_HANDLER })).rejects.toThrow(
       /no runtime for "kata-ts" is configured/,
     );
   });
 
   it('install (dry run, then for real) edits the private config; containerd restarted lists both handlers', async () => {
-    const config = ctrd!.configPath;
+    const config = node.ctrd.configPath;
     const dry = await kataTs(['install', '--containerd', '--config', config, '--dry-run']);
     expect(dry.code).toBe(0);
     expect(dry.stdout).toContain('kata-ts install: containerd 1.6.20'); // from `containerd --version`
@@ -126,7 +99,7 @@ describe.skipIf(MISSING !== null)('kata-ts install --containerd against containe
 
     const crictl = process.env.CRICTL === undefined ? null : criToolPath('crictl');
     if (crictl !== null) {
-      const { stdout } = await execFileAsync(crictl, ['--runtime-endpoint', `unix://${ctrd!.criSocket}`, 'info']);
+      const { stdout } = await execFileAsync(crictl, ['--runtime-endpoint', `unix://${node.ctrd.criSocket}`, 'info']);
       const info = JSON.parse(stdout) as { config: { containerd: { runtimes: Record<string, { runtimeType: string }> } } };
       expect(info.config.containerd.runtimes['kata-ts']?.runtimeType).toBe('io.containerd.kata-ts.v2');
       expect(info.config.containerd.runtimes['kata-ts-cvm']?.runtimeType).toBe('io.containerd.kata-ts-cvm.v2');
@@ -137,13 +110,13 @@ describe.skipIf(MISSING !== null)('kata-ts install --containerd against containe
     const config = sandboxConfig('installed');
     await fsp.mkdir(config.log_directory!, { recursive: true });
     const id = (
-      await cri!.runtime.RunPodSandbox({ config, runtime_handler: KATA_TS_HANDLER }, { deadline: Date.now() + scaledMs(600_000) })
+      await node.cri.runtime.RunPodSandbox({ config, runtime_handler: KATA_TS_HANDLER }, { deadline: Date.now() + scaledMs(600_000) })
     ).pod_sandbox_id;
-    expect((await cri!.runtime.PodSandboxStatus({ pod_sandbox_id: id })).status?.state).toBe('SANDBOX_READY');
-    const podDir = path.join(stateRoot, 'k8s.io', id.slice(0, 16));
+    expect((await node.cri.runtime.PodSandboxStatus({ pod_sandbox_id: id })).status?.state).toBe('SANDBOX_READY');
+    const podDir = path.join(node.stateRoot, 'k8s.io', id.slice(0, 16));
     expect(liveProcessesMentioning(podDir).length).toBeGreaterThan(0); // QEMU and virtiofsd name the pod's dir
-    await cri!.runtime.StopPodSandbox({ pod_sandbox_id: id });
-    await cri!.runtime.RemovePodSandbox({ pod_sandbox_id: id });
+    await node.cri.runtime.StopPodSandbox({ pod_sandbox_id: id });
+    await node.cri.runtime.RemovePodSandbox({ pod_sandbox_id: id });
     await until('no process of the pod', async (note) => {
       const left = liveProcessesMentioning(podDir);
       note(left);
@@ -152,7 +125,7 @@ describe.skipIf(MISSING !== null)('kata-ts install --containerd against containe
   });
 
   it('uninstall: the config byte for byte as before; containerd restarted lists no kata-ts handler', async () => {
-    const config = ctrd!.configPath;
+    const config = node.ctrd.configPath;
     const done = await kataTs(['uninstall', '--containerd', '--config', config]);
     expect(done.code, done.stderr).toBe(0);
     expect(done.stdout).toContain(`kata-ts uninstall: restored ${config} from ${config}.kata-ts-backup`);
@@ -163,7 +136,7 @@ describe.skipIf(MISSING !== null)('kata-ts install --containerd against containe
 
     await restart();
     expect(Object.keys(await criRuntimes())).toEqual(['runc']);
-    await expect(cri!.runtime.RunPodSandbox({ config: sandboxConfig('late'), runtime_handler: KATA_TS_HANDLER })).rejects.toThrow(
+    await expect(node.cri.runtime.RunPodSandbox({ config: sandboxConfig('late'), runtime_handler: KATA_TS_HANDLER })).rejects.toThrow(
       /no runtime for "kata-ts" is configured/,
     );
   });
