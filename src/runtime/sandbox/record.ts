@@ -123,7 +123,7 @@ export interface SandboxRecord {
    */
   network: PodNetworkRecord | null;
   exit: SandboxExitRecord | null;
-  /** Where the VM came from (docs/pool.md); absent: a cold boot recorded before the pool existed. */
+  /** Where the VM came from (docs/pool.md); absent: a cold boot recorded before the pool existed (format 6 and older). */
   origin?: SandboxOrigin;
 }
 
@@ -153,7 +153,9 @@ const anyObject = { type: 'object' } as const;
 const nullable = (schema: object): object => ({ anyOf: [{ type: 'null' }, schema] });
 
 /**
- * Format 6 (this one) adds `confinement` (QEMU's seccomp option, its uid/gid, jail and VMM dir)
+ * Format 7 (this one) adds `origin` (from the pool or cold, and why not from the pool; a pooled
+ * VM's resizes add to the virtio-mem its claim plugged, which code of format 6 would not know).
+ * Format 6 added `confinement` (QEMU's seccomp option, its uid/gid, jail and VMM dir)
  * and `plan.vmm`. Format 5 added `network.kind` (`cni`, or `joined`: a namespace the caller made, whose
  * CNI and namespace are never ours to undo) and ids of a caller's choosing (containerd's
  * identifier rule); format 4 added `network`; format 3 added `virtiofsd` and `guestPod` (and the
@@ -162,20 +164,21 @@ const nullable = (schema: object): object => ({ anyOf: [{ type: 'null' }, schema
  * migrateSandboxRecord). A format-5 record is left alone by format-4 code (a newer format), which
  * would otherwise take a joined namespace for its own and delete it.
  */
-export const SANDBOX_RECORD_VERSION = 6;
+export const SANDBOX_RECORD_VERSION = 7;
 
 /** What a sandbox of format 5 or older was: QEMU as root, no seccomp filter, no jail. */
 export const UNCONFINED_BEFORE_FORMAT_6 = { seccomp: null, unprivileged: false, identityRange: null, optOutReason: null } as const;
 
 /**
- * Format 1 to 5 -> current. 1 -> 2: `podConfig` becomes `spec` through the request decoder.
+ * Format 1 to 6 -> current. 1 -> 2: `podConfig` becomes `spec` through the request decoder.
  * 2 -> 3: a sandbox of format 2 had no virtiofsd and no pod in its guest (null both).
  * 3 -> 4: a sandbox of format 3 had no network (null). 4 -> 5: every format-4 network was made
  * by kata-ts with CNI (`kind: 'cni'`). 5 -> 6: QEMU ran as root without seccomp (`confinement`
- * null, `plan.vmm` UNCONFINED_BEFORE_FORMAT_6). Pure; throws when it cannot.
+ * null, `plan.vmm` UNCONFINED_BEFORE_FORMAT_6). 6 -> 7: no `origin` (a cold boot from before the
+ * pool; virtioMemBasis reads it as such). Pure; throws when it cannot.
  */
 export function migrateSandboxRecord(fromVersion: number, record: unknown): unknown {
-  if (fromVersion !== 1 && fromVersion !== 2 && fromVersion !== 3 && fromVersion !== 4 && fromVersion !== 5)
+  if (![1, 2, 3, 4, 5, 6].includes(fromVersion))
     throw new Error(`no migration from sandbox record format ${fromVersion}`);
   if (typeof record !== 'object' || record === null) throw new Error('the record is not an object');
   let out = record as Record<string, unknown>;

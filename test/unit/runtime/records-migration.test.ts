@@ -307,7 +307,13 @@ describe('format-4 records (written before joined network namespaces)', () => {
     expect((migrateSandboxRecord(4, { id: SANDBOX_ID, network: null }) as SandboxRecord).network).toBeNull();
     const joined = { kind: 'joined', netnsName: null, netnsPath: '/proc/1/ns/net' };
     expect((migrateSandboxRecord(4, { id: SANDBOX_ID, network: joined }) as SandboxRecord).network).toEqual(joined);
-    expect(() => migrateSandboxRecord(6, {})).toThrow(/format 6/);
+    expect(() => migrateSandboxRecord(7, {})).toThrow(/format 7/);
+  });
+
+  it('a format-6 sandbox (before the pool) migrates without an origin: a cold boot', () => {
+    const migrated = migrateSandboxRecord(6, { id: SANDBOX_ID, network: null, confinement: null }) as SandboxRecord;
+    expect(migrated.origin).toBeUndefined();
+    expect(SANDBOX_RECORD_KIND.version).toBe(7);
   });
 });
 
@@ -337,7 +343,7 @@ describe('format-5 records (written before confined VMMs)', () => {
     expect(problems).toEqual([]);
     expect(JSON.parse(JSON.stringify(withoutFormat6(records[0])))).toEqual(original.record);
     const onDisk = JSON.parse(await readFile(path.join(stateDir, 'sandboxes', `${SANDBOX_ID}.json`), 'utf8'));
-    expect(onDisk.version).toBe(6);
+    expect(onDisk.version).toBe(SANDBOX_RECORD_KIND.version);
     expect((await store.load()).records).toEqual(records);
   });
 
