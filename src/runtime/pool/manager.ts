@@ -1,8 +1,9 @@
 /**
  * The pool of pre-booted VMs (docs/pool.md): per handler, `pool.sizes[handler]` VMs booted to
- * "agent ready" ahead of demand, one boot at a time at nice 19, each in a fresh network namespace
- * that becomes its pod's. RunPodSandbox asks `claim` (through CreateDeps.pool) after planning;
- * a pod that fits takes a VM (claim.ts), one that does not boots cold with the reason recorded.
+ * "agent ready" ahead of demand, one boot at a time in the pool's cgroup (a low CPU weight) at
+ * nice 19, each in a fresh network namespace that becomes its pod's. RunPodSandbox asks `claim`
+ * (through CreateDeps.pool) after planning; a pod that fits takes a VM (claim.ts), one that does
+ * not boots cold with the reason recorded.
  * Pooled VMs are recorded (`<stateDir>/pool/`), found again at start, or discarded.
  */
 import { promises as fsp } from 'node:fs';
@@ -81,7 +82,7 @@ export interface PoolCgroupStatus {
 
 const REFILL_RETRY_MS = 10_000;
 /**
- * A pooled boot runs at nice 19: on a busy node it yields to every pod, so it may take several
+ * A pooled boot runs at a low CPU weight and nice 19: on a busy node it yields to every pod, so it may take several
  * times a cold boot's ready budget (hypervisor.readyTimeoutMs); no request waits on it.
  */
 const POOL_BOOT_BUDGET_FACTOR = 4;
@@ -378,7 +379,7 @@ export class PoolManager implements SandboxPool {
       await restrictSocketModes(workDir);
       if (jail !== undefined) await restrictSocketModes(sandboxVmmDir(workDir));
       // Below the pods that run: QEMU in the pool's cgroup (low CPU weight against the pods'
-      // cgroups), every thread at nice 19 (low against the daemon's other threads there), until claimed.
+      // cgroups), every thread at nice 19 (low against any other thread of its cgroup), until claimed.
       undo.push('remove the pool cgroup', async () => {
         await undo.attempt('kill QEMU', () => vm.kill());
         await this.removePoolCgroup(record);
