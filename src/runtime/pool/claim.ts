@@ -3,9 +3,10 @@
  * record replaced by the sandbox record, then what a cold boot puts on the command line added
  * while it runs: CNI ADD in its namespace and the TAP, the NIC hot-plugged with CNI's MAC,
  * virtiofsd on the pod's shared dir and its device hot-plugged, the VMM (and virtiofsd) moved
- * into the pod's cgroup at normal priority (its cgroup in the pool's removed) and grown to the planned shape, then CreatePod (which
- * mounts the share) and ConfigureNetwork. Every step registers its undo like executeSandbox's; a
- * failure runs them all (the VM is discarded, nothing is left) and rethrows.
+ * into the pod's cgroup at normal priority (the VMM's cgroup in the pool's then removed) and grown
+ * to the planned shape, then CreatePod (which mounts the share) and ConfigureNetwork. Every step
+ * registers its undo like executeSandbox's; a failure runs them all (the VM is discarded, nothing
+ * is left) and rethrows.
  */
 import { promises as fsp } from 'node:fs';
 import { errorMessage } from '../../common/errors.js';

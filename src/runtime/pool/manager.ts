@@ -82,8 +82,9 @@ export interface PoolCgroupStatus {
 
 const REFILL_RETRY_MS = 10_000;
 /**
- * A pooled boot runs at a low CPU weight and nice 19: on a busy node it yields to every pod, so it may take several
- * times a cold boot's ready budget (hypervisor.readyTimeoutMs); no request waits on it.
+ * A pooled boot runs at a low CPU weight and nice 19: on a busy node it yields to every pod, so it
+ * may take several times a cold boot's ready budget (hypervisor.readyTimeoutMs); no request waits
+ * on it.
  */
 const POOL_BOOT_BUDGET_FACTOR = 4;
 
