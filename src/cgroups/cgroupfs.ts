@@ -10,7 +10,7 @@ import { describeRecord } from './describe.js';
 import { detectCgroupMode } from './detect.js';
 import { realCgroupFs } from './fsops.js';
 import { cgroupIoError, type Hierarchy, keyHolding, resolveHierarchies, V2_OPTIONAL, V2_REQUIRED } from './hierarchies.js';
-import { type CgroupFileWrite, cgroupFileWrites, planLimits } from './limits.js';
+import { type CgroupFileWrite, cgroupFileWrites, parentWeightWrite, planLimits } from './limits.js';
 import { parseCgroupfsParent, validateParentFor, vmmCgroupName } from './parent.js';
 import { cgroupDirOf, findProcEntry, type ProcCgroupEntry, readCgroupMounts, readProcCgroup } from './procfs.js';
 import type { CgroupDriver, CgroupDriverOptions, CgroupFs, CgroupMode, PlacementRecord, PlaceRequest, VmmLimits } from './types.js';
@@ -78,6 +78,11 @@ export class CgroupfsDriver implements CgroupDriver {
       if (!Number.isSafeInteger(pid) || pid <= 0)
         throw invalid('CGROUP_PID_INVALID', `pid ${pid} is not a process id.`, { details: { pid } });
     }
+    if (req.parentCpuShares !== undefined && parent.components.length === 0) {
+      throw invalid('CGROUP_PARENT_INVALID', 'a parent given a CPU weight of its own must name a cgroup, not the root.', {
+        details: { cgroupParent: req.cgroupParent },
+      });
+    }
     const mode = await this.mode();
     const hierarchies = await resolveHierarchies(this.fs, this.opts.cgroupRoot, mode);
     // Where each process is now, to put it back should joining fail half-way.
@@ -93,6 +98,7 @@ export class CgroupfsDriver implements CgroupDriver {
     const createdParents: string[] = [];
     const joined = new Map<number, Hierarchy[]>(pids.map((pid) => [pid, []]));
     const paths: Record<string, string> = {};
+    const parentDirs: Record<string, string> = {};
     try {
       for (const h of hierarchies) {
         let dir = h.base;
@@ -109,6 +115,7 @@ export class CgroupfsDriver implements CgroupDriver {
           dir = child;
         }
         if (!dirIsMine) await this.checkHandsDown(h, dir, mode);
+        parentDirs[h.key] = dir;
         const leaf = path.join(dir, leafName);
         if (await this.mkdirOnce(leaf)) {
           created.push(leaf);
@@ -118,6 +125,11 @@ export class CgroupfsDriver implements CgroupDriver {
         }
         await this.prepareNew(h, dir, leaf, mode, true);
         paths[h.key] = leaf;
+      }
+      if (req.parentCpuShares !== undefined) {
+        const w = parentWeightWrite(req.parentCpuShares, mode);
+        const key = keyHolding(parentDirs, mode, w.controller);
+        if (key !== undefined) await this.write(path.join(parentDirs[key] as string, w.file), w.value);
       }
       for (const w of cgroupFileWrites(plan, mode)) {
         const key = keyHolding(paths, mode, w.controller);

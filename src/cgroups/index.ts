@@ -13,7 +13,15 @@ export function createCgroupDriver(name: CgroupDriverName, opts: CgroupDriverOpt
 
 export { describeRecord } from './describe.js';
 export { detectCgroupDriver, detectCgroupMode } from './detect.js';
-export { cgroupFileWrites, milliCpuToQuotaUs, milliCpuToShares, planLimits, sharesToWeight, systemdLimitProperties } from './limits.js';
+export {
+  cgroupFileWrites,
+  milliCpuToQuotaUs,
+  milliCpuToShares,
+  millicoresForShares,
+  planLimits,
+  sharesToWeight,
+  systemdLimitProperties,
+} from './limits.js';
 export { expandSlice, isSystemdStyleParent, parseCgroupfsParent, parseSystemdParent, vmmCgroupName } from './parent.js';
 export { probeSystemdManager, type SystemdManagerInfo } from './systemd.js';
 export type {

@@ -47,6 +47,32 @@ export function validateLimits(limits: VmmLimits): void {
   }
 }
 
+/**
+ * The CPU request whose kubelet conversion (milliCpuToShares) gives `shares`, or the next shares
+ * above it for the few values no request reaches (the conversion steps by 1.024): the smallest
+ * such request. Pure; `shares` within [MIN_CPU_SHARES, MAX_CPU_SHARES].
+ */
+export function millicoresForShares(shares: number): number {
+  if (shares <= MIN_CPU_SHARES) return 0;
+  let m = Math.floor((shares * MILLICORES_PER_CPU) / SHARES_PER_CPU);
+  while (milliCpuToShares(m) < shares) m++;
+  return m;
+}
+
+/** The weight file writes that give a parent cgroup `shares` (v1/hybrid cpu.shares, v2 cpu.weight). */
+export function parentWeightWrite(shares: number, mode: CgroupMode): CgroupFileWrite {
+  const clamped = Math.min(Math.max(Math.floor(shares), MIN_CPU_SHARES), MAX_CPU_SHARES);
+  return mode === 'v2'
+    ? { controller: 'cpu', file: 'cpu.weight', value: String(sharesToWeight(clamped)) }
+    : { controller: 'cpu', file: 'cpu.shares', value: String(clamped) };
+}
+
+/** systemd's property for a slice's weight: CPUShares (v1/hybrid) or CPUWeight (v2). */
+export function systemdWeightProperty(shares: number, mode: CgroupMode): SystemdProperty {
+  const clamped = Math.min(Math.max(Math.floor(shares), MIN_CPU_SHARES), MAX_CPU_SHARES);
+  return mode === 'v2' ? ['CPUWeight', 't', BigInt(sharesToWeight(clamped))] : ['CPUShares', 't', BigInt(clamped)];
+}
+
 /** CFS quota in microseconds per period; 0 means "no quota" (the kubelet's MilliCPUToQuota). */
 export function milliCpuToQuotaUs(milliCpu: number, periodUs: number = CFS_PERIOD_US): number {
   if (milliCpu === 0) return 0;

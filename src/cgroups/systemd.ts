@@ -10,7 +10,7 @@ import { internal, invalid, isReason, KataError, precondition, timedOut, unavail
 import type { Logger } from '../common/logger.js';
 import { describeRecord } from './describe.js';
 import { detectCgroupMode } from './detect.js';
-import { planLimits, type SystemdProperty, systemdLimitProperties } from './limits.js';
+import { planLimits, type SystemdProperty, systemdLimitProperties, systemdWeightProperty } from './limits.js';
 import { parseSystemdParent, validateParentFor, vmmCgroupName } from './parent.js';
 import { cgroupDirOf, readCgroupMounts, readProcCgroup } from './procfs.js';
 import { dbusErrorName, systemdError, withTimeout } from './systemd-errors.js';
@@ -214,6 +214,11 @@ export class SystemdDriver implements CgroupDriver {
       if (!Number.isSafeInteger(pid) || pid <= 0)
         throw invalid('CGROUP_PID_INVALID', `pid ${pid} is not a process id.`, { details: { pid } });
     }
+    if (req.parentCpuShares !== undefined && (parent.slice === null || parent.path === '')) {
+      throw invalid('CGROUP_PARENT_INVALID', 'a parent given a CPU weight of its own must name a slice, not the root or default slice.', {
+        details: { cgroupParent: req.cgroupParent },
+      });
+    }
     const mode = await this.mode();
     const props: SystemdProperty[] = [
       ['PIDs', 'au', pids],
@@ -279,6 +284,11 @@ export class SystemdDriver implements CgroupDriver {
           `systemd placed pid ${req.pid} in ${unit} but not in its ${missing.join(' and ')} cgroup, so the limits would not apply.`,
           { details: { unit, controlGroup, paths } },
         );
+      }
+      if (req.parentCpuShares !== undefined) {
+        // The slice exists now (the scope's start made it); runtime=true: nothing written to /etc.
+        const weight = systemdWeightProperty(req.parentCpuShares, mode);
+        await this.managerCall(conn, 'SetUnitProperties', 'sba(sv)', [slice, true, toDbusProperties([weight])], slice);
       }
       this.logger.info({ sandboxId: req.sandboxId, unit, slice, controlGroup, paths }, 'VMM placed in a systemd scope');
       return { driver: 'systemd', cgroupParent: req.cgroupParent, mode, unit, slice, paths, limits: { ...req.limits } };

@@ -62,6 +62,13 @@ export interface PlaceRequest {
    */
   extraPids?: number[];
   limits: VmmLimits;
+  /**
+   * The pool's cgroup (docs/pool.md): the CPU weight of the parent's last level, which kata-ts
+   * then owns (made when missing, or already made by an earlier placement of the pool): cgroupfs
+   * writes its cpu.shares (v2: cpu.weight by sharesToWeight); systemd sets the slice's CPUShares
+   * (v2: CPUWeight). The parent must then name a level of its own (not the root). Unset for pods.
+   */
+  parentCpuShares?: number;
 }
 
 /** One interface, two implementations chosen by name (see createCgroupDriver). */

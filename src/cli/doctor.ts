@@ -151,7 +151,7 @@ export async function runDoctorChecks(
   }
   checks.push(...(await containerdChecks(containerdConfigPath === undefined ? {} : { configPath: containerdConfigPath })));
   try {
-    checks.push({ name: 'pool', ...(await poolDoctorReport(config)) });
+    checks.push({ name: 'pool', ...(await poolDoctorReport(config, '/proc', driver.name)) });
   } catch (err) {
     checks.push({ name: 'pool', verdict: 'warn', message: errorMessage(err) });
   }

@@ -1,4 +1,4 @@
-import type { HandlerProfile, KataConfig } from './types.js';
+import type { CgroupDriverName, HandlerProfile, KataConfig, PoolConfig } from './types.js';
 
 export const DEFAULT_CONFIG_PATH = '/etc/kata-ts/config.json';
 export const DEFAULT_SOCKET_PATH = '/run/kata-ts/kata-ts.sock';
@@ -19,6 +19,19 @@ export const DEFAULT_VMM_ID_COUNT = 65_536;
 /** Node-wide (the daemon and every shim): the leases of the identities in use. */
 export const DEFAULT_VMM_LEASE_DIR = '/var/lib/kata-ts/vmm-identities';
 export const CONFIDENTIAL_HANDLER = 'kata-ts-cvm';
+/**
+ * The pool's cgroup (pool.cgroupParent null) per cgroup driver: beside the kubelet's `kubepods`
+ * at the top of the hierarchy, where its low weight counts against all pods together.
+ * The slice has no "-" in its name: a dash would nest it under another slice.
+ */
+export const DEFAULT_POOL_CGROUP_PARENT = { cgroupfs: '/kata-ts-pool', systemd: 'kata_ts_pool.slice' } as const;
+/** The pool's CPU weight: the kernel's least cpu.shares (cgroup v2 cpu.weight 1); a pod gets 1024 per CPU requested. */
+export const DEFAULT_POOL_CPU_SHARES = 2;
+
+/** The pool's cgroup for a driver: the configured one, else that driver's default. */
+export function poolCgroupParent(pool: Pick<PoolConfig, 'cgroupParent'>, driver: CgroupDriverName): string {
+  return pool.cgroupParent ?? DEFAULT_POOL_CGROUP_PARENT[driver];
+}
 
 /** The general-purpose profile: grows by CPU and memory hot-plug, VFIO devices hot-plugged. */
 export function defaultHandlerProfile(): HandlerProfile {
@@ -120,6 +133,6 @@ export function defaultConfig(): KataConfig {
       [DEFAULT_HANDLER]: defaultHandlerProfile(),
       [CONFIDENTIAL_HANDLER]: confidentialHandlerProfile(),
     },
-    pool: { sizes: {} },
+    pool: { sizes: {}, cgroupParent: null, cpuShares: DEFAULT_POOL_CPU_SHARES },
   };
 }

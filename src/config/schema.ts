@@ -164,6 +164,10 @@ export const configFileSchema = {
           propertyNames: { pattern: '^[a-z0-9]([-a-z0-9]*[a-z0-9])?$', maxLength: 63 },
           additionalProperties: { type: 'integer', minimum: 0, maximum: 64 },
         },
+        // The style and the path's components are checked in validate.ts (naming the field).
+        cgroupParent: { type: ['string', 'null'], minLength: 1, maxLength: 1024 },
+        // The kernel's cpu.shares bounds (MIN_SHARES, MAX_SHARES).
+        cpuShares: { type: 'integer', minimum: 2, maximum: 262_144 },
       },
     },
   },

@@ -221,6 +221,15 @@ export interface KataConfig {
 export interface PoolConfig {
   /** Handler name -> pooled VMs kept ready (0 or absent: none). */
   sizes: Record<string, number>;
+  /**
+   * The pool's cgroup, under which every pooled VM's QEMU is placed (`kata-ts-<pool VM id>`) until
+   * it is claimed, in the advertised driver's style: a cgroupfs path (`/kata-ts-pool`) or a bare
+   * systemd slice (`kata_ts_pool.slice`). Its last level is kata-ts's: made when missing and
+   * given `cpuShares`. null: the driver's default (DEFAULT_POOL_CGROUP_PARENT).
+   */
+  cgroupParent: string | null;
+  /** cpu.shares of the pool's cgroup and of each pooled VM's (cgroup v2: cpu.weight by sharesToWeight). */
+  cpuShares: number;
 }
 
 /** A config together with where it came from, as reported by Status and `doctor`. */

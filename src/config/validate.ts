@@ -1,4 +1,4 @@
-import type { KataConfig } from './types.js';
+import type { CgroupDriverSetting, KataConfig } from './types.js';
 
 /**
  * Cross-field rules that a JSON Schema cannot say well. Pure: returns every problem found, each a
@@ -55,5 +55,43 @@ export function crossFieldProblems(config: KataConfig): string[] {
     if (h === undefined) problems.push(`/pool/sizes/${name} names no handler (${names.join(', ')})`);
     else if (h.confidential) problems.push(`/pool/sizes/${name} must be 0: a confidential handler's VM is never pooled`);
   }
+  const poolParent = config.pool.cgroupParent;
+  if (poolParent !== null) {
+    const problem = poolCgroupParentProblem(poolParent, config.cgroupDriver);
+    if (problem !== null) problems.push(`/pool/cgroupParent "${poolParent}" ${problem}`);
+  }
   return problems;
+}
+
+// A cgroupfs path component: printable, no '/', not a dot entry, not an interface file's name.
+// biome-ignore lint/suspicious/noControlCharactersInRegex: control characters are exactly what this refuses.
+const CGROUPFS_COMPONENT = /^[^/\s\x00-\x1f\x7f]{1,255}$/;
+/** A slice systemd can make below its root slice: letters, digits, ":_.\\", no "-" (which would nest it). */
+const POOL_SLICE = /^[A-Za-z0-9:_.\\]{1,249}\.slice$/;
+
+/**
+ * Why `parent` cannot be the pool's cgroup (the rest of the sentence), or null. It must name a
+ * level of its own (not the root) in the style of the driver (`auto`: the style it looks like;
+ * the daemon checks it again against the driver it detects): a cgroupfs path of usable
+ * components, or a bare systemd slice without "-" (a top-level slice, whose weight is kata-ts's).
+ */
+export function poolCgroupParentProblem(parent: string, driver: CgroupDriverSetting): string | null {
+  const systemdStyle = parent.endsWith('.slice');
+  if (driver === 'systemd' && !systemdStyle)
+    return 'is a cgroupfs path but cgroupDriver is systemd, which takes a slice such as "kata_ts_pool.slice"';
+  if (driver === 'cgroupfs' && systemdStyle)
+    return 'is a systemd slice but cgroupDriver is cgroupfs, which takes a path such as "/kata-ts-pool"';
+  if (systemdStyle) {
+    if (!POOL_SLICE.test(parent) || parent === '.slice')
+      return 'must be a slice name of letters, digits and ":_.\\" ending in ".slice", with no "-" (which would nest it in another slice) and no "/"';
+    return null;
+  }
+  if (!parent.startsWith('/')) return 'must be an absolute cgroupfs path such as "/kata-ts-pool"';
+  const components = parent.split('/').filter((c) => c !== '');
+  if (components.length === 0) return 'must name a cgroup of its own, not the root';
+  for (const c of components) {
+    if (c === '.' || c === '..' || !CGROUPFS_COMPONENT.test(c) || c.startsWith('cgroup.'))
+      return `has an unusable path component "${c}" (dot entries, blanks, control characters and cgroup interface file names are not allowed)`;
+  }
+  return null;
 }

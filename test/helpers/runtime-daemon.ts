@@ -37,6 +37,8 @@ export interface TestRuntime {
   cgroupRoot: string;
   /** A cgroupfs-style cgroup_parent under the private root, as a kubelet would send for a pod. */
   cgroupParent(podUid: string): string;
+  /** pool.cgroupParent (unless the config sets one): `/<cgroupRoot>/kata-ts-pool`, beside the pods. */
+  poolCgroupParent: string;
   cri: CriClient;
   /** The running daemon's pid (changes across restart()). */
   pid(): number;
@@ -92,6 +94,8 @@ export async function createTestRuntime(configDoc: Record<string, unknown> = {},
   const configPath = path.join(dir, 'config.json');
   const mountNamespacePath = path.join(dir, 'mntns', 'mnt');
   const cgroupRoot = `${cgroupPrefix}${randomBytes(5).toString('hex')}`;
+  // The pool's cgroup inside the private root too: nothing is made outside what the test owns.
+  const pool = { cgroupParent: `/${cgroupRoot}/kata-ts-pool`, ...(configDoc.pool as Record<string, unknown> | undefined) };
   if (options.stateTmpfsMiB !== undefined) await mountTmpfs(stateDir, options.stateTmpfsMiB, 'kata-ts-state');
   await fsp.writeFile(
     configPath,
@@ -107,6 +111,7 @@ export async function createTestRuntime(configDoc: Record<string, unknown> = {},
         network: { mode: 'none' },
         mountNamespacePath,
         ...configDoc,
+        pool,
         hypervisor: { ...guestDirConfig(), ...(configDoc.hypervisor as Record<string, unknown> | undefined) },
       },
       null,
@@ -133,6 +138,7 @@ export async function createTestRuntime(configDoc: Record<string, unknown> = {},
     },
     cgroupRoot,
     cgroupParent: (podUid) => `/${cgroupRoot}/pod${podUid}`,
+    poolCgroupParent: pool.cgroupParent as string,
     get cri(): CriClient {
       if (cri === undefined) throw new Error('daemon not started');
       return cri;

@@ -3,9 +3,10 @@
  * record replaced by the sandbox record, then what a cold boot puts on the command line added
  * while it runs: CNI ADD in its namespace and the TAP, the NIC hot-plugged with CNI's MAC,
  * virtiofsd on the pod's shared dir and its device hot-plugged, the VMM (and virtiofsd) moved
- * into the pod's cgroup at normal priority and grown to the planned shape, then CreatePod (which
- * mounts the share) and ConfigureNetwork. Every step registers its undo like executeSandbox's; a
- * failure runs them all (the VM is discarded, nothing is left) and rethrows.
+ * into the pod's cgroup at normal priority (the VMM's cgroup in the pool's then removed) and grown
+ * to the planned shape, then CreatePod (which mounts the share) and ConfigureNetwork. Every step
+ * registers its undo like executeSandbox's; a failure runs them all (the VM is discarded, nothing
+ * is left) and rethrows.
  */
 import { promises as fsp } from 'node:fs';
 import { errorMessage } from '../../common/errors.js';
@@ -59,7 +60,10 @@ export async function claimPooledVm(input: ClaimInput, log: Logger): Promise<Cre
   if (pool.vmm === null) throw new Error('a ready pooled VM without a VMM record');
   const poolVmm = pool.vmm;
   try {
-    // Whatever fails from here on, the pooled VM goes: QEMU first (its undo runs last-registered-first).
+    // Whatever fails from here on, the pooled VM goes: QEMU first (its undo runs last-registered-first),
+    // then its cgroup in the pool's (gone already once step 5 moved QEMU out; the pool's own stays).
+    const poolCgroup = pool.placement === null ? null : { ...pool.placement, createdParents: [] };
+    if (poolCgroup !== null) undo.push('remove the pool cgroup', () => deps.cgroups.remove(poolCgroup));
     undo.push('close the agent client', async () => agent.close());
     undo.push('kill QEMU', () => vm.kill());
     // 1. The pooled VM's files become the sandbox's: one rename on the state dir's filesystem.
@@ -172,6 +176,8 @@ export async function claimPooledVm(input: ClaimInput, log: Logger): Promise<Cre
     });
     record.placement = placement;
     await persist();
+    // QEMU has left the pool's cgroup: its own there goes (the pool's stays for the refill).
+    if (poolCgroup !== null) await deps.cgroups.remove(poolCgroup);
     reniceProcess(vm.pid, CLAIMED_NICE);
     // 6. Grown to the planned shape.
     if (claim.addVcpus > 0) await plugVcpus(vm.qmp, claim.addVcpus);

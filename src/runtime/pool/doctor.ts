@@ -1,18 +1,28 @@
 /**
  * What `kata-ts doctor` says of the pool (docs/pool.md), read from the pool's records without the
- * daemon: the sizes configured, the VMs recorded per handler and whether their QEMU still runs.
+ * daemon: the sizes configured, the VMs recorded per handler and whether their QEMU still runs, and
+ * where pooled QEMUs wait: the pool's cgroup for the driver and its CPU weight, at nice 19.
  */
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
-import type { KataConfig } from '../../config/types.js';
+import { sharesToWeight } from '../../cgroups/index.js';
+import { poolCgroupParent } from '../../config/defaults.js';
+import type { CgroupDriverName, KataConfig } from '../../config/types.js';
 import { isSameLiveProcess } from '../../hypervisor/index.js';
+import { POOL_NICE } from './vm.js';
 
 export interface PoolDoctorReport {
   verdict: 'ok' | 'warn';
   message: string;
 }
 
-export async function poolDoctorReport(config: KataConfig, procRoot = '/proc'): Promise<PoolDoctorReport> {
+/** Where pooled QEMUs wait, as doctor and the docs say it. */
+export function poolPlacementSummary(config: KataConfig, driver: CgroupDriverName): string {
+  const shares = config.pool.cpuShares;
+  return `in ${driver} cgroup ${poolCgroupParent(config.pool, driver)} at cpu.shares ${shares} (cgroup v2 cpu.weight ${sharesToWeight(shares)}), nice ${POOL_NICE}, until claimed`;
+}
+
+export async function poolDoctorReport(config: KataConfig, procRoot = '/proc', driver?: CgroupDriverName): Promise<PoolDoctorReport> {
   const sizes = Object.entries(config.pool.sizes).filter(([, n]) => n > 0);
   const dir = path.join(config.stateDir, 'pool');
   const names = (await fsp.readdir(dir).catch(() => [] as string[])).filter((n) => n.endsWith('.json'));
@@ -38,5 +48,6 @@ export async function poolDoctorReport(config: KataConfig, procRoot = '/proc'): 
     return `${h}: size ${config.pool.sizes[h] ?? 0}, ${c.ready} ready, ${c.booting} booting${c.gone > 0 ? `, ${c.gone} whose QEMU is gone` : ''}`;
   });
   const gone = [...byHandler.values()].some((c) => c.gone > 0);
-  return { verdict: gone ? 'warn' : 'ok', message: `pooled VMs (nice 19 until claimed): ${parts.join('; ')}` };
+  const where = driver === undefined ? `nice ${POOL_NICE} until claimed` : poolPlacementSummary(config, driver);
+  return { verdict: gone ? 'warn' : 'ok', message: `pooled VMs (${where}): ${parts.join('; ')}` };
 }

@@ -1,18 +1,20 @@
 /**
  * The pool of pre-booted VMs (docs/pool.md): per handler, `pool.sizes[handler]` VMs booted to
- * "agent ready" ahead of demand, one boot at a time at nice 19, each in a fresh network namespace
- * that becomes its pod's. RunPodSandbox asks `claim` (through CreateDeps.pool) after planning;
- * a pod that fits takes a VM (claim.ts), one that does not boots cold with the reason recorded.
+ * "agent ready" ahead of demand, one boot at a time in the pool's cgroup (a low CPU weight) at
+ * nice 19, each in a fresh network namespace that becomes its pod's. RunPodSandbox asks `claim`
+ * (through CreateDeps.pool) after planning; a pod that fits takes a VM (claim.ts), one that does
+ * not boots cold with the reason recorded.
  * Pooled VMs are recorded (`<stateDir>/pool/`), found again at start, or discarded.
  */
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
 import { Gauge, type Registry } from 'prom-client';
 import type { AgentClient } from '../../agent-client/index.js';
-import type { CgroupDriver } from '../../cgroups/index.js';
-import { errorMessage } from '../../common/errors.js';
+import { type CgroupDriver, type PlacementRecord, sharesToWeight } from '../../cgroups/index.js';
+import { errorMessage, invalid } from '../../common/errors.js';
 import { newObjectId, shortIdKey } from '../../common/ids.js';
 import type { Logger } from '../../common/logger.js';
+import { poolCgroupParent } from '../../config/defaults.js';
 import { resolveHandler } from '../../config/handlers.js';
 import type { KataConfig } from '../../config/types.js';
 import { attachVm, isSameLiveProcess, startVm, type VmProcess } from '../../hypervisor/index.js';
@@ -31,7 +33,7 @@ import { removeWorkDir } from '../sandbox/shared-dir.js';
 import { restrictSocketModes } from '../sandbox/socket-modes.js';
 import { RecordStore } from '../store.js';
 import { claimPooledVm } from './claim.js';
-import { type PoolKey, type PoolMiss, planPoolVm, poolMiss, samePoolKey } from './plan.js';
+import { type PoolKey, type PoolMiss, planPoolVm, poolCgroupLimits, poolMiss, samePoolKey, withPoolCgroup } from './plan.js';
 import { POOLED_VM_RECORD_KIND, type PooledVmRecord } from './record.js';
 import { cpuMsOf, POOL_NICE, type PooledVm, poolVmRoot, reniceProcess } from './vm.js';
 
@@ -62,12 +64,27 @@ export interface PoolHandlerStatus {
   lastMiss: PoolMiss | null;
   /** QEMU pids of the ready VMs. */
   pids: number[];
+  /** Where pooled VMs' QEMUs are placed until claimed: the pool's cgroup and its CPU weight. */
+  cgroup: PoolCgroupStatus;
+}
+
+export interface PoolCgroupStatus {
+  driver: string;
+  /** pool.cgroupParent, or the driver's default; each VM's cgroup is `kata-ts-<pool VM id>` below it. */
+  parent: string;
+  /** cgroup v1 cpu.shares of the pool's cgroup and of each VM's (pool.cpuShares). */
+  cpuShares: number;
+  /** cgroup v2 cpu.weight for those shares (sharesToWeight). */
+  cpuWeight: number;
+  /** The nice value of every QEMU thread while pooled. */
+  nice: number;
 }
 
 const REFILL_RETRY_MS = 10_000;
 /**
- * A pooled boot runs at nice 19: on a busy node it yields to every pod, so it may take several
- * times a cold boot's ready budget (hypervisor.readyTimeoutMs); no request waits on it.
+ * A pooled boot runs at a low CPU weight and nice 19: on a busy node it yields to every pod, so it
+ * may take several times a cold boot's ready budget (hypervisor.readyTimeoutMs); no request waits
+ * on it.
  */
 const POOL_BOOT_BUDGET_FACTOR = 4;
 
@@ -84,7 +101,11 @@ export class PoolManager implements SandboxPool {
   /** The QEMU of the boot in flight: killed by close() (a half-booted VM is never found again). */
   private inflight: VmProcess | undefined;
 
+  /** The pool's cgroup (pool.cgroupParent or the driver's default). */
+  readonly cgroupParent: string;
+
   constructor(private readonly deps: PoolDeps) {
+    this.cgroupParent = poolCgroupParent(deps.config.pool, deps.cgroups.name);
     this.log = deps.logger.child({ component: 'pool' });
     this.store = new RecordStore<PooledVmRecord>(deps.config.stateDir, POOLED_VM_RECORD_KIND, deps.logger);
     this.identities = deps.identities ?? new VmmIdentities(deps.config.hypervisor.vmmIdentities, this.log);
@@ -100,6 +121,19 @@ export class PoolManager implements SandboxPool {
    * when it still matches the config, discarded otherwise (a config change drains the pool).
    */
   async recover(): Promise<void> {
+    if (this.sizes().length > 0) {
+      try {
+        this.deps.cgroups.validateParent(this.cgroupParent);
+      } catch (err) {
+        throw invalid(
+          'CONFIG_INVALID',
+          `/pool/cgroupParent "${this.cgroupParent}" does not suit the ${this.deps.cgroups.name} cgroup driver: ${errorMessage(err)}`,
+          {
+            details: { field: '/pool/cgroupParent', cgroupParent: this.cgroupParent, driver: this.deps.cgroups.name },
+          },
+        );
+      }
+    }
     await this.store.init();
     await fsp.mkdir(poolVmRoot(this.deps.config.stateDir), { recursive: true, mode: 0o700 });
     // The key of each handler's pooled VM is planned from the host's PCIe facts, read once.
@@ -147,6 +181,7 @@ export class PoolManager implements SandboxPool {
   /** Why a recorded VM no longer serves (null: it does). */
   private async stale(record: PooledVmRecord): Promise<string | null> {
     if (record.phase !== 'ready' || record.vmm === null) return 'its boot was cut short';
+    if (record.placement === null) return 'it was booted before the pool had a cgroup of its own';
     if ((this.deps.config.pool.sizes[record.handler] ?? 0) === 0) return 'its handler has no pool any more';
     if (!isSameLiveProcess(record.vmm.pid, record.vmm.startTimeTicks)) return 'its QEMU is gone';
     const key = await this.keyFor(record.handler).catch(() => null);
@@ -265,6 +300,7 @@ export class PoolManager implements SandboxPool {
       network: null,
       confinement: null,
       vmm: null,
+      placement: null,
       guest: null,
       bootMs: null,
       bootCpuMs: null,
@@ -343,7 +379,21 @@ export class PoolManager implements SandboxPool {
       await persist();
       await restrictSocketModes(workDir);
       if (jail !== undefined) await restrictSocketModes(sandboxVmmDir(workDir));
-      // Below the pods that run: every QEMU thread at nice 19 until the VM is claimed.
+      // Below the pods that run: QEMU in the pool's cgroup (low CPU weight against the pods'
+      // cgroups), every thread at nice 19 (low against any other thread of its cgroup), until claimed.
+      undo.push('remove the pool cgroup', async () => {
+        await undo.attempt('kill QEMU', () => vm.kill());
+        await this.removePoolCgroup(record);
+      });
+      const placement = await this.deps.cgroups.place({
+        sandboxId: id,
+        cgroupParent: this.cgroupParent,
+        pid: vm.pid,
+        limits: poolCgroupLimits(config.pool.cpuShares),
+        parentCpuShares: config.pool.cpuShares,
+      });
+      record.placement = withPoolCgroup(placement);
+      await persist();
       reniceProcess(vm.pid, POOL_NICE);
       await vm.resume();
       const report = await vm.waitForReady(config.hypervisor.readyTimeoutMs * POOL_BOOT_BUDGET_FACTOR);
@@ -451,8 +501,27 @@ export class PoolManager implements SandboxPool {
         lastBootCpuMs: last?.bootCpuMs ?? null,
         lastMiss: c.lastMiss,
         pids: list.map((p) => p.vm.pid),
+        cgroup: this.cgroupStatus(),
       };
     });
+  }
+
+  cgroupStatus(): PoolCgroupStatus {
+    const { cpuShares } = this.deps.config.pool;
+    return { driver: this.deps.cgroups.name, parent: this.cgroupParent, cpuShares, cpuWeight: sharesToWeight(cpuShares), nice: POOL_NICE };
+  }
+
+  /**
+   * A pooled VM's cgroup (its QEMU gone), and the pool's when no other VM is in it: by its record,
+   * or, when a crash came between placing QEMU and recording it, where it would be.
+   */
+  private async removePoolCgroup(record: PooledVmRecord): Promise<void> {
+    let placement: PlacementRecord | null = record.placement;
+    if (placement === null) {
+      if (record.vmm === null) return;
+      placement = withPoolCgroup(await this.deps.cgroups.placementFor(record.id, this.cgroupParent));
+    }
+    await this.deps.cgroups.remove(placement);
   }
 
   /** Stop refilling (a boot in flight is ended and rolled back); keep the ready VMs running (a restart finds them again). */
@@ -497,6 +566,8 @@ export class PoolManager implements SandboxPool {
       const { jailDir } = record.confinement;
       undo.push('release the jail', () => releaseJail(jailDir, log));
     }
+    // Runs after QEMU is gone (undo runs newest first).
+    undo.push('remove the pool cgroup', () => this.removePoolCgroup(record));
     if (vm !== undefined) undo.push('kill QEMU', () => vm.kill());
     else if (record.vmm !== null && isSameLiveProcess(record.vmm.pid, record.vmm.startTimeTicks)) {
       const { pid } = record.vmm;

@@ -3,6 +3,8 @@
  * can serve, whether one pod's cold plan fits it (and, when not, why), and the claim plan that
  * grows it into exactly that cold plan. docs/pool.md.
  */
+import path from 'node:path';
+import { millicoresForShares, type PlacementRecord, type VmmLimits } from '../../cgroups/index.js';
 import type { ResolvedHandler } from '../../config/handlers.js';
 import type { HypervisorConfig } from '../../config/types.js';
 import type { AccelerationChoice } from '../../hypervisor/index.js';
@@ -233,4 +235,25 @@ export function planClaim(plan: SandboxPlan, pooled: VmShape, withNetwork: boole
     nic: withNetwork ? { portId: POOL_NIC_PORT_ID } : null,
     sharedFs: { portId: POOL_VFS_PORT_ID },
   };
+}
+
+/**
+ * The limits a pooled VM's own cgroup gets (docs/pool.md#the-pools-cgroup): no quota, no memory
+ * limit, the CPU request the kubelet's conversion turns into `cpuShares` (the pool's weight).
+ */
+export function poolCgroupLimits(cpuShares: number): VmmLimits {
+  return { cpuQuotaMillicores: 0, cpuRequestMillicores: millicoresForShares(cpuShares), memoryLimitBytes: 0 };
+}
+
+/**
+ * A pooled VM's placement as recorded: with the cgroupfs driver its `createdParents` also lists
+ * the pool's cgroup (each leaf's parent directory) whoever made it, so that removing the last
+ * pooled VM's cgroup removes the pool's too (it is left while another VM is in it). The claim
+ * removes a pooled VM's cgroup without its parents (`createdParents: []`): the refill may be
+ * placing the next VM in the pool's cgroup meanwhile. systemd keeps the slice.
+ */
+export function withPoolCgroup(placement: PlacementRecord): PlacementRecord {
+  if (placement.driver !== 'cgroupfs') return placement;
+  const parents = Object.values(placement.paths).map((leaf) => path.dirname(leaf));
+  return { ...placement, createdParents: [...new Set([...(placement.createdParents ?? []), ...parents])] };
 }

@@ -2,8 +2,11 @@
  * A pooled VM's record (`<stateDir>/pool/<id>.json`): written before anything is made for it and
  * filled in step by step, so a daemon start finds a ready VM again (pid + start time, its sockets)
  * or discards what a crash left half made. Its `vmm.pid` and `network.netnsName` are where the
- * orphan audit looks for owners, as in a sandbox record.
+ * orphan audit looks for owners, as in a sandbox record (and its id names its cgroup,
+ * `kata-ts-<id>` under the pool's).
  */
+import type { PlacementRecord } from '../../cgroups/index.js';
+import { PLACEMENT_RECORD_SCHEMA } from '../sandbox/record.js';
 import type { RecordKind } from '../store.js';
 import type { PoolKey } from './plan.js';
 
@@ -32,6 +35,13 @@ export interface PooledVmRecord {
     /** virtiofsd's socket as QEMU will be told it at claim (inside the jail's view when confined). */
     qemuVirtiofsSocket: string;
   } | null;
+  /**
+   * QEMU's cgroup under the pool's (pool.cgroupParent, cpu.shares pool.cpuShares) until the claim
+   * moves it to its pod's; null before it is placed (a crash before this was written is cleaned
+   * by `placementFor(id, parent)`). Its `createdParents` lists the pool's cgroup whoever made it,
+   * so that the last pooled VM discarded removes it (left while another VM is in it).
+   */
+  placement: PlacementRecord | null;
   guest: { vcpus: number; memoryKiB: number } | null;
   /** Wall time the boot took (start to agent ready) and the CPU time QEMU used for it. */
   bootMs: number | null;
@@ -45,7 +55,13 @@ const nullable = (schema: object) => ({ anyOf: [{ type: 'null' }, schema] });
 export const POOLED_VM_RECORD_KIND: RecordKind = {
   kind: 'pooled-vm',
   dir: 'pool',
-  version: 1,
+  // 2: `placement` (the pool's cgroup); a format-1 VM ran in the daemon's cgroup (null).
+  version: 2,
+  migrate(fromVersion: number, record: unknown): unknown {
+    if (fromVersion !== 1) throw new Error(`no migration from pooled VM record format ${fromVersion}`);
+    if (typeof record !== 'object' || record === null) throw new Error('the record is not an object');
+    return { ...record, placement: null };
+  },
   schema: {
     type: 'object',
     additionalProperties: false,
@@ -60,6 +76,7 @@ export const POOLED_VM_RECORD_KIND: RecordKind = {
       'network',
       'confinement',
       'vmm',
+      'placement',
       'guest',
       'bootMs',
       'bootCpuMs',
@@ -104,6 +121,7 @@ export const POOLED_VM_RECORD_KIND: RecordKind = {
           qemuVirtiofsSocket: str,
         },
       }),
+      placement: nullable(PLACEMENT_RECORD_SCHEMA),
       guest: nullable({
         type: 'object',
         additionalProperties: false,

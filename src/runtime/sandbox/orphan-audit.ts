@@ -241,9 +241,17 @@ export async function ownersFromRecords(stateDir: string): Promise<AuditOwners> 
     const pids: number[] = [];
     try {
       const doc = JSON.parse(await fsp.readFile(path.join(stateDir, 'sandboxes', e.name), 'utf8')) as {
-        record?: { vmm?: { pid?: number } | null; virtiofsd?: { pid?: number } | null; network?: { netnsName?: string } | null };
+        record?: {
+          vmm?: { pid?: number } | null;
+          virtiofsd?: { pid?: number } | null;
+          network?: { netnsName?: string } | null;
+          origin?: { poolVmId?: string };
+        };
       };
       for (const pid of [doc.record?.vmm?.pid, doc.record?.virtiofsd?.pid]) if (typeof pid === 'number') pids.push(pid);
+      // A claim in flight: QEMU's cgroup in the pool's (`kata-ts-<pool VM id>`) is the sandbox's until the claim removes it.
+      const poolVmId = doc.record?.origin?.poolVmId;
+      if (typeof poolVmId === 'string') sandboxes.push({ id: poolVmId, pids: [] });
       if (typeof doc.record?.network?.netnsName === 'string') netnsNames.push(doc.record.network.netnsName);
     } catch {
       // unreadable: its id still owns its work dir; recovery reports the record itself

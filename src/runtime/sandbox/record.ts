@@ -152,6 +152,30 @@ const stringMap = { type: 'object', additionalProperties: { type: 'string' } } a
 const anyObject = { type: 'object' } as const;
 const nullable = (schema: object): object => ({ anyOf: [{ type: 'null' }, schema] });
 
+/** A cgroup placement (PlacementRecord) as records persist it: the sandbox's, and a pooled VM's. */
+export const PLACEMENT_RECORD_SCHEMA = {
+  type: 'object',
+  required: ['driver', 'cgroupParent', 'mode', 'paths', 'limits'],
+  properties: {
+    driver: { enum: ['systemd', 'cgroupfs'] },
+    cgroupParent: { type: 'string' },
+    mode: { enum: ['v1', 'v2', 'hybrid'] },
+    unit: { type: 'string' },
+    slice: { type: 'string' },
+    paths: { type: 'object', additionalProperties: { type: 'string' } },
+    createdParents: { type: 'array', items: { type: 'string' } },
+    limits: {
+      type: 'object',
+      required: ['cpuQuotaMillicores', 'cpuRequestMillicores', 'memoryLimitBytes'],
+      properties: {
+        cpuQuotaMillicores: { type: 'integer', minimum: 0 },
+        cpuRequestMillicores: { type: 'integer', minimum: 0 },
+        memoryLimitBytes: { type: 'integer', minimum: 0 },
+      },
+    },
+  },
+} as const;
+
 /**
  * Format 7 (this one) adds `origin` (from the pool or cold, and why not from the pool; a pooled
  * VM's resizes add to the virtio-mem its claim plugged, which code of format 6 would not know).
@@ -410,28 +434,7 @@ export const SANDBOX_RECORD_KIND: RecordKind = {
           socketPath: { type: 'string' },
         },
       }),
-      placement: nullable({
-        type: 'object',
-        required: ['driver', 'cgroupParent', 'mode', 'paths', 'limits'],
-        properties: {
-          driver: { enum: ['systemd', 'cgroupfs'] },
-          cgroupParent: { type: 'string' },
-          mode: { enum: ['v1', 'v2', 'hybrid'] },
-          unit: { type: 'string' },
-          slice: { type: 'string' },
-          paths: stringMap,
-          createdParents: { type: 'array', items: { type: 'string' } },
-          limits: {
-            type: 'object',
-            required: ['cpuQuotaMillicores', 'cpuRequestMillicores', 'memoryLimitBytes'],
-            properties: {
-              cpuQuotaMillicores: { type: 'integer', minimum: 0 },
-              cpuRequestMillicores: { type: 'integer', minimum: 0 },
-              memoryLimitBytes: { type: 'integer', minimum: 0 },
-            },
-          },
-        },
-      }),
+      placement: nullable(PLACEMENT_RECORD_SCHEMA),
       guest: nullable({
         type: 'object',
         additionalProperties: false,

@@ -3,6 +3,7 @@ import path from 'node:path';
 import type { AgentClient } from '../../agent-client/index.js';
 import { errnoCode, errorMessage, isReason, precondition } from '../../common/errors.js';
 import type { Logger } from '../../common/logger.js';
+import { poolCgroupParent } from '../../config/defaults.js';
 import { attachVm, isSameLiveProcess, type VmProcess } from '../../hypervisor/index.js';
 import { cgroupParentOf } from '../spec/sandbox.js';
 import { reopenAgentClient } from './agent.js';
@@ -153,6 +154,10 @@ async function rollBackInterruptedCreate(deps: RecoverDeps, record: SandboxRecor
     // The crash may have come after the VMM was placed but before that was recorded.
     const cgroupParent = cgroupParentOf(record.spec);
     await driver.remove(await driver.placementFor(record.id, cgroupParent));
+  }
+  // A claim cut short (docs/pool.md): QEMU's cgroup in the pool's, if the claim had not removed it yet.
+  if (record.origin?.kind === 'pool') {
+    await driver.remove(await driver.placementFor(record.origin.poolVmId, poolCgroupParent(deps.config.pool, driver.name)));
   }
   // The shared directory's and the jail's mounts go before anything below them is deleted.
   await removeWorkDir(workDir, log);

@@ -197,6 +197,27 @@ async function main(): Promise<void> {
     if (r.ok) await driver.remove(r.value);
   }
 
+  // 3b. The pool's cgroup (docs/pool.md): a top-level slice given a CPU weight of its own.
+  const q = startSleep();
+  const pooled = await attempt(() =>
+    driver.place({
+      sandboxId: sid(11),
+      cgroupParent: 'kata_ts_pool.slice',
+      pid: q.pid as number,
+      limits: { cpuQuotaMillicores: 0, cpuRequestMillicores: 0, memoryLimitBytes: 0 },
+      parentCpuShares: 2,
+    }),
+  );
+  out.poolSlice = pooled.ok
+    ? {
+        ...(await observePlacement(driver, pooled.value, q.pid as number)),
+        sliceProps: await show('kata_ts_pool.slice', ['CPUShares']),
+        sliceShares: await readOr('/sys/fs/cgroup/cpu/kata_ts_pool.slice/cpu.shares'),
+      }
+    : pooled;
+  await killAndWait(q);
+  if (pooled.ok) await driver.remove(pooled.value);
+
   // 4. Refusals: nothing may be left behind by any of them.
   const d = startSleep();
   out.refusals = {

@@ -43,6 +43,7 @@ interface Observations {
   unitExists: { staleActiveBefore: string; stalePid: number; result: Placement; staleExit: string };
   emptyParent: Placement;
   bareSlice: Placement;
+  poolSlice: Placement & { sliceProps: Record<string, string>; sliceShares: string | null };
   refusals: Record<'cgroupfsStyle' | 'invalidSlice' | 'mismatchedPath' | 'deadPid' | 'updateMissing' | 'unreachable', Attempt<unknown>> & {
     dProcCgroup: string;
   };
@@ -166,6 +167,11 @@ describe('systemd driver on a confined systemd --user (real systemd 252, cgroup 
     expect(obs.emptyParent.props.ControlGroup).toBe(`/app.slice/kata-ts-${sid(3)}.scope`);
     expect(obs.bareSlice.props.ControlGroup).toBe(`/kata.slice/kata-test.slice/kata-test-bare.slice/kata-ts-${sid(4)}.scope`);
     expect(obs.bareSlice.record.paths.systemd).toBe(`/sys/fs/cgroup/systemd${obs.bareSlice.props.ControlGroup}`);
+  });
+
+  it("gives the pool's slice a CPU weight of its own (SetUnitProperties CPUShares), and its scope the same", () => {
+    expect(obs.poolSlice.props.ControlGroup).toBe(`/kata_ts_pool.slice/kata-ts-${sid(11)}.scope`);
+    expect([obs.poolSlice.sliceProps.CPUShares, obs.poolSlice.sliceShares, obs.poolSlice.files['cpu.shares']]).toEqual(['2', '2', '2']);
   });
 
   it('refuses what it cannot honour, precisely, and leaves no unit and no moved process', () => {

@@ -21,6 +21,7 @@ interface PoolStatus {
   claimed: number;
   pids: number[];
   lastBootCpuMs: number | null;
+  cgroup: { driver: string; parent: string; cpuShares: number; cpuWeight: number; nice: number };
 }
 
 interface SandboxInfo {
@@ -87,6 +88,14 @@ describe('the pool of pre-booted VMs (real QEMU, virtiofsd, CNI in a node namesp
     }
     return out;
   };
+  /** A process's cgroup in the cpu hierarchy (v1 here) as /proc says it, and a file of a cgroup there, from the kernel. */
+  const cpuCgroupOf = async (pid: number): Promise<string> =>
+    (await fsp.readFile(`/proc/${pid}/cgroup`, 'utf8'))
+      .split('\n')
+      .find((l) => l.split(':')[1] === 'cpu')
+      ?.split(':')[2] ?? 'none';
+  const cpuFile = (cgroup: string, file: string) =>
+    fsp.readFile(path.join('/sys/fs/cgroup/cpu', cgroup, file), 'utf8').then((t) => t.trim());
   const runPod = async (name: string): Promise<{ id: string; config: Record<string, unknown> }> => {
     const config = podRequest(name);
     const { pod_sandbox_id: id } = await rt.cri.runtime.RunPodSandbox({ config }, { deadline: Date.now() + scaledMs(240_000) });
@@ -154,6 +163,12 @@ describe('the pool of pre-booted VMs (real QEMU, virtiofsd, CNI in a node namesp
       expect(s).toMatchObject({ size: 1, ready: 1, booting: 0, claimed: 0 });
       expect(s.pids).toHaveLength(1);
       expect(s.lastBootCpuMs).toBeGreaterThan(0);
+      // Its QEMU waits in a cgroup of its own under the pool's (in the test's private tree), both at cpu.shares 2.
+      expect(s.cgroup).toEqual({ driver: 'cgroupfs', parent: rt.poolCgroupParent, cpuShares: 2, cpuWeight: 1, nice: 19 });
+      const cgroup = await cpuCgroupOf(s.pids[0]!);
+      expect(path.dirname(cgroup)).toBe(rt.poolCgroupParent);
+      expect(path.basename(cgroup)).toMatch(/^kata-ts-[0-9a-f]{64}$/);
+      expect([await cpuFile(cgroup, 'cpu.shares'), await cpuFile(rt.poolCgroupParent, 'cpu.shares')]).toEqual(['2', '2']);
     },
     scaledMs(480_000),
   );
@@ -161,7 +176,8 @@ describe('the pool of pre-booted VMs (real QEMU, virtiofsd, CNI in a node namesp
   it(
     'a pod claims it: its container runs from the hot-plugged share and answers on the pod IP',
     async () => {
-      const poolPid = (await poolStatus()).pids[0];
+      const poolPid = (await poolStatus()).pids[0]!;
+      const poolCgroup = await cpuCgroupOf(poolPid);
       const a = await runPod('pooled');
       pooledId = a.id;
       pooledConfig = a.config;
@@ -173,6 +189,10 @@ describe('the pool of pre-booted VMs (real QEMU, virtiofsd, CNI in a node namesp
       expect(ip.startsWith(`${node.prefix}.`)).toBe(true);
       const r = await rt.cri.runtime.PodSandboxStatus({ pod_sandbox_id: pooledId, verbose: true });
       expect((JSON.parse(r.info.info!) as { pid: number }).pid).toBe(poolPid);
+      // QEMU left the pool for the pod's cgroup, and its own cgroup in the pool's is gone.
+      expect(String(info.cgroup['cgroupPath.cpu']).endsWith(await cpuCgroupOf(poolPid))).toBe(true);
+      expect(await cpuCgroupOf(poolPid)).toMatch(new RegExp(`^/${rt.cgroupRoot}/pod`));
+      expect(await cpuFile(poolCgroup, 'cpu.shares').catch((e: NodeJS.ErrnoException) => e.code)).toBe('ENOENT');
       await runContainer(pooledId, pooledConfig, 'web', [
         'sh',
         '-c',

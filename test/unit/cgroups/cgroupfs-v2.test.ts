@@ -79,6 +79,16 @@ describe('cgroupfs driver, cgroup v2 (cgroup v2 simulated on a directory tree: t
     expect(await exists(pod)).toBe(true);
   });
 
+  it("gives a parent of its own (the pool's) cpu.weight for its shares, and refuses one at the root", async () => {
+    const pool = { cpuQuotaMillicores: 0, cpuRequestMillicores: 0, memoryLimitBytes: 0 };
+    const record = await driver.place({ sandboxId, cgroupParent: '/kata-ts-pool', pid, limits: pool, parentCpuShares: 2 });
+    expect(await read('kata-ts-pool/cpu.weight')).toBe('1');
+    expect(await read(`kata-ts-pool/${leaf}/cpu.weight`)).toBe('1');
+    expect(record.createdParents).toEqual([path.join(await fsp.realpath(root), 'kata-ts-pool')]);
+    const root0 = await errorOf(driver.place({ sandboxId, cgroupParent: '/', pid, limits: pool, parentCpuShares: 2 }));
+    expect(root0.reason).toBe('CGROUP_PARENT_INVALID');
+  });
+
   it('places the other processes of a sandbox (virtiofsd) in the same cgroup, after the VMM', async () => {
     const other = process.ppid; // another live process; the imitation moves nobody
     await driver.place({ sandboxId, cgroupParent: `/${pod}`, pid, extraPids: [other], limits });

@@ -10,6 +10,8 @@ const B = 'b'.repeat(64);
 const C = 'c'.repeat(64);
 const D = 'd'.repeat(64);
 const E = 'e'.repeat(64);
+/** A pooled VM that A claimed: its cgroup in the pool's is A's until the claim removes it. */
+const F = 'f'.repeat(64);
 
 describe('auditOrphans', () => {
   let root: string;
@@ -43,7 +45,9 @@ describe('auditOrphans', () => {
     await mkdir(path.join(state, 'sandboxes'), { recursive: true });
     await writeFile(
       path.join(state, 'sandboxes', `${A}.json`),
-      JSON.stringify({ record: { vmm: { pid: 100 }, virtiofsd: null, network: { netnsName: `kata-ts-${A.slice(0, 16)}` } } }),
+      JSON.stringify({
+        record: { vmm: { pid: 100 }, virtiofsd: null, network: { netnsName: `kata-ts-${A.slice(0, 16)}` }, origin: { poolVmId: F } },
+      }),
     );
     // Pinned pod namespaces: A's (recorded), B's (no record), another daemon's (a QEMU of another
     // state dir runs in it: the same inode as its /proc/<pid>/ns/net), and one not of kata-ts.
@@ -75,6 +79,7 @@ describe('auditOrphans', () => {
     await cgroup(`kubepods/kata-ts-${C}`, '');
     await cgroup(`kubepods/kata-ts-${D}`, '999\n');
     await cgroup(`kata-ts-${E}.scope`, '102\n');
+    await cgroup(`kata-ts-pool/kata-ts-${F}`, '');
 
     const line = (point: string) => `36 25 0:32 / ${point.replaceAll(' ', '\\040')} rw - tmpfs tmpfs rw`;
     const mountinfo = [
@@ -92,7 +97,14 @@ describe('auditOrphans', () => {
     ].join('\n');
 
     const owners = await ownersFromRecords(state);
-    expect(owners).toEqual({ sandboxes: [{ id: A, pids: [100] }], containerIds: ['c1'], netnsNames: [`kata-ts-${A.slice(0, 16)}`] });
+    expect(owners).toEqual({
+      sandboxes: [
+        { id: F, pids: [] },
+        { id: A, pids: [100] },
+      ],
+      containerIds: ['c1'],
+      netnsNames: [`kata-ts-${A.slice(0, 16)}`],
+    });
     const orphans = await auditOrphans(owners, {
       stateDir: state,
       procRoot: path.join(root, 'proc'),

@@ -54,11 +54,14 @@ describe('poolDoctorReport', () => {
         JSON.stringify({ kind: 'pooled-vm', version: 1, record: { handler: 'kata-ts', phase, vmm: { pid, startTimeTicks: 777 } } }),
       );
     write('a', 'ready', 42);
-    const config = { ...defaultConfig(), stateDir, pool: { sizes: { 'kata-ts': 2 } } };
+    const config = { ...defaultConfig(), stateDir, pool: { ...defaultConfig().pool, sizes: { 'kata-ts': 2 } } };
     expect(await poolDoctorReport(config, proc)).toEqual({
       verdict: 'ok',
       message: 'pooled VMs (nice 19 until claimed): kata-ts: size 2, 1 ready, 0 booting',
     });
+    expect((await poolDoctorReport(config, proc, 'cgroupfs')).message).toBe(
+      'pooled VMs (in cgroupfs cgroup /kata-ts-pool at cpu.shares 2 (cgroup v2 cpu.weight 1), nice 19, until claimed): kata-ts: size 2, 1 ready, 0 booting',
+    );
     write('b', 'ready', 99);
     const report = await poolDoctorReport(config, proc);
     expect(report.verdict).toBe('warn');

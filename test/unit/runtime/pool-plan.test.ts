@@ -3,8 +3,9 @@
  * refusal with its reason), and the claim plan that grows the pooled VM into the cold shape.
  */
 import { describe, expect, it } from 'vitest';
+import { milliCpuToShares } from '../../../src/cgroups/index.js';
 import { isKataError } from '../../../src/common/errors.js';
-import { defaultConfig } from '../../../src/config/defaults.js';
+import { defaultConfig, poolCgroupParent } from '../../../src/config/defaults.js';
 import { resolveHandler } from '../../../src/config/handlers.js';
 import { parseConfigDocument } from '../../../src/config/load.js';
 import type { KataConfig } from '../../../src/config/types.js';
@@ -18,8 +19,11 @@ import {
   planClaim,
   planPoolShape,
   planPoolVm,
+  poolCgroupLimits,
   poolMiss,
+  withPoolCgroup,
 } from '../../../src/runtime/pool/plan.js';
+import { POOLED_VM_RECORD_KIND } from '../../../src/runtime/pool/record.js';
 import type { VmShape } from '../../../src/sizing/types.js';
 import { fixturePlanEnvironment } from '../../helpers/plan-env.js';
 
@@ -227,5 +231,85 @@ describe('pool config', () => {
     const config = parseConfigDocument({ pool: { sizes: { 'kata-ts': 2, 'kata-ts-cvm': 0 } } }, 'test');
     expect(config.pool.sizes['kata-ts']).toBe(2);
     expect(defaultConfig().pool.sizes).toEqual({});
+  });
+});
+
+describe("the pool's cgroup", () => {
+  const problemsOf = (doc: Record<string, unknown>): string[] => {
+    try {
+      parseConfigDocument(doc, 'test');
+    } catch (err) {
+      expect(isKataError(err) && err.reason).toBe('CONFIG_INVALID');
+      return (err as { details?: { problems?: string[] } }).details?.problems ?? [];
+    }
+    return [];
+  };
+
+  it('defaults to the driver\'s parent and 2 shares; accepts either style under "auto" and its own under a set driver', () => {
+    expect(defaultConfig().pool).toMatchObject({ cgroupParent: null, cpuShares: 2 });
+    expect(poolCgroupParent(defaultConfig().pool, 'cgroupfs')).toBe('/kata-ts-pool');
+    expect(poolCgroupParent(defaultConfig().pool, 'systemd')).toBe('kata_ts_pool.slice');
+    const set = parseConfigDocument({ pool: { cgroupParent: '/kubepods/kata-ts-pool', cpuShares: 10 } }, 'test');
+    expect(set.pool).toMatchObject({ cgroupParent: '/kubepods/kata-ts-pool', cpuShares: 10 });
+    expect(poolCgroupParent(set.pool, 'systemd')).toBe('/kubepods/kata-ts-pool');
+    expect(problemsOf({ pool: { cgroupParent: 'pool.slice' } })).toEqual([]);
+    expect(problemsOf({ cgroupDriver: 'systemd', pool: { cgroupParent: 'kata_pool.slice' } })).toEqual([]);
+  });
+
+  it('refuses a parent of the other style, the root, unusable names and shares out of the kernel range, naming the field', () => {
+    const one = (doc: Record<string, unknown>) => {
+      const problems = problemsOf(doc);
+      expect(problems).toHaveLength(1);
+      expect(problems[0]).toMatch(/^\/pool\/(cgroupParent|cpuShares)/);
+      return problems[0];
+    };
+    expect(one({ cgroupDriver: 'systemd', pool: { cgroupParent: '/kata-ts-pool' } })).toContain(
+      'is a cgroupfs path but cgroupDriver is systemd',
+    );
+    expect(one({ cgroupDriver: 'cgroupfs', pool: { cgroupParent: 'pool.slice' } })).toContain(
+      'is a systemd slice but cgroupDriver is cgroupfs',
+    );
+    expect(one({ pool: { cgroupParent: '/' } })).toContain('not the root');
+    expect(one({ pool: { cgroupParent: 'kata-ts-pool' } })).toContain('must be an absolute cgroupfs path');
+    expect(one({ pool: { cgroupParent: '/a/../b' } })).toContain('unusable path component ".."');
+    expect(one({ pool: { cgroupParent: '/a/cgroup.procs' } })).toContain('unusable path component "cgroup.procs"');
+    expect(one({ pool: { cgroupParent: 'kata-ts-pool.slice' } })).toContain('no "-"');
+    expect(one({ pool: { cgroupParent: '-.slice' } })).toContain('no "-"');
+    expect(one({ pool: { cpuShares: 1 } })).toContain('/pool/cpuShares');
+    expect(one({ pool: { cpuShares: 262_145 } })).toContain('/pool/cpuShares');
+  });
+
+  it('gives each pooled VM no quota, no memory limit and the request the kubelet turns into the configured shares', () => {
+    for (const shares of [2, 3, 10, 100, 1024, 5000, 262_144]) {
+      const limits = poolCgroupLimits(shares);
+      expect(limits).toMatchObject({ cpuQuotaMillicores: 0, memoryLimitBytes: 0 });
+      expect(milliCpuToShares(limits.cpuRequestMillicores)).toBe(shares);
+    }
+    // The few shares no request reaches (the conversion steps by 1.024) get the next ones above.
+    expect(milliCpuToShares(poolCgroupLimits(1023).cpuRequestMillicores)).toBe(1024);
+  });
+
+  it("records the pool's cgroup among a cgroupfs placement's created parents, once, deepest last", () => {
+    const base = {
+      driver: 'cgroupfs' as const,
+      cgroupParent: '/t/pool',
+      mode: 'v1' as const,
+      paths: { cpu: '/sys/fs/cgroup/cpu/t/pool/kata-ts-x', memory: '/sys/fs/cgroup/memory/t/pool/kata-ts-x' },
+      limits: poolCgroupLimits(2),
+    };
+    expect(withPoolCgroup({ ...base, createdParents: [] }).createdParents).toEqual([
+      '/sys/fs/cgroup/cpu/t/pool',
+      '/sys/fs/cgroup/memory/t/pool',
+    ]);
+    const made = ['/sys/fs/cgroup/cpu/t', '/sys/fs/cgroup/cpu/t/pool', '/sys/fs/cgroup/memory/t', '/sys/fs/cgroup/memory/t/pool'];
+    expect(withPoolCgroup({ ...base, createdParents: made }).createdParents).toEqual(made);
+    const scope = { ...base, driver: 'systemd' as const, unit: 'kata-ts-x.scope', slice: 'kata_ts_pool.slice', paths: {} };
+    expect(withPoolCgroup(scope)).toEqual(scope);
+  });
+
+  it("migrates a format-1 pooled VM record (booted in the daemon's cgroup) with no placement", () => {
+    expect(POOLED_VM_RECORD_KIND.version).toBe(2);
+    expect(POOLED_VM_RECORD_KIND.migrate?.(1, { id: 'a' })).toEqual({ id: 'a', placement: null });
+    expect(() => POOLED_VM_RECORD_KIND.migrate?.(3, {})).toThrow();
   });
 });
