@@ -76,6 +76,13 @@ export interface VirtiofsdProcess {
   pid: number;
   startTimeTicks: number;
   socketPath: string;
+  /**
+   * virtiofsd and its live children. It forks its sandbox child into its own namespaces once QEMU
+   * has connected, and that child serves the guest (QEMU's vhost-user handshake included, so the
+   * child exists once QEMU has realised the device): both share the pod's budget, and placing the
+   * parent alone would not move a child forked before it.
+   */
+  pids(): number[];
   /** SIGTERM, then SIGKILL after `timeoutMs` (default 5 s); resolves once it is gone. Idempotent. */
   stop(timeoutMs?: number): Promise<void>;
 }
@@ -154,6 +161,7 @@ function makeHandle(pid: number, startTimeTicks: number, socketPath: string): Vi
     pid,
     startTimeTicks,
     socketPath,
+    pids: () => [pid, ...childrenOf(pid).map((c) => c.pid)],
     async stop(timeoutMs = DEFAULT_STOP_TIMEOUT_MS): Promise<void> {
       // Its sandbox child dies with it (PR_SET_PDEATHSIG), but only a moment later: it is waited
       // for too, so nothing of it outlives stop() (the soak's orphan audit saw it otherwise).

@@ -166,7 +166,7 @@ export async function claimPooledVm(input: ClaimInput, log: Logger): Promise<Cre
       sandboxId: req.id,
       cgroupParent: prep.cgroupParent,
       pid: vm.pid,
-      extraPids: [virtiofsd.pid],
+      extraPids: virtiofsd.pids(),
       limits: record.plan.sizing.host,
     });
     undo.push('remove cgroup', async () => {

@@ -234,7 +234,7 @@ const VFIO_MEMLOCK_SLACK_MIB = 64;
 
 /**
  * Placed while still paused: no guest instruction runs outside the pod's budget, and virtiofsd
- * (which serves the guest's file I/O) shares that budget.
+ * (which serves the guest's file I/O), with its sandbox child, shares that budget.
  */
 async function placeVm(run: SandboxRun, vm: VmProcess, virtiofsd: VirtiofsdProcess | undefined): Promise<void> {
   const { cgroups } = run.deps;
@@ -242,7 +242,7 @@ async function placeVm(run: SandboxRun, vm: VmProcess, virtiofsd: VirtiofsdProce
     sandboxId: run.prep.req.id,
     cgroupParent: run.prep.cgroupParent,
     pid: vm.pid,
-    ...(virtiofsd === undefined ? {} : { extraPids: [virtiofsd.pid] }),
+    ...(virtiofsd === undefined ? {} : { extraPids: virtiofsd.pids() }),
     limits: run.record.plan.sizing.host,
   });
   // A cgroup is removed only once no process is left in it, so this undo ends QEMU and virtiofsd

@@ -9,7 +9,7 @@
  * the shared directory, and that a restarted daemon gets the same agent instance back.
  */
 import { execFileSync } from 'node:child_process';
-import { promises as fsp } from 'node:fs';
+import { promises as fsp, readFileSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -108,11 +108,18 @@ describe('a sandbox with its guest agent and virtio-fs', () => {
     const vfsPid = first.virtiofsd!.pid;
     expect(first.virtiofsd?.running).toBe(true);
 
-    // virtiofsd shares the VMM's cgroup (cgroupfs, v1 memory hierarchy here).
+    // virtiofsd shares the VMM's cgroup (cgroupfs, v1 memory hierarchy here), and so does the
+    // sandbox child it forks into its namespaces, which is the one serving the guest's file I/O.
     const uid = (config.metadata as { uid: string }).uid;
     const memoryDir = path.join('/sys/fs/cgroup/memory', rt.cgroupParent(uid), `kata-ts-${id}`);
     const procs = (await fsp.readFile(path.join(memoryDir, 'cgroup.procs'), 'utf8')).split('\n');
-    expect(procs).toEqual(expect.arrayContaining([String(first.pid), String(vfsPid)]));
+    const vfsChildren = (await fsp.readdir(`/proc/${vfsPid}/task`)).flatMap((tid) =>
+      readFileSync(`/proc/${vfsPid}/task/${tid}/children`, 'utf8')
+        .split(' ')
+        .filter((c) => c !== ''),
+    );
+    expect(vfsChildren).toHaveLength(1);
+    expect(procs).toEqual(expect.arrayContaining([String(first.pid), String(vfsPid), ...vfsChildren]));
 
     // The shared directory: its own bind mount, nodev+nosuid, shared propagation.
     const shared = path.join(first.workDir, 'shared');

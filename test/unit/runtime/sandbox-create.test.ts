@@ -106,6 +106,8 @@ interface World {
   phaseAtQemuStart: string | undefined;
   /** The namespace QEMU was started in. */
   qemuNetns: string | undefined;
+  /** The pids placed in the pod's cgroup: QEMU's, then the others. */
+  placed: number[] | undefined;
   /** What the guest agent was told to configure. */
   configured: unknown;
   /** What the jail was built for, and what QEMU was started in. */
@@ -273,6 +275,7 @@ async function world(
     pid: 4241,
     startTimeTicks: 6,
     socketPath: '',
+    pids: () => [4241, 4243],
     stop: async () => {
       if (virtiofsdAlive) undid('stop virtiofsd');
       virtiofsdAlive = false;
@@ -317,8 +320,9 @@ async function world(
   const cgroups = {
     name: 'cgroupfs',
     validateParent: () => {},
-    place: async (req: { limits: PlacementRecord['limits'] }) => {
+    place: async (req: { pid: number; extraPids?: number[]; limits: PlacementRecord['limits'] }) => {
       fail('cgroup placement');
+      w.placed = [req.pid, ...(req.extraPids ?? [])];
       w.done.push('cgroup placement');
       return { driver: 'cgroupfs', cgroupParent: '', mode: 'v1', paths: {}, limits: req.limits };
     },
@@ -495,6 +499,8 @@ describe('executeSandbox', () => {
     expect(w.undone).toEqual([]);
     expect(w.phaseAtQemuStart).toBe('creating');
     expect(vm.pid).toBe(4242);
+    // QEMU, virtiofsd and virtiofsd's sandbox child (the one serving the guest) share the pod's cgroup.
+    expect(w.placed).toEqual([4242, 4241, 4243]);
     expect(agent).toBeDefined();
     expect(record.plan.qemu.argv.join(' ')).toContain(CNI_MAC);
     const stored = (await w.store.load()).records;
