@@ -363,6 +363,13 @@ describe('the pool of pre-booted VMs (real QEMU, virtiofsd, CNI in a node namesp
       expect(Number(files['memory.limit_in_bytes'])).toBeGreaterThan(Number(limitsBefore['memory.limit_in_bytes']));
       expect(Number(files['memory.limit_in_bytes'])).toBeGreaterThan(shape.memoryMiB * MiB);
       expect(Number(files['cpu.cfs_quota_us'])).toBeGreaterThanOrEqual(200_000);
+      // A daemon restart re-attaches the claimed VM (its QEMU's argv still names the pool's work dir).
+      await rt.restart();
+      for (const id of [pooled.id, fallback.id]) {
+        const { status } = await rt.cri.runtime.PodSandboxStatus({ pod_sandbox_id: id });
+        expect(status!.state).toBe('SANDBOX_READY');
+        expect((await verbose(id)).qmp.vcpus).toBe(2);
+      }
     },
     scaledMs(600_000),
   );
