@@ -1,31 +1,42 @@
 /**
  * `kata-ts ps`: the pods kata-ts runs on this node, read from their state (src/shim/node-pods.ts):
- * the shims' pods under `shim.stateRoot`, and with `--standalone` the daemon's under `stateDir`.
- * The reading is the only effect; the view and the table are pure functions of what was read.
+ * the shims' pods under `shim.stateRoot`, and with `--standalone` the daemon's under `stateDir`
+ * and its pre-booted (pooled) VMs. The reading is the only effect; the view and the table are pure
+ * functions of what was read.
  */
 import { loadConfig } from '../config/load.js';
-import { type PodState, readShimPods, readStandalonePods } from '../shim/node-pods.js';
+import {
+  type PodState,
+  type PooledVmCgroup,
+  type PooledVmState,
+  readPooledVms,
+  readShimPods,
+  readStandalonePods,
+} from '../shim/node-pods.js';
 import { type CliIo, parseCommandArgs, UsageError } from './args.js';
 
 const HELP = `Usage: kata-ts ps [--config FILE] [--state-root DIR] [--standalone] [--json]
 
 Lists the pods kata-ts runs on this node, from their state: behind containerd, each pod's shim
 state under shim.stateRoot (--state-root overrides the config's); with --standalone also the
-kata-ts daemon's pods under its stateDir. For each: namespace, sandbox id, handler, status, the
+kata-ts daemon's pods under its stateDir and its pooled (pre-booted) VMs, one row each (POD
+pool:<id>, STATUS pooled or booting). For each: namespace, sandbox id, handler, status, the
 shim's and the VM's (QEMU's) pids and whether they run (pid and start time), the VM's shape
 (vCPUs and memory now / the planned hot-plug maximum), uptime, containers, cgroup and the
 metrics socket. A pod that is half written or whose processes died is listed as such.
 --json prints the same as a JSON array.
 `;
 
-/** Why a pod is in the state it is, in one word. */
-export type PodStatus = 'running' | 'stopped' | 'starting' | 'shim-gone' | 'vm-gone' | 'unreadable';
+/** Why a pod (or a pooled VM: `pooled`, `booting`) is in the state it is, in one word. */
+export type PodStatus = 'running' | 'stopped' | 'starting' | 'shim-gone' | 'vm-gone' | 'unreadable' | 'pooled' | 'booting';
 
-/** One pod as `ps` shows it (the JSON output's element). */
+/** One pod, or one of the daemon's pooled VMs (`source: 'pool'`), as `ps` shows it (the JSON output's element). */
 export interface PodView {
-  source: PodState['source'];
+  source: PodState['source'] | 'pool';
   namespace: string;
   sandboxId: string | null;
+  /** A pooled VM's id (its record's); null for a pod. */
+  poolVmId: string | null;
   /** The Kubernetes pod: `<namespace>/<name>` from the sandbox's metadata. */
   pod: string | null;
   handler: string | null;
@@ -46,6 +57,18 @@ export interface PodView {
 /** The hierarchies whose directory best names the VMM's cgroup, most telling first. */
 const CGROUP_KEYS = ['unified', 'cpu', 'cpu,cpuacct', 'memory', 'systemd'];
 
+/** The cgroup columns of a sandbox's placement or a pooled VM's (pure). */
+function cgroupView(c: PooledVmCgroup | null): PodView['cgroup'] {
+  if (c === null) return null;
+  const key = CGROUP_KEYS.find((k) => c.paths[k] !== undefined) ?? Object.keys(c.paths).sort()[0];
+  return {
+    driver: c.driver ?? '',
+    path: c.unit !== null ? `${c.slice ?? ''}/${c.unit}` : key !== undefined ? (c.paths[key] ?? '') : (c.path ?? ''),
+    paths: { ...c.paths },
+    unit: c.unit,
+  };
+}
+
 function statusOf(s: PodState): PodStatus {
   const r = s.record;
   if (s.source === 'shim' && s.shim !== undefined && !s.shimAlive) return 'shim-gone';
@@ -61,12 +84,11 @@ export function podView(s: PodState, nowMs: number): PodView {
   const r = s.record;
   const createdMs = r === undefined ? null : Number(BigInt(r.createdAtNs) / 1_000_000n);
   const placement = r?.placement ?? null;
-  const key =
-    placement === null ? undefined : (CGROUP_KEYS.find((k) => placement.paths[k] !== undefined) ?? Object.keys(placement.paths).sort()[0]);
   return {
     source: s.source,
     namespace: s.namespace,
     sandboxId: s.shim?.sandboxId ?? r?.id ?? null,
+    poolVmId: null,
     pod: r === undefined ? null : `${r.metadata.namespace}/${r.metadata.name}`,
     handler: r?.handler ?? null,
     status: statusOf(s),
@@ -82,19 +104,47 @@ export function podView(s: PodState, nowMs: number): PodView {
     cgroup:
       placement === null
         ? null
-        : {
+        : cgroupView({
             driver: placement.driver,
-            path:
-              placement.unit !== undefined
-                ? `${placement.slice ?? ''}/${placement.unit}`
-                : key === undefined
-                  ? ''
-                  : (placement.paths[key] ?? ''),
-            paths: { ...placement.paths },
+            paths: placement.paths,
             unit: placement.unit ?? null,
-          },
+            slice: placement.slice ?? null,
+            path: null,
+          }),
     containers: s.containers,
     metricsSocket: s.metricsSocket ?? null,
+    stateDir: s.stateDir,
+    problems: [...s.problems],
+  };
+}
+
+/**
+ * The view of one of the daemon's pooled VMs at `nowMs` (pure): `pooled` once it can be claimed,
+ * `booting` before, `vm-gone` when its QEMU no longer runs, `unreadable` when its record does not parse.
+ */
+export function pooledVmView(s: PooledVmState, nowMs: number): PodView {
+  const r = s.record;
+  const createdMs = r === undefined ? null : Number(BigInt(r.createdAtNs) / 1_000_000n);
+  const alive = s.vm?.alive === true;
+  const status: PodStatus =
+    r === undefined ? 'unreadable' : r.vmm !== null && !alive ? 'vm-gone' : r.phase === 'ready' ? 'pooled' : 'booting';
+  return {
+    source: 'pool',
+    namespace: '',
+    sandboxId: null,
+    poolVmId: r?.id ?? null,
+    pod: null,
+    handler: r?.handler ?? null,
+    status,
+    shim: null,
+    vm: r?.vmm == null ? null : { pid: r.vmm.pid, startTimeTicks: r.vmm.startTimeTicks, alive },
+    virtiofsd: null,
+    shape: r === undefined ? null : { ...r.shape },
+    createdAt: createdMs === null ? null : new Date(createdMs).toISOString(),
+    uptimeSeconds: createdMs === null ? null : Math.max(0, Math.floor((nowMs - createdMs) / 1000)),
+    cgroup: cgroupView(s.cgroup ?? null),
+    containers: 0,
+    metricsSocket: null,
     stateDir: s.stateDir,
     problems: [...s.problems],
   };
@@ -134,10 +184,10 @@ export function formatPsTable(views: readonly PodView[]): string {
   const rows = views.map((v) => [
     v.namespace === '' ? '-' : v.namespace,
     v.sandboxId === null ? '-' : v.sandboxId.slice(0, 13),
-    v.pod ?? '-',
+    v.source === 'pool' ? `pool:${v.poolVmId === null ? '?' : v.poolVmId.slice(0, 13)}` : (v.pod ?? '-'),
     v.handler ?? '-',
     v.status,
-    v.source === 'standalone' ? 'daemon' : pidText(v.shim),
+    v.source === 'shim' ? pidText(v.shim) : 'daemon',
     pidText(v.vm),
     v.shape === null ? '-' : `${v.shape.vcpus}/${v.shape.maxVcpus}`,
     v.shape === null ? '-' : `${v.shape.memoryMiB}/${v.shape.maxMemoryMiB}MiB`,
@@ -185,8 +235,9 @@ export async function runPsCommand(argv: string[], io: CliIo): Promise<number> {
   const stateRoot = stateRootFlag ?? config!.shim.stateRoot;
   const states = await readShimPods(stateRoot);
   if (values.standalone === true) states.push(...(await readStandalonePods(config!.stateDir)));
+  const pooled = values.standalone === true ? await readPooledVms(config!.stateDir) : [];
   const now = Date.now();
-  const views = states.map((s) => podView(s, now));
+  const views = [...states.map((s) => podView(s, now)), ...pooled.map((s) => pooledVmView(s, now))];
   if (values.json === true) io.stdout.write(`${JSON.stringify(views, null, 2)}\n`);
   else io.stdout.write(formatPsTable(views));
   return 0;

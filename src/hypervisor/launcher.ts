@@ -188,6 +188,11 @@ export interface AttachVmOptions {
   pid: number;
   startTimeTicks: number;
   qmpSocket: string;
+  /**
+   * The QMP socket as QEMU's command line names it, when the socket's directory was renamed since
+   * QEMU started (a pooled VM's work dir, renamed to its sandbox's at claim); default `qmpSocket`.
+   */
+  argvQmpSocket?: string;
   /** Reconnect the ready channel too, to keep receiving guest reports. */
   readySocket?: string;
   qemuLog?: string;
@@ -217,7 +222,8 @@ export async function attachVm(options: AttachVmOptions): Promise<VmProcess> {
   }
   const cmdline = readCmdline(pid);
   const binary = path.basename(cmdline[0] ?? '');
-  if (!binary.startsWith('qemu-system') || !cmdline.some((arg) => arg.includes(`path=${options.qmpSocket.replaceAll(',', ',,')},`))) {
+  const named = options.argvQmpSocket ?? options.qmpSocket;
+  if (!binary.startsWith('qemu-system') || !cmdline.some((arg) => arg.includes(`path=${named.replaceAll(',', ',,')},`))) {
     throw precondition('VM_PROCESS_MISMATCH', `pid ${pid} (${binary || 'unknown'}) is not the QEMU serving ${options.qmpSocket}.`);
   }
   const qmp = await connectQmp(options.qmpSocket, {

@@ -6,7 +6,8 @@
  *
  * Behind containerd every pod has its own state dir `<stateRoot>/<namespace>/<sandboxId:16>/`
  * (paths.ts) holding `shim.json` (who serves it), the core's sandbox and container records and
- * `metrics.sock`; the standalone daemon keeps every pod's records in its one `stateDir`.
+ * `metrics.sock`; the standalone daemon keeps every pod's records in its one `stateDir`, and its
+ * pre-booted VMs' records under `<stateDir>/pool/` (docs/pool.md).
  */
 import { promises as fsp } from 'node:fs';
 import http from 'node:http';
@@ -15,6 +16,7 @@ import { errnoCode, errorMessage } from '../common/errors.js';
 import { readCmdline } from '../common/procfs.js';
 import { compileOnce, describeSchemaErrors } from '../common/schema.js';
 import { CONTAINER_RECORD_KIND } from '../runtime/container/record.js';
+import { POOLED_VM_RECORD_KIND, type PooledVmRecord } from '../runtime/pool/record.js';
 import { SANDBOX_RECORD_KIND, type SandboxRecord } from '../runtime/sandbox/record.js';
 import type { RecordKind } from '../runtime/store.js';
 import { METRICS_SOCKET_FILE, readShimInfo, type ShimInfo, SOCKET_DIR } from './paths.js';
@@ -47,6 +49,11 @@ export interface NodeRoots {
 }
 
 const validateSandbox = compileOnce<SandboxRecord>(SANDBOX_RECORD_KIND.schema);
+/**
+ * A pooled VM's record as this kata-ts knows it, but open to fields it does not know: a newer
+ * daemon may record more (a pool cgroup's placement) and ps still shows what it can.
+ */
+const validatePooledVm = compileOnce<PooledVmRecord>({ ...POOLED_VM_RECORD_KIND.schema, additionalProperties: true });
 
 async function readText(file: string): Promise<string | undefined> {
   try {
@@ -259,6 +266,86 @@ export async function readStandalonePods(stateDir: string, roots: NodeRoots = {}
       metricsSocket: undefined,
       problems: [],
     });
+  }
+  return out;
+}
+
+/** The cgroup a pooled VM's QEMU runs in, as its record says, read leniently (absent: none recorded). */
+export interface PooledVmCgroup {
+  driver: string | null;
+  /** Hierarchy key -> directory (cgroupfs), as a sandbox's placement has them. */
+  paths: Record<string, string>;
+  /** systemd: the unit and its slice. */
+  unit: string | null;
+  slice: string | null;
+  /** One path the record names, when it names no hierarchies. */
+  path: string | null;
+}
+
+/** What was found of one pooled VM of the standalone daemon (its view is made by pooledVmView, purely). */
+export interface PooledVmState {
+  file: string;
+  stateDir: string;
+  record: PooledVmRecord | undefined;
+  cgroup: PooledVmCgroup | undefined;
+  vm: ProcessUsage | undefined;
+  problems: string[];
+}
+
+function stringsOf(v: unknown): Record<string, string> {
+  if (typeof v !== 'object' || v === null) return {};
+  return Object.fromEntries(Object.entries(v).filter((e): e is [string, string] => typeof e[1] === 'string'));
+}
+
+/**
+ * The pooled VM's cgroup when its record has one: a `placement` shaped like a sandbox's (driver,
+ * paths, unit, slice) or a `cgroup` object or path. Anything else is "none recorded".
+ */
+export function pooledVmCgroupOf(record: object): PooledVmCgroup | undefined {
+  const raw = record as { placement?: unknown; cgroup?: unknown };
+  for (const v of [raw.placement, raw.cgroup]) {
+    if (typeof v === 'string' && v !== '') return { driver: null, paths: {}, unit: null, slice: null, path: v };
+    if (typeof v !== 'object' || v === null) continue;
+    const o = v as Record<string, unknown>;
+    const str = (x: unknown) => (typeof x === 'string' && x !== '' ? x : null);
+    const found: PooledVmCgroup = {
+      driver: str(o.driver),
+      paths: stringsOf(o.paths),
+      unit: str(o.unit),
+      slice: str(o.slice),
+      path: str(o.path) ?? str(o.cgroupPath) ?? str(o.dir),
+    };
+    if (Object.keys(found.paths).length > 0 || found.unit !== null || found.path !== null) return found;
+  }
+  return undefined;
+}
+
+/**
+ * The standalone daemon's pooled VMs: every record under `<stateDir>/pool/`, with whether its
+ * QEMU still runs (pid and start time). One record that does not parse is listed as such.
+ */
+export async function readPooledVms(stateDir: string, roots: NodeRoots = {}): Promise<PooledVmState[]> {
+  const procRoot = roots.procRoot ?? '/proc';
+  const dir = path.join(stateDir, POOLED_VM_RECORD_KIND.dir);
+  const out: PooledVmState[] = [];
+  for (const name of (await listDir(dir)).filter((n) => n.endsWith('.json'))) {
+    const file = path.join(dir, name);
+    const state: PooledVmState = { file, stateDir, record: undefined, cgroup: undefined, vm: undefined, problems: [] };
+    try {
+      const text = await readText(file);
+      // Claimed or discarded between the listing and the read: no longer a pooled VM.
+      if (text === undefined) continue;
+      const read = decodeRecord<PooledVmRecord>(text, POOLED_VM_RECORD_KIND, () => validatePooledVm(), file);
+      if ('problem' in read) state.problems.push(read.problem);
+      else {
+        state.record = read.record;
+        state.cgroup = pooledVmCgroupOf(read.record);
+        state.vm = await processUsage(read.record.vmm, procRoot);
+      }
+    } catch (err) {
+      state.problems.push(errorMessage(err));
+    }
+    out.push(state);
   }
   return out;
 }

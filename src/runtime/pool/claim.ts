@@ -59,6 +59,10 @@ export async function claimPooledVm(input: ClaimInput, log: Logger): Promise<Cre
   const claim = planClaim(record.plan, { ...pool.shape, hugepages: [], kernelParams: [] }, prep.network !== null);
   if (pool.vmm === null) throw new Error('a ready pooled VM without a VMM record');
   const poolVmm = pool.vmm;
+  // A failed claim hands the pod to a cold boot: the record as prepared, nothing of the pooled VM's.
+  const prepared = structuredClone(record);
+  // The prepared network record itself (the cold boot sets it up and records its steps through it).
+  const preparedNetwork = record.network;
   try {
     // Whatever fails from here on, the pooled VM goes: QEMU first (its undo runs last-registered-first),
     // then its cgroup in the pool's (gone already once step 5 moved QEMU out; the pool's own stays).
@@ -120,7 +124,8 @@ export async function claimPooledVm(input: ClaimInput, log: Logger): Promise<Cre
     await poolStore.delete(pool.id);
     // 3. The pod network in the namespace QEMU already runs in.
     if (prep.network !== null && prep.network.record.kind === 'cni' && pool.network !== null) {
-      const net = prep.network.record;
+      // A copy: the prepared one stays the cold boot's (its own namespace) if the claim fails.
+      const net = structuredClone(prep.network.record);
       const { networks } = prep.network;
       net.netnsName = pool.network.netnsName;
       net.netnsPath = pool.network.netnsPath;
@@ -213,8 +218,10 @@ export async function claimPooledVm(input: ClaimInput, log: Logger): Promise<Cre
       await identities.release(pool.confinement.uid, leaseOwnerOf(poolStore, pool.id)).catch(() => undefined);
       await releaseJail(pool.confinement.jailDir, log).catch(() => undefined);
     }
-    if (pool.network !== null && record.network === null) await deleteNetns(pool.network.netnsName).catch(() => undefined);
-    record.network = null;
+    // Its namespace (idempotent: the pod network's teardown removed it if the claim got that far).
+    if (pool.network !== null) await deleteNetns(pool.network.netnsName).catch(() => undefined);
+    for (const key of Object.keys(record)) delete (record as unknown as Record<string, unknown>)[key];
+    Object.assign(record, prepared, { network: preparedNetwork });
     throw err;
   }
 }

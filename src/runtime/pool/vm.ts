@@ -6,6 +6,8 @@ import type { AgentClient } from '../../agent-client/index.js';
 import type { VmProcess } from '../../hypervisor/index.js';
 import type { PooledVmRecord } from './record.js';
 
+export { poolVmRoot } from '../sandbox/paths.js';
+
 /** A pooled VM the daemon holds: its record, its QEMU and its agent. */
 export interface PooledVm {
   record: PooledVmRecord;
@@ -15,11 +17,6 @@ export interface PooledVm {
 
 /** nice value of a pooled VM's threads until it is claimed (then 0, and its pod's cgroup). */
 export const POOL_NICE = 19;
-
-/** `<stateDir>/pool-vm`: pooled VMs' work dirs, apart from `vm/`, whose strays recovery removes. */
-export function poolVmRoot(stateDir: string): string {
-  return path.join(stateDir, 'pool-vm');
-}
 
 /** Every thread of `pid` set to `nice` (the vCPU threads exist once QEMU answers QMP). */
 export function reniceProcess(pid: number, nice: number, procRoot = '/proc'): void {

@@ -20,6 +20,19 @@ export function sandboxVmRoot(stateDir: string): string {
   return path.join(stateDir, 'vm');
 }
 
+/**
+ * `<stateDir>/pool-vm/<16 hex>`: where a pooled VM (src/runtime/pool) was booted. A claim renames
+ * it to the sandbox's work dir, but QEMU's command line keeps naming the paths under this one.
+ */
+export function poolVmWorkDir(stateDir: string, poolVmId: string): string {
+  return path.join(poolVmRoot(stateDir), shortIdKey(poolVmId));
+}
+
+/** `<stateDir>/pool-vm`: pooled VMs' work dirs, apart from `vm/`, whose strays recovery removes. */
+export function poolVmRoot(stateDir: string): string {
+  return path.join(stateDir, 'pool-vm');
+}
+
 /** QEMU's `-name guest=` value, what `ps` shows next to the pid. */
 export function vmNameFor(sandboxId: string): string {
   return `kata-ts-${shortIdKey(sandboxId)}`;

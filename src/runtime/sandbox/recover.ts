@@ -10,7 +10,7 @@ import { reopenAgentClient } from './agent.js';
 import { reassertIdentity, releaseIdentity } from './identities.js';
 import { networksFor } from './network.js';
 import { killAndWait, qemuPidsUsing, virtiofsdPidsUsing } from './orphans.js';
-import { sandboxWorkDir } from './paths.js';
+import { poolVmWorkDir, sandboxWorkDir } from './paths.js';
 import type { SandboxRecord } from './record.js';
 import { removeWorkDir } from './shared-dir.js';
 import { cgroupsFor, type LiveSandbox, type SandboxManagerDeps } from './types.js';
@@ -52,6 +52,15 @@ export async function recoverSandboxes(deps: RecoverDeps): Promise<LiveSandbox[]
   return out;
 }
 
+/** A claimed pooled VM's QEMU names its QMP socket under the pool's work dir it was booted in (docs/pool.md). */
+function argvQmpSocket(deps: RecoverDeps, record: SandboxRecord): { argvQmpSocket?: string } {
+  const { vmm, origin } = record;
+  if (vmm === null || origin?.kind !== 'pool') return {};
+  const rel = path.relative(vmm.workDir, vmm.qmpSocket);
+  if (rel.startsWith('..') || path.isAbsolute(rel)) return {};
+  return { argvQmpSocket: path.join(poolVmWorkDir(deps.config.stateDir, origin.poolVmId), rel) };
+}
+
 async function reattach(deps: RecoverDeps, record: SandboxRecord, log: Logger): Promise<VmProcess | undefined> {
   const vmm = record.vmm;
   if (vmm === null) throw new Error('a READY sandbox record without a VMM');
@@ -62,6 +71,7 @@ async function reattach(deps: RecoverDeps, record: SandboxRecord, log: Logger): 
       pid: vmm.pid,
       startTimeTicks: vmm.startTimeTicks,
       qmpSocket: vmm.qmpSocket,
+      ...argvQmpSocket(deps, record),
       readySocket: vmm.readySocket,
       qemuLog: vmm.qemuLog,
       consoleLog: vmm.consoleLog,

@@ -1,11 +1,13 @@
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { connectQmp, isSameLiveProcess } from '../../../src/hypervisor/index.js';
 import { netnsNameFor } from '../../../src/network/index.js';
+import { POOL_NIC_PORT_ID } from '../../../src/runtime/pool/plan.js';
 import { allowLoopbackRegistries, pushBusyboxImage } from '../../helpers/busybox-image.js';
 import { type RegistryHandle, startRegistry } from '../../helpers/images-registry.js';
 import { createNetworkNode, type NetworkNode } from '../../helpers/network-node.js';
-import { until as pollUntil } from '../../helpers/poll.js';
+import { until as pollUntil, untilProgress } from '../../helpers/poll.js';
 import { createTestRuntime, guestDirConfig, podConfig, type TestRuntime } from '../../helpers/runtime-daemon.js';
 import { scaledMs } from '../../helpers/time-scale.js';
 
@@ -63,14 +65,15 @@ describe('the pool of pre-booted VMs (real QEMU, virtiofsd, CNI in a node namesp
     const r = await rt.cri.runtime.PodSandboxStatus({ pod_sandbox_id: id, verbose: true });
     return JSON.parse(r.info.info!) as SandboxInfo;
   };
-  const podRequest = (name: string) => {
+  /** 1.5 CPUs (2 vCPUs: the claim hot-plugs one); a smaller quota leaves vCPU headroom for a resize. */
+  const podRequest = (name: string, cpuQuota = '150000') => {
     const base = podConfig(rt, name);
     return {
       ...base,
       hostname: name,
       linux: {
         ...(base.linux as Record<string, unknown>),
-        resources: { cpu_period: '100000', cpu_quota: '150000', memory_limit_in_bytes: String(300 * MiB) },
+        resources: { cpu_period: '100000', cpu_quota: cpuQuota, memory_limit_in_bytes: String(300 * MiB) },
       },
     };
   };
@@ -96,8 +99,8 @@ describe('the pool of pre-booted VMs (real QEMU, virtiofsd, CNI in a node namesp
       ?.split(':')[2] ?? 'none';
   const cpuFile = (cgroup: string, file: string) =>
     fsp.readFile(path.join('/sys/fs/cgroup/cpu', cgroup, file), 'utf8').then((t) => t.trim());
-  const runPod = async (name: string): Promise<{ id: string; config: Record<string, unknown> }> => {
-    const config = podRequest(name);
+  const runPod = async (name: string, cpuQuota?: string): Promise<{ id: string; config: Record<string, unknown> }> => {
+    const config = podRequest(name, cpuQuota);
     const { pod_sandbox_id: id } = await rt.cri.runtime.RunPodSandbox({ config }, { deadline: Date.now() + scaledMs(240_000) });
     sandboxes.push(id);
     return { id, config };
@@ -259,5 +262,135 @@ describe('the pool of pre-booted VMs (real QEMU, virtiofsd, CNI in a node namesp
       expect(after.pids).toEqual(before.pids);
     },
     scaledMs(480_000),
+  );
+
+  /** The pooled VMs' records on disk (the test reads what the daemon wrote). */
+  interface PooledDoc {
+    id: string;
+    workDir: string;
+    network: { netnsName: string } | null;
+    vmm: { pid: number; startTimeTicks: number; qmpSocket: string } | null;
+  }
+  const pooledRecords = async (): Promise<PooledDoc[]> => {
+    const dir = path.join(rt.stateDir, 'pool');
+    const out: PooledDoc[] = [];
+    for (const f of await fsp.readdir(dir).catch(() => [] as string[]))
+      if (f.endsWith('.json')) out.push((JSON.parse(await fsp.readFile(path.join(dir, f), 'utf8')) as { record: PooledDoc }).record);
+    return out;
+  };
+  const gone = (file: string) =>
+    fsp.access(file).then(
+      () => false,
+      () => true,
+    );
+
+  /** A 1-vCPU pod booted cold after its claim failed (kept for the resize comparison). */
+  let fallback: { id: string; config: Record<string, unknown> };
+
+  it(
+    "a claim that fails (a device put on the pool's NIC port through QMP: QEMU refuses the NIC's hot-plug) boots the pod cold, leaves nothing of the pooled VM, and the pool refills",
+    async () => {
+      await waitReady('the pool to be ready');
+      const [victim, ...others] = await pooledRecords();
+      expect(others).toEqual([]);
+      expect(victim!.vmm).not.toBeNull();
+      const { vmm, network } = victim!;
+      if (network !== null) poolNetns.add(network.netnsName);
+      // The daemon holds the VM's QMP socket while it runs: occupy the port with it stopped.
+      await rt.stop();
+      const qmp = await connectQmp(vmm!.qmpSocket);
+      try {
+        await qmp.deviceAdd({ driver: 'virtio-rng-pci', id: 'fault0', bus: POOL_NIC_PORT_ID });
+      } finally {
+        qmp.close();
+      }
+      await rt.start();
+      expect((await poolStatus()).pids).toEqual([vmm!.pid]);
+
+      fallback = await runPod('fallback', '50000');
+      const { status } = await rt.cri.runtime.PodSandboxStatus({ pod_sandbox_id: fallback.id });
+      expect(status!.state).toBe('SANDBOX_READY');
+      const info = await verbose(fallback.id);
+      expect(info.origin?.kind).toBe('cold');
+      expect(info.origin?.poolMiss?.reason).toBe('POOL_EMPTY');
+      expect(info.origin?.poolMiss?.message).toContain(`claiming pooled VM ${victim!.id} failed`);
+      expect(info.origin?.poolMiss?.message).toContain('fault0');
+      // Nothing of the failed VM is left: QEMU, its namespace, its work dir, its record.
+      expect(isSameLiveProcess(vmm!.pid, vmm!.startTimeTicks)).toBe(false);
+      if (network !== null) expect(await gone(path.join('/run/netns', network.netnsName))).toBe(true);
+      expect(await gone(victim!.workDir)).toBe(true);
+      expect(await gone(path.join(rt.stateDir, 'pool', `${victim!.id}.json`))).toBe(true);
+      // The claim started a refill: a new VM, not the failed one.
+      await waitReady('the pool to refill after the failed claim');
+      await rememberPoolNetns();
+      const after = await poolStatus();
+      expect(after.pids).toHaveLength(1);
+      expect(after.pids[0]).not.toBe(vmm!.pid);
+      expect((await pooledRecords()).map((r) => r.id)).not.toContain(victim!.id);
+    },
+    scaledMs(900_000),
+  );
+
+  it(
+    "a pooled pod grows like a cold one: UpdateContainerResources hot-plugs a vCPU and virtio-mem on top of the claim's, the cgroup limits follow",
+    async () => {
+      await waitReady('the pool to be ready');
+      const pooled = await runPod('resized', '50000');
+      const before = { pooled: await verbose(pooled.id), cold: await verbose(fallback.id) };
+      expect(before.pooled.origin?.kind).toBe('pool');
+      expect(before.pooled.shape).toEqual(before.cold.shape);
+      expect(before.pooled.qmp.vcpus).toBe(1);
+      // The claim grew the pooled VM's small boot RAM by virtio-mem: a resize adds to that.
+      expect(before.pooled.qmp.pluggedMemoryMiB).toBeGreaterThan(before.cold.qmp.pluggedMemoryMiB);
+      const limitsBefore = await cgroupLimits(before.pooled);
+      const grow = {
+        requests: { cpu: { string: '1' }, memory: { string: '256Mi' } },
+        limits: { cpu: { string: '1500m' }, memory: { string: '512Mi' } },
+      };
+      for (const pod of [pooled, fallback]) {
+        const c = await runContainer(pod.id, pod.config, 'grow', ['sleep', '3600']);
+        await rt.cri.runtime.UpdateContainerResources({ container_id: c, kubernetes_resources: grow });
+      }
+      const grown = { pooled: await verbose(pooled.id), cold: await verbose(fallback.id) };
+      expect(grown.pooled.shape).toEqual(grown.cold.shape);
+      const shape = grown.pooled.shape as { vcpus: number; memoryMiB: number };
+      expect(shape.vcpus).toBe(2);
+      expect(shape.memoryMiB).toBeGreaterThan((before.pooled.shape as { memoryMiB: number }).memoryMiB);
+      for (const info of Object.values(grown)) expect(info.qmp.vcpus).toBe(2);
+      // The guests plug virtio-mem blocks in their own time: both VMs reach the new shape's memory.
+      const plugged = async (id: string) =>
+        untilProgress(
+          'the guest to plug the grown memory',
+          async () => {
+            const { qmp } = await verbose(id);
+            return {
+              done: qmp.baseMemoryMiB + qmp.pluggedMemoryMiB === shape.memoryMiB ? qmp : undefined,
+              progress: qmp.pluggedMemoryMiB,
+              seen: qmp,
+            };
+          },
+          60_000,
+        );
+      const qmpPooled = await plugged(pooled.id);
+      const qmpCold = await plugged(fallback.id);
+      expect(qmpPooled.baseMemoryMiB).toBe(before.pooled.qmp.baseMemoryMiB);
+      expect(qmpCold.baseMemoryMiB).toBe(before.cold.qmp.baseMemoryMiB);
+      // The VMM's cgroup follows: the same limits as the cold pod's, above the grown VM.
+      for (const k of ['cpuQuotaMillicores', 'cpuRequestMillicores', 'memoryLimitBytes'])
+        expect(grown.pooled.cgroup[k]).toBe(grown.cold.cgroup[k]);
+      const files = await cgroupLimits(grown.pooled);
+      expect(files).toEqual(await cgroupLimits(grown.cold));
+      expect(Number(files['memory.limit_in_bytes'])).toBeGreaterThan(Number(limitsBefore['memory.limit_in_bytes']));
+      expect(Number(files['memory.limit_in_bytes'])).toBeGreaterThan(shape.memoryMiB * MiB);
+      expect(Number(files['cpu.cfs_quota_us'])).toBeGreaterThanOrEqual(200_000);
+      // A daemon restart re-attaches the claimed VM (its QEMU's argv still names the pool's work dir).
+      await rt.restart();
+      for (const id of [pooled.id, fallback.id]) {
+        const { status } = await rt.cri.runtime.PodSandboxStatus({ pod_sandbox_id: id });
+        expect(status!.state).toBe('SANDBOX_READY');
+        expect((await verbose(id)).qmp.vcpus).toBe(2);
+      }
+    },
+    scaledMs(600_000),
   );
 });

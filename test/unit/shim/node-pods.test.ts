@@ -1,16 +1,16 @@
 /**
  * `kata-ts ps`'s reading of a node (src/shim/node-pods.ts) and its view and table (src/cli/ps.ts),
  * on a state root and a /proc root the test writes: a running pod, a pod whose VM pid was reused,
- * a dead shim, a pod half written, a pod whose files do not parse; the standalone daemon's pods.
- * Reading changes nothing on disk (an older record format stays as it was written).
+ * a dead shim, a pod half written, a pod whose files do not parse; the standalone daemon's pods
+ * and its pooled VMs. Reading changes nothing on disk (an older record format stays as it was written).
  */
 import { promises as fsp, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
-import { formatDuration, formatPsTable, podView } from '../../../src/cli/ps.js';
+import { formatDuration, formatPsTable, podView, pooledVmView } from '../../../src/cli/ps.js';
 import { packageRoot } from '../../../src/common/paths.js';
-import { readShimPods, readStandalonePods } from '../../../src/shim/node-pods.js';
+import { readPooledVms, readShimPods, readStandalonePods } from '../../../src/shim/node-pods.js';
 import { parseProcCpu, parseSmapsRollup, readProcessUsage } from '../../../src/shim/proc-usage.js';
 
 const dirs: string[] = [];
@@ -210,6 +210,122 @@ describe('kata-ts ps', () => {
     expect(rest).toEqual([]);
     expect(view).toMatchObject({ source: 'standalone', namespace: 'shop', sandboxId: ID, status: 'vm-gone', containers: 1, shim: null });
     expect(formatPsTable([view!])).toMatch(/shop\s+a1a1a1a1a1a1a\s+shop\/web\s+kata-ts\s+vm-gone\s+daemon/);
+  });
+
+  it("--standalone: the daemon's pooled VMs, ready, booting or gone, with a cgroup when the record has one; a bad record does not stop the listing", async () => {
+    const stateDir = tmp();
+    const proc = path.join(stateDir, 'proc');
+    const poolDir = path.join(stateDir, 'pool');
+    await fsp.mkdir(poolDir, { recursive: true });
+    const created = Date.UTC(2026, 0, 1);
+    const pooledRecord = (id: string, phase: 'booting' | 'ready', vmm: { pid: number; startTimeTicks: number } | null, extra = {}) => ({
+      kind: 'pooled-vm',
+      version: 1,
+      record: {
+        id,
+        phase,
+        handler: 'kata-ts',
+        key: { handler: 'kata-ts' },
+        shape: { vcpus: 1, maxVcpus: 2, memoryMiB: 256, maxMemoryMiB: 24064 },
+        createdAtNs: String(BigInt(created) * 1_000_000n),
+        workDir: path.join(stateDir, 'pool-vm', id.slice(0, 16)),
+        network: null,
+        confinement: null,
+        vmm:
+          vmm === null
+            ? null
+            : {
+                ...vmm,
+                qmpSocket: 'q',
+                readySocket: 'r',
+                consoleLog: 'c',
+                qemuLog: 'l',
+                agentSocket: 'a',
+                qemuVirtiofsSocket: 'v',
+              },
+        guest: null,
+        bootMs: null,
+        bootCpuMs: null,
+        ...extra,
+      },
+    });
+    const write = (name: string, doc: unknown) =>
+      fsp.writeFile(path.join(poolDir, name), typeof doc === 'string' ? doc : JSON.stringify(doc));
+    const [ready, booting, gone, half] = ['b1', 'b2', 'b3', 'b4'].map((h) => h.repeat(32)) as [string, string, string, string];
+    // Ready and alive, its QEMU in a pool cgroup (a field this kata-ts's format does not have: read leniently).
+    await write(
+      `${ready}.json`,
+      pooledRecord(
+        ready,
+        'ready',
+        { pid: QEMU_PID, startTimeTicks: 555 },
+        {
+          placement: {
+            driver: 'cgroupfs',
+            paths: { cpu: '/sys/fs/cgroup/cpu/kata-ts-pool', memory: '/sys/fs/cgroup/memory/kata-ts-pool' },
+          },
+        },
+      ),
+    );
+    await writeProc(proc, QEMU_PID, { stat: statLine(QEMU_PID, 'qemu-system-x86', 'S', 1, 1, 555) });
+    // Booting: QEMU runs, the agent has not answered yet.
+    await write(`${booting}.json`, pooledRecord(booting, 'booting', { pid: QEMU_PID + 1, startTimeTicks: 556 }));
+    await writeProc(proc, QEMU_PID + 1, { stat: statLine(QEMU_PID + 1, 'qemu-system-x86', 'R', 1, 1, 556) });
+    // Ready, but its pid now belongs to another process.
+    await write(`${gone}.json`, pooledRecord(gone, 'ready', { pid: QEMU_PID + 2, startTimeTicks: 557 }));
+    await writeProc(proc, QEMU_PID + 2, { stat: statLine(QEMU_PID + 2, 'bash', 'S', 1, 1, 9999) });
+    // Recorded before QEMU started.
+    await write(`${half}.json`, pooledRecord(half, 'booting', null));
+    // Being written, and a record of a format from the future.
+    await write(`${'b5'.repeat(32)}.json`, '{"kind":"pooled-vm"');
+    await write(`${'b6'.repeat(32)}.json`, { kind: 'pooled-vm', version: 99, record: {} });
+    const files = await fsp.readdir(poolDir);
+    const before = await Promise.all(files.map((f) => fsp.readFile(path.join(poolDir, f), 'utf8')));
+
+    const views = (await readPooledVms(stateDir, { procRoot: proc })).map((s) => pooledVmView(s, created + 65_000));
+    expect(await Promise.all(files.map((f) => fsp.readFile(path.join(poolDir, f), 'utf8')))).toEqual(before);
+    expect(views).toHaveLength(6);
+    const by = (id: string) => views.find((v) => v.poolVmId === id)!;
+    expect(by(ready)).toMatchObject({
+      source: 'pool',
+      sandboxId: null,
+      pod: null,
+      handler: 'kata-ts',
+      status: 'pooled',
+      vm: { pid: QEMU_PID, startTimeTicks: 555, alive: true },
+      shape: { vcpus: 1, maxVcpus: 2, memoryMiB: 256, maxMemoryMiB: 24064 },
+      uptimeSeconds: 65,
+      cgroup: { driver: 'cgroupfs', path: '/sys/fs/cgroup/cpu/kata-ts-pool', unit: null },
+      containers: 0,
+      problems: [],
+    });
+    expect(by(booting)).toMatchObject({ status: 'booting', vm: { pid: QEMU_PID + 1, alive: true }, cgroup: null });
+    expect(by(gone)).toMatchObject({ status: 'vm-gone', vm: { pid: QEMU_PID + 2, alive: false } });
+    expect(by(half)).toMatchObject({ status: 'booting', vm: null });
+    const unreadable = views.filter((v) => v.status === 'unreadable');
+    expect(unreadable.map((v) => v.problems)).toEqual([
+      [expect.stringMatching(/is not JSON \(being written\?\)/)],
+      [expect.stringMatching(/has format 99; this kata-ts reads 1/)],
+    ]);
+    const table = formatPsTable(views);
+    expect(table).toMatch(
+      new RegExp(
+        `^-\\s+-\\s+pool:${ready.slice(0, 13)}\\s+kata-ts\\s+pooled\\s+daemon\\s+${QEMU_PID}\\s+1/2\\s+256/24064MiB\\s+1m5s\\s+0\\s+/sys/fs/cgroup/cpu/kata-ts-pool\\s+-$`,
+        'm',
+      ),
+    );
+    expect(table).toMatch(new RegExp(`pool:${gone.slice(0, 13)}\\s+kata-ts\\s+vm-gone\\s+daemon\\s+${QEMU_PID + 2}\\(dead\\)`));
+    expect(table).toMatch(/pool:\?\s+-\s+unreadable/);
+    // A systemd scope, or a bare path, as a record might name the pool's cgroup.
+    const [scoped] = (await readPooledVms(stateDir, { procRoot: proc })).filter((s) => s.record?.id === ready);
+    expect(
+      pooledVmView(
+        { ...scoped!, cgroup: { driver: 'systemd', paths: {}, unit: 'kata-ts-pool.scope', slice: 'kata.slice', path: null } },
+        created,
+      ).cgroup,
+    ).toMatchObject({ driver: 'systemd', path: 'kata.slice/kata-ts-pool.scope' });
+    // No pool dir at all: nothing pooled.
+    expect(await readPooledVms(path.join(stateDir, 'none'))).toEqual([]);
   });
 
   it('formats durations', () => {
