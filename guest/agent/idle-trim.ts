@@ -10,7 +10,8 @@
  * only moves pages from the page cache to the free lists.
  *
  * One trim per quiet period: a burst of calls moves the trim later, an idle guest is not trimmed
- * again. Failures of a step are logged and the other steps run.
+ * again, and two trims are at least IDLE_TRIM_MIN_INTERVAL_MS apart. Failures of a step are
+ * logged and the other steps run.
  */
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
@@ -20,6 +21,11 @@ import type { Logger } from '../../src/common/logger.js';
 
 /** How long the guest must be quiet (no container work) before the trim runs. */
 export const IDLE_TRIM_DELAY_MS = 5000;
+/**
+ * The least time between two trims: an exec probe every few seconds would otherwise drop the
+ * page cache (crun, the probe's files) after every run, only for the next run to read it again.
+ */
+export const IDLE_TRIM_MIN_INTERVAL_MS = 30_000;
 
 export interface TrimStep {
   name: string;
@@ -28,6 +34,8 @@ export interface TrimStep {
 
 export interface IdleTrimOptions {
   delayMs: number;
+  /** The least time from one trim's start to the next (0: none). */
+  minIntervalMs?: number;
   steps: readonly TrimStep[];
   logger: Logger;
 }
@@ -35,6 +43,7 @@ export interface IdleTrimOptions {
 export class IdleTrim {
   private timer: NodeJS.Timeout | undefined;
   private running: Promise<unknown> | undefined;
+  private lastTrimAt = Number.NEGATIVE_INFINITY;
   /** Trims run so far (tests and the log read it). */
   trims = 0;
 
@@ -43,12 +52,16 @@ export class IdleTrim {
   /** Container work happened: trim once the guest has been quiet for `delayMs`. */
   note(): void {
     if (this.timer !== undefined) clearTimeout(this.timer);
-    this.timer = setTimeout(() => {
-      this.timer = undefined;
-      this.running ??= this.run().finally(() => {
-        this.running = undefined;
-      });
-    }, this.options.delayMs);
+    const spacing = this.lastTrimAt + (this.options.minIntervalMs ?? 0) - performance.now();
+    this.timer = setTimeout(
+      () => {
+        this.timer = undefined;
+        this.running ??= this.run().finally(() => {
+          this.running = undefined;
+        });
+      },
+      Math.max(this.options.delayMs, spacing),
+    );
     // A pending trim never keeps the agent alive.
     this.timer.unref();
   }
@@ -63,6 +76,7 @@ export class IdleTrim {
   async run(): Promise<string[]> {
     const failed: string[] = [];
     const started = performance.now();
+    this.lastTrimAt = started;
     for (const step of this.options.steps) {
       try {
         await step.run();

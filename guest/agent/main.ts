@@ -19,7 +19,7 @@ import type { ContainerBackend } from './backend.js';
 import { GUEST_ROOTS } from './containers/guest-facts.js';
 import { Containers, CrunBackend, GUEST_PATHS } from './containers/index.js';
 import { rootIsInitramfs } from './containers/runtime.js';
-import { guestTrimSteps, IDLE_TRIM_DELAY_MS, IdleTrim } from './idle-trim.js';
+import { guestTrimSteps, IDLE_TRIM_DELAY_MS, IDLE_TRIM_MIN_INTERVAL_MS, IdleTrim } from './idle-trim.js';
 import { GuestNetwork } from './network.js';
 import { GUEST_POD_PATHS, GUEST_VIRTIO_DEVICES_DIR, PodService } from './pods.js';
 import { AGENT_PORT_NAME, findPort, VirtioPort } from './port.js';
@@ -122,7 +122,7 @@ export function startAgent(env: NodeJS.ProcessEnv = process.env): void {
   env.UV_THREADPOOL_SIZE ??= '8';
   const logger = agentLogger(env);
   // Only in the real guest: the trim writes to the kernel's /proc/sys/vm.
-  const idleTrim = new IdleTrim({ delayMs: IDLE_TRIM_DELAY_MS, steps: guestTrimSteps(), logger });
+  const idleTrim = new IdleTrim({ delayMs: IDLE_TRIM_DELAY_MS, minIntervalMs: IDLE_TRIM_MIN_INTERVAL_MS, steps: guestTrimSteps(), logger });
   guestBackend(logger)
     .then((backend) =>
       runAgent(backend, env, new PodService(logger, { ...GUEST_POD_PATHS, virtioDevicesDir: GUEST_VIRTIO_DEVICES_DIR }), logger, idleTrim),

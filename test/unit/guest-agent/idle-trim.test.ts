@@ -61,6 +61,25 @@ describe('guest memory trim', () => {
     }
   });
 
+  it('keeps two trims at least minIntervalMs apart, however soon the guest is quiet again', async () => {
+    const { steps } = counting();
+    const trim = new IdleTrim({ delayMs: 10, minIntervalMs: 600, steps, logger: silentLogger() });
+    const at: number[] = [];
+    try {
+      const t0 = performance.now();
+      trim.note();
+      await until('the first trim', async () => (trim.trims === 1 ? true : undefined));
+      at.push(performance.now() - t0);
+      trim.note();
+      await until('the second trim', async () => (trim.trims === 2 ? true : undefined));
+      at.push(performance.now() - t0);
+      // The second waited for the interval, not only for its 10 ms quiet period.
+      expect(at[1]! - at[0]!).toBeGreaterThanOrEqual(500);
+    } finally {
+      trim.stop();
+    }
+  });
+
   it('is told by the agent after container work, also when the work failed, and not for reads', async () => {
     let notes = 0;
     const service = new AgentService({
