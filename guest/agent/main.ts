@@ -19,6 +19,7 @@ import type { ContainerBackend } from './backend.js';
 import { GUEST_ROOTS } from './containers/guest-facts.js';
 import { Containers, CrunBackend, GUEST_PATHS } from './containers/index.js';
 import { rootIsInitramfs } from './containers/runtime.js';
+import { guestTrimSteps, IDLE_TRIM_DELAY_MS, IDLE_TRIM_MIN_INTERVAL_MS, IdleTrim } from './idle-trim.js';
 import { GuestNetwork } from './network.js';
 import { GUEST_POD_PATHS, GUEST_VIRTIO_DEVICES_DIR, PodService } from './pods.js';
 import { AGENT_PORT_NAME, findPort, VirtioPort } from './port.js';
@@ -83,6 +84,7 @@ export async function runAgent(
   env: NodeJS.ProcessEnv = process.env,
   pods?: PodService,
   logger = agentLogger(env),
+  idleTrim?: IdleTrim,
 ): Promise<void> {
   // The network service comes with the pod service: both belong to a real guest.
   const service = new AgentService({
@@ -90,6 +92,8 @@ export async function runAgent(
     agentVersion: AGENT_VERSION,
     logger,
     ...(pods === undefined ? {} : { pods, network: new GuestNetwork(logger) }),
+    // A development agent on a unix socket runs on a host: never trim the host's memory.
+    ...(idleTrim === undefined || env.KATA_TS_AGENT_LISTEN ? {} : { idleTrim }),
   });
   if (env.KATA_TS_AGENT_LISTEN) {
     const server = net.createServer((socket) => serveDuplex(socket, (session) => service.attach(session)));
@@ -105,6 +109,9 @@ export async function runAgent(
   });
   channel.announce();
   logger.info({ device, instanceId: service.instanceId, ...agentStartTimes(env) }, 'agent serving');
+  // What boot and the agent's start left behind goes back once the guest is quiet (a pooled VM
+  // waits for its claim with it trimmed).
+  idleTrim?.note();
   await port.run(channel);
 }
 
@@ -114,9 +121,11 @@ export function startAgent(env: NodeJS.ProcessEnv = process.env): void {
   // Again here: a snapshot (guest/agent/snapshot.ts) ran the line at the top at build time.
   env.UV_THREADPOOL_SIZE ??= '8';
   const logger = agentLogger(env);
+  // Only in the real guest: the trim writes to the kernel's /proc/sys/vm.
+  const idleTrim = new IdleTrim({ delayMs: IDLE_TRIM_DELAY_MS, minIntervalMs: IDLE_TRIM_MIN_INTERVAL_MS, steps: guestTrimSteps(), logger });
   guestBackend(logger)
     .then((backend) =>
-      runAgent(backend, env, new PodService(logger, { ...GUEST_POD_PATHS, virtioDevicesDir: GUEST_VIRTIO_DEVICES_DIR }), logger),
+      runAgent(backend, env, new PodService(logger, { ...GUEST_POD_PATHS, virtioDevicesDir: GUEST_VIRTIO_DEVICES_DIR }), logger, idleTrim),
     )
     .catch((err: unknown) => {
       process.stderr.write(`kata-ts-agent: ${err instanceof Error ? err.message : String(err)}\n`);

@@ -32,6 +32,11 @@ export interface AgentServiceOptions {
   network?: GuestNetwork;
   /** How PortForward reaches a port; the guest's loopback by default. */
   connectPort?: (port: number) => net.Socket;
+  /**
+   * Told after each piece of container work (a container started or deleted, an exec deleted, the
+   * pod destroyed): the guest's memory trim (guest/agent/idle-trim.ts) runs once it is quiet.
+   */
+  idleTrim?: { note(): void };
 }
 
 interface ContainerIo {
@@ -95,21 +100,22 @@ export class AgentService {
         this.containers.set(req.containerId, { journal, stdin: created.stdio.stdin, stdinOnce: req.stdinOnce });
         return { pid: created.pid };
       },
-      StartContainer: async (req) => ({ startedAt: (await backend.startContainer(req.containerId)).startedAt }),
+      StartContainer: (req) => this.thenTrim(async () => ({ startedAt: (await backend.startContainer(req.containerId)).startedAt })),
       SignalContainer: async (req) => {
         await backend.signalContainer(req.containerId, req.signal, req.all);
         return {};
       },
       WaitContainer: (req, ctx) => backend.waitContainer(req.containerId, ctx.signal),
-      DeleteContainer: async (req) => {
-        // A forced delete removes the bundle whatever runs: stop the output spool's writes into it first.
-        if (req.force) this.containers.get(req.containerId)?.journal.close();
-        await backend.deleteContainer(req.containerId, req.force);
-        this.containers.get(req.containerId)?.journal.close();
-        this.containers.delete(req.containerId);
-        for (const key of [...this.processes.keys()]) if (key.startsWith(`${req.containerId}/`)) this.processes.delete(key);
-        return {};
-      },
+      DeleteContainer: (req) =>
+        this.thenTrim(async () => {
+          // A forced delete removes the bundle whatever runs: stop the output spool's writes into it first.
+          if (req.force) this.containers.get(req.containerId)?.journal.close();
+          await backend.deleteContainer(req.containerId, req.force);
+          this.containers.get(req.containerId)?.journal.close();
+          this.containers.delete(req.containerId);
+          for (const key of [...this.processes.keys()]) if (key.startsWith(`${req.containerId}/`)) this.processes.delete(key);
+          return {};
+        }),
       ListContainers: async (req) => ({
         containers: (await backend.listContainers(req.containerIds)).map((c) => ({
           ...c,
@@ -158,18 +164,20 @@ export class AgentService {
         return {};
       },
       WaitProcess: (req, ctx) => backend.waitProcess(req.containerId, req.execId, ctx.signal),
-      DeleteProcess: async (req) => {
-        await backend.deleteProcess(req.containerId, req.execId);
-        this.processes.delete(`${req.containerId}/${req.execId}`);
-        return {};
-      },
+      DeleteProcess: (req) =>
+        this.thenTrim(async () => {
+          await backend.deleteProcess(req.containerId, req.execId);
+          this.processes.delete(`${req.containerId}/${req.execId}`);
+          return {};
+        }),
       PortForward: (requests, ctx) => this.portForward(requests, ctx.signal),
       GuestEvents: (_req, ctx) => this.events(ctx.signal),
       CreatePod: (req) => this.pods().createPod(req),
-      DestroyPod: async (req) => {
-        await this.pods().destroyPod(req.podId);
-        return {};
-      },
+      DestroyPod: (req) =>
+        this.thenTrim(async () => {
+          await this.pods().destroyPod(req.podId);
+          return {};
+        }),
       StatSharedPath: (req) => this.pods().statSharedPath(req),
       ConfigureNetwork: (req) => {
         if (this.options.network === undefined)
@@ -177,6 +185,15 @@ export class AgentService {
         return this.options.network.configure(req);
       },
     };
+  }
+
+  /** Run container work, then tell the idle trim (also when the work failed: it may have left garbage). */
+  private async thenTrim<T>(work: () => Promise<T>): Promise<T> {
+    try {
+      return await work();
+    } finally {
+      this.options.idleTrim?.note();
+    }
   }
 
   private pods(): PodService {

@@ -174,6 +174,18 @@ export const SUN_PATH_MAX_BYTES = 107;
  */
 export const BALLOON_DEVICE_MIB = 1;
 
+/**
+ * The guest kernel's swiotlb bounce-buffer pool for a non-confidential VM, in 2 KiB slabs
+ * (`swiotlb=2048`: 4 MiB). Linux allocates the pool at boot, zeroed (so every page of it is
+ * resident on the host, for the VM's life, and never free for the balloon to report), whenever
+ * memory may exist above 4 GiB: with virtio-mem headroom it always may. Its default is 64 MiB.
+ * None of the VM's own devices bounce (virtio without VIRTIO_F_ACCESS_PLATFORM does not use the
+ * DMA API; the others address 64 bits); 4 MiB is kept for an assigned device limited to 32-bit
+ * DMA once hot-plugged memory sits above 4 GiB. A confidential guest bounces all its I/O through
+ * this pool: it keeps the kernel's own size. The config's kernelParams come later and override.
+ */
+export const SWIOTLB_SLABS = 2048;
+
 /** Kernel parameters every guest gets; the shape's and the config's come after them. */
 export const BASE_KERNEL_PARAMS = ['console=ttyS0', 'panic=-1', 'quiet'] as const;
 
@@ -263,6 +275,7 @@ export function buildQemuArgv(spec: QemuArgvSpec): string[] {
   // virtio-mem memory is onlined by the kernel itself (no udev in the guest); movable so that it
   // can be unplugged again when the VM shrinks.
   if (headroomMiB > 0) params.push('memhp_default_state=online_movable');
+  if (!spec.confidential) params.push(`swiotlb=${SWIOTLB_SLABS}`);
   params.push(...spec.kernelParams);
   add('-kernel', spec.kernelPath, '-initrd', spec.initrdPath, '-append', params.join(' '));
 

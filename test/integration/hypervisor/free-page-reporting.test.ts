@@ -63,6 +63,8 @@ describe('free page reporting (one boot)', () => {
     });
     // The balloon device is bound to the guest's driver.
     expect(hello.balloonDriver).toEqual([expect.stringMatching(/^virtio\d+$/)]);
+    // guest/init lowered the reporting order to single pages (the kernel's default is 9, 2 MiB).
+    expect(hello.pageReportingOrder).toBe('0');
 
     const before = rssKiB(vm.pid);
     agent.send(`fill ${FILL_MIB}`);
@@ -73,7 +75,7 @@ describe('free page reporting (one boot)', () => {
 
     agent.send('drop');
     expect(await agent.next(scaledMs(60_000))).toMatchObject({ kind: 'dropped' });
-    // The guest reports the freed blocks (in 2 MiB chunks, batched), QEMU discards them: its RSS
+    // The guest reports the freed pages (batched), QEMU discards them: its RSS
     // falls by most of the fill. Waits as long as the RSS keeps moving.
     const fallen = await untilProgress(
       `QEMU RSS to fall below ${Math.round((peak - FILL_MIB * 1024 * 0.7) / 1024)} MiB after the guest freed ${FILL_MIB} MiB`,

@@ -2,7 +2,7 @@ import { readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
-import { buildQemuArgv, type QemuArgvSpec } from '../../../src/hypervisor/argv.js';
+import { buildQemuArgv, type QemuArgvSpec, SWIOTLB_SLABS } from '../../../src/hypervisor/argv.js';
 import { thrown } from '../../helpers/kata-error.js';
 
 const goldenDir = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../../fixtures/argv');
@@ -67,6 +67,15 @@ describe('buildQemuArgv properties', () => {
     expect(argv.some((a) => a.includes('virtio-mem'))).toBe(false);
     expect(flagValues(argv, '-m')).toEqual(['size=512M']);
     expect(flagValues(argv, '-append')[0]).not.toContain('memhp_default_state');
+  });
+
+  it('bounds the guest kernel swiotlb pool for a non-confidential VM only, before the config kernel parameters', () => {
+    const append = flagValues(buildQemuArgv({ ...base(), kernelParams: ['swiotlb=32768'] }), '-append')[0]!.split(' ');
+    expect(append).toContain(`swiotlb=${SWIOTLB_SLABS}`);
+    // The config's value comes later, so the kernel takes it.
+    expect(append.indexOf('swiotlb=32768')).toBeGreaterThan(append.indexOf(`swiotlb=${SWIOTLB_SLABS}`));
+    const confidential = flagValues(buildQemuArgv(loadSpec('kvm-confidential-hugepages')), '-append')[0]!;
+    expect(confidential).not.toContain('swiotlb=');
   });
 
   it('backs boot RAM with shareable memfd memory even for a static shape (vhost-user needs it)', () => {

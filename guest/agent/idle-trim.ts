@@ -1,0 +1,113 @@
+/**
+ * The guest's memory trim once it has settled: a few seconds after the agent started and after
+ * each burst of container work (a container started or deleted, an exec ended, the pod torn
+ * down), when nothing else happened meanwhile, the agent runs a full garbage collection of its own
+ * heap, drops the guest's clean page cache (`vm.drop_caches=1`: what boot, node's start and crun
+ * read, which a later read gets again from the host) and compacts free memory
+ * (`vm.compact_memory`). The pages that frees are reported to the host by free page reporting
+ * (virtio_balloon, guest/init sets the reporting order), so an idle pod's host memory falls after
+ * the container started instead of staying at what its start touched. Without a balloon the trim
+ * only moves pages from the page cache to the free lists.
+ *
+ * One trim per quiet period: a burst of calls moves the trim later, an idle guest is not trimmed
+ * again, and two trims are at least IDLE_TRIM_MIN_INTERVAL_MS apart. Failures of a step are
+ * logged and the other steps run.
+ */
+import { promises as fsp } from 'node:fs';
+import path from 'node:path';
+import { setFlagsFromString } from 'node:v8';
+import { runInNewContext } from 'node:vm';
+import type { Logger } from '../../src/common/logger.js';
+
+/** How long the guest must be quiet (no container work) before the trim runs. */
+export const IDLE_TRIM_DELAY_MS = 5000;
+/**
+ * The least time between two trims: an exec probe every few seconds would otherwise drop the
+ * page cache (crun, the probe's files) after every run, only for the next run to read it again.
+ */
+export const IDLE_TRIM_MIN_INTERVAL_MS = 30_000;
+
+export interface TrimStep {
+  name: string;
+  run: () => Promise<void> | void;
+}
+
+export interface IdleTrimOptions {
+  delayMs: number;
+  /** The least time from one trim's start to the next (0: none). */
+  minIntervalMs?: number;
+  steps: readonly TrimStep[];
+  logger: Logger;
+}
+
+export class IdleTrim {
+  private timer: NodeJS.Timeout | undefined;
+  private running: Promise<unknown> | undefined;
+  private lastTrimAt = Number.NEGATIVE_INFINITY;
+  /** Trims run so far (tests and the log read it). */
+  trims = 0;
+
+  constructor(private readonly options: IdleTrimOptions) {}
+
+  /** Container work happened: trim once the guest has been quiet for `delayMs`. */
+  note(): void {
+    if (this.timer !== undefined) clearTimeout(this.timer);
+    const spacing = this.lastTrimAt + (this.options.minIntervalMs ?? 0) - performance.now();
+    this.timer = setTimeout(
+      () => {
+        this.timer = undefined;
+        this.running ??= this.run().finally(() => {
+          this.running = undefined;
+        });
+      },
+      Math.max(this.options.delayMs, spacing),
+    );
+    // A pending trim never keeps the agent alive.
+    this.timer.unref();
+  }
+
+  /** Cancel a pending trim. */
+  stop(): void {
+    if (this.timer !== undefined) clearTimeout(this.timer);
+    this.timer = undefined;
+  }
+
+  /** Run every step now, in order; the names of those that failed. */
+  async run(): Promise<string[]> {
+    const failed: string[] = [];
+    const started = performance.now();
+    this.lastTrimAt = started;
+    for (const step of this.options.steps) {
+      try {
+        await step.run();
+      } catch (err) {
+        failed.push(step.name);
+        this.options.logger.warn({ step: step.name, err: err instanceof Error ? err.message : String(err) }, 'memory trim step failed');
+      }
+    }
+    this.trims++;
+    this.options.logger.info({ trims: this.trims, failed, ms: Math.round(performance.now() - started) }, 'guest memory trimmed');
+    return failed;
+  }
+}
+
+/** V8's full garbage collection, reached without starting node with --expose-gc (the snapshot's flags stay as built). */
+function fullGc(): () => void {
+  let gc: (() => void) | undefined;
+  return () => {
+    if (gc === undefined) {
+      setFlagsFromString('--expose-gc');
+      gc = runInNewContext('gc') as () => void;
+    }
+    gc();
+  };
+}
+
+/** The guest's trim: the agent's heap, the clean page cache, compaction (under `procSysVmDir`). */
+export function guestTrimSteps(procSysVmDir = '/proc/sys/vm'): TrimStep[] {
+  return [
+    { name: 'gc', run: fullGc() },
+    { name: 'drop_caches', run: () => fsp.writeFile(path.join(procSysVmDir, 'drop_caches'), '1') },
+    { name: 'compact_memory', run: () => fsp.writeFile(path.join(procSysVmDir, 'compact_memory'), '1') },
+  ];
+}
