@@ -202,8 +202,7 @@ export const UNCONFINED_BEFORE_FORMAT_6 = { seccomp: null, unprivileged: false, 
  * pool; virtioMemBasis reads it as such). Pure; throws when it cannot.
  */
 export function migrateSandboxRecord(fromVersion: number, record: unknown): unknown {
-  if (![1, 2, 3, 4, 5, 6].includes(fromVersion))
-    throw new Error(`no migration from sandbox record format ${fromVersion}`);
+  if (![1, 2, 3, 4, 5, 6].includes(fromVersion)) throw new Error(`no migration from sandbox record format ${fromVersion}`);
   if (typeof record !== 'object' || record === null) throw new Error('the record is not an object');
   let out = record as Record<string, unknown>;
   if (fromVersion === 1) {
