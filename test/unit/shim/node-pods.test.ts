@@ -10,6 +10,7 @@ import path from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { formatDuration, formatPsTable, podView, pooledVmView } from '../../../src/cli/ps.js';
 import { packageRoot } from '../../../src/common/paths.js';
+import { POOLED_VM_RECORD_KIND } from '../../../src/runtime/pool/record.js';
 import { readPooledVms, readShimPods, readStandalonePods } from '../../../src/shim/node-pods.js';
 import { parseProcCpu, parseSmapsRollup, readProcessUsage } from '../../../src/shim/proc-usage.js';
 
@@ -220,7 +221,7 @@ describe('kata-ts ps', () => {
     const created = Date.UTC(2026, 0, 1);
     const pooledRecord = (id: string, phase: 'booting' | 'ready', vmm: { pid: number; startTimeTicks: number } | null, extra = {}) => ({
       kind: 'pooled-vm',
-      version: 1,
+      version: POOLED_VM_RECORD_KIND.version,
       record: {
         id,
         phase,
@@ -246,13 +247,14 @@ describe('kata-ts ps', () => {
         guest: null,
         bootMs: null,
         bootCpuMs: null,
+        placement: null,
         ...extra,
       },
     });
     const write = (name: string, doc: unknown) =>
       fsp.writeFile(path.join(poolDir, name), typeof doc === 'string' ? doc : JSON.stringify(doc));
     const [ready, booting, gone, half] = ['b1', 'b2', 'b3', 'b4'].map((h) => h.repeat(32)) as [string, string, string, string];
-    // Ready and alive, its QEMU in a pool cgroup (a field this kata-ts's format does not have: read leniently).
+    // Ready and alive, its QEMU in the pool's cgroup.
     await write(
       `${ready}.json`,
       pooledRecord(
@@ -262,7 +264,10 @@ describe('kata-ts ps', () => {
         {
           placement: {
             driver: 'cgroupfs',
+            cgroupParent: '/kata-ts-pool',
+            mode: 'hybrid',
             paths: { cpu: '/sys/fs/cgroup/cpu/kata-ts-pool', memory: '/sys/fs/cgroup/memory/kata-ts-pool' },
+            limits: { cpuQuotaMillicores: 0, cpuRequestMillicores: 2, memoryLimitBytes: 0 },
           },
         },
       ),
@@ -305,7 +310,7 @@ describe('kata-ts ps', () => {
     const unreadable = views.filter((v) => v.status === 'unreadable');
     expect(unreadable.map((v) => v.problems)).toEqual([
       [expect.stringMatching(/is not JSON \(being written\?\)/)],
-      [expect.stringMatching(/has format 99; this kata-ts reads 1/)],
+      [expect.stringMatching(new RegExp(`has format 99; this kata-ts reads ${POOLED_VM_RECORD_KIND.version}`))],
     ]);
     const table = formatPsTable(views);
     expect(table).toMatch(
