@@ -21,6 +21,7 @@ import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { packageRoot } from '../../../src/common/paths.js';
 import { connectQmp, plugVcpus, type QmpClient, setVirtioMemSize, virtioMemPluggedMiB } from '../../../src/hypervisor/index.js';
+import { SANDBOX_RECORD_VERSION } from '../../../src/runtime/sandbox/record.js';
 import { ensureGuestAssets } from '../../helpers/hypervisor-guest.js';
 import { untilMatches } from '../../helpers/poll.js';
 import { createTestRuntime, leftovers, podConfig, type TestRuntime } from '../../helpers/runtime-daemon.js';
@@ -277,7 +278,8 @@ describe('confined VMMs with real QEMU', () => {
       expect([againA.pid, againB.pid]).toEqual([infoA.pid, infoB.pid]);
       expect(againA.confinement).toEqual(infoA.confinement);
       expect(againB.confinement).toBeNull();
-      expect(JSON.parse(await fsp.readFile(file, 'utf8')).version).toBe(6);
+      // Written back in the current format.
+      expect(JSON.parse(await fsp.readFile(file, 'utf8')).version).toBe(SANDBOX_RECORD_VERSION);
       expect(JSON.parse(await fsp.readFile(infoA.confinement!.identity!.lease, 'utf8'))).toMatchObject({ sandboxId: a });
     },
     scaledMs(120_000),
