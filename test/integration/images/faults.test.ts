@@ -200,7 +200,8 @@ describe('registry faults', () => {
     process.kill(child.pid as number, 'SIGKILL');
     await exited;
 
-    expect(await listFiles(dirs.ingest)).toHaveLength(1);
+    // The stalled layer's temp file at least (a download that started between the look and the kill adds one).
+    expect((await listFiles(dirs.ingest)).length).toBeGreaterThanOrEqual(1);
     const index = path.join(h.stateDir, 'images', 'index.json');
     const before = await fsp.readFile(index, 'utf8').catch(() => '{"images":[]}');
     expect((JSON.parse(before) as { images: unknown[] }).images).toEqual([]);

@@ -164,7 +164,9 @@ describe('pod sandbox lifecycle with real QEMU', () => {
     const { pod_sandbox_id: id } = await rt.cri.runtime.RunPodSandbox({ config });
     const { info } = await sandboxStatus(rt, id);
     const cfg = JSON.parse(await fsp.readFile(rt.configPath, 'utf8')) as Record<string, unknown>;
-    await fsp.writeFile(rt.configPath, JSON.stringify({ ...cfg, cgroupDriver: 'systemd' }));
+    // The test runtime's pool parent is a cgroupfs path; under systemd the pool takes its default slice.
+    const { cgroupParent: _cgroupfsPoolParent, ...pool } = (cfg.pool ?? {}) as Record<string, unknown>;
+    await fsp.writeFile(rt.configPath, JSON.stringify({ ...cfg, cgroupDriver: 'systemd', pool }));
     try {
       await rt.restart();
       // New placements would use systemd (and there is no systemd here); the existing one is cgroupfs's.
