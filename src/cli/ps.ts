@@ -4,15 +4,10 @@
  * and its pre-booted (pooled) VMs. The reading is the only effect; the view and the table are pure
  * functions of what was read.
  */
+
+import type { PlacementRecord } from '../cgroups/index.js';
 import { loadConfig } from '../config/load.js';
-import {
-  type PodState,
-  type PooledVmCgroup,
-  type PooledVmState,
-  readPooledVms,
-  readShimPods,
-  readStandalonePods,
-} from '../shim/node-pods.js';
+import { type PodState, type PooledVmState, readPooledVms, readShimPods, readStandalonePods } from '../shim/node-pods.js';
 import { type CliIo, parseCommandArgs, UsageError } from './args.js';
 
 const HELP = `Usage: kata-ts ps [--config FILE] [--state-root DIR] [--standalone] [--json]
@@ -58,14 +53,14 @@ export interface PodView {
 const CGROUP_KEYS = ['unified', 'cpu', 'cpu,cpuacct', 'memory', 'systemd'];
 
 /** The cgroup columns of a sandbox's placement or a pooled VM's (pure). */
-function cgroupView(c: PooledVmCgroup | null): PodView['cgroup'] {
+function cgroupView(c: PlacementRecord | null): PodView['cgroup'] {
   if (c === null) return null;
   const key = CGROUP_KEYS.find((k) => c.paths[k] !== undefined) ?? Object.keys(c.paths).sort()[0];
   return {
-    driver: c.driver ?? '',
-    path: c.unit !== null ? `${c.slice ?? ''}/${c.unit}` : key !== undefined ? (c.paths[key] ?? '') : (c.path ?? ''),
+    driver: c.driver,
+    path: c.unit !== undefined ? `${c.slice ?? ''}/${c.unit}` : key === undefined ? '' : (c.paths[key] ?? ''),
     paths: { ...c.paths },
-    unit: c.unit,
+    unit: c.unit ?? null,
   };
 }
 
@@ -101,16 +96,7 @@ export function podView(s: PodState, nowMs: number): PodView {
         : { vcpus: r.shape.vcpus, maxVcpus: r.shape.maxVcpus, memoryMiB: r.shape.memoryMiB, maxMemoryMiB: r.shape.maxMemoryMiB },
     createdAt: createdMs === null ? null : new Date(createdMs).toISOString(),
     uptimeSeconds: createdMs === null ? null : Math.max(0, Math.floor((nowMs - createdMs) / 1000)),
-    cgroup:
-      placement === null
-        ? null
-        : cgroupView({
-            driver: placement.driver,
-            paths: placement.paths,
-            unit: placement.unit ?? null,
-            slice: placement.slice ?? null,
-            path: null,
-          }),
+    cgroup: cgroupView(placement),
     containers: s.containers,
     metricsSocket: s.metricsSocket ?? null,
     stateDir: s.stateDir,
@@ -142,7 +128,7 @@ export function pooledVmView(s: PooledVmState, nowMs: number): PodView {
     shape: r === undefined ? null : { ...r.shape },
     createdAt: createdMs === null ? null : new Date(createdMs).toISOString(),
     uptimeSeconds: createdMs === null ? null : Math.max(0, Math.floor((nowMs - createdMs) / 1000)),
-    cgroup: cgroupView(s.cgroup ?? null),
+    cgroup: cgroupView(r?.placement ?? null),
     containers: 0,
     metricsSocket: null,
     stateDir: s.stateDir,

@@ -49,11 +49,7 @@ export interface NodeRoots {
 }
 
 const validateSandbox = compileOnce<SandboxRecord>(SANDBOX_RECORD_KIND.schema);
-/**
- * A pooled VM's record as this kata-ts knows it, but open to fields it does not know: a newer
- * daemon may record more (a pool cgroup's placement) and ps still shows what it can.
- */
-const validatePooledVm = compileOnce<PooledVmRecord>({ ...POOLED_VM_RECORD_KIND.schema, additionalProperties: true });
+const validatePooledVm = compileOnce<PooledVmRecord>(POOLED_VM_RECORD_KIND.schema);
 
 async function readText(file: string): Promise<string | undefined> {
   try {
@@ -270,54 +266,13 @@ export async function readStandalonePods(stateDir: string, roots: NodeRoots = {}
   return out;
 }
 
-/** The cgroup a pooled VM's QEMU runs in, as its record says, read leniently (absent: none recorded). */
-export interface PooledVmCgroup {
-  driver: string | null;
-  /** Hierarchy key -> directory (cgroupfs), as a sandbox's placement has them. */
-  paths: Record<string, string>;
-  /** systemd: the unit and its slice. */
-  unit: string | null;
-  slice: string | null;
-  /** One path the record names, when it names no hierarchies. */
-  path: string | null;
-}
-
 /** What was found of one pooled VM of the standalone daemon (its view is made by pooledVmView, purely). */
 export interface PooledVmState {
   file: string;
   stateDir: string;
   record: PooledVmRecord | undefined;
-  cgroup: PooledVmCgroup | undefined;
   vm: ProcessUsage | undefined;
   problems: string[];
-}
-
-function stringsOf(v: unknown): Record<string, string> {
-  if (typeof v !== 'object' || v === null) return {};
-  return Object.fromEntries(Object.entries(v).filter((e): e is [string, string] => typeof e[1] === 'string'));
-}
-
-/**
- * The pooled VM's cgroup when its record has one: a `placement` shaped like a sandbox's (driver,
- * paths, unit, slice) or a `cgroup` object or path. Anything else is "none recorded".
- */
-export function pooledVmCgroupOf(record: object): PooledVmCgroup | undefined {
-  const raw = record as { placement?: unknown; cgroup?: unknown };
-  for (const v of [raw.placement, raw.cgroup]) {
-    if (typeof v === 'string' && v !== '') return { driver: null, paths: {}, unit: null, slice: null, path: v };
-    if (typeof v !== 'object' || v === null) continue;
-    const o = v as Record<string, unknown>;
-    const str = (x: unknown) => (typeof x === 'string' && x !== '' ? x : null);
-    const found: PooledVmCgroup = {
-      driver: str(o.driver),
-      paths: stringsOf(o.paths),
-      unit: str(o.unit),
-      slice: str(o.slice),
-      path: str(o.path) ?? str(o.cgroupPath) ?? str(o.dir),
-    };
-    if (Object.keys(found.paths).length > 0 || found.unit !== null || found.path !== null) return found;
-  }
-  return undefined;
 }
 
 /**
@@ -330,7 +285,7 @@ export async function readPooledVms(stateDir: string, roots: NodeRoots = {}): Pr
   const out: PooledVmState[] = [];
   for (const name of (await listDir(dir)).filter((n) => n.endsWith('.json'))) {
     const file = path.join(dir, name);
-    const state: PooledVmState = { file, stateDir, record: undefined, cgroup: undefined, vm: undefined, problems: [] };
+    const state: PooledVmState = { file, stateDir, record: undefined, vm: undefined, problems: [] };
     try {
       const text = await readText(file);
       // Claimed or discarded between the listing and the read: no longer a pooled VM.
@@ -339,7 +294,6 @@ export async function readPooledVms(stateDir: string, roots: NodeRoots = {}): Pr
       if ('problem' in read) state.problems.push(read.problem);
       else {
         state.record = read.record;
-        state.cgroup = pooledVmCgroupOf(read.record);
         state.vm = await processUsage(read.record.vmm, procRoot);
       }
     } catch (err) {

@@ -321,14 +321,13 @@ describe('kata-ts ps', () => {
     );
     expect(table).toMatch(new RegExp(`pool:${gone.slice(0, 13)}\\s+kata-ts\\s+vm-gone\\s+daemon\\s+${QEMU_PID + 2}\\(dead\\)`));
     expect(table).toMatch(/pool:\?\s+-\s+unreadable/);
-    // A systemd scope, or a bare path, as a record might name the pool's cgroup.
+    // Under the systemd driver the pool's cgroup is a scope in the pool's slice.
     const [scoped] = (await readPooledVms(stateDir, { procRoot: proc })).filter((s) => s.record?.id === ready);
-    expect(
-      pooledVmView(
-        { ...scoped!, cgroup: { driver: 'systemd', paths: {}, unit: 'kata-ts-pool.scope', slice: 'kata.slice', path: null } },
-        created,
-      ).cgroup,
-    ).toMatchObject({ driver: 'systemd', path: 'kata.slice/kata-ts-pool.scope' });
+    const systemdPlacement = { ...scoped!.record!.placement!, driver: 'systemd' as const, unit: 'kata-ts-pool.scope', slice: 'kata.slice' };
+    expect(pooledVmView({ ...scoped!, record: { ...scoped!.record!, placement: systemdPlacement } }, created).cgroup).toMatchObject({
+      driver: 'systemd',
+      path: 'kata.slice/kata-ts-pool.scope',
+    });
     // No pool dir at all: nothing pooled.
     expect(await readPooledVms(path.join(stateDir, 'none'))).toEqual([]);
   });
