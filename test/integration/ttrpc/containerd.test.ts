@@ -221,25 +221,29 @@ describe.skipIf(!HAVE_CONTAINERD)('our ttrpc client against containerd 1.6', () 
     stream.on('error', () => {});
     const publisher = new EventPublisher({ address: ttrpcSocket, namespace: NAMESPACE, maxAttempts: 1 });
     try {
-      // Publish until the subscription is live (the first events may go before it is).
-      const exit = await until(
-        'a TaskExit on Subscribe',
+      // The subscription goes live at a moment we cannot see: publish a probe until one arrives,
+      // then publish the pair once, so both fall after that moment.
+      await until(
+        'a probe event on Subscribe',
         async () => {
-          publisher.publish('/tasks/start', { container_id: 'c-shim', pid: 7 });
-          publisher.publish('/tasks/exit', {
-            container_id: 'c-shim',
-            id: 'c-shim',
-            pid: 7,
-            exit_status: 3,
-            exited_at: timestampOfNs(epochNs()),
-          });
+          publisher.publish('/tasks/delete', { container_id: 'c-probe', id: 'c-probe', pid: 1 });
           await publisher.idle();
           await new Promise((resolve) => setTimeout(resolve, 100));
-          return seen.find((e) => e.topic === '/tasks/exit');
+          return seen.find((e) => e.topic === '/tasks/delete');
         },
         30_000,
         0,
       );
+      publisher.publish('/tasks/start', { container_id: 'c-shim', pid: 7 });
+      publisher.publish('/tasks/exit', {
+        container_id: 'c-shim',
+        id: 'c-shim',
+        pid: 7,
+        exit_status: 3,
+        exited_at: timestampOfNs(epochNs()),
+      });
+      await publisher.idle();
+      const exit = await until('the TaskExit on Subscribe', async () => seen.find((e) => e.topic === '/tasks/exit'), 30_000);
       const index = seen.indexOf(exit);
       expect(seen[index - 1]?.topic).toBe('/tasks/start');
       const event = exit.event as AnyMessage;
