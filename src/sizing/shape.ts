@@ -196,7 +196,13 @@ function containerPlan(c: ContainerDemand): ContainerResourcesPlan {
  */
 export function planSizing(input: PlanSizingInput): SizingPlan {
   const demand = resolveDemand(input.config);
-  const vmm = resolveVmmOverhead(input.config, input.handler.profile);
+  const { guestOverhead } = input.handler.profile;
+  const translationCacheBytes = BigInt(input.translationCacheMiB ?? 0) * MIB;
+  const balloonBytes = BigInt(input.balloonMiB ?? 0) * MIB;
+  const vmm = resolveVmmOverhead(input.config, input.handler.profile, {
+    cpuMillis: BigInt(guestOverhead.cpuMillicores),
+    memoryBytes: BigInt(guestOverhead.memoryMiB) * MIB + translationCacheBytes + balloonBytes,
+  });
   const vm = shapeVm(demand, input, vmm);
   const workload: WorkloadResources = {
     cpuRequestMillicores: toNumber(demand.cpuRequestMillis, 'cpu request'),
@@ -207,10 +213,12 @@ export function planSizing(input: PlanSizingInput): SizingPlan {
     extended: extendedRecord(demand.extended),
   };
   const vmmCpu = toNumber(vmm.cpuMillis, 'VMM cpu overhead');
-  const translationCacheBytes = BigInt(input.translationCacheMiB ?? 0) * MIB;
-  const balloonBytes = BigInt(input.balloonMiB ?? 0) * MIB;
+  const hostMemoryBytes = BigInt(vm.memoryMiB) * MIB + vmm.memoryBytes + translationCacheBytes + balloonBytes;
+  // The kubelet limits a pod's cgroup to its containers' limits plus the overhead it was sent;
+  // what the VM costs beyond the limits and that overhead does not cover is the shortfall.
+  const shortfallBytes = demand.memoryUnbounded ? 0n : hostMemoryBytes - demand.memoryLimitBytes - (vmm.podOverheadMemoryBytes ?? 0n);
   const host: HostBudget = {
-    memoryLimitBytes: toNumber(BigInt(vm.memoryMiB) * MIB + vmm.memoryBytes + translationCacheBytes + balloonBytes, 'host memory budget'),
+    memoryLimitBytes: toNumber(hostMemoryBytes, 'host memory budget'),
     cpuQuotaMillicores: vm.vcpus * 1000 + vmmCpu,
     cpuRequestMillicores: workload.cpuRequestMillicores + vmmCpu,
   };
@@ -228,5 +236,6 @@ export function planSizing(input: PlanSizingInput): SizingPlan {
       ...(balloonBytes > 0n ? { balloonBytes: toNumber(balloonBytes, 'balloon device') } : {}),
     },
     containers: demand.containers.map(containerPlan),
+    ...(shortfallBytes > 0n ? { overheadShortfallBytes: toNumber(shortfallBytes, 'overhead shortfall') } : {}),
   };
 }

@@ -112,16 +112,29 @@ export interface VmmOverhead {
   memoryBytes: bigint;
   cpuSource: VmmOverheadSource;
   memorySource: VmmOverheadSource;
+  /** The memory of the pod overhead the kubelet (or CRI-O) sent; undefined when none was sent. */
+  podOverheadMemoryBytes?: bigint;
+}
+
+/** What a pod overhead covers besides the VMM: the guest's own overhead and QEMU's extra devices. */
+export interface CoveredBesidesVmm {
+  cpuMillis: bigint;
+  memoryBytes: bigint;
 }
 
 const MIB = 1024n * 1024n;
 
 /**
- * The RuntimeClass overhead the kubelet sends (`linux.overhead`; it treats overhead as guaranteed,
- * so quota and shares carry the same CPU), else CRI-O's PodLinuxOverhead annotation, else the
- * handler's `vmmOverhead` — decided per resource, since a RuntimeClass may name only one.
+ * The VMM's own share of the host budget. A RuntimeClass overhead (the kubelet's `linux.overhead`,
+ * else CRI-O's PodLinuxOverhead annotation) is what the pod costs beyond its containers, which is
+ * what the kubelet adds to the pod's cgroup: the guest's overhead inside the VM, QEMU's translation
+ * cache and balloon device (`covered`), and the VMM itself. What is left after `covered` goes to
+ * the VMM, but never less than the handler's `vmmOverhead` (what QEMU needs whatever a RuntimeClass
+ * says); so a RuntimeClass with exactly `kata-ts plan --overhead`'s podFixed plans the same VM and
+ * budget as no overhead at all. Decided per resource, since a RuntimeClass may name only one. The
+ * kubelet treats overhead as guaranteed, so quota and shares carry the same CPU.
  */
-export function resolveVmmOverhead(config: PodSandboxConfigInput, handler: HandlerProfile): VmmOverhead {
+export function resolveVmmOverhead(config: PodSandboxConfigInput, handler: HandlerProfile, covered: CoveredBesidesVmm): VmmOverhead {
   const candidates: Array<{ numbers: CgroupNumbers; source: VmmOverheadSource }> = [];
   const overhead = config.linux?.overhead;
   if (overhead !== null && overhead !== undefined) {
@@ -138,13 +151,20 @@ export function resolveVmmOverhead(config: PodSandboxConfigInput, handler: Handl
   };
   const cpu = candidates.find((c) => (quotaMillis(c.numbers) ?? sharesMillis(c.numbers)) !== undefined);
   if (cpu !== undefined) {
-    result.cpuMillis = quotaMillis(cpu.numbers) ?? sharesMillis(cpu.numbers)!;
-    result.cpuSource = cpu.source;
+    const left = (quotaMillis(cpu.numbers) ?? sharesMillis(cpu.numbers)!) - covered.cpuMillis;
+    if (left > result.cpuMillis) {
+      result.cpuMillis = left;
+      result.cpuSource = cpu.source;
+    }
   }
   const memory = candidates.find((c) => c.numbers.memoryBytes > 0n);
   if (memory !== undefined) {
-    result.memoryBytes = memory.numbers.memoryBytes;
-    result.memorySource = memory.source;
+    result.podOverheadMemoryBytes = memory.numbers.memoryBytes;
+    const left = memory.numbers.memoryBytes - covered.memoryBytes;
+    if (left > result.memoryBytes) {
+      result.memoryBytes = left;
+      result.memorySource = memory.source;
+    }
   }
   return result;
 }

@@ -113,4 +113,12 @@ export interface SizingPlan {
   vmmOverhead: VmmOverheadPlan;
   /** Per container, in pod order; empty when the source is not pod_resources. */
   containers: ContainerResourcesPlan[];
+  /**
+   * How far the host budget exceeds the containers' memory limits plus the pod overhead the
+   * kubelet sent (none: 0), when the pod states its memory. Where the kubelet limits the pod's cgroup,
+   * the VMM's parent, to that sum, so the VM can be OOM-killed this much before its containers
+   * reach their limits. Absent when there is none: the RuntimeClass's podFixed covers the VM
+   * (`kata-ts plan --overhead`), or the pod is unbounded.
+   */
+  overheadShortfallBytes?: number;
 }

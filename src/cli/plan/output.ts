@@ -130,10 +130,14 @@ const vm: PlanSection = {
 
 const host: PlanSection = {
   key: 'host',
-  json: (r) => r.sizing.host,
+  json: (r) => {
+    const shortfall = r.sizing.overheadShortfallBytes;
+    return shortfall === undefined ? r.sizing.host : { ...r.sizing.host, overheadShortfallBytes: shortfall };
+  },
   text: (r) => {
     const h = r.sizing.host;
     const o = r.sizing.vmmOverhead;
+    const shortfall = r.sizing.overheadShortfallBytes;
     return [
       'Host budget (VMM cgroup)',
       ...table([
@@ -146,6 +150,14 @@ const host: PlanSection = {
           `${cpu(h.cpuQuotaMillicores)} (${r.sizing.vm.vcpus} vCPU${r.sizing.vm.vcpus === 1 ? '' : 's'} + VMM ${cpu(o.cpuMillicores)} from ${overheadSource(o.cpuSource)})`,
         ],
         ['CPU request', cpu(h.cpuRequestMillicores)],
+        ...(shortfall === undefined
+          ? []
+          : [
+              [
+                'pod overhead short',
+                `${bytes(shortfall)}: the containers' limits plus the pod's overhead (the kubelet's pod cgroup) are below this budget; give the RuntimeClass \`kata-ts plan --overhead\`'s podFixed`,
+              ] as [string, string],
+            ]),
       ]),
     ];
   },

@@ -255,4 +255,11 @@ async function placeVm(run: SandboxRun, vm: VmProcess, virtiofsd: VirtiofsdProce
   run.record.placement = placement;
   await run.persist();
   run.log.info({ pid: vm.pid, virtiofsdPid: virtiofsd?.pid, placement: cgroups.describe(placement) }, 'VMM placed; resuming the VM');
+  const shortfallBytes = run.record.plan.sizing.overheadShortfallBytes;
+  if (shortfallBytes !== undefined) {
+    run.log.warn(
+      { shortfallBytes, hostMemoryLimitBytes: run.record.plan.sizing.host.memoryLimitBytes },
+      "the pod's overhead is short of what its VM costs beyond the containers' limits: where the kubelet limits the pod's cgroup, the VM can be OOM-killed first (kata-ts plan --overhead prints the RuntimeClass)",
+    );
+  }
 }

@@ -2,7 +2,7 @@ import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { loadPlanRequest } from '../../../src/cli/plan/load.js';
-import { planJson } from '../../../src/cli/plan/output.js';
+import { planJson, planText } from '../../../src/cli/plan/output.js';
 import type { PlanEnvironment } from '../../../src/cli/plan/report.js';
 import { buildPlanReport } from '../../../src/cli/plan/report.js';
 import { packageRoot } from '../../../src/common/paths.js';
@@ -55,6 +55,17 @@ describe('fixtures/pods: both forms of each pod plan exactly as the golden', () 
     const golden = readOrWrite(`${pod}.plan.json`, () => fromManifest.json);
     expect(fromManifest.json).toEqual(golden);
     expect(fromRequest.json).toEqual(golden);
+  });
+
+  it("the text says how far a pod's overhead falls short of its VM, and only then", () => {
+    const text = (pod: string) => {
+      const file = path.join(DIR, `${pod}.pod.yaml`);
+      return planText(buildPlanReport(loadPlanRequest(readFileSync(file, 'utf8'), file).request, env));
+    };
+    // migration sends no overhead: guest 160 + VMM 96 + cache 64 + balloon 1 MiB are short.
+    expect(text('migration')).toMatch(/pod overhead short +321Mi: /);
+    // gpu-inference's RuntimeClass covers its VM.
+    expect(text('gpu-inference')).not.toContain('pod overhead short');
   });
 
   it('covers every source of the issue: sidecars, init peak, hugepages, extended resources, BestEffort, pod-level', () => {

@@ -116,17 +116,36 @@ describe('planSizing: VM shape from pod_resources (default handler: guest 250m/1
     expect(p.vm.memoryMiB).toBe(1024 + 160); // pod-level memory bounds the pod: no default floor
   });
 
-  it('uses the RuntimeClass overhead from linux.overhead for the host budget', () => {
+  const withOverhead = (cpuQuota: number, memoryMiB: number) => {
     const config = podWith([{ name: 'a', limits: { cpu: '1', memory: '1Gi' } }]);
     config.linux = {
       cgroup_parent: '',
-      overhead: { cpu_period: '100000', cpu_quota: '25000', cpu_shares: '256', memory_limit_in_bytes: String(200 * MiB) },
+      overhead: { cpu_period: '100000', cpu_quota: String(cpuQuota), cpu_shares: '256', memory_limit_in_bytes: String(memoryMiB * MiB) },
       resources: null,
     };
-    const p = plan(config);
-    expect(p.vmmOverhead).toEqual({ cpuSource: 'pod_overhead', memorySource: 'pod_overhead', cpuMillicores: 250, memoryBytes: 200 * MiB });
-    expect(p.host.memoryLimitBytes).toBe((1024 + 160) * MiB + 200 * MiB);
-    expect(p.host.cpuQuotaMillicores).toBe(2 * 1000 + 250);
+    return plan(config);
+  };
+
+  it('gives the VMM what a RuntimeClass overhead leaves after the guest overhead, so the budget is the limits plus the overhead', () => {
+    const p = withOverhead(40000, 300); // 400m / 300Mi: guest 250m / 160Mi, the VMM the rest
+    expect(p.vmmOverhead).toEqual({ cpuSource: 'pod_overhead', memorySource: 'pod_overhead', cpuMillicores: 150, memoryBytes: 140 * MiB });
+    expect(p.host.memoryLimitBytes).toBe((1024 + 160 + 140) * MiB);
+    expect(p.host.memoryLimitBytes).toBe((1024 + 300) * MiB); // what the kubelet gives the pod's cgroup
+    expect(p.host.cpuQuotaMillicores).toBe(2 * 1000 + 150);
+    expect(p.overheadShortfallBytes).toBeUndefined();
+  });
+
+  it("keeps the handler's VMM overhead under a RuntimeClass overhead too small for the VM, and says by how much it falls short", () => {
+    const p = withOverhead(25000, 160); // 250m / 160Mi: only the guest's share
+    expect(p.vmmOverhead).toEqual({ cpuSource: 'handler', memorySource: 'handler', cpuMillicores: 100, memoryBytes: 96 * MiB });
+    expect(p.host.memoryLimitBytes).toBe((1024 + 160 + 96) * MiB);
+    expect(p.overheadShortfallBytes).toBe(96 * MiB); // budget - (1024 limits + 160 overhead)
+    // No overhead at all: the whole guest and VMM overhead is short.
+    expect(plan(podWith([{ name: 'a', limits: { cpu: '1', memory: '1Gi' } }])).overheadShortfallBytes).toBe((160 + 96) * MiB);
+  });
+
+  it('reports no shortfall for a pod whose memory is unbounded (the kubelet sets no limit to fall short of)', () => {
+    expect(plan(podWith([{ name: 'a' }])).overheadShortfallBytes).toBeUndefined();
   });
 
   it('bounds hot-plug headroom by the handler, the host and 128 MiB blocks', () => {
