@@ -133,6 +133,6 @@ export function defaultConfig(): KataConfig {
       [DEFAULT_HANDLER]: defaultHandlerProfile(),
       [CONFIDENTIAL_HANDLER]: confidentialHandlerProfile(),
     },
-    pool: { sizes: {}, cgroupParent: null, cpuShares: DEFAULT_POOL_CPU_SHARES },
+    pool: { sizes: {}, cgroupParent: null, cpuShares: DEFAULT_POOL_CPU_SHARES, claimTimeoutMs: 30_000 },
   };
 }

@@ -168,6 +168,7 @@ export const configFileSchema = {
         cgroupParent: { type: ['string', 'null'], minLength: 1, maxLength: 1024 },
         // The kernel's cpu.shares bounds (MIN_SHARES, MAX_SHARES).
         cpuShares: { type: 'integer', minimum: 2, maximum: 262_144 },
+        claimTimeoutMs: { type: 'integer', minimum: 1000, maximum: 600_000 },
       },
     },
   },

@@ -230,6 +230,11 @@ export interface PoolConfig {
   cgroupParent: string | null;
   /** cpu.shares of the pool's cgroup and of each pooled VM's (cgroup v2: cpu.weight by sharesToWeight). */
   cpuShares: number;
+  /**
+   * How long a claim may take (at most hypervisor.readyTimeoutMs) before it is abandoned and the
+   * pod boots cold, so a pooled VM that stalls costs a pod this much, not a whole ready budget.
+   */
+  claimTimeoutMs: number;
 }
 
 /** A config together with where it came from, as reported by Status and `doctor`. */

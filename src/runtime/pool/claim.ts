@@ -55,7 +55,20 @@ export async function claimPooledVm(input: ClaimInput, log: Logger): Promise<Cre
   const undo = new RollbackSteps(log);
   const persist = () => deps.store.put(record);
   const started = Date.now();
-  const remainingMs = () => Math.max(1, req.readyTimeoutMs - (Date.now() - started));
+  // The claim's own budget: a stalled pooled VM hands the pod to a cold boot with time to spare.
+  const budgetMs = Math.min(req.readyTimeoutMs, deps.config.pool.claimTimeoutMs);
+  // Waits (the guest's report, virtio-mem, the agent) end with it; it is checked between steps; a
+  // QMP command already sent ends on its own timeout (QmpConnection's, 10 s).
+  const budget = AbortSignal.timeout(budgetMs);
+  const signal = AbortSignal.any([req.signal, budget]);
+  const remainingMs = () => Math.max(1, budgetMs - (Date.now() - started));
+  const overBudget = () => budget.aborted || Date.now() - started >= budgetMs;
+  const budgetSpent = `the claim ran past its budget of ${budgetMs} ms (pool.claimTimeoutMs, at most hypervisor.readyTimeoutMs)`;
+  // Between steps: the request's own abort as it is, the budget's as a claim failure naming it.
+  const checkBudget = () => {
+    req.signal.throwIfAborted();
+    if (overBudget()) throw new Error(budgetSpent);
+  };
   const claim = planClaim(record.plan, { ...pool.shape, hugepages: [], kernelParams: [] }, prep.network !== null);
   if (pool.vmm === null) throw new Error('a ready pooled VM without a VMM record');
   const poolVmm = pool.vmm;
@@ -148,7 +161,7 @@ export async function claimPooledVm(input: ClaimInput, log: Logger): Promise<Cre
       const { netnsName } = pool.network;
       undo.push('delete netns', () => deleteNetns(netnsName));
     }
-    req.signal.throwIfAborted();
+    checkBudget();
     // 4. The shared dir and virtiofsd on it; QEMU connects to it as a client (chardev-add).
     undo.push('unmount the shared dir', () => releaseSharedMounts(layout.sharedDir, log));
     await prepareSharedDir(layout.sharedDir);
@@ -166,6 +179,7 @@ export async function claimPooledVm(input: ClaimInput, log: Logger): Promise<Cre
     // Confined, QEMU sees its VMM dir at the pool's path still (its jail was built there).
     const qemuSocket = pool.confinement === null ? layout.virtiofsSocket : poolVmm.qemuVirtiofsSocket;
     await plugSharedFs(vm.qmp, qemuSocket, claim.sharedFs.portId);
+    checkBudget();
     // 5. The pod's cgroup, at normal priority: from here the VM runs on the pod's budget.
     const placement = await deps.cgroups.place({
       sandboxId: req.id,
@@ -184,13 +198,14 @@ export async function claimPooledVm(input: ClaimInput, log: Logger): Promise<Cre
     // QEMU has left the pool's cgroup: its own there goes (the pool's stays for the refill).
     if (poolCgroup !== null) await deps.cgroups.remove(poolCgroup);
     reniceProcess(vm.pid, CLAIMED_NICE);
+    checkBudget();
     // 6. Grown to the planned shape.
     if (claim.addVcpus > 0) await plugVcpus(vm.qmp, claim.addVcpus);
     if (claim.virtioMemMiB > 0) await setVirtioMemSize(vm.qmp, claim.virtioMemMiB, claim.virtioMemMaxMiB);
     const want = record.plan.sizing.vm;
     const report = await vm.waitForGuestReport((r) => r.vcpus === want.vcpus, remainingMs());
     while (claim.virtioMemMiB > 0 && (await virtioMemPluggedMiB(vm.qmp)) < claim.virtioMemMiB) {
-      req.signal.throwIfAborted();
+      checkBudget();
       if (remainingMs() <= 1) throw new Error(`the guest did not plug ${claim.virtioMemMiB} MiB of virtio-mem in time`);
       await new Promise((r) => setTimeout(r, 50));
     }
@@ -198,17 +213,21 @@ export async function claimPooledVm(input: ClaimInput, log: Logger): Promise<Cre
     // 7. The pod in the guest (the agent mounts the hot-plugged share) and its network.
     const pod = await agent.createPod(
       { podId: req.id, hostname: req.spec.hostname, shmSizeBytes: POD_SHM_SIZE_BYTES },
-      { timeoutMs: remainingMs(), signal: req.signal },
+      { timeoutMs: remainingMs(), signal },
     );
     if (!pod.sharedDirMounted) throw new Error('the guest did not mount the hot-plugged shared directory');
     record.guestPod = { pausePid: pod.pausePid, shmPath: pod.shmPath };
-    if (record.network !== null) await configureWithRetry(agent, record, prep, remainingMs, log);
+    if (record.network !== null) await configureWithRetry(agent, record, prep, { remainingMs, signal, checkBudget }, log);
     record.phase = 'running';
     record.state = 'SANDBOX_READY';
     await persist();
     log.info({ pid: vm.pid, guest: record.guest, claimMs: Date.now() - started, poolVmId: pool.id }, 'sandbox ready from the pool');
     return { record, vm, agent };
-  } catch (err) {
+  } catch (caught) {
+    const err =
+      overBudget() && !req.signal.aborted && !errorMessage(caught).startsWith(budgetSpent)
+        ? new Error(`${budgetSpent}: ${errorMessage(caught)}`)
+        : caught;
     log.warn({ err: errorMessage(err) }, 'claiming the pooled VM failed; discarding it');
     await undo.run();
     // What only the pool held, if the claim stopped before the sandbox record took it over.
@@ -231,15 +250,17 @@ async function configureWithRetry(
   agent: CreatedSandbox['agent'],
   record: SandboxPreparation['record'],
   prep: SandboxPreparation,
-  remainingMs: () => number,
+  budget: { remainingMs: () => number; signal: AbortSignal; checkBudget: () => void },
   log: Logger,
 ): Promise<void> {
+  const { remainingMs, signal } = budget;
   if (agent === undefined || record.network === null) return;
   for (let attempt = 1; ; attempt++) {
     try {
-      await configureGuestNetwork(agent, record.network, prep.req.spec, { timeoutMs: remainingMs(), signal: prep.req.signal });
+      await configureGuestNetwork(agent, record.network, prep.req.spec, { timeoutMs: remainingMs(), signal });
       return;
     } catch (err) {
+      budget.checkBudget();
       if (remainingMs() <= 200 || attempt >= 50) throw err;
       log.debug({ attempt, err: errorMessage(err) }, 'guest NIC not ready yet');
       await new Promise((r) => setTimeout(r, 200));

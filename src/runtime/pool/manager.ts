@@ -474,7 +474,10 @@ export class PoolManager implements SandboxPool {
     } catch (err) {
       // claimPooledVm has rolled back everything (the VM, its netns, its files): boot cold.
       prep.req.signal.throwIfAborted();
-      const failed: PoolMiss = { reason: 'POOL_EMPTY', message: `claiming pooled VM ${pooled.record.id} failed: ${errorMessage(err)}` };
+      const failed: PoolMiss = {
+        reason: 'POOL_CLAIM_FAILED',
+        message: `claiming pooled VM ${pooled.record.id} failed: ${errorMessage(err)}`,
+      };
       const c = this.countersOf(handlerName);
       c.coldMisses++;
       c.lastMiss = failed;

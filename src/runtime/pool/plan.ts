@@ -153,7 +153,8 @@ export type PoolMissReason =
   | 'POOL_VCPUS_BEYOND_POOL'
   | 'POOL_MEMORY_BELOW_POOL'
   | 'POOL_MEMORY_BEYOND_POOL'
-  | 'POOL_EMPTY';
+  | 'POOL_EMPTY'
+  | 'POOL_CLAIM_FAILED';
 
 export interface PoolMiss {
   reason: PoolMissReason;

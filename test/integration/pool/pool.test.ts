@@ -312,7 +312,7 @@ describe('the pool of pre-booted VMs (real QEMU, virtiofsd, CNI in a node namesp
       expect(status!.state).toBe('SANDBOX_READY');
       const info = await verbose(fallback.id);
       expect(info.origin?.kind).toBe('cold');
-      expect(info.origin?.poolMiss?.reason).toBe('POOL_EMPTY');
+      expect(info.origin?.poolMiss?.reason).toBe('POOL_CLAIM_FAILED');
       expect(info.origin?.poolMiss?.message).toContain(`claiming pooled VM ${victim!.id} failed`);
       expect(info.origin?.poolMiss?.message).toContain('fault0');
       // Nothing of the failed VM is left: QEMU, its namespace, its work dir, its record.
@@ -389,6 +389,36 @@ describe('the pool of pre-booted VMs (real QEMU, virtiofsd, CNI in a node namesp
         const { status } = await rt.cri.runtime.PodSandboxStatus({ pod_sandbox_id: id });
         expect(status!.state).toBe('SANDBOX_READY');
         expect((await verbose(id)).qmp.vcpus).toBe(2);
+      }
+    },
+    scaledMs(600_000),
+  );
+  it(
+    'a claim that stalls (the pooled QEMU stopped with SIGSTOP, so QMP never answers) is abandoned past pool.claimTimeoutMs, and the pod boots cold',
+    async () => {
+      const config = JSON.parse(await fsp.readFile(rt.configPath, 'utf8')) as { pool: Record<string, unknown> };
+      config.pool.claimTimeoutMs = 3000;
+      await fsp.writeFile(rt.configPath, JSON.stringify(config));
+      await rt.restart();
+      await waitReady('the pool to be ready');
+      const [victim] = await pooledRecords();
+      const { vmm, network } = victim!;
+      if (network !== null) poolNetns.add(network.netnsName);
+      process.kill(vmm!.pid, 'SIGSTOP');
+      try {
+        const stalled = await runPod('stalled', '50000');
+        const { status } = await rt.cri.runtime.PodSandboxStatus({ pod_sandbox_id: stalled.id });
+        expect(status!.state).toBe('SANDBOX_READY');
+        const info = await verbose(stalled.id);
+        expect(info.origin?.kind).toBe('cold');
+        expect(info.origin?.poolMiss?.reason).toBe('POOL_CLAIM_FAILED');
+        expect(info.origin?.poolMiss?.message).toContain(`claiming pooled VM ${victim!.id} failed`);
+        expect(info.origin?.poolMiss?.message).toContain('budget of 3000 ms (pool.claimTimeoutMs');
+        // The stalled VM is gone, killed by the claim's rollback while stopped.
+        expect(isSameLiveProcess(vmm!.pid, vmm!.startTimeTicks)).toBe(false);
+        expect(await gone(victim!.workDir)).toBe(true);
+      } finally {
+        if (isSameLiveProcess(vmm!.pid, vmm!.startTimeTicks)) process.kill(vmm!.pid, 'SIGCONT');
       }
     },
     scaledMs(600_000),

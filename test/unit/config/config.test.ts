@@ -47,6 +47,15 @@ describe('config file', () => {
     expect(problems.some((p) => p.startsWith('/hypervisor/readyTimeoutMs '))).toBe(true);
   });
 
+  it('pool.claimTimeoutMs: 30 s by default, a whole number of ms from 1 s to 10 min', () => {
+    expect(defaultConfig().pool.claimTimeoutMs).toBe(30_000);
+    expect(parseConfigDocument({ pool: { claimTimeoutMs: 5000 } }, 'test').pool.claimTimeoutMs).toBe(5000);
+    for (const bad of [999, 600_001, 1.5, '30s']) {
+      const problems = problemsOf(() => parseConfigDocument({ pool: { claimTimeoutMs: bad } }, 'test'));
+      expect(problems.some((p) => p.startsWith('/pool/claimTimeoutMs '))).toBe(true);
+    }
+  });
+
   it('a handler entry overlays the built-in profile of its name; a new name starts from kata-ts', () => {
     const config = parseConfigDocument(
       { handlers: { 'kata-ts': { vm: { maxVcpus: 8 } }, 'kata-ts-gpu': { pcie: { portType: 'switch-port' } } } },
