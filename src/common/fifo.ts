@@ -25,15 +25,44 @@ export async function openFifoSocket(fifo: string, mode: 'read' | 'write'): Prom
   return new net.Socket({ fd, readable: mode === 'read', writable: mode === 'write' });
 }
 
+/**
+ * Close our writing end of `fifo` without losing what is in the pipe, once its reader has opened.
+ * Our end (openFifoSocket 'write') is read-write, so it is itself a reader: while it is open a
+ * probe for a reader always succeeds and cannot tell whether the real one has come. So: take a
+ * write-only descriptor (it opens: ours still reads), `close` ours, then wait for a reader (a
+ * write-only non-blocking open succeeds only once one has opened) and close the write-only one,
+ * which gives that reader its end of file after the bytes. The bytes stay in the pipe meanwhile:
+ * the kernel frees a pipe's buffer only when its last descriptor of either kind closes. True when
+ * a reader took over; false after `timeoutMs` or on `signal` (the bytes then go with the pipe).
+ */
+export async function handOverFifo(fifo: string, close: () => Promise<void>, timeoutMs: number, signal?: AbortSignal): Promise<boolean> {
+  const hold = await openFd(fifo, constants.O_WRONLY | constants.O_NONBLOCK | constants.O_NOCTTY).catch(() => undefined);
+  try {
+    const st = hold === undefined ? undefined : await fstatFd(hold).catch(() => undefined);
+    await close();
+    if (st === undefined || !st.isFIFO()) return false;
+    return await waitForFifoReader(fifo, timeoutMs, signal);
+  } finally {
+    if (hold !== undefined) await closeFd(hold).catch(() => undefined);
+  }
+}
+
+/** Destroy a socket and resolve once its descriptor is closed. */
+export function destroySocket(socket: net.Socket): Promise<void> {
+  if (socket.closed) return Promise.resolve();
+  return new Promise((resolve) => {
+    socket.once('close', () => resolve());
+    socket.destroy();
+  });
+}
+
 /** How often waitForFifoReader looks. */
 const READER_POLL_MS = 50;
 
 /**
  * Resolves true once `fifo` has a reader (a write-only non-blocking open succeeds only then; it
- * fails with ENXIO while nobody reads), false after `timeoutMs` or on `signal`. A writer that
- * opened read-write and is about to close calls this first: bytes still in the pipe when its last
- * descriptor closes with no reader yet would be lost, and a reader that is about to open (containerd
- * opens its read side asynchronously) gets them once it has.
+ * fails with ENXIO while nobody reads), false after `timeoutMs` or on `signal`. A read-write
+ * descriptor of our own counts as a reader: `handOverFifo` closes it first.
  */
 export async function waitForFifoReader(fifo: string, timeoutMs: number, signal?: AbortSignal): Promise<boolean> {
   const deadline = Date.now() + timeoutMs;

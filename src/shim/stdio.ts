@@ -6,7 +6,7 @@
  */
 import type net from 'node:net';
 import type { Readable, Writable } from 'node:stream';
-import { openFifoSocket, waitForFifoReader } from '../common/fifo.js';
+import { destroySocket, handOverFifo, openFifoSocket } from '../common/fifo.js';
 
 import { newExecId } from '../runtime/container/commands.js';
 
@@ -53,22 +53,14 @@ export async function openExecStdio(io: TaskIo, signal: AbortSignal): Promise<Ex
       closeStdin,
       close: async () => {
         closeStdin();
-        // Bytes in a pipe whose reader has not opened yet would go with our descriptor.
-        await Promise.all(
-          [io.stdout, io.terminal ? '' : io.stderr].filter((f) => f !== '').map((f) => waitForFifoReader(f, READER_WAIT_MS, signal)),
-        );
-        await Promise.all(
-          [stdout, stderr].map(
-            (s) =>
-              new Promise<void>((resolve) => {
-                if (s === null || s.destroyed) return resolve();
-                s.end(() => {
-                  s.destroy();
-                  resolve();
-                });
-              }),
-          ),
-        );
+        // The last bytes go in, then each FIFO is handed to its reader (bytes in a pipe whose
+        // reader has not opened yet would go with our descriptor).
+        const handOver = async (s: net.Socket | null, fifo: string) => {
+          if (s === null || s.destroyed) return;
+          await new Promise<void>((resolve) => s.end(() => resolve()));
+          await handOverFifo(fifo, () => destroySocket(s), READER_WAIT_MS, signal);
+        };
+        await Promise.all([handOver(stdout, io.stdout), handOver(stderr, io.stderr)]);
       },
     };
   } catch (err) {

@@ -17,10 +17,13 @@
  * throttled, never dropped. A batch counts as stored once the kernel took all of it (the write
  * callbacks): only then is its offset committed and acknowledged to the agent.
  *
- * End. At the output's end (the eof chunk) the descriptors are closed after the last bytes went
- * in: the reader sees end of file once it read them. `close` (or the abort signal) closes them at
- * once, dropping a batch not yet taken by the kernel (not acknowledged, so a resumed sink sends it
- * again); it never waits for a reader that does not read.
+ * End. At the output's end (the eof chunk), once the last bytes went in, each FIFO is handed to its
+ * reader (common/fifo.ts `handOverFifo`): our read-write end is closed, a write-only one keeps the
+ * bytes in the pipe until a reader has opened (up to 30 s), and closing that gives the reader its
+ * end of file after the bytes. (Our read-write end counts as a reader itself, so it cannot be the
+ * one waiting.) `close` (or the abort signal) closes them at once, dropping a batch not yet taken
+ * by the kernel (not acknowledged, so a resumed sink sends it again) and ending a hand-over; it
+ * never waits for a reader that does not read.
  *
  * Nothing is persisted: after a restart the sink resumes at the offset the agent says it has
  * acknowledged (at least once: a batch written but not yet acknowledged when the process died is
@@ -29,7 +32,7 @@
 
 import type net from 'node:net';
 import { internal, precondition } from '../../common/errors.js';
-import { openFifoSocket, waitForFifoReader } from '../../common/fifo.js';
+import { destroySocket, handOverFifo, openFifoSocket } from '../../common/fifo.js';
 import { isStderrChunk, type OutputChunkLike, type OutputSink } from './sink.js';
 import './reasons.js';
 
@@ -87,6 +90,19 @@ class FifoOut {
     });
   }
 
+  /** Close the descriptor once a reader has opened the FIFO, keeping the bytes in it (handOverFifo). */
+  handOver(timeoutMs: number, signal: AbortSignal): Promise<boolean> {
+    return handOverFifo(
+      this.path,
+      () => {
+        this.destroyed = true;
+        return destroySocket(this.socket);
+      },
+      timeoutMs,
+      signal,
+    );
+  }
+
   /** Close the descriptor (a write still waiting for room is dropped and fails). */
   destroy(): void {
     this.destroyed = true;
@@ -103,6 +119,8 @@ export class FifoSink implements OutputSink {
   private eofSeen = false;
   private eofStored = false;
   private closed = false;
+  /** Aborted by `release`: ends a hand-over still waiting for a reader. */
+  private readonly released = new AbortController();
   /** A write failed: what went into the pipes is unknown; a new sink resumes at `committedOffset`. */
   private broken = false;
 
@@ -198,9 +216,8 @@ export class FifoSink implements OutputSink {
     if (eof && !this.eofStored) {
       // Everything is in the pipes: closing our ends gives the readers their end of file, once
       // they have opened (bytes in a pipe nobody has opened yet go with its last writer).
-      await Promise.all(
-        [this.stdout, this.stderr].map((f) => (f === undefined ? true : waitForFifoReader(f.path, READER_WAIT_MS, this.signal))),
-      );
+      const stop = this.signal === undefined ? this.released.signal : AbortSignal.any([this.released.signal, this.signal]);
+      await Promise.all([this.stdout, this.stderr].map((f) => (f === undefined ? true : f.handOver(READER_WAIT_MS, stop))));
       this.eofStored = true;
       this.release();
     }
@@ -216,6 +233,7 @@ export class FifoSink implements OutputSink {
   private release(): void {
     if (this.closed) return;
     this.closed = true;
+    this.released.abort();
     this.signal?.removeEventListener('abort', this.onAbort);
     this.stdout?.destroy();
     this.stderr?.destroy();

@@ -130,6 +130,38 @@ describe('FifoSink', () => {
     expect(reader.bytes.equals(joined(writes, 'both'))).toBe(true);
   });
 
+  it('output that ends before any reader opened waits in the pipe for one: the reader gets all of it, then its end', async () => {
+    const writes = rawWrites(5, 700);
+    const out = fifo();
+    const agent = new FakeAgent(writes, 500);
+    const sink = await FifoSink.open({ stdout: out, stderr: '', terminal: true, startOffset: 0 });
+    let done = false;
+    const pumped = pump(sink, agent.stream(0), (o) => agent.ack(o)).then((r) => {
+      done = true;
+      return r;
+    });
+    // The bytes fit the pipe and the eof follows them: a sink that took its own read-write end
+    // for the reader would be done at once. The last batch is acknowledged only after the hand-over.
+    await new Promise((r) => setTimeout(r, 500));
+    expect(done).toBe(false);
+    expect(agent.acks.at(-1) ?? 0).toBeLessThan(agent.total);
+    const reader = new Reader(out);
+    expect(await pumped).toEqual({ committedOffset: agent.total, eof: true });
+    await reader.ended;
+    expect(reader.bytes.equals(joined(writes, 'both'))).toBe(true);
+  });
+
+  it('a hand-over still waiting for a reader ends when the sink is closed', async () => {
+    const out = fifo();
+    const agent = new FakeAgent(rawWrites(2, 10), 50);
+    const sink = await FifoSink.open({ stdout: out, stderr: '', terminal: true, startOffset: 0 });
+    const pumped = pump(sink, agent.stream(0), (o) => agent.ack(o)).catch((e: unknown) => e);
+    await new Promise((r) => setTimeout(r, 200));
+    await sink.close();
+    await pumped; // resolves (or fails) instead of waiting out the reader's 30 s
+    expect(sink.reusable).toBe(false);
+  });
+
   it('a reader that goes away holds the output back (throttled, not dropped); the next reader gets the rest, once', async () => {
     // Eight times a default pipe's 64 KiB: most of it must wait for a reader.
     const writes: Write[] = Array.from({ length: 128 }, (_, i) => ({
