@@ -214,9 +214,12 @@ export function planSizing(input: PlanSizingInput): SizingPlan {
   };
   const vmmCpu = toNumber(vmm.cpuMillis, 'VMM cpu overhead');
   const hostMemoryBytes = BigInt(vm.memoryMiB) * MIB + vmm.memoryBytes + translationCacheBytes + balloonBytes;
-  // The kubelet limits a pod's cgroup to its containers' limits plus the overhead it was sent;
-  // what the VM costs beyond the limits and that overhead does not cover is the shortfall.
-  const shortfallBytes = demand.memoryUnbounded ? 0n : hostMemoryBytes - demand.memoryLimitBytes - (vmm.podOverheadMemoryBytes ?? 0n);
+  // The kubelet limits a pod's cgroup to its containers' limits plus the overhead it sends; what
+  // the VM costs beyond both is the shortfall. Unknown (none) when no overhead was sent at all.
+  const shortfallBytes =
+    demand.memoryUnbounded || vmm.podOverheadMemoryBytes === undefined
+      ? 0n
+      : hostMemoryBytes - demand.memoryLimitBytes - vmm.podOverheadMemoryBytes;
   const host: HostBudget = {
     memoryLimitBytes: toNumber(hostMemoryBytes, 'host memory budget'),
     cpuQuotaMillicores: vm.vcpus * 1000 + vmmCpu,

@@ -112,7 +112,11 @@ export interface VmmOverhead {
   memoryBytes: bigint;
   cpuSource: VmmOverheadSource;
   memorySource: VmmOverheadSource;
-  /** The memory of the pod overhead the kubelet (or CRI-O) sent; undefined when none was sent. */
+  /**
+   * The memory of the pod overhead sent: 0 when one was sent without memory (a kubelet sends an
+   * empty `linux.overhead` for a RuntimeClass without overhead); undefined when nothing says
+   * (behind containerd, which passes no overhead to a shim, or a client that sends none).
+   */
   podOverheadMemoryBytes?: bigint;
 }
 
@@ -157,6 +161,7 @@ export function resolveVmmOverhead(config: PodSandboxConfigInput, handler: Handl
       result.cpuSource = cpu.source;
     }
   }
+  if (candidates.length > 0) result.podOverheadMemoryBytes = 0n;
   const memory = candidates.find((c) => c.numbers.memoryBytes > 0n);
   if (memory !== undefined) {
     result.podOverheadMemoryBytes = memory.numbers.memoryBytes;

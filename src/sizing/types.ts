@@ -115,7 +115,8 @@ export interface SizingPlan {
   containers: ContainerResourcesPlan[];
   /**
    * How far the host budget exceeds the containers' memory limits plus the pod overhead the
-   * kubelet sent (none: 0), when the pod states its memory. The kubelet limits the pod's cgroup,
+   * kubelet sent (an empty one: 0), when the pod states its memory and an overhead was sent (a
+   * shim behind containerd is told none, so it cannot say). The kubelet limits the pod's cgroup,
    * the VMM's parent, to that sum when every container has a limit: this much of the VM can then
    * be OOM-killed before its containers reach their limits. Absent when there is none (the
    * RuntimeClass's podFixed, `kata-ts plan --overhead`, covers the VM) or the pod is unbounded.

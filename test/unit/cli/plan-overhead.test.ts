@@ -96,7 +96,12 @@ describe('plan --overhead', () => {
     expect(sent.overheadShortfallBytes).toBeUndefined();
     // The kubelet's pod cgroup: the containers' limits plus podFixed.
     expect(sent.host.memoryLimitBytes).toBeLessThanOrEqual(1536 * MiB + o.memoryMiB * MiB);
-    const none = sizingFor(undefined);
+    // What a kubelet sends for a RuntimeClass without overhead: an empty one.
+    const none = sizingFor({
+      cgroup_parent: '',
+      resources: null,
+      overhead: { cpu_period: '0', cpu_quota: '0', cpu_shares: '0', memory_limit_in_bytes: '0' },
+    });
     expect(none.overheadShortfallBytes).toBeGreaterThan(0);
     expect({ ...sent.vm, host: sent.host }).toEqual({ ...none.vm, host: none.host });
   });

@@ -140,8 +140,10 @@ describe('planSizing: VM shape from pod_resources (default handler: guest 250m/1
     expect(p.vmmOverhead).toEqual({ cpuSource: 'handler', memorySource: 'handler', cpuMillicores: 100, memoryBytes: 96 * MiB });
     expect(p.host.memoryLimitBytes).toBe((1024 + 160 + 96) * MiB);
     expect(p.overheadShortfallBytes).toBe(96 * MiB); // budget - (1024 limits + 160 overhead)
-    // No overhead at all: the whole guest and VMM overhead is short.
-    expect(plan(podWith([{ name: 'a', limits: { cpu: '1', memory: '1Gi' } }])).overheadShortfallBytes).toBe((160 + 96) * MiB);
+    // An empty overhead (a RuntimeClass without one): the whole guest and VMM overhead is short.
+    expect(withOverhead(0, 0).overheadShortfallBytes).toBe((160 + 96) * MiB);
+    // No overhead field at all (a shim behind containerd is told none): unknown, so not reported.
+    expect(plan(podWith([{ name: 'a', limits: { cpu: '1', memory: '1Gi' } }])).overheadShortfallBytes).toBeUndefined();
   });
 
   it('reports no shortfall for a pod whose memory is unbounded (the kubelet sets no limit to fall short of)', () => {
