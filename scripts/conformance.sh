@@ -17,6 +17,8 @@
 #   CONFORMANCE_PARALLEL  critest processes, each on its share of the specs (default 2)
 #   CONFORMANCE_TIMEOUT   critest's suite timeout (ginkgo duration, default 45m)
 #   CONFORMANCE_OUT       where the reports and logs are kept (default /tmp/kata-ts-conformance)
+#   CONFORMANCE_POOL      standalone only: pooled VMs kept for handler kata-ts (default 0), so
+#                         critest's pods take pre-booted VMs when one is ready (docs/pool.md)
 #   KATA_TS_GUEST_DIR     the guest (vmlinuz, initramfs, guest.img) to boot instead of the installed
 #                         one, e.g. one built from this tree by 'scripts/build-guest.sh --out DIR'
 #   CONFORMANCE_BUSYBOX   busybox binary the stand-in images are built from (default: Debian's

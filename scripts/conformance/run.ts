@@ -62,6 +62,8 @@ const imagesScript = env.CRITEST_IMAGES ?? '';
 const parallel = Math.max(1, Number(env.CONFORMANCE_PARALLEL ?? '1') || 1);
 const outDir = env.CONFORMANCE_OUT ?? path.join('/tmp', 'kata-ts-conformance');
 const suiteTimeout = env.CONFORMANCE_TIMEOUT ?? '45m';
+/** Pooled VMs the standalone daemon keeps for handler kata-ts (CONFORMANCE_POOL; 0: no pool). */
+const poolSize = Math.max(0, Math.min(64, Math.trunc(Number(env.CONFORMANCE_POOL ?? '0')) || 0));
 const repo = packageRoot();
 
 type Mode = 'standalone' | 'containerd' | 'runc';
@@ -185,6 +187,8 @@ async function startStandalone(registry: RegistryHandle): Promise<Target> {
         images: { registriesConfigPath: registriesFile },
         network,
         hypervisor: conformanceHypervisor(),
+        // Under cgroupRoot, the pool's cgroup is inside the run's private tree like the pods'.
+        ...(poolSize > 0 ? { pool: { sizes: { 'kata-ts': poolSize } } } : {}),
       },
       null,
       2,
