@@ -89,12 +89,38 @@ function mountsUnder(work: string): string[] {
   return [...new Set(points)].sort((a, b) => b.length - a.length);
 }
 
+/**
+ * The network namespaces this run's daemon made (/run/netns/kata-ts-<16 hex>), named by the
+ * records it left: pooled VMs outlive a daemon stop by design, and a pod critest failed to remove
+ * keeps its own. Their names live in the host's /run/netns even when the mounts were private.
+ */
+async function netnsOfRecords(stateDir: string): Promise<string[]> {
+  const names = new Set<string>();
+  for (const sub of ['pool', 'sandboxes']) {
+    const dir = path.join(stateDir, sub);
+    for (const file of await fsp.readdir(dir).catch(() => [] as string[])) {
+      if (!file.endsWith('.json')) continue;
+      const doc = JSON.parse(await fsp.readFile(path.join(dir, file), 'utf8').catch(() => '{}')) as {
+        record?: { network?: { netnsName?: unknown } | null };
+      };
+      const name = doc.record?.network?.netnsName;
+      if (typeof name === 'string' && /^kata-ts-[0-9a-f]{16}$/.test(name)) names.add(name);
+    }
+  }
+  return [...names];
+}
+
 /** Everything under `work` goes; returns what could not be removed (cgroup dirs). */
 export async function cleanupRun(work: string): Promise<string[]> {
   if (!path.isAbsolute(work) || !path.basename(work).startsWith('ktc-'))
     throw new Error(`refusing to clean ${work}: not a conformance work dir`);
   await killAll(work);
   for (const point of mountsUnder(work)) spawnSync('umount', ['-l', point], { stdio: 'ignore' });
+  for (const name of await netnsOfRecords(path.join(work, 'state'))) {
+    const file = path.join('/run/netns', name);
+    spawnSync('umount', ['-l', file], { stdio: 'ignore' });
+    await fsp.rm(file, { force: true });
+  }
   const name = (await fsp.readFile(path.join(work, 'cgroup-name'), 'utf8').catch(() => '')).trim();
   const left = name === '' ? [] : await removeCgroups(name);
   await fsp.rm(work, { recursive: true, force: true });
