@@ -81,7 +81,10 @@ export async function createNetworkNode(): Promise<NetworkNode> {
   const networkName = 'kata-ts-test';
   const bridge = 'kts0';
   // A unique local /64 (RFC 4193), as private as the IPv4 subnet and as confined to the namespace.
-  const prefix6 = `fd6b:${tag.slice(0, 4)}:${tag.slice(4, 6)}00:1`;
+  // Written as addresses come back from CNI (RFC 5952: no leading zeros in a group), so a test may
+  // compare an address's text with it: "0a3f" would never prefix "fd6b:a3f:...".
+  const group = (hex: string) => Number.parseInt(hex, 16).toString(16);
+  const prefix6 = `fd6b:${group(tag.slice(0, 4))}:${group(`${tag.slice(4, 6)}00`)}:1`;
   await fsp.mkdir(cniConfDir);
   await fsp.writeFile(
     path.join(cniConfDir, '10-kata-ts-test.conflist'),
