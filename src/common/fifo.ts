@@ -56,6 +56,9 @@ export function destroySocket(socket: net.Socket): Promise<void> {
   });
 }
 
+/** How long a hand-over waits for a FIFO's reader to open before closing anyway. */
+export const FIFO_READER_WAIT_MS = 30_000;
+
 /** How often waitForFifoReader looks. */
 const READER_POLL_MS = 50;
 
@@ -64,7 +67,7 @@ const READER_POLL_MS = 50;
  * fails with ENXIO while nobody reads), false after `timeoutMs` or on `signal`. A read-write
  * descriptor of our own counts as a reader: `handOverFifo` closes it first.
  */
-export async function waitForFifoReader(fifo: string, timeoutMs: number, signal?: AbortSignal): Promise<boolean> {
+async function waitForFifoReader(fifo: string, timeoutMs: number, signal?: AbortSignal): Promise<boolean> {
   const deadline = Date.now() + timeoutMs;
   for (;;) {
     try {

@@ -6,12 +6,9 @@
  */
 import type net from 'node:net';
 import type { Readable, Writable } from 'node:stream';
-import { destroySocket, handOverFifo, openFifoSocket } from '../common/fifo.js';
+import { destroySocket, FIFO_READER_WAIT_MS, handOverFifo, openFifoSocket } from '../common/fifo.js';
 
 import { newExecId } from '../runtime/container/commands.js';
-
-/** How long an exec's end waits for a FIFO's reader to open before closing anyway. */
-const READER_WAIT_MS = 30_000;
 
 /** Where a task's or an exec's stdio goes: the FIFOs containerd made ('' for none). */
 export interface TaskIo {
@@ -58,7 +55,7 @@ export async function openExecStdio(io: TaskIo, signal: AbortSignal): Promise<Ex
         const handOver = async (s: net.Socket | null, fifo: string) => {
           if (s === null || s.destroyed) return;
           await new Promise<void>((resolve) => s.end(() => resolve()));
-          await handOverFifo(fifo, () => destroySocket(s), READER_WAIT_MS, signal);
+          await handOverFifo(fifo, () => destroySocket(s), FIFO_READER_WAIT_MS, signal);
         };
         await Promise.all([handOver(stdout, io.stdout), handOver(stderr, io.stderr)]);
       },

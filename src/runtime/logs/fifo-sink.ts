@@ -32,12 +32,9 @@
 
 import type net from 'node:net';
 import { internal, precondition } from '../../common/errors.js';
-import { destroySocket, handOverFifo, openFifoSocket } from '../../common/fifo.js';
+import { destroySocket, FIFO_READER_WAIT_MS, handOverFifo, openFifoSocket } from '../../common/fifo.js';
 import { isStderrChunk, type OutputChunkLike, type OutputSink } from './sink.js';
 import './reasons.js';
-
-/** How long the end of output waits for a FIFO's reader to open before closing anyway. */
-const READER_WAIT_MS = 30_000;
 
 export interface FifoSinkOptions {
   /** The stdout FIFO; '' drops stdout. */
@@ -217,7 +214,7 @@ export class FifoSink implements OutputSink {
       // Everything is in the pipes: closing our ends gives the readers their end of file, once
       // they have opened (bytes in a pipe nobody has opened yet go with its last writer).
       const stop = this.signal === undefined ? this.released.signal : AbortSignal.any([this.released.signal, this.signal]);
-      await Promise.all([this.stdout, this.stderr].map((f) => (f === undefined ? true : f.handOver(READER_WAIT_MS, stop))));
+      await Promise.all([this.stdout, this.stderr].map((f) => (f === undefined ? true : f.handOver(FIFO_READER_WAIT_MS, stop))));
       this.eofStored = true;
       this.release();
     }
