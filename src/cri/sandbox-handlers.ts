@@ -1,3 +1,4 @@
+import { invalid } from '../common/errors.js';
 import type { ContainerStatus } from '../generated/runtime/v1/ContainerStatus.js';
 import type { ListPodSandboxRequest__Output } from '../generated/runtime/v1/ListPodSandboxRequest.js';
 import type { ListPodSandboxResponse } from '../generated/runtime/v1/ListPodSandboxResponse.js';
@@ -12,6 +13,7 @@ import type { RunPodSandboxRequest__Output } from '../generated/runtime/v1/RunPo
 import type { RunPodSandboxResponse } from '../generated/runtime/v1/RunPodSandboxResponse.js';
 import type { StopPodSandboxRequest__Output } from '../generated/runtime/v1/StopPodSandboxRequest.js';
 import type { StatsCollector } from '../runtime/container/stats-service.js';
+import { firstSymlinkIn } from '../runtime/logs/open-nofollow.js';
 import { sandboxVerboseInfo } from '../runtime/sandbox/info.js';
 import type { SandboxManager } from '../runtime/sandbox/manager.js';
 import { nowNs } from '../runtime/sandbox/record.js';
@@ -21,6 +23,24 @@ import type { RuntimeRpcHandlers } from './rpcs.js';
 import type { CallContext } from './server.js';
 import { podSandboxStatusView, podSandboxView } from './views/sandbox.js';
 import { criPodSandboxStats } from './views/stats.js';
+
+/**
+ * RunPodSandbox's look at the host (reads only): no existing component of log_directory may be a
+ * symbolic link, or the log files the daemon later writes as root would land wherever the link
+ * points (a link planted in /tmp by any local user, say). A node whose /var/log is a link points
+ * the kubelet's podLogsDir at the real directory instead. The files themselves are opened without
+ * following any link (src/runtime/logs/open-nofollow.ts), so a link made after this check fails
+ * the container's start, never writes elsewhere.
+ */
+async function checkLogDirectoryOnHost(dir: string, field: string): Promise<void> {
+  if (dir === '') return;
+  const link = await firstSymlinkIn(dir);
+  if (link !== undefined)
+    throw invalid(
+      'SANDBOX_LOG_DIRECTORY_INVALID',
+      `${field} passes through the symbolic link ${JSON.stringify(link)}; it must be a real path`,
+    );
+}
 
 /** Container statuses for PodSandboxStatus (evented PLEG); supplied by the container layer. */
 export type SandboxContainerStatuses = (live: LiveSandbox) => ContainerStatus[];
@@ -44,6 +64,8 @@ export function sandboxHandlers(sandboxes: SandboxManager, containerStatuses: Sa
     },
     RunPodSandbox: async (req: RunPodSandboxRequest__Output, ctx: CallContext): Promise<RunPodSandboxResponse> => {
       const { spec, runtimeHandler } = decodeRunPodSandbox(req);
+      // This face writes the pod's log files (a shim's caller writes its own): their directory is checked on the host too.
+      await checkLogDirectoryOnHost(spec.log_directory, 'config.log_directory');
       return { pod_sandbox_id: await sandboxes.run(spec, runtimeHandler, ctx) };
     },
     StopPodSandbox: async (req: StopPodSandboxRequest__Output, ctx: CallContext) => {

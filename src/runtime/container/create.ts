@@ -311,7 +311,12 @@ function requireVm(sandbox: SandboxHandle): VmProcess {
   return sandbox.vm;
 }
 
+/**
+ * The container's CRI log file: log_path beneath the pod's log_directory, or none when either is
+ * empty (as containerd decides). A log_path alone is relative and would name a file beneath the
+ * daemon's working directory.
+ */
 function logPathOf(sandbox: SandboxSpec, container: ContainerSpec): string {
-  if (container.log_path === '') return '';
-  return sandbox.log_directory === '' ? container.log_path : path.join(sandbox.log_directory, container.log_path);
+  if (container.log_path === '' || sandbox.log_directory === '') return '';
+  return path.join(sandbox.log_directory, container.log_path);
 }

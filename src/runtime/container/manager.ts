@@ -7,6 +7,7 @@ import type { Logger } from '../../common/logger.js';
 import { resolveHandler } from '../../config/handlers.js';
 import { ensureOverlayMounted, orphanRootfsDirs, removeContainerRootfs, removeContainerSnapshot } from '../../images/rootfs.js';
 import type { RequestContext } from '../context.js';
+import { openLogNoFollow } from '../logs/open-nofollow.js';
 import { planGrowth, type ResizePlan } from '../resize/index.js';
 import { nowNs, type SandboxRecord } from '../sandbox/record.js';
 import type { SandboxListener } from '../sandbox/types.js';
@@ -245,10 +246,10 @@ export class ContainerManager implements SandboxListener, ContainerLookup {
         );
       }
       if (record.logPath !== '') {
-        await fsp.mkdir(path.dirname(record.logPath), { recursive: true });
         // The kubelet (and critest) open the log file as soon as StartContainer returns, but the
-        // output pump opens it asynchronously: create it (empty, appended to later) before then.
-        await (await fsp.open(record.logPath, 'a', 0o640)).close();
+        // output pump opens it asynchronously: create it (empty, appended to later) before then,
+        // its directories too (as containerd does), with no symbolic link followed on the way.
+        await (await openLogNoFollow(record.logPath, { createDirs: true })).close();
       }
       try {
         const started = await createAndStart(agent, record);

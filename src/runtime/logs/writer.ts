@@ -26,11 +26,12 @@
  * fsyncing the log (the kubelet does not) would not save more: the state file alone is fsynced.
  */
 
-import { promises as fsp } from 'node:fs';
+import { constants, promises as fsp } from 'node:fs';
 import type { FileHandle } from 'node:fs/promises';
 import path from 'node:path';
 import { errnoCode, internal, isReason, precondition } from '../../common/errors.js';
 import { CriLogFormatter, DEFAULT_MAX_LINE_BYTES, type LogStream, nanoClock, type PendingLines } from './format.js';
+import { openLogNoFollow } from './open-nofollow.js';
 import { decodePending, encodePending, type LogStateRecord, readLogState, writeLogState } from './state.js';
 import './reasons.js';
 import { isStderrChunk, type OutputChunkLike, type OutputSink } from './sink.js';
@@ -73,26 +74,35 @@ async function repairTail(logPath: string, state: LogStateRecord): Promise<void>
   for (const file of candidates) {
     const st = await fsp.lstat(file, { bigint: true }).catch(() => undefined);
     if (st === undefined || !st.isFile() || !sameFile(st, state)) continue;
-    if (st.size > BigInt(state.fileSizeBytes)) await fsp.truncate(file, state.fileSizeBytes);
+    if (st.size > BigInt(state.fileSizeBytes)) await truncateSameFile(file, state);
     return;
   }
 }
 
-async function openLog(logPath: string): Promise<FileHandle> {
+/**
+ * Cut `file` back to the recorded size only if what opens there (never through a link) is still
+ * the recorded file: a name swapped for a link to another file between lstat and here is left alone.
+ */
+async function truncateSameFile(file: string, state: LogStateRecord): Promise<void> {
+  const flags = constants.O_WRONLY | constants.O_NOFOLLOW | constants.O_NONBLOCK;
+  const handle = await fsp.open(file, flags).catch(() => undefined);
+  if (handle === undefined) return;
   try {
-    return await fsp.open(logPath, 'a', 0o640);
-  } catch (err) {
-    const code = errnoCode(err);
-    if (code === 'ENOENT') {
-      throw precondition('LOGS_DIR_MISSING', `log directory of ${logPath} does not exist.`, { cause: err });
-    }
-    // The path the request named is something a log cannot be appended to (a directory, a
-    // symlink loop, a name too long): the request's doing, said so, not a fault of ours.
-    if (code === 'EISDIR' || code === 'ENOTDIR' || code === 'ELOOP' || code === 'ENAMETOOLONG') {
-      throw precondition('LOGS_PATH_UNUSABLE', `log file ${logPath} cannot be opened for appending (${code}).`, { cause: err });
-    }
-    throw err;
+    const st = await handle.stat({ bigint: true });
+    if (st.isFile() && sameFile(st, state)) await handle.truncate(state.fileSizeBytes);
+  } finally {
+    await handle.close();
   }
+}
+
+/**
+ * The log file, opened for appending with no symbolic link followed anywhere on its path (see
+ * open-nofollow.ts): LOGS_DIR_MISSING when its directory is gone, LOGS_PATH_UNUSABLE (the
+ * request's doing: a link, a directory, a FIFO) when it is not a regular file reached by real
+ * directories.
+ */
+function openLog(logPath: string): Promise<FileHandle> {
+  return openLogNoFollow(logPath, { createDirs: false });
 }
 
 async function writeAll(handle: FileHandle, data: Buffer): Promise<void> {

@@ -10,13 +10,19 @@ function tooLong(p: string, maxBytes: number): boolean {
 }
 
 /**
- * A pod's log_directory: empty (no logs) or an absolute, normalised path. The kubelet sends
- * `/var/log/pods/<namespace>_<name>_<uid>`; a `..` segment or a NUL could only point elsewhere.
+ * A pod's log_directory: empty (no logs) or an absolute, normalised path (no `.`, `..` or empty
+ * segment, no trailing "/", not "/" itself). The kubelet sends `/var/log/pods/<namespace>_<name>_<uid>`
+ * (critest a temporary directory); a `..` segment or a NUL could only point elsewhere, and a path
+ * that is not normalised is not one the kubelet made.
  */
 export function checkLogDirectory(dir: string, field: string): void {
   if (dir === '') return;
-  if (!dir.startsWith('/') || dir.includes('\0') || dir.split('/').includes('..')) {
-    throw invalid('SANDBOX_LOG_DIRECTORY_INVALID', `${field} must be an absolute path without ".." segments`);
+  const segments = dir.split('/').slice(1);
+  if (!dir.startsWith('/') || dir.includes('\0') || segments.some((s) => s === '' || s === '.' || s === '..')) {
+    throw invalid(
+      'SANDBOX_LOG_DIRECTORY_INVALID',
+      `${field} must be an absolute, normalised path (no ".", ".." or empty segment, not "/")`,
+    );
   }
   if (tooLong(dir, MAX_LOG_DIRECTORY_BYTES))
     throw invalid(

@@ -20,14 +20,17 @@ export interface NameProblem {
 
 /**
  * Object names (the pod's, and Kubernetes' limit for any object name: a DNS-1123 subdomain). The
- * kubelet sends DNS-1123 subdomains, but critest sends mixed-case pod names, so only the length
- * and the absence of control characters are held against a pod name.
+ * kubelet sends DNS-1123 subdomains; critest (cri-tools v1.32, pkg/framework and pkg/validate)
+ * sends mixed-case ones ("create-PodSandbox-for-container-<uuid>"), so a pod name is a DNS-1123
+ * subdomain in either case (OBJECT_NAME). Nothing else: the name is spliced into CNI_ARGS
+ * (`K8S_POD_NAME=<name>;...`, where a ";" or "=" would add or override a key), into the
+ * kubelet-style log directory and into the guest, so no separator, space or path character passes.
  */
 export const MAX_POD_NAME_BYTES = 253;
 /**
  * Kubernetes container names are DNS-1123 labels (63 bytes), but critest, which this runtime
  * passes, names containers like "container-with-RunAsGroup-without-RunAsUser-test-<uuid>" (86
- * mixed-case bytes): the pod name's bound and rule apply instead.
+ * mixed-case bytes): the pod name's bound and grammar (OBJECT_NAME) apply instead.
  */
 export const MAX_CONTAINER_NAME_BYTES = 253;
 /** A namespace is a DNS-1123 label in Kubernetes, and the kubelet and critest send nothing else. */
@@ -35,7 +38,7 @@ export const MAX_NAMESPACE_BYTES = 63;
 /**
  * Kubernetes does not bound a uid; the kubelet sends UUIDs (36 bytes), static pods a hex hash (32),
  * critest "cri-test-uid<uuid>" (48). 128 leaves room for other clients while keeping the pod's
- * identity, which every log line and ALREADY_EXISTS sentence repeats, short.
+ * identity, which every log line and ALREADY_EXISTS sentence repeats, short. Its grammar is UID.
  */
 export const MAX_UID_BYTES = 128;
 /** Linux's HOST_NAME_MAX: sethostname(2) refuses more (the kubelet sends at most 64, an FQDN). */
@@ -63,6 +66,19 @@ export const MAX_POD_ANNOTATIONS_BYTES = 256 * 1024 + 4 * 1024;
 export const MAX_CONTAINER_ANNOTATIONS_BYTES = 2 * 1024 * 1024;
 
 const DNS_LABEL = /^[a-z0-9]([-a-z0-9]*[a-z0-9])?$/;
+/**
+ * A DNS-1123 subdomain in either case (Kubernetes' object name, widened to upper case because
+ * critest sends it): dot-separated labels of letters, digits and inner hyphens.
+ */
+const OBJECT_NAME = /^[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?(\.[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?)*$/;
+/**
+ * A pod uid. The API server makes UUIDs, the kubelet hashes static pods to hex, critest sends
+ * "cri-test-uid<uuid>" and crictl users write what they like into pod.json: letters, digits,
+ * "-", "_" and "." (containerd and CRI-O check nothing), never starting with a "." (no "."/".."
+ * path segment in the kubelet's `<namespace>_<name>_<uid>` log directory) and never a ";", "=",
+ * "/", space or control character, which would split CNI_ARGS or a path.
+ */
+const UID = /^[A-Za-z0-9][-A-Za-z0-9_.]*$/;
 /** A host name label: RFC 1123, any case (Linux and the guest accept either). */
 const HOST_LABEL = /^[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?$/;
 /** A qualified name's prefix label: the API lowercases annotation keys before checking, so both cases pass. */
@@ -90,15 +106,22 @@ function controlIn(s: string): string | undefined {
   return m === null ? undefined : `U+${m[0].codePointAt(0)?.toString(16).toUpperCase().padStart(4, '0')}`;
 }
 
-/** Non-empty, bounded, no control character: the rule for names the kubelet is not the only sender of. */
-function printableName(value: string, field: string, maxBytes: number, reason: Reason): NameProblem[] {
+/**
+ * Non-empty, bounded, no control character, and of `grammar` (said as `grammarText`): the rule
+ * for names the kubelet is not the only sender of.
+ */
+function grammarName(value: string, field: string, maxBytes: number, reason: Reason, grammar: RegExp, grammarText: string): NameProblem[] {
   if (value === '') return [{ reason, field, message: `${field} must not be empty` }];
   if (bytes(value) > maxBytes)
     return [{ reason, field, message: `${field} is ${bytes(value)} bytes long; at most ${maxBytes} are allowed` }];
   const control = controlIn(value);
   if (control !== undefined) return [{ reason, field, message: `${field} holds a control character (${control})` }];
+  if (!grammar.test(value)) return [{ reason, field, message: `${field} ${quote(value)} is not ${grammarText}` }];
   return [];
 }
+
+const OBJECT_NAME_TEXT = 'a DNS-1123 subdomain (dot-separated letters, digits and inner hyphens)';
+const UID_TEXT = 'a uid (letters, digits, "-", "_" and ".", starting with a letter or digit)';
 
 function hostnameProblems(hostname: string, field: string): NameProblem[] {
   if (hostname === '') return [];
@@ -211,9 +234,9 @@ export function sandboxNameProblems(config: SandboxNames, prefix = 'config'): Na
     m === null
       ? [{ reason: 'SANDBOX_METADATA_MISSING', field: `${prefix}.metadata`, message: `${prefix}.metadata is required` }]
       : [
-          ...printableName(m.name, `${prefix}.metadata.name`, MAX_POD_NAME_BYTES, reason),
+          ...grammarName(m.name, `${prefix}.metadata.name`, MAX_POD_NAME_BYTES, reason, OBJECT_NAME, OBJECT_NAME_TEXT),
           ...namespaceProblems(m.namespace, `${prefix}.metadata.namespace`),
-          ...printableName(m.uid, `${prefix}.metadata.uid`, MAX_UID_BYTES, reason),
+          ...grammarName(m.uid, `${prefix}.metadata.uid`, MAX_UID_BYTES, reason, UID, UID_TEXT),
           ...attemptProblems(m.attempt, `${prefix}.metadata.attempt`, reason),
         ];
   return [
@@ -248,7 +271,7 @@ export function containerNameProblems(config: ContainerNames, prefix = 'config')
     m === null
       ? [{ reason, field: `${prefix}.metadata`, message: `${prefix}.metadata is required` }]
       : [
-          ...printableName(m.name, `${prefix}.metadata.name`, MAX_CONTAINER_NAME_BYTES, reason),
+          ...grammarName(m.name, `${prefix}.metadata.name`, MAX_CONTAINER_NAME_BYTES, reason, OBJECT_NAME, OBJECT_NAME_TEXT),
           ...attemptProblems(m.attempt, `${prefix}.metadata.attempt`, reason),
         ];
   return [

@@ -8,6 +8,7 @@ import type { PodSandboxMetadata__Output } from '../../generated/runtime/v1/PodS
 import type { PortMapping__Output } from '../../generated/runtime/v1/PortMapping.js';
 import { checkLogDirectory } from './log-path.js';
 import { refuseNames, sandboxNameProblems } from './names.js';
+import { dnsConfigProblems, portMappingProblems, refuseFields, sysctlProblems } from './sandbox-fields.js';
 import { nullable, protoMessage, stringList, stringMap } from './schema.js';
 
 /**
@@ -52,9 +53,10 @@ function refuseHostNamespaces(linux: LinuxPodSandboxConfig__Output | null): void
 
 /**
  * validate RunPodSandboxRequest.config into a SandboxSpec (pure). Only the parts that must be
- * present before anything is planned are checked here: the config and the pod's identity, and
- * that the pod asks for no host namespace a VM cannot give; sizes and devices are the planners'
- * to judge. `recorded`: the config of a sandbox that already runs (a record being migrated),
+ * present before anything is planned are checked here: the config and the pod's identity, that
+ * the pod asks for no host namespace a VM cannot give, and every field that reaches a host path,
+ * CNI or a file the runtime writes (names, log_directory, port mappings, dns_config, sysctls);
+ * sizes and devices are the planners' to judge, cgroup_parent the cgroup driver's (prepare). `recorded`: the config of a sandbox that already runs (a record being migrated),
  * which is not judged again.
  */
 export function decodeSandboxSpec(config: PodSandboxConfig__Output | null, options: { recorded?: boolean } = {}): SandboxSpec {
@@ -68,6 +70,11 @@ export function decodeSandboxSpec(config: PodSandboxConfig__Output | null, optio
     refuseHostNamespaces(config.linux);
     checkLogDirectory(config.log_directory, 'config.log_directory');
     refuseNames(sandboxNameProblems(config));
+    refuseFields([
+      ...portMappingProblems(config.port_mappings, 'config.port_mappings'),
+      ...dnsConfigProblems(config.dns_config, 'config.dns_config'),
+      ...sysctlProblems(config.linux?.sysctls ?? {}, 'config.linux.sysctls'),
+    ]);
   }
   return {
     metadata: { name: m.name, uid: m.uid, namespace: m.namespace, attempt: m.attempt },

@@ -53,7 +53,7 @@ describe('names the kubelet, critest and other clients really send pass', () => 
     'kube-apiserver-node-1.internal',
     // critest: mixed case
     'PodSandbox-for-multi-container-test-5f0c1c5e-8a7d-4b0e-9a53-0d3c8b1f2e4a',
-    'é-日本',
+    'create-PodSandbox-for-container-5f0c1c5e-8a7d-4b0e-9a53-0d3c8b1f2e4a',
     'a'.repeat(253),
   ])('pod name %s', (name) => {
     expect(sandboxNameProblems(pod({ meta: { name } }))).toEqual([]);
@@ -62,7 +62,7 @@ describe('names the kubelet, critest and other clients really send pass', () => 
   it('namespaces, uids and hostnames as they come', () => {
     for (const namespace of ['default', 'kube-system', `cri-test-namespace${UUID}`, 'a'.repeat(63), '0-a'])
       expect(sandboxNameProblems(pod({ meta: { namespace } }))).toEqual([]);
-    for (const uid of [UUID, 'e3b0c44298fc1c149afbf4c8996fb924', `cri-test-uid${UUID}`, 'u'.repeat(128)])
+    for (const uid of [UUID, 'e3b0c44298fc1c149afbf4c8996fb924', `cri-test-uid${UUID}`, 'u'.repeat(128), 'first-pod-0001', 'a_b.c'])
       expect(sandboxNameProblems(pod({ meta: { uid } }))).toEqual([]);
     // '' (none), a pod hostname, the 64-byte FQDN the kubelet sends with setHostnameAsFQDN, any case.
     for (const hostname of ['', 'web', 'test-hostname', `${'a'.repeat(31)}.${'b'.repeat(32)}`, 'Node-1.Example.COM'])
@@ -151,6 +151,29 @@ describe('hostile names are refused, naming the field', () => {
     ['64 bytes of namespace', pod({ meta: { namespace: 'a'.repeat(64) } }), 'SANDBOX_METADATA_INVALID', 'at most 63'],
     ['a NUL in the uid', pod({ meta: { uid: ctl('\0') } }), 'SANDBOX_METADATA_INVALID', 'config.metadata.uid holds a control character'],
     ['129 bytes of uid', pod({ meta: { uid: 'u'.repeat(129) } }), 'SANDBOX_METADATA_INVALID', 'config.metadata.uid is 129 bytes'],
+    // CNI_ARGS is `K=V;K=V`: a ";" or "=" in a value adds or overrides a key (K8S_POD_NAMESPACE).
+    [
+      'a pod name that splits CNI_ARGS',
+      pod({ meta: { name: 'x;K8S_POD_NAMESPACE=kube-system' } }),
+      'SANDBOX_METADATA_INVALID',
+      'config.metadata.name "x;K8S_POD_NAMESPACE=kube-system" is not a DNS-1123 subdomain',
+    ],
+    [
+      'a uid that splits CNI_ARGS',
+      pod({ meta: { uid: `${UUID};K8S_POD_NAME=other` } }),
+      'SANDBOX_METADATA_INVALID',
+      'config.metadata.uid',
+    ],
+    ['a uid with "="', pod({ meta: { uid: 'a=b' } }), 'SANDBOX_METADATA_INVALID', 'is not a uid'],
+    ['a uid that is ".."', pod({ meta: { uid: '..' } }), 'SANDBOX_METADATA_INVALID', 'config.metadata.uid'],
+    ['a uid with a slash', pod({ meta: { uid: 'a/../../b' } }), 'SANDBOX_METADATA_INVALID', 'config.metadata.uid'],
+    ['a pod name with a slash', pod({ meta: { name: '../../etc' } }), 'SANDBOX_METADATA_INVALID', 'config.metadata.name'],
+    ['a pod name with a space', pod({ meta: { name: 'a b' } }), 'SANDBOX_METADATA_INVALID', 'config.metadata.name'],
+    ['a pod name with an underscore', pod({ meta: { name: 'a_b' } }), 'SANDBOX_METADATA_INVALID', 'config.metadata.name'],
+    ['a pod name of non-ASCII letters', pod({ meta: { name: 'é-日本' } }), 'SANDBOX_METADATA_INVALID', 'config.metadata.name'],
+    ['a pod name with an empty label', pod({ meta: { name: 'a..b' } }), 'SANDBOX_METADATA_INVALID', 'config.metadata.name'],
+    ['a pod name ending in a hyphen', pod({ meta: { name: 'web-' } }), 'SANDBOX_METADATA_INVALID', 'config.metadata.name'],
+    ['a namespace that splits CNI_ARGS', pod({ meta: { namespace: 'a;b=c' } }), 'SANDBOX_METADATA_INVALID', 'config.metadata.namespace'],
     ['a negative attempt', pod({ meta: { attempt: -1 } }), 'SANDBOX_METADATA_INVALID', 'config.metadata.attempt'],
     ['a NUL in the hostname', pod({ hostname: ctl('\0') }), 'SANDBOX_HOSTNAME_INVALID', 'config.hostname "a\\u{0000}b" is not a host name'],
     ['a tab in the hostname', pod({ hostname: ctl('\t') }), 'SANDBOX_HOSTNAME_INVALID', 'config.hostname'],
@@ -223,6 +246,13 @@ describe('hostile names are refused, naming the field', () => {
       'CONTAINER_METADATA_INVALID',
       'config.metadata.name is 307200 bytes',
     ],
+    [
+      'a container name with ";" and "="',
+      container({ name: 'app;K8S_POD_NAME=x' }),
+      'CONTAINER_METADATA_INVALID',
+      'config.metadata.name "app;K8S_POD_NAME=x" is not a DNS-1123 subdomain',
+    ],
+    ['a container name with a slash', container({ name: '../x' }), 'CONTAINER_METADATA_INVALID', 'config.metadata.name'],
     ['no container metadata', { ...container(), metadata: null }, 'CONTAINER_METADATA_INVALID', 'config.metadata is required'],
     ['a container label key with a NUL', container({ labels: { [ctl('\0')]: 'v' } }), 'LABEL_KEY_INVALID', 'config.labels key'],
     [

@@ -198,7 +198,7 @@ const refusals: Array<[string, string, (o: Json) => void, string, string]> = [
     SANDBOX,
     (o) => (o.annotations['io.kubernetes.cri.sandbox-log-directory'] = 'var/log/pods/x'),
     'SANDBOX_LOG_DIRECTORY_INVALID',
-    'annotations["io.kubernetes.cri.sandbox-log-directory"] must be an absolute path',
+    'annotations["io.kubernetes.cri.sandbox-log-directory"] must be an absolute, normalised path',
   ],
   [
     'a hostname that is no host name',
