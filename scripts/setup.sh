@@ -71,8 +71,9 @@ if [ "$(sha256sum package-lock.json | cut -d' ' -f1)" != "$want" ]; then
   exit 1
 fi
 
-step "building kata-ts (proto types, TypeScript)"
+step "building kata-ts (proto types, TypeScript, the native jailer)"
 npm run --silent build
+bash scripts/build-native.sh
 
 # containerd (and CRI-O) find a shim by its binary name on PATH: the runtime type
 # io.containerd.kata-ts.v2 runs containerd-shim-kata-ts-v2 (docs/shim.md). A symlink to this clone's

@@ -60,3 +60,17 @@ export async function probeSetpriv(): Promise<ProbeResult> {
     return { ok: false, message: `${SETPRIV_BINARY} cannot be run (util-linux): ${errorMessage(err)}` };
   }
 }
+
+/**
+ * kata-ts-jailer (native/jailer.c) at `binary`: built by setup (scripts/build-native.sh). Run with
+ * no arguments it prints its usage and exits 125 without touching anything.
+ */
+export async function probeJailer(binary: string): Promise<ProbeResult> {
+  try {
+    const { code, out } = await runWithInput(binary, [], '');
+    if (code === 125 && out.includes('usage: kata-ts-jailer')) return { ok: true, message: `${binary} is in place` };
+    return { ok: false, message: `${binary} did not answer as kata-ts-jailer: ${out.trim() || `exit code ${code}`}` };
+  } catch (err) {
+    return { ok: false, message: `${binary} cannot be run (build it with scripts/build-native.sh): ${errorMessage(err)}` };
+  }
+}

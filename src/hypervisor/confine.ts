@@ -16,9 +16,7 @@ export const QEMU_SECCOMP_SANDBOX = 'on,obsolete=deny,elevateprivileges=deny,spa
 
 /** util-linux setpriv, run inside the jail (so it must live under /usr, which the jail binds). */
 export const SETPRIV_BINARY = '/usr/bin/setpriv';
-/** util-linux prlimit, run inside the jail while still root (raising a hard limit needs CAP_SYS_RESOURCE). */
-export const PRLIMIT_BINARY = '/usr/bin/prlimit';
-/** util-linux nsenter: enters the pod's network namespace and chroots (no fork: the pid is QEMU's). */
+/** util-linux nsenter: enters the pod's network namespace (no fork: the pid is QEMU's). */
 export const JAIL_NSENTER_BINARY = 'nsenter';
 
 /** The uid and gid a confined QEMU runs as (one number from hypervisor.vmmIdentities, used for both). */
@@ -44,7 +42,7 @@ export interface JailDevices {
 }
 
 export interface JailSpec {
-  /** The chroot: `<workDir>/jail`, root-owned. */
+  /** The jail's root (QEMU's `/` after pivot_root): `<workDir>/jail`, root-owned. */
   jailDir: string;
   /** QEMU's own files (QMP, ready, agent and virtio-fs sockets, console log): owned by the identity, 0700. */
   vmmDir: string;
@@ -211,33 +209,61 @@ export function planJail(spec: JailSpec): JailLayout {
 export interface VmmLaunchSpec {
   qemuBinary: string;
   argv: string[];
-  /** The pod's network namespace, entered first (QEMU opens the TAP there). */
+  /**
+   * The pod's network namespace, entered first (QEMU opens the TAP there). Absent: QEMU gets an
+   * empty network namespace of its own (never the host's: no loopback services, no abstract unix
+   * sockets, no route to a metadata address).
+   */
   netnsPath?: string;
   /**
-   * Confined: chroot into `jailDir`, then become `identity` with no capabilities and no_new_privs.
-   * `memlockBytes`: RLIMIT_MEMLOCK (soft and hard) set first, while still root: an unprivileged
-   * QEMU pins a VFIO device's DMA memory against it, having no CAP_IPC_LOCK.
+   * Confined: kata-ts-jailer (native/jailer.c, at `jailerBinary`) unshares a mount and an IPC
+   * namespace, pivot_roots into `jailDir` and sets the resource limits; setpriv then becomes
+   * `identity` with no capabilities and no_new_privs. `memlockBytes`: RLIMIT_MEMLOCK (an
+   * unprivileged QEMU pins a VFIO device's DMA memory against it, having no CAP_IPC_LOCK);
+   * DEFAULT_VMM_MEMLOCK_BYTES when absent.
    */
-  jail?: { jailDir: string; identity: VmmIdentity; memlockBytes?: number };
+  jail?: { jailDir: string; identity: VmmIdentity; jailerBinary: string; memlockBytes?: number };
+  /** Descriptors 3 and up the runtime hands QEMU (kept open by the jailer); 0 unless given. */
+  extraFds?: number;
 }
 
+/** util-linux unshare: a new network namespace for an unconfined QEMU without a pod network (no fork). */
+export const UNSHARE_BINARY = 'unshare';
+
 /**
- * Pure: the program and arguments that start QEMU. Confined, one chain of execs (no fork, so the
- * pid is QEMU's own): nsenter enters the pod's network namespace and chroots into the jail;
- * prlimit raises the locked-memory limit when VFIO needs it; setpriv (found at /usr/bin in the jail) sets the uid and gid, clears the supplementary groups,
- * the inheritable, ambient and bounding capability sets, sets no_new_privs, and execs QEMU.
- * Changing the uid away from 0 clears the permitted and effective sets, so QEMU holds none.
+ * RLIMIT_NOFILE of a confined QEMU: its sockets, memfds, TAP queues and one eventfd per virtqueue
+ * of every device, hot-plugged ones included, fit with room to spare; a flood of opens does not.
+ */
+export const VMM_NOFILE_LIMIT = 8192;
+/** RLIMIT_MEMLOCK of a confined QEMU without VFIO: it locks no guest memory (`-overcommit mem-lock=off`). */
+export const DEFAULT_VMM_MEMLOCK_BYTES = 8 * 1024 * 1024;
+
+/**
+ * Pure: the program and arguments that start QEMU. One chain of execs, no fork, so the pid is
+ * QEMU's own: nsenter enters the pod's network namespace when it has one; confined, kata-ts-jailer
+ * then gives QEMU a mount namespace rooted at its jail (pivot_root, cwd inside it), an IPC
+ * namespace, an empty network namespace when the pod has none, and its resource limits
+ * (descriptors, locked memory, no core dumps); setpriv (found at /usr/bin in the jail) sets the uid
+ * and gid, clears the supplementary groups and the inheritable, ambient and bounding capability
+ * sets, sets no_new_privs, and execs QEMU. Changing the uid away from 0 clears the permitted and
+ * effective sets, so QEMU holds none.
  */
 export function vmmLaunchCommand(spec: VmmLaunchSpec): { file: string; args: string[] } {
   const net = spec.netnsPath === undefined ? [] : [`--net=${spec.netnsPath}`];
+  const extraFds = spec.extraFds ?? 0;
+  if (!Number.isSafeInteger(extraFds) || extraFds < 0 || extraFds > 61) {
+    throw invalid('VM_IDENTITY_INVALID', `the descriptors handed to QEMU must number from 0 to 61, not ${extraFds}.`);
+  }
   if (spec.jail === undefined) {
     return net.length === 0
-      ? { file: spec.qemuBinary, args: spec.argv }
+      ? { file: UNSHARE_BINARY, args: ['--net', '--', spec.qemuBinary, ...spec.argv] }
       : { file: JAIL_NSENTER_BINARY, args: [...net, '--', spec.qemuBinary, ...spec.argv] };
   }
-  const { jailDir, identity, memlockBytes } = spec.jail;
+  const { jailDir, identity, jailerBinary } = spec.jail;
+  const memlockBytes = spec.jail.memlockBytes ?? DEFAULT_VMM_MEMLOCK_BYTES;
   requirePath('jailDir', jailDir);
-  if (memlockBytes !== undefined && (!Number.isSafeInteger(memlockBytes) || memlockBytes < 1)) {
+  requirePath('jailerBinary', jailerBinary);
+  if (!Number.isSafeInteger(memlockBytes) || memlockBytes < 1) {
     throw invalid('VM_IDENTITY_INVALID', `a confined QEMU's locked-memory limit must be a positive number of bytes, not ${memlockBytes}.`);
   }
   for (const [field, id] of [
@@ -248,25 +274,26 @@ export function vmmLaunchCommand(spec: VmmLaunchSpec): { file: string; args: str
       throw invalid('VM_IDENTITY_INVALID', `a confined QEMU's ${field} must be a number from 1 to 4294967294, not ${id}.`);
     }
   }
-  return {
-    file: JAIL_NSENTER_BINARY,
-    args: [
-      ...net,
-      `--root=${jailDir}`,
-      '--wd=/',
-      '--',
-      ...(memlockBytes === undefined ? [] : [PRLIMIT_BINARY, `--memlock=${memlockBytes}:${memlockBytes}`, '--']),
-      SETPRIV_BINARY,
-      `--reuid=${identity.uid}`,
-      `--regid=${identity.gid}`,
-      '--clear-groups',
-      '--inh-caps=-all',
-      '--ambient-caps=-all',
-      '--bounding-set=-all',
-      '--no-new-privs',
-      '--',
-      spec.qemuBinary,
-      ...spec.argv,
-    ],
-  };
+  const jailer = [
+    jailerBinary,
+    `--root=${jailDir}`,
+    ...(net.length === 0 ? ['--new-netns'] : []),
+    `--rlimit=nofile=${VMM_NOFILE_LIMIT}`,
+    `--rlimit=memlock=${memlockBytes}`,
+    '--rlimit=core=0',
+    `--keep-fds=${3 + extraFds}`,
+    '--',
+    SETPRIV_BINARY,
+    `--reuid=${identity.uid}`,
+    `--regid=${identity.gid}`,
+    '--clear-groups',
+    '--inh-caps=-all',
+    '--ambient-caps=-all',
+    '--bounding-set=-all',
+    '--no-new-privs',
+    '--',
+    spec.qemuBinary,
+    ...spec.argv,
+  ];
+  return net.length === 0 ? { file: jailer[0]!, args: jailer.slice(1) } : { file: JAIL_NSENTER_BINARY, args: [...net, '--', ...jailer] };
 }

@@ -22,6 +22,7 @@ export {
 export { checkGuestAssets, type GuestAssetCheck, type GuestAssetPaths } from './assets.js';
 export { CLAIM_NIC_DEVICE_ID, CLAIM_VFS_DEVICE_ID, type ClaimNic, plugNic, plugSharedFs } from './claim-hotplug.js';
 export {
+  DEFAULT_VMM_MEMLOCK_BYTES,
   fstabField,
   inJail,
   JAIL_NSENTER_BINARY,
@@ -32,6 +33,8 @@ export {
   QEMU_SECCOMP_SANDBOX,
   ROOT_LINK_NAMES,
   SETPRIV_BINARY,
+  UNSHARE_BINARY,
+  VMM_NOFILE_LIMIT,
   type VmmIdentity,
   type VmmLaunchSpec,
   vmmLaunchCommand,
@@ -40,6 +43,7 @@ export { type GuestMessage, type GuestReport, parseGuestLine, READY_PORT_NAME } 
 export {
   type AttachVmOptions,
   attachVm,
+  defaultJailerBinary,
   type ExitInfo,
   type ShutdownResult,
   type StartVmOptions,

@@ -3,6 +3,7 @@ import { closeSync, promises as fsp, openSync } from 'node:fs';
 import path from 'node:path';
 import { errorMessage, internal, isReason, type KataError, notFound, precondition, timedOut, unavailable } from '../common/errors.js';
 import type { Logger } from '../common/logger.js';
+import { packageRoot } from '../common/paths.js';
 import { isSameLiveProcess, readCmdline, readProcStat } from '../common/procfs.js';
 import { JAIL_NSENTER_BINARY, type VmmIdentity, vmmLaunchCommand } from './confine.js';
 import { tailFile } from './log-tail.js';
@@ -32,14 +33,20 @@ export interface StartVmOptions {
    */
   netnsPath?: string;
   /**
-   * Start QEMU confined: chrooted into `jailDir` (built beforehand, src/runtime/sandbox/jail.ts)
-   * as `identity`, with no capabilities and no_new_privs (vmmLaunchCommand). Absent: as root.
+   * Start QEMU confined: in a mount namespace of its own rooted at `jailDir` (built beforehand,
+   * src/runtime/sandbox/jail.ts) as `identity`, with no capabilities and no_new_privs
+   * (vmmLaunchCommand). `jailerBinary` defaults to defaultJailerBinary(). Absent: as root.
    */
-  jail?: { jailDir: string; identity: VmmIdentity; memlockBytes?: number };
+  jail?: { jailDir: string; identity: VmmIdentity; memlockBytes?: number; jailerBinary?: string };
 }
 
 /** util-linux nsenter, which enters a namespace and execs the command (no fork). */
 export const NSENTER_BINARY = JAIL_NSENTER_BINARY;
+
+/** Where setup builds kata-ts-jailer (native/jailer.c, scripts/build-native.sh): beside the compiled code. */
+export function defaultJailerBinary(): string {
+  return path.join(packageRoot(), 'dist', 'native', 'kata-ts-jailer');
+}
 
 const DEFAULT_START_TIMEOUT_MS = 15_000;
 const CONNECT_RETRY_MS = 25;
@@ -66,7 +73,7 @@ export async function startVm(options: StartVmOptions): Promise<VmProcess> {
     qemuBinary: options.qemuBinary,
     argv: options.argv,
     ...(options.netnsPath === undefined ? {} : { netnsPath: options.netnsPath }),
-    ...(options.jail === undefined ? {} : { jail: options.jail }),
+    ...(options.jail === undefined ? {} : { jail: { jailerBinary: defaultJailerBinary(), ...options.jail } }),
   });
   const child = await spawnDetached(command.file, command.args, paths.qemuLog);
   const pid = child.pid!;

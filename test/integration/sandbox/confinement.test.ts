@@ -155,8 +155,12 @@ describe('confined VMMs with real QEMU', () => {
 
   it("A's root is its jail: /usr read only, its own /dev, its VMM dir, nothing else; its files are its uid's", async () => {
     const jail = infoA.confinement!.jailDir!;
-    expect(await fsp.readlink(`/proc/${infoA.pid}/root`)).toBe(jail);
-    // The jail's mounts are the daemon's (its own mount namespace): seen through QEMU's root.
+    // pivot_root in a mount namespace of its own: its root and its working directory are that
+    // namespace's `/` (the jail), which is neither ours nor the daemon's.
+    expect([await fsp.readlink(`/proc/${infoA.pid}/root`), await fsp.readlink(`/proc/${infoA.pid}/cwd`)]).toEqual(['/', '/']);
+    const ownNs = await fsp.readlink(`/proc/${infoA.pid}/ns/mnt`);
+    expect([await fsp.readlink('/proc/self/ns/mnt'), await fsp.readlink(`/proc/${rt.pid()}/ns/mnt`)]).not.toContain(ownNs);
+    // The jail's mounts are made in the daemon's mount namespace, then copied into QEMU's.
     const root = `/proc/${infoA.pid}/root`;
     const mounts = await rt.mountinfo();
     for (const point of [jail, `${jail}/usr`, `${jail}/dev`, `${jail}${infoA.confinement!.vmmDir}`]) expect(mounts).toContain(` ${point} `);

@@ -1,5 +1,5 @@
 /**
- * The confined VMM's pure parts: the launch command (nsenter --root, setpriv, QEMU), the jail's
+ * The confined VMM's pure parts: the launch command (nsenter --net, kata-ts-jailer, setpriv, QEMU), the jail's
  * layout (one fstab, device copies, sysfs links) and QEMU's -sandbox option in the argv.
  */
 import { describe, expect, it } from 'vitest';
@@ -17,58 +17,97 @@ const identity = { uid: 2_000_000_007, gid: 2_000_000_007 };
 const noDevices = { kvm: false, tun: false, vhostNet: false, vfioGroups: [], vfioFunctions: [], devRoot: '/dev' };
 
 describe('vmmLaunchCommand', () => {
-  it('unconfined: QEMU itself, or through nsenter --net into the pod namespace', () => {
-    expect(vmmLaunchCommand({ qemuBinary: 'qemu-system-x86_64', argv: ['-S'] })).toEqual({ file: 'qemu-system-x86_64', args: ['-S'] });
+  const J = '/opt/kata-ts/dist/native/kata-ts-jailer';
+  const setpriv = [
+    '/usr/bin/setpriv',
+    '--reuid=2000000007',
+    '--regid=2000000007',
+    '--clear-groups',
+    '--inh-caps=-all',
+    '--ambient-caps=-all',
+    '--bounding-set=-all',
+    '--no-new-privs',
+    '--',
+  ];
+
+  it("unconfined: through nsenter --net into the pod's namespace, or unshare --net into an empty one (never the host's)", () => {
+    expect(vmmLaunchCommand({ qemuBinary: 'qemu-system-x86_64', argv: ['-S'] })).toEqual({
+      file: 'unshare',
+      args: ['--net', '--', 'qemu-system-x86_64', '-S'],
+    });
     expect(vmmLaunchCommand({ qemuBinary: 'qemu-system-x86_64', argv: ['-S'], netnsPath: '/run/netns/p' })).toEqual({
       file: 'nsenter',
       args: ['--net=/run/netns/p', '--', 'qemu-system-x86_64', '-S'],
     });
   });
 
-  it('confined: one exec chain, chroot into the jail, setpriv drops every privilege, then QEMU (no shell)', () => {
-    const jail = { jailDir: `${W}/jail`, identity };
+  it('confined: one exec chain (no shell, no fork): nsenter --net, the jailer (pivot_root, limits), setpriv, QEMU', () => {
+    const jail = { jailDir: `${W}/jail`, identity, jailerBinary: J };
     expect(vmmLaunchCommand({ qemuBinary: 'qemu-system-x86_64', argv: ['-S', '-name', 'x'], netnsPath: '/run/netns/p', jail })).toEqual({
       file: 'nsenter',
       args: [
         '--net=/run/netns/p',
+        '--',
+        J,
         `--root=${W}/jail`,
-        '--wd=/',
+        '--rlimit=nofile=8192',
+        '--rlimit=memlock=8388608',
+        '--rlimit=core=0',
+        '--keep-fds=3',
         '--',
-        '/usr/bin/setpriv',
-        '--reuid=2000000007',
-        '--regid=2000000007',
-        '--clear-groups',
-        '--inh-caps=-all',
-        '--ambient-caps=-all',
-        '--bounding-set=-all',
-        '--no-new-privs',
-        '--',
+        ...setpriv,
         'qemu-system-x86_64',
         '-S',
         '-name',
         'x',
       ],
     });
-    expect(vmmLaunchCommand({ qemuBinary: 'q', argv: [], jail }).args.slice(0, 2)).toEqual([`--root=${W}/jail`, '--wd=/']);
   });
 
-  it('VFIO: prlimit raises RLIMIT_MEMLOCK inside the jail while still root, before setpriv', () => {
-    const { args } = vmmLaunchCommand({ qemuBinary: 'q', argv: [], jail: { jailDir: `${W}/jail`, identity, memlockBytes: 1_140_850_688 } });
-    expect(args.slice(2, 7)).toEqual(['--', '/usr/bin/prlimit', '--memlock=1140850688:1140850688', '--', '/usr/bin/setpriv']);
-    expect(() => vmmLaunchCommand({ qemuBinary: 'q', argv: [], jail: { jailDir: '/j', identity, memlockBytes: 0 } })).toThrow(
-      expect.objectContaining({ reason: 'VM_IDENTITY_INVALID' }),
-    );
+  it('confined without a pod network: the jailer itself first, with an empty network namespace of its own', () => {
+    const jail = { jailDir: `${W}/jail`, identity, jailerBinary: J };
+    const { file, args } = vmmLaunchCommand({ qemuBinary: 'q', argv: [], jail, extraFds: 1 });
+    expect([file, ...args.slice(0, 7)]).toEqual([
+      J,
+      `--root=${W}/jail`,
+      '--new-netns',
+      '--rlimit=nofile=8192',
+      '--rlimit=memlock=8388608',
+      '--rlimit=core=0',
+      '--keep-fds=4',
+      '--',
+    ]);
   });
 
-  it('refuses root, a non-number or a relative jail', () => {
+  it("VFIO: RLIMIT_MEMLOCK sized by the caller (the VM's memory), set by the jailer while still root", () => {
+    const { args } = vmmLaunchCommand({
+      qemuBinary: 'q',
+      argv: [],
+      jail: { jailDir: `${W}/jail`, identity, jailerBinary: J, memlockBytes: 1_140_850_688 },
+    });
+    expect(args).toContain('--rlimit=memlock=1140850688');
+    expect(() =>
+      vmmLaunchCommand({ qemuBinary: 'q', argv: [], jail: { jailDir: '/j', identity, jailerBinary: J, memlockBytes: 0 } }),
+    ).toThrow(expect.objectContaining({ reason: 'VM_IDENTITY_INVALID' }));
+  });
+
+  it('refuses root, a non-number, a relative jail or jailer, and a count of handed descriptors out of range', () => {
     for (const bad of [0, -1, 1.5, 4_294_967_295]) {
-      expect(() => vmmLaunchCommand({ qemuBinary: 'q', argv: [], jail: { jailDir: '/j', identity: { uid: bad, gid: 5 } } })).toThrow(
+      expect(() =>
+        vmmLaunchCommand({ qemuBinary: 'q', argv: [], jail: { jailDir: '/j', identity: { uid: bad, gid: 5 }, jailerBinary: J } }),
+      ).toThrow(expect.objectContaining({ reason: 'VM_IDENTITY_INVALID' }));
+    }
+    for (const jail of [
+      { jailDir: 'j', identity, jailerBinary: J },
+      { jailDir: '/j', identity, jailerBinary: 'kata-ts-jailer' },
+    ]) {
+      expect(() => vmmLaunchCommand({ qemuBinary: 'q', argv: [], jail })).toThrow(expect.objectContaining({ reason: 'VM_PATH_INVALID' }));
+    }
+    for (const extraFds of [-1, 62, 0.5]) {
+      expect(() => vmmLaunchCommand({ qemuBinary: 'q', argv: [], extraFds })).toThrow(
         expect.objectContaining({ reason: 'VM_IDENTITY_INVALID' }),
       );
     }
-    expect(() => vmmLaunchCommand({ qemuBinary: 'q', argv: [], jail: { jailDir: 'j', identity } })).toThrow(
-      expect.objectContaining({ reason: 'VM_PATH_INVALID' }),
-    );
   });
 });
 
