@@ -20,6 +20,8 @@ export const REQUIRED_FILES = [
   'bin/containerd-shim-kata-ts-v2',
   'dist/cli/entry.js',
   'dist/shim/main.js',
+  // The jailer every confined QEMU starts through (scripts/build-native.sh).
+  'dist/native/kata-ts-jailer',
 ];
 
 export interface TreeEntry {
