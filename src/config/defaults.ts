@@ -18,6 +18,17 @@ export const DEFAULT_VMM_FIRST_ID = 2_000_000_000;
 export const DEFAULT_VMM_ID_COUNT = 65_536;
 /** Node-wide (the daemon and every shim): the leases of the identities in use. */
 export const DEFAULT_VMM_LEASE_DIR = '/var/lib/kata-ts/vmm-identities';
+/**
+ * A released identity rests this long (and until nothing of it is left) before reuse: long enough
+ * for a killed QEMU's last threads and a shim's late clean-up to be gone, short against the range.
+ */
+export const DEFAULT_VMM_QUARANTINE_MS = 30_000;
+/**
+ * Tasks beyond vCPUs and iothreads in a VMM's cgroup (pids.max). Measured and counted in
+ * src/cgroups/limits.ts (VMM_PIDS_MARGIN_PARTS): QEMU's fixed threads, its AIO worker pool, the
+ * C virtiofsd placed beside it with its thread pool, and the launch helpers.
+ */
+export const DEFAULT_VMM_PIDS_MARGIN = 192;
 export const CONFIDENTIAL_HANDLER = 'kata-ts-cvm';
 /**
  * The pool's cgroup (pool.cgroupParent null) per cgroup driver: beside the kubelet's `kubepods`
@@ -104,7 +115,9 @@ export function defaultConfig(): KataConfig {
         firstId: DEFAULT_VMM_FIRST_ID,
         count: DEFAULT_VMM_ID_COUNT,
         leaseDir: DEFAULT_VMM_LEASE_DIR,
+        quarantineMs: DEFAULT_VMM_QUARANTINE_MS,
       },
+      vmmPidsMargin: DEFAULT_VMM_PIDS_MARGIN,
     },
     pcie: {
       sysfsRoot: '/sys',

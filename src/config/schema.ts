@@ -95,8 +95,12 @@ export const configFileSchema = {
             firstId: { type: 'integer', minimum: 1, maximum: 4_294_967_294 },
             count: { type: 'integer', minimum: 1, maximum: 16_777_216 },
             leaseDir: absolutePath,
+            // Up to a day: a longer rest only hoards the range.
+            quarantineMs: { type: 'integer', minimum: 0, maximum: 86_400_000 },
           },
         },
+        // QEMU alone needs more than 16 tasks before its first vCPU; virtiofsd shares the cgroup.
+        vmmPidsMargin: { type: 'integer', minimum: 16, maximum: 1_000_000 },
       },
     },
     pcie: {

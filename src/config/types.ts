@@ -103,6 +103,11 @@ export interface HypervisorConfig {
   tcgTranslationCacheMiB: number;
   /** The uids/gids confined QEMUs run as, one per pod (see VmmIdentityConfig). */
   vmmIdentities: VmmIdentityConfig;
+  /**
+   * Tasks (processes and threads) the VMM's cgroup may hold beyond one per vCPU the VM may grow to
+   * and one per iothread: pids.max = maxVcpus + iothreads + this (src/cgroups/limits.ts vmmPidsMax).
+   */
+  vmmPidsMargin: number;
 }
 
 /**
@@ -114,6 +119,11 @@ export interface VmmIdentityConfig {
   firstId: number;
   count: number;
   leaseDir: string;
+  /**
+   * How long a released identity rests before it is handed out again, on top of the checks that
+   * no process, SysV IPC object or lease of it is left (src/runtime/sandbox/identities.ts).
+   */
+  quarantineMs: number;
 }
 
 export interface PcieHostConfig {

@@ -104,7 +104,12 @@ describe('VMM confinement settings', () => {
     for (const h of Object.values(config.handlers)) {
       expect(h.vmmConfinement).toEqual({ seccomp: true, unprivileged: true, optOutReason: null });
     }
-    expect(config.hypervisor.vmmIdentities).toEqual({ firstId: 2_000_000_000, count: 65_536, leaseDir: '/var/lib/kata-ts/vmm-identities' });
+    expect(config.hypervisor.vmmIdentities).toEqual({
+      firstId: 2_000_000_000,
+      count: 65_536,
+      leaseDir: '/var/lib/kata-ts/vmm-identities',
+      quarantineMs: 30_000,
+    });
   });
 
   it('turning either off needs a reason; with one the handler is accepted as written', () => {

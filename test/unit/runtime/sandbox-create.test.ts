@@ -6,7 +6,7 @@
  * - executeSandbox, failing at each of its steps in turn, undoes every earlier step, newest first,
  *   and leaves neither the record nor the work dir behind.
  */
-import { existsSync } from 'node:fs';
+import { existsSync, mkdirSync } from 'node:fs';
 import { mkdir, mkdtemp, readdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
@@ -190,7 +190,7 @@ async function world(
   config.hypervisor = {
     ...config.hypervisor,
     ...(await fakeGuestAssets(assetsDir)),
-    vmmIdentities: { firstId: 2_000_000_000, count: 4, leaseDir: path.join(stateDir, 'leases') },
+    vmmIdentities: { firstId: 2_000_000_000, count: 4, leaseDir: path.join(stateDir, 'leases'), quarantineMs: 0 },
   };
   const env = await fixturePlanEnvironment({ cpus: options.hostCpus ?? 8, memoryMiB: 16_384 }, 'no-iommu', config);
   const logger = silentLogger();
@@ -345,7 +345,10 @@ async function world(
     },
   } as unknown as AgentClient;
 
-  const realIdentities = new VmmIdentities(config.hypervisor.vmmIdentities, logger);
+  // An empty proc root: other VMs on this machine run as numbers of the default range.
+  const emptyProc = path.join(config.stateDir, 'empty-proc');
+  mkdirSync(emptyProc, { recursive: true });
+  const realIdentities = new VmmIdentities(config.hypervisor.vmmIdentities, logger, { procRoot: emptyProc });
   const identities = {
     leaseFile: (id: number) => realIdentities.leaseFile(id),
     acquire: async (owner: LeaseOwner) => {
@@ -561,8 +564,11 @@ describe('executeSandbox', () => {
     expect(w.undone).toEqual(EXPECTED_UNDO.cni[step]);
     expect(existsSync(w.workDir)).toBe(false);
     expect((await w.store.load()).records).toEqual([]);
-    // The identity went back with everything else.
-    expect(await readdir(path.join(dirs.stateDir, 'leases')).catch(() => [])).toEqual([]);
+    // The identity went back with everything else: no lease holds it, at most a release mark.
+    const leaseDir = path.join(dirs.stateDir, 'leases');
+    for (const name of await readdir(leaseDir).catch(() => [] as string[])) {
+      expect(JSON.parse(await readFile(path.join(leaseDir, name), 'utf8'))).toEqual({ releasedAtMs: expect.any(Number) });
+    }
   });
 
   it("joining a caller's namespace: QEMU runs in it with its interface's MAC, the guest is told what eth0 held", async () => {
