@@ -18,7 +18,7 @@ import { promisify } from 'node:util';
 import { errorMessage, internal, invalid } from '../../common/errors.js';
 import type { Logger } from '../../common/logger.js';
 import type { OciContainerFile } from '../../oci/index.js';
-import { mountsUnder } from '../sandbox/shared-dir.js';
+import { mountsUnder, unescapeMountPath } from '../sandbox/shared-dir.js';
 
 const run = promisify(execFile);
 
@@ -242,9 +242,7 @@ async function bindPinned(
   if (!path.isAbsolute(source)) throw invalid('CONTAINER_MOUNT_SOURCE_INVALID', `${field}: host_path "${source}" is not absolute`);
   let resolved: string;
   try {
-    // A missing source becomes a directory, as containerd does (the kubelet relies on it for
-    // hostPath volumes without a type).
-    await fsp.mkdir(source, { recursive: true, mode: 0o755 }).catch(() => undefined);
+    // A missing source was made a directory beforehand, once every mount was checked (mount-sources.ts).
     resolved = await fsp.realpath(source);
   } catch (err) {
     throw invalid('CONTAINER_MOUNT_SOURCE_INVALID', `${field}: host_path "${source}" cannot be resolved: ${errorMessage(err)}`);
@@ -293,12 +291,12 @@ async function bindPinned(
         await mountCmd([opts.propagationFlag, at], field);
         for (const root of opts.runtimeMountRoots ?? [])
           if (isPrivate || !root.shared) await dropRuntimeMountCopies(resolved, at, root.dir, field);
-        // The remount above changes the top mount only; the guest reaches the submounts through
-        // virtiofsd on the host, so each one must refuse writes here, whatever the guest does.
-        if (opts.recursive === true) {
-          const below = mountsUnder(await fsp.readFile('/proc/self/mountinfo', 'utf8'), at).filter((p) => p !== at);
-          for (const sub of below) await mountCmd(['--no-canonicalize', '-o', 'remount,bind,nodev,nosuid,ro', sub], field);
-        }
+        // The remount above changes the top mount only, and the recursive bind copied each host
+        // mount below the source with its own flags: the guest reaches those through virtiofsd
+        // too, so each is made nodev,nosuid here as well (and read-only for a recursive read-only
+        // volume, whatever the guest does), keeping its other flags.
+        for (const sub of submountRemounts(await fsp.readFile('/proc/self/mountinfo', 'utf8'), at, opts.recursive === true))
+          await mountCmd(['--no-canonicalize', '-o', sub.options, sub.point], field);
         if (staging !== undefined) {
           await mountCmd(['--move', '--', at, target], field);
           moved = true;
@@ -315,6 +313,30 @@ async function bindPinned(
   } finally {
     await handle.close();
   }
+}
+
+/** Per-mount flags of a mountinfo line (its 6th field) that a bind remount would otherwise reset. */
+const KEPT_MOUNT_FLAGS = new Set(['noexec', 'noatime', 'nodiratime', 'relatime', 'strictatime', 'nosymfollow', 'ro']);
+
+/**
+ * Pure: for each mount strictly below `at` in a /proc/<pid>/mountinfo text, the `mount -o` options
+ * that remount it `nodev,nosuid` (and `ro` when `readOnly`) while keeping its own `ro`, `noexec` and
+ * atime flags: a bind remount sets every per-mount flag at once, so one left out is cleared.
+ */
+export function submountRemounts(mountinfo: string, at: string, readOnly: boolean): Array<{ point: string; options: string }> {
+  const flagsOf = new Map<string, string[]>();
+  for (const line of mountinfo.split('\n')) {
+    const fields = line.split(' ');
+    if (fields[4] !== undefined && fields[5] !== undefined) flagsOf.set(unescapeMountPath(fields[4]), fields[5].split(','));
+  }
+  // A point with mounts stacked on it is listed once: a remount there changes the top one, the
+  // only one anything (virtiofsd included) can reach by that path.
+  return [...new Set(mountsUnder(mountinfo, at))]
+    .filter((point) => point !== path.resolve(at))
+    .map((point) => {
+      const kept = (flagsOf.get(point) ?? []).filter((f) => KEPT_MOUNT_FLAGS.has(f) && !(readOnly && f === 'ro'));
+      return { point, options: ['remount', 'bind', 'nodev', 'nosuid', ...(readOnly ? ['ro'] : []), ...kept].join(',') };
+    });
 }
 
 /**

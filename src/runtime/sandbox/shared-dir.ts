@@ -26,7 +26,7 @@ function run(file: string, args: string[]): Promise<void> {
 }
 
 /** A mountinfo path field with its octal escapes (`\040` for a space, ...) decoded. */
-function unescapeMountPath(field: string): string {
+export function unescapeMountPath(field: string): string {
   return field.replace(/\\([0-7]{3})/g, (_m, octal: string) => String.fromCharCode(Number.parseInt(octal, 8)));
 }
 
