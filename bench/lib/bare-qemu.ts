@@ -10,6 +10,7 @@ import { performance } from 'node:perf_hooks';
 import { silentLogger } from '../../src/common/logger.js';
 import { connectQmp, type GuestReport, parseGuestLine, type QmpClient, readProcStat, vmPaths } from '../../src/hypervisor/index.js';
 import { LineSplitter } from '../../src/hypervisor/line-splitter.js';
+import { READY_LINE_MAX_BYTES } from '../../src/hypervisor/ready-channel.js';
 import { readVmRssKiB } from './proc.js';
 
 /**
@@ -211,13 +212,16 @@ async function retry<T>(attempt: () => Promise<T>, deadline: number, exitedWith:
 function waitForReadyLine(socket: net.Socket, deadline: number, exitedWith: () => string | undefined): Promise<GuestReport> {
   return new Promise((resolve, reject) => {
     const timer = setTimeout(() => fail(new Error(`no ready line within the timeout`)), Math.max(0, deadline - Date.now()));
-    const lines = new LineSplitter((line) => {
-      const message = parseGuestLine(line);
-      if (message?.kind === 'ready') {
-        clearTimeout(timer);
-        resolve(message);
-      }
-    });
+    const lines = new LineSplitter(
+      (line) => {
+        const message = parseGuestLine(line);
+        if (message?.kind === 'ready') {
+          clearTimeout(timer);
+          resolve(message);
+        }
+      },
+      { maxLineBytes: READY_LINE_MAX_BYTES, onOverflow: () => fail(new Error('the guest sent a ready line over the bound')) },
+    );
     const fail = (err: Error): void => {
       clearTimeout(timer);
       reject(err);

@@ -35,6 +35,11 @@ export interface ExitInfo {
   code: number | null;
   signal: string | null;
   shutdownReason: string | null;
+  /**
+   * Set when the runtime ended QEMU itself because the VM broke a protocol (the guest flooded
+   * its ready port, QEMU sent QMP garbage): the VM failed, and this says why. Absent otherwise.
+   */
+  failure?: KataError;
 }
 
 export interface ShutdownResult {
@@ -102,6 +107,7 @@ export class VmHandle implements VmProcess {
   private readonly logger: Logger;
   private readonly stopWatching: () => void;
   private shutdownInFlight: Promise<ShutdownResult> | undefined;
+  private failure: KataError | undefined;
 
   constructor(init: VmHandleInit) {
     this.pid = init.pid;
@@ -114,8 +120,19 @@ export class VmHandle implements VmProcess {
     this.qmp.on('SHUTDOWN', (e) => {
       this.shutdownReason = typeof e.data?.reason === 'string' ? e.data.reason : 'unknown';
     });
+    // A VM that breaks a protocol is failed here, in its own handle: never an exception that
+    // could reach the process, never a connection that buffers on.
+    this.ready?.onViolation((err) => this.fail(err));
+    void this.qmp.closed.then((info) => {
+      if (info.violation !== undefined) this.fail(info.violation);
+    });
     this.exited = init.processExit.then(({ code, signal }) => {
-      this.exitValue = { code, signal, shutdownReason: this.shutdownReason };
+      this.exitValue = {
+        code,
+        signal,
+        shutdownReason: this.shutdownReason,
+        ...(this.failure === undefined ? {} : { failure: this.failure }),
+      };
       this.qmp.close();
       this.ready?.close();
       this.logger.info({ pid: this.pid, ...this.exitValue }, 'QEMU exited');
@@ -163,6 +180,17 @@ export class VmHandle implements VmProcess {
 
   consoleTail(lines = 20): Promise<string> {
     return this.paths.consoleLog === undefined ? Promise.resolve('') : tailFile(this.paths.consoleLog, lines);
+  }
+
+  /**
+   * Fail the VM: it broke a protocol and is no longer trusted. QEMU is killed; its exit carries
+   * `err` as `failure`, which its owner records as the reason the pod went NOTREADY.
+   */
+  fail(err: KataError): void {
+    if (this.exitValue !== undefined || this.failure !== undefined) return;
+    this.failure = err;
+    this.logger.error({ pid: this.pid, reason: err.reason, err: err.message }, 'failing the VM: it broke a protocol');
+    this.signalKill();
   }
 
   release(): void {

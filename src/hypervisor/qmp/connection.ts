@@ -1,5 +1,5 @@
 import type { Duplex } from 'node:stream';
-import { errorMessage, type KataError, timedOut, unavailable } from '../../common/errors.js';
+import { errorMessage, exhausted, type KataError, timedOut, unavailable } from '../../common/errors.js';
 import { type Logger, silentLogger } from '../../common/logger.js';
 import { LineSplitter } from '../line-splitter.js';
 import { QmpError } from './error.js';
@@ -19,6 +19,12 @@ export interface ExecuteOptions {
 /** Why the connection ended: `error` is set when the stream failed rather than closed cleanly. */
 export interface QmpCloseInfo {
   error?: Error;
+  /**
+   * Set when this side closed the connection because the peer broke the protocol (a message
+   * over QMP_LINE_MAX_BYTES, too many lines that are not JSON): the QEMU behind it is not
+   * trusted any more, and its owner fails the VM (reason QMP_PROTOCOL_VIOLATION).
+   */
+  violation?: KataError;
 }
 
 export type QmpEventListener = (event: QmpEvent) => void;
@@ -32,6 +38,19 @@ interface Pending {
 }
 
 const DEFAULT_TIMEOUT_MS = 10_000;
+/**
+ * The longest QMP message accepted, in bytes. The largest reply the runtime asks for is
+ * `query-pci` of a VM with hundreds of root ports (well under 1 MiB); 8 MiB leaves a wide margin
+ * and still bounds what a QEMU sending bytes without a newline makes the daemon hold.
+ */
+export const QMP_LINE_MAX_BYTES = 8 * 1024 * 1024;
+/**
+ * Lines that are not JSON objects accepted before the peer is judged not to be QEMU: QEMU never
+ * sends one, and each is logged, so a stream of them would flood the daemon's log.
+ */
+export const QMP_GARBAGE_LINES_MAX = 16;
+/** How much of a bad line goes into the log. */
+const LOGGED_LINE_CHARS = 200;
 /** Subscribe with this name to receive every event. */
 export const ANY_EVENT = '*';
 
@@ -43,9 +62,19 @@ export const ANY_EVENT = '*';
 export class QmpConnection {
   private readonly logger: Logger;
   protected readonly defaultTimeoutMs: number;
-  private readonly lines = new LineSplitter((line) => {
-    if (line.trim() !== '') this.onLine(line.trim());
-  });
+  private readonly lines = new LineSplitter(
+    (line) => {
+      if (line.trim() !== '') this.onLine(line.trim());
+    },
+    {
+      maxLineBytes: QMP_LINE_MAX_BYTES,
+      onOverflow: ({ heldBytes }) =>
+        this.violate(
+          exhausted('QMP_PROTOCOL_VIOLATION', `QMP peer sent a message of over ${QMP_LINE_MAX_BYTES} bytes (${heldBytes} held).`),
+        ),
+    },
+  );
+  private garbageLines = 0;
   private nextId = 1;
   private readonly pending = new Map<number, Pending>();
   private readonly listeners = new Map<string, Set<QmpEventListener>>();
@@ -202,13 +231,23 @@ export class QmpConnection {
   // ---- wire handling -------------------------------------------------------------------------
 
   private onLine(line: string): void {
+    // Lines that arrived in the same chunk after the peer was given up are not read.
+    if (this.closeInfo !== undefined) return;
     let message: Record<string, unknown>;
     try {
       const parsed: unknown = JSON.parse(line);
       if (typeof parsed !== 'object' || parsed === null || Array.isArray(parsed)) throw new Error('not an object');
       message = parsed as Record<string, unknown>;
     } catch (err) {
-      this.logger.warn({ line, err: errorMessage(err) }, 'qmp: ignoring a line that is not a JSON object');
+      this.garbageLines += 1;
+      if (this.garbageLines > QMP_GARBAGE_LINES_MAX) {
+        this.violate(exhausted('QMP_PROTOCOL_VIOLATION', `QMP peer sent over ${QMP_GARBAGE_LINES_MAX} lines that are not JSON objects.`));
+        return;
+      }
+      this.logger.warn(
+        { line: line.slice(0, LOGGED_LINE_CHARS), err: errorMessage(err) },
+        'qmp: ignoring a line that is not a JSON object',
+      );
       return;
     }
     this.logger.debug({ qmp: message }, 'qmp recv');
@@ -278,9 +317,16 @@ export class QmpConnection {
     });
   }
 
-  private onClose(error: Error | undefined): void {
+  /** The peer broke the protocol: close with `err`, which every waiter and `closed` carry. */
+  private violate(err: KataError): void {
     if (this.closeInfo !== undefined) return;
-    this.closeInfo = error === undefined ? {} : { error };
+    this.logger.error({ reason: err.reason, err: err.message }, 'qmp: closing the connection, the peer broke the protocol');
+    this.onClose(err, err);
+  }
+
+  private onClose(error: Error | undefined, violation?: KataError): void {
+    if (this.closeInfo !== undefined) return;
+    this.closeInfo = { ...(error === undefined ? {} : { error }), ...(violation === undefined ? {} : { violation }) };
     const pending = [...this.pending.values()];
     this.pending.clear();
     for (const p of pending) {

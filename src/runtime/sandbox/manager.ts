@@ -308,7 +308,7 @@ export class SandboxManager implements SandboxAccess {
         // Visible to List/Status immediately; the record follows under the lock.
         live.record.state = 'SANDBOX_NOTREADY';
         this.updateGauge();
-        const record = await this.exitRecord(vm, exit, lostFiles ? 'virtiofsd-exited' : (exit.shutdownReason ?? 'unexpected'));
+        const record = await this.exitRecord(vm, exit, lostFiles ? 'virtiofsd-exited' : exitReason(exit));
         this.deps.logger.error({ sandboxId: live.record.id, pid: vm.pid, exit: record }, 'VM exited on its own; sandbox is NOTREADY');
         await this.locks.run(live.record.id, async () => {
           if (live.vm !== vm || !this.sandboxes.has(live.record.id)) return;
@@ -360,4 +360,10 @@ export class SandboxManager implements SandboxAccess {
   private cgroupsFor(placement: PlacementRecord): CgroupDriver {
     return cgroupsFor(this.deps, placement.driver);
   }
+}
+
+/** The reason a VM's exit is recorded with: the runtime's own failure of it first (vm.fail). */
+function exitReason(exit: ExitInfo): string {
+  if (exit.failure !== undefined) return `${exit.failure.reason}: ${exit.failure.message}`;
+  return exit.shutdownReason ?? 'unexpected';
 }
