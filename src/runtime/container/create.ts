@@ -21,7 +21,8 @@ import type { SandboxHandle } from '../sandbox/types.js';
 import type { ContainerSpec } from '../spec/container.js';
 import { announcedPodResources, type SandboxSpec } from '../spec/sandbox.js';
 import { applyHotplug, detachDevices, planContainerHotplug, vfioGroupFunctions } from './devices.js';
-import { type GuestDeviceFacts, prepareGuest } from './prepare.js';
+import { checkMountSources, removeMadeSources } from './mount-sources.js';
+import { type GuestDeviceFacts, mountField, prepareGuest } from './prepare.js';
 import type { AttachedDevice, ContainerRecord, ContainerStdio } from './record.js';
 import { containerRootfsRoot, unmountAndRemove } from './shared-dir.js';
 import type { ContainerCreateOptions, ContainerLookup, ContainerManagerDeps } from './types.js';
@@ -119,6 +120,12 @@ async function createInSandbox(
     vfioFunctions: facts && spec.devices.length > 0 ? vfioGroupFunctions(facts.inventory, spec.devices) : {},
   };
 
+  // Mount sources looked at (reads only) before the root filesystem is made; checked again, and
+  // the missing ones made, once the spec is built (prepareGuest).
+  await checkMountSources(
+    spec.mounts.map((m) => m.host_path),
+    (i) => mountField(i, spec.mounts[i]?.container_path ?? ''),
+  );
   ctx.annotate({ containerId: id });
   const rootfsOwner = options.rootfs === undefined ? 'runtime' : 'caller';
   let rootfs = options.rootfs ?? path.join(containerRootfsRoot(deps.config.stateDir), id);
@@ -142,7 +149,8 @@ async function createInSandbox(
       undo.push('remove root filesystem', () => (overlay === null ? removeContainerSnapshot(dir) : removeContainerRootfs(overlay, log)));
     }
     const imageConfig = rootfsOwner === 'runtime' ? await deps.images.imageConfig(image.id) : null;
-    const guest = await prepareContainerGuest(deps, sandbox, id, spec, imageConfig, rootfs, log, devices);
+    const { plan: guest, madeSources } = await prepareContainerGuest(deps, sandbox, id, spec, imageConfig, rootfs, log, devices);
+    undo.push('remove the mount sources made', () => removeMadeSources(madeSources, log));
     if (guest !== null) undo.push('unmount the shared directory', () => unmountAndRemove(guest.hostDir, guest.bindMounts, log));
     let attached: AttachedDevice[] = [];
     if (hotplug !== undefined) {
@@ -282,10 +290,10 @@ async function prepareContainerGuest(
   rootfs: string,
   logger: Logger,
   devices: GuestDeviceFacts,
-): Promise<ContainerRecord['guest']> {
+): Promise<{ plan: ContainerRecord['guest']; madeSources: string[] }> {
   const sandboxId = sandbox.record.id;
   const pod = deps.guests.guestPodOf(sandboxId);
-  const { plan } = await prepareGuest({
+  return prepareGuest({
     sandboxId,
     containerId,
     spec,
@@ -303,7 +311,6 @@ async function prepareContainerGuest(
     devices,
     checkOnly: pod === null,
   });
-  return plan;
 }
 
 function requireVm(sandbox: SandboxHandle): VmProcess {

@@ -11,6 +11,7 @@ import type { PcieTopology } from '../../pcie/index.js';
 import type { ContainerSpec } from '../spec/container.js';
 import { type HostNodeType, planGuestDevices } from './guest-devices.js';
 import { type GuestPod, guestLayout, ociInput, readFileInRoot, readSeccompProfile } from './guest-spec.js';
+import { checkMountSources, makeMissingSources, removeMadeSources } from './mount-sources.js';
 import type { ContainerGuestPlan } from './record.js';
 import { containerDirs, type HostMountRequest, hostSubmounts, type RuntimeMountRoot, SharedDirMounts } from './shared-dir.js';
 
@@ -48,11 +49,17 @@ async function hostNodeType(p: string): Promise<HostNodeType> {
   return st.isCharacterDevice() ? 'char' : st.isBlockDevice() ? 'block' : 'other';
 }
 
+/** How a refusal names mount i (as SharedDirMounts.bindCriMounts does). */
+export function mountField(i: number, containerPath: string): string {
+  return `container.mounts[${i}] (${containerPath})`;
+}
+
 /**
- * Build the spec and prepare the shared directory. On failure nothing stays mounted or written;
- * on success the caller registers `unmountAndRemove(plan.hostDir, plan.bindMounts)` as its rollback.
+ * Build the spec and prepare the shared directory. On failure nothing stays mounted, written or
+ * made; on success the caller registers `unmountAndRemove(plan.hostDir, plan.bindMounts)`, then
+ * `removeMadeSources(madeSources)` (the missing host_path directories made for it), as its rollback.
  */
-export async function prepareGuest(input: PrepareInput): Promise<{ plan: ContainerGuestPlan | null }> {
+export async function prepareGuest(input: PrepareInput): Promise<{ plan: ContainerGuestPlan | null; madeSources: string[] }> {
   const dirs = containerDirs(input.sharedHostDir, input.sharedGuestDir, input.containerId);
   const criMounts: HostMountRequest[] = input.spec.mounts.map((m) => ({
     container_path: m.container_path,
@@ -61,6 +68,11 @@ export async function prepareGuest(input: PrepareInput): Promise<{ plan: Contain
     recursive_read_only: m.recursive_read_only,
     propagation: m.propagation,
   }));
+  // Every source is looked at before any is made (a refusal for the last leaves no directory of the first).
+  const sourceChecks = await checkMountSources(
+    criMounts.map((m) => m.host_path),
+    (i) => mountField(i, criMounts[i]?.container_path ?? ''),
+  );
   // Guest paths are known before anything is mounted: the spec (and its refusals) comes first.
   const mountSources = Object.fromEntries(criMounts.map((m, i) => [m.container_path, path.posix.join(dirs.guestDir, 'mounts', String(i))]));
   const mountSubmounts: Record<string, string[]> = {};
@@ -101,17 +113,21 @@ export async function prepareGuest(input: PrepareInput): Promise<{ plan: Contain
         });
   const container = { ...input.spec, devices: [] };
   const built = buildOciSpec(ociInput({ container, sandbox: input.sandboxSpec, image: input.imageConfig, passwd, group, seccomp, guest }));
-  if (input.checkOnly === true) return { plan: null };
+  if (input.checkOnly === true) return { plan: null, madeSources: [] };
   const mounts = new SharedDirMounts(dirs, input.runtimeMountRoots, input.logger);
+  const madeSources: string[] = [];
   try {
+    await makeMissingSources(sourceChecks, madeSources);
     await mounts.bindRootfs(input.rootfs);
     await mounts.bindCriMounts(criMounts);
     await mounts.writeFiles(built.files);
   } catch (err) {
     await mounts.undo();
+    await removeMadeSources(madeSources, input.logger);
     throw err;
   }
   return {
+    madeSources,
     plan: {
       ociSpec: built.spec,
       guestDevices,
