@@ -5,7 +5,7 @@
  * containerd (and CRI-O) read the shim's address from. The full decoding of the spec is
  * src/shim/decode/'s.
  */
-import { promises as fsp } from 'node:fs';
+import { constants as fsConstants, promises as fsp } from 'node:fs';
 import path from 'node:path';
 import { errnoCode, invalid } from '../common/errors.js';
 import { writeFileAtomic } from '../common/fsutil.js';
@@ -96,4 +96,29 @@ export function taskRole(id: string, annotations: Readonly<Record<string, string
 /** Write `<bundle>/address` (the plain `unix://` address) atomically, as containerd's shims do. */
 export async function writeAddressFile(bundle: string, address: string): Promise<void> {
   await writeFileAtomic(path.join(bundle, 'address'), address, 0o644);
+}
+
+/** More than any resolv.conf (glibc reads 3 nameservers, 6 search domains and a line of options). */
+export const MAX_RESOLV_CONF_BYTES = 64 * 1024;
+
+/**
+ * The pod's resolv.conf, read as root from the path its manager named (CRI-O's ResolvPath, held
+ * to the bundle by the decoder, or the file containerd binds at the pause container's
+ * /etc/resolv.conf): never through a symbolic link in its last component, only a regular file
+ * (a FIFO would block the read), at most MAX_RESOLV_CONF_BYTES. Undefined when it cannot be read
+ * so: the pod keeps its image's resolv.conf, as before.
+ */
+export async function readResolvConf(file: string): Promise<string | undefined> {
+  const flags = fsConstants.O_RDONLY | fsConstants.O_NOFOLLOW | fsConstants.O_NONBLOCK;
+  const handle = await fsp.open(file, flags).catch(() => undefined);
+  if (handle === undefined) return undefined;
+  try {
+    const st = await handle.stat();
+    if (!st.isFile() || st.size > MAX_RESOLV_CONF_BYTES) return undefined;
+    const buf = Buffer.alloc(MAX_RESOLV_CONF_BYTES + 1);
+    const { bytesRead } = await handle.read(buf, 0, buf.length, 0);
+    return bytesRead > MAX_RESOLV_CONF_BYTES ? undefined : buf.subarray(0, bytesRead).toString('utf8');
+  } finally {
+    await handle.close();
+  }
 }

@@ -16,7 +16,7 @@ import { runExec } from '../runtime/container/commands.js';
 import type { ContainerRecord } from '../runtime/container/record.js';
 import type { ContainerResourceUpdate } from '../runtime/container/types.js';
 import type { RequestContext } from '../runtime/context.js';
-import { readBundleJson } from './bundle.js';
+import { readBundleJson, readResolvConf } from './bundle.js';
 import { decodeBundleRole, decodeExecProcess, decodePodSpec, decodeTaskContainerSpec, type ExecSpec } from './decode/index.js';
 import type { EventPublisher } from './events.js';
 import { cgroupParentForDriver, type ShimPod } from './pod.js';
@@ -175,10 +175,9 @@ export class ShimTasks {
     };
     if (kind === 'sandbox') {
       // The pod's DNS is the resolv.conf containerd wrote for it (the guest gets it as its own).
-      const first = decodePodSpec(oci);
-      const resolvConf =
-        first.resolvConfPath === null ? undefined : await fsp.readFile(first.resolvConfPath, 'utf8').catch(() => undefined);
-      const pod = resolvConf === undefined ? first : decodePodSpec(oci, { resolvConf });
+      const first = decodePodSpec(oci, { bundle: req.bundle });
+      const resolvConf = first.resolvConfPath === null ? undefined : await readResolvConf(first.resolvConfPath);
+      const pod = resolvConf === undefined ? first : decodePodSpec(oci, { resolvConf, bundle: req.bundle });
       const driver = this.deps.pod.facts.cgroupDriver.name;
       const parent = cgroupParentForDriver(driver, pod.cgroup?.driver ?? null, pod.spec.linux?.cgroup_parent ?? '');
       if (pod.spec.linux != null && parent !== pod.spec.linux.cgroup_parent) {

@@ -47,6 +47,13 @@ export interface PodDecodeOptions {
    * `PrivilegedRuntime` annotation does. Default: that annotation, else false.
    */
   privileged?: boolean;
+  /**
+   * The task's bundle directory. CRI-O writes the pod's resolv.conf into the pause container's
+   * run directory, which is also its bundle (`<RunDir>/resolv.conf`, internal/lib/sandbox/infra.go),
+   * and names it in the ResolvPath annotation, which the shim reads as root: an annotation naming
+   * any other file is refused. Absent (decoders' unit tests): not checked.
+   */
+  bundle?: string;
 }
 
 /** Where the pod's cgroup is, as `linux.cgroupsPath` says. */
@@ -194,6 +201,24 @@ function bindSource(oci: OciRuntimeSpec, destination: string): string | null {
 }
 
 /**
+ * CRI-O's ResolvPath annotation: none when absent or '' (a pod without dns_config), else exactly
+ * `<bundle>/resolv.conf` (see PodDecodeOptions.bundle), or INVALID_ARGUMENT naming the annotation.
+ */
+function crioResolvPath(annotations: Readonly<Record<string, string>>, bundle: string | undefined): string | undefined {
+  const value = annotations[CRIO_ANNOTATIONS.resolvPath];
+  if (value === undefined || value === '') return undefined;
+  // /var/run is /run on every distribution CRI-O runs on (a link): either spelling names the same bundle.
+  const canonical = (p: string) => path.posix.normalize(p).replace(/^\/var\/run\//, '/run/');
+  if (bundle !== undefined && (value.includes('\0') || canonical(value) !== canonical(path.posix.join(bundle, 'resolv.conf'))))
+    throw invalid(
+      'SHIM_ANNOTATION_INVALID',
+      `${annotationField(CRIO_ANNOTATIONS.resolvPath)} must name resolv.conf in the sandbox's bundle (${path.posix.join(bundle, 'resolv.conf')}), not ${JSON.stringify(value.slice(0, 256))}`,
+      { details: { annotation: CRIO_ANNOTATIONS.resolvPath } },
+    );
+  return value;
+}
+
+/**
  * The sandbox container's config.json (untrusted JSON) -> the pod's `SandboxSpec` and placement
  * facts, or INVALID_ARGUMENT naming the annotation or field at fault.
  */
@@ -283,6 +308,6 @@ export function decodePodSpec(oci: unknown, options: PodDecodeOptions = {}): Dec
     sandboxId: role.sandboxId,
     cgroup,
     netnsPath: network?.path === undefined || network.path === '' ? null : network.path,
-    resolvConfPath: (crio ? annotations[CRIO_ANNOTATIONS.resolvPath] : undefined) ?? bindSource(spec, '/etc/resolv.conf'),
+    resolvConfPath: (crio ? crioResolvPath(annotations, options.bundle) : undefined) ?? bindSource(spec, '/etc/resolv.conf'),
   };
 }

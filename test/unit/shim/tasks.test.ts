@@ -104,7 +104,12 @@ describe('ShimTasks for CRI-O', () => {
     containerBundle = path.join(dir, CONTAINER);
     mkdirSync(sandboxBundle);
     mkdirSync(containerBundle);
-    writeFileSync(path.join(sandboxBundle, 'config.json'), readFileSync(path.join(FIXTURES, 'sandbox.config.synthetic.json')));
+    const sandbox = JSON.parse(readFileSync(path.join(FIXTURES, 'sandbox.config.synthetic.json'), 'utf8')) as {
+      annotations: Record<string, string>;
+    };
+    // CRI-O writes resolv.conf into the pause container's run directory, which is its bundle.
+    sandbox.annotations['io.kubernetes.cri-o.ResolvPath'] = path.join(sandboxBundle, 'resolv.conf');
+    writeFileSync(path.join(sandboxBundle, 'config.json'), JSON.stringify(sandbox));
     const container = JSON.parse(readFileSync(path.join(FIXTURES, 'container.config.synthetic.json'), 'utf8')) as Record<string, unknown>;
     container.root = { path: path.join(dir, 'merged') };
     writeFileSync(path.join(containerBundle, 'config.json'), JSON.stringify(container));
