@@ -10,7 +10,7 @@ import { describeRecord } from './describe.js';
 import { detectCgroupMode } from './detect.js';
 import { realCgroupFs } from './fsops.js';
 import { cgroupIoError, type Hierarchy, keyHolding, resolveHierarchies, V2_OPTIONAL, V2_REQUIRED } from './hierarchies.js';
-import { type CgroupFileWrite, cgroupFileWrites, parentWeightWrite, planLimits } from './limits.js';
+import { type CgroupFileWrite, cgroupFileWrites, checkPidsMax, parentWeightWrite, pidsMaxWrite, planLimits } from './limits.js';
 import { parseCgroupfsParent, validateParentFor, vmmCgroupName } from './parent.js';
 import { cgroupDirOf, findProcEntry, type ProcCgroupEntry, readCgroupMounts, readProcCgroup } from './procfs.js';
 import type { CgroupDriver, CgroupDriverOptions, CgroupFs, CgroupMode, PlacementRecord, PlaceRequest, VmmLimits } from './types.js';
@@ -78,6 +78,7 @@ export class CgroupfsDriver implements CgroupDriver {
       if (!Number.isSafeInteger(pid) || pid <= 0)
         throw invalid('CGROUP_PID_INVALID', `pid ${pid} is not a process id.`, { details: { pid } });
     }
+    checkPidsMax(req.pidsMax);
     if (req.parentCpuShares !== undefined && parent.components.length === 0) {
       throw invalid('CGROUP_PARENT_INVALID', 'a parent given a CPU weight of its own must name a cgroup, not the root.', {
         details: { cgroupParent: req.cgroupParent },
@@ -99,6 +100,7 @@ export class CgroupfsDriver implements CgroupDriver {
     const joined = new Map<number, Hierarchy[]>(pids.map((pid) => [pid, []]));
     const paths: Record<string, string> = {};
     const parentDirs: Record<string, string> = {};
+    let pidsMax: number | undefined;
     try {
       for (const h of hierarchies) {
         let dir = h.base;
@@ -136,6 +138,8 @@ export class CgroupfsDriver implements CgroupDriver {
         if (key === undefined) continue;
         await this.write(path.join(paths[key] as string, w.file), w.value);
       }
+      // Before any process joins: QEMU never runs a moment without its task limit.
+      if (req.pidsMax !== undefined) pidsMax = await this.writePidsMax(paths, mode, req.pidsMax, req.sandboxId);
       for (const pid of pids) {
         for (const h of hierarchies) {
           await this.write(path.join(paths[h.key] as string, 'cgroup.procs'), String(pid));
@@ -155,7 +159,33 @@ export class CgroupfsDriver implements CgroupDriver {
       paths,
       createdParents,
       limits: { ...req.limits },
+      ...(pidsMax === undefined ? {} : { pidsMax }),
     };
+  }
+
+  /**
+   * pids.max in the VMM's pids cgroup: v1's pids hierarchy, or cgroup2 where the parent enables
+   * the pids controller for its children (the leaf's cgroup.controllers lists it). Without one the
+   * VMM is still placed (the parent's limit, if any, applies): warned, and absent from the record.
+   */
+  private async writePidsMax(
+    paths: Record<string, string>,
+    mode: CgroupMode,
+    pidsMax: number,
+    sandboxId: string,
+  ): Promise<number | undefined> {
+    const w = pidsMaxWrite(pidsMax);
+    const key = keyHolding(paths, mode, w.controller);
+    let dir = key === undefined ? undefined : paths[key];
+    if (dir !== undefined && mode === 'v2' && !(await this.read(path.join(dir, 'cgroup.controllers'))).split(/\s+/).includes('pids')) {
+      dir = undefined;
+    }
+    if (dir === undefined) {
+      this.logger.warn({ sandboxId, pidsMax }, 'no pids controller where the VMM is placed: its task count is not limited');
+      return undefined;
+    }
+    await this.write(path.join(dir, w.file), w.value);
+    return pidsMax;
   }
 
   /**

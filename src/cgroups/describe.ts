@@ -16,5 +16,6 @@ export function describeRecord(record: PlacementRecord): Record<string, string> 
   out.cpuQuotaMillicores = String(record.limits.cpuQuotaMillicores);
   out.cpuRequestMillicores = String(record.limits.cpuRequestMillicores);
   out.memoryLimitBytes = String(record.limits.memoryLimitBytes);
+  out.pidsMax = record.pidsMax === undefined ? 'none' : String(record.pidsMax);
   return out;
 }

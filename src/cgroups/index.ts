@@ -21,6 +21,8 @@ export {
   planLimits,
   sharesToWeight,
   systemdLimitProperties,
+  VMM_PIDS_MARGIN_PARTS,
+  vmmPidsMax,
 } from './limits.js';
 export { expandSlice, isSystemdStyleParent, parseCgroupfsParent, parseSystemdParent, vmmCgroupName } from './parent.js';
 export { probeSystemdManager, type SystemdManagerInfo } from './systemd.js';

@@ -146,9 +146,60 @@ export function planLimits(limits: VmmLimits): LimitPlan {
   };
 }
 
+/**
+ * What the default vmmPidsMargin (192) is made of, counted on Debian's QEMU 7.2 and C virtiofsd:
+ * QEMU's fixed threads (main loop, RCU, call_rcu, signalfd/QMP, a VNC or audio worker when
+ * configured: at most 8), its AIO worker pool (thread-pool-max: 64 per AioContext), virtiofsd's
+ * main and queue threads (8) and its thread pool (--thread-pool-size: 64), and the launch chain's
+ * helpers (nsenter, setpriv, the jailer: 8); the rest (40) is headroom for QEMU versions that add
+ * threads. A fork bomb in the VMM stops at the total.
+ */
+export const VMM_PIDS_MARGIN_PARTS = {
+  qemuFixedThreads: 8,
+  qemuAioPool: 64,
+  virtiofsdThreads: 8,
+  virtiofsdPool: 64,
+  launchHelpers: 8,
+  headroom: 40,
+} as const;
+
+/**
+ * The VMM cgroup's pids.max (systemd TasksMax): one task per vCPU the VM may grow to (QEMU runs a
+ * thread per vCPU, hot-plugged ones included), one per iothread, and the margin for everything
+ * else QEMU and virtiofsd run (VMM_PIDS_MARGIN_PARTS). Pure.
+ */
+export function vmmPidsMax(maxVcpus: number, iothreads: number, marginTasks: number): number {
+  for (const [field, value] of [
+    ['maxVcpus', maxVcpus],
+    ['iothreads', iothreads],
+    ['marginTasks', marginTasks],
+  ] as const) {
+    if (!Number.isSafeInteger(value) || value < 0) {
+      throw invalid('CGROUP_LIMITS_INVALID', `pids.max input ${field} must be a non-negative integer, got ${value}.`, {
+        details: { field, value },
+      });
+    }
+  }
+  return maxVcpus + iothreads + marginTasks;
+}
+
+/** A task limit must be a positive whole number (0 tasks could not even hold the VMM). */
+export function checkPidsMax(pidsMax: number | undefined): void {
+  if (pidsMax !== undefined && (!Number.isSafeInteger(pidsMax) || pidsMax <= 0)) {
+    throw invalid('CGROUP_LIMITS_INVALID', `pidsMax must be a positive integer, got ${pidsMax}.`, {
+      details: { field: 'pidsMax', value: pidsMax },
+    });
+  }
+}
+
+/** The pids.max write for `pidsMax` tasks (the same file in v1's pids hierarchy and in cgroup2). */
+export function pidsMaxWrite(pidsMax: number): CgroupFileWrite {
+  return { controller: 'pids', file: 'pids.max', value: String(pidsMax) };
+}
+
 /** One interface file write: which controller's hierarchy, which file, what value. */
 export interface CgroupFileWrite {
-  controller: 'cpu' | 'memory';
+  controller: 'cpu' | 'memory' | 'pids';
   file: string;
   value: string;
 }

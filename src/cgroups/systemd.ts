@@ -10,7 +10,7 @@ import { internal, invalid, isReason, KataError, precondition, timedOut, unavail
 import type { Logger } from '../common/logger.js';
 import { describeRecord } from './describe.js';
 import { detectCgroupMode } from './detect.js';
-import { planLimits, type SystemdProperty, systemdLimitProperties, systemdWeightProperty } from './limits.js';
+import { checkPidsMax, planLimits, type SystemdProperty, systemdLimitProperties, systemdWeightProperty } from './limits.js';
 import { parseSystemdParent, validateParentFor, vmmCgroupName } from './parent.js';
 import { cgroupDirOf, readCgroupMounts, readProcCgroup } from './procfs.js';
 import { dbusErrorName, systemdError, withTimeout } from './systemd-errors.js';
@@ -214,6 +214,7 @@ export class SystemdDriver implements CgroupDriver {
       if (!Number.isSafeInteger(pid) || pid <= 0)
         throw invalid('CGROUP_PID_INVALID', `pid ${pid} is not a process id.`, { details: { pid } });
     }
+    checkPidsMax(req.pidsMax);
     if (req.parentCpuShares !== undefined && (parent.slice === null || parent.path === '')) {
       throw invalid('CGROUP_PARENT_INVALID', 'a parent given a CPU weight of its own must name a slice, not the root or default slice.', {
         details: { cgroupParent: req.cgroupParent },
@@ -233,6 +234,8 @@ export class SystemdDriver implements CgroupDriver {
       ['MemoryAccounting', 'b', true],
       ['TasksAccounting', 'b', true],
       ...systemdLimitProperties(plan, mode),
+      // systemd writes pids.max of the scope (v1 pids hierarchy or cgroup2) before the PIDs join.
+      ...(req.pidsMax === undefined ? [] : [['TasksMax', 't', BigInt(req.pidsMax)] as const]),
     ];
     if (parent.slice !== null) props.push(['Slice', 's', parent.slice]);
     const body = [unit, 'fail', toDbusProperties(props), []];
@@ -291,7 +294,16 @@ export class SystemdDriver implements CgroupDriver {
         await this.managerCall(conn, 'SetUnitProperties', 'sba(sv)', [slice, true, toDbusProperties([weight])], slice);
       }
       this.logger.info({ sandboxId: req.sandboxId, unit, slice, controlGroup, paths }, 'VMM placed in a systemd scope');
-      return { driver: 'systemd', cgroupParent: req.cgroupParent, mode, unit, slice, paths, limits: { ...req.limits } };
+      return {
+        driver: 'systemd',
+        cgroupParent: req.cgroupParent,
+        mode,
+        unit,
+        slice,
+        paths,
+        limits: { ...req.limits },
+        ...(req.pidsMax === undefined ? {} : { pidsMax: req.pidsMax }),
+      };
     } catch (err) {
       if (started) {
         // Never leave a half-made scope behind (it would also hold the VMM).

@@ -49,6 +49,11 @@ export interface PlacementRecord {
    */
   createdParents?: string[];
   limits: VmmLimits;
+  /**
+   * The pids.max written (systemd: TasksMax set); absent when none was asked for, or the pids
+   * controller is not available where the VMM was placed (logged as a warning then).
+   */
+  pidsMax?: number;
 }
 
 export interface PlaceRequest {
@@ -62,6 +67,11 @@ export interface PlaceRequest {
    */
   extraPids?: number[];
   limits: VmmLimits;
+  /**
+   * Tasks the VMM's cgroup may hold (pids.max, systemd TasksMax): vmmPidsMax() of the VM's
+   * maximum vCPUs. Unset: no limit of kata-ts's (the parent's still applies).
+   */
+  pidsMax?: number;
   /**
    * The pool's cgroup (docs/pool.md): the CPU weight of the parent's last level, which kata-ts
    * then owns (made when missing, or already made by an earlier placement of the pool): cgroupfs

@@ -47,8 +47,17 @@ function entryFor(own: ProcCgroupEntry[], m: CgroupMount): ProcCgroupEntry | und
 }
 
 /** Creates the private cgroups (cpuset.cpus/mems copied from the parent so processes may join). */
+/** The private trees this test file's process made (assertMachineClean judges only these). */
+const madeHere = new Set<string>();
+
+/** Names of the private trees createPrivateCgroups made in this process, in order. */
+export function privateCgroupNamesMade(): string[] {
+  return [...madeHere];
+}
+
 export async function createPrivateCgroups(): Promise<PrivateCgroups> {
   const name = `${TEST_CGROUP_PREFIX}${randomBytes(6).toString('hex')}`;
+  madeHere.add(name);
   const own = parseProcCgroup(await fsp.readFile('/proc/self/cgroup', 'utf8'));
   const hierarchies: PrivateHierarchy[] = [];
   const made: PrivateCgroups = { name, hierarchies };

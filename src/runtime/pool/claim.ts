@@ -8,7 +8,9 @@
  * registers its undo like executeSandbox's; a failure runs them all (the VM is discarded, nothing
  * is left) and rethrows.
  */
+
 import { promises as fsp } from 'node:fs';
+import { vmmPidsMax } from '../../cgroups/index.js';
 import { errorMessage } from '../../common/errors.js';
 import type { Logger } from '../../common/logger.js';
 import {
@@ -187,6 +189,7 @@ export async function claimPooledVm(input: ClaimInput, log: Logger): Promise<Cre
       pid: vm.pid,
       extraPids: virtiofsd.pids(),
       limits: record.plan.sizing.host,
+      pidsMax: vmmPidsMax(record.shape.maxVcpus, 0, deps.config.hypervisor.vmmPidsMargin),
     });
     undo.push('remove cgroup', async () => {
       await undo.attempt('kill QEMU', () => vm.kill());

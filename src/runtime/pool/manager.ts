@@ -10,7 +10,7 @@ import { promises as fsp } from 'node:fs';
 import path from 'node:path';
 import { Gauge, type Registry } from 'prom-client';
 import type { AgentClient } from '../../agent-client/index.js';
-import { type CgroupDriver, type PlacementRecord, sharesToWeight } from '../../cgroups/index.js';
+import { type CgroupDriver, type PlacementRecord, sharesToWeight, vmmPidsMax } from '../../cgroups/index.js';
 import { errorMessage, invalid } from '../../common/errors.js';
 import { newObjectId } from '../../common/ids.js';
 import type { Logger } from '../../common/logger.js';
@@ -390,6 +390,7 @@ export class PoolManager implements SandboxPool {
         cgroupParent: this.cgroupParent,
         pid: vm.pid,
         limits: poolCgroupLimits(config.pool.cpuShares),
+        pidsMax: vmmPidsMax(record.shape.maxVcpus, 0, config.hypervisor.vmmPidsMargin),
         parentCpuShares: config.pool.cpuShares,
       });
       record.placement = withPoolCgroup(placement);

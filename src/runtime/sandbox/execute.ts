@@ -6,8 +6,10 @@
  * registers its undo on one RollbackSteps list right next to it; a failure runs them newest first
  * and rethrows.
  */
+
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
+import { vmmPidsMax } from '../../cgroups/index.js';
 import { errnoCode, errorMessage, internal } from '../../common/errors.js';
 import { startVirtiofsd, startVm, type VirtiofsdProcess, type VmmIdentity, type VmProcess } from '../../hypervisor/index.js';
 import type { PodNetworkRecord, PodNetworks } from '../../network/index.js';
@@ -45,8 +47,7 @@ export async function executeSandbox(deps: CreateDeps, prep: SandboxPreparation)
     if (prep.network !== null) await attachNetwork(run, prep.network.networks, prep.network.record, identity);
     const virtiofsd = prep.layout.withAgent ? await startSharedFs(run, identity) : undefined;
     if (identity !== undefined) await makeJail(run, identity);
-    const vm = await launchVm(run, identity);
-    await placeVm(run, vm, virtiofsd);
+    const vm = await launchVm(run, identity, virtiofsd);
     const agent = await bootGuest(run, vm);
     record.phase = 'running';
     record.state = 'SANDBOX_READY';
@@ -187,13 +188,16 @@ async function startSharedFs(run: SandboxRun, identity: VmmIdentity | undefined)
 }
 
 /**
- * QEMU, paused (-S), in the pod's network namespace when it has one, confined (chrooted into its
- * jail as its identity) unless the handler opted out; its sockets made 0600.
+ * QEMU, paused (-S), in the pod's network namespace when it has one, confined (in a mount
+ * namespace pivot_rooted into its jail, as its identity) unless the handler opted out, placed in
+ * its cgroup before it runs (placeVmm); its sockets made 0600.
  */
-async function launchVm(run: SandboxRun, identity: VmmIdentity | undefined): Promise<VmProcess> {
+async function launchVm(run: SandboxRun, identity: VmmIdentity | undefined, virtiofsd: VirtiofsdProcess | undefined): Promise<VmProcess> {
   const { layout, network, req } = run.prep;
   const { plan } = run.record;
+  const started: { vm?: VmProcess } = {};
   const vm = await run.launchers.startVm({
+    place: (pid) => placeVmm(run, pid, virtiofsd, started),
     qemuBinary: plan.qemu.binary,
     argv: plan.qemu.argv,
     workDir: layout.workDir,
@@ -203,6 +207,7 @@ async function launchVm(run: SandboxRun, identity: VmmIdentity | undefined): Pro
     ...(network === null ? {} : { netnsPath: network.record.netnsPath }),
     ...(identity === undefined ? {} : { jail: { jailDir: layout.jailDir, identity, ...vfioMemlock(run) } }),
   });
+  started.vm = vm;
   run.undo.push('kill QEMU', () => vm.kill());
   run.record.vmm = {
     pid: vm.pid,
@@ -233,28 +238,33 @@ function vfioMemlock(run: SandboxRun): { memlockBytes?: number } {
 const VFIO_MEMLOCK_SLACK_MIB = 64;
 
 /**
- * Placed while still paused: no guest instruction runs outside the pod's budget, and virtiofsd
- * (which serves the guest's file I/O), with its sandbox child, shares that budget.
+ * Placed before QEMU runs (confined: the jailer waits for it; unconfined: QEMU is paused): no
+ * guest instruction, and nothing a compromised QEMU could fork, runs outside the pod's budget and
+ * pids.max, and virtiofsd (which serves the guest's file I/O), with its sandbox child, shares it.
  */
-async function placeVm(run: SandboxRun, vm: VmProcess, virtiofsd: VirtiofsdProcess | undefined): Promise<void> {
+async function placeVmm(run: SandboxRun, pid: number, virtiofsd: VirtiofsdProcess | undefined, started: { vm?: VmProcess }): Promise<void> {
   const { cgroups } = run.deps;
   const placement = await cgroups.place({
     sandboxId: run.prep.req.id,
     cgroupParent: run.prep.cgroupParent,
-    pid: vm.pid,
+    pid,
     ...(virtiofsd === undefined ? {} : { extraPids: virtiofsd.pids() }),
     limits: run.record.plan.sizing.host,
+    // No iothreads in kata-ts's argv (src/hypervisor): vCPUs and the margin.
+    pidsMax: vmmPidsMax(run.record.shape.maxVcpus, 0, run.deps.config.hypervisor.vmmPidsMargin),
   });
   // A cgroup is removed only once no process is left in it, so this undo ends QEMU and virtiofsd
-  // first; their own undo steps, which come after it, then find them gone.
+  // first; their own undo steps, which come after it, then find them gone. (A start that fails
+  // after this point has ended its process already: startVm leaves none.)
   run.undo.push('remove cgroup', async () => {
-    await run.undo.attempt('kill QEMU', () => vm.kill());
+    const { vm } = started;
+    if (vm !== undefined) await run.undo.attempt('kill QEMU', () => vm.kill());
     if (virtiofsd !== undefined) await run.undo.attempt('stop virtiofsd', () => virtiofsd.stop(0));
     await cgroups.remove(placement);
   });
   run.record.placement = placement;
   await run.persist();
-  run.log.info({ pid: vm.pid, virtiofsdPid: virtiofsd?.pid, placement: cgroups.describe(placement) }, 'VMM placed; resuming the VM');
+  run.log.info({ pid, virtiofsdPid: virtiofsd?.pid, placement: cgroups.describe(placement) }, 'VMM placed before it runs');
   const shortfallBytes = run.record.plan.sizing.overheadShortfallBytes;
   if (shortfallBytes !== undefined) {
     run.log.warn(

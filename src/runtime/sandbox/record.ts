@@ -164,6 +164,7 @@ export const PLACEMENT_RECORD_SCHEMA = {
     slice: { type: 'string' },
     paths: { type: 'object', additionalProperties: { type: 'string' } },
     createdParents: { type: 'array', items: { type: 'string' } },
+    pidsMax: { type: 'integer', minimum: 1 },
     limits: {
       type: 'object',
       required: ['cpuQuotaMillicores', 'cpuRequestMillicores', 'memoryLimitBytes'],
