@@ -5,7 +5,7 @@
  */
 import { constants, promises as fsp } from 'node:fs';
 import path from 'node:path';
-import { errnoCode, errorMessage, invalid } from '../../common/errors.js';
+import { errnoCode, errorMessage, invalid, isKataError } from '../../common/errors.js';
 import type { OciGuestLayout, OciSpecInput } from '../../oci/index.js';
 import { seccompLocalhostRef } from '../../oci/index.js';
 import type { ContainerSpec } from '../spec/container.js';
@@ -64,13 +64,36 @@ export async function readFileInRoot(root: string, rel: string, maxBytes = MAX_E
   }
 }
 
-/** The Localhost seccomp profile's text, when the container names one (read from the host). */
+/** A seccomp profile is a few KiB of JSON (Docker's default is 20 KiB); more is not one. */
+export const MAX_SECCOMP_PROFILE_BYTES = 1024 * 1024;
+
+/**
+ * The Localhost seccomp profile's text, when the container names one (read from the host, as
+ * root, as containerd and CRI-O read it: any absolute path the kubelet resolved, links followed,
+ * since the kubelet's root may be one). Held to an absolute, normalised path of a regular file
+ * (never a FIFO or device, which would block or stream) of at most MAX_SECCOMP_PROFILE_BYTES.
+ */
 export async function readSeccompProfile(spec: ContainerSpec): Promise<string | undefined> {
   const ref = seccompLocalhostRef(spec.linux?.security_context ?? null);
   if (ref === undefined) return undefined;
+  const refuse = (why: string) =>
+    invalid(
+      'CONTAINER_SECCOMP_PROFILE_UNREADABLE',
+      `container.linux.security_context.seccomp names Localhost profile "${ref}", which ${why}`,
+    );
+  if (!ref.startsWith('/') || ref.includes('\0') || ref.split('/').includes('..')) throw refuse('is not an absolute path without ".."');
   try {
-    return await fsp.readFile(ref, 'utf8');
+    const handle = await fsp.open(ref, constants.O_RDONLY | constants.O_NONBLOCK);
+    try {
+      const st = await handle.stat();
+      if (!st.isFile()) throw refuse('is not a regular file');
+      if (st.size > MAX_SECCOMP_PROFILE_BYTES) throw refuse(`is larger than ${MAX_SECCOMP_PROFILE_BYTES} bytes`);
+      return await handle.readFile('utf8');
+    } finally {
+      await handle.close();
+    }
   } catch (err) {
+    if (isKataError(err)) throw err;
     throw invalid(
       'CONTAINER_SECCOMP_PROFILE_UNREADABLE',
       `container.linux.security_context.seccomp names Localhost profile "${ref}", which cannot be read: ${errorMessage(err)}`,
