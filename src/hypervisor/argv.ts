@@ -225,7 +225,9 @@ export function buildQemuArgv(spec: QemuArgvSpec): string[] {
 
   add('-chardev', `socket,id=${QMP_CHARDEV_ID},path=${optionValue(spec.paths.qmpSocket)},server=on,wait=off`);
   add('-mon', `chardev=${QMP_CHARDEV_ID},mode=control`);
-  add('-chardev', `file,id=${CONSOLE_CHARDEV_ID},path=${optionValue(spec.paths.consoleLog)}`);
+  // append=on: QEMU opens the log O_APPEND, so its writes follow the runtime's truncation when the
+  // log is rotated past its cap (src/hypervisor/console-log.ts) instead of leaving a sparse file.
+  add('-chardev', `file,id=${CONSOLE_CHARDEV_ID},path=${optionValue(spec.paths.consoleLog)},append=on`);
   add('-device', `isa-serial,chardev=${CONSOLE_CHARDEV_ID}`);
 
   add('-device', `virtio-serial-pci,id=${VIRTIO_SERIAL_ID},bus=pcie.0,addr=${slotAddr(ROOT_SLOTS.virtioSerial)}`);

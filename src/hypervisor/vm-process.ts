@@ -2,6 +2,7 @@ import path from 'node:path';
 import { errorMessage, internal, type KataError, precondition, timedOut } from '../common/errors.js';
 import type { Logger } from '../common/logger.js';
 import { isSameLiveProcess } from '../common/procfs.js';
+import { ConsoleLog } from './console-log.js';
 import type { GuestReport } from './guest-protocol.js';
 import { tailFile } from './log-tail.js';
 import type { QmpClient } from './qmp/client.js';
@@ -79,6 +80,9 @@ export interface VmProcess {
   release(): void;
 }
 
+/** Console lines read as QEMU exits, for the exit record and errors after it. */
+const CONSOLE_LINES_KEPT_AT_EXIT = 50;
+
 /** How long after SIGKILL we still wait for the exit to be observed. */
 const KILL_GRACE_MS = 5_000;
 
@@ -108,6 +112,10 @@ export class VmHandle implements VmProcess {
   private readonly stopWatching: () => void;
   private shutdownInFlight: Promise<ShutdownResult> | undefined;
   private failure: KataError | undefined;
+  /** The console log, reached beneath its directory's fd (undefined when it has none). */
+  private readonly consoleLog: ConsoleLog | undefined;
+  /** The console's last lines, read as QEMU exited (the directory fd closes then). */
+  private consoleAtExit: string | undefined;
 
   constructor(init: VmHandleInit) {
     this.pid = init.pid;
@@ -117,6 +125,7 @@ export class VmHandle implements VmProcess {
     this.ready = init.ready;
     this.logger = init.logger;
     this.stopWatching = init.stopWatching;
+    this.consoleLog = this.openConsoleLog(init.paths.consoleLog);
     this.qmp.on('SHUTDOWN', (e) => {
       this.shutdownReason = typeof e.data?.reason === 'string' ? e.data.reason : 'unknown';
     });
@@ -126,7 +135,11 @@ export class VmHandle implements VmProcess {
     void this.qmp.closed.then((info) => {
       if (info.violation !== undefined) this.fail(info.violation);
     });
-    this.exited = init.processExit.then(({ code, signal }) => {
+    this.exited = init.processExit.then(async ({ code, signal }) => {
+      if (this.consoleLog !== undefined) {
+        this.consoleAtExit = await this.consoleLog.tail(CONSOLE_LINES_KEPT_AT_EXIT);
+        this.consoleLog.close();
+      }
       this.exitValue = {
         code,
         signal,
@@ -179,7 +192,23 @@ export class VmHandle implements VmProcess {
   }
 
   consoleTail(lines = 20): Promise<string> {
-    return this.paths.consoleLog === undefined ? Promise.resolve('') : tailFile(this.paths.consoleLog, lines);
+    if (this.consoleAtExit !== undefined) return Promise.resolve(this.consoleAtExit.split('\n').slice(-lines).join('\n'));
+    return this.consoleLog?.tail(lines) ?? Promise.resolve('');
+  }
+
+  /** Check the console log's size now (and rotate it past its cap); tests and the periodic check. */
+  checkConsoleLog(): Promise<string> {
+    return this.consoleLog?.check() ?? Promise.resolve('absent');
+  }
+
+  private openConsoleLog(file: string | undefined): ConsoleLog | undefined {
+    if (file === undefined) return undefined;
+    try {
+      return new ConsoleLog(file, this.logger);
+    } catch (err) {
+      this.logger.warn({ file, err: errorMessage(err) }, 'console log directory not opened; its tail is unavailable');
+      return undefined;
+    }
   }
 
   /**
@@ -195,6 +224,7 @@ export class VmHandle implements VmProcess {
 
   release(): void {
     this.stopWatching();
+    this.consoleLog?.close();
     this.qmp.close();
     this.ready?.close();
   }
@@ -227,9 +257,13 @@ export class VmHandle implements VmProcess {
       });
       const timer = setTimeout(() => {
         finish();
-        void this.consoleTail(10).then((consoleTail) =>
-          reject(timedOut(timeoutReason, `VM pid ${this.pid} did not send ${what} within ${timeoutMs} ms.`, { details: { consoleTail } })),
-        );
+        void this.consoleTail(10)
+          .catch(() => '')
+          .then((consoleTail) =>
+            reject(
+              timedOut(timeoutReason, `VM pid ${this.pid} did not send ${what} within ${timeoutMs} ms.`, { details: { consoleTail } }),
+            ),
+          );
       }, timeoutMs);
       void this.exited.then(async (exit) => {
         if (done) return;

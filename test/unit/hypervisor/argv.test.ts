@@ -156,7 +156,7 @@ describe('buildQemuArgv properties', () => {
 
   it('escapes commas in paths given to QEMU options', () => {
     const argv = buildQemuArgv(loadSpec('tcg-static-extra-params'));
-    expect(flagValues(argv, '-chardev')).toContain('file,id=console,path=/var/lib/kata-ts/sandboxes/with,,comma/console.log');
+    expect(flagValues(argv, '-chardev')).toContain('file,id=console,path=/var/lib/kata-ts/sandboxes/with,,comma/console.log,append=on');
   });
 
   it('refuses a unix socket path longer than sun_path, naming the field and the length', () => {
