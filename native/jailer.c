@@ -12,8 +12,11 @@
  *      changes directory to the new root, so no directory of the host is reachable by any path,
  *      relative or absolute, nor through the working directory;
  *   3. sets each --rlimit (soft = hard: the unprivileged QEMU cannot raise them again);
- *   4. closes every descriptor from --keep-fds on (only what the runtime meant to hand QEMU);
- *   5. execs the rest of its arguments (setpriv, found inside the jail, drops to QEMU's identity).
+ *   4. with --wait-fd, waits for one byte there: the runtime puts this process in the pod's cgroup
+ *      meanwhile, so QEMU (and anything it could fork) starts inside it and its pids.max; end of
+ *      file instead (the runtime gave up) exits without running anything;
+ *   5. closes every descriptor from --keep-fds on (only what the runtime meant to hand QEMU);
+ *   6. execs the rest of its arguments (setpriv, found inside the jail, drops to QEMU's identity).
  * Every failure prints one line naming the step and exits 125, before QEMU exists.
  */
 #define _GNU_SOURCE
@@ -40,7 +43,7 @@ static void die(const char *step, const char *what) {
 static void usage(const char *why) {
   fprintf(stderr,
           "kata-ts-jailer: %s\nusage: kata-ts-jailer --root=DIR [--new-netns] "
-          "[--rlimit=NAME=LIMIT]... [--keep-fds=N] -- PROGRAM [ARG]...\n",
+          "[--rlimit=NAME=LIMIT]... [--keep-fds=N] [--wait-fd=N] -- PROGRAM [ARG]...\n",
           why);
   exit(FAIL_EXIT);
 }
@@ -71,7 +74,7 @@ static int parse_u64(const char *text, unsigned long long *out) {
 int main(int argc, char **argv) {
   const char *root = NULL;
   struct rlimit_arg limits[MAX_RLIMITS];
-  int nlimits = 0, new_netns = 0, keep_fds = 3, i;
+  int nlimits = 0, new_netns = 0, keep_fds = 3, wait_fd = -1, i;
 
   for (i = 1; i < argc; i++) {
     const char *a = argv[i];
@@ -86,6 +89,10 @@ int main(int argc, char **argv) {
       unsigned long long n;
       if (parse_u64(a + 11, &n) != 0 || n < 3 || n > 64) usage("--keep-fds must be a number from 3 to 64");
       keep_fds = (int)n;
+    } else if (strncmp(a, "--wait-fd=", 10) == 0) {
+      unsigned long long n;
+      if (parse_u64(a + 10, &n) != 0 || n < 3 || n > 63) usage("--wait-fd must be a number from 3 to 63");
+      wait_fd = (int)n;
     } else if (strncmp(a, "--rlimit=", 9) == 0) {
       char name[16];
       const char *eq = strchr(a + 9, '=');
@@ -119,6 +126,18 @@ int main(int argc, char **argv) {
   for (int l = 0; l < nlimits; l++) {
     struct rlimit rl = {limits[l].limit, limits[l].limit};
     if (setrlimit(limits[l].resource, &rl) != 0) die("setting a resource limit", NULL);
+  }
+
+  if (wait_fd >= 0) {
+    char go;
+    ssize_t got;
+    do got = read(wait_fd, &go, 1);
+    while (got < 0 && errno == EINTR);
+    if (got != 1) {
+      if (got == 0) errno = ECANCELED;
+      die("waiting for the runtime to place the VMM", NULL);
+    }
+    close(wait_fd);
   }
 
 #ifdef SYS_close_range

@@ -225,6 +225,11 @@ export interface VmmLaunchSpec {
   jail?: { jailDir: string; identity: VmmIdentity; jailerBinary: string; memlockBytes?: number };
   /** Descriptors 3 and up the runtime hands QEMU (kept open by the jailer); 0 unless given. */
   extraFds?: number;
+  /**
+   * Confined only: the jailer waits for one byte on this descriptor after its namespaces and
+   * limits are set and before it execs setpriv, so the runtime can place it in its cgroup first.
+   */
+  waitFd?: number;
 }
 
 /** util-linux unshare: a new network namespace for an unconfined QEMU without a pod network (no fork). */
@@ -260,6 +265,9 @@ export function vmmLaunchCommand(spec: VmmLaunchSpec): { file: string; args: str
       : { file: JAIL_NSENTER_BINARY, args: [...net, '--', spec.qemuBinary, ...spec.argv] };
   }
   const { jailDir, identity, jailerBinary } = spec.jail;
+  if (spec.waitFd !== undefined && (!Number.isSafeInteger(spec.waitFd) || spec.waitFd < 3 || spec.waitFd > 63)) {
+    throw invalid('VM_IDENTITY_INVALID', `the jailer's start gate must be a descriptor from 3 to 63, not ${spec.waitFd}.`);
+  }
   const memlockBytes = spec.jail.memlockBytes ?? DEFAULT_VMM_MEMLOCK_BYTES;
   requirePath('jailDir', jailDir);
   requirePath('jailerBinary', jailerBinary);
@@ -282,6 +290,7 @@ export function vmmLaunchCommand(spec: VmmLaunchSpec): { file: string; args: str
     `--rlimit=memlock=${memlockBytes}`,
     '--rlimit=core=0',
     `--keep-fds=${3 + extraFds}`,
+    ...(spec.waitFd === undefined ? [] : [`--wait-fd=${spec.waitFd}`]),
     '--',
     SETPRIV_BINARY,
     `--reuid=${identity.uid}`,

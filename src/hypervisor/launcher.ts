@@ -1,6 +1,7 @@
 import { type ChildProcess, spawn } from 'node:child_process';
 import { closeSync, promises as fsp, openSync } from 'node:fs';
 import path from 'node:path';
+import type { Writable } from 'node:stream';
 import { errorMessage, internal, isReason, type KataError, notFound, precondition, timedOut, unavailable } from '../common/errors.js';
 import type { Logger } from '../common/logger.js';
 import { packageRoot } from '../common/paths.js';
@@ -38,6 +39,13 @@ export interface StartVmOptions {
    * (vmmLaunchCommand). `jailerBinary` defaults to defaultJailerBinary(). Absent: as root.
    */
   jail?: { jailDir: string; identity: VmmIdentity; memlockBytes?: number; jailerBinary?: string };
+  /**
+   * Put the process in its cgroup before anything of QEMU runs. Confined, the jailer waits for it
+   * (--wait-fd) after its namespaces and limits are set and before it execs setpriv: QEMU, and
+   * anything QEMU would fork, start inside the pod's cgroup and its pids.max. Unconfined, it runs
+   * right after the spawn (QEMU is paused, -S). A throw ends the process and fails the start.
+   */
+  place?: (pid: number) => Promise<void>;
 }
 
 /** util-linux nsenter, which enters a namespace and execs the command (no fork). */
@@ -63,6 +71,8 @@ const LIVENESS_POLL_MS = 1_000;
  */
 export async function startVm(options: StartVmOptions): Promise<VmProcess> {
   const paths = options.paths ?? vmPaths(options.workDir);
+  // Only the jailer can hold the start; an unconfined QEMU is placed while paused.
+  const gated = options.jail !== undefined && options.place !== undefined;
   const logger = options.logger.child({ component: 'qemu' });
   const startTimeoutMs = options.startTimeoutMs ?? DEFAULT_START_TIMEOUT_MS;
   const qmpOptions = { logger, ...(options.qmpTimeoutMs === undefined ? {} : { timeoutMs: options.qmpTimeoutMs }) };
@@ -74,10 +84,10 @@ export async function startVm(options: StartVmOptions): Promise<VmProcess> {
     argv: options.argv,
     ...(options.netnsPath === undefined ? {} : { netnsPath: options.netnsPath }),
     ...(options.jail === undefined ? {} : { jail: { jailerBinary: defaultJailerBinary(), ...options.jail } }),
+    ...(gated ? { waitFd: START_GATE_FD } : {}),
   });
-  const child = await spawnDetached(command.file, command.args, paths.qemuLog);
+  const child = await spawnDetached(command.file, command.args, paths.qemuLog, gated);
   const pid = child.pid!;
-  logger.info({ pid, qemuLog: paths.qemuLog, uid: options.jail?.identity.uid ?? 0 }, 'QEMU started (paused)');
   const processExit = new Promise<{ code: number | null; signal: string | null }>((resolve) => {
     if (child.exitCode !== null || child.signalCode !== null) resolve({ code: child.exitCode, signal: child.signalCode });
     else child.once('exit', (code, signal) => resolve({ code, signal }));
@@ -89,6 +99,9 @@ export async function startVm(options: StartVmOptions): Promise<VmProcess> {
   let qmp: QmpClient | undefined;
   let ready: ReadyChannel | undefined;
   try {
+    if (options.place !== undefined) await options.place(pid);
+    if (gated) await openGate(child);
+    logger.info({ pid, qemuLog: paths.qemuLog, uid: options.jail?.identity.uid ?? 0 }, 'QEMU started (paused)');
     const deadline = Date.now() + startTimeoutMs;
     qmp = await retryUntil(
       () => connectQmp(paths.qmpSocket, qmpOptions),
@@ -131,7 +144,20 @@ export async function startVm(options: StartVmOptions): Promise<VmProcess> {
   }
 }
 
-async function spawnDetached(binary: string, argv: string[], logFile: string): Promise<ChildProcess> {
+/** The descriptor the jailer reads its go-ahead from (a socket whose other end is ours). */
+const START_GATE_FD = 3;
+
+/** Let a gated start go on: one byte to the jailer, then our end closed. */
+async function openGate(child: ChildProcess): Promise<void> {
+  const gate = child.stdio[START_GATE_FD] as Writable | null | undefined;
+  if (gate === null || gate === undefined) throw internal('QEMU_SPAWN_FAILED', 'the jailer was started without its start gate.');
+  await new Promise<void>((resolve, reject) => {
+    gate.once('error', reject);
+    gate.end(Buffer.from([1]), () => resolve());
+  });
+}
+
+async function spawnDetached(binary: string, argv: string[], logFile: string, gated = false): Promise<ChildProcess> {
   let logFd: number;
   try {
     logFd = openSync(logFile, 'w', 0o640);
@@ -139,7 +165,7 @@ async function spawnDetached(binary: string, argv: string[], logFile: string): P
     throw precondition('QEMU_LOG_UNWRITABLE', `QEMU log file ${logFile} cannot be created.`, { cause: err });
   }
   try {
-    const child = spawn(binary, argv, { detached: true, stdio: ['ignore', logFd, logFd] });
+    const child = spawn(binary, argv, { detached: true, stdio: ['ignore', logFd, logFd, ...(gated ? (['pipe'] as const) : [])] });
     await new Promise<void>((resolve, reject) => {
       child.once('spawn', resolve);
       child.once('error', (err) => reject(unavailable('QEMU_SPAWN_FAILED', `QEMU binary ${binary} could not be started.`, { cause: err })));

@@ -353,6 +353,10 @@ export class PoolManager implements SandboxPool {
         );
         jail = { jailDir, identity };
       }
+      // Below the pods that run: QEMU in the pool's cgroup (low CPU weight against the pods'
+      // cgroups), placed before it runs (the jailer waits for it), every thread at nice 19 (low
+      // against any other thread of its cgroup), until claimed.
+      const launched: { vm?: VmProcess } = {};
       const vm = await startVm({
         qemuBinary: planned.qemu.binary,
         argv: planned.qemu.argv,
@@ -362,7 +366,25 @@ export class PoolManager implements SandboxPool {
         qmpTimeoutMs: config.hypervisor.qmpTimeoutMs,
         ...(record.network === null ? {} : { netnsPath: record.network.netnsPath }),
         ...(jail === undefined ? {} : { jail }),
+        place: async (pid) => {
+          undo.push('remove the pool cgroup', async () => {
+            const { vm: running } = launched;
+            if (running !== undefined) await undo.attempt('kill QEMU', () => running.kill());
+            await this.removePoolCgroup(record);
+          });
+          const placement = await this.deps.cgroups.place({
+            sandboxId: id,
+            cgroupParent: this.cgroupParent,
+            pid,
+            limits: poolCgroupLimits(config.pool.cpuShares),
+            pidsMax: vmmPidsMax(record.shape.maxVcpus, 0, config.hypervisor.vmmPidsMargin),
+            parentCpuShares: config.pool.cpuShares,
+          });
+          record.placement = withPoolCgroup(placement);
+          await persist();
+        },
       });
+      launched.vm = vm;
       undo.push('kill QEMU', () => vm.kill());
       this.inflight = vm;
       if (this.closed) throw new Error('the daemon is stopping');
@@ -379,22 +401,6 @@ export class PoolManager implements SandboxPool {
       await persist();
       await restrictSocketModes(workDir);
       if (jail !== undefined) await restrictSocketModes(sandboxVmmDir(workDir));
-      // Below the pods that run: QEMU in the pool's cgroup (low CPU weight against the pods'
-      // cgroups), every thread at nice 19 (low against any other thread of its cgroup), until claimed.
-      undo.push('remove the pool cgroup', async () => {
-        await undo.attempt('kill QEMU', () => vm.kill());
-        await this.removePoolCgroup(record);
-      });
-      const placement = await this.deps.cgroups.place({
-        sandboxId: id,
-        cgroupParent: this.cgroupParent,
-        pid: vm.pid,
-        limits: poolCgroupLimits(config.pool.cpuShares),
-        pidsMax: vmmPidsMax(record.shape.maxVcpus, 0, config.hypervisor.vmmPidsMargin),
-        parentCpuShares: config.pool.cpuShares,
-      });
-      record.placement = withPoolCgroup(placement);
-      await persist();
       reniceProcess(vm.pid, POOL_NICE);
       await vm.resume();
       const report = await vm.waitForReady(config.hypervisor.readyTimeoutMs * POOL_BOOT_BUDGET_FACTOR);

@@ -44,8 +44,8 @@ const STEPS = [
   'shared dir',
   'virtiofsd',
   'jail',
-  'QEMU',
   'cgroup placement',
+  'QEMU',
   'guest ready',
   'agent connect',
   'CreatePod',
@@ -66,9 +66,10 @@ function expectedUndo(networkUndo: string): Record<Step, string[]> {
   const AFTER_SHARED_DIR = ['unmount the shared dir', ...AFTER_NETWORK];
   const AFTER_VIRTIOFSD = ['stop virtiofsd', ...AFTER_SHARED_DIR];
   const AFTER_JAIL = ['release the jail', ...AFTER_VIRTIOFSD];
-  const AFTER_QEMU = ['kill QEMU', ...AFTER_JAIL];
-  const AFTER_PLACEMENT = ['kill QEMU', 'stop virtiofsd', 'remove cgroup', 'release the jail', ...AFTER_SHARED_DIR];
-  const AFTER_AGENT = ['close the agent client', ...AFTER_PLACEMENT];
+  // Placed before QEMU runs: a start that fails after placing ends its own process (startVm leaves none).
+  const AFTER_PLACEMENT = ['stop virtiofsd', 'remove cgroup', 'release the jail', ...AFTER_SHARED_DIR];
+  const AFTER_QEMU = ['kill QEMU', ...AFTER_PLACEMENT];
+  const AFTER_AGENT = ['close the agent client', ...AFTER_QEMU];
   return {
     'write record': [],
     'VMM identity': ['delete record'],
@@ -79,10 +80,10 @@ function expectedUndo(networkUndo: string): Record<Step, string[]> {
     virtiofsd: AFTER_SHARED_DIR,
     // Registered before the jail is built: a half-made one is released.
     jail: AFTER_JAIL,
-    QEMU: AFTER_JAIL,
-    'cgroup placement': AFTER_QEMU,
-    'guest ready': AFTER_PLACEMENT,
-    'agent connect': AFTER_PLACEMENT,
+    'cgroup placement': AFTER_JAIL,
+    QEMU: AFTER_PLACEMENT,
+    'guest ready': AFTER_QEMU,
+    'agent connect': AFTER_QEMU,
     CreatePod: AFTER_AGENT,
     ConfigureNetwork: AFTER_AGENT,
     'final record': AFTER_AGENT,
@@ -311,8 +312,15 @@ async function world(
       if (!o.argv.join(' ').includes(options.joinNetns === undefined ? CNI_MAC : JOINED_MAC)) {
         throw new Error('QEMU started with the placeholder MAC');
       }
-      fail('QEMU');
+      // As the real one: spawned, placed before it runs, then QMP; a failure ends the process itself.
       qemuAlive = true;
+      try {
+        await o.place?.(vm.pid);
+        fail('QEMU');
+      } catch (err) {
+        qemuAlive = false;
+        throw err;
+      }
       w.done.push('QEMU');
       return vm;
     },
