@@ -3,7 +3,7 @@ import { promises as fsp } from 'node:fs';
 import path from 'node:path';
 import { NETNS_DIR } from '../../src/network/index.js';
 import { auditOrphans, ownersFromRecords } from '../../src/runtime/sandbox/orphan-audit.js';
-import { cgroupDirsUnder } from '../../test/helpers/runtime-daemon.js';
+import { cgroupDirsUnder, ownNetnsNames } from '../../test/helpers/runtime-daemon.js';
 import { call, containerCycle, type Pod, type Soak, violate } from './soak-context.js';
 
 /** Every tick from 0 on, each once, in the ticker's CRI log. */
@@ -74,7 +74,10 @@ async function checkNotReadyPod(soak: Soak, pod: Pod, label: string): Promise<vo
 async function checkNoOrphans(soak: Soak, label: string): Promise<void> {
   const { rt } = soak;
   const owners = await ownersFromRecords(rt.stateDir);
-  for (const o of await auditOrphans(owners, { stateDir: rt.stateDir, netnsDir: soak.podNetwork ? NETNS_DIR : undefined }))
+  // /run/netns is the machine's: only the namespaces of pods this daemon made (or began to make)
+  // are judged, never another run's leftovers.
+  const netns = soak.podNetwork ? { netnsDir: NETNS_DIR, netnsScope: await ownNetnsNames(rt, soak.everyPod) } : {};
+  for (const o of await auditOrphans(owners, { stateDir: rt.stateDir, ...netns }))
     violate(soak, `${label}: orphan ${o.kind} ${o.path}${o.pid ? ` pid ${o.pid}` : ''}`);
   const ids = new Set(owners.sandboxes.map((s) => s.id));
   for (const dir of await cgroupDirsUnder(rt.cgroupRoot)) {

@@ -13,6 +13,7 @@ import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { promisify } from 'node:util';
+import { ownNetnsNames, type TestRuntime } from './runtime-daemon.js';
 
 const execFileAsync = promisify(execFile);
 
@@ -200,7 +201,11 @@ export async function createNetworkNode(): Promise<NetworkNode> {
   };
 }
 
-/** Names of pod namespaces kata-ts made (`kata-ts-<16 hex>`) that exist now. */
-export async function podNetnsNames(): Promise<string[]> {
-  return (await fsp.readdir('/run/netns').catch(() => [] as string[])).filter((n) => /^kata-ts-[0-9a-f]{16}$/.test(n));
+/**
+ * Names of pod namespaces (`kata-ts-<16 hex>`) that exist now and that `runtime` made or began to
+ * make (ownNetnsNames): /run/netns is the machine's, and other runs' pods and leftovers are there too.
+ */
+export async function podNetnsNames(runtime: Pick<TestRuntime, 'stateDir' | 'logFile'>): Promise<string[]> {
+  const own = new Set(await ownNetnsNames(runtime));
+  return (await fsp.readdir('/run/netns').catch(() => [] as string[])).filter((n) => /^kata-ts-[0-9a-f]{16}$/.test(n) && own.has(n)).sort();
 }

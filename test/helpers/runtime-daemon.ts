@@ -9,9 +9,11 @@ import { promises as fsp } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { promisify } from 'node:util';
+import { shortIdKey } from '../../src/common/ids.js';
 import { silentLogger } from '../../src/common/logger.js';
 import { DEFAULT_VMM_LEASE_DIR } from '../../src/config/defaults.js';
 import { boundNamespace, readNamespaceMountinfo, removeMountNamespace } from '../../src/runtime/mount-namespace.js';
+import { poolVmRoot, sandboxVmRoot } from '../../src/runtime/sandbox/paths.js';
 import { releaseSharedMounts } from '../../src/runtime/sandbox/shared-dir.js';
 import { mountedHierarchies, treeDeepestFirst } from './cgroups-private.js';
 import { type CriClient, criClient } from './cri-client.js';
@@ -269,6 +271,40 @@ export async function leftovers(
     // vmmCgroupsOnly: the VMMs' own `kata-ts-<sandbox id>` cgroups, not the pod parents above them.
     cgroups: (await cgroupDirsUnder(runtime.cgroupRoot)).filter((d) => !options.vmmCgroupsOnly || /\/kata-ts-[0-9a-f]{64}$/.test(d)),
   };
+}
+
+/**
+ * The 16-hex keys (shortIdKey) of every sandbox and pooled VM this runtime made or began to make:
+ * ids the test knows (RunPodSandbox answers), the records and work dirs of its state dir, and every
+ * sandbox id and `kata-ts-<key>` name its own log mentions (a creation rolled back, or cut short by
+ * a crash, leaves its id there and nowhere else). What a test may call its own on the machine's
+ * shared places (/run/netns): another run's leftovers there are not this runtime's.
+ */
+export async function ownSandboxKeys(
+  runtime: Pick<TestRuntime, 'stateDir' | 'logFile'>,
+  knownIds: readonly string[] = [],
+): Promise<string[]> {
+  const keys = new Set(knownIds.map(shortIdKey));
+  const names = async (d: string) => (await fsp.readdir(d).catch(() => [] as string[])).filter((n) => !n.startsWith('.'));
+  for (const dir of ['sandboxes', 'pool']) {
+    for (const n of await names(path.join(runtime.stateDir, dir)))
+      if (n.endsWith('.json')) keys.add(shortIdKey(n.slice(0, -'.json'.length)));
+  }
+  for (const dir of [sandboxVmRoot(runtime.stateDir), poolVmRoot(runtime.stateDir)]) {
+    for (const n of await names(dir)) if (/^[0-9a-f]{16}$/.test(n)) keys.add(n);
+  }
+  const log = await fsp.readFile(runtime.logFile, 'utf8').catch(() => '');
+  for (const m of log.matchAll(/"(?:sandboxId|poolVmId|id)":"([^"]+)"/g)) keys.add(shortIdKey(m[1]!));
+  for (const m of log.matchAll(/kata-ts-([0-9a-f]{16})\b/g)) keys.add(m[1]!);
+  return [...keys].sort();
+}
+
+/** The pod network namespace names (`kata-ts-<key>`, as netnsNameFor) of ownSandboxKeys. */
+export async function ownNetnsNames(
+  runtime: Pick<TestRuntime, 'stateDir' | 'logFile'>,
+  knownIds: readonly string[] = [],
+): Promise<string[]> {
+  return (await ownSandboxKeys(runtime, knownIds)).map((k) => `kata-ts-${k}`);
 }
 
 /** A minimal RunPodSandboxRequest.config for a pod with the given KEP-4112 containers. */

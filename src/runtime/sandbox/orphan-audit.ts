@@ -37,6 +37,12 @@ export interface AuditOptions {
    * unless a QEMU of another state dir runs in it: another daemon's pod is not ours to name.
    */
   netnsDir?: string;
+  /**
+   * Only these names in `netnsDir` are judged (a test's or a bench's own pods, e.g. from
+   * ownNetnsNames in test/helpers/runtime-daemon.ts): `/run/netns` is the machine's, and another
+   * run's leftover is not this daemon's orphan. Unset: every `kata-ts-<16 hex>` (doctor, the daemon).
+   */
+  netnsScope?: readonly string[];
 }
 
 const VMM_CGROUP = /^kata-ts-([0-9a-f]{64})(\.scope)?$/;
@@ -203,7 +209,10 @@ export async function auditOrphans(owners: AuditOwners, opts: AuditOptions): Pro
 
   if (opts.netnsDir !== undefined) {
     const named = new Set(owners.netnsNames);
-    const unowned = (await entries(opts.netnsDir)).filter((e) => POD_NETNS_NAME.test(e.name) && !named.has(e.name));
+    const scope = opts.netnsScope === undefined ? undefined : new Set(opts.netnsScope);
+    const unowned = (await entries(opts.netnsDir)).filter(
+      (e) => POD_NETNS_NAME.test(e.name) && !named.has(e.name) && (scope === undefined || scope.has(e.name)),
+    );
     const foreign = unowned.length === 0 ? new Set<number>() : await foreignQemuNetns(vmRoot, procRoot);
     for (const e of unowned) {
       const p = path.join(opts.netnsDir, e.name);

@@ -17,7 +17,7 @@ import { processesMentioning } from '../../helpers/hypervisor-guest.js';
 import { type RegistryHandle, startRegistry } from '../../helpers/images-registry.js';
 import { createNetworkNode, type NetworkNode } from '../../helpers/network-node.js';
 import { until as pollUntil } from '../../helpers/poll.js';
-import { createTestRuntime, podConfig, type TestRuntime } from '../../helpers/runtime-daemon.js';
+import { createTestRuntime, ownNetnsNames, podConfig, type TestRuntime } from '../../helpers/runtime-daemon.js';
 import { scaledMs } from '../../helpers/time-scale.js';
 
 const repo = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../..');
@@ -260,8 +260,11 @@ describe('pod networking through CNI (real plugins, real QEMU, a node namespace 
       await until('the third pod VM', async () => (qemusUnder(path.join(rt.stateDir, 'vm')).length > vmsBefore ? true : undefined));
       process.kill(rt.pid(), 'SIGKILL');
       await pending;
+      // Of those, only this daemon's (its state dir and log name the killed pod's id): another
+      // run on the machine may make pods of its own meanwhile.
+      const own = new Set(await ownNetnsNames(rt));
       const made = (await fsp.readdir('/run/netns')).filter(
-        (n) => n.startsWith('kata-ts-') && !netnsBefore.has(n) && !sandboxes.map(netnsNameFor).includes(n),
+        (n) => n.startsWith('kata-ts-') && own.has(n) && !netnsBefore.has(n) && !sandboxes.map(netnsNameFor).includes(n),
       );
       await rt.start();
       expect(await node.allocations()).toEqual(allocationsBefore);

@@ -50,13 +50,13 @@ describe('pod network refusals and rollback (real CNI plugins, no VM)', () => {
     const ready = await networkReady();
     expect(ready).toMatchObject({ status: false, reason: 'CniPluginMissing' });
     expect(ready.message).toContain('"portmap"');
-    const before = await podNetnsNames();
+    const before = await podNetnsNames(rt);
     await expectGrpcError(
       rt.cri.runtime.RunPodSandbox({ config: podConfig(rt, 'no-portmap') }),
       status.FAILED_PRECONDITION,
       'CNI_PLUGIN_MISSING',
     );
-    expect(await podNetnsNames()).toEqual(before);
+    expect(await podNetnsNames(rt)).toEqual(before);
     expect(await node.allocations()).toEqual([]);
   });
 
@@ -69,11 +69,11 @@ describe('pod network refusals and rollback (real CNI plugins, no VM)', () => {
     });
     await rt.restart();
     expect(await networkReady()).toMatchObject({ status: true });
-    const before = await podNetnsNames();
+    const before = await podNetnsNames(rt);
     const linksBefore = await node.links();
     const err = await rt.cri.runtime.RunPodSandbox({ config: podConfig(rt, 'qemu-fails') }).catch((e: unknown) => e);
     expect(err).toMatchObject({ details: expect.stringMatching(/QEMU|qemu/) });
-    expect(await podNetnsNames()).toEqual(before);
+    expect(await podNetnsNames(rt)).toEqual(before);
     expect(await node.allocations()).toEqual([]);
     // The bridge may have been created by the first ADD; no veth is left on it.
     expect((await node.links()).filter((l) => !linksBefore.includes(l) && l !== node.bridge)).toEqual([]);

@@ -128,6 +128,12 @@ describe('auditOrphans', () => {
         `cgroup cg/kata-ts-${E}.scope`,
       ].sort(),
     );
+    // A test or bench judges only its own pods' namespaces: B's is another run's leftover to it.
+    const opts = { stateDir: state, procRoot: path.join(root, 'proc'), mountinfo, netnsDir: netns };
+    const netnsOf = async (scope: string[]) =>
+      (await auditOrphans(owners, { ...opts, netnsScope: scope })).filter((o) => o.kind === 'netns').map((o) => path.basename(o.path));
+    expect(await netnsOf([`kata-ts-${A.slice(0, 16)}`, `kata-ts-${C.slice(0, 16)}`])).toEqual([]);
+    expect(await netnsOf([`kata-ts-${B.slice(0, 16)}`])).toEqual([`kata-ts-${B.slice(0, 16)}`]);
   });
 
   it('finds nothing in an empty or missing state dir', async () => {
