@@ -1,6 +1,6 @@
 import { Buffer } from 'node:buffer';
 import { randomBytes } from 'node:crypto';
-import { timedOut, unavailable } from '../common/errors.js';
+import { exhausted, timedOut, unavailable } from '../common/errors.js';
 import { decodeOpen, encodeFrame, encodeOpen, encodeReset, type Frame, FrameType, type HelloParams, ResetCode } from './frames.js';
 import { ChannelStream, type StreamOwner } from './stream.js';
 
@@ -23,6 +23,14 @@ export interface SessionOptions {
 /** Called for every stream the peer opens. */
 export type StreamHandler = (stream: ChannelStream, method: string, timeoutMs: number) => void;
 
+/**
+ * Control frames (PONGs, RESETs, WINDOW_UPDATEs) queued and not yet taken by the link. Each
+ * answers a frame of the peer, so a peer that sends PINGs or bad OPENs and never reads would
+ * grow this queue without end; past the bound the session ends (CHANNEL_CONTROL_FLOOD). An
+ * honest peer keeps a handful queued: 1 MiB is tens of thousands of frames.
+ */
+export const CONTROL_QUEUE_MAX_BYTES = 1024 * 1024;
+
 /** Bytes the writer hands to the link at once: frames queued together go in one write. */
 const BATCH_BYTES = 256 * 1024;
 
@@ -36,6 +44,7 @@ const BATCH_BYTES = 256 * 1024;
 export class Session implements StreamOwner {
   private readonly streams = new Map<number, ChannelStream>();
   private readonly control: Buffer[] = [];
+  private controlBytes = 0;
   private readonly ready = new Set<ChannelStream>();
   private readonly pings = new Map<string, (rttMs: number) => void>();
   /** Streams opened here beyond the peer's maxStreams: their OPEN waits for a free slot. */
@@ -145,6 +154,7 @@ export class Session implements StreamOwner {
     this.closedFlag = true;
     this.closeError = err;
     this.control.length = 0;
+    this.controlBytes = 0;
     this.ready.clear();
     for (const stream of [...this.streams.values()]) stream.onSessionClosed(err);
     this.streams.clear();
@@ -154,7 +164,14 @@ export class Session implements StreamOwner {
 
   sendControl(frame: Buffer): void {
     if (this.closedFlag) return;
+    if (this.controlBytes + frame.length > CONTROL_QUEUE_MAX_BYTES) {
+      this.close(
+        exhausted('CHANNEL_CONTROL_FLOOD', `over ${CONTROL_QUEUE_MAX_BYTES} bytes of control frames queued: the peer does not read.`),
+      );
+      return;
+    }
     this.control.push(frame);
+    this.controlBytes += frame.length;
     this.pump();
   }
 
@@ -219,6 +236,7 @@ export class Session implements StreamOwner {
     let bytes = 0;
     while (this.control.length > 0 && bytes < BATCH_BYTES) {
       const frame = this.control.shift()!;
+      this.controlBytes -= frame.length;
       out.push(frame);
       bytes += frame.length;
     }
