@@ -25,6 +25,8 @@ const IPC_KINDS = ['shm', 'msg', 'sem'] as const;
 /** The id column of each /proc/sysvipc table, and the owner columns read from each. */
 const IPC_ID_COLUMN: Record<(typeof IPC_KINDS)[number], string> = { shm: 'shmid', msg: 'msqid', sem: 'semid' };
 const IPC_OWNER_COLUMNS = ['uid', 'gid', 'cuid', 'cgid'];
+/** /proc/<pid>/status files read at once. */
+const STATUS_BATCH = 64;
 
 function add(residue: UidResidue, owner: number, item: ResidueItem): void {
   const list = residue.get(owner);
@@ -80,11 +82,14 @@ async function readOrEmpty(file: string): Promise<string> {
 export async function readUidResidue(procRoot: string, firstId: number, lastId: number): Promise<UidResidue> {
   const residue: UidResidue = new Map();
   const inRange = (id: number) => id >= firstId && id <= lastId;
-  for (const name of await fsp.readdir(procRoot)) {
-    if (!/^[0-9]+$/.test(name)) continue;
-    for (const id of statusIds(await readOrEmpty(path.join(procRoot, name, 'status')))) {
-      if (inRange(id)) add(residue, id, { kind: 'process', id: Number(name) });
-    }
+  const pids = (await fsp.readdir(procRoot)).filter((name) => /^[0-9]+$/.test(name));
+  // Read in batches: one status at a time costs a RunPodSandbox ~0.2 ms per host process.
+  for (let i = 0; i < pids.length; i += STATUS_BATCH) {
+    const batch = pids.slice(i, i + STATUS_BATCH);
+    const texts = await Promise.all(batch.map((pid) => readOrEmpty(path.join(procRoot, pid, 'status'))));
+    texts.forEach((text, j) => {
+      for (const id of statusIds(text)) if (inRange(id)) add(residue, id, { kind: 'process', id: Number(batch[j]) });
+    });
   }
   for (const kind of IPC_KINDS) {
     for (const obj of sysvipcOwners(await readOrEmpty(path.join(procRoot, 'sysvipc', kind)), kind)) {
