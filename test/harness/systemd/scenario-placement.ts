@@ -77,6 +77,7 @@ async function limitFiles(controlGroup: string): Promise<Record<string, string |
     'cpu.shares': await readOr(path.join(base, 'cpu', controlGroup, 'cpu.shares')),
     'memory.limit_in_bytes': await readOr(path.join(base, 'memory', controlGroup, 'memory.limit_in_bytes')),
     'pids.current': await readOr(path.join(base, 'pids', controlGroup, 'pids.current')),
+    'pids.max': await readOr(path.join(base, 'pids', controlGroup, 'pids.max')),
   };
 }
 
@@ -96,6 +97,7 @@ const UNIT_PROPS = [
   'CPUShares',
   'CPUWeight',
   'CPUQuotaPerSecUSec',
+  'TasksMax',
 ];
 
 async function observePlacement(driver: CgroupDriver, record: PlacementRecord, pid: number) {
@@ -136,7 +138,7 @@ async function main(): Promise<void> {
   // 1. Placement in the pod slice, then resize, then teardown after the process is gone.
   const a = startSleep();
   const placed = await attempt(() =>
-    driver.place({ sandboxId: sid(1), cgroupParent: podSlicePath, pid: a.pid as number, limits: limitsA }),
+    driver.place({ sandboxId: sid(1), cgroupParent: podSlicePath, pid: a.pid as number, limits: limitsA, pidsMax: 77 }),
   );
   out.place = placed.ok ? await observePlacement(driver, placed.value, a.pid as number) : placed;
   if (placed.ok) {

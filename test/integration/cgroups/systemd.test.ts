@@ -122,6 +122,8 @@ describe('systemd driver on a confined systemd --user (real systemd 252, cgroup 
       CPUQuotaPerSecUSec: '1.500000s',
       MemoryMax: 'infinity',
       CPUWeight: '[not set]',
+      // The VMM's task limit (vmmPidsMax), as TasksMax.
+      TasksMax: '77',
     });
   });
 
@@ -131,6 +133,7 @@ describe('systemd driver on a confined systemd --user (real systemd 252, cgroup 
       'cpu.cfs_period_us': '100000',
       'cpu.shares': '768',
       'memory.limit_in_bytes': String(512 * MiB),
+      'pids.max': '77',
     });
   });
 
