@@ -17,7 +17,8 @@ import { openUntrusted, tailFile } from './log-tail.js';
 /**
  * The console log's cap. A guest that prints forever must not fill the state disk: with the
  * one rotated file a VM's console takes at most twice this, plus what the guest prints in one
- * check interval (a TCG serial port wrote about 1 MiB/s here, measured).
+ * check interval (the guest's serial write rate was not measured yet: the overshoot is that rate
+ * times CONSOLE_LOG_CHECK_INTERVAL_MS).
  */
 export const CONSOLE_LOG_MAX_BYTES = 4 * 1024 * 1024;
 /** How often the size is checked. */
