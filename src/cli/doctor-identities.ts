@@ -9,7 +9,13 @@ import { promises as fsp } from 'node:fs';
 import path from 'node:path';
 import { errnoCode } from '../common/errors.js';
 import type { VmmIdentityConfig } from '../config/types.js';
-import type { DoctorCheck } from './doctor.js';
+
+/** The check as doctor prints it (a DoctorCheck; declared here, since doctor.ts imports this file). */
+export interface IdentityRangeCheck {
+  name: 'vmm-identity-range';
+  verdict: 'ok' | 'fail';
+  message: string;
+}
 
 /** One entry of the host's id files that falls in (or overlaps) the range. */
 export interface IdentityOverlap {
@@ -77,7 +83,7 @@ async function leaseCounts(leaseDir: string): Promise<{ held: number; quarantine
  * The `vmm-identity-range` check: fail naming every entry of `<etcRoot>/{passwd,group,subuid,
  * subgid}` that overlaps the range, ok otherwise; the message counts held and quarantined leases.
  */
-export async function identityRangeCheck(ids: VmmIdentityConfig, etcRoot = '/etc'): Promise<DoctorCheck> {
+export async function identityRangeCheck(ids: VmmIdentityConfig, etcRoot = '/etc'): Promise<IdentityRangeCheck> {
   const last = ids.firstId + ids.count - 1;
   const texts = {
     passwd: await readOrEmpty(path.join(etcRoot, 'passwd')),
