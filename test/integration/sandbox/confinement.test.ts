@@ -290,11 +290,13 @@ describe('confined VMMs with real QEMU', () => {
   );
 
   it(
-    'remove gives the identity back and leaves nothing: no jail mount, lease, work dir or process',
+    'remove gives the identity back (quarantined) and leaves nothing: no jail mount, held lease, work dir or process',
     async () => {
       await rt.cri.runtime.RemovePodSandbox({ pod_sandbox_id: a });
       await rt.cri.runtime.RemovePodSandbox({ pod_sandbox_id: b });
-      await expect(fsp.stat(infoA.confinement!.identity!.lease)).rejects.toThrow(/ENOENT/);
+      // Given back into quarantine: the lease names no sandbox any more, only when it was released.
+      const mark = JSON.parse(await fsp.readFile(infoA.confinement!.identity!.lease, 'utf8')) as Record<string, unknown>;
+      expect(Object.keys(mark)).toEqual(['releasedAtMs']);
       expect(readFileSync('/proc/self/mountinfo', 'utf8')).not.toContain(rt.stateDir);
       expect(await rt.mountinfo()).not.toContain(path.join(rt.stateDir, 'vm'));
       // The VMMs' own cgroups (the test's private root, which both pods' parents share, goes with cleanup()).
