@@ -106,7 +106,7 @@ async function advertised(d: DaemonProcess) {
 /** The daemon's 'VMM placed' log lines: which driver placed which sandbox, and where. */
 async function placementsLogged(d: DaemonProcess) {
   return (await d.logLines())
-    .filter((l) => l.msg === 'VMM placed; resuming the VM')
+    .filter((l) => l.msg === 'VMM placed before it runs')
     .map((l) => ({ sandboxId: l.sandboxId, pid: l.pid, placement: l.placement }));
 }
 
