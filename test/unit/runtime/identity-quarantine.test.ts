@@ -157,6 +157,18 @@ describe('VMM identity quarantine (real /proc, processes and SysV IPC of the tes
     expect(await ids(1).acquire(await owner('b'))).toEqual({ uid: first, gid: first });
   });
 
+  it('recovery: a record that still holds a number whose lease became a release mark gets its lease back (no residue check: its QEMU runs as it)', async () => {
+    const a = await owner('a');
+    await ids(1).acquire(a);
+    await ids(1).release(first, a); // as if a second daemon wrongly released it
+    const child = runAs(first, first, ['sleep', '600']); // the record's QEMU
+    children.push(child);
+    await untilRunningAs(child.pid!, first);
+    expect(await ids(1).reassert(first, a)).toBe('restored');
+    expect(JSON.parse(await readFile(path.join(leaseDir, String(first)), 'utf8')).sandboxId).toBe('a');
+    await expect(ids(1).acquire(await owner('b'))).rejects.toMatchObject({ reason: 'VMM_IDENTITIES_EXHAUSTED' });
+  });
+
   it('sweep removes only release marks that rested and left nothing; a number without any file is still checked', async () => {
     await releasedAndRested();
     const child = runAs(first, first, ['sleep', '600']);
