@@ -54,7 +54,13 @@ export function buildVirtiofsdArgv(spec: VirtiofsdArgvSpec): string[] {
     // Its default set is chown, dac_override, fowner, fsetid, setgid, setuid, mknod and setfcap.
     // Without CAP_MKNOD the guest cannot create device nodes in the host directory at all; without
     // CAP_SETFCAP nothing can set a file capability (xattrs are off anyway: no_xattr is the
-    // default). The rest is what serving files of any owner as that owner takes.
+    // default). Each of the rest was dropped in turn against a real guest and broke what a root
+    // container does (docs/virtiofsd.md: chown EPERM, reading or writing another user's file
+    // EACCES, chmod of another user's file EPERM, chmod g+s silently lost, a non-root user's
+    // create EPERM), while none of them
+    // keeps guest root from making a set-uid-root file: it owns the file it creates. That is
+    // answered by the nosuid binds the directories are exported through, and the measured reason
+    // virtiofsd is not run in a user namespace is in the same document.
     '-o',
     'modcaps=-mknod:-setfcap',
     '-o',
