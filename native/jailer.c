@@ -4,6 +4,9 @@
  *
  * Runs as root, already in the pod's network namespace when it has one (nsenter --net= before it),
  * and then, in this order, in the same process (no fork: the pid the runtime spawned stays QEMU's):
+ *   0. with --oom-score-adj, raises its OOM score adjustment to that value when it is lower (the
+ *      daemon's unit protects the daemon with a negative one, which QEMU must not inherit; raising
+ *      needs no capability, lowering would);
  *   1. unshares a network namespace when --new-netns is given (a pod without a network still gets
  *      an empty namespace of its own: no loopback services, no abstract sockets, no route out), and
  *      always a mount and an IPC namespace (no SysV IPC or POSIX mqueue of the host's);
@@ -43,7 +46,7 @@ static void die(const char *step, const char *what) {
 static void usage(const char *why) {
   fprintf(stderr,
           "kata-ts-jailer: %s\nusage: kata-ts-jailer --root=DIR [--new-netns] "
-          "[--rlimit=NAME=LIMIT]... [--keep-fds=N] [--wait-fd=N] -- PROGRAM [ARG]...\n",
+          "[--rlimit=NAME=LIMIT]... [--keep-fds=N] [--wait-fd=N] [--oom-score-adj=N] -- PROGRAM [ARG]...\n",
           why);
   exit(FAIL_EXIT);
 }
@@ -71,10 +74,24 @@ static int parse_u64(const char *text, unsigned long long *out) {
   return errno != 0 || *end != '\0' ? -1 : 0;
 }
 
+/* /proc/self/oom_score_adj up to `target` (never down: that takes CAP_SYS_RESOURCE). */
+static void raise_oom_score_adj(int target) {
+  char text[16] = "";
+  int fd = open("/proc/self/oom_score_adj", O_RDWR | O_CLOEXEC);
+  if (fd < 0) die("opening", "/proc/self/oom_score_adj");
+  ssize_t got = read(fd, text, sizeof text - 1);
+  if (got <= 0) die("reading", "/proc/self/oom_score_adj");
+  if (atoi(text) < target) {
+    int len = snprintf(text, sizeof text, "%d\n", target);
+    if (pwrite(fd, text, (size_t)len, 0) != len) die("writing", "/proc/self/oom_score_adj");
+  }
+  close(fd);
+}
+
 int main(int argc, char **argv) {
   const char *root = NULL;
   struct rlimit_arg limits[MAX_RLIMITS];
-  int nlimits = 0, new_netns = 0, keep_fds = 3, wait_fd = -1, i;
+  int nlimits = 0, new_netns = 0, keep_fds = 3, wait_fd = -1, oom_adj = 0, set_oom_adj = 0, i;
 
   for (i = 1; i < argc; i++) {
     const char *a = argv[i];
@@ -89,6 +106,12 @@ int main(int argc, char **argv) {
       unsigned long long n;
       if (parse_u64(a + 11, &n) != 0 || n < 3 || n > 64) usage("--keep-fds must be a number from 3 to 64");
       keep_fds = (int)n;
+    } else if (strncmp(a, "--oom-score-adj=", 16) == 0) {
+      char *end = NULL;
+      long n = strtol(a + 16, &end, 10);
+      if (end == a + 16 || *end != '\0' || n < -1000 || n > 1000) usage("--oom-score-adj must be a number from -1000 to 1000");
+      oom_adj = (int)n;
+      set_oom_adj = 1;
     } else if (strncmp(a, "--wait-fd=", 10) == 0) {
       unsigned long long n;
       if (parse_u64(a + 10, &n) != 0 || n < 3 || n > 63) usage("--wait-fd must be a number from 3 to 63");
@@ -112,6 +135,8 @@ int main(int argc, char **argv) {
   }
   if (root == NULL || root[0] != '/') usage("--root must be an absolute path");
   if (i >= argc) usage("no program to run");
+
+  if (set_oom_adj) raise_oom_score_adj(oom_adj);
 
   if (new_netns && unshare(CLONE_NEWNET) != 0) die("unsharing the network namespace", NULL);
   if (unshare(CLONE_NEWNS | CLONE_NEWIPC) != 0) die("unsharing the mount and IPC namespaces", NULL);

@@ -240,6 +240,11 @@ export const UNSHARE_BINARY = 'unshare';
  * of every device, hot-plugged ones included, fit with room to spare; a flood of opens does not.
  */
 export const VMM_NOFILE_LIMIT = 8192;
+/**
+ * A confined QEMU's OOM score adjustment, raised to this when lower: the neutral value, not the
+ * daemon's own (its unit lowers it to protect the daemon; a pod's VM must not inherit that).
+ */
+export const VMM_OOM_SCORE_ADJ = 0;
 /** RLIMIT_MEMLOCK of a confined QEMU without VFIO: it locks no guest memory (`-overcommit mem-lock=off`). */
 export const DEFAULT_VMM_MEMLOCK_BYTES = 8 * 1024 * 1024;
 
@@ -290,6 +295,7 @@ export function vmmLaunchCommand(spec: VmmLaunchSpec): { file: string; args: str
     `--rlimit=memlock=${memlockBytes}`,
     '--rlimit=core=0',
     `--keep-fds=${3 + extraFds}`,
+    `--oom-score-adj=${VMM_OOM_SCORE_ADJ}`,
     ...(spec.waitFd === undefined ? [] : [`--wait-fd=${spec.waitFd}`]),
     '--',
     SETPRIV_BINARY,

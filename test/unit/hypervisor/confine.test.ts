@@ -54,6 +54,7 @@ describe('vmmLaunchCommand', () => {
         '--rlimit=memlock=8388608',
         '--rlimit=core=0',
         '--keep-fds=3',
+        '--oom-score-adj=0',
         '--',
         ...setpriv,
         'qemu-system-x86_64',
@@ -75,7 +76,7 @@ describe('vmmLaunchCommand', () => {
       '--rlimit=memlock=8388608',
       '--rlimit=core=0',
       '--keep-fds=4',
-      '--',
+      '--oom-score-adj=0',
     ]);
   });
 
