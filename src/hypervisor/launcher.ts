@@ -100,7 +100,19 @@ export async function startVm(options: StartVmOptions): Promise<VmProcess> {
   let ready: ReadyChannel | undefined;
   try {
     if (options.place !== undefined) await options.place(pid);
-    if (gated) await openGate(child);
+    if (gated) {
+      try {
+        await openGate(child);
+      } catch (err) {
+        // The jailer closed its end: it failed a step (its log says which) and exited.
+        const exit = await Promise.race([
+          processExit,
+          new Promise<undefined>((r) => setTimeout(() => r(undefined), GATE_EXIT_WAIT_MS).unref()),
+        ]);
+        if (exit === undefined) throw err;
+        throw await startFailure(pid, paths, exit, startTimeoutMs);
+      }
+    }
     logger.info({ pid, qemuLog: paths.qemuLog, uid: options.jail?.identity.uid ?? 0 }, 'QEMU started (paused)');
     const deadline = Date.now() + startTimeoutMs;
     qmp = await retryUntil(
@@ -146,6 +158,8 @@ export async function startVm(options: StartVmOptions): Promise<VmProcess> {
 
 /** The descriptor the jailer reads its go-ahead from (a socket whose other end is ours). */
 const START_GATE_FD = 3;
+/** How long a jailer whose gate broke may take to be seen exiting. */
+const GATE_EXIT_WAIT_MS = 2_000;
 
 /** Let a gated start go on: one byte to the jailer, then our end closed. */
 async function openGate(child: ChildProcess): Promise<void> {

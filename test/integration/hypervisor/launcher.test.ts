@@ -1,5 +1,6 @@
 import { execFile } from 'node:child_process';
 import { existsSync } from 'node:fs';
+import { mkdir } from 'node:fs/promises';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
@@ -128,12 +129,58 @@ describe('startVm and attachVm without booting (QEMU stays paused)', () => {
     expect(processesMentioning(workDir)).toEqual([]);
   });
 
+  it("a jail the jailer cannot pivot into: the start fails with the jailer's own words, placed first, and leaves no process", async () => {
+    // Not a mount point: pivot_root(2) refuses it (EINVAL). No identity is leased: the uid is the test's choice.
+    const workDir = tracker.workDir();
+    const jailDir = path.join(workDir, 'not-a-mount');
+    await mkdir(jailDir);
+    const placed: number[] = [];
+    const err = await rejection(
+      startVm({
+        qemuBinary: 'qemu-system-x86_64',
+        argv: argvFor(workDir, shape()),
+        workDir,
+        logger,
+        jail: { jailDir, identity: { uid: 2_000_999_999, gid: 2_000_999_999 } },
+        place: async (pid) => void placed.push(pid),
+      }),
+    );
+    expect(err).toMatchObject({ kind: 'internal', reason: 'QEMU_EXITED_AT_START' });
+    expect(err.message).toContain('kata-ts-jailer: pivot_root into');
+    expect(err.details?.code).toBe(125);
+    expect(placed).toHaveLength(1);
+    expect(readProcStat(placed[0]!)).toBeUndefined();
+    expect(processesMentioning(workDir)).toEqual([]);
+  });
+
+  it('a placement that fails ends the jailer before anything of QEMU ran, and the start fails with that error', async () => {
+    const workDir = tracker.workDir();
+    let placedPid = 0;
+    const err = await startVm({
+      qemuBinary: 'qemu-system-x86_64',
+      argv: argvFor(workDir, shape()),
+      workDir,
+      logger,
+      jail: { jailDir: '/nonexistent-jail', identity: { uid: 2_000_999_999, gid: 2_000_999_999 } },
+      place: async (pid) => {
+        placedPid = pid;
+        throw new Error('no cgroup for you');
+      },
+    }).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(Error);
+    expect((err as Error).message).toBe('no cgroup for you');
+    expect(readProcStat(placedPid)).toBeUndefined();
+    expect(processesMentioning(workDir)).toEqual([]);
+  });
+
   it('rejects a missing QEMU binary', async () => {
     const workDir = tracker.workDir();
     const err = await rejection(
       startVm({ qemuBinary: '/nonexistent/qemu-system-x86_64', argv: argvFor(workDir, shape()), workDir, logger }),
     );
-    expect(err).toMatchObject({ kind: 'unavailable', reason: 'QEMU_SPAWN_FAILED' });
+    // Started through `unshare --net` (never in the host's network namespace), which cannot exec it.
+    expect(err).toMatchObject({ kind: 'internal', reason: 'QEMU_EXITED_AT_START' });
+    expect(err.message).toContain('/nonexistent/qemu-system-x86_64: No such file or directory');
   });
 
   it('detects kill -9 of QEMU and reports the signal', async () => {
