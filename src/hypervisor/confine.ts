@@ -138,7 +138,7 @@ export function planJail(spec: JailSpec): JailLayout {
   };
   // The jail itself first, bound onto itself and private: what is mounted inside stays out of the
   // host's mount peers (a systemd host's / is shared) and needs no unmount elsewhere.
-  mount(jailDir, jailDir, 'none', 'bind,private');
+  mount(jailDir, jailDir, 'none', 'bind,private,nosuid,nodev,noexec');
   mount('/usr', at('/usr'), 'none', 'bind,ro,nosuid,nodev');
   mount('kata-ts-jail-dev', at('/dev'), 'tmpfs', JAIL_DEV_TMPFS_OPTIONS);
   mount(vmmDir, at(vmmDir), 'none', 'bind,nosuid,nodev,noexec');

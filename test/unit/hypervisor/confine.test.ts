@@ -123,7 +123,7 @@ describe('planJail', () => {
     });
     const J = `${W}/jail`;
     expect(layout.fstab.split('\n')).toEqual([
-      `${J} ${J} none bind,private 0 0`,
+      `${J} ${J} none bind,private,nosuid,nodev,noexec 0 0`,
       `/usr ${J}/usr none bind,ro,nosuid,nodev 0 0`,
       `kata-ts-jail-dev ${J}/dev tmpfs nosuid,noexec,mode=0755,size=256k 0 0`,
       `${W}/vmm ${J}${W}/vmm none bind,nosuid,nodev,noexec 0 0`,
@@ -190,7 +190,7 @@ describe('planJail', () => {
   it('escapes fstab fields and refuses relative, unnormalised or NUL paths and odd PCI addresses', () => {
     expect(fstabField('/a b\\c\td')).toBe('/a\\040b\\134c\\011d');
     const layout = planJail({ jailDir: '/s t/jail', vmmDir: '/s t/vmm', files: [], devices: noDevices, rootLinks: {} });
-    expect(layout.fstab.split('\n')[0]).toBe('/s\\040t/jail /s\\040t/jail none bind,private 0 0');
+    expect(layout.fstab.split('\n')[0]).toBe('/s\\040t/jail /s\\040t/jail none bind,private,nosuid,nodev,noexec 0 0');
     for (const bad of ['relative/jail', '/a/../b', '/a\0b']) {
       expect(() => planJail({ jailDir: bad, vmmDir: '/v', files: [], devices: noDevices, rootLinks: {} })).toThrow(
         expect.objectContaining({ reason: 'VM_PATH_INVALID' }),
