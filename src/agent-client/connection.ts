@@ -1,8 +1,8 @@
-import net from 'node:net';
 import type { Duplex } from 'node:stream';
 import { connectSession, protobufCodec, RpcClient, type Session } from '../channel/index.js';
 import { cancelled, errorMessage, timedOut, unavailable } from '../common/errors.js';
 import type { Logger } from '../common/logger.js';
+import { connectUnixNoFollow } from '../common/nofollow.js';
 import { AGENT_API_VERSION, AGENT_DESCRIPTOR, AGENT_METHODS, type AgentMethods, type HelloResponse } from '../generated/agent/agent.js';
 
 export interface AgentConnectionOptions {
@@ -139,7 +139,8 @@ export class AgentConnection {
 
   private async attempt(): Promise<Session> {
     const timeoutMs = this.options.handshakeTimeoutMs ?? 5000;
-    const duplex = this.options.dial?.() ?? net.createConnection(this.options.socketPath);
+    // The agent's port socket is in a directory a confined QEMU owns: never reached through a link.
+    const duplex = this.options.dial?.() ?? (await connectUnixNoFollow(this.options.socketPath));
     const session = await connectSession(duplex, { timeoutMs }).catch((err: unknown) => {
       duplex.destroy();
       throw err;

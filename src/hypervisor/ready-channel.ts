@@ -1,6 +1,7 @@
-import net from 'node:net';
-import { exhausted, type KataError, unavailable } from '../common/errors.js';
+import type net from 'node:net';
+import { exhausted, isReason, type KataError, unavailable } from '../common/errors.js';
 import type { Logger } from '../common/logger.js';
+import { connectUnixNoFollow } from '../common/nofollow.js';
 import { type GuestReport, parseGuestLine } from './guest-protocol.js';
 import { LineSplitter } from './line-splitter.js';
 
@@ -52,18 +53,13 @@ export class ReadyChannel {
     socket.on('data', (chunk: Buffer) => this.lines.push(chunk));
   }
 
-  /** Connect to the ready socket QEMU listens on. */
-  static connect(socketPath: string, logger: Logger): Promise<ReadyChannel> {
-    return new Promise((resolve, reject) => {
-      const socket = net.createConnection(socketPath);
-      const onError = (err: Error): void =>
-        reject(unavailable('READY_SOCKET_CONNECT_FAILED', `ready socket ${socketPath} could not be connected.`, { cause: err }));
-      socket.once('error', onError);
-      socket.once('connect', () => {
-        socket.off('error', onError);
-        resolve(new ReadyChannel(socket, logger));
-      });
+  /** Connect to the ready socket QEMU listens on, never through a link (it is in QEMU's directory). */
+  static async connect(socketPath: string, logger: Logger): Promise<ReadyChannel> {
+    const socket = await connectUnixNoFollow(socketPath).catch((err: unknown) => {
+      if (isReason(err, 'UNIX_SOCKET_UNSAFE')) throw err;
+      throw unavailable('READY_SOCKET_CONNECT_FAILED', `ready socket ${socketPath} could not be connected.`, { cause: err });
     });
+    return new ReadyChannel(socket, logger);
   }
 
   /** The guest's first KATA_TS_READY report, once received. */

@@ -1,5 +1,5 @@
-import net from 'node:net';
 import { isReason, unavailable } from '../../common/errors.js';
+import { connectUnixNoFollow } from '../../common/nofollow.js';
 import { type ExecuteOptions, type QmpClientOptions, QmpConnection } from './connection.js';
 import type {
   QmpCpuInfoFast,
@@ -104,14 +104,15 @@ export class QmpClient extends QmpConnection {
   }
 }
 
-/** Connect to QEMU's QMP unix socket and negotiate capabilities. */
+/**
+ * Connect to QEMU's QMP unix socket and negotiate capabilities. The socket is in a directory a
+ * confined QEMU owns: it is reached without following a link (UNIX_SOCKET_UNSAFE otherwise, not
+ * retried), so QEMU cannot point the daemon at another socket of the host.
+ */
 export async function connectQmp(socketPath: string, options: QmpClientOptions = {}): Promise<QmpClient> {
-  const socket = net.createConnection(socketPath);
-  await new Promise<void>((resolve, reject) => {
-    socket.once('connect', resolve);
-    socket.once('error', (err) =>
-      reject(unavailable('QMP_CONNECT_FAILED', `QMP socket ${socketPath} could not be connected.`, { cause: err })),
-    );
+  const socket = await connectUnixNoFollow(socketPath).catch((err: unknown) => {
+    if (isReason(err, 'UNIX_SOCKET_UNSAFE')) throw err;
+    throw unavailable('QMP_CONNECT_FAILED', `QMP socket ${socketPath} could not be connected.`, { cause: err });
   });
   return QmpClient.open(socket, options);
 }

@@ -13,6 +13,7 @@ import { promises as fsp } from 'node:fs';
 import { vmmPidsMax } from '../../cgroups/index.js';
 import { errorMessage } from '../../common/errors.js';
 import type { Logger } from '../../common/logger.js';
+import { chownSocketNoFollow } from '../../common/nofollow.js';
 import {
   plugNic,
   plugSharedFs,
@@ -177,7 +178,8 @@ export async function claimPooledVm(input: ClaimInput, log: Logger): Promise<Cre
     undo.push('stop virtiofsd', () => virtiofsd.stop(0));
     record.virtiofsd = { pid: virtiofsd.pid, startTimeTicks: virtiofsd.startTimeTicks, socketPath: layout.virtiofsSocket };
     await persist();
-    if (pool.confinement !== null) await fsp.chown(layout.virtiofsSocket, pool.confinement.uid, pool.confinement.gid);
+    // In the VMM dir of a QEMU that runs: the socket itself, never a link QEMU put there.
+    if (pool.confinement !== null) await chownSocketNoFollow(layout.virtiofsSocket, pool.confinement.uid, pool.confinement.gid);
     // Confined, QEMU sees its VMM dir at the pool's path still (its jail was built there).
     const qemuSocket = pool.confinement === null ? layout.virtiofsSocket : poolVmm.qemuVirtiofsSocket;
     await plugSharedFs(vm.qmp, qemuSocket, claim.sharedFs.portId);

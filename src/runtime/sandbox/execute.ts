@@ -11,6 +11,7 @@ import { promises as fsp } from 'node:fs';
 import path from 'node:path';
 import { vmmPidsMax } from '../../cgroups/index.js';
 import { errnoCode, errorMessage, internal } from '../../common/errors.js';
+import { chownSocketNoFollow } from '../../common/nofollow.js';
 import { startVirtiofsd, startVm, type VirtiofsdProcess, type VmmIdentity, type VmProcess } from '../../hypervisor/index.js';
 import type { PodNetworkRecord, PodNetworks } from '../../network/index.js';
 import { RollbackSteps } from '../rollback.js';
@@ -182,7 +183,7 @@ async function startSharedFs(run: SandboxRun, identity: VmmIdentity | undefined)
   run.undo.push('stop virtiofsd', () => virtiofsd.stop(0));
   run.record.virtiofsd = { pid: virtiofsd.pid, startTimeTicks: virtiofsd.startTimeTicks, socketPath: layout.virtiofsSocket };
   await run.persist();
-  if (identity !== undefined) await fsp.chown(layout.virtiofsSocket, identity.uid, identity.gid);
+  if (identity !== undefined) await chownSocketNoFollow(layout.virtiofsSocket, identity.uid, identity.gid);
   run.prep.req.signal.throwIfAborted();
   return virtiofsd;
 }

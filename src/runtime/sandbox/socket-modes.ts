@@ -1,6 +1,6 @@
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
-import { errnoCode } from '../../common/errors.js';
+import { chmodSocketNoFollow } from '../../common/nofollow.js';
 
 /**
  * chmod 0600 every unix socket directly in `dir` (a sandbox's work dir, itself 0700): QEMU and
@@ -14,12 +14,9 @@ export async function restrictSocketModes(dir: string): Promise<string[]> {
   for (const entry of await fsp.readdir(dir, { withFileTypes: true })) {
     if (!entry.isSocket()) continue;
     const file = path.join(dir, entry.name);
-    try {
-      await fsp.chmod(file, 0o600);
-      done.push(file);
-    } catch (err) {
-      if (errnoCode(err) !== 'ENOENT') throw err;
-    }
+    // A confined QEMU owns its VMM dir and may swap the entry for a link after the readdir: the
+    // chmod reaches the socket itself or nothing (a root chmod through a link would change a host file).
+    if (await chmodSocketNoFollow(file, 0o600)) done.push(file);
   }
   return done;
 }
