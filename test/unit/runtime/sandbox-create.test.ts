@@ -8,6 +8,7 @@
  */
 import { existsSync, mkdirSync } from 'node:fs';
 import { mkdir, mkdtemp, readdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
+import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
@@ -291,8 +292,11 @@ async function world(
     releaseSharedMounts: async () => void undid('unmount the shared dir'),
     startVirtiofsd: async (o) => {
       fail('virtiofsd');
-      // The real one resolves once its socket listens; the runtime hands it to a confined QEMU's uid.
-      await writeFile(o.socketPath, '');
+      // The real one resolves once its socket listens; the runtime hands it to a confined QEMU's uid
+      // (a socket, checked: never a link). Unref'd: the state dir's removal takes it along.
+      const listener = net.createServer();
+      await new Promise<void>((resolve) => listener.listen(o.socketPath, resolve));
+      listener.unref();
       virtiofsdAlive = true;
       w.done.push('virtiofsd');
       return virtiofsd;
