@@ -1,6 +1,7 @@
 import { realpathSync } from 'node:fs';
 import path from 'node:path';
-import { createLogger } from '../common/logger.js';
+import { errorMessage } from '../common/errors.js';
+import { createLogger, type Logger } from '../common/logger.js';
 import { loadConfig } from '../config/load.js';
 import type { LoadedConfig } from '../config/types.js';
 import { startDaemon } from '../daemon/daemon.js';
@@ -66,6 +67,7 @@ export async function runServeCommand(argv: string[], io: CliIo, self: CommandLi
     // Node cannot enter a mount namespace itself: the daemon runs as a child that starts inside.
     return runInsideMountNamespace({ file: nsFile, self, cwd: process.cwd(), env: process.env, stdio: 'inherit', logger });
   }
+  const unguard = guardUnhandledRejections(logger);
   const daemon = await startDaemon({ loaded, logger });
   await new Promise<void>((resolve) => {
     const stop = (signal: NodeJS.Signals): void => {
@@ -78,5 +80,19 @@ export async function runServeCommand(argv: string[], io: CliIo, self: CommandLi
     process.on('SIGINT', stop);
   });
   await daemon.close();
+  unguard();
   return 0;
+}
+
+/**
+ * A rejected promise nobody awaited (one pod's background work: a watcher, a reconnect, a pump) is
+ * logged with its error and the daemon serves on: it is one pod's failure, and Node would
+ * otherwise end the process, and every pod's service with it. A synchronous throw nobody caught
+ * stays fatal, as Node makes it: the state it leaves is unknown, and the pods' VMs outlive the
+ * daemon, which its unit restarts and which re-attaches them from their records. Returns the undo.
+ */
+export function guardUnhandledRejections(logger: Logger): () => void {
+  const onRejection = (err: unknown): void => logger.error({ err: errorMessage(err) }, 'unhandled rejection (the daemon keeps serving)');
+  process.on('unhandledRejection', onRejection);
+  return () => process.off('unhandledRejection', onRejection);
 }
