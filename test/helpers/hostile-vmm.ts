@@ -137,3 +137,34 @@ export class AttackTargets {
     await fsp.rm(this.dir, { recursive: true, force: true });
   }
 }
+
+/**
+ * The named tests of one report (call inside a describe): every attack listed and blocked, made
+ * as an unprivileged uid from the jail's root, and the fork attempt held below what it asked for.
+ */
+export function attackReportTests(report: () => AttackReport, it: (name: string, fn: () => void) => void, expect: ExpectLike): void {
+  it('the report lists every attack, made as an unprivileged uid whose working directory is the jail root', () => {
+    const r = report();
+    const attempted = Object.keys(r).filter((k) => typeof r[k] === 'object');
+    expect(attempted.sort()).toEqual([...VMM_ATTACKS].sort());
+    expect(r.uid).not.toBe(0);
+    expect(r.cwd).toBe('/');
+  });
+  for (const attack of VMM_ATTACKS) {
+    it(`${attack}: blocked`, () => {
+      expect({ attack, ...(report()[attack] as object) }).toMatchObject({ attack, outcome: 'blocked' });
+    });
+  }
+  it('pids.max held the fork attempt far below what it asked for', () => {
+    expect(report()['forks held']).toBeLessThan(HOSTILE_FORKS);
+  });
+}
+
+/** The part of vitest's `expect` the report tests use (the helper imports no test runner). */
+type ExpectLike = (value: unknown) => {
+  toEqual(v: unknown): void;
+  toBe(v: unknown): void;
+  toMatchObject(v: object): void;
+  toBeLessThan(v: number): void;
+  not: { toBe(v: unknown): void };
+};
