@@ -158,12 +158,7 @@ describe('hostile names are refused, naming the field', () => {
       'SANDBOX_METADATA_INVALID',
       'config.metadata.name "x;K8S_POD_NAMESPACE=kube-system" is not a DNS-1123 subdomain',
     ],
-    [
-      'a uid that splits CNI_ARGS',
-      pod({ meta: { uid: `${UUID};K8S_POD_NAME=other` } }),
-      'SANDBOX_METADATA_INVALID',
-      'config.metadata.uid',
-    ],
+    ['a uid that splits CNI_ARGS', pod({ meta: { uid: `${UUID};K8S_POD_NAME=other` } }), 'SANDBOX_METADATA_INVALID', 'config.metadata.uid'],
     ['a uid with "="', pod({ meta: { uid: 'a=b' } }), 'SANDBOX_METADATA_INVALID', 'is not a uid'],
     ['a uid that is ".."', pod({ meta: { uid: '..' } }), 'SANDBOX_METADATA_INVALID', 'config.metadata.uid'],
     ['a uid with a slash', pod({ meta: { uid: 'a/../../b' } }), 'SANDBOX_METADATA_INVALID', 'config.metadata.uid'],

@@ -123,11 +123,7 @@ describe('decodeSandboxSpec refuses them before anything is planned', () => {
     }).config;
 
   it.each([
-    [
-      { portMappings: [{ containerPort: 80, hostPort: 70000 }] },
-      'SANDBOX_PORT_MAPPING_INVALID',
-      'config.port_mappings[0].host_port',
-    ],
+    [{ portMappings: [{ containerPort: 80, hostPort: 70000 }] }, 'SANDBOX_PORT_MAPPING_INVALID', 'config.port_mappings[0].host_port'],
     [{ dnsConfig: { servers: ['1.1.1.1\nx'] } }, 'SANDBOX_DNS_CONFIG_INVALID', 'config.dns_config.servers[0]'],
     [{ linux: { sysctls: { 'a b': '1' } } }, 'SANDBOX_SYSCTL_INVALID', 'config.linux.sysctls key'],
     [{ logDirectory: '/var/log/pods/../../../etc' }, 'SANDBOX_LOG_DIRECTORY_INVALID', 'config.log_directory'],
