@@ -50,6 +50,27 @@ export interface ContainerSpec {
   kubernetes_resources: KubernetesResources__Output | null;
 }
 
+/** The CRI's MountPropagation as grpc-js decodes it (by name); a number is a value it did not know. */
+const MOUNT_PROPAGATIONS: readonly unknown[] = ['PROPAGATION_PRIVATE', 'PROPAGATION_HOST_TO_CONTAINER', 'PROPAGATION_BIDIRECTIONAL'];
+
+/**
+ * Each mount's propagation is one the CRI names (it picks the host's `mount --make-*` flag) and
+ * its paths carry no NUL (which would cut the path short in the C library); host_path's own rules
+ * (absolute, no "..", usable on the host) are checked with the host at hand (mount-sources.ts).
+ */
+function checkMountFields(mounts: readonly Mount__Output[]): void {
+  for (const [i, m] of mounts.entries()) {
+    const field = `config.mounts[${i}]`;
+    if (!MOUNT_PROPAGATIONS.includes(m.propagation as unknown))
+      throw invalid(
+        'CONTAINER_MOUNT_SOURCE_INVALID',
+        `${field}.propagation is ${JSON.stringify(m.propagation)}; it must be one of ${MOUNT_PROPAGATIONS.join(', ')}`,
+      );
+    if (m.container_path.includes('\0') || m.host_path.includes('\0'))
+      throw invalid('CONTAINER_MOUNT_SOURCE_INVALID', `${field} has a NUL byte in a path`);
+  }
+}
+
 /**
  * validate CreateContainerRequest.config into a ContainerSpec (pure): config, metadata.name and
  * image.image must be present, and a security context that names a group must name a user
@@ -62,6 +83,7 @@ export function decodeContainerSpec(config: ContainerConfig__Output | null): Con
   if (config.image === null || config.image.image === '') throw invalid('CONTAINER_IMAGE_MISSING', 'config.image.image must not be empty');
   refuseNames(containerNameProblems(config));
   checkLogPath(config.log_path, 'config.log_path');
+  checkMountFields(config.mounts);
   const security = config.linux?.security_context ?? null;
   if (security !== null && security.run_as_group !== null && security.run_as_user === null && security.run_as_username === '') {
     throw invalid(

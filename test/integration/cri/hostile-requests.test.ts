@@ -246,6 +246,11 @@ describe('hostile requests are refused and leave nothing behind (real daemon)', 
         'container.mounts[1]',
       ],
       [
+        'a mount propagation the CRI does not name',
+        () => container('p1', { mounts: [{ container_path: '/a', host_path: path.join(arena, 'made-by-p1'), propagation: 7 }] }),
+        'config.mounts[0].propagation',
+      ],
+      [
         'a Localhost seccomp profile that is a FIFO',
         () =>
           container('s1', {

@@ -5,8 +5,10 @@
  */
 import { describe, expect, it } from 'vitest';
 import { decodeProtoJson } from '../../../src/cri/protojson.js';
+import type { CreateContainerRequest__Output } from '../../../src/generated/runtime/v1/CreateContainerRequest.js';
 import type { PortMapping__Output } from '../../../src/generated/runtime/v1/PortMapping.js';
 import type { RunPodSandboxRequest__Output } from '../../../src/generated/runtime/v1/RunPodSandboxRequest.js';
+import { decodeContainerSpec } from '../../../src/runtime/spec/container.js';
 import { checkLogDirectory, checkLogPath } from '../../../src/runtime/spec/log-path.js';
 import { decodeSandboxSpec } from '../../../src/runtime/spec/sandbox.js';
 import {
@@ -131,5 +133,39 @@ describe('decodeSandboxSpec refuses them before anything is planned', () => {
     const err = thrown(() => decodeSandboxSpec(request(config)));
     expect([err.kind, err.reason]).toEqual(['invalid', reason]);
     expect(err.message).toContain(words);
+  });
+});
+
+describe('decodeContainerSpec: mount propagation and paths', () => {
+  const config = (mounts: Array<Record<string, unknown>>) =>
+    ({
+      ...decodeProtoJson<CreateContainerRequest__Output>('runtime.v1.CreateContainerRequest', {
+        config: { metadata: { name: 'app' }, image: { image: 'busybox' } },
+      }).config!,
+      mounts: mounts.map((m) => ({
+        container_path: '/data',
+        host_path: '/var/lib/x',
+        readonly: false,
+        selinux_relabel: false,
+        propagation: 'PROPAGATION_PRIVATE',
+        uidMappings: [],
+        gidMappings: [],
+        recursive_read_only: false,
+        image: null,
+        image_sub_path: '',
+        ...m,
+      })),
+    }) as unknown as CreateContainerRequest__Output['config'];
+
+  it('the three CRI propagations pass', () => {
+    for (const propagation of ['PROPAGATION_PRIVATE', 'PROPAGATION_HOST_TO_CONTAINER', 'PROPAGATION_BIDIRECTIONAL'])
+      expect(decodeContainerSpec(config([{ propagation }])).mounts).toHaveLength(1);
+  });
+
+  it('a propagation grpc-js did not know (a number), or a NUL in a path, is refused naming the mount', () => {
+    const unknown = thrown(() => decodeContainerSpec(config([{}, { propagation: 7 }])));
+    expect([unknown.kind, unknown.reason]).toEqual(['invalid', 'CONTAINER_MOUNT_SOURCE_INVALID']);
+    expect(unknown.message).toContain('config.mounts[1].propagation is 7');
+    expect(thrown(() => decodeContainerSpec(config([{ host_path: '/a\0b' }]))).message).toContain('config.mounts[0]');
   });
 });
