@@ -285,8 +285,10 @@ describe('fuzzing the container rpcs against a live sandbox (real VM)', () => {
       const before = await mounts();
       // A container made before the volume: its root filesystem's mount is copied by the recursive
       // bind of "/", and its removal must not be pinned by that copy (it was: EBUSY at rmdir).
-      const earlier = await create(`earlier-${propagation}`);
-      const id = await create(`hostroot-${propagation}`, {
+      // Container names are DNS-1123 subdomains: the enum's name lower-cased, `_` as `-`.
+      const tag = propagation.toLowerCase().replaceAll('_', '-');
+      const earlier = await create(`earlier-${tag}`);
+      const id = await create(`hostroot-${tag}`, {
         mounts: [{ container_path: '/host', host_path: '/', readonly: true, propagation }],
       });
       await rt.cri.runtime.StartContainer({ container_id: id });

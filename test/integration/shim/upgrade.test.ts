@@ -39,7 +39,7 @@ if (MISSING !== null) console.warn(`kata-ts upgrade behind containerd skipped: $
 
 const cmdline = (pid: number) => readCmdline(pid);
 
-/** A built kata-ts tree of this checkout at `dir`: package.json (version given), bin/, proto/, dist/ (tsc), node_modules (linked). */
+/** A built kata-ts tree of this checkout at `dir`: package.json (version given), bin/, proto/, node_modules (linked); dist/ (tsc, the jailer) follows. */
 async function buildTree(dir: string, version: string): Promise<void> {
   const root = packageRoot();
   await fsp.mkdir(dir, { recursive: true });
@@ -174,6 +174,8 @@ describe.skipIf(MISSING !== null)('an upgrade under running pods: two kata-ts re
       '--outDir',
       path.join(treeA, 'dist'),
     ]);
+    // The jailer every confined QEMU starts through, as setup builds it beside the compiled code.
+    await fsp.cp(path.join(packageRoot(), 'dist', 'native'), path.join(treeA, 'dist', 'native'), { recursive: true });
     const treeB = path.join(dir, 'tree-b');
     await fsp.cp(treeA, treeB, { recursive: true, verbatimSymlinks: true });
     const pkgB = JSON.parse(await fsp.readFile(path.join(treeB, 'package.json'), 'utf8')) as Record<string, unknown>;
