@@ -29,13 +29,13 @@ describe('security checks on a running sandbox', () => {
     await ensureGuestAssets();
     rt = await createTestRuntime();
     await rt.start();
-    // Every free-text field a kubelet passes on carries a command substitution (hostname is validated).
+    // Every free-text field a kubelet passes on carries a command substitution (names, namespace,
+    // uid and hostname are held to their grammar: test/integration/cri/hostile-requests.test.ts).
     const evil = `$(touch ${marker})`;
     config = podConfig(rt, 'sec', {
       labels: { app: evil },
       annotations: { note: `; touch ${marker}` },
     });
-    (config.metadata as { name: string }).name = `sec${evil}`;
     id = (await rt.cri.runtime.RunPodSandbox({ config })).pod_sandbox_id;
   }, scaledMs(180_000));
   afterAll(async () => {
