@@ -223,8 +223,6 @@ export interface VmmLaunchSpec {
    * DEFAULT_VMM_MEMLOCK_BYTES when absent.
    */
   jail?: { jailDir: string; identity: VmmIdentity; jailerBinary: string; memlockBytes?: number };
-  /** Descriptors 3 and up the runtime hands QEMU (kept open by the jailer); 0 unless given. */
-  extraFds?: number;
   /**
    * Confined only: the jailer waits for one byte on this descriptor after its namespaces and
    * limits are set and before it execs setpriv, so the runtime can place it in its cgroup first.
@@ -260,10 +258,6 @@ export const DEFAULT_VMM_MEMLOCK_BYTES = 8 * 1024 * 1024;
  */
 export function vmmLaunchCommand(spec: VmmLaunchSpec): { file: string; args: string[] } {
   const net = spec.netnsPath === undefined ? [] : [`--net=${spec.netnsPath}`];
-  const extraFds = spec.extraFds ?? 0;
-  if (!Number.isSafeInteger(extraFds) || extraFds < 0 || extraFds > 61) {
-    throw invalid('VM_IDENTITY_INVALID', `the descriptors handed to QEMU must number from 0 to 61, not ${extraFds}.`);
-  }
   if (spec.jail === undefined) {
     return net.length === 0
       ? { file: UNSHARE_BINARY, args: ['--net', '--', spec.qemuBinary, ...spec.argv] }
@@ -294,7 +288,8 @@ export function vmmLaunchCommand(spec: VmmLaunchSpec): { file: string; args: str
     `--rlimit=nofile=${VMM_NOFILE_LIMIT}`,
     `--rlimit=memlock=${memlockBytes}`,
     '--rlimit=core=0',
-    `--keep-fds=${3 + extraFds}`,
+    // QEMU is handed stdin, stdout and stderr only: the jailer closes the rest (the start gate too).
+    '--keep-fds=3',
     `--oom-score-adj=${VMM_OOM_SCORE_ADJ}`,
     ...(spec.waitFd === undefined ? [] : [`--wait-fd=${spec.waitFd}`]),
     '--',
