@@ -65,9 +65,10 @@ const LIVENESS_POLL_MS = 1_000;
 
 /**
  * Start QEMU detached (its own session and process group, so the VM outlives a daemon restart;
- * stdout/stderr to `paths.qemuLog`), connect QMP and the ready socket while it is still paused
- * (-S), and return the handle. The caller then places the pid in its cgroup and calls resume().
- * If QEMU exits or never opens QMP, the error carries the tail of its log and no process is left.
+ * stdout/stderr to `paths.qemuLog`), have `place` put it in its cgroup before it runs (confined:
+ * while the jailer holds the start gate), connect QMP and the ready socket while it is still
+ * paused (-S), and return the handle; the caller then calls resume(). If QEMU exits or never
+ * opens QMP, or the placement fails, the error carries the tail of its log and no process is left.
  */
 export async function startVm(options: StartVmOptions): Promise<VmProcess> {
   const paths = options.paths ?? vmPaths(options.workDir);
@@ -180,6 +181,8 @@ async function spawnDetached(binary: string, argv: string[], logFile: string, ga
   }
   try {
     const child = spawn(binary, argv, { detached: true, stdio: ['ignore', logFd, logFd, ...(gated ? (['pipe'] as const) : [])] });
+    // The gate's errors (a jailer gone before it read) are openGate's to report; none may go unheard.
+    child.stdio[START_GATE_FD]?.on('error', () => undefined);
     await new Promise<void>((resolve, reject) => {
       child.once('spawn', resolve);
       child.once('error', (err) => reject(unavailable('QEMU_SPAWN_FAILED', `QEMU binary ${binary} could not be started.`, { cause: err })));
