@@ -1,6 +1,6 @@
 import type { Duplex } from 'node:stream';
 import { connectSession, protobufCodec, RpcClient, type Session } from '../channel/index.js';
-import { cancelled, errorMessage, timedOut, unavailable } from '../common/errors.js';
+import { cancelled, errorMessage, exhausted, isReason, type KataError, timedOut, unavailable } from '../common/errors.js';
 import type { Logger } from '../common/logger.js';
 import { connectUnixNoFollow } from '../common/nofollow.js';
 import { AGENT_API_VERSION, AGENT_DESCRIPTOR, AGENT_METHODS, type AgentMethods, type HelloResponse } from '../generated/agent/agent.js';
@@ -24,6 +24,32 @@ export interface AgentConnectionOptions {
   keepaliveIntervalMs?: number;
   /** How to reach the agent; a unix socket connection by default (tests pass pairs). */
   dial?: () => Duplex;
+  /** Protocol violations in a row that end the connection (AGENT_PROTOCOL_VIOLATIONS_MAX). */
+  maxProtocolViolations?: number;
+  /** Bytes accepted before a HELLO_ACK (the channel's HELLO_FLOOD_MAX_BYTES); tests pass less. */
+  helloFloodMaxBytes?: number;
+}
+
+/**
+ * Channel protocol violations in a row (no Hello completed between them) after which the host
+ * stops reconnecting and the connection ends with AGENT_PROTOCOL_VIOLATION: a guest that writes
+ * what is not the channel's framing (CHANNEL_DESYNC), floods before answering HELLO
+ * (CHANNEL_HELLO_FLOOD) or queues answers it never reads (CHANNEL_CONTROL_FLOOD) would otherwise
+ * keep the host re-dialling forever. An honest agent can break framing once (it died in the middle
+ * of a frame and its successor's announcement follows), never three times without a Hello.
+ */
+export const AGENT_PROTOCOL_VIOLATIONS_MAX = 3;
+
+/**
+ * The channel's error that says the peer broke the protocol (not that it was slow or gone), also
+ * as the cause of a failed Hello (the session broke while it was being asked); undefined if none.
+ */
+function violationOf(err: unknown): KataError | undefined {
+  for (let e = err, depth = 0; e !== undefined && depth < 4; e = (e as { cause?: unknown }).cause, depth++) {
+    if (isReason(e, 'CHANNEL_DESYNC', 'CHANNEL_HELLO_FLOOD', 'CHANNEL_CONTROL_FLOOD')) return e;
+    if (typeof e !== 'object' || e === null) return undefined;
+  }
+  return undefined;
 }
 
 export const codec = protobufCodec(AGENT_DESCRIPTOR);
@@ -46,6 +72,11 @@ export class AgentConnection {
   private loop: Promise<void> | undefined;
   /** Why the latest attempt failed, for the error of a caller that gave up waiting. */
   private lastError: unknown;
+  /** Reasons of the protocol violations since the last completed Hello. */
+  private violationsInARow: string[] = [];
+  /** Set when the connection ended because the agent broke the protocol too often. */
+  private violationError: KataError | undefined;
+  private readonly violationListeners = new Set<(err: KataError) => void>();
 
   constructor(private readonly options: AgentConnectionOptions) {
     this.rpc = new RpcClient<AgentMethods>(
@@ -80,10 +111,24 @@ export class AgentConnection {
     return () => this.sessionListeners.delete(listener);
   }
 
+  /**
+   * Called once if the connection ends because the agent broke the channel protocol
+   * AGENT_PROTOCOL_VIOLATIONS_MAX times in a row (at once when it already has): its owner fails
+   * the VM, as it does for the ready port's and QMP's bounds.
+   */
+  onViolation(listener: (err: KataError) => void): () => void {
+    if (this.violationError !== undefined) {
+      listener(this.violationError);
+      return () => {};
+    }
+    this.violationListeners.add(listener);
+    return () => this.violationListeners.delete(listener);
+  }
+
   /** Wait for a live session, at most `timeoutMs`. */
   ready(timeoutMs: number, signal?: AbortSignal): Promise<void> {
     if (this.connected) return Promise.resolve();
-    if (this.closedFlag) return Promise.reject(unavailable('AGENT_CLIENT_CLOSED', 'the agent client is closed.'));
+    if (this.closedFlag) return Promise.reject(this.closedError());
     return new Promise((resolve, reject) => {
       const finish = (err?: Error): void => {
         clearTimeout(timer);
@@ -92,7 +137,7 @@ export class AgentConnection {
         if (err) reject(err);
         else resolve();
       };
-      const wake = (): void => finish(this.connected ? undefined : unavailable('AGENT_CLIENT_CLOSED', 'the agent client is closed.'));
+      const wake = (): void => finish(this.connected ? undefined : this.closedError());
       const onAbort = (): void => finish(cancelled('AGENT_CALL_CANCELLED', 'the call was cancelled while waiting for the agent.'));
       const timer = setTimeout(
         () => finish(timedOut('AGENT_NOT_CONNECTED', `the agent did not connect within ${timeoutMs} ms.`, { cause: this.lastError })),
@@ -107,6 +152,38 @@ export class AgentConnection {
     this.closedFlag = true;
     this.session?.close(unavailable('AGENT_CLIENT_CLOSED', 'the agent client is closed.'));
     for (const w of [...this.waiters]) w();
+  }
+
+  /** Why a closed connection serves no more: the agent's violations, or close(). */
+  private closedError(): KataError {
+    return this.violationError ?? unavailable('AGENT_CLIENT_CLOSED', 'the agent client is closed.');
+  }
+
+  /**
+   * Count a session or attempt that ended with `err`; past the bound, end the connection with
+   * AGENT_PROTOCOL_VIOLATION and tell the listeners. True when the connection ended.
+   */
+  private countViolation(err: unknown): boolean {
+    const violation = violationOf(err);
+    if (violation === undefined) return false;
+    this.violationsInARow.push(violation.reason);
+    const count = this.violationsInARow.length;
+    const max = this.options.maxProtocolViolations ?? AGENT_PROTOCOL_VIOLATIONS_MAX;
+    this.options.logger.warn(
+      { err: errorMessage(violation), reason: violation.reason, count, max },
+      'the agent broke the channel protocol',
+    );
+    if (count < max) return false;
+    this.violationError = exhausted(
+      'AGENT_PROTOCOL_VIOLATION',
+      `the agent broke the channel protocol ${count} times in a row (${this.violationsInARow.join(', ')}; last: ${violation.message}); it is not reconnected to.`,
+      { cause: violation },
+    );
+    this.options.logger.error({ err: this.violationError.message }, 'giving up on the agent');
+    this.close();
+    for (const l of [...this.violationListeners]) l(this.violationError);
+    this.violationListeners.clear();
+    return true;
   }
 
   private async run(): Promise<void> {
@@ -127,9 +204,11 @@ export class AgentConnection {
             : undefined;
         await new Promise<void>((resolve) => session.onClose(() => resolve()));
         clearInterval(keepalive);
-        if (!this.closedFlag) this.options.logger.warn({ err: errorMessage(session.closeError) }, 'agent session ended; reconnecting');
+        if (this.closedFlag || this.countViolation(session.closeError)) return;
+        this.options.logger.warn({ err: errorMessage(session.closeError) }, 'agent session ended; reconnecting');
       } catch (err) {
         this.lastError = err;
+        if (this.closedFlag || this.countViolation(err)) return;
         this.options.logger.debug({ err: errorMessage(err) }, 'agent connect attempt failed');
         await new Promise((resolve) => setTimeout(resolve, backoffMs));
         backoffMs = Math.min(maxBackoffMs, backoffMs * 2);
@@ -141,10 +220,13 @@ export class AgentConnection {
     const timeoutMs = this.options.handshakeTimeoutMs ?? 5000;
     // The agent's port socket is in a directory a confined QEMU owns: never reached through a link.
     const duplex = this.options.dial?.() ?? (await connectUnixNoFollow(this.options.socketPath));
-    const session = await connectSession(duplex, { timeoutMs }).catch((err: unknown) => {
-      duplex.destroy();
-      throw err;
-    });
+    const helloFloodMaxBytes = this.options.helloFloodMaxBytes;
+    const session = await connectSession(duplex, { timeoutMs, ...(helloFloodMaxBytes === undefined ? {} : { helloFloodMaxBytes }) }).catch(
+      (err: unknown) => {
+        duplex.destroy();
+        throw err;
+      },
+    );
     session.onClose(() => {
       this.live = false;
       duplex.destroy();
@@ -158,14 +240,17 @@ export class AgentConnection {
       this.helloValue = hello;
     } catch (err) {
       this.session = undefined;
+      // A session that broke the protocol while Hello was asked: that is what counts.
+      const why = (session.closed ? violationOf(session.closeError) : undefined) ?? err;
       session.close(unavailable('AGENT_HELLO_FAILED', 'the agent did not complete Hello.', { cause: err }));
-      throw err;
+      throw why;
     }
     if (this.closedFlag) {
       session.close(unavailable('AGENT_CLIENT_CLOSED', 'the agent client is closed.'));
       return session;
     }
     this.live = true;
+    this.violationsInARow = [];
     this.options.logger.info(
       { agentVersion: this.helloValue.agentVersion, instance: this.helloValue.agentInstanceId },
       'agent session started',

@@ -1,3 +1,3 @@
 /** The host's client for the guest agent (proto/agent/agent.proto over the kata-ts channel). */
 export { AgentClient, type PortForwardStream, type StdinWriter } from './client.js';
-export { AgentConnection, type AgentConnectionOptions } from './connection.js';
+export { AGENT_PROTOCOL_VIOLATIONS_MAX, AgentConnection, type AgentConnectionOptions } from './connection.js';

@@ -9,7 +9,8 @@ export type AgentClientReason =
   | 'AGENT_CLIENT_CLOSED'
   | 'AGENT_HELLO_FAILED'
   | 'AGENT_KEEPALIVE_FAILED'
-  | 'AGENT_NOT_CONNECTED';
+  | 'AGENT_NOT_CONNECTED'
+  | 'AGENT_PROTOCOL_VIOLATION';
 
 declare module '../common/errors.js' {
   interface KataReasons {

@@ -1,7 +1,7 @@
 import type { Buffer } from 'node:buffer';
 import { randomBytes } from 'node:crypto';
 import type { Duplex } from 'node:stream';
-import { cancelled, timedOut, unavailable } from '../common/errors.js';
+import { cancelled, exhausted, timedOut, unavailable } from '../common/errors.js';
 import {
   ANNOUNCE_NONCE,
   decodeHello,
@@ -24,6 +24,14 @@ export interface ChannelLimits {
 
 /** Worst-case inbound buffering is initialWindowBytes x maxStreams; both are small on purpose. */
 export const DEFAULT_LIMITS: ChannelLimits = { initialWindowBytes: 256 * 1024, maxStreams: 256 };
+
+/**
+ * Bytes a connecting host accepts before the HELLO_ACK that answers it. An honest guest sends at
+ * most the tail of an older session it had blocked in writing (one writer batch of 256 KiB and
+ * what its streams still had credit for) before it reads our HELLO; a peer that keeps sending
+ * past this is flooding, and the attempt fails with CHANNEL_HELLO_FLOOD instead of hunting on.
+ */
+export const HELLO_FLOOD_MAX_BYTES = 4 * 1024 * 1024;
 
 /** A Link over a node Duplex (the host's unix socket to QEMU's chardev, or a test pair). */
 export function duplexLink(duplex: Duplex): Link {
@@ -58,19 +66,24 @@ export interface ConnectOptions {
   timeoutMs: number;
   /** HELLO is repeated this often until answered (200 ms): a HELLO sent before the agent opened its port is lost, so this bounds how long a booting VM waits after its agent starts. */
   helloIntervalMs?: number;
+  /** Bytes accepted before the HELLO_ACK (HELLO_FLOOD_MAX_BYTES); tests pass less. */
+  helloFloodMaxBytes?: number;
   signal?: AbortSignal;
 }
 
 /**
  * The host side: send HELLO over `duplex` until the guest answers with a HELLO_ACK that echoes
  * this attempt's nonce (anything before it, such as the tail of an older session the guest had
- * blocked in writing, is discarded), then run a Session until the duplex closes.
+ * blocked in writing, is discarded, up to HELLO_FLOOD_MAX_BYTES), then run a Session until the
+ * duplex closes.
  */
 export function connectSession(duplex: Duplex, options: ConnectOptions): Promise<Session> {
   const limits = options.limits ?? DEFAULT_LIMITS;
   const local: HelloParams = { version: PROTOCOL_VERSION, ...limits, nonce: randomBytes(16) };
   const link = duplexLink(duplex);
   const decoder = new FrameDecoder();
+  const floodMaxBytes = options.helloFloodMaxBytes ?? HELLO_FLOOD_MAX_BYTES;
+  let bytesBeforeAck = 0;
   let session: Session | undefined;
   return new Promise<Session>((resolve, reject) => {
     const hello = encodeHello(FrameType.HELLO, local);
@@ -117,6 +130,14 @@ export function connectSession(duplex: Duplex, options: ConnectOptions): Promise
       resolve(session);
     };
     const onData = (chunk: Buffer): void => {
+      if (session === undefined) {
+        bytesBeforeAck += chunk.length;
+        if (bytesBeforeAck > floodMaxBytes) {
+          fail(exhausted('CHANNEL_HELLO_FLOOD', `the agent sent over ${floodMaxBytes} bytes without answering HELLO.`));
+          duplex.destroy();
+          return;
+        }
+      }
       for (const event of decoder.push(chunk)) {
         if (event.kind === 'frame') onFrame(event.frame);
         else if (event.kind === 'desync' && session !== undefined) {

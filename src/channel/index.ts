@@ -7,6 +7,7 @@ export {
   connectSession,
   DEFAULT_LIMITS,
   duplexLink,
+  HELLO_FLOOD_MAX_BYTES,
   serveDuplex,
 } from './endpoint.js';
 export { MAGIC, MAX_FRAME_PAYLOAD_BYTES, PROTOCOL_VERSION } from './frames.js';

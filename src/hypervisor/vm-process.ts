@@ -72,6 +72,11 @@ export interface VmProcess {
   shutdown(options: { timeoutMs: number }): Promise<ShutdownResult>;
   /** SIGKILL now and wait for the exit. */
   kill(): Promise<ExitInfo>;
+  /**
+   * The VM broke a protocol (its guest flooded a channel): SIGKILL, and its exit carries `err` as
+   * `failure`. A no-op once it exited or failed.
+   */
+  fail(err: KataError): void;
   /** The last lines QEMU wrote to stderr/stdout. */
   logTail(lines?: number): Promise<string>;
   /** The last lines of the guest's serial console. */

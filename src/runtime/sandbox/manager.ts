@@ -287,8 +287,13 @@ export class SandboxManager implements SandboxAccess {
     }
   }
 
-  /** A VM that exits without StopPodSandbox makes its sandbox NOTREADY at once, with why. */
+  /**
+   * A VM that exits without StopPodSandbox makes its sandbox NOTREADY at once, with why. A guest
+   * whose agent keeps breaking the channel protocol is failed here (QEMU killed, the violation
+   * its reason), as the VM's own handle fails one that floods its ready port or QMP.
+   */
   private watchExit(live: LiveSandbox, vm: VmProcess): void {
+    const stopWatchingAgent = live.agent?.connection.onViolation((err) => vm.fail(err));
     let lostFiles = false;
     const stopWatching = watchVirtiofsd(
       () => (live.vm === vm && !live.stopping ? live.record.virtiofsd : null),
@@ -304,6 +309,7 @@ export class SandboxManager implements SandboxAccess {
     void vm.exited
       .then(async (exit) => {
         stopWatching();
+        stopWatchingAgent?.();
         if (live.vm !== vm || live.stopping) return;
         // Visible to List/Status immediately; the record follows under the lock.
         live.record.state = 'SANDBOX_NOTREADY';
