@@ -104,7 +104,13 @@ describe('a real hostile guest (flooder agent) cannot take the runtime down', ()
     const total = { consoleBytes: 0, agentBytes: 0, readyBytes: 0, notes: [] as string[], processes: 0 };
     for (const name of await fsp.readdir(ordersDir(id)).catch(() => [] as string[])) {
       if (!name.startsWith('stats-')) continue;
-      const s = JSON.parse(await fsp.readFile(path.join(ordersDir(id), name), 'utf8').catch(() => '{}')) as Partial<FloodStats>;
+      const text = await fsp.readFile(path.join(ordersDir(id), name), 'utf8').catch(() => '{}');
+      let s: Partial<FloodStats> = {};
+      try {
+        s = JSON.parse(text) as Partial<FloodStats>;
+      } catch {
+        // renamed into place whole by the guest; a torn read is skipped this round
+      }
       total.consoleBytes += s.consoleBytes ?? 0;
       total.agentBytes += s.agentBytes ?? 0;
       total.readyBytes += s.readyBytes ?? 0;
