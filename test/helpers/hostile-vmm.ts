@@ -39,6 +39,7 @@ export const VMM_ATTACKS = [
   "signal the node's init",
   'connect to 127.0.0.1 on the host',
   'connect to a host abstract unix socket',
+  'attach a host SysV shared memory segment',
   'create a device node in /dev',
   'create a device node in its own dir',
   'mount proc',
@@ -68,6 +69,8 @@ export class AttackTargets {
   readonly tcpConnections: string[] = [];
   readonly abstractConnections: string[] = [];
   readonly abstractName = `kata-ts-attack-${randomBytes(6).toString('hex')}`;
+  /** A host SysV shared memory segment anyone may attach (mode 0666), made with ipcmk, removed by close(). */
+  shmId = -1;
   private tcp: net.Server | undefined;
   private abstract: net.Server | undefined;
 
@@ -96,6 +99,9 @@ export class AttackTargets {
       s.destroy();
     });
     await new Promise<void>((resolve) => t.abstract!.listen(`\0${t.abstractName}`, resolve));
+    const { stdout } = await execFileAsync('ipcmk', ['-M', '4096', '-p', '0666']);
+    t.shmId = Number(/id: (\d+)/.exec(stdout)?.[1] ?? Number.NaN);
+    if (!Number.isSafeInteger(t.shmId)) throw new Error(`ipcmk said: ${stdout}`);
     return t;
   }
 
@@ -118,6 +124,7 @@ export class AttackTargets {
       KATA_TS_ATTACK_CRI_SOCKET: criSocket,
       KATA_TS_ATTACK_TCP_PORT: String((this.tcp!.address() as net.AddressInfo).port),
       KATA_TS_ATTACK_ABSTRACT: this.abstractName,
+      KATA_TS_ATTACK_SHM_ID: String(this.shmId),
       KATA_TS_ATTACK_FORKS: String(HOSTILE_FORKS),
     };
   }
@@ -134,6 +141,7 @@ export class AttackTargets {
   async close(): Promise<void> {
     this.tcp?.close();
     this.abstract?.close();
+    if (this.shmId >= 0) await execFileAsync('ipcrm', ['-m', String(this.shmId)]).catch(() => undefined);
     await fsp.rm(this.dir, { recursive: true, force: true });
   }
 }
