@@ -241,9 +241,11 @@ describe('a real hostile guest (flooder agent) cannot take the runtime down', ()
         `violations ${JSON.stringify(violations)}; pod reason: ${ended.reason}`,
     );
     expect(violations.length).toBe(3);
-    // The flooder was the one writing (not a crashed guest): it got its bytes out.
+    // The flooder was the one writing (not a crashed guest): it opened the port and said so. Its
+    // byte count is printed, not judged: it counts a write when the write returns and reports every
+    // 250 ms, and the VM can be stopped (NOTREADY) before either; the three violations above are
+    // the daemon's own proof that junk arrived.
     expect(stats.notes.some((n) => n.includes('flooding agent'))).toBe(true);
-    expect(stats.agentBytes).toBeGreaterThan(0);
     // The console flood went on until the end; on disk it is within the cap still.
     await sampleConsole(target);
     expect(consoleMax.rotatedBytes).toBeLessThanOrEqual(CONSOLE_LOG_MAX_BYTES);
