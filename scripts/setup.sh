@@ -31,6 +31,7 @@ APT_PACKAGES=(
   containernetworking-plugins iptables
   protobuf-compiler ca-certificates shellcheck
   containerd runc # test/integration/ttrpc: our ttrpc client against containerd itself
+  ovmf swtpm swtpm-tools tpm2-tools # the confidential lab's vtpm profile: UEFI firmware, a TPM per pod, quotes checked on the host
 )
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
