@@ -41,11 +41,22 @@ export function cgroupDriverForPath(cgroupsPath: string | null | undefined): Cgr
 
 /**
  * The cgroup driver a pod's VMM is placed with: the config's `cgroupDriver` when it names one (as
- * runc's own SystemdCgroup option, not the path's form, decides for runc), else the form of the
- * sandbox spec's `linux.cgroupsPath` (cgroupDriverForPath); null: detection decides.
+ * runc's own SystemdCgroup option, not the path's form, decides for runc). Under `auto`, what the
+ * host runs decides (`hostDriver`: detectCgroupDriver's answer, systemd only where systemd runs),
+ * and the sandbox spec's `linux.cgroupsPath` form (cgroupDriverForPath) only picks among what runs:
+ * a `slice:prefix:name` path on a host without systemd is placed with cgroupfs (critest through
+ * containerd 1.6 sends a `/test.slice` parent whatever the node runs, and no D-Bus answers there),
+ * while a cgroupfs path on a systemd host stays cgroupfs, as runc would place it.
  */
-export function podCgroupDriver(configured: CgroupDriverSetting, cgroupsPath: string | null | undefined): CgroupDriverName | null {
-  return configured === 'auto' ? cgroupDriverForPath(cgroupsPath) : configured;
+export function podCgroupDriver(
+  configured: CgroupDriverSetting,
+  cgroupsPath: string | null | undefined,
+  hostDriver: CgroupDriverName,
+): CgroupDriverName {
+  if (configured !== 'auto') return configured;
+  const pathDriver = cgroupDriverForPath(cgroupsPath);
+  if (pathDriver === 'systemd' && hostDriver !== 'systemd') return 'cgroupfs';
+  return pathDriver ?? hostDriver;
 }
 
 /**
@@ -76,7 +87,7 @@ export interface ShimPodOptions {
   loaded: LoadedConfig;
   /** The pod's state dir (src/shim/paths.ts podStateDir): the core's stateDir for this pod. */
   stateDir: string;
-  /** From the sandbox spec (cgroupDriverForPath); null: the config's setting or detection. */
+  /** podCgroupDriver's choice; null: the config's setting or detection. */
   cgroupDriver: CgroupDriverName | null;
   logger: Logger;
   /** Facts decided by the caller (tests); gathered from the host when absent. */

@@ -18,6 +18,7 @@
 import { promises as fsp } from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
+import { detectCgroupDriver } from '../cgroups/index.js';
 import { errnoCode, errorMessage, unavailable } from '../common/errors.js';
 import type { Logger } from '../common/logger.js';
 import type { LoadedConfig } from '../config/types.js';
@@ -137,7 +138,11 @@ export async function startShimServer(options: ServeOptions): Promise<ShimServer
     pod = await composePod({
       loaded: options.loaded,
       stateDir,
-      cgroupDriver: podCgroupDriver(options.loaded.config.cgroupDriver, bundle.cgroupsPath),
+      cgroupDriver: podCgroupDriver(
+        options.loaded.config.cgroupDriver,
+        bundle.cgroupsPath,
+        await detectCgroupDriver('auto', options.loaded.config.systemdRuntimeDir),
+      ),
       logger: log,
       ...(options.facts === undefined ? {} : { facts: options.facts }),
     });

@@ -221,6 +221,33 @@ describe.skipIf(MISSING !== null)('kata-ts behind containerd 1.6.20 (the shim v2
     await node.cri.runtime.RemoveContainer({ container_id: appId });
   });
 
+  // critest sends a `/test.slice` parent whatever the node runs, and containerd 1.6 turns any
+  // `.slice` parent into runc's systemd form `test.slice:cri-containerd:<id>`. With the default
+  // `cgroupDriver: auto` on a host that runs no systemd the pod must be placed with cgroupfs, as runc
+  // places its own; it used to take the path's form for the driver and fail on an absent D-Bus.
+  it.skipIf(existsSync('/run/systemd/system'))(
+    "a pod whose parent is a systemd slice, on a host without systemd: 'auto' places it with cgroupfs (no D-Bus asked)",
+    async () => {
+      const uid = randomUUID();
+      const sliced = (
+        await node.cri.runtime.RunPodSandbox(
+          { config: { ...sandboxConfig('sliced', uid), linux: { cgroup_parent: '/test.slice' } }, runtime_handler: KATA_TS_HANDLER },
+          { deadline: Date.now() + scaledMs(240_000) },
+        )
+      ).pod_sandbox_id;
+      try {
+        expect((await node.cri.runtime.PodSandboxStatus({ pod_sandbox_id: sliced })).status?.state).toBe('SANDBOX_READY');
+        const podDir = path.join(node.stateRoot, 'k8s.io', sliced.slice(0, 16));
+        const [qemu] = liveProcessesMentioning(podDir).filter((p) => readFileSync(`/proc/${p}/cmdline`, 'utf8').startsWith('qemu-system'));
+        // The slice is dropped under cgroupfs: the VMM goes to the root's kata-ts-<id>.
+        expect(readFileSync(`/proc/${qemu}/cgroup`, 'utf8')).toContain(`/kata-ts-${sliced}`);
+      } finally {
+        await node.cri.runtime.StopPodSandbox({ pod_sandbox_id: sliced });
+        await node.cri.runtime.RemovePodSandbox({ pod_sandbox_id: sliced });
+      }
+    },
+  );
+
   it('StopPodSandbox, RemovePodSandbox: the shim exits once its last task is gone, leaving no process, mount, cgroup or file', async () => {
     const [shim] = shimPids();
     const podDir = path.join(node.stateRoot, 'k8s.io', podId.slice(0, 16));

@@ -133,13 +133,17 @@ describe('bundle', () => {
     expect(cgroupDriverForPath(null)).toBeNull();
   });
 
-  it("lets the config's named cgroup driver win over the path's form; 'auto' follows the path", () => {
+  it("lets the config's named cgroup driver win over the path's form; 'auto' follows what the host runs, then the path", () => {
     const slice = 'test.slice:cri-containerd:abc';
-    expect(podCgroupDriver('cgroupfs', slice)).toBe('cgroupfs');
-    expect(podCgroupDriver('systemd', '/kubepods/pod1/abc')).toBe('systemd');
-    expect(podCgroupDriver('auto', slice)).toBe('systemd');
-    expect(podCgroupDriver('auto', '/kubepods/pod1/abc')).toBe('cgroupfs');
-    expect(podCgroupDriver('auto', '')).toBeNull();
+    expect(podCgroupDriver('cgroupfs', slice, 'systemd')).toBe('cgroupfs');
+    expect(podCgroupDriver('systemd', '/kubepods/pod1/abc', 'cgroupfs')).toBe('systemd');
+    expect(podCgroupDriver('auto', slice, 'systemd')).toBe('systemd');
+    // critest through containerd 1.6 on a host without systemd: a slice path, and no D-Bus to place it with.
+    expect(podCgroupDriver('auto', slice, 'cgroupfs')).toBe('cgroupfs');
+    expect(podCgroupDriver('auto', '/kubepods/pod1/abc', 'systemd')).toBe('cgroupfs');
+    expect(podCgroupDriver('auto', '/kubepods/pod1/abc', 'cgroupfs')).toBe('cgroupfs');
+    expect(podCgroupDriver('auto', '', 'systemd')).toBe('systemd');
+    expect(podCgroupDriver('auto', '', 'cgroupfs')).toBe('cgroupfs');
   });
 
   it('drops a systemd slice as cgroup_parent under the cgroupfs driver, and only then', () => {
