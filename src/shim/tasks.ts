@@ -233,7 +233,7 @@ export class ShimTasks {
     if (task.started) throw precondition('TASK_ALREADY_STARTED', `task ${id} was started already`);
     if (task.kind === 'container') {
       await this.deps.pod.containers.start(id, ctx);
-      task.pid = this.deps.pod.containers.resolve(id).pid ?? 0;
+      task.pid = this.hostPid();
     }
     task.started = true;
     this.watchExit(task);
@@ -399,13 +399,23 @@ export class ShimTasks {
     };
   }
 
-  /** The task's process and its execs' (guest pids). */
+  /**
+   * The task's host process: the VMM's pid, once (see hostPid). Its execs run in the same VM, so
+   * they add no host process of their own.
+   */
   pids(id: string): Array<{ pid: number; execId: string }> {
     const task = this.task(id);
-    const out = task.pid > 0 ? [{ pid: task.pid, execId: '' }] : [];
-    for (const exec of task.execs.values())
-      if (exec.pid > 0 && exec.exit.value === undefined) out.push({ pid: exec.pid, execId: exec.execId });
-    return out;
+    return task.pid > 0 ? [{ pid: task.pid, execId: '' }] : [];
+  }
+
+  /**
+   * The pid containerd hears for every task and exec of the pod: the VMM's, as Kata reports. A
+   * container's processes live in the guest, and a guest pid handed to the host names an
+   * unrelated host process to whatever acts on it (nsenter, kill, NRI plugins); the VMM is the host
+   * process that holds them all. 0 when the VM is gone.
+   */
+  private hostPid(): number {
+    return this.sandboxId === undefined ? 0 : (this.deps.pod.sandboxes.find(this.sandboxId)?.vm?.pid ?? 0);
   }
 
   /** Exec: remember the process; Start runs it. */
@@ -456,10 +466,11 @@ export class ShimTasks {
       };
       runExec(agent, record, exec.spec.args, exec.io.terminal, { ...stdio.channels, signal: exec.abort.signal, finish }, logger, {
         execId: stdio.guestExecId,
-        started: (pid) => {
-          exec.pid = pid;
+        started: (guestPid) => {
+          exec.pid = this.hostPid();
           exec.started = true;
-          resolve(pid);
+          logger.debug({ guestPid }, 'exec started in the guest');
+          resolve(exec.pid);
         },
       }).then(
         async () => {

@@ -133,6 +133,15 @@ describe('ShimTasks for CRI-O', () => {
     tasks.close();
   });
 
+  it("reports the VMM's pid for a started container, never the guest pid (a host tool acting on it would touch an unrelated process)", async () => {
+    const { tasks, record } = await podWithContainer();
+    expect(await tasks.start(CONTAINER, '', ctx)).toBe(4242);
+    expect(record.pid).toBe(7);
+    expect(tasks.state(CONTAINER, '').pid).toBe(4242);
+    expect(tasks.pids(CONTAINER)).toEqual([{ pid: 4242, execId: '' }]);
+    tasks.close();
+  });
+
   it('Kill with signal 0 is a liveness probe: the sandbox VM and a created container are not ended; a started one is asked', async () => {
     const { calls, tasks } = await podWithContainer();
     await tasks.kill(SANDBOX, '', 0, false, ctx);
