@@ -7,6 +7,7 @@
  */
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
+import type { AgentClient } from '../agent-client/index.js';
 import { raceAbort } from '../common/abort.js';
 import { alreadyExists, errorMessage, invalid, notFound, precondition } from '../common/errors.js';
 import type { Logger } from '../common/logger.js';
@@ -16,6 +17,7 @@ import { runExec } from '../runtime/container/commands.js';
 import type { ContainerRecord } from '../runtime/container/record.js';
 import type { ContainerResourceUpdate } from '../runtime/container/types.js';
 import type { RequestContext } from '../runtime/context.js';
+import { KeyedMutex } from '../runtime/locks.js';
 import { readBundleJson, readResolvConf } from './bundle.js';
 import { decodeBundleRole, decodeExecProcess, decodePodSpec, decodeTaskContainerSpec, type ExecSpec } from './decode/index.js';
 import type { EventPublisher } from './events.js';
@@ -82,6 +84,11 @@ interface ExecProcess {
   exit: ExitLatch;
   abort: AbortController;
   stdio: ExecStdio | undefined;
+  /**
+   * ResizePty and CloseIO that came before Start (containerd may send the terminal's size as soon
+   * as the exec is added): kept and applied once the process runs, never sent to another process.
+   */
+  pending: { size?: { width: number; height: number }; closeStdin: boolean };
 }
 
 interface Task {
@@ -138,10 +145,21 @@ export class ShimTasks {
   private readonly tasks = new Map<string, Task>();
   private sandboxId: string | undefined;
   private readonly unsubscribeOom: () => void;
+  /**
+   * One rpc at a time per task, and per exec: each checks a state and then awaits (Start checks
+   * `started` and then starts the container in the guest), so two at once would both pass the
+   * check. Wait, State, Pids and Stats only read and are not held up.
+   */
+  private readonly serial = new KeyedMutex();
 
   constructor(private readonly deps: ShimTasksDeps) {
     // The core reports an OOM kill just before the exit it caused (ContainerEvents).
     this.unsubscribeOom = deps.pod.containers.events.subscribeOom((e) => this.oomKilled(e.record.id));
+  }
+
+  /** Run `fn` after every earlier rpc of the task (execId '') or of the exec. */
+  private one<T>(id: string, execId: string, fn: () => Promise<T>): Promise<T> {
+    return this.serial.run(execId === '' ? id : `${id}\u0000${execId}`, fn);
   }
 
   /** No task is left: Shutdown may end the shim. */
@@ -154,7 +172,11 @@ export class ShimTasks {
     return this.sandboxId;
   }
 
-  async create(req: CreateTask, ctx: RequestContext): Promise<number> {
+  create(req: CreateTask, ctx: RequestContext): Promise<number> {
+    return this.one(req.id, '', () => this.createNow(req, ctx));
+  }
+
+  private async createNow(req: CreateTask, ctx: RequestContext): Promise<number> {
     if (this.tasks.has(req.id)) throw alreadyExists('TASK_EXISTS', `task ${req.id} already exists in this shim`);
     const oci = await readBundleJson(req.bundle);
     const io: TaskIo = { stdin: req.stdin, stdout: req.stdout, stderr: req.stderr, terminal: req.terminal };
@@ -227,7 +249,11 @@ export class ShimTasks {
   }
 
   /** Start a task (the sandbox's VM already runs: Start only watches it) or one of its execs. */
-  async start(id: string, execId: string, ctx: RequestContext): Promise<number> {
+  start(id: string, execId: string, ctx: RequestContext): Promise<number> {
+    return this.one(id, execId, () => this.startNow(id, execId, ctx));
+  }
+
+  private async startNow(id: string, execId: string, ctx: RequestContext): Promise<number> {
     const task = this.task(id);
     if (execId !== '') return this.startExec(task, execId, ctx);
     if (task.started) throw precondition('TASK_ALREADY_STARTED', `task ${id} was started already`);
@@ -299,7 +325,11 @@ export class ShimTasks {
     });
   }
 
-  async kill(id: string, execId: string, signal: number, all: boolean, ctx: RequestContext): Promise<void> {
+  kill(id: string, execId: string, signal: number, all: boolean, ctx: RequestContext): Promise<void> {
+    return this.one(id, execId, () => this.killNow(id, execId, signal, all, ctx));
+  }
+
+  private async killNow(id: string, execId: string, signal: number, all: boolean, ctx: RequestContext): Promise<void> {
     const task = this.task(id);
     if (execId !== '') {
       const exec = this.exec(task, execId);
@@ -335,7 +365,11 @@ export class ShimTasks {
     return raceAbort(latch.promise, signal, (sig) => (sig.reason instanceof Error ? sig.reason : new Error('the wait was cancelled')));
   }
 
-  async delete(id: string, execId: string, ctx: RequestContext): Promise<{ pid: number; exit: TaskExit }> {
+  delete(id: string, execId: string, ctx: RequestContext): Promise<{ pid: number; exit: TaskExit }> {
+    return this.one(id, execId, () => this.deleteNow(id, execId, ctx));
+  }
+
+  private async deleteNow(id: string, execId: string, ctx: RequestContext): Promise<{ pid: number; exit: TaskExit }> {
     const task = this.task(id);
     if (execId !== '') {
       const exec = this.exec(task, execId);
@@ -419,7 +453,11 @@ export class ShimTasks {
   }
 
   /** Exec: remember the process; Start runs it. */
-  async addExec(id: string, execId: string, io: TaskIo, specJson: unknown): Promise<void> {
+  addExec(id: string, execId: string, io: TaskIo, specJson: unknown): Promise<void> {
+    return this.one(id, execId, () => this.addExecNow(id, execId, io, specJson));
+  }
+
+  private async addExecNow(id: string, execId: string, io: TaskIo, specJson: unknown): Promise<void> {
     const task = this.task(id);
     if (task.kind === 'sandbox') throw invalid('EXEC_IN_SANDBOX', `task ${id} is the pod's sandbox; processes run in its containers`);
     if (execId === '') throw invalid('EXEC_ID_MISSING', 'exec_id is required');
@@ -435,6 +473,7 @@ export class ShimTasks {
       exit: new ExitLatch(),
       abort: new AbortController(),
       stdio: undefined,
+      pending: { closeStdin: false },
     });
     await this.deps.events.publish('/tasks/exec-added', { container_id: id, exec_id: execId });
   }
@@ -485,29 +524,67 @@ export class ShimTasks {
       );
     });
     const pid = await started;
+    await this.applyPending(task, exec, agent, logger);
     await this.deps.events.publish('/tasks/exec-started', { container_id: task.id, exec_id: execId, pid });
     return pid;
   }
 
-  async resizePty(id: string, execId: string, width: number, height: number): Promise<void> {
+  /** What came for the exec before it started: its terminal's size, then the end of its stdin. */
+  private async applyPending(task: Task, exec: ExecProcess, agent: AgentClient, logger: Logger): Promise<void> {
+    const { size, closeStdin } = exec.pending;
+    exec.pending = { closeStdin: false };
+    if (size !== undefined && exec.io.terminal) {
+      await agent
+        .resizeTty(task.id, exec.stdio?.guestExecId ?? '', size.height, size.width, { timeoutMs: 30_000 })
+        .catch((err: unknown) => {
+          // The process runs; a size it missed is the terminal's next resize's to fix, not a failed Start.
+          logger.warn({ err: errorMessage(err), ...size }, 'the terminal size sent before the exec started could not be applied');
+        });
+    }
+    if (closeStdin) exec.stdio?.closeStdin();
+  }
+
+  resizePty(id: string, execId: string, width: number, height: number): Promise<void> {
+    return this.one(id, execId, () => this.resizePtyNow(id, execId, width, height));
+  }
+
+  private async resizePtyNow(id: string, execId: string, width: number, height: number): Promise<void> {
     const task = this.task(id);
     const agent = this.deps.pod.guests.agentOf(this.sandboxId as string);
     if (agent === undefined) throw precondition('TASK_NOT_RUNNING', `task ${id} is not running`);
-    const guestExecId = execId === '' ? '' : (this.exec(task, execId).stdio?.guestExecId ?? '');
+    let guestExecId = '';
+    if (execId !== '') {
+      const exec = this.exec(task, execId);
+      if (!exec.started) {
+        exec.pending.size = { width, height };
+        return;
+      }
+      guestExecId = exec.stdio?.guestExecId ?? '';
+    }
     this.deps.logger.debug({ containerId: id, execId, guestExecId, width, height }, 'terminal resized');
     await agent.resizeTty(id, guestExecId, height, width, { timeoutMs: 30_000 });
   }
 
-  async closeIo(id: string, execId: string): Promise<void> {
+  closeIo(id: string, execId: string): Promise<void> {
+    return this.one(id, execId, () => this.closeIoNow(id, execId));
+  }
+
+  private async closeIoNow(id: string, execId: string): Promise<void> {
     const task = this.task(id);
     if (execId !== '') {
-      this.exec(task, execId).stdio?.closeStdin();
+      const exec = this.exec(task, execId);
+      if (exec.started) exec.stdio?.closeStdin();
+      else exec.pending.closeStdin = true;
       return;
     }
     if (task.kind === 'container') await this.deps.pod.containers.closeStdin(id);
   }
 
-  async update(id: string, update: ContainerResourceUpdate, ctx: RequestContext): Promise<void> {
+  update(id: string, update: ContainerResourceUpdate, ctx: RequestContext): Promise<void> {
+    return this.one(id, '', () => this.updateNow(id, update, ctx));
+  }
+
+  private async updateNow(id: string, update: ContainerResourceUpdate, ctx: RequestContext): Promise<void> {
     const task = this.task(id);
     if (task.kind === 'sandbox') {
       // containerd resizes the pod's cgroup through the sandbox task; the VM's own shape follows

@@ -28,6 +28,26 @@ function scriptedPod() {
   const events = new ContainerEvents();
   const record = { id: CONTAINER, sandboxId: SANDBOX, state: 'CONTAINER_CREATED', pid: 0, reason: '', exitCode: 0 } as ContainerRecord;
   const exit = deferred<{ exitCode: number; finishedAtNs: string }>();
+  // Holds containers.start until released (a test opens it to race two Starts).
+  let startGate: Promise<void> = Promise.resolve();
+  let starts = 0;
+  const agentCalls: string[] = [];
+  const execExit = deferred<{ exitCode: number }>();
+  const agent = {
+    execProcess: async () => {
+      agentCalls.push('execProcess');
+      return { pid: 99 };
+    },
+    resizeTty: async (_c: string, execId: string, rows: number, cols: number) => {
+      agentCalls.push(`resizeTty ${execId === '' ? 'init' : 'exec'} ${cols}x${rows}`);
+    },
+    readProcessOutput: async function* () {
+      yield { data: Buffer.alloc(0), eof: true };
+    },
+    waitProcess: () => execExit.promise,
+    deleteProcess: async () => undefined,
+    signalProcess: async () => undefined,
+  };
   // The container's output stored to its end: resolved at once unless a test holds it.
   let outputStored: Promise<void> = Promise.resolve();
   let createdWith: { rootfs?: string } = {};
@@ -50,6 +70,8 @@ function scriptedPod() {
         calls.push('containers.create');
       },
       start: async () => {
+        starts += 1;
+        await startGate;
         record.state = 'CONTAINER_RUNNING';
         record.pid = 7;
       },
@@ -66,12 +88,28 @@ function scriptedPod() {
         calls.push('containers.stop');
       },
     },
+    guests: { agentOf: () => agent },
     facts: { cgroupDriver: { name: 'cgroupfs', source: 'config' } },
   } as unknown as ShimPod;
   const holdOutput = (p: Promise<void>) => {
     outputStored = p;
   };
-  return { pod, calls, containerEvents: events, record, exit, holdOutput, createdWith: () => createdWith };
+  const holdStart = (p: Promise<void>) => {
+    startGate = p;
+  };
+  return {
+    pod,
+    calls,
+    containerEvents: events,
+    record,
+    exit,
+    holdOutput,
+    holdStart,
+    starts: () => starts,
+    agentCalls,
+    execExit,
+    createdWith: () => createdWith,
+  };
 }
 
 function publisher(): { events: EventPublisher; topics: string[] } {
@@ -139,6 +177,34 @@ describe('ShimTasks for CRI-O', () => {
     expect(record.pid).toBe(7);
     expect(tasks.state(CONTAINER, '').pid).toBe(4242);
     expect(tasks.pids(CONTAINER)).toEqual([{ pid: 4242, execId: '' }]);
+    tasks.close();
+  });
+
+  it('two Starts of one task at once: one starts it, the other is refused (rpcs of a task run one at a time)', async () => {
+    const { tasks, holdStart, starts } = await podWithContainer();
+    const gate = deferred<void>();
+    holdStart(gate.promise);
+    const first = tasks.start(CONTAINER, '', ctx);
+    const second = tasks.start(CONTAINER, '', ctx);
+    gate.resolve();
+    expect(await first).toBe(4242);
+    await expect(second).rejects.toMatchObject({ reason: 'TASK_ALREADY_STARTED' });
+    expect(starts()).toBe(1);
+    tasks.close();
+  });
+
+  it("ResizePty and CloseIO before an exec's Start are kept and applied to that exec once it runs, not to the container's process", async () => {
+    const { tasks, agentCalls, execExit } = await podWithContainer();
+    await tasks.start(CONTAINER, '', ctx);
+    const spec = { args: ['sh'], cwd: '/', terminal: true, user: { uid: 0, gid: 0 } };
+    await tasks.addExec(CONTAINER, 'e1', { stdin: '', stdout: '', stderr: '', terminal: true }, spec);
+    await tasks.resizePty(CONTAINER, 'e1', 120, 40);
+    await tasks.closeIo(CONTAINER, 'e1');
+    expect(agentCalls).toEqual([]);
+    expect(await tasks.start(CONTAINER, 'e1', ctx)).toBe(4242);
+    expect(agentCalls).toEqual(['execProcess', 'resizeTty exec 120x40']);
+    execExit.resolve({ exitCode: 0 });
+    expect((await tasks.wait(CONTAINER, 'e1', new AbortController().signal)).status).toBe(0);
     tasks.close();
   });
 
