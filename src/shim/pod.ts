@@ -176,7 +176,8 @@ export async function composePod(options: ShimPodOptions): Promise<ShimPod> {
   };
   const containers = new ContainerManager({ config, logger, store, sandboxes, images: NO_IMAGES, host, readPcieFacts, guests });
   const resize = new ResourceUpdates({ config, host, sandboxes, containers, store });
-  const stats = new StatsCollector(containers, guests);
+  // containerd measures a container's snapshot itself: no walk of the merged root per Stats.
+  const stats = new StatsCollector(containers, guests, { layerUsage: false });
   return {
     config,
     facts,

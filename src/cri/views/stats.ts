@@ -38,12 +38,16 @@ export function criContainerStats(u: ContainerUsage): ContainerStats {
     attributes: { id: r.id, metadata: r.metadata, labels: r.labels, annotations: r.annotations },
     cpu: u.cpu === null ? { timestamp: now } : criCpuUsage(u.cpu),
     memory: u.memory === null ? { timestamp: now } : criMemoryUsage(u.memory),
-    writable_layer: {
-      timestamp: now,
-      fs_id: { mountpoint: r.rootfs },
-      used_bytes: u64(u.writableLayer.bytes),
-      inodes_used: u64(u.writableLayer.inodes),
-    },
+    ...(u.writableLayer === null
+      ? {}
+      : {
+          writable_layer: {
+            timestamp: now,
+            fs_id: { mountpoint: r.rootfs },
+            used_bytes: u64(u.writableLayer.bytes),
+            inodes_used: u64(u.writableLayer.inodes),
+          },
+        }),
   };
 }
 

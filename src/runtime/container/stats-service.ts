@@ -28,9 +28,15 @@ export interface SandboxUsage {
 export class StatsCollector {
   private readonly rates = new CpuRates();
 
+  /**
+   * `layerUsage` false: no container's writable layer is measured (its usage is null). Behind
+   * containerd the layer is containerd's snapshot, which it measures itself, and the shim's Stats
+   * has no field for it: walking the whole merged root on every call would be work thrown away.
+   */
   constructor(
     private readonly containers: Pick<ContainerLookup, 'list' | 'inSandbox'>,
     private readonly guests: SandboxGuestAccess,
+    private readonly options: { layerUsage: boolean } = { layerUsage: true },
   ) {}
 
   /** Usage of the given containers (any state; a container not running has no cpu/memory numbers). */
@@ -45,7 +51,10 @@ export class StatsCollector {
       if (agent !== undefined && running.length > 0) {
         for (const e of await agent.containerStats(running, { timeoutMs: STATS_CALL_MS })) entries.set(e.containerId, e);
       }
-      for (const r of list) out.push(containerUsage(r, entries.get(r.id), await diskUsage(writableLayerOf(r)), this.rates));
+      for (const r of list) {
+        const layer = this.options.layerUsage ? await diskUsage(writableLayerOf(r)) : null;
+        out.push(containerUsage(r, entries.get(r.id), layer, this.rates));
+      }
     }
     return out;
   }

@@ -39,7 +39,8 @@ export interface ContainerUsage {
   atNs: bigint;
   cpu: CpuReading | null;
   memory: MemoryReading | null;
-  writableLayer: LayerUsage;
+  /** Null where the layer is not measured here (behind containerd, which measures its snapshots). */
+  writableLayer: LayerUsage | null;
 }
 
 function ns(t: Timestamp | null): bigint {
@@ -112,7 +113,7 @@ export async function diskUsage(dir: string): Promise<LayerUsage> {
 export function containerUsage(
   r: ContainerRecord,
   entry: ContainerStatsEntry | undefined,
-  layer: LayerUsage,
+  layer: LayerUsage | null,
   rates: CpuRates,
 ): ContainerUsage {
   return {
