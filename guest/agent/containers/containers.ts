@@ -4,6 +4,7 @@ import type { Readable, Writable } from 'node:stream';
 import { alreadyExists, errnoCode, invalid, notFound, precondition } from '../../../src/common/errors.js';
 import { cgroupDir, diskUsage, ensureParentCgroups, readCgroupStats, readOomKills } from './cgroup.js';
 import { GUEST_ROOTS, type GuestRoots, resolveGuestDevices, withGuestDevices } from './devices.js';
+import { type OomWatch, watchOomKills } from './oom-watch.js';
 import { type Reaped, reap, type WaitStatus } from './reaper.js';
 import { findBundles, INIT_PID_FILE, pollExitFile, runtimeStatus, writeBundleRecord } from './recover.js';
 import { RuntimeArgv, type RuntimeOptions, runRuntime } from './runtime.js';
@@ -69,6 +70,8 @@ export interface ExecHandle extends ProcessHandle {
 export type CoreEvent =
   | { kind: 'started'; id: string; atMs: number }
   | { kind: 'exited'; id: string; exit: ExitStatus }
+  /** The OOM killer ended a process of the container (its init or any other), once per new count. */
+  | { kind: 'oom'; id: string; atMs: number; count: bigint }
   | { kind: 'exec-exited'; id: string; execId: string; exit: ExitStatus };
 
 interface ContainerRecord {
@@ -78,6 +81,8 @@ interface ContainerRecord {
   writableLayerPath: string | undefined;
   handle: ProcessHandle;
   execs: Map<string, ExecHandle>;
+  /** The watch of its OOM kills (a container with a cgroup of its own), until it exits. */
+  oom?: OomWatch;
 }
 
 /** The reaper's spool of the init's output, in the bundle. */
@@ -143,11 +148,10 @@ export class Containers implements ContainerBackendCore {
       const state: ContainerState = { id, status: 'created', pid: handle.pid, createdAtMs: this.now() };
       await writeBundleRecord(bundle, { createdAtMs: state.createdAtMs, cgroup, writableLayerPath: request.writableLayerPath });
       const record: ContainerRecord = { state, bundle, cgroup, writableLayerPath: request.writableLayerPath, handle, execs: new Map() };
+      // The cgroup is new: every kill it counts is this container's.
+      if (cgroup) record.oom = this.watchOom(id, cgroup, 0n);
       this.records.set(id, record);
-      void handle.exit.then((exit) => {
-        record.state = { ...record.state, status: 'stopped', exit };
-        this.emit({ kind: 'exited', id, exit });
-      });
+      void handle.exit.then((exit) => this.exited(record, exit));
       return { ...state };
     } catch (err) {
       await rm(bundle, { recursive: true, force: true });
@@ -382,14 +386,28 @@ export class Containers implements ContainerBackendCore {
         handle,
         execs: new Map(),
       };
+      // Kills counted while no agent ran were not told and are not now: the exit's oomKilled still
+      // says the container had one.
+      if (cgroup && status !== 'stopped') record.oom = this.watchOom(found.id, cgroup, await readOomKills(cgroup).catch(() => 0n));
       this.records.set(found.id, record);
-      void exit.then((e) => {
-        record.state = { ...record.state, status: 'stopped', exit: e };
-        this.emit({ kind: 'exited', id: found.id, exit: e });
-      });
+      void exit.then((e) => this.exited(record, e));
       recovered.push(found.id);
     }
     return recovered;
+  }
+
+  private watchOom(id: string, cgroup: string, baseline: bigint): OomWatch {
+    return watchOomKills(cgroup, baseline, (count) => this.emit({ kind: 'oom', id, atMs: this.now(), count }));
+  }
+
+  /** The init is gone: a kill not yet told (the one that ended it) is told first, then the exit. */
+  private async exited(record: ContainerRecord, exit: ExitStatus): Promise<void> {
+    if (record.oom !== undefined) {
+      await record.oom.check();
+      record.oom.stop();
+    }
+    record.state = { ...record.state, status: 'stopped', exit };
+    this.emit({ kind: 'exited', id: record.state.id, exit });
   }
 
   private emit(event: CoreEvent): void {

@@ -206,15 +206,16 @@ export class CrunBackend implements ContainerBackend {
   }
 }
 
-/** Core events as the server's events; an exit by OOM also yields an `oom` event. */
+/** Core events as the server's events (each OOM kill is its own `oom` event, told before an exit it caused). */
 export function toBackendEvents(event: CoreEvent): BackendEvent[] {
   switch (event.kind) {
     case 'started':
       return [{ kind: 'container-started', containerId: event.id, at: toTimestamp(event.atMs) }];
     case 'exited': {
-      const exited: BackendEvent = { kind: 'container-exited', containerId: event.id, exit: toApiExit(event.exit) };
-      return event.exit.oomKilled ? [{ kind: 'oom', containerId: event.id, at: toTimestamp(event.exit.finishedAtMs) }, exited] : [exited];
+      return [{ kind: 'container-exited', containerId: event.id, exit: toApiExit(event.exit) }];
     }
+    case 'oom':
+      return [{ kind: 'oom', containerId: event.id, at: toTimestamp(event.atMs) }];
     case 'exec-exited':
       return [{ kind: 'process-exited', containerId: event.id, execId: event.execId, exit: toApiExit(event.exit) }];
   }

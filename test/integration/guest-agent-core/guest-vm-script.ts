@@ -32,6 +32,24 @@ async function scenarios(noPivot: boolean): Promise<Record<string, unknown>> {
   out.oomStats = await containers.stats('oom');
   await containers.delete('oom');
 
+  // A child killed by the OOM killer while the init lives: told as it happens (the init is still
+  // running when the event comes), then the init's own exit, 0.
+  const events: string[] = [];
+  containers.onEvent((e) => {
+    if (e.id === 'child') events.push(e.kind === 'oom' ? `oom ${e.count} ${containers.state('child').status}` : e.kind);
+  });
+  const childSpec = withMemory(
+    testSpec(['sh', '-c', 'awk \'BEGIN { s = "x"; while (1) s = s s }\'; echo "awk ended $?"; sleep 3; exit 0'], {
+      cgroupsPath: '/kata-ts/pod1/child',
+    }),
+    16 * MiB,
+  );
+  await containers.create({ id: 'child', spec: childSpec, rootfsPath, stdio: pipes });
+  await containers.start('child');
+  out.child = await containers.wait('child');
+  out.childEvents = events;
+  await containers.delete('child');
+
   await containers.create({
     id: 'three',
     spec: testSpec(['sh', '-c', 'i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done; exit 3'], { cgroupsPath: '/kata-ts/pod1/three' }),

@@ -94,6 +94,9 @@ describe.skipIf(!READY)('container core in a real guest (cgroup2 only, crun cgro
     const r = result.noPivot;
     expect(r.oom).toMatchObject({ exitCode: 137, signal: 9, oomKilled: true });
     expect(r.oomStats).toMatchObject({ oomKills: '1', memoryLimitBytes: String(16 * 1024 * 1024) });
+    // The child's kill was told while the init ran (`oom 1 running`), before the init's exit 0.
+    expect(r.childEvents).toEqual(['started', 'oom 1 running', 'exited']);
+    expect(r.child).toMatchObject({ exitCode: 0, oomKilled: true });
     expect(r.three).toMatchObject({ exitCode: 3, oomKilled: false });
     expect(BigInt(r.threeStats.cpuUsageNs)).toBeGreaterThan(0n);
     expect(r.all).toMatchObject({ exitCode: 137, signal: 9 });

@@ -78,11 +78,11 @@ describe('agent API mapping', () => {
     });
   });
 
-  it('adds an oom event before the exit of an OOM-killed container', () => {
+  it('tells each OOM kill as its own event (the core tells one before the exit it caused), and an exit as an exit', () => {
     const exit = { exitCode: 137, signal: 9, oomKilled: true, finishedAtMs: 1000 };
-    expect(toBackendEvents({ kind: 'exited', id: 'c', exit }).map((e) => e.kind)).toEqual(['oom', 'container-exited']);
-    expect(toBackendEvents({ kind: 'exited', id: 'c', exit: { ...exit, oomKilled: false } }).map((e) => e.kind)).toEqual([
-      'container-exited',
+    expect(toBackendEvents({ kind: 'exited', id: 'c', exit }).map((e) => e.kind)).toEqual(['container-exited']);
+    expect(toBackendEvents({ kind: 'oom', id: 'c', atMs: 1500, count: 2n })).toEqual([
+      { kind: 'oom', containerId: 'c', at: { seconds: 1, nanos: 500_000_000 } },
     ]);
   });
 });
