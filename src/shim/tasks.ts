@@ -298,14 +298,17 @@ export class ShimTasks {
   }
 
   /**
-   * The guest's OOM killer ended a container: containerd hears TaskOOM before the exit, CRI-O
-   * finds `<bundle>/oom` when it reads the exit (the exit waits for the file).
+   * The guest's OOM killer ended a process of a container (its init or another): containerd hears
+   * a TaskOOM for each kill, before an exit it caused; CRI-O finds `<bundle>/oom` when it reads the
+   * exit (the exit waits for the file).
    */
   private oomKilled(id: string): void {
     const task = this.tasks.get(id);
-    if (task === undefined || task.kind !== 'container' || task.oom !== undefined) return;
-    this.deps.logger.info({ containerId: id }, 'task OOM-killed');
+    if (task === undefined || task.kind !== 'container') return;
+    this.deps.logger.info({ containerId: id }, 'OOM kill in the task');
+    // Every kill is a TaskOOM, as runc's shim sends one per memory.events change; the file once.
     this.deps.events.publish('/tasks/oom', { container_id: id });
+    if (task.oom !== undefined) return;
     task.oom = task.crio
       ? fsp.writeFile(path.join(task.bundle, CRIO_OOM_FILE), '', { mode: 0o644 }).catch((err: unknown) => {
           this.deps.logger.warn({ containerId: id, err: errorMessage(err) }, "writing CRI-O's oom file failed");

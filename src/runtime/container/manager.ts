@@ -50,6 +50,8 @@ export class ContainerManager implements SandboxListener, ContainerLookup {
   /** Images and layer directories of creates between image lookup and registration (see CreateHost.holdImage). */
   private readonly held: Array<{ imageId: string; layers: string[] }> = [];
   readonly events = new ContainerEvents();
+  /** Containers whose OOM kills the OOM watch told while they ran (the exit then tells none again). */
+  private readonly oomTold = new Set<string>();
   readonly tasks: ContainerTasks;
 
   constructor(private readonly deps: ContainerManagerDeps) {
@@ -61,8 +63,24 @@ export class ContainerManager implements SandboxListener, ContainerLookup {
         if (r === undefined || r.state === 'CONTAINER_EXITED') return;
         const { reason, message } = exitReason(exit);
         const finishedAtNs = timestampNs(exit.finishedAt);
-        if (exit.oomKilled) this.events.emitOom(r, finishedAtNs);
+        // A kill the OOM watch did not tell (it came with the exit, or while no stream was open).
+        if (exit.oomKilled && !this.oomTold.has(id)) this.events.emitOom(r, finishedAtNs);
+        this.oomTold.delete(id);
         await this.markExited(r, reason, message, exit.exitCode, finishedAtNs);
+      },
+      onOom: async (id, atNs) => {
+        const r = this.containers.get(id);
+        if (r === undefined || r.state === 'CONTAINER_EXITED') return;
+        this.oomTold.add(id);
+        // As containerd's CRI does on TaskOOM: the reason is set while the container still runs,
+        // and its exit keeps it (the exit's oomKilled says the same).
+        if (r.reason !== 'OOMKilled') {
+          r.reason = 'OOMKilled';
+          r.message = 'a process of the container was killed by the out-of-memory killer';
+          await this.deps.store.put(r);
+        }
+        this.deps.logger.info({ containerId: id }, 'OOM kill in the container');
+        this.events.emitOom(r, atNs);
       },
       onLost: async (id) => {
         const r = this.containers.get(id);

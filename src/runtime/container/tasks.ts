@@ -1,7 +1,7 @@
 /**
  * The background work of running containers: each has an output pump (agent output -> CRI log,
- * or the caller's FIFOs), an exit watch (WaitContainer across sessions) and, for a caller's stdin
- * FIFO, the stdin forwarding. They survive broken sessions; after a daemon restart `attach` starts
+ * or the caller's FIFOs), an exit watch (WaitContainer across sessions), an OOM watch (every kill
+ * the guest tells) and, for a caller's stdin FIFO, the stdin forwarding. They survive broken sessions; after a daemon restart `attach` starts
  * them again from the stored log state (or the agent's acknowledged offset) and the agent's own
  * record of the exit.
  */
@@ -12,6 +12,7 @@ import type { Logger } from '../../common/logger.js';
 import type { ExitStatus } from '../../generated/agent/agent.js';
 import { FifoStdin } from './fifo-stdin.js';
 import { waitForExit } from './guest-ops.js';
+import { watchContainerOoms } from './oom-watch.js';
 import { OutputPump } from './output.js';
 import type { ContainerRecord } from './record.js';
 
@@ -34,6 +35,8 @@ export interface ContainerTasksDeps {
   onExit(containerId: string, exit: ExitStatus): Promise<void>;
   /** Called when the agent does not know the container (it was lost with the guest). */
   onLost(containerId: string): Promise<void>;
+  /** Called for OOM kills in the running container (each new count the guest tells; see oom-watch.ts). */
+  onOom(containerId: string, atNs: string): Promise<void>;
 }
 
 export class ContainerTasks {
@@ -79,6 +82,14 @@ export class ContainerTasks {
         return undefined;
       },
     );
+    void watchContainerOoms({
+      agent,
+      containerId: record.id,
+      signal: abort.signal,
+      logger,
+      onKills: (atNs) =>
+        this.deps.onOom(record.id, atNs).catch((err: unknown) => logger.error({ err: errorMessage(err) }, 'recording an OOM kill failed')),
+    });
     this.watches.set(record.id, { abort, exited, pump, stdin });
   }
 

@@ -94,6 +94,7 @@ describe.skipIf(!HAVE_CRUN)('containers through the real guest agent and crun (h
       logger,
       onExit: async (id, exit) => void exits.set(id, exit),
       onLost: async () => undefined,
+      onOom: async () => undefined,
     });
 
   beforeAll(async () => {

@@ -49,7 +49,7 @@ describe.skipIf(MISSING !== null)('kata-ts behind containerd 1.6.20 (the shim v2
 
   beforeAll(async () => {
     await node.start();
-    image = await pushBusyboxImage(node.registry, 'kata-ts/busybox', 'kata-shim', ['sleep', 'ip', 'hostname', 'cat']);
+    image = await pushBusyboxImage(node.registry, 'kata-ts/busybox', 'kata-shim', ['sleep', 'ip', 'hostname', 'cat', 'tail']);
     logDir = await node.podLogDir('kata', podUid);
     await node.cri.image.PullImage({ image: { image } });
   });
@@ -211,6 +211,19 @@ describe.skipIf(MISSING !== null)('kata-ts behind containerd 1.6.20 (the shim v2
         (err: { details?: string }) => err.details ?? String(err),
       );
     expect(refused).toMatch(/memory/i);
+    expect((await containerStatus(appId)).state).toBe('CONTAINER_RUNNING');
+  });
+
+  it("an OOM kill of a process other than the container's init: containerd hears TaskOOM while the container runs", async () => {
+    // The exec joins the container's cgroup (64 MiB): the OOM killer ends it, the init lives on.
+    const hog = await node.cri.runtime.ExecSync({ container_id: appId, cmd: ['tail', '/dev/zero'], timeout: 120 });
+    expect(hog.exit_code).toBe(137);
+    // containerd's CRI sets the reason when it hears TaskOOM, whatever the container's state.
+    await until('containerd to hear the OOM kill', async (note) => {
+      const s = await containerStatus(appId);
+      note({ state: s.state, reason: s.reason });
+      return s.reason === 'OOMKilled' ? s : undefined;
+    });
     expect((await containerStatus(appId)).state).toBe('CONTAINER_RUNNING');
   });
 

@@ -236,6 +236,18 @@ describe('ShimTasks for CRI-O', () => {
     tasks.close();
   });
 
+  it('kills of processes other than the init while it runs: a /tasks/oom for each, the oom file once, the task still running', async () => {
+    const { tasks, topics, containerEvents, record } = await podWithContainer();
+    await tasks.start(CONTAINER, '', ctx);
+    containerEvents.emitOom(record, '5000');
+    containerEvents.emitOom(record, '6000');
+    await new Promise((r) => setTimeout(r, 10));
+    expect(topics.filter((t) => t === '/tasks/oom')).toEqual(['/tasks/oom', '/tasks/oom']);
+    expect(existsSync(path.join(containerBundle, CRIO_OOM_FILE))).toBe(true);
+    expect(tasks.state(CONTAINER, '').status).toBe('RUNNING');
+    tasks.close();
+  });
+
   it('an exit the core recorded as OOMKilled without the event reaching the shim is told the same way, once', async () => {
     const { tasks, topics, record, exit } = await podWithContainer();
     await tasks.start(CONTAINER, '', ctx);
