@@ -39,6 +39,7 @@ const BELOW_CORE = [
   'network',
   'agent-client',
   'channel',
+  'measure',
 ];
 /** The core's lowest floor: its root files (context, deadline, locks, store, facts, metrics, plan, ...). */
 const CORE_BASE = ['core-root', 'spec', 'admission', 'logs'];
@@ -64,6 +65,7 @@ const LAYERS: LayerTable = {
     'src/oci': 'oci',
     'src/hypervisor': 'hypervisor',
     'src/hypervisor/qmp': 'hypervisor',
+    'src/measure': 'measure',
     'src/channel': 'channel',
     'src/network': 'network',
     'src/agent-client': 'agent-client',
@@ -115,6 +117,8 @@ const LAYERS: LayerTable = {
     spdy: ['common'],
     ttrpc: ['common', 'generated'],
     release: ['common'],
+    // Launch-measurement prediction: pure, over buffers the caller read.
+    measure: ['common'],
     // The core, floor by floor.
     'core-root': ['common', 'config', 'generated', 'sizing', 'pcie', 'hypervisor', 'cgroups'],
     spec: ['common', 'generated'],
