@@ -105,6 +105,10 @@ export class AgentService {
         await backend.signalContainer(req.containerId, req.signal, req.all);
         return {};
       },
+      UpdateContainer: async (req) => {
+        await backend.updateContainer(req.containerId, req.ociResourcesJson);
+        return {};
+      },
       WaitContainer: (req, ctx) => backend.waitContainer(req.containerId, ctx.signal),
       DeleteContainer: (req) =>
         this.thenTrim(async () => {

@@ -69,6 +69,11 @@ export class AgentClient {
     await this.unary('SignalContainer', { containerId, signal, all }, options);
   }
 
+  /** A running container's new limits: `resources` is the OCI linux.resources object. */
+  async updateContainer(containerId: string, resources: object, options: CallOptions): Promise<void> {
+    await this.unary('UpdateContainer', { containerId, ociResourcesJson: JSON.stringify(resources) }, options);
+  }
+
   waitContainer(containerId: string, options: CallOptions): Promise<ExitStatus> {
     return this.unary('WaitContainer', { containerId }, options);
   }

@@ -192,6 +192,24 @@ export class Containers implements ContainerBackendCore {
     }
   }
 
+  /**
+   * New limits for a running container (in-place resize): the OCI runtime writes them to its
+   * cgroup, as `runc update` does for runc's containers. Only a running container has a cgroup to
+   * change.
+   */
+  async update(id: string, resources: Record<string, unknown>): Promise<void> {
+    const record = this.get(id);
+    if (record.state.status !== 'running')
+      throw precondition('CONTAINER_NOT_RUNNING', 'Only a running container can be updated.', { details: { id } });
+    const file = path.join(record.bundle, 'update-resources.json');
+    await writeFile(file, JSON.stringify(resources), { mode: 0o600 });
+    try {
+      await runRuntime(this.argv.update(id, file), `update ${id}`);
+    } finally {
+      await rm(file, { force: true });
+    }
+  }
+
   wait(id: string): Promise<ExitStatus> {
     return this.get(id).handle.exit;
   }

@@ -97,6 +97,19 @@ export class CrunBackend implements ContainerBackend {
     return this.containers.signal(containerId, signal, all);
   }
 
+  updateContainer(containerId: string, ociResourcesJson: string): Promise<void> {
+    let resources: unknown;
+    try {
+      resources = JSON.parse(ociResourcesJson);
+    } catch {
+      throw invalid('RESOURCES_INVALID', 'ociResourcesJson is not JSON.', { details: { containerId } });
+    }
+    if (resources === null || typeof resources !== 'object' || Array.isArray(resources)) {
+      throw invalid('RESOURCES_INVALID', 'ociResourcesJson must be a JSON object (the OCI linux.resources).', { details: { containerId } });
+    }
+    return this.containers.update(containerId, resources as Record<string, unknown>);
+  }
+
   async waitContainer(containerId: string, signal: AbortSignal): Promise<ExitStatus> {
     return toApiExit(await untilAborted(this.containers.wait(containerId), signal));
   }

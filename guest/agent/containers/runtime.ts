@@ -50,6 +50,11 @@ export class RuntimeArgv {
     return [...this.base(), 'delete', '--force', id];
   }
 
+  /** `update --resources=<file>`: the OCI linux.resources in the file, applied to the container's cgroup. */
+  update(id: string, resourcesFile: string): string[] {
+    return [...this.base(), 'update', `--resources=${resourcesFile}`, id];
+  }
+
   state(id: string): string[] {
     return [...this.base(), 'state', id];
   }

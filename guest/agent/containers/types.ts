@@ -111,6 +111,8 @@ export interface ContainerBackendCore {
   create(request: CreateRequest): Promise<ContainerState>;
   start(id: string): Promise<ContainerState>;
   signal(id: string, signal: number, all: boolean): Promise<void>;
+  /** New limits for a running container's cgroup (the OCI linux.resources object). */
+  update(id: string, resources: Record<string, unknown>): Promise<void>;
   wait(id: string): Promise<ExitStatus>;
   delete(id: string): Promise<void>;
   state(id: string): ContainerState;

@@ -1,11 +1,13 @@
-import { precondition } from '../../common/errors.js';
+import { errorMessage, precondition } from '../../common/errors.js';
 import { resolveHandler } from '../../config/handlers.js';
 import type { KataConfig } from '../../config/types.js';
+import { resolveResources } from '../../oci/resources.js';
+import type { OciResources } from '../../oci/spec-types.js';
 import { planSizing } from '../../sizing/shape.js';
 import type { HostCapacity } from '../../sizing/types.js';
 import { containerDemand } from '../admission/index.js';
 import type { RequestContext } from '../context.js';
-import { applyResize } from '../resize/apply.js';
+import { applyResize, resizeCheckpoint, revertResize } from '../resize/apply.js';
 import { budgetForShape, planResize, type ResizePlan } from '../resize/plan.js';
 import type { SandboxAccess, SandboxHandle } from '../sandbox/types.js';
 import type { ContainerSpec } from '../spec/container.js';
@@ -65,13 +67,73 @@ export class ResourceUpdates {
           container.metadata.name,
         );
       }
-      if (plan?.changed) await applyResize(sandbox, plan, ctx.logger);
+      // The container's own limits in the guest follow the VM's size in the order a resize needs:
+      // the VM grows before a limit is raised, a limit is lowered before the VM shrinks, so the
+      // container never holds more than the VM has.
+      const guestLimits = req.linux === null ? undefined : guestResources(req.linux);
+      const shrinking = plan?.changed === true && plan.shape.memoryMiB < sandbox.record.shape.memoryMiB;
+      const before = resizeCheckpoint(sandbox);
+      const previousLimits = container.guest?.ociSpec.linux?.resources;
+      if (guestLimits !== undefined && shrinking) await this.applyInGuest(sandbox, container, guestLimits, ctx);
+      if (plan?.changed) {
+        try {
+          await applyResize(sandbox, plan, ctx.logger);
+        } catch (err) {
+          // The VM kept its size: the container gets its limits back (best effort, logged).
+          if (guestLimits !== undefined && shrinking && previousLimits !== undefined) {
+            const { devices: _devices, ...old } = previousLimits;
+            await this.applyInGuest(sandbox, container, old, ctx).catch((e: unknown) =>
+              ctx.logger.error(
+                { containerId: container.id, err: errorMessage(e) },
+                "rollback step failed: the container's limits in the guest not set back",
+              ),
+            );
+          }
+          throw err;
+        }
+      }
+      if (guestLimits !== undefined && !shrinking) {
+        try {
+          await this.applyInGuest(sandbox, container, guestLimits, ctx);
+        } catch (err) {
+          if (plan?.changed) await revertResize(sandbox, before, ctx.logger);
+          throw err;
+        }
+      }
+      if (guestLimits !== undefined && container.guest !== null && container.guest !== undefined) {
+        // A container not yet started in the guest gets its limits from this spec when it starts.
+        const linux = container.guest.ociSpec.linux ?? {};
+        const devices = linux.resources?.devices;
+        container.guest.ociSpec = {
+          ...container.guest.ociSpec,
+          linux: { ...linux, resources: { ...(devices === undefined ? {} : { devices }), ...guestLimits } },
+        };
+      }
       if (nextSandboxSpec !== undefined) sandbox.record.spec = nextSandboxSpec;
       container.spec = spec;
       container.demand = containerDemand(spec);
       await sandbox.persist();
       await this.deps.store.put(container);
     });
+  }
+
+  /** A running container's guest cgroup gets `resources` (the agent's UpdateContainer); others have none yet. */
+  private async applyInGuest(
+    sandbox: SandboxHandle,
+    container: ContainerRecord,
+    resources: OciResources,
+    ctx: RequestContext,
+  ): Promise<void> {
+    if (container.state === 'CONTAINER_RUNNING') {
+      if (sandbox.agent === undefined) {
+        throw precondition(
+          'SANDBOX_NOT_READY',
+          `pod sandbox ${sandbox.record.id} has no agent connected; container ${container.id} cannot be updated`,
+        );
+      }
+      await sandbox.agent.updateContainer(container.id, resources, { timeoutMs: UPDATE_CALL_MS });
+      ctx.logger.info({ containerId: container.id, resources }, "the container's limits changed in the guest");
+    }
   }
 
   /** UpdatePodSandboxResources: sandbox `sandboxIdOrPrefix` gets the parts of `req` that are set. */
@@ -113,4 +175,12 @@ function requireRunning(sandbox: SandboxHandle): void {
   if (sandbox.record.state !== 'SANDBOX_READY' || sandbox.vm === undefined) {
     throw precondition('SANDBOX_NOT_READY', `pod sandbox ${sandbox.record.id} is not ready; only a running VM can be resized`);
   }
+}
+
+/** One UpdateContainer call in the guest. */
+const UPDATE_CALL_MS = 30_000;
+
+/** The OCI resources the guest's runtime applies for `linux` (CPU and memory; an update never changes devices). */
+function guestResources(linux: NonNullable<ContainerResourceUpdate['linux']>): Omit<OciResources, 'devices'> {
+  return resolveResources(linux);
 }

@@ -197,11 +197,25 @@ describe.skipIf(MISSING !== null)('kata-ts behind containerd 1.6.20 (the shim v2
     expect(result.status).toContain('exit code 5');
   });
 
-  it('UpdateContainerResources reaches the task (Update): the container keeps running', async () => {
+  it("UpdateContainerResources reaches the task (Update) and the container's own cgroup in the guest, raised and lowered; it keeps running", async () => {
+    // What the container reads of its own limits, in its cgroup (the exec joins it).
+    const limits = async () => {
+      // biome-ignore lint/suspicious/noTemplateCurlyInString: a shell parameter expansion, not a template
+      const cmd = 'read l < /proc/self/cgroup; d=/sys/fs/cgroup${l#0::}; cat $d/memory.max $d/cpu.max';
+      const r = await node.cri.runtime.ExecSync({ container_id: appId, cmd: ['sh', '-c', cmd], timeout: 60 });
+      return r.stdout.toString().trim().split('\n');
+    };
+    expect(await limits()).toEqual([String(64 * 1024 * 1024), 'max 100000']);
     await node.cri.runtime.UpdateContainerResources({
       container_id: appId,
       linux: { memory_limit_in_bytes: String(96 * 1024 * 1024), cpu_period: '100000', cpu_quota: '50000' },
     });
+    expect(await limits()).toEqual([String(96 * 1024 * 1024), '50000 100000']);
+    await node.cri.runtime.UpdateContainerResources({
+      container_id: appId,
+      linux: { memory_limit_in_bytes: String(80 * 1024 * 1024), cpu_period: '100000', cpu_quota: '25000' },
+    });
+    expect(await limits()).toEqual([String(80 * 1024 * 1024), '25000 100000']);
     expect((await containerStatus(appId)).state).toBe('CONTAINER_RUNNING');
     // Beyond what the VM can grow to, the core's refusal comes back through containerd, naming memory.
     const refused = await node.cri.runtime

@@ -72,6 +72,12 @@ export class FakeContainerBackend implements ContainerBackend {
   signalContainer = async (id: string, signal: number) => {
     if (signal === 9) this.exitContainer(id, 137);
   };
+  /** The resources each update asked for, by container. */
+  readonly updates: Array<{ id: string; resources: unknown }> = [];
+  updateContainer = async (id: string, ociResourcesJson: string) => {
+    this.container(id);
+    this.updates.push({ id, resources: JSON.parse(ociResourcesJson) });
+  };
   waitContainer = (id: string) => this.container(id).exit;
   deleteContainer = async (id: string) => {
     this.container(id);
