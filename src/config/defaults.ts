@@ -31,6 +31,22 @@ export const DEFAULT_VMM_QUARANTINE_MS = 30_000;
 export const DEFAULT_VMM_PIDS_MARGIN = 192;
 export const CONFIDENTIAL_HANDLER = 'kata-ts-cvm';
 /**
+ * Debian's firmware builds: OVMF's 4 MiB non-secboot code and vars (package ovmf), the SEV build
+ * (package ovmf-amdsev) and the TDX build (package ovmf-inteltdx, trixie and later).
+ */
+export const DEFAULT_FIRMWARE = {
+  ovmfCodePath: '/usr/share/OVMF/OVMF_CODE_4M.fd',
+  ovmfVarsPath: '/usr/share/OVMF/OVMF_VARS_4M.fd',
+  snpFirmwarePath: '/usr/share/ovmf/OVMF.amdsev.fd',
+  tdxFirmwarePath: '/usr/share/ovmf/OVMF.inteltdx.fd',
+} as const;
+/** Debian's swtpm packages, and the node's EK CA made by setup (`kata-ts tpm-ca`). */
+export const DEFAULT_TPM = {
+  swtpmBinary: '/usr/bin/swtpm',
+  swtpmSetupBinary: '/usr/bin/swtpm_setup',
+  caDir: '/var/lib/kata-ts/tpm-ca',
+} as const;
+/**
  * The pool's cgroup (pool.cgroupParent null) per cgroup driver: beside the kubelet's `kubepods`
  * at the top of the hierarchy, where its low weight counts against all pods together.
  * The slice has no "-" in its name: a dash would nest it under another slice.
@@ -69,6 +85,7 @@ export function defaultHandlerProfile(): HandlerProfile {
       memReserveFloorMiB: 16,
     },
     vmmConfinement: { seccomp: true, unprivileged: true, optOutReason: null },
+    tee: { kind: 'none' },
   };
 }
 
@@ -78,7 +95,9 @@ export function confidentialHandlerProfile(): HandlerProfile {
   return {
     ...base,
     confidential: true,
-    description: 'Confidential VM: static size, cold-plug only, no reconfiguration after boot',
+    description:
+      'Confidential VM: static size, cold-plug only, no reconfiguration after boot, measured (SNP or TDX where the host has it, else OVMF + a vTPM)',
+    tee: { kind: 'auto' },
     // No free page reporting: the host would discard pages that are private (encrypted, validated)
     // to the guest, which the guest kernel does not validate again before reusing them.
     vm: { ...base.vm, hotplugVcpus: 0, hotplugMemoryMiB: 0, freePageReporting: false },
@@ -118,6 +137,8 @@ export function defaultConfig(): KataConfig {
         quarantineMs: DEFAULT_VMM_QUARANTINE_MS,
       },
       vmmPidsMargin: DEFAULT_VMM_PIDS_MARGIN,
+      firmware: { ...DEFAULT_FIRMWARE },
+      tpm: { ...DEFAULT_TPM },
     },
     pcie: {
       sysfsRoot: '/sys',

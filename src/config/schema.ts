@@ -55,6 +55,11 @@ const handlerProfile = {
         optOutReason: { type: ['string', 'null'], minLength: 1, maxLength: 500 },
       },
     },
+    tee: {
+      type: 'object',
+      additionalProperties: false,
+      properties: { kind: { enum: ['auto', 'none', 'vtpm', 'snp', 'tdx'] } },
+    },
   },
 } as const;
 
@@ -101,6 +106,21 @@ export const configFileSchema = {
         },
         // QEMU alone needs more than 16 tasks before its first vCPU; virtiofsd shares the cgroup.
         vmmPidsMargin: { type: 'integer', minimum: 16, maximum: 1_000_000 },
+        firmware: {
+          type: 'object',
+          additionalProperties: false,
+          properties: {
+            ovmfCodePath: absolutePath,
+            ovmfVarsPath: absolutePath,
+            snpFirmwarePath: absolutePath,
+            tdxFirmwarePath: absolutePath,
+          },
+        },
+        tpm: {
+          type: 'object',
+          additionalProperties: false,
+          properties: { swtpmBinary: absolutePath, swtpmSetupBinary: absolutePath, caDir: absolutePath },
+        },
       },
     },
     pcie: {

@@ -65,9 +65,26 @@ export interface VmmConfinementConfig {
   optOutReason: string | null;
 }
 
+/**
+ * The trusted execution environment a handler's VMs get (docs/confidential.md):
+ * - `none`: an ordinary VM (SeaBIOS, no TPM, nothing measured);
+ * - `vtpm`: OVMF and a software TPM (swtpm) per pod: a measured boot on any host, no memory encryption;
+ * - `snp` / `tdx`: AMD SEV-SNP or Intel TDX guests (QEMU >= 9.1 / >= 10.1 and the hardware);
+ * - `auto`: `snp` or `tdx` where the host offers one, `vtpm` elsewhere (resolved once at start).
+ */
+export type TeeKindSetting = 'auto' | 'none' | 'vtpm' | 'snp' | 'tdx';
+/** A TEE kind once `auto` is resolved against the host. */
+export type TeeKind = Exclude<TeeKindSetting, 'auto'>;
+
+export interface HandlerTeeConfig {
+  kind: TeeKindSetting;
+}
+
 export interface HandlerProfile {
   /** Confidential VMs are sized once and never reconfigured after boot. */
   confidential: boolean;
+  /** What TEE the handler's VMs get (HandlerTeeConfig); only a confidential handler may have one. */
+  tee: HandlerTeeConfig;
   description: string;
   vm: HandlerVmConfig;
   /** What the guest kernel and agent consume inside the VM, added to the workload. */
@@ -76,6 +93,26 @@ export interface HandlerProfile {
   vmmOverhead: CpuMemory;
   pcie: HandlerPcieConfig;
   vmmConfinement: VmmConfinementConfig;
+}
+
+/** The firmware images of the TEE profiles (HandlerTeeConfig); read only when a handler uses them. */
+export interface FirmwareConfig {
+  /** `vtpm`: OVMF's code, mapped read-only as the first pflash unit (Debian's 4 MiB non-secboot build). */
+  ovmfCodePath: string;
+  /** `vtpm`: the variable store template, copied per pod (the copy is the second, writable pflash unit). */
+  ovmfVarsPath: string;
+  /** `snp`: OVMF built for SEV (`-bios`, package ovmf-amdsev). */
+  snpFirmwarePath: string;
+  /** `tdx`: OVMF built for TDX (`-bios`, package ovmf-inteltdx). */
+  tdxFirmwarePath: string;
+}
+
+/** The per-pod software TPM of the `vtpm` profile (src/tpm/swtpm.ts). */
+export interface TpmConfig {
+  swtpmBinary: string;
+  swtpmSetupBinary: string;
+  /** The node's EK CA (`kata-ts tpm-ca`), which signs each pod TPM's EK certificate. */
+  caDir: string;
 }
 
 export interface HypervisorConfig {
@@ -108,6 +145,10 @@ export interface HypervisorConfig {
    * and one per iothread: pids.max = maxVcpus + iothreads + this (src/cgroups/limits.ts vmmPidsMax).
    */
   vmmPidsMargin: number;
+  /** Firmware of the TEE profiles. */
+  firmware: FirmwareConfig;
+  /** The `vtpm` profile's software TPM. */
+  tpm: TpmConfig;
 }
 
 /**

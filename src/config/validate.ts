@@ -32,6 +32,11 @@ export function crossFieldProblems(config: KataConfig): string[] {
       const off = [c.seccomp ? null : 'seccomp', c.unprivileged ? null : 'unprivileged'].filter((x) => x !== null).join(' and ');
       problems.push(`${at}/vmmConfinement/optOutReason must say why ${off} is turned off`);
     }
+    if (h.tee.kind !== 'none' && !h.confidential) {
+      problems.push(
+        `${at}/tee/kind "${h.tee.kind}" needs a confidential handler (confidential: true): a TEE guest is never resized or hot-plugged`,
+      );
+    }
     if (h.confidential) {
       if (vm.hotplugVcpus !== 0 || vm.hotplugMemoryMiB !== 0) {
         problems.push(`${at}/vm/hotplugVcpus and hotplugMemoryMiB must be 0 for a confidential handler, which is never resized`);

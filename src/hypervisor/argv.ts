@@ -65,7 +65,54 @@ export interface QemuArgvSpec {
    * filter (a handler that opted out, with a reason).
    */
   seccompSandbox?: string;
+  /** The VM's TEE (TeeArgvSpec); absent or `none`: an ordinary VM booted by QEMU's default firmware. */
+  tee?: TeeArgvSpec;
 }
+
+/**
+ * What a TEE adds to the argv. `initdataPath`: the pod's initdata document, handed to the guest as
+ * the fw_cfg file `opt/org.kata-ts/initdata` (guest/init reads it, after binding it: PCR 8 for
+ * vtpm, HOST_DATA for SNP, MRCONFIGID for TDX).
+ */
+export type TeeArgvSpec =
+  | { kind: 'none' }
+  | {
+      kind: 'vtpm';
+      /** OVMF's code, the read-only first pflash unit. */
+      ovmfCodePath: string;
+      /** The pod's own copy of the variable store, the writable second unit. */
+      ovmfVarsPath: string;
+      /** swtpm's control socket (src/tpm/swtpm.ts), which QEMU's TPM emulator backend connects to. */
+      tpmSocket: string;
+      initdataPath?: string;
+    }
+  | {
+      kind: 'snp';
+      /** OVMF built for SEV (`-bios`): it checks the kernel, initrd and command line against the hashes QEMU puts in the launch digest. */
+      firmwarePath: string;
+      /** HOST_DATA, 32 bytes, in the attestation report (sha256 of the initdata document). */
+      hostData?: Buffer;
+      initdataPath?: string;
+    }
+  | {
+      kind: 'tdx';
+      firmwarePath: string;
+      /** MRCONFIGID, 48 bytes, in the TD report (sha384 of the initdata document). */
+      mrConfigId?: Buffer;
+      initdataPath?: string;
+    };
+
+/** The fw_cfg name the initdata document has in the guest (`/sys/firmware/qemu_fw_cfg/by_name/...`). */
+export const INITDATA_FW_CFG_NAME = 'opt/org.kata-ts/initdata';
+/** SEV-SNP's HOST_DATA and TDX's MRCONFIGID sizes in bytes. */
+export const SNP_HOST_DATA_BYTES = 32;
+export const TDX_MR_CONFIG_ID_BYTES = 48;
+/**
+ * The C-bit position and the physical address bits lost to it on every SEV-SNP part so far (EPYC
+ * 7003/9004/9005 report 51 and 1 in CPUID 0x8000001F); QEMU checks them against the host's.
+ */
+export const SNP_CBITPOS = 51;
+export const SNP_REDUCED_PHYS_BITS = 1;
 
 /**
  * The pod's virtio-net NIC. QEMU runs in the pod's network namespace (the runtime starts it there)
@@ -137,6 +184,11 @@ const NIC_DEVICE_ID = 'nic0';
 const BALLOON_DEVICE_ID = 'balloon0';
 const QMP_CHARDEV_ID = 'qmp';
 const CONSOLE_CHARDEV_ID = 'console';
+const TPM_CHARDEV_ID = 'chrtpm';
+const TPM_BACKEND_ID = 'tpm0';
+const TPM_DEVICE_ID = 'tpmcrb0';
+const SNP_OBJECT_ID = 'sev0';
+const TDX_OBJECT_ID = 'tdx0';
 const RESERVED_IDS = new Set([
   VIRTIO_MEM_ID,
   VIRTIO_MEM_BACKEND_ID,
@@ -155,6 +207,11 @@ const RESERVED_IDS = new Set([
   BALLOON_DEVICE_ID,
   QMP_CHARDEV_ID,
   CONSOLE_CHARDEV_ID,
+  TPM_CHARDEV_ID,
+  TPM_BACKEND_ID,
+  TPM_DEVICE_ID,
+  SNP_OBJECT_ID,
+  TDX_OBJECT_ID,
 ]);
 
 /**
@@ -205,8 +262,10 @@ export function buildQemuArgv(spec: QemuArgvSpec): string[] {
     args.push(...items);
   };
 
+  const tee = spec.tee ?? { kind: 'none' };
+  const hardwareTee = tee.kind === 'snp' || tee.kind === 'tdx';
   add('-name', `guest=${spec.name},debug-threads=on`);
-  add('-machine', 'q35');
+  add('-machine', machineArg(tee));
   add('-accel', accelArg(spec.accel, shape, spec.tcgTranslationCacheMiB));
   // TCG emulates any model; `max` gives the guest every feature TCG implements. Under KVM the
   // host's own model avoids emulating what the hardware has.
@@ -215,9 +274,14 @@ export function buildQemuArgv(spec: QemuArgvSpec): string[] {
   add('-smp', `cpus=${shape.vcpus},maxcpus=${shape.maxVcpus},sockets=1,cores=${shape.maxVcpus},threads=1`);
   add('-m', headroomMiB > 0 ? `size=${shape.memoryMiB}M,maxmem=${shape.maxMemoryMiB}M` : `size=${shape.memoryMiB}M`);
   // Guest RAM must be shareable for vhost-user (virtiofsd maps it to serve virtio-fs requests):
-  // memfd-backed with share=on, boot RAM and the virtio-mem region alike.
+  // memfd-backed with share=on, boot RAM and the virtio-mem region alike. An SNP or TDX guest's
+  // private memory is not in this memfd at all: QEMU backs it with KVM's guest_memfd, which no
+  // other process can map; the memfd holds only the pages the guest converts to shared itself
+  // (its swiotlb bounce buffers, through which virtio-fs goes). No DAX window is ever configured.
   add('-object', `memory-backend-memfd,id=${BOOT_RAM_BACKEND_ID},size=${shape.memoryMiB}M,share=on`);
-  add('-numa', `node,memdev=${BOOT_RAM_BACKEND_ID}`);
+  // A confidential guest's RAM is named on the machine (memory-backend=); the others' as NUMA node 0.
+  if (!hardwareTee) add('-numa', `node,memdev=${BOOT_RAM_BACKEND_ID}`);
+  add(...teeArgs(tee));
   add('-nodefaults', '-no-user-config', '-display', 'none');
   add('-S', '-no-reboot');
   add('-msg', 'timestamp=on');
@@ -285,6 +349,96 @@ export function buildQemuArgv(spec: QemuArgvSpec): string[] {
   return args;
 }
 
+/**
+ * `-machine`. q35 for every kind; a hardware TEE names its guest object and the RAM backend it
+ * protects, and TDX needs the split irqchip (the TD's LAPIC is virtualised by the TDX module).
+ * SMM stays QEMU's default: Debian's non-secboot OVMF_CODE_4M.fd neither needs nor refuses it.
+ */
+function machineArg(tee: TeeArgvSpec): string {
+  if (tee.kind === 'snp') return `q35,confidential-guest-support=${SNP_OBJECT_ID},memory-backend=${BOOT_RAM_BACKEND_ID}`;
+  if (tee.kind === 'tdx') {
+    return `q35,kernel-irqchip=split,confidential-guest-support=${TDX_OBJECT_ID},memory-backend=${BOOT_RAM_BACKEND_ID}`;
+  }
+  return 'q35';
+}
+
+/** The TEE's firmware, its TPM or guest object, and the initdata file (see TeeArgvSpec). */
+function teeArgs(tee: TeeArgvSpec): string[] {
+  const out: string[] = [];
+  if (tee.kind === 'vtpm') {
+    // Unit 0 is OVMF's code (read only), unit 1 the pod's own variable store: OVMF writes boot
+    // entries and its measured-boot state there, so every pod has a copy of its own.
+    out.push('-drive', `if=pflash,format=raw,unit=0,readonly=on,file=${optionValue(tee.ovmfCodePath)}`);
+    out.push('-drive', `if=pflash,format=raw,unit=1,file=${optionValue(tee.ovmfVarsPath)}`);
+    // The CRB interface: the guest kernel's tpm_crb (built into Debian's 6.1) drives it, and OVMF
+    // measures the kernel, initrd and command line into it before handing over.
+    out.push('-chardev', `socket,id=${TPM_CHARDEV_ID},path=${optionValue(tee.tpmSocket)}`);
+    out.push('-tpmdev', `emulator,id=${TPM_BACKEND_ID},chardev=${TPM_CHARDEV_ID}`);
+    out.push('-device', `tpm-crb,id=${TPM_DEVICE_ID},tpmdev=${TPM_BACKEND_ID}`);
+  } else if (tee.kind === 'snp') {
+    // kernel-hashes=on: the hashes of -kernel, -initrd and -append go into the launch digest,
+    // so the direct-boot inputs are measured although OVMF.amdsev.fd never reads them from disk.
+    const props = [
+      `sev-snp-guest,id=${SNP_OBJECT_ID}`,
+      `cbitpos=${SNP_CBITPOS}`,
+      `reduced-phys-bits=${SNP_REDUCED_PHYS_BITS}`,
+      'kernel-hashes=on',
+      ...(tee.hostData === undefined ? [] : [`host-data=${tee.hostData.toString('base64')}`]),
+    ];
+    out.push('-object', props.join(','));
+    out.push('-bios', tee.firmwarePath);
+  } else if (tee.kind === 'tdx') {
+    const props = [
+      `tdx-guest,id=${TDX_OBJECT_ID}`,
+      ...(tee.mrConfigId === undefined ? [] : [`mrconfigid=${tee.mrConfigId.toString('base64')}`]),
+    ];
+    out.push('-object', props.join(','));
+    out.push('-bios', tee.firmwarePath);
+  }
+  if (tee.kind !== 'none' && tee.initdataPath !== undefined) {
+    out.push('-fw_cfg', `name=${INITDATA_FW_CFG_NAME},file=${optionValue(tee.initdataPath)}`);
+  }
+  return out;
+}
+
+function validateTee(spec: QemuArgvSpec): void {
+  const tee = spec.tee;
+  if (tee === undefined || tee.kind === 'none') return;
+  if (!spec.confidential) {
+    throw invalid(
+      'TEE_NEEDS_CONFIDENTIAL',
+      `tee.kind ${tee.kind} needs a confidential VM (confidential: true), which is never reconfigured.`,
+    );
+  }
+  const paths: Array<[string, string | undefined]> = [['tee.initdataPath', tee.initdataPath]];
+  if (tee.kind === 'vtpm') {
+    paths.push(['tee.ovmfCodePath', tee.ovmfCodePath], ['tee.ovmfVarsPath', tee.ovmfVarsPath], ['tee.tpmSocket', tee.tpmSocket]);
+    const bytes = Buffer.byteLength(tee.tpmSocket, 'utf8');
+    if (bytes > SUN_PATH_MAX_BYTES) {
+      throw invalid(
+        'UNIX_SOCKET_PATH_TOO_LONG',
+        `tee.tpmSocket ${tee.tpmSocket} is ${bytes} bytes long but a unix socket path must fit in ${SUN_PATH_MAX_BYTES} bytes.`,
+        { details: { field: 'tee.tpmSocket', path: tee.tpmSocket, bytes, maxBytes: SUN_PATH_MAX_BYTES } },
+      );
+    }
+  } else {
+    paths.push(['tee.firmwarePath', tee.firmwarePath]);
+    if (spec.accel !== 'kvm') {
+      throw invalid('TEE_NEEDS_KVM', `tee.kind ${tee.kind} needs KVM: a ${tee.kind.toUpperCase()} guest cannot run under ${spec.accel}.`);
+    }
+  }
+  for (const [field, value] of paths) if (value !== undefined) requireAbsolute(field, value);
+  if (tee.kind === 'snp' && tee.hostData !== undefined && tee.hostData.length !== SNP_HOST_DATA_BYTES) {
+    throw invalid('TEE_BINDING_INVALID', `tee.hostData is ${tee.hostData.length} bytes but SEV-SNP HOST_DATA is ${SNP_HOST_DATA_BYTES}.`);
+  }
+  if (tee.kind === 'tdx' && tee.mrConfigId !== undefined && tee.mrConfigId.length !== TDX_MR_CONFIG_ID_BYTES) {
+    throw invalid(
+      'TEE_BINDING_INVALID',
+      `tee.mrConfigId is ${tee.mrConfigId.length} bytes but TDX MRCONFIGID is ${TDX_MR_CONFIG_ID_BYTES}.`,
+    );
+  }
+}
+
 /** `02.0`: the spelling src/pcie uses for `addr=`. */
 function slotAddr(slot: number): string {
   return `${slot.toString(16).padStart(2, '0')}.0`;
@@ -334,6 +488,7 @@ function validateSpec(spec: QemuArgvSpec): void {
     }
   });
   validatePcieArgs(spec.pcieArgs);
+  validateTee(spec);
   if (spec.confidential && spec.freePageReporting === true) {
     throw invalid(
       'CONFIDENTIAL_VM_NO_BALLOON',

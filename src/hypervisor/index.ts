@@ -9,11 +9,15 @@ export {
   buildQemuArgv,
   GUEST_IMAGE_SERIAL,
   GUEST_SHARED_DIR,
+  INITDATA_FW_CFG_NAME,
   type NicSpec,
   type QemuArgvSpec,
   ROOT_SLOTS,
   SHARED_FS_TAG,
+  SNP_HOST_DATA_BYTES,
   SUN_PATH_MAX_BYTES,
+  TDX_MR_CONFIG_ID_BYTES,
+  type TeeArgvSpec,
   VIRTIO_MEM_BLOCK_MIB,
   VIRTIO_MEM_ID,
   VIRTIO_MEM_QOM_PATH,
@@ -55,6 +59,19 @@ export {
 export { ANY_EVENT, connectQmp, type ExecuteOptions, QmpClient, type QmpClientOptions, type QmpCloseInfo, QmpError } from './qmp/client.js';
 export type * from './qmp/types.js';
 export { plugVcpus, setVirtioMemSize, vcpuDeviceId, virtioMemPluggedMiB } from './resize.js';
+export {
+  detectHostTee,
+  formatQemuVersion,
+  type HostTeeSupport,
+  parseQemuVersion,
+  type QemuVersion,
+  qemuVersionAtLeast,
+  resolveTeeKind,
+  TEE_MIN_QEMU,
+  type TeeChoice,
+  type TeeRoots,
+  teeLaunchProblem,
+} from './tee.js';
 export {
   attachVirtiofsd,
   buildVirtiofsdArgv,
