@@ -75,6 +75,8 @@ export interface ContainerBackend {
   signalContainer(containerId: string, signal: number, all: boolean): Promise<void>;
   /** New limits (OCI linux.resources as JSON) for a running container's cgroup. */
   updateContainer(containerId: string, ociResourcesJson: string): Promise<void>;
+  /** Freeze (pause) or thaw (resume) every process of a running container. */
+  freezeContainer(containerId: string, frozen: boolean): Promise<void>;
   /** Settles when the init process has exited (at once if it has); `signal` stops waiting. */
   waitContainer(containerId: string, signal: AbortSignal): Promise<ExitStatus>;
   /** Removes the container from the OCI runtime; `force` kills it first. */

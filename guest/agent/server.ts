@@ -105,6 +105,14 @@ export class AgentService {
         await backend.signalContainer(req.containerId, req.signal, req.all);
         return {};
       },
+      PauseContainer: async (req) => {
+        await backend.freezeContainer(req.containerId, true);
+        return {};
+      },
+      ResumeContainer: async (req) => {
+        await backend.freezeContainer(req.containerId, false);
+        return {};
+      },
       UpdateContainer: async (req) => {
         await backend.updateContainer(req.containerId, req.ociResourcesJson);
         return {};

@@ -69,6 +69,16 @@ export class AgentClient {
     await this.unary('SignalContainer', { containerId, signal, all }, options);
   }
 
+  /** Freeze every process of a running container (its guest cgroup); idempotent. */
+  async pauseContainer(containerId: string, options: CallOptions): Promise<void> {
+    await this.unary('PauseContainer', { containerId }, options);
+  }
+
+  /** Thaw a paused container; idempotent. */
+  async resumeContainer(containerId: string, options: CallOptions): Promise<void> {
+    await this.unary('ResumeContainer', { containerId }, options);
+  }
+
   /** A running container's new limits: `resources` is the OCI linux.resources object. */
   async updateContainer(containerId: string, resources: object, options: CallOptions): Promise<void> {
     await this.unary('UpdateContainer', { containerId, ociResourcesJson: JSON.stringify(resources) }, options);

@@ -60,10 +60,7 @@ export function taskHandlers(deps: TaskServiceDeps): TaskHandlers {
       },
     );
   const refused = (what: string) => async () => {
-    throw unimplemented(
-      'SHIM_UNSUPPORTED',
-      `${what} is not supported: a pod VM's tasks cannot be ${what === 'Checkpoint' ? 'checkpointed' : 'paused or resumed'} by kata-ts`,
-    );
+    throw unimplemented('SHIM_UNSUPPORTED', `${what} is not supported: a pod VM's tasks cannot be checkpointed by kata-ts`);
   };
   return {
     State: async (req) => stateResponse(tasks.state(req.id, req.exec_id)),
@@ -87,8 +84,14 @@ export function taskHandlers(deps: TaskServiceDeps): TaskHandlers {
       return { pid, ...exitFields(exit) };
     },
     Pids: async (req) => ({ processes: tasks.pids(req.id).map((p) => ({ pid: p.pid })) }),
-    Pause: refused('Pause'),
-    Resume: refused('Resume'),
+    Pause: async (req, call) => {
+      await tasks.freeze(req.id, true, ctx(call, req));
+      return {};
+    },
+    Resume: async (req, call) => {
+      await tasks.freeze(req.id, false, ctx(call, req));
+      return {};
+    },
     Checkpoint: refused('Checkpoint'),
     Kill: async (req, call) => {
       await tasks.kill(req.id, req.exec_id, req.signal, req.all, ctx(call, req));

@@ -31,7 +31,7 @@ import './task-reasons.js';
 const SECCOMP_PROFILE_FILE = 'kata-ts-seccomp.json';
 
 /** containerd's task states (containerd.v1.types.Status). */
-export type TaskStatus = 'CREATED' | 'RUNNING' | 'STOPPED' | 'UNKNOWN';
+export type TaskStatus = 'CREATED' | 'RUNNING' | 'PAUSED' | 'STOPPED' | 'UNKNOWN';
 
 /** An exit as containerd wants it: the status (128 + signal for a signalled process) and when. */
 export interface TaskExit {
@@ -104,6 +104,8 @@ interface Task {
   rootfsMounted: boolean;
   /** Stops the exit watch (Delete). */
   watch: AbortController;
+  /** Paused (Pause): its processes frozen in the guest until Resume. */
+  paused: boolean;
   /** CRI-O wrote the bundle: an OOM kill is also told by a `<bundle>/oom` file. */
   crio: boolean;
   /** The OOM kill told (event published, CRI-O's file written): the exit waits for it. */
@@ -192,6 +194,7 @@ export class ShimTasks {
       execs: new Map(),
       rootfsMounted: false,
       watch: new AbortController(),
+      paused: false,
       crio: false,
       oom: undefined,
     };
@@ -430,10 +433,38 @@ export class ShimTasks {
       execId: '',
       bundle: task.bundle,
       pid: task.pid,
-      status: task.exit.value !== undefined ? 'STOPPED' : task.started ? 'RUNNING' : 'CREATED',
+      status: task.exit.value !== undefined ? 'STOPPED' : task.paused ? 'PAUSED' : task.started ? 'RUNNING' : 'CREATED',
       exit: task.exit.value,
       ...task.io,
     };
+  }
+
+  /**
+   * Pause (`frozen`) or Resume a task: a container's processes are frozen by its guest cgroup's
+   * freezer; the sandbox task freezes every running container of the pod (the VM keeps running, so
+   * its agent still answers and the pod stays ready). Idempotent; /tasks/paused or /tasks/resumed
+   * once per change.
+   */
+  freeze(id: string, frozen: boolean, ctx: RequestContext): Promise<void> {
+    return this.one(id, '', () => this.freezeNow(id, frozen, ctx));
+  }
+
+  private async freezeNow(id: string, frozen: boolean, ctx: RequestContext): Promise<void> {
+    const task = this.task(id);
+    if (task.exit.value !== undefined || !task.started) {
+      throw precondition('TASK_NOT_RUNNING', `task ${id} is not running; only a running task can be ${frozen ? 'paused' : 'resumed'}`);
+    }
+    if (task.paused === frozen) return;
+    const targets =
+      task.kind === 'container'
+        ? [task]
+        : [...this.tasks.values()].filter((t) => t.kind === 'container' && t.started && t.exit.value === undefined && t.paused !== frozen);
+    for (const t of targets) {
+      await this.deps.pod.containers.freeze(t.id, frozen, ctx);
+      t.paused = frozen;
+    }
+    task.paused = frozen;
+    await this.deps.events.publish(frozen ? '/tasks/paused' : '/tasks/resumed', { container_id: id });
   }
 
   /**

@@ -83,6 +83,8 @@ interface ContainerRecord {
   execs: Map<string, ExecHandle>;
   /** The watch of its OOM kills (a container with a cgroup of its own), until it exits. */
   oom?: OomWatch;
+  /** Paused (its cgroup frozen). */
+  frozen?: boolean;
 }
 
 /** The reaper's spool of the init's output, in the bundle. */
@@ -208,6 +210,16 @@ export class Containers implements ContainerBackendCore {
     } finally {
       await rm(file, { force: true });
     }
+  }
+
+  /** Freeze or thaw a running container (crun pause/resume: its cgroup's freezer). Idempotent. */
+  async freeze(id: string, frozen: boolean): Promise<void> {
+    const record = this.get(id);
+    if (record.state.status !== 'running')
+      throw precondition('CONTAINER_NOT_RUNNING', `Only a running container can be ${frozen ? 'paused' : 'resumed'}.`, { details: { id } });
+    if (record.frozen === frozen) return;
+    await runRuntime(frozen ? this.argv.pause(id) : this.argv.resume(id), `${frozen ? 'pause' : 'resume'} ${id}`);
+    record.frozen = frozen;
   }
 
   wait(id: string): Promise<ExitStatus> {

@@ -97,6 +97,10 @@ export class CrunBackend implements ContainerBackend {
     return this.containers.signal(containerId, signal, all);
   }
 
+  freezeContainer(containerId: string, frozen: boolean): Promise<void> {
+    return this.containers.freeze(containerId, frozen);
+  }
+
   updateContainer(containerId: string, ociResourcesJson: string): Promise<void> {
     let resources: unknown;
     try {

@@ -50,6 +50,16 @@ export class RuntimeArgv {
     return [...this.base(), 'delete', '--force', id];
   }
 
+  /** `pause`: the container's cgroup frozen. */
+  pause(id: string): string[] {
+    return [...this.base(), 'pause', id];
+  }
+
+  /** `resume`: the container's cgroup thawed. */
+  resume(id: string): string[] {
+    return [...this.base(), 'resume', id];
+  }
+
   /** `update --resources=<file>`: the OCI linux.resources in the file, applied to the container's cgroup. */
   update(id: string, resourcesFile: string): string[] {
     return [...this.base(), 'update', `--resources=${resourcesFile}`, id];

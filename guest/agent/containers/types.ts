@@ -113,6 +113,8 @@ export interface ContainerBackendCore {
   signal(id: string, signal: number, all: boolean): Promise<void>;
   /** New limits for a running container's cgroup (the OCI linux.resources object). */
   update(id: string, resources: Record<string, unknown>): Promise<void>;
+  /** Freeze (`frozen` true) or thaw every process of a running container. */
+  freeze(id: string, frozen: boolean): Promise<void>;
   wait(id: string): Promise<ExitStatus>;
   delete(id: string): Promise<void>;
   state(id: string): ContainerState;

@@ -376,6 +376,26 @@ export class ContainerManager implements SandboxListener, ContainerLookup {
   }
 
   /**
+   * Pause (`frozen`) or resume a running container: every process of it frozen or thawed by its
+   * guest cgroup's freezer, as containerd's Pause does for a runc container. Idempotent. A
+   * container not running is FAILED_PRECONDITION CONTAINER_NOT_RUNNING.
+   */
+  async freeze(idOrPrefix: string, frozen: boolean, ctx: RequestContext): Promise<void> {
+    const record = this.resolve(idOrPrefix);
+    ctx.annotate({ containerId: record.id, sandboxId: record.sandboxId });
+    const agent = record.state === 'CONTAINER_RUNNING' ? this.deps.guests.agentOf(record.sandboxId) : undefined;
+    if (agent === undefined) {
+      throw precondition(
+        'CONTAINER_NOT_RUNNING',
+        `container ${record.id} is not running; only a running container can be ${frozen ? 'paused' : 'resumed'}`,
+      );
+    }
+    if (frozen) await agent.pauseContainer(record.id, { timeoutMs: FREEZE_CALL_MS });
+    else await agent.resumeContainer(record.id, { timeoutMs: FREEZE_CALL_MS });
+    ctx.logger.info({ containerId: record.id }, frozen ? 'container paused' : 'container resumed');
+  }
+
+  /**
    * Signal the container's process (`all`: every process of the container) through the agent,
    * as containerd's Kill does. Only a running container has a process: one that has exited is
    * NOT_FOUND CONTAINER_PROCESS_FINISHED (containerd's "process already finished", which its CRI
@@ -499,4 +519,7 @@ export class ContainerManager implements SandboxListener, ContainerLookup {
 /** Reason, message and exit code of a container whose sandbox stopped before it started. */
 const NEVER_STARTED: [string, string, number] = ['SandboxStopped', 'the pod sandbox stopped before the container started', 0];
 /** Reason, message and exit code of a container whose VM went away under it. */
+/** One pause or resume in the guest (the freezer waits until every task is frozen). */
+const FREEZE_CALL_MS = 30_000;
+
 const VM_GONE: [string, string, number] = ['PodVMExited', 'the pod VM stopped while the container was running', 255];

@@ -78,6 +78,9 @@ export class FakeContainerBackend implements ContainerBackend {
     this.container(id);
     this.updates.push({ id, resources: JSON.parse(ociResourcesJson) });
   };
+  freezeContainer = async (id: string, _frozen: boolean) => {
+    this.container(id);
+  };
   waitContainer = (id: string) => this.container(id).exit;
   deleteContainer = async (id: string) => {
     this.container(id);

@@ -84,6 +84,9 @@ function scriptedPod() {
       kill: async (_id: string, signal: number) => {
         calls.push(`containers.kill ${signal}`);
       },
+      freeze: async (id: string, frozen: boolean) => {
+        calls.push(`containers.freeze ${id === CONTAINER ? 'container' : id} ${frozen}`);
+      },
       stop: async () => {
         calls.push('containers.stop');
       },
@@ -205,6 +208,25 @@ describe('ShimTasks for CRI-O', () => {
     expect(agentCalls).toEqual(['execProcess', 'resizeTty exec 120x40']);
     execExit.resolve({ exitCode: 0 });
     expect((await tasks.wait(CONTAINER, 'e1', new AbortController().signal)).status).toBe(0);
+    tasks.close();
+  });
+
+  it("Pause of the sandbox task freezes the pod's running containers, each once (State PAUSED), and Resume thaws them; events once per change", async () => {
+    const { tasks, calls, topics } = await podWithContainer();
+    await expect(tasks.freeze(CONTAINER, true, ctx)).rejects.toMatchObject({ reason: 'TASK_NOT_RUNNING' });
+    await tasks.start(CONTAINER, '', ctx);
+    await tasks.freeze(SANDBOX, true, ctx);
+    await tasks.freeze(SANDBOX, true, ctx);
+    await tasks.freeze(CONTAINER, true, ctx);
+    expect(tasks.state(SANDBOX, '').status).toBe('PAUSED');
+    expect(tasks.state(CONTAINER, '').status).toBe('PAUSED');
+    await tasks.freeze(SANDBOX, false, ctx);
+    expect(tasks.state(CONTAINER, '').status).toBe('RUNNING');
+    expect(calls.filter((c) => c.startsWith('containers.freeze'))).toEqual([
+      'containers.freeze container true',
+      'containers.freeze container false',
+    ]);
+    expect(topics.filter((t) => t === '/tasks/paused' || t === '/tasks/resumed')).toEqual(['/tasks/paused', '/tasks/resumed']);
     tasks.close();
   });
 
