@@ -1,13 +1,14 @@
-import { existsSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
 import os from 'node:os';
-import { errnoCode, errorMessage, isKataError } from '../common/errors.js';
+import { errnoCode, errorMessage, invalid, isKataError } from '../common/errors.js';
 import { loadConfig } from '../config/load.js';
 import { chooseAcceleration } from '../hypervisor/index.js';
 import { inventoryOptionsForRoot, readPcieHostFacts } from '../pcie/index.js';
 import type { HostCapacity } from '../sizing/types.js';
 import { type CliIo, parseCommandArgs, UsageError } from './args.js';
 import { loadPlanRequest } from './plan/load.js';
+import { measurementsOutput, plannedReferenceValues } from './plan/measurements.js';
 import { planJson, planText } from './plan/output.js';
 import { defaultOverheadAccel, type OverheadAccel, runtimeClassObject, runtimeClassOverhead, runtimeClassYaml } from './plan/overhead.js';
 import { buildPlanReport } from './plan/report.js';
@@ -17,10 +18,16 @@ export const PLAN_USAGE = `Usage: kata-ts plan --request FILE [--config FILE] [-
 
        kata-ts plan --overhead [--config FILE] [--handler NAME] [--format yaml|json] [--accel kvm|tcg|any]
 
+       kata-ts plan --measurements --request FILE [--config FILE] [--handler NAME] [--format text|json|rvps]
+
 Shows how kata-ts would shape a pod's VM, without starting anything. With --overhead: the
 RuntimeClass for a handler (every handler without --handler), its overhead.podFixed computed from
 the handler's VMM budget (vmmOverhead, plus QEMU's TCG translation cache unless --accel kvm;
 default from hypervisor.acceleration, \`auto\` covering both); format yaml (default) or json.
+With --measurements: the launch measurements the pod's VM will have, predicted from the planned
+QEMU argv and the files it names (vtpm: PCRs 4, 7, 8, 9 and their events); json is the
+reference-values document (kata-ts/reference-values/v1), rvps the message trustee's
+\`rvps-tool register\` takes (sample provenance, PCR N named tpm_pcrN).
 
   --request FILE        a Kubernetes Pod manifest (YAML or JSON; kind: Pod) or a
                         RunPodSandboxRequest in proto3 JSON
@@ -51,6 +58,7 @@ const OPTIONS = {
   'sysfs-root': { type: 'string' },
   'cdi-dir': { type: 'string', multiple: true },
   overhead: { type: 'boolean' },
+  measurements: { type: 'boolean' },
   accel: { type: 'string' },
   help: { type: 'boolean', short: 'h' },
 } as const;
@@ -93,7 +101,10 @@ export async function runPlanCommand(argv: string[], io: CliIo): Promise<number>
     if (values.overhead === true) return await printOverhead(values, io);
     if (values.request === undefined) throw new UsageError('--request FILE is required (see kata-ts plan --help)');
     const format = values.format ?? 'text';
-    if (format !== 'text' && format !== 'json') throw new UsageError(`--format must be text or json, got "${format}"`);
+    const measure = values.measurements === true;
+    if (measure && format !== 'text' && format !== 'json' && format !== 'rvps')
+      throw new UsageError(`--format must be text, json or rvps with --measurements, got "${format}"`);
+    if (!measure && format !== 'text' && format !== 'json') throw new UsageError(`--format must be text or json, got "${format}"`);
     const cpus = positiveInteger(values['host-cpus'], '--host-cpus');
     const memoryMiB = positiveInteger(values['host-memory-mib'], '--host-memory-mib');
     file = values.request;
@@ -124,6 +135,16 @@ export async function runPlanCommand(argv: string[], io: CliIo): Promise<number>
       vhostNet: existsSync('/dev/vhost-net'),
     };
     const report = buildPlanReport(request, env, values.handler);
+    if (measure) {
+      const doc = plannedReferenceValues({
+        report,
+        ovmfVarsTemplatePath: config.hypervisor.firmware.ovmfVarsPath,
+        ...(request.config?.annotations === undefined ? {} : { annotations: request.config.annotations }),
+        read: (p) => readMeasuredFile(p),
+      });
+      io.stdout.write(measurementsOutput(doc, format as 'text' | 'json' | 'rvps'));
+      return 0;
+    }
     io.stdout.write(format === 'json' ? `${JSON.stringify(planJson(report), null, 2)}\n` : planText(report));
     return 0;
   } catch (err) {
@@ -133,6 +154,18 @@ export async function runPlanCommand(argv: string[], io: CliIo): Promise<number>
       return fail(err.kind === 'invalid' || err.kind === 'not_found' ? 2 : 1, `${where}${err.message} [${err.reason}]`);
     }
     return fail(1, errorMessage(err));
+  }
+}
+
+/** A file the planned argv names (kernel, initrd, firmware), read whole; a missing one is a coded error naming it. */
+function readMeasuredFile(file: string): Buffer {
+  try {
+    return readFileSync(file);
+  } catch (err) {
+    throw invalid(
+      'PLAN_MEASUREMENTS_UNAVAILABLE',
+      `cannot read ${file}, which the planned VM boots from: ${errnoCode(err) ?? errorMessage(err)}`,
+    );
   }
 }
 

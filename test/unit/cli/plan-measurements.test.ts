@@ -1,0 +1,166 @@
+/**
+ * `kata-ts plan --measurements`: the launch inputs read back out of a planned argv, the initdata
+ * annotations, the reference-values document built from a real plan (the vtpm device added to
+ * its argv as the vtpm profile adds it) and the CLI's refusals.
+ */
+import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { Writable } from 'node:stream';
+import { gzipSync } from 'node:zlib';
+import { afterAll, describe, expect, it } from 'vitest';
+import {
+  initdataFromAnnotations,
+  launchInputsFromArgv,
+  measurementsOutput,
+  plannedReferenceValues,
+  qemuMemoryBytes,
+} from '../../../src/cli/plan/measurements.js';
+import { buildPlanReport } from '../../../src/cli/plan/report.js';
+import { runPlanCommand } from '../../../src/cli/plan.js';
+import { packageRoot } from '../../../src/common/paths.js';
+import { q35RamBelow4GiBBytes } from '../../../src/measure/bzimage.js';
+import { sha256 } from '../../../src/measure/pcr.js';
+import { checkReferenceValues } from '../../../src/measure/reference-values.js';
+import { predictVtpm } from '../../../src/measure/vtpm.js';
+import { thrown } from '../../helpers/kata-error.js';
+import { fixturePlanEnvironment } from '../../helpers/plan-env.js';
+
+const MiB = 1024 * 1024;
+const OVMF_CODE = '/usr/share/OVMF/OVMF_CODE_4M.fd';
+const OVMF_VARS = '/usr/share/OVMF/OVMF_VARS_4M.fd';
+const POD = path.join(packageRoot(), 'fixtures', 'pods', 'besteffort.pod.yaml');
+
+const dir = mkdtempSync(path.join(os.tmpdir(), 'plan-measurements-'));
+afterAll(() => rmSync(dir, { recursive: true, force: true }));
+
+const VTPM_ARGS = [
+  ...['-drive', `if=pflash,format=raw,unit=0,readonly=on,file=${OVMF_CODE}`],
+  ...['-drive', 'if=pflash,format=raw,unit=1,file=/var/lib/kata-ts/vm/x/vmm/ovmf,,vars.fd'],
+  ...['-chardev', 'socket,id=tpmchr,path=/var/lib/kata-ts/vm/x/tpm/swtpm.sock'],
+  ...['-tpmdev', 'emulator,id=tpm0,chardev=tpmchr'],
+  ...['-device', 'tpm-crb,id=tpmdev0,tpmdev=tpm0'],
+];
+
+const annotation = (doc: string): string => gzipSync(Buffer.from(doc)).toString('base64');
+
+describe('launch inputs from a planned argv', () => {
+  it('reads -kernel, -initrd, -append, -m, both pflash units (doubled commas undone) and the tpm device', () => {
+    const argv = ['-m', 'size=416M,maxmem=4512M', '-kernel', '/k', '-initrd', '/i', '-append', 'console=ttyS0 quiet', ...VTPM_ARGS];
+    expect(launchInputsFromArgv(argv)).toEqual({
+      kernelPath: '/k',
+      initrdPath: '/i',
+      cmdline: 'console=ttyS0 quiet',
+      memoryBytes: 416 * MiB,
+      ovmfCodePath: OVMF_CODE,
+      ovmfVarsCopyPath: '/var/lib/kata-ts/vm/x/vmm/ovmf,vars.fd',
+      hasTpm: true,
+    });
+    expect(launchInputsFromArgv(['-m', '512', '-kernel', '/k', '-initrd', '/i']).hasTpm).toBe(false);
+  });
+
+  it('reads -m as QEMU does (no suffix: MiB) and refuses what it cannot read', () => {
+    expect(qemuMemoryBytes('512')).toBe(512 * MiB);
+    expect(qemuMemoryBytes('2G')).toBe(2048 * MiB);
+    expect(qemuMemoryBytes('size=1024M,slots=2,maxmem=4G')).toBe(1024 * MiB);
+    expect(thrown(() => qemuMemoryBytes('lots')).reason).toBe('PLAN_MEASUREMENTS_UNAVAILABLE');
+    expect(thrown(() => launchInputsFromArgv(['-m', '512', '-initrd', '/i'])).message).toMatch(/0 -kernel options/);
+  });
+});
+
+describe('initdata from annotations', () => {
+  it("decodes Kata's and kata-ts's annotation (gzip + base64); both agreeing is fine, disagreeing is refused", () => {
+    expect(initdataFromAnnotations(undefined)).toBeNull();
+    expect(initdataFromAnnotations({ 'io.kata-ts.initdata': annotation('doc') })?.toString()).toBe('doc');
+    expect(
+      initdataFromAnnotations({
+        'io.kata-ts.initdata': annotation('doc'),
+        'io.katacontainers.config.hypervisor.cc_init_data': annotation('doc'),
+      })?.toString(),
+    ).toBe('doc');
+    const e = thrown(() =>
+      initdataFromAnnotations({
+        'io.kata-ts.initdata': annotation('a'),
+        'io.katacontainers.config.hypervisor.cc_init_data': annotation('b'),
+      }),
+    );
+    expect(e.reason).toBe('PLAN_MEASUREMENTS_UNAVAILABLE');
+    expect(thrown(() => initdataFromAnnotations({ 'io.kata-ts.initdata': 'bm90IGd6aXA=' })).message).toMatch(/io.kata-ts.initdata/);
+  });
+});
+
+describe('reference values of a planned pod', () => {
+  it('a VM without a vTPM has nothing to predict: a coded error naming the handler', async () => {
+    const { loadPlanRequest } = await import('../../../src/cli/plan/load.js');
+    const env = await fixturePlanEnvironment({ cpus: 8, memoryMiB: 16384 });
+    const report = buildPlanReport(loadPlanRequest(readFileSync(POD, 'utf8'), POD).request, env, 'kata-ts');
+    const e = thrown(() => plannedReferenceValues({ report, ovmfVarsTemplatePath: OVMF_VARS, read: () => Buffer.alloc(0) }));
+    expect(e.reason).toBe('PLAN_MEASUREMENTS_UNAVAILABLE');
+    expect(e.message).toMatch(/handler kata-ts/);
+  });
+
+  const kernelPath = '/usr/local/share/kata-ts/guest/vmlinuz';
+  it.skipIf(!existsSync(kernelPath) || !existsSync(OVMF_VARS) || !existsSync(OVMF_CODE))(
+    "equals predictVtpm on the plan's own kernel, initrd, cmdline and memory; the document passes its schema; text and rvps views",
+    async () => {
+      const { loadPlanRequest } = await import('../../../src/cli/plan/load.js');
+      const env = await fixturePlanEnvironment({ cpus: 8, memoryMiB: 16384 });
+      const base = buildPlanReport(loadPlanRequest(readFileSync(POD, 'utf8'), POD).request, env, 'kata-ts');
+      const report = { ...base, qemu: { ...base.qemu, argv: [...base.qemu.argv, ...VTPM_ARGS] } };
+      const inputs = launchInputsFromArgv(report.qemu.argv);
+      const initrd = Buffer.from('stands in for the planned initramfs');
+      const read = (p: string): Buffer => (p === inputs.initrdPath ? initrd : readFileSync(p));
+      const doc = plannedReferenceValues({
+        report,
+        ovmfVarsTemplatePath: OVMF_VARS,
+        annotations: { 'io.kata-ts.initdata': annotation('policy = "allow"\n') },
+        read,
+      });
+      const expected = predictVtpm({
+        kernel: readFileSync(inputs.kernelPath),
+        initrd,
+        cmdline: inputs.cmdline,
+        ramBelow4GiBBytes: q35RamBelow4GiBBytes(inputs.memoryBytes),
+        ovmfVars: readFileSync(OVMF_VARS),
+        initdataDigestSha256: sha256('policy = "allow"\n'),
+      });
+      expect(checkReferenceValues(JSON.parse(measurementsOutput(doc, 'json')))).toEqual(doc);
+      expect(doc.vtpm?.pcrs).toEqual(Object.fromEntries(Object.entries(expected.pcrs)));
+      expect(doc.inputs.initdataSha256).toBe(sha256('policy = "allow"\n').toString('hex'));
+      expect(doc.inputs.cmdline).toBe(inputs.cmdline);
+      const text = measurementsOutput(doc, 'text');
+      for (const pcr of ['4', '7', '8', '9']) expect(text).toContain(`PCR  ${pcr}  ${doc.vtpm?.pcrs[pcr]}`);
+      expect(text).toContain('Not predicted');
+      const rvps = JSON.parse(measurementsOutput(doc, 'rvps'));
+      expect(JSON.parse(Buffer.from(rvps.payload, 'base64').toString())).toMatchObject({ tpm_pcr4: [doc.vtpm?.pcrs['4']] });
+    },
+  );
+});
+
+describe('kata-ts plan --measurements', () => {
+  const config = path.join(dir, 'config.json');
+  writeFileSync(config, '{}');
+  const io = (): { io: { stdout: Writable; stderr: Writable }; out: () => string; err: () => string } => {
+    let out = '';
+    let err = '';
+    const w = (append: (s: string) => void): Writable =>
+      new Writable({
+        write(chunk: Buffer | string, _e, done) {
+          append(chunk.toString());
+          done();
+        },
+      });
+    return { io: { stdout: w((s) => (out += s)), stderr: w((s) => (err += s)) }, out: () => out, err: () => err };
+  };
+
+  it('refuses a format it has no view for, and a handler without a vTPM, in one line each', async () => {
+    const a = io();
+    expect(await runPlanCommand(['--measurements', '--request', POD, '--config', config, '--format', 'yaml'], a.io)).toBe(2);
+    expect(a.err()).toMatch(/^kata-ts plan: --format must be text, json or rvps with --measurements/);
+    const b = io();
+    expect(await runPlanCommand(['--measurements', '--request', POD, '--config', config, '--handler', 'kata-ts'], b.io)).toBe(2);
+    expect(b.err()).toMatch(/PLAN_MEASUREMENTS_UNAVAILABLE\]\n$/);
+    expect(b.err().trimEnd().split('\n')).toHaveLength(1);
+    expect(b.out()).toBe('');
+  });
+});
