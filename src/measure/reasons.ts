@@ -4,6 +4,8 @@
  * and to `isReason` in src/common/errors.ts.
  */
 export type MeasureReason =
+  | 'MEASURE_ARGV_UNREADABLE'
+  | 'MEASURE_NO_VTPM'
   | 'MEASURE_PE_MALFORMED'
   | 'MEASURE_BZIMAGE_MALFORMED'
   | 'MEASURE_BZIMAGE_UNSUPPORTED'

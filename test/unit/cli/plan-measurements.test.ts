@@ -9,24 +9,18 @@ import path from 'node:path';
 import { Writable } from 'node:stream';
 import { gzipSync } from 'node:zlib';
 import { afterAll, describe, expect, it } from 'vitest';
-import {
-  initdataFromAnnotations,
-  launchInputsFromArgv,
-  measurementsOutput,
-  plannedReferenceValues,
-  qemuMemoryBytes,
-} from '../../../src/cli/plan/measurements.js';
+import { initdataFromAnnotations, measurementsOutput, plannedReferenceValues } from '../../../src/cli/plan/measurements.js';
 import { buildPlanReport } from '../../../src/cli/plan/report.js';
 import { runPlanCommand } from '../../../src/cli/plan.js';
 import { packageRoot } from '../../../src/common/paths.js';
 import { q35RamBelow4GiBBytes } from '../../../src/measure/bzimage.js';
+import { launchInputsFromArgv } from '../../../src/measure/launch.js';
 import { sha256 } from '../../../src/measure/pcr.js';
 import { checkReferenceValues } from '../../../src/measure/reference-values.js';
 import { predictVtpm } from '../../../src/measure/vtpm.js';
 import { thrown } from '../../helpers/kata-error.js';
 import { fixturePlanEnvironment } from '../../helpers/plan-env.js';
 
-const MiB = 1024 * 1024;
 const OVMF_CODE = '/usr/share/OVMF/OVMF_CODE_4M.fd';
 const OVMF_VARS = '/usr/share/OVMF/OVMF_VARS_4M.fd';
 const POD = path.join(packageRoot(), 'fixtures', 'pods', 'besteffort.pod.yaml');
@@ -43,30 +37,6 @@ const VTPM_ARGS = [
 ];
 
 const annotation = (doc: string): string => gzipSync(Buffer.from(doc)).toString('base64');
-
-describe('launch inputs from a planned argv', () => {
-  it('reads -kernel, -initrd, -append, -m, both pflash units (doubled commas undone) and the tpm device', () => {
-    const argv = ['-m', 'size=416M,maxmem=4512M', '-kernel', '/k', '-initrd', '/i', '-append', 'console=ttyS0 quiet', ...VTPM_ARGS];
-    expect(launchInputsFromArgv(argv)).toEqual({
-      kernelPath: '/k',
-      initrdPath: '/i',
-      cmdline: 'console=ttyS0 quiet',
-      memoryBytes: 416 * MiB,
-      ovmfCodePath: OVMF_CODE,
-      ovmfVarsCopyPath: '/var/lib/kata-ts/vm/x/vmm/ovmf,vars.fd',
-      hasTpm: true,
-    });
-    expect(launchInputsFromArgv(['-m', '512', '-kernel', '/k', '-initrd', '/i']).hasTpm).toBe(false);
-  });
-
-  it('reads -m as QEMU does (no suffix: MiB) and refuses what it cannot read', () => {
-    expect(qemuMemoryBytes('512')).toBe(512 * MiB);
-    expect(qemuMemoryBytes('2G')).toBe(2048 * MiB);
-    expect(qemuMemoryBytes('size=1024M,slots=2,maxmem=4G')).toBe(1024 * MiB);
-    expect(thrown(() => qemuMemoryBytes('lots')).reason).toBe('PLAN_MEASUREMENTS_UNAVAILABLE');
-    expect(thrown(() => launchInputsFromArgv(['-m', '512', '-initrd', '/i'])).message).toMatch(/0 -kernel options/);
-  });
-});
 
 describe('initdata from annotations', () => {
   it("decodes Kata's and kata-ts's annotation (gzip + base64); both agreeing is fine, disagreeing is refused", () => {
@@ -95,7 +65,7 @@ describe('reference values of a planned pod', () => {
     const env = await fixturePlanEnvironment({ cpus: 8, memoryMiB: 16384 });
     const report = buildPlanReport(loadPlanRequest(readFileSync(POD, 'utf8'), POD).request, env, 'kata-ts');
     const e = thrown(() => plannedReferenceValues({ report, ovmfVarsTemplatePath: OVMF_VARS, read: () => Buffer.alloc(0) }));
-    expect(e.reason).toBe('PLAN_MEASUREMENTS_UNAVAILABLE');
+    expect(e.reason).toBe('MEASURE_NO_VTPM');
     expect(e.message).toMatch(/handler kata-ts/);
   });
 
@@ -159,7 +129,7 @@ describe('kata-ts plan --measurements', () => {
     expect(a.err()).toMatch(/^kata-ts plan: --format must be text, json or rvps with --measurements/);
     const b = io();
     expect(await runPlanCommand(['--measurements', '--request', POD, '--config', config, '--handler', 'kata-ts'], b.io)).toBe(2);
-    expect(b.err()).toMatch(/PLAN_MEASUREMENTS_UNAVAILABLE\]\n$/);
+    expect(b.err()).toMatch(/MEASURE_NO_VTPM\]\n$/);
     expect(b.err().trimEnd().split('\n')).toHaveLength(1);
     expect(b.out()).toBe('');
   });
