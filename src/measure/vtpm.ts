@@ -105,7 +105,12 @@ function pcr7Events(vars: Buffer | undefined): PcrEvent[] | string {
   const enrolled = secureBootPolicyVariables(vars);
   if (enrolled.length > 0) return `Secure Boot policy: the vars file enrolls ${enrolled.join(', ')} (not predicted)`;
   const config = (guid: string, name: string, data: Buffer): PcrEvent =>
-    event(7, 'EV_EFI_VARIABLE_DRIVER_CONFIG', efiVariableDataDigest(guid, name, data), `${name} (${data.length} bytes)`);
+    event(
+      7,
+      'EV_EFI_VARIABLE_DRIVER_CONFIG',
+      efiVariableDataDigest(guid, name, data),
+      `${name} (${data.length} ${data.length === 1 ? 'byte' : 'bytes'})`,
+    );
   return [
     config(EFI_GLOBAL_VARIABLE_GUID, 'SecureBoot', Buffer.from([0])),
     config(EFI_GLOBAL_VARIABLE_GUID, 'PK', Buffer.alloc(0)),
