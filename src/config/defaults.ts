@@ -95,8 +95,7 @@ export function confidentialHandlerProfile(): HandlerProfile {
   return {
     ...base,
     confidential: true,
-    description:
-      'Confidential VM: static size, cold-plug only, no reconfiguration after boot, measured (SNP or TDX where the host has it, else OVMF + a vTPM)',
+    description: 'Confidential VM: static size, cold-plug only, no reconfiguration after boot',
     tee: { kind: 'auto' },
     // No free page reporting: the host would discard pages that are private (encrypted, validated)
     // to the guest, which the guest kernel does not validate again before reusing them.

@@ -52,6 +52,11 @@ export interface JailSpec {
    * same confined or not. Those under /usr are reached through the /usr bind.
    */
   files: string[];
+  /**
+   * Directories QEMU connects to sockets in that another process of the pod owns (a vtpm pod's
+   * swtpm socket dir): bound read-write at the same path. Absent: none.
+   */
+  dirs?: string[];
   devices: JailDevices;
   /**
    * The host's top-level entries that are symlinks into /usr (`bin -> usr/bin`, `lib64 -> usr/lib64`
@@ -119,6 +124,7 @@ export function planJail(spec: JailSpec): JailLayout {
   requirePath('jailDir', jailDir);
   requirePath('vmmDir', vmmDir);
   for (const f of spec.files) requirePath('jail file', f);
+  for (const d of spec.dirs ?? []) requirePath('jail dir', d);
   const at = (p: string) => inJail(jailDir, p);
 
   const dirs = new Set<string>([at('/usr'), at('/dev')]);
@@ -142,6 +148,11 @@ export function planJail(spec: JailSpec): JailLayout {
   mount('/usr', at('/usr'), 'none', 'bind,ro,nosuid,nodev');
   mount('kata-ts-jail-dev', at('/dev'), 'tmpfs', JAIL_DEV_TMPFS_OPTIONS);
   mount(vmmDir, at(vmmDir), 'none', 'bind,nosuid,nodev,noexec');
+  for (const dir of [...new Set(spec.dirs ?? [])].sort()) {
+    addParents(dir);
+    dirs.add(at(dir));
+    mount(dir, at(dir), 'none', 'bind,nosuid,nodev,noexec');
+  }
   const fileMountPoints: string[] = [];
   for (const file of [...new Set(spec.files)].sort()) {
     if (underUsr(file)) continue;

@@ -5,6 +5,7 @@ import { errorMessage } from '../common/errors.js';
 import type { LoadedConfig } from '../config/types.js';
 import { chooseAcceleration } from '../hypervisor/accel.js';
 import { checkGuestAssets } from '../hypervisor/assets.js';
+import { detectHostTee, parseQemuVersion } from '../hypervisor/tee.js';
 import type { HostCheck, RuntimeFacts } from './facts.js';
 
 const run = promisify(execFile);
@@ -37,5 +38,6 @@ export async function gatherFacts(loaded: LoadedConfig): Promise<RuntimeFacts> {
     cgroupDriver: { name: driverName, source: config.cgroupDriver === 'auto' ? 'detected' : 'config' },
     qemu,
     guestAssets,
+    tee: { host: detectHostTee(), qemuVersion: qemu.ok ? parseQemuVersion(qemu.message) : null },
   };
 }

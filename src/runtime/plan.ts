@@ -1,17 +1,61 @@
+import path from 'node:path';
 import type { ResolvedHandler } from '../config/handlers.js';
-import type { HypervisorConfig } from '../config/types.js';
+import type { HypervisorConfig, TeeKind, TeeKindSetting } from '../config/types.js';
 import {
   type AccelerationChoice,
   BALLOON_DEVICE_MIB,
   buildQemuArgv,
   type NicSpec,
   QEMU_SECCOMP_SANDBOX,
+  resolveTeeKind,
+  type TeeArgvSpec,
+  teeLaunchProblem,
   type VmSocketPaths,
 } from '../hypervisor/index.js';
 import { type KubeletPodResources, type PcieHostFacts, type PodPciePlan, planPodPcie } from '../pcie/index.js';
 import type { PodSandboxConfigInput } from '../sizing/input.js';
 import { planSizing } from '../sizing/shape.js';
 import type { HostCapacity, SizingPlan } from '../sizing/types.js';
+import type { TeeFacts } from './facts.js';
+
+/** Where a sandbox's TEE files go (sandboxTeePaths in src/runtime/sandbox/paths.ts). */
+export interface SandboxTeePaths {
+  /** The pod's copy of OVMF's variable store: in QEMU's own dir, owned by its identity. */
+  ovmfVarsCopy: string;
+  /** swtpm's state (its NVRAM, the EK and its certificate): swtpm's own dir. */
+  tpmStateDir: string;
+  /** swtpm's control socket QEMU connects to, in a dir swtpm owns and QEMU's group may enter. */
+  tpmSocket: string;
+  /** swtpm's log. */
+  tpmLog: string;
+}
+
+/** The pod's initdata as the argv carries it (initdata-evidence builds the document and its bindings). */
+export interface SandboxInitdata {
+  /** The document on the host, handed to the guest over fw_cfg. */
+  path: string;
+  /** SEV-SNP HOST_DATA (32 bytes) and TDX MRCONFIGID (48 bytes) binding it to the launch measurement. */
+  snpHostData?: Buffer;
+  tdxMrConfigId?: Buffer;
+}
+
+/**
+ * The TEE a pod's VM gets, decided before boot: the handler's setting, what it resolved to on
+ * this host and why, and why it cannot start here (null: it can).
+ */
+export interface TeePlan {
+  setting: TeeKindSetting;
+  kind: TeeKind;
+  reason: string;
+  /** QEMU too old, no such hardware or no KVM: RunPodSandbox refuses (TEE_UNAVAILABLE); `plan` and `doctor` say it. */
+  launchProblem: string | null;
+  /** The firmware the VM boots: OVMF's code and vars template and the pod's copy (vtpm), or the -bios image (snp, tdx). */
+  firmware: { ovmfCode: string; ovmfVarsTemplate: string; ovmfVarsCopy: string } | { bios: string } | null;
+  /** The pod's swtpm (vtpm only). */
+  tpm: { stateDir: string; socketPath: string; logFile: string } | null;
+  /** The initdata document's path when the pod has one. */
+  initdataPath: string | null;
+}
 
 /** Everything a sandbox plan is computed from; gathered by the caller, so planning is pure. */
 export interface SandboxPlanInput {
@@ -31,6 +75,12 @@ export interface SandboxPlanInput {
   paths: VmSocketPaths;
   /** The pod's NIC (a pod with CNI networking); its MAC is the CNI interface's, known after CNI ADD. */
   nic?: NicSpec;
+  /** The host's TEEs and QEMU's version (RuntimeFacts.tee); absent: no hardware TEE, version unknown. */
+  tee?: TeeFacts;
+  /** Where the TEE's files go; needed when the handler's TEE resolves to vtpm. */
+  teePaths?: SandboxTeePaths;
+  /** The pod's initdata, when it has one. */
+  initdata?: SandboxInitdata;
 }
 
 /**
@@ -56,6 +106,68 @@ export interface SandboxPlan {
   pcie: PodPciePlan;
   qemu: { binary: string; accel: AccelerationChoice; argv: string[] };
   vmm: VmmConfinementPlan;
+  /** Absent: planned before TEE profiles existed (no TEE). */
+  tee?: TeePlan;
+}
+
+const NO_HARDWARE_TEE: TeeFacts = {
+  host: { snp: { ok: false, message: 'not checked' }, tdx: { ok: false, message: 'not checked' } },
+  qemuVersion: null,
+};
+
+/** TEE paths for a caller that gives none (a plan made outside a sandbox): beside the QMP socket. */
+function besideQmp(qmpSocket: string): SandboxTeePaths {
+  const dir = path.dirname(qmpSocket);
+  return {
+    ovmfVarsCopy: path.join(dir, 'OVMF_VARS.fd'),
+    tpmStateDir: path.join(dir, 'tpm'),
+    tpmSocket: path.join(dir, 'tpm-sock', 'ctrl.sock'),
+    tpmLog: path.join(dir, 'swtpm.log'),
+  };
+}
+
+/** Pure: the handler's TEE on this host (resolved from the facts), and what the argv needs for it. */
+export function planTee(input: Pick<SandboxPlanInput, 'handler' | 'hypervisor' | 'tee' | 'teePaths' | 'initdata' | 'accel' | 'paths'>): {
+  plan: TeePlan;
+  argv: TeeArgvSpec;
+} {
+  const setting = input.handler.profile.tee.kind;
+  const facts = input.tee ?? NO_HARDWARE_TEE;
+  const choice = resolveTeeKind(setting, facts.host);
+  const launchProblem = teeLaunchProblem(choice.kind, { host: facts.host, qemuVersion: facts.qemuVersion, accel: input.accel.accel });
+  const fw = input.hypervisor.firmware;
+  const initdataPath = input.initdata?.path ?? null;
+  const initdata = initdataPath === null ? {} : { initdataPath };
+  const base = { setting, kind: choice.kind, reason: choice.reason, launchProblem, initdataPath };
+  switch (choice.kind) {
+    case 'none':
+      return { plan: { ...base, firmware: null, tpm: null, initdataPath: null }, argv: { kind: 'none' } };
+    case 'vtpm': {
+      const paths = input.teePaths ?? besideQmp(input.paths.qmpSocket);
+      return {
+        plan: {
+          ...base,
+          firmware: { ovmfCode: fw.ovmfCodePath, ovmfVarsTemplate: fw.ovmfVarsPath, ovmfVarsCopy: paths.ovmfVarsCopy },
+          tpm: { stateDir: paths.tpmStateDir, socketPath: paths.tpmSocket, logFile: paths.tpmLog },
+        },
+        argv: { kind: 'vtpm', ovmfCodePath: fw.ovmfCodePath, ovmfVarsPath: paths.ovmfVarsCopy, tpmSocket: paths.tpmSocket, ...initdata },
+      };
+    }
+    case 'snp': {
+      const hostData = input.initdata?.snpHostData;
+      return {
+        plan: { ...base, firmware: { bios: fw.snpFirmwarePath }, tpm: null },
+        argv: { kind: 'snp', firmwarePath: fw.snpFirmwarePath, ...(hostData === undefined ? {} : { hostData }), ...initdata },
+      };
+    }
+    case 'tdx': {
+      const mrConfigId = input.initdata?.tdxMrConfigId;
+      return {
+        plan: { ...base, firmware: { bios: fw.tdxFirmwarePath }, tpm: null },
+        argv: { kind: 'tdx', firmwarePath: fw.tdxFirmwarePath, ...(mrConfigId === undefined ? {} : { mrConfigId }), ...initdata },
+      };
+    }
+  }
 }
 
 /** Pure: the confinement a handler asks for, with the node's identity range. */
@@ -97,10 +209,14 @@ export function planSandbox(input: SandboxPlanInput): SandboxPlan {
     simulateVfioWith: input.simulateVfioWith ?? null,
   });
   const vmm = planVmmConfinement(input);
+  const tee = planTee(input);
+  const hardwareTee = tee.plan.kind === 'snp' || tee.plan.kind === 'tdx';
   const argv = buildQemuArgv({
     name: input.vmName,
     shape: sizing.vm,
-    accel: input.accel.accel,
+    // An SNP or TDX guest runs only under KVM: its argv is the one such a host needs, also where
+    // this one cannot start it (tee.launchProblem says why, and RunPodSandbox refuses).
+    accel: hardwareTee ? 'kvm' : input.accel.accel,
     kernelPath: input.hypervisor.kernelPath,
     initrdPath: input.hypervisor.initrdPath,
     kernelParams: input.hypervisor.kernelParams,
@@ -112,6 +228,7 @@ export function planSandbox(input: SandboxPlanInput): SandboxPlan {
     ...(freePageReporting ? { freePageReporting } : {}),
     ...(input.hypervisor.guestImagePath === null ? {} : { guestImagePath: input.hypervisor.guestImagePath }),
     ...(vmm.seccomp === null ? {} : { seccompSandbox: vmm.seccomp }),
+    ...(tee.argv.kind === 'none' ? {} : { tee: tee.argv }),
   });
   return {
     handler: input.handler.name,
@@ -120,5 +237,6 @@ export function planSandbox(input: SandboxPlanInput): SandboxPlan {
     pcie,
     qemu: { binary: input.hypervisor.qemuBinary, accel: input.accel, argv },
     vmm,
+    tee: tee.plan,
   };
 }

@@ -1,6 +1,6 @@
 import type { AccelerationChoice } from '../../hypervisor/index.js';
 import type { PodPciePlan } from '../../pcie/index.js';
-import type { VmmConfinementPlan } from '../../runtime/plan.js';
+import type { TeePlan, VmmConfinementPlan } from '../../runtime/plan.js';
 import type { HostCapacity, SizingPlan, VmmOverheadSource } from '../../sizing/types.js';
 
 /**
@@ -19,6 +19,8 @@ export interface PlanReport {
   network: PlanNetwork | null;
   /** How QEMU is confined (the handler's vmmConfinement), and where its jail would be. */
   vmm: PlanVmm;
+  /** The TEE the pod gets on this host, and why; whether this host can start it. */
+  tee?: TeePlan;
 }
 
 /** The VMM's confinement as planned: the identity is taken at RunPodSandbox (the first free of the range). */
@@ -281,8 +283,32 @@ const vmm: PlanSection = {
   },
 };
 
+const tee: PlanSection = {
+  key: 'tee',
+  json: (r) => (r.tee?.kind === 'none' ? undefined : r.tee),
+  text: (r) => {
+    const t = r.tee;
+    if (t === undefined || t.kind === 'none') return [];
+    const fw = t.firmware;
+    return [
+      'TEE',
+      ...table([
+        ['kind', `${t.kind} (${t.setting === 'auto' ? `auto: ${t.reason}` : t.reason})`],
+        ['can start here', t.launchProblem === null ? 'yes' : `no: ${t.launchProblem}`],
+        ...(fw === null
+          ? []
+          : 'ovmfCode' in fw
+            ? [['firmware', `${fw.ovmfCode}, vars copied from ${fw.ovmfVarsTemplate} to ${fw.ovmfVarsCopy}`]]
+            : [['firmware', fw.bios]]),
+        ...(t.tpm === null ? [] : [['swtpm', `state ${t.tpm.stateDir}, control socket ${t.tpm.socketPath}`]]),
+        ...(t.initdataPath === null ? [] : [['initdata', `${t.initdataPath} (fw_cfg)`]]),
+      ]),
+    ];
+  },
+};
+
 /** Sections in output order. */
-export const PLAN_SECTIONS: PlanSection[] = [summary, vm, host, vmmOverhead, workload, containers, pcie, network, vmm, qemu];
+export const PLAN_SECTIONS: PlanSection[] = [summary, vm, host, vmmOverhead, workload, containers, pcie, network, vmm, tee, qemu];
 
 /** The JSON document: identity keys first, then one key per section. */
 export function planJson(report: PlanReport): Record<string, unknown> {

@@ -4,9 +4,17 @@ import type { KataConfig } from '../../config/types.js';
 import { type AccelerationChoice, ROOT_SLOTS } from '../../hypervisor/index.js';
 import { netnsNameFor, POD_TAP_NAME } from '../../network/index.js';
 import type { PcieHostFacts } from '../../pcie/index.js';
+import type { TeeFacts } from '../../runtime/facts.js';
 import { planSandbox } from '../../runtime/plan.js';
 import { PLANNED_MAC } from '../../runtime/sandbox/network.js';
-import { sandboxArgvPaths, sandboxJailDir, sandboxVmmDir, sandboxWorkDir, vmNameFor } from '../../runtime/sandbox/paths.js';
+import {
+  sandboxArgvPaths,
+  sandboxJailDir,
+  sandboxTeePaths,
+  sandboxVmmDir,
+  sandboxWorkDir,
+  vmNameFor,
+} from '../../runtime/sandbox/paths.js';
 import type { RunPodSandboxRequestInput } from '../../sizing/input.js';
 import type { HostCapacity } from '../../sizing/types.js';
 import type { PlanReport } from './output.js';
@@ -21,6 +29,8 @@ export interface PlanEnvironment {
   host: HostCapacity;
   pcieFacts: PcieHostFacts;
   accel: AccelerationChoice;
+  /** The host's TEEs and QEMU's version (gatherFacts); absent: no hardware TEE, version unknown. */
+  tee?: TeeFacts;
 }
 
 /**
@@ -45,6 +55,8 @@ export function buildPlanReport(request: RunPodSandboxRequestInput, env: PlanEnv
     hypervisor: env.config.hypervisor,
     vmName: vmNameFor(DRY_RUN_SANDBOX_ID),
     paths: sandboxArgvPaths(workDir, env.config.hypervisor, confined),
+    ...(env.tee === undefined ? {} : { tee: env.tee }),
+    teePaths: sandboxTeePaths(workDir, confined),
     simulateVfioWith: env.config.pcie.simulateVfioWith,
   });
   const metadata = sandbox.metadata;
@@ -55,6 +67,7 @@ export function buildPlanReport(request: RunPodSandboxRequestInput, env: PlanEnv
     sizing: plan.sizing,
     pcie: plan.pcie,
     qemu: { binary: plan.qemu.binary, accel: plan.qemu.accel, argv: plan.qemu.argv, workDir: path.normalize(workDir) },
+    ...(plan.tee === undefined ? {} : { tee: plan.tee }),
     vmm: {
       ...plan.vmm,
       leaseDir: confined ? env.config.hypervisor.vmmIdentities.leaseDir : null,

@@ -7,7 +7,7 @@ import type { CgroupDriver } from '../../cgroups/index.js';
 import type { Logger } from '../../common/logger.js';
 import type { ResolvedHandler } from '../../config/handlers.js';
 import type { KataConfig } from '../../config/types.js';
-import type { startVirtiofsd, startVm, VmPaths, VmProcess } from '../../hypervisor/index.js';
+import type { startVirtiofsd, startVm, VmmIdentity, VmPaths, VmProcess } from '../../hypervisor/index.js';
 import type { PodNetworkRecord, PodNetworks } from '../../network/index.js';
 import type { PcieHostFacts } from '../../pcie/index.js';
 import type { HostCapacity } from '../../sizing/types.js';
@@ -50,8 +50,38 @@ export interface SandboxPool {
   claim(deps: CreateDeps, prep: SandboxPreparation): Promise<CreatedSandbox | null>;
 }
 
+/**
+ * What starting a pod's swtpm takes (src/tpm/swtpm.ts's StartSwtpmOptions, per the issue-31
+ * contract): its state dir, control socket and log; the node's EK CA; its own identity, and the
+ * identity (QEMU's) that may connect to the socket.
+ */
+export interface StartSwtpmRequest {
+  stateDir: string;
+  ctrlSocketPath: string;
+  logFile: string;
+  caDir: string;
+  binary?: string;
+  setupBinary?: string;
+  identity?: VmmIdentity;
+  clientIdentity?: VmmIdentity;
+  logger: Logger;
+}
+
+/** A running swtpm as src/tpm/swtpm.ts hands it back (its SwtpmProcess). */
+export interface SwtpmHandle {
+  pid: number;
+  startTimeTicks: number;
+  ctrlSocketPath: string;
+  /** The EK certificate swtpm_setup made, signed by the node's CA. */
+  ekCertPem: string;
+  /** Every pid of it, to place in the pod's cgroup. */
+  pids(): number[];
+  stop(timeoutMs?: number): Promise<void>;
+}
+
 /** The effects of RunPodSandbox that start a process or mount something, as one replaceable set. */
 export interface SandboxLaunchers {
+  startSwtpm(request: StartSwtpmRequest): Promise<SwtpmHandle>;
   startVm: typeof startVm;
   startVirtiofsd: typeof startVirtiofsd;
   prepareSharedDir: typeof prepareSharedDir;

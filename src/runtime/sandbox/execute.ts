@@ -16,14 +16,25 @@ import { startVirtiofsd, startVm, type VirtiofsdProcess, type VmmIdentity, type 
 import type { PodNetworkRecord, PodNetworks } from '../../network/index.js';
 import { RollbackSteps } from '../rollback.js';
 import { bootGuest } from './boot.js';
-import type { CreateDeps, CreatedSandbox, SandboxLaunchers, SandboxPreparation, SandboxRun } from './create-types.js';
+import type { CreateDeps, CreatedSandbox, SandboxLaunchers, SandboxPreparation, SandboxRun, SwtpmHandle } from './create-types.js';
 import { leaseOwnerOf, VmmIdentities } from './identities.js';
 import { buildJail, releaseJail } from './jail.js';
+import { sandboxTpmSocketDir } from './paths.js';
 import { planWithMac } from './prepare.js';
 import { prepareSharedDir, releaseSharedMounts, removeWorkDir } from './shared-dir.js';
 import { restrictSocketModes } from './socket-modes.js';
+import { startPodTpm } from './tpm.js';
+import { startSwtpmProcess } from './tpm-launcher.js';
 
-const REAL_LAUNCHERS: SandboxLaunchers = { startVm, startVirtiofsd, prepareSharedDir, releaseSharedMounts, buildJail, releaseJail };
+const REAL_LAUNCHERS: SandboxLaunchers = {
+  startVm,
+  startVirtiofsd,
+  startSwtpm: startSwtpmProcess,
+  prepareSharedDir,
+  releaseSharedMounts,
+  buildJail,
+  releaseJail,
+};
 
 /** Carry out `prep`; on failure everything done is undone and the error rethrown. */
 export async function executeSandbox(deps: CreateDeps, prep: SandboxPreparation): Promise<CreatedSandbox> {
@@ -47,8 +58,9 @@ export async function executeSandbox(deps: CreateDeps, prep: SandboxPreparation)
     const identity = await confine(run);
     if (prep.network !== null) await attachNetwork(run, prep.network.networks, prep.network.record, identity);
     const virtiofsd = prep.layout.withAgent ? await startSharedFs(run, identity) : undefined;
+    const swtpm = await startPodTpm(run, identity);
     if (identity !== undefined) await makeJail(run, identity);
-    const vm = await launchVm(run, identity, virtiofsd);
+    const vm = await launchVm(run, identity, [virtiofsd, swtpm]);
     const agent = await bootGuest(run, vm);
     record.phase = 'running';
     record.state = 'SANDBOX_READY';
@@ -120,12 +132,18 @@ async function makeJail(run: SandboxRun, identity: VmmIdentity): Promise<void> {
   run.undo.push('release the jail', () => run.launchers.releaseJail(layout.jailDir, run.log));
   const files = [hypervisor.kernelPath, hypervisor.initrdPath];
   if (hypervisor.guestImagePath !== null) files.push(hypervisor.guestImagePath);
+  // A vtpm pod's firmware code (its vars copy is in the VMM dir) and swtpm's socket dir.
+  const tee = plan.tee;
+  if (tee?.firmware != null) files.push('ovmfCode' in tee.firmware ? tee.firmware.ovmfCode : tee.firmware.bios);
+  if (tee?.initdataPath != null) files.push(tee.initdataPath);
+  const dirs = tee?.tpm != null ? [sandboxTpmSocketDir(layout.workDir)] : [];
   if (path.isAbsolute(plan.qemu.binary)) files.push(plan.qemu.binary);
   await run.launchers.buildJail(
     {
       jailDir: layout.jailDir,
       vmmDir: layout.vmmDir,
       files,
+      dirs,
       devices: {
         kvm: plan.qemu.accel.accel === 'kvm',
         tun: network !== null,
@@ -193,12 +211,12 @@ async function startSharedFs(run: SandboxRun, identity: VmmIdentity | undefined)
  * namespace pivot_rooted into its jail, as its identity) unless the handler opted out, placed in
  * its cgroup before it runs (placeVmm); its sockets made 0600.
  */
-async function launchVm(run: SandboxRun, identity: VmmIdentity | undefined, virtiofsd: VirtiofsdProcess | undefined): Promise<VmProcess> {
+async function launchVm(run: SandboxRun, identity: VmmIdentity | undefined, companions: Companions): Promise<VmProcess> {
   const { layout, network, req } = run.prep;
   const { plan } = run.record;
   const started: { vm?: VmProcess } = {};
   const vm = await run.launchers.startVm({
-    place: (pid) => placeVmm(run, pid, virtiofsd, started),
+    place: (pid) => placeVmm(run, pid, companions, started),
     qemuBinary: plan.qemu.binary,
     argv: plan.qemu.argv,
     workDir: layout.workDir,
@@ -235,6 +253,9 @@ function vfioMemlock(run: SandboxRun): { memlockBytes?: number } {
   return { memlockBytes: (run.record.shape.maxMemoryMiB + VFIO_MEMLOCK_SLACK_MIB) * 1024 * 1024 };
 }
 
+/** The processes placed in the pod's cgroup with QEMU: virtiofsd and a vtpm pod's swtpm. */
+type Companions = [VirtiofsdProcess | undefined, SwtpmHandle | undefined];
+
 /** Locked memory beyond the guest's RAM a VFIO VMM may pin (option ROMs, the IOMMU's own mappings). */
 const VFIO_MEMLOCK_SLACK_MIB = 64;
 
@@ -243,13 +264,15 @@ const VFIO_MEMLOCK_SLACK_MIB = 64;
  * guest instruction, and nothing a compromised QEMU could fork, runs outside the pod's budget and
  * pids.max, and virtiofsd (which serves the guest's file I/O), with its sandbox child, shares it.
  */
-async function placeVmm(run: SandboxRun, pid: number, virtiofsd: VirtiofsdProcess | undefined, started: { vm?: VmProcess }): Promise<void> {
+async function placeVmm(run: SandboxRun, pid: number, companions: Companions, started: { vm?: VmProcess }): Promise<void> {
   const { cgroups } = run.deps;
+  const [virtiofsd, swtpm] = companions;
+  const extraPids = [...(virtiofsd?.pids() ?? []), ...(swtpm?.pids() ?? [])];
   const placement = await cgroups.place({
     sandboxId: run.prep.req.id,
     cgroupParent: run.prep.cgroupParent,
     pid,
-    ...(virtiofsd === undefined ? {} : { extraPids: virtiofsd.pids() }),
+    ...(extraPids.length === 0 ? {} : { extraPids }),
     limits: run.record.plan.sizing.host,
     // No iothreads in kata-ts's argv (src/hypervisor): vCPUs and the margin.
     pidsMax: vmmPidsMax(run.record.shape.maxVcpus, 0, run.deps.config.hypervisor.vmmPidsMargin),
@@ -261,11 +284,15 @@ async function placeVmm(run: SandboxRun, pid: number, virtiofsd: VirtiofsdProces
     const { vm } = started;
     if (vm !== undefined) await run.undo.attempt('kill QEMU', () => vm.kill());
     if (virtiofsd !== undefined) await run.undo.attempt('stop virtiofsd', () => virtiofsd.stop(0));
+    if (swtpm !== undefined) await run.undo.attempt('stop swtpm', () => swtpm.stop());
     await cgroups.remove(placement);
   });
   run.record.placement = placement;
   await run.persist();
-  run.log.info({ pid, virtiofsdPid: virtiofsd?.pid, placement: cgroups.describe(placement) }, 'VMM placed before it runs');
+  run.log.info(
+    { pid, virtiofsdPid: virtiofsd?.pid, swtpmPid: swtpm?.pid, placement: cgroups.describe(placement) },
+    'VMM placed before it runs',
+  );
   const shortfallBytes = run.record.plan.sizing.overheadShortfallBytes;
   if (shortfallBytes !== undefined) {
     run.log.warn(

@@ -328,26 +328,38 @@ function identitiesOf(deps: IdentityDeps, log: Logger): VmmIdentities {
 /** RemovePodSandbox (and a rolled-back creation): the record's identity given back; nothing without one. */
 export async function releaseIdentity(
   deps: IdentityDeps,
-  record: { id: string; confinement: { identity: { uid: number } | null } | null },
+  record: {
+    id: string;
+    confinement: { identity: { uid: number } | null } | null;
+    tpm?: { identity: { uid: number } | null } | null;
+  },
   log: Logger,
 ): Promise<void> {
   const owner = leaseOwnerOf(deps.store, record.id);
   const identities = identitiesOf(deps, log);
   const uid = record.confinement?.identity?.uid;
   if (uid !== undefined) await identities.release(uid, owner);
-  // A crash between taking the lease and recording it: found by its owner.
-  else await identities.releaseAllOf(owner);
+  const tpmUid = record.tpm?.identity?.uid;
+  if (tpmUid !== undefined) await identities.release(tpmUid, owner);
+  // A crash between taking a lease and recording it (QEMU's, or a vtpm pod's swtpm's, taken
+  // after QEMU's was recorded): found by its owner.
+  if (uid === undefined || (record.tpm == null && record.confinement !== null)) await identities.releaseAllOf(owner);
 }
 
 /** At start: every recorded identity's lease is there again and names its record. */
 export async function reassertIdentity(
   deps: IdentityDeps,
-  record: { id: string; confinement: { identity: { uid: number } | null } | null },
+  record: {
+    id: string;
+    confinement: { identity: { uid: number } | null } | null;
+    tpm?: { identity: { uid: number } | null } | null;
+  },
   log: Logger,
 ): Promise<void> {
-  const uid = record.confinement?.identity?.uid;
-  if (uid === undefined) return;
-  const check = await identitiesOf(deps, log).reassert(uid, leaseOwnerOf(deps.store, record.id));
-  if (check === 'restored') log.warn({ uid }, 'VMM identity lease was missing; written again from the record');
-  else if (check === 'held-by-another') log.error({ uid }, 'VMM identity lease names another live sandbox record');
+  for (const uid of [record.confinement?.identity?.uid, record.tpm?.identity?.uid]) {
+    if (uid === undefined) continue;
+    const check = await identitiesOf(deps, log).reassert(uid, leaseOwnerOf(deps.store, record.id));
+    if (check === 'restored') log.warn({ uid }, 'VMM identity lease was missing; written again from the record');
+    else if (check === 'held-by-another') log.error({ uid }, 'VMM identity lease names another live sandbox record');
+  }
 }

@@ -94,6 +94,9 @@ export async function sandboxVerboseInfo(live: LiveSandbox, cgroups: CgroupDrive
         ? null
         : { pid: record.virtiofsd.pid, running: isSameLiveProcess(record.virtiofsd.pid, record.virtiofsd.startTimeTicks) },
     guestPod: record.guestPod,
+    // The TEE the pod got and why (absent from the plan: planned before TEE profiles, none).
+    tee: { kind: record.plan.tee?.kind ?? 'none', reason: record.plan.tee?.reason ?? 'planned before TEE profiles' },
+    tpm: tpmInfo(record),
     network: networkInfo(record.network),
     exit: record.exit,
     // From the pool or cold, and why not from the pool (docs/pool.md).
@@ -107,9 +110,23 @@ export async function sandboxVerboseInfo(live: LiveSandbox, cgroups: CgroupDrive
       pcie: record.plan.pcie.description,
       qemu: record.plan.qemu,
       vmm: record.plan.vmm,
+      tee: record.plan.tee ?? null,
     },
   };
   return { info: JSON.stringify(info) };
+}
+
+/** A vtpm pod's swtpm: its pid, whether it runs, its identity and the EK certificate its TPM presents. */
+function tpmInfo(record: LiveSandbox['record']): Record<string, unknown> | null {
+  const t = record.tpm;
+  if (t === undefined || t === null) return null;
+  return {
+    pid: t.pid,
+    running: isSameLiveProcess(t.pid, t.startTimeTicks),
+    uid: t.identity?.uid ?? null,
+    stateDir: t.stateDir,
+    ekCertPem: t.ekCertPem,
+  };
 }
 
 /** The pod network as verbose status shows it: a joined namespace has no CNI part of ours. */

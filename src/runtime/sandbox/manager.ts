@@ -19,6 +19,7 @@ import { identityKey, type SandboxExitRecord, type SandboxRecord } from './recor
 import { recoverSandboxes } from './recover.js';
 import { releaseSharedMounts, removeWorkDir } from './shared-dir.js';
 import { destroyGuestPod, type StopBudget, stopBudget, tellStopping } from './stop.js';
+import { stopPodTpm } from './tpm.js';
 import {
   cgroupsFor,
   type LiveSandbox,
@@ -226,8 +227,9 @@ export class SandboxManager implements SandboxAccess {
     await this.deps.listener.sandboxStopped(record.id);
     if (changed) await this.deps.store.put(record);
     this.updateGauge();
-    // virtiofsd leaves before its cgroup can go, and before the shared directory's mounts.
+    // virtiofsd and swtpm leave before their cgroup can go, and before the shared directory's mounts.
     await stopVirtiofsd(record, log);
+    await stopPodTpm(record, log);
     if (record.virtiofsd !== null) {
       record.virtiofsd = null;
       await this.deps.store.put(record);
@@ -327,6 +329,7 @@ export class SandboxManager implements SandboxAccess {
           // virtiofsd ends when QEMU disconnects; one that did not is stopped here.
           await stopVirtiofsd(live.record, this.deps.logger.child({ sandboxId: live.record.id }));
           live.record.virtiofsd = null;
+          await stopPodTpm(live.record, this.deps.logger.child({ sandboxId: live.record.id }));
           await this.deps.listener.sandboxStopped(live.record.id);
           await this.deps.store.put(live.record);
         });

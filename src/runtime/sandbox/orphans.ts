@@ -37,6 +37,23 @@ export async function virtiofsdPidsUsing(workDir: string, procRoot = '/proc'): P
   return pids;
 }
 
+/**
+ * swtpm processes whose control socket (or state) is inside `workDir`: a creation cut short
+ * between starting swtpm and recording its pid. Same reasoning as qemuPidsUsing.
+ */
+export async function swtpmPidsUsing(workDir: string, procRoot = '/proc'): Promise<number[]> {
+  const inside = path.join(workDir, '');
+  const pids: number[] = [];
+  for (const entry of await fsp.readdir(procRoot)) {
+    if (!/^[0-9]+$/.test(entry)) continue;
+    const pid = Number(entry);
+    const argv = readCmdline(pid, procRoot);
+    if (!path.basename(argv[0] ?? '').startsWith('swtpm')) continue;
+    if (argv.some((a) => a.includes(`path=${inside}`) || a.includes(`dir=${inside}`))) pids.push(pid);
+  }
+  return pids;
+}
+
 /** SIGKILL a process and wait (up to `timeoutMs`) until it is gone. */
 export async function killAndWait(pid: number, timeoutMs = 5000): Promise<void> {
   try {

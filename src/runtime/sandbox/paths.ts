@@ -2,6 +2,7 @@ import path from 'node:path';
 import { shortIdKey } from '../../common/ids.js';
 import type { HypervisorConfig } from '../../config/types.js';
 import { type VmPaths, type VmSocketPaths, vmPaths } from '../../hypervisor/index.js';
+import type { SandboxTeePaths } from '../plan.js';
 
 /**
  * A sandbox's runtime directory: its QMP and ready sockets, the QEMU log and the guest console.
@@ -91,4 +92,25 @@ export function sandboxVmPaths(
 export function sandboxArgvPaths(workDir: string, hypervisor: Pick<HypervisorConfig, 'guestImagePath'>, confined = false): VmSocketPaths {
   const { agentSocket, virtiofsSocket, virtiofsdLog: _log, qemuLog: _qemuLog, ...paths } = sandboxVmPaths(workDir, confined);
   return hypervisor.guestImagePath === null ? paths : { ...paths, agentSocket, virtiofsSocket };
+}
+
+/**
+ * A sandbox's TEE files (vtpm): OVMF's variable store copy in QEMU's own dir (the VMM dir when
+ * confined, which QEMU's identity owns; the work dir otherwise), swtpm's state and log in
+ * `<workDir>/tpm` (swtpm's own), and its control socket in `<workDir>/tpm-sock`, a dir swtpm
+ * owns and QEMU's group may enter, bound into QEMU's jail at its own path.
+ */
+export function sandboxTeePaths(workDir: string, confined = false): SandboxTeePaths {
+  const own = confined ? sandboxVmmDir(workDir) : workDir;
+  return {
+    ovmfVarsCopy: path.join(own, 'OVMF_VARS.fd'),
+    tpmStateDir: path.join(workDir, 'tpm'),
+    tpmSocket: path.join(sandboxTpmSocketDir(workDir), 'ctrl.sock'),
+    tpmLog: path.join(workDir, 'swtpm.log'),
+  };
+}
+
+/** The dir holding swtpm's control socket (see sandboxTeePaths). */
+export function sandboxTpmSocketDir(workDir: string): string {
+  return path.join(workDir, 'tpm-sock');
 }

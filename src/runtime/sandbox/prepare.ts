@@ -14,8 +14,18 @@ import { planSandbox, type SandboxPlan, type SandboxPlanInput } from '../plan.js
 import { cgroupParentOf } from '../spec/sandbox.js';
 import type { CreateDeps, CreateRequest, SandboxLayout, SandboxPreparation } from './create-types.js';
 import { networksFor, PLANNED_MAC, podNetworkRequest } from './network.js';
-import { sandboxArgvPaths, sandboxJailDir, sandboxSharedDir, sandboxVmmDir, sandboxVmPaths, sandboxWorkDir, vmNameFor } from './paths.js';
+import {
+  sandboxArgvPaths,
+  sandboxJailDir,
+  sandboxSharedDir,
+  sandboxTeePaths,
+  sandboxVmmDir,
+  sandboxVmPaths,
+  sandboxWorkDir,
+  vmNameFor,
+} from './paths.js';
 import { nowNs, type SandboxRecord } from './record.js';
+import { checkTpmFiles } from './tpm.js';
 
 /** Validate, gather facts, plan; side-effect free (see the file's comment). */
 export async function prepareSandbox(deps: CreateDeps, req: CreateRequest): Promise<SandboxPreparation> {
@@ -43,6 +53,8 @@ export async function prepareSandbox(deps: CreateDeps, req: CreateRequest): Prom
     hypervisor: config.hypervisor,
     vmName: vmNameFor(req.id),
     paths: sandboxArgvPaths(layout.workDir, config.hypervisor, layout.confined),
+    ...(deps.facts.tee === undefined ? {} : { tee: deps.facts.tee }),
+    teePaths: sandboxTeePaths(layout.workDir, layout.confined),
     simulateVfioWith: config.pcie.simulateVfioWith,
     // The NIC takes the CNI interface's MAC, known only after CNI ADD: planned now with a
     // placeholder (same slot, same everything else), planned again before QEMU starts. A joined
@@ -53,8 +65,9 @@ export async function prepareSandbox(deps: CreateDeps, req: CreateRequest): Prom
       : { nic: { tapName: network.record.tapName, mac: network.record.mac ?? PLANNED_MAC, vhost: existsSync('/dev/vhost-net') } }),
   };
   const plan = planSandbox(planInput);
+  await checkTee(plan, config);
   req.logger.info(
-    { handler: plan.handler, source: plan.sizing.source, vm: plan.sizing.vm, pcie: plan.pcie.description, vmm: plan.vmm },
+    { handler: plan.handler, source: plan.sizing.source, vm: plan.sizing.vm, pcie: plan.pcie.description, vmm: plan.vmm, tee: plan.tee },
     'sandbox planned',
   );
   if (plan.vmm.optOutReason !== null) {
@@ -64,6 +77,33 @@ export async function prepareSandbox(deps: CreateDeps, req: CreateRequest): Prom
     );
   }
   return { req, cgroupParent, layout, network, planInput, record: firstRecord(deps, req, plan, network?.record ?? null) };
+}
+
+/**
+ * A pod never claims a TEE it does not get: a handler that resolved to SNP or TDX on a host that
+ * cannot start it (QEMU too old, no such hardware, no KVM) is refused, and a vtpm pod needs its
+ * firmware and swtpm present.
+ */
+async function checkTee(plan: SandboxPlan, config: KataConfig): Promise<void> {
+  const tee = plan.tee;
+  if (tee === undefined) return;
+  if (tee.launchProblem !== null) {
+    throw precondition(
+      'TEE_UNAVAILABLE',
+      `handler "${plan.handler}" resolved to tee.kind ${tee.kind}, which cannot start here: ${tee.launchProblem}.`,
+      {
+        details: { field: 'tee.kind', handler: plan.handler, kind: tee.kind, problem: tee.launchProblem },
+      },
+    );
+  }
+  if (tee.firmware !== null && 'ovmfCode' in tee.firmware) {
+    await checkTpmFiles({
+      'hypervisor.firmware.ovmfCodePath': tee.firmware.ovmfCode,
+      'hypervisor.firmware.ovmfVarsPath': tee.firmware.ovmfVarsTemplate,
+      'hypervisor.tpm.swtpmBinary': config.hypervisor.tpm.swtpmBinary,
+      'hypervisor.tpm.swtpmSetupBinary': config.hypervisor.tpm.swtpmSetupBinary,
+    });
+  }
 }
 
 /**

@@ -53,6 +53,21 @@ export interface VmmConfinementRecord {
   optOutReason: string | null;
 }
 
+/**
+ * A vtpm pod's swtpm (format 8): started before QEMU, identified by pid + start time, as an
+ * identity of its own (leased like QEMU's; null when QEMU runs as root), its state in the work
+ * dir, and the EK certificate its TPM presents (signed by the node's CA).
+ */
+export interface SwtpmRecord {
+  pid: number;
+  startTimeTicks: number;
+  ctrlSocketPath: string;
+  stateDir: string;
+  logFile: string;
+  identity: { uid: number; gid: number; lease: string } | null;
+  ekCertPem: string;
+}
+
 /** The sandbox's virtiofsd (started before QEMU; identified by pid + start time like QEMU). */
 export interface VirtiofsdRecord {
   pid: number;
@@ -125,6 +140,8 @@ export interface SandboxRecord {
   exit: SandboxExitRecord | null;
   /** Where the VM came from (docs/pool.md); absent: a cold boot recorded before the pool existed (format 6 and older). */
   origin?: SandboxOrigin;
+  /** A vtpm pod's swtpm, once it runs; null or absent: none (another TEE, or format 7 and older). */
+  tpm?: SwtpmRecord | null;
 }
 
 /**
@@ -178,7 +195,8 @@ export const PLACEMENT_RECORD_SCHEMA = {
 } as const;
 
 /**
- * Format 7 (this one) adds `origin` (from the pool or cold, and why not from the pool; a pooled
+ * Format 8 (this one) adds `tpm` (a vtpm pod's swtpm: code of format 7 would neither stop it nor
+ * release its identity). Format 7 added `origin` (from the pool or cold, and why not from the pool; a pooled
  * VM's resizes add to the virtio-mem its claim plugged, which code of format 6 would not know).
  * Format 6 added `confinement` (QEMU's seccomp option, its uid/gid, jail and VMM dir)
  * and `plan.vmm`. Format 5 added `network.kind` (`cni`, or `joined`: a namespace the caller made, whose
@@ -189,7 +207,7 @@ export const PLACEMENT_RECORD_SCHEMA = {
  * migrateSandboxRecord). A format-5 record is left alone by format-4 code (a newer format), which
  * would otherwise take a joined namespace for its own and delete it.
  */
-export const SANDBOX_RECORD_VERSION = 7;
+export const SANDBOX_RECORD_VERSION = 8;
 
 /** What a sandbox of format 5 or older was: QEMU as root, no seccomp filter, no jail. */
 export const UNCONFINED_BEFORE_FORMAT_6 = { seccomp: null, unprivileged: false, identityRange: null, optOutReason: null } as const;
@@ -200,10 +218,11 @@ export const UNCONFINED_BEFORE_FORMAT_6 = { seccomp: null, unprivileged: false, 
  * 3 -> 4: a sandbox of format 3 had no network (null). 4 -> 5: every format-4 network was made
  * by kata-ts with CNI (`kind: 'cni'`). 5 -> 6: QEMU ran as root without seccomp (`confinement`
  * null, `plan.vmm` UNCONFINED_BEFORE_FORMAT_6). 6 -> 7: no `origin` (a cold boot from before the
- * pool; virtioMemBasis reads it as such). Pure; throws when it cannot.
+ * pool; virtioMemBasis reads it as such). 7 -> 8: no `tpm` (no swtpm before TEE profiles). Pure;
+ * throws when it cannot.
  */
 export function migrateSandboxRecord(fromVersion: number, record: unknown): unknown {
-  if (![1, 2, 3, 4, 5, 6].includes(fromVersion)) throw new Error(`no migration from sandbox record format ${fromVersion}`);
+  if (![1, 2, 3, 4, 5, 6, 7].includes(fromVersion)) throw new Error(`no migration from sandbox record format ${fromVersion}`);
   if (typeof record !== 'object' || record === null) throw new Error('the record is not an object');
   let out = record as Record<string, unknown>;
   if (fromVersion === 1) {
@@ -435,6 +454,29 @@ export const SANDBOX_RECORD_KIND: RecordKind = {
         },
       }),
       placement: nullable(PLACEMENT_RECORD_SCHEMA),
+      tpm: nullable({
+        type: 'object',
+        additionalProperties: false,
+        required: ['pid', 'startTimeTicks', 'ctrlSocketPath', 'stateDir', 'logFile', 'identity', 'ekCertPem'],
+        properties: {
+          pid: { type: 'integer', minimum: 1 },
+          startTimeTicks: { type: 'integer', minimum: 0 },
+          ctrlSocketPath: { type: 'string', pattern: '^/' },
+          stateDir: { type: 'string', pattern: '^/' },
+          logFile: { type: 'string', pattern: '^/' },
+          identity: nullable({
+            type: 'object',
+            additionalProperties: false,
+            required: ['uid', 'gid', 'lease'],
+            properties: {
+              uid: { type: 'integer', minimum: 1, maximum: 4_294_967_294 },
+              gid: { type: 'integer', minimum: 1, maximum: 4_294_967_294 },
+              lease: { type: 'string', pattern: '^/' },
+            },
+          }),
+          ekCertPem: { type: 'string' },
+        },
+      }),
       guest: nullable({
         type: 'object',
         additionalProperties: false,

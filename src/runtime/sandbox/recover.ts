@@ -9,10 +9,11 @@ import { cgroupParentOf } from '../spec/sandbox.js';
 import { reopenAgentClient } from './agent.js';
 import { reassertIdentity, releaseIdentity } from './identities.js';
 import { networksFor } from './network.js';
-import { killAndWait, qemuPidsUsing, virtiofsdPidsUsing } from './orphans.js';
+import { killAndWait, qemuPidsUsing, swtpmPidsUsing, virtiofsdPidsUsing } from './orphans.js';
 import { poolVmWorkDir, sandboxWorkDir } from './paths.js';
 import type { SandboxRecord } from './record.js';
 import { removeWorkDir } from './shared-dir.js';
+import { checkPodTpm, stopPodTpm } from './tpm.js';
 import { cgroupsFor, type LiveSandbox, type SandboxManagerDeps } from './types.js';
 import { stopVirtiofsd } from './virtiofsd.js';
 
@@ -39,6 +40,9 @@ export async function recoverSandboxes(deps: RecoverDeps): Promise<LiveSandbox[]
       await reassertIdentity(deps, record, slog);
       const vm = record.state === 'SANDBOX_READY' ? await reattach(deps, record, slog) : undefined;
       if (vm === undefined) await retryNetworkDetach(deps, record, slog);
+      // swtpm serves its QEMU only: found again beside a running VM, ended beside a gone one.
+      if (vm === undefined) await stopPodTpm(record, slog);
+      else checkPodTpm(record, slog);
       out.push({ record, vm, agent: vm === undefined ? undefined : reconnectAgent(record, slog), stopping: false });
     } catch (err) {
       // A sandbox that cannot be reconciled is kept, NOTREADY, so Stop/Remove can still clean it.
@@ -154,6 +158,9 @@ async function rollBackInterruptedCreate(deps: RecoverDeps, record: SandboxRecor
     if (isSameLiveProcess(record.virtiofsd.pid, record.virtiofsd.startTimeTicks)) await killAndWait(record.virtiofsd.pid);
   }
   for (const pid of await virtiofsdPidsUsing(workDir)) await killAndWait(pid);
+  // swtpm: by its record, or (crash before that was written) by its socket or state in the work dir.
+  await stopPodTpm(record, log);
+  for (const pid of await swtpmPidsUsing(workDir)) await killAndWait(pid);
   // The pod network as far as it was recorded: TAP, CNI DEL (safe after a partial ADD), namespace;
   // of a joined namespace (the caller's), the TAP only.
   if (record.network !== null) await networksFor(deps).teardown(record.network, () => deps.store.put(record), log);
@@ -211,6 +218,7 @@ async function removeStrayWorkDirs(deps: RecoverDeps, known: Set<string>, log: L
     const dir = path.join(vmRoot, entry);
     for (const pid of await qemuPidsUsing(dir)) await killAndWait(pid);
     for (const pid of await virtiofsdPidsUsing(dir)) await killAndWait(pid);
+    for (const pid of await swtpmPidsUsing(dir)) await killAndWait(pid);
     await removeWorkDir(dir, log);
     log.warn({ dir }, 'removed a work directory without a sandbox record');
   }

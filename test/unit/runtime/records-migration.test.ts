@@ -307,13 +307,13 @@ describe('format-4 records (written before joined network namespaces)', () => {
     expect((migrateSandboxRecord(4, { id: SANDBOX_ID, network: null }) as SandboxRecord).network).toBeNull();
     const joined = { kind: 'joined', netnsName: null, netnsPath: '/proc/1/ns/net' };
     expect((migrateSandboxRecord(4, { id: SANDBOX_ID, network: joined }) as SandboxRecord).network).toEqual(joined);
-    expect(() => migrateSandboxRecord(7, {})).toThrow(/format 7/);
+    expect(() => migrateSandboxRecord(8, {})).toThrow(/format 8/);
   });
 
   it('a format-6 sandbox (before the pool) migrates without an origin: a cold boot', () => {
     const migrated = migrateSandboxRecord(6, { id: SANDBOX_ID, network: null, confinement: null }) as SandboxRecord;
     expect(migrated.origin).toBeUndefined();
-    expect(SANDBOX_RECORD_KIND.version).toBe(7);
+    expect(SANDBOX_RECORD_KIND.version).toBe(8);
   });
 });
 

@@ -284,6 +284,9 @@ async function world(
     },
   };
   const launchers: SandboxLaunchers = {
+    startSwtpm: async () => {
+      throw new Error('no vtpm pod in this test');
+    },
     prepareSharedDir: async (dir) => {
       await mkdir(dir);
       fail('shared dir');
