@@ -3,8 +3,9 @@
  * swtpm behind tpm-crb and direct kernel boot of kata-ts's guest kernel with a tiny initrd this
  * test builds. The guest prints its PCRs 0-9 and its firmware event log on the serial console and
  * powers off. Checked:
- *  - the printed PCRs 4, 7, 8 and 9 equal predictVtpm's values, computed before the boot, and the
- *    event log's PCR 4, 7 and 9 entries equal the predicted events one by one;
+ *  - the printed PCRs 4, 7, 8 and 9 equal the values predicted before the boot from the very argv
+ *    the boot uses (src/measure/launch.ts, as `plan --measurements` predicts them), and the event
+ *    log's PCR 4, 7 and 9 entries equal the predicted events one by one;
  *  - changing one byte of the command line, adding one byte to the initrd and changing one byte of
  *    the kernel (a hashed PE header field the boot does not use) changes exactly the PCRs the
  *    prediction says change, among PCRs 0-9, to the predicted values.
@@ -18,9 +19,8 @@ import os from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { isSameLiveProcess, readProcStat } from '../../../src/common/procfs.js';
-import { q35RamBelow4GiBBytes } from '../../../src/measure/bzimage.js';
-import { replayPcrs, sha256 } from '../../../src/measure/pcr.js';
-import { predictVtpm, type VtpmPrediction } from '../../../src/measure/vtpm.js';
+import { plannedVtpmReferenceValues } from '../../../src/measure/launch.js';
+import { type PcrEvent, replayPcrs, sha256 } from '../../../src/measure/pcr.js';
 import { ensureGuestAssets } from '../../helpers/hypervisor-guest.js';
 import { until, untilProgress } from '../../helpers/poll.js';
 
@@ -47,6 +47,11 @@ interface BootInput {
   kernel: string;
   initrd: string;
   cmdline: string;
+}
+
+interface Prediction {
+  pcrs: Record<string, string>;
+  events: PcrEvent[];
 }
 
 interface BootResult {
@@ -182,15 +187,32 @@ describe.skipIf(missing.length > 0)('vtpm prediction against a live OVMF + swtpm
     );
   }
 
-  function predict(input: BootInput): VtpmPrediction {
-    return predictVtpm({
-      kernel: readFileSync(input.kernel),
-      initrd: readFileSync(input.initrd),
-      cmdline: input.cmdline,
-      ramBelow4GiBBytes: q35RamBelow4GiBBytes(MEMORY_MIB * 1024 * 1024),
-      initdataDigestSha256: sha256(INITDATA),
-      ovmfVars: readFileSync(OVMF_VARS),
+  /** The argv of one boot: the same array is predicted from and started. */
+  function qemuArgv(input: BootInput): string[] {
+    const work = path.join(dir, input.label);
+    return [
+      ...['-machine', 'q35', '-accel', 'tcg', '-m', String(MEMORY_MIB), '-smp', '1', '-nodefaults', '-no-reboot'],
+      ...['-display', 'none', '-monitor', 'none', '-serial', `file:${path.join(work, 'serial.log')}`],
+      ...['-drive', `if=pflash,format=raw,unit=0,readonly=on,file=${OVMF_CODE}`],
+      ...['-drive', `if=pflash,format=raw,unit=1,file=${path.join(work, 'vars.fd')}`],
+      ...['-chardev', `socket,id=chrtpm,path=${path.join(work, 'swtpm.sock')}`],
+      ...['-tpmdev', 'emulator,id=tpm0,chardev=chrtpm', '-device', 'tpm-crb,tpmdev=tpm0'],
+      ...['-kernel', input.kernel, '-initrd', input.initrd, '-append', input.cmdline],
+    ];
+  }
+
+  /** The prediction, made before the boot from the argv the boot will use (as `plan --measurements` does). */
+  function predict(input: BootInput): Prediction {
+    const doc = plannedVtpmReferenceValues({
+      argv: qemuArgv(input),
+      pod: { name: input.label, namespace: 'test', uid: input.label },
+      handler: 'vtpm-predict-test',
+      ovmfVarsTemplatePath: OVMF_VARS,
+      initdata: INITDATA,
+      read: (p) => readFileSync(p),
     });
+    if (doc.vtpm === undefined) throw new Error('no vtpm section in the reference values');
+    return { pcrs: doc.vtpm.pcrs, events: doc.vtpm.events };
   }
 
   /** Boots once with a fresh TPM and a fresh copy of the vars; returns what the guest printed. */
@@ -210,20 +232,7 @@ describe.skipIf(missing.length > 0)('vtpm prediction against a live OVMF + swtpm
     );
     await until('the swtpm control socket', async () => (existsSync(sock) ? true : undefined), 20_000, 50);
     const qemuErr = openSync(path.join(work, 'qemu.err'), 'w');
-    const qemu = track(
-      spawn(
-        QEMU,
-        [
-          ...['-machine', 'q35', '-accel', 'tcg', '-m', String(MEMORY_MIB), '-smp', '1', '-nodefaults', '-no-reboot'],
-          ...['-display', 'none', '-monitor', 'none', '-serial', `file:${serial}`],
-          ...['-drive', `if=pflash,format=raw,unit=0,readonly=on,file=${OVMF_CODE}`, '-drive', `if=pflash,format=raw,unit=1,file=${vars}`],
-          ...['-chardev', `socket,id=chrtpm,path=${sock}`, '-tpmdev', 'emulator,id=tpm0,chardev=chrtpm', '-device', 'tpm-crb,tpmdev=tpm0'],
-          ...['-kernel', input.kernel, '-initrd', input.initrd, '-append', input.cmdline],
-        ],
-        { stdio: ['ignore', qemuErr, qemuErr] },
-      ),
-      'qemu',
-    );
+    const qemu = track(spawn(QEMU, qemuArgv(input), { stdio: ['ignore', qemuErr, qemuErr] }), 'qemu');
     const text = (): string => (existsSync(serial) ? readFileSync(serial, 'latin1').replace(/\r/g, '') : '');
     const output = await untilProgress(`the ${input.label} guest to print its PCRs and event log`, async () => {
       const t = text();
@@ -249,7 +258,7 @@ describe.skipIf(missing.length > 0)('vtpm prediction against a live OVMF + swtpm
   }
 
   /** PCRs whose values differ between two sets. */
-  const changed = (a: Record<number, string>, b: Record<number, string>, among: number[]): number[] => among.filter((p) => a[p] !== b[p]);
+  const changed = (a: Record<string, string>, b: Record<string, string>, among: number[]): number[] => among.filter((p) => a[p] !== b[p]);
 
   beforeAll(async () => {
     dir = mkdtempSync(path.join(os.tmpdir(), 'vtpm-'));
