@@ -133,5 +133,12 @@ describe('q35RamBelow4GiBBytes', () => {
     expect(q35RamBelow4GiBBytes(0xb0000000)).toBe(0x80000000);
     expect(q35RamBelow4GiBBytes(8 * 1024 * MiB)).toBe(0x80000000);
     expect(thrown(() => q35RamBelow4GiBBytes(0)).reason).toBe('MEASURE_RAM_INVALID');
+    // Observed on a live boot with -m 3072 and a 1984000-byte initrd: OVMF's measured kernel had 0x7fdf3000.
+    const { initrdAddress } = patchSetupHeader(fakeBzImage(), {
+      cmdline: '',
+      initrdBytes: 1_984_000,
+      ramBelow4GiBBytes: q35RamBelow4GiBBytes(3072 * MiB),
+    });
+    expect(initrdAddress).toBe(0x7fdf3000);
   });
 });
