@@ -5,7 +5,7 @@
  * RVPS forms are views of it. The initdata document comes from the pod's annotations.
  */
 import { gunzipSync } from 'node:zlib';
-import { invalid } from '../../common/errors.js';
+import { invalid, unimplemented } from '../../common/errors.js';
 import { plannedVtpmReferenceValues } from '../../measure/launch.js';
 import { type ReferenceValues, rvpsSampleMessage } from '../../measure/reference-values.js';
 import '../reasons.js';
@@ -42,13 +42,26 @@ export interface MeasurementSources {
   read: (path: string) => Buffer;
 }
 
-/** The reference values of a planned pod (vtpm); a coded error when its VM has no vTPM. */
+/**
+ * The reference values of a planned pod. vtpm: predicted from the planned argv. A pod whose TEE
+ * resolves to snp or tdx gets a coded error saying so (their digests are not wired in here yet),
+ * and one without a TEE the launch step's MEASURE_NO_VTPM.
+ */
 export function plannedReferenceValues(src: MeasurementSources): ReferenceValues {
+  const tee = src.report.tee;
+  if (tee !== undefined && (tee.kind === 'snp' || tee.kind === 'tdx'))
+    throw unimplemented(
+      'PLAN_MEASUREMENTS_UNAVAILABLE',
+      `handler ${src.report.handler} resolves to ${tee.kind} here; plan --measurements predicts vtpm launches only so far`,
+    );
+  const firmware = tee?.firmware;
+  const template =
+    firmware !== null && firmware !== undefined && 'ovmfVarsTemplate' in firmware ? firmware.ovmfVarsTemplate : src.ovmfVarsTemplatePath;
   return plannedVtpmReferenceValues({
     argv: src.report.qemu.argv,
     pod: src.report.pod,
     handler: src.report.handler,
-    ovmfVarsTemplatePath: src.ovmfVarsTemplatePath,
+    ovmfVarsTemplatePath: template,
     initdata: initdataFromAnnotations(src.annotations),
     read: src.read,
   });

@@ -109,7 +109,8 @@ describe('reference values of a planned pod', () => {
 
 describe('kata-ts plan --measurements', () => {
   const config = path.join(dir, 'config.json');
-  writeFileSync(config, '{}');
+  // vtpm explicitly: `auto` would pick SNP or TDX on a host that has one.
+  writeFileSync(config, JSON.stringify({ handlers: { 'kata-ts-cvm': { tee: { kind: 'vtpm' } } } }));
   const io = (): { io: { stdout: Writable; stderr: Writable }; out: () => string; err: () => string } => {
     let out = '';
     let err = '';
@@ -122,6 +123,47 @@ describe('kata-ts plan --measurements', () => {
       });
     return { io: { stdout: w((s) => (out += s)), stderr: w((s) => (err += s)) }, out: () => out, err: () => err };
   };
+
+  const haveFiles = [
+    '/usr/local/share/kata-ts/guest/vmlinuz',
+    '/usr/local/share/kata-ts/guest/initramfs.cpio.gz',
+    OVMF_CODE,
+    OVMF_VARS,
+  ].every((f) => existsSync(f));
+  it.skipIf(!haveFiles)("a kata-ts-cvm pod (vtpm here): the reference values of the plan's own argv, in all three formats", async () => {
+    const plain = io();
+    expect(await runPlanCommand(['--request', POD, '--config', config, '--handler', 'kata-ts-cvm', '--format', 'json'], plain.io)).toBe(0);
+    const argv: string[] = JSON.parse(plain.out()).qemu.argv;
+    const json = io();
+    expect(
+      await runPlanCommand(
+        ['--measurements', '--request', POD, '--config', config, '--handler', 'kata-ts-cvm', '--format', 'json'],
+        json.io,
+      ),
+    ).toBe(0);
+    const doc = checkReferenceValues(JSON.parse(json.out()));
+    expect(doc.tee).toBe('vtpm');
+    expect(doc.handler).toBe('kata-ts-cvm');
+    expect(doc.inputs.cmdline).toBe(argv[argv.indexOf('-append') + 1]);
+    expect(Object.keys(doc.vtpm?.pcrs ?? {})).toEqual(['4', '7', '8', '9']);
+    expect(doc.vtpm?.notPredicted.map((n) => n.pcr)).toEqual([0, 1, 2, 3, 5, 6]);
+    const text = io();
+    expect(await runPlanCommand(['--measurements', '--request', POD, '--config', config, '--handler', 'kata-ts-cvm'], text.io)).toBe(0);
+    expect(text.out()).toContain(`PCR  4  ${doc.vtpm?.pcrs['4']}`);
+    const rvps = io();
+    expect(
+      await runPlanCommand(
+        ['--measurements', '--request', POD, '--config', config, '--handler', 'kata-ts-cvm', '--format', 'rvps'],
+        rvps.io,
+      ),
+    ).toBe(0);
+    expect(JSON.parse(Buffer.from(JSON.parse(rvps.out()).payload, 'base64').toString())).toEqual({
+      tpm_pcr4: [doc.vtpm?.pcrs['4']],
+      tpm_pcr7: [doc.vtpm?.pcrs['7']],
+      tpm_pcr8: [doc.vtpm?.pcrs['8']],
+      tpm_pcr9: [doc.vtpm?.pcrs['9']],
+    });
+  });
 
   it('refuses a format it has no view for, and a handler without a vTPM, in one line each', async () => {
     const a = io();
