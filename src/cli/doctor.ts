@@ -21,12 +21,15 @@ import { auditOrphans, ownersFromRecords } from '../runtime/sandbox/orphan-audit
 import { type CliIo, parseCommandArgs, UsageError } from './args.js';
 import { containerdChecks } from './doctor-containerd.js';
 import { identityRangeCheck } from './doctor-identities.js';
+import { teeChecks } from './doctor-tee.js';
 import { loadWithOverrides } from './serve.js';
 
 const HELP = `Usage: kata-ts doctor [--config FILE] [--format text|json] [--containerd-config FILE]
 
 Checks this host the way the daemon will use it and prints one line per check with ok, warn or
-fail: QEMU binary, acceleration (KVM or TCG, and why), guest kernel and initramfs, CNI network,
+fail: QEMU binary, acceleration (KVM or TCG, and why), guest kernel and initramfs, the TEEs this
+host and its QEMU can start (SEV-SNP needs QEMU 9.1, TDX 10.1) and what each handler's tee.kind
+resolves to (its firmware and swtpm present), CNI network,
 cgroup mode (v1, v2 or hybrid), the cgroup driver RuntimeConfig will advertise, systemd
 reachability, IOMMU groups for VFIO, the runtime's mount namespace, the VMM confinement (QEMU's
 seccomp option, setpriv, the identity range, what each handler turns off), and orphans (QEMU,
@@ -60,6 +63,7 @@ export async function runDoctorChecks(
     message: `${facts.acceleration.accel}: ${facts.acceleration.reason}`,
   });
   checks.push({ name: 'guest-assets', verdict: facts.guestAssets.ok ? 'ok' : 'fail', message: facts.guestAssets.message });
+  checks.push(...(await teeChecks(config, facts)));
 
   try {
     const mode = await detectCgroupMode(config.cgroupRoot);

@@ -3,8 +3,10 @@ import { readFile } from 'node:fs/promises';
 import os from 'node:os';
 import { errnoCode, errorMessage, invalid, isKataError } from '../common/errors.js';
 import { loadConfig } from '../config/load.js';
-import { chooseAcceleration } from '../hypervisor/index.js';
+import { chooseAcceleration, detectHostTee, parseQemuVersion } from '../hypervisor/index.js';
 import { inventoryOptionsForRoot, readPcieHostFacts } from '../pcie/index.js';
+import type { TeeFacts } from '../runtime/facts.js';
+import { checkQemu } from '../runtime/gather-facts.js';
 import type { HostCapacity } from '../sizing/types.js';
 import { type CliIo, parseCommandArgs, UsageError } from './args.js';
 import { loadPlanRequest } from './plan/load.js';
@@ -133,6 +135,8 @@ export async function runPlanCommand(argv: string[], io: CliIo): Promise<number>
       pcieFacts,
       accel: chooseAcceleration(config.hypervisor.acceleration),
       vhostNet: existsSync('/dev/vhost-net'),
+      // What a handler's tee.kind resolves to here, and whether this QEMU can start it.
+      tee: await teeFacts(config.hypervisor.qemuBinary),
     };
     const report = buildPlanReport(request, env, values.handler);
     if (measure) {
@@ -194,4 +198,10 @@ async function printOverhead(
     io.stdout.write(classes.map(runtimeClassYaml).join('---\n'));
   }
   return 0;
+}
+
+/** The host's hardware TEEs and its QEMU's version, as the daemon reads them at start. */
+async function teeFacts(qemuBinary: string): Promise<TeeFacts> {
+  const qemu = await checkQemu(qemuBinary);
+  return { host: detectHostTee(), qemuVersion: qemu.ok ? parseQemuVersion(qemu.message) : null };
 }
