@@ -16,6 +16,8 @@ export const EFI_GLOBAL_VARIABLE_GUID = '8be4df61-93ca-11d2-aa0d-00e098032b8c';
 /** EFI_IMAGE_SECURITY_DATABASE_GUID (db, dbx, dbt). */
 export const EFI_IMAGE_SECURITY_DATABASE_GUID = 'd719b2cb-3d3a-4596-a3bc-dad00e67656f';
 
+/** gEfiAuthenticatedVariableGuid: the store signature of OVMF's variable store. */
+const AUTHENTICATED_VARIABLE_STORE_GUID = 'aaf32c78-947b-439a-a180-2e144ec37792';
 const VARIABLE_HEADER_BYTES = 60;
 const STORE_HEADER_BYTES = 28;
 const LIVE_STATES = new Set([0x3f, 0x3e]);
@@ -49,6 +51,9 @@ export function readOvmfVariables(vars: Buffer): OvmfVariable[] {
   if (vars.length < 0x48 || vars.subarray(0x28, 0x2c).toString('latin1') !== '_FVH') bad('no firmware volume header');
   const store = vars.readUInt16LE(0x30);
   if (store + STORE_HEADER_BYTES > vars.length) bad('the variable store header lies outside the file');
+  // Only the authenticated layout (60-byte variable headers) is read; OVMF has used nothing else for years.
+  if (guidText(vars.subarray(store, store + 16)) !== AUTHENTICATED_VARIABLE_STORE_GUID)
+    bad('the variable store is not an authenticated one');
   const storeSize = vars.readUInt32LE(store + 16);
   const end = Math.min(vars.length, store + storeSize);
   const out: OvmfVariable[] = [];

@@ -94,8 +94,11 @@ describe.skipIf(!existsSync(VARS))('OVMF vars files', () => {
     if (existsSync(VARS_MS)) expect(secureBootPolicyVariables(readFileSync(VARS_MS)).sort()).toEqual(['KEK', 'PK', 'db', 'dbx']);
   });
 
-  it('refuses a file that is no firmware volume', () => {
+  it('refuses a file that is no firmware volume, or whose store is not the authenticated layout', () => {
     expect(thrown(() => secureBootPolicyVariables(Buffer.alloc(4096))).reason).toBe('MEASURE_VARS_MALFORMED');
+    const other = Buffer.from(readFileSync(VARS));
+    other[other.readUInt16LE(0x30)] = 0; // the store GUID's first byte: not the authenticated layout
+    expect(thrown(() => secureBootPolicyVariables(other)).message).toMatch(/not an authenticated one/);
   });
 });
 
