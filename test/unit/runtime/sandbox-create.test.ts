@@ -23,7 +23,7 @@ import { decodeProtoJson } from '../../../src/cri/protojson.js';
 import type { RunPodSandboxRequest__Output } from '../../../src/generated/runtime/v1/RunPodSandboxRequest.js';
 import type { VirtiofsdProcess, VmProcess } from '../../../src/hypervisor/index.js';
 import type { CniPodNetworkRecord, JoinedPodNetworkRecord, PodNetworkRecord, PodNetworks } from '../../../src/network/index.js';
-import type { CreateDeps, CreateRequest, SandboxLaunchers } from '../../../src/runtime/sandbox/create-types.js';
+import type { CreateDeps, CreateRequest, SandboxLaunchers, StartSwtpmRequest } from '../../../src/runtime/sandbox/create-types.js';
 import { executeSandbox } from '../../../src/runtime/sandbox/execute.js';
 import { type LeaseOwner, VmmIdentities } from '../../../src/runtime/sandbox/identities.js';
 import { PLANNED_MAC } from '../../../src/runtime/sandbox/network.js';
@@ -117,6 +117,8 @@ interface World {
   qemuJail: unknown;
   /** The lease the identity step took (and whether it was released). */
   tapOwner: unknown;
+  /** What swtpm was started with (a vtpm pod), and the record's phase then. */
+  swtpm: StartSwtpmRequest | undefined;
 }
 
 /** A bzImage header, a gzip magic and an erofs superblock: enough for checkGuestAssets. */
@@ -183,15 +185,22 @@ function joinedRecordFor(netnsPath: string): JoinedPodNetworkRecord {
 async function world(
   stateDir: string,
   assetsDir: string,
-  options: { failAt?: Step; hostCpus?: number; pod?: Record<string, unknown>; joinNetns?: string; cniMode?: boolean } = {},
+  options: { failAt?: Step | 'swtpm'; hostCpus?: number; pod?: Record<string, unknown>; joinNetns?: string; cniMode?: boolean } = {},
 ) {
-  const fail = (step: Step) => {
+  const fail = (step: Step | 'swtpm') => {
     if (options.failAt === step) throw new Error(`injected: ${step} failed`);
   };
   const config: KataConfig = { ...defaultConfig(), stateDir };
   config.hypervisor = {
     ...config.hypervisor,
     ...(await fakeGuestAssets(assetsDir)),
+    // A vtpm pod's firmware (any readable file: the fake QEMU never reads it) and swtpm's binaries.
+    firmware: {
+      ...config.hypervisor.firmware,
+      ovmfCodePath: path.join(assetsDir, 'vmlinuz'),
+      ovmfVarsPath: path.join(assetsDir, 'vmlinuz'),
+    },
+    tpm: { swtpmBinary: '/bin/sh', swtpmSetupBinary: '/bin/sh', caDir: path.join(stateDir, 'tpm-ca') },
     vmmIdentities: { firstId: 2_000_000_000, count: 4, leaseDir: path.join(stateDir, 'leases'), quarantineMs: 0 },
   };
   const env = await fixturePlanEnvironment({ cpus: options.hostCpus ?? 8, memoryMiB: 16_384 }, 'no-iommu', config);
@@ -258,6 +267,7 @@ async function world(
   // Processes that end once: a second kill or stop finds them gone and does nothing, as the real ones.
   let qemuAlive = false;
   let virtiofsdAlive = false;
+  let swtpmAlive = false;
   const vm = {
     pid: 4242,
     startTimeTicks: 7,
@@ -284,8 +294,22 @@ async function world(
     },
   };
   const launchers: SandboxLaunchers = {
-    startSwtpm: async () => {
-      throw new Error('no vtpm pod in this test');
+    startSwtpm: async (o) => {
+      fail('swtpm');
+      w.swtpm = o;
+      w.done.push('swtpm');
+      swtpmAlive = true;
+      return {
+        pid: 4250,
+        startTimeTicks: 9,
+        ctrlSocketPath: o.ctrlSocketPath,
+        ekCertPem: '-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n',
+        pids: () => [4250],
+        stop: async () => {
+          if (swtpmAlive) undid('stop swtpm');
+          swtpmAlive = false;
+        },
+      };
     },
     prepareSharedDir: async (dir) => {
       await mkdir(dir);
@@ -342,7 +366,7 @@ async function world(
       return { driver: 'cgroupfs', cgroupParent: '', mode: 'v1', paths: {}, limits: req.limits };
     },
     // The kernel refuses to remove a cgroup that still holds a process.
-    remove: async () => undid(qemuAlive || virtiofsdAlive ? 'remove cgroup (processes still in it)' : 'remove cgroup'),
+    remove: async () => undid(qemuAlive || virtiofsdAlive || swtpmAlive ? 'remove cgroup (processes still in it)' : 'remove cgroup'),
     describe: () => ({}),
   } as unknown as CgroupDriver;
   const agent = {
@@ -571,6 +595,62 @@ describe('executeSandbox', () => {
     expect(record.vmm?.qmpSocket).toBe(path.join(w.workDir, 'qmp.sock'));
     expect(existsSync(path.join(dirs.stateDir, 'leases'))).toBe(false);
   });
+
+  it('a vtpm pod (kata-ts-cvm): OVMF vars copied for QEMU, swtpm before QEMU as an identity of its own, placed beside it, recorded', async () => {
+    const w = await world(dirs.stateDir, dirs.assetsDir);
+    w.req.handler = resolveHandler(w.deps.config, 'kata-ts-cvm');
+    const { record } = await executeSandbox(w.deps, await prepareSandbox(w.deps, w.req));
+    expect(record.plan.tee).toMatchObject({ setting: 'auto', kind: 'vtpm', reason: 'no SNP or TDX on this host', launchProblem: null });
+    // After virtiofsd, with an identity of its own, before the jail and QEMU; placed with QEMU.
+    const from = w.done.indexOf('virtiofsd');
+    expect(w.done.slice(from, from + 6)).toEqual(['virtiofsd', 'VMM identity', 'swtpm', 'jail', 'cgroup placement', 'QEMU']);
+    expect(w.placed).toEqual([4242, 4241, 4243, 4250]);
+    const qemu = { uid: 2_000_000_000, gid: 2_000_000_000 };
+    const own = { uid: 2_000_000_001, gid: 2_000_000_001 };
+    expect(w.swtpm).toMatchObject({
+      stateDir: path.join(w.workDir, 'tpm'),
+      ctrlSocketPath: path.join(w.workDir, 'tpm-sock', 'ctrl.sock'),
+      identity: own,
+      clientIdentity: qemu,
+      caDir: path.join(dirs.stateDir, 'tpm-ca'),
+    });
+    expect(record.tpm).toEqual({
+      pid: 4250,
+      startTimeTicks: 9,
+      ctrlSocketPath: path.join(w.workDir, 'tpm-sock', 'ctrl.sock'),
+      stateDir: path.join(w.workDir, 'tpm'),
+      logFile: path.join(w.workDir, 'swtpm.log'),
+      identity: { ...own, lease: path.join(dirs.stateDir, 'leases', '2000000001') },
+      ekCertPem: expect.stringMatching(/^-----BEGIN CERTIFICATE-----/),
+    });
+    const vars = await stat(path.join(w.workDir, 'vmm', 'OVMF_VARS.fd'));
+    expect([vars.uid, vars.gid, vars.mode & 0o777]).toEqual([qemu.uid, qemu.gid, 0o600]);
+    const sockDir = await stat(path.join(w.workDir, 'tpm-sock'));
+    expect([sockDir.uid, sockDir.gid, sockDir.mode & 0o777]).toEqual([own.uid, qemu.gid, 0o750]);
+    const state = await stat(path.join(w.workDir, 'tpm'));
+    expect([state.uid, state.mode & 0o777]).toEqual([own.uid, 0o700]);
+    const argv = record.plan.qemu.argv;
+    expect(argv).toContain(`if=pflash,format=raw,unit=1,file=${path.join(w.workDir, 'vmm', 'OVMF_VARS.fd')}`);
+    expect(argv).toContain(`socket,id=chrtpm,path=${path.join(w.workDir, 'tpm-sock', 'ctrl.sock')}`);
+  });
+
+  it.each([['swtpm'], ['QEMU']] as const)(
+    'a vtpm pod failing at "%s": swtpm stopped, both identities released, nothing left',
+    async (step) => {
+      const w = await world(dirs.stateDir, dirs.assetsDir, { failAt: step });
+      w.req.handler = resolveHandler(w.deps.config, 'kata-ts-cvm');
+      await expect(executeSandbox(w.deps, await prepareSandbox(w.deps, w.req))).rejects.toThrow(`injected: ${step} failed`);
+      const released = w.undone.filter((u) => u === 'release the VMM identity').length;
+      expect(released).toBe(step === 'swtpm' ? 2 : 2);
+      if (step === 'QEMU') expect(w.undone.slice(0, 3)).toEqual(['stop virtiofsd', 'stop swtpm', 'remove cgroup']);
+      expect(w.undone).not.toContain('remove cgroup (processes still in it)');
+      expect(existsSync(w.workDir)).toBe(false);
+      const leaseDir = path.join(dirs.stateDir, 'leases');
+      for (const name of await readdir(leaseDir).catch(() => [] as string[])) {
+        expect(JSON.parse(await readFile(path.join(leaseDir, name), 'utf8'))).toEqual({ releasedAtMs: expect.any(Number) });
+      }
+    },
+  );
 
   it.each(STEPS.map((step) => [step]))('a failure at "%s" undoes every earlier step, newest first', async (step) => {
     const w = await world(dirs.stateDir, dirs.assetsDir, { failAt: step });
