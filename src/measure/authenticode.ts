@@ -91,8 +91,16 @@ export function parsePeLayout(image: Buffer): PeLayout {
 
 /** The Authenticode SHA-256 of a PE/COFF image, as EDK2 measures it into PCR 4. */
 export function authenticodeSha256(image: Buffer): Buffer {
+  return authenticodeDigest(image, 'sha256');
+}
+
+/**
+ * The Authenticode digest of a PE/COFF image with another hash: the same ranges, e.g. SHA-384 as
+ * a TDX guest's firmware measures the kernel into RTMR[1].
+ */
+export function authenticodeDigest(image: Buffer, algorithm: 'sha256' | 'sha384'): Buffer {
   const layout = parsePeLayout(image);
-  const hash = createHash('sha256');
+  const hash = createHash(algorithm);
   hash.update(image.subarray(0, layout.checksumOffset));
   if (layout.certDirectoryOffset === null) {
     hash.update(image.subarray(layout.checksumOffset + 4, layout.sizeOfHeaders));
