@@ -21,7 +21,7 @@ export const registerTaskService: RegisterServices = async (server, pod, shutdow
   const logger = shim.logger;
   const events = new EventPublisher({ address: shim.ttrpcAddress, namespace: shim.namespace, logger });
   const handler = handlerForBinary(process.argv[1] ?? '', Object.keys(pod.config.handlers));
-  const tasks = new ShimTasks({ pod, events, handler, logger });
+  const tasks = new ShimTasks({ pod, events, handler, logger, namespace: shim.namespace });
   const mode = await detectCgroupMode(pod.config.cgroupRoot).catch(() => 'v1' as const);
   const metricsVersion: MetricsVersion = mode === 'v2' ? 'v2' : 'v1';
   const methods = serviceMethods(

@@ -19,12 +19,22 @@ import type { ContainerResourceUpdate } from '../runtime/container/types.js';
 import type { RequestContext } from '../runtime/context.js';
 import { KeyedMutex } from '../runtime/locks.js';
 import { readBundleJson, readResolvConf } from './bundle.js';
-import { decodeBundleRole, decodeExecProcess, decodePodSpec, decodeTaskContainerSpec, type ExecSpec } from './decode/index.js';
+import {
+  decodeBundleRole,
+  decodeExecProcess,
+  decodePodSpec,
+  decodeSoloTask,
+  decodeTaskContainerSpec,
+  type ExecSpec,
+  isSoloBundle,
+} from './decode/index.js';
 import type { EventPublisher } from './events.js';
 import { cgroupParentForDriver, type ShimPod } from './pod.js';
 import { timestampOfNs } from './proto.js';
 import { mountRootfs, type RootfsMount, unmountRootfs } from './rootfs.js';
+import { bootSoloSandbox, removeSoloSandbox } from './solo.js';
 import { type ExecStdio, openExecStdio, type TaskIo } from './stdio.js';
+import { openTaskOutput, parseOutputUri, type TaskOutput } from './task-output.js';
 import './task-reasons.js';
 
 /** Where Create writes a container's seccomp filter in its bundle (see writeSeccompProfile). */
@@ -110,6 +120,10 @@ interface Task {
   crio: boolean;
   /** The OOM kill told (event published, CRI-O's file written): the exit waits for it. */
   oom: Promise<void> | undefined;
+  /** A container that is a pod of its own (no CRI annotations): its VM was booted for it and goes with it. */
+  solo: boolean;
+  /** Where its stdout and stderr go (containerd's FIFOs, a file, a logging binary). */
+  output: TaskOutput | undefined;
 }
 
 export interface ShimTasksDeps {
@@ -118,7 +132,12 @@ export interface ShimTasksDeps {
   /** The kata-ts runtime handler this shim runs pods with (`kata-ts`, `kata-ts-cvm`). */
   handler: string;
   logger: Logger;
+  /** The containerd namespace (`-namespace`): a single-container pod's namespace, a logging binary's CONTAINER_NAMESPACE. Default `default`. */
+  namespace?: string;
 }
+
+/** Where a task's own FIFOs are (file:// and binary:// output) in the pod's state dir. */
+const TASK_IO_DIR = 'task-io';
 
 /** A signal's exit status as runc reports it (128 + the signal). */
 const SIGKILL_STATUS = 128 + 9;
@@ -159,6 +178,10 @@ export class ShimTasks {
     this.unsubscribeOom = deps.pod.containers.events.subscribeOom((e) => this.oomKilled(e.record.id));
   }
 
+  private get namespace(): string {
+    return this.deps.namespace ?? 'default';
+  }
+
   /** Run `fn` after every earlier rpc of the task (execId '') or of the exec. */
   private one<T>(id: string, execId: string, fn: () => Promise<T>): Promise<T> {
     return this.serial.run(execId === '' ? id : `${id}\u0000${execId}`, fn);
@@ -182,7 +205,10 @@ export class ShimTasks {
     if (this.tasks.has(req.id)) throw alreadyExists('TASK_EXISTS', `task ${req.id} already exists in this shim`);
     const oci = await readBundleJson(req.bundle);
     const io: TaskIo = { stdin: req.stdin, stdout: req.stdout, stderr: req.stderr, terminal: req.terminal };
-    const kind = this.sandboxId === undefined ? 'sandbox' : 'container';
+    // A bundle without CRI annotations, first in its shim, is a container that is a pod of its own.
+    const solo = this.sandboxId === undefined && isSoloBundle(oci);
+    const kind = this.sandboxId === undefined && !solo ? 'sandbox' : 'container';
+    const outputTarget = parseOutputUri(io.stdout, 'stdout');
     const task: Task = {
       id: req.id,
       kind,
@@ -197,6 +223,8 @@ export class ShimTasks {
       paused: false,
       crio: false,
       oom: undefined,
+      solo,
+      output: undefined,
     };
     if (kind === 'sandbox') {
       // The pod's DNS is the resolv.conf containerd wrote for it (the guest gets it as its own).
@@ -219,24 +247,51 @@ export class ShimTasks {
       this.sandboxId = req.id;
       task.pid = this.deps.pod.sandboxes.find(req.id)?.vm?.pid ?? 0;
     } else {
-      const sandboxId = this.sandboxId as string;
+      const sandboxId = solo ? req.id : (this.sandboxId as string);
       const seccompProfilePath = await writeSeccompProfile(oci, req.bundle);
-      const spec = decodeTaskContainerSpec(oci, sandboxId, seccompProfilePath === undefined ? {} : { seccompProfilePath });
-      task.crio = decodeBundleRole(oci).kind === 'cri-o';
+      const seccomp = seccompProfilePath === undefined ? {} : { seccompProfilePath };
+      const soloTask = solo
+        ? decodeSoloTask(oci, { namespace: this.namespace, id: req.id, stdin: io.stdin !== '', ...seccomp })
+        : undefined;
+      const spec = soloTask?.container ?? decodeTaskContainerSpec(oci, sandboxId, seccomp);
+      task.crio = !solo && decodeBundleRole(oci).kind === 'cri-o';
       const rootfs = containerRootfsPath(oci, req.bundle, req.rootfs.length > 0);
-      if (req.rootfs.length > 0) {
-        await mountRootfs(req.rootfs, rootfs);
-        task.rootfsMounted = true;
-      }
+      const output = await openTaskOutput(io, {
+        // The shim's own FIFOs only for a file or a logger (containerd's FIFOs are used as they are).
+        dir: outputTarget.kind === 'fifo' ? '' : path.join(this.deps.pod.stateDir, TASK_IO_DIR, req.id),
+        containerId: req.id,
+        namespace: this.namespace,
+        logger: ctx.logger,
+      });
+      let booted = false;
       try {
+        if (req.rootfs.length > 0) {
+          await mountRootfs(req.rootfs, rootfs);
+          task.rootfsMounted = true;
+        }
+        if (soloTask !== undefined) {
+          await bootSoloSandbox(this.deps, req.id, soloTask, ctx);
+          booted = true;
+        }
         await this.deps.pod.containers.create(sandboxId, spec, ctx, {
           id: req.id,
           rootfs,
-          stdio: { kind: 'fifo', ...io },
+          stdio: { kind: 'fifo', ...output.io },
         });
       } catch (err) {
+        // Everything made for the task goes: the VM booted for it, the rootfs, the output's FIFOs and logger.
+        if (booted)
+          await removeSoloSandbox(this.deps, req.id, ctx).catch((e: unknown) =>
+            ctx.logger.warn({ err: errorMessage(e) }, 'removing the VM of a failed create failed'),
+          );
         if (task.rootfsMounted) await unmountRootfs(rootfs).catch(() => undefined);
+        await output.close();
         throw err;
+      }
+      task.output = output;
+      if (solo) {
+        this.sandboxId = req.id;
+        task.pid = this.hostPid();
       }
     }
     this.tasks.set(req.id, task);
@@ -282,6 +337,9 @@ export class ShimTasks {
             // containerd closes the task's FIFOs as soon as it handles TaskExit: the output goes
             // in first, or the last lines of a short-lived container are lost.
             await this.deps.pod.containers.outputStored(task.id).catch(() => undefined);
+            // A file's relay writes the last bytes before the exit is told; a logger gets its end.
+            task.output?.end();
+            await task.output?.drained();
             return { status: e.exitCode, atNs: BigInt(e.finishedAtNs) };
           });
     exited.then(
@@ -397,10 +455,17 @@ export class ShimTasks {
     for (const exec of task.execs.values()) exec.abort.abort();
     if (task.kind === 'sandbox') await this.deps.pod.sandboxes.remove(id, ctx);
     else await this.deps.pod.containers.remove(id, ctx);
+    if (task.solo) {
+      // The container is gone; then the VM that was booted for it.
+      await removeSoloSandbox(this.deps, id, ctx);
+      this.sandboxId = undefined;
+    }
     if (task.rootfsMounted) {
       await unmountRootfs(path.join(task.bundle, 'rootfs'));
       task.rootfsMounted = false;
     }
+    task.output?.end();
+    await task.output?.close();
     task.watch.abort();
     this.tasks.delete(id);
     const exit = task.exit.value ?? { status: 0, atNs: epochNs() };

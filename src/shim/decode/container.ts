@@ -33,6 +33,7 @@ import type { KeyValue__Output } from '../../generated/runtime/v1/KeyValue.js';
 import type { LinuxContainerResources__Output } from '../../generated/runtime/v1/LinuxContainerResources.js';
 import type { LinuxContainerSecurityContext__Output } from '../../generated/runtime/v1/LinuxContainerSecurityContext.js';
 import type { Mount__Output } from '../../generated/runtime/v1/Mount.js';
+import type { NamespaceOption__Output } from '../../generated/runtime/v1/NamespaceOption.js';
 import type { OciLinuxDevice } from '../../oci/spec-types.js';
 import { type ContainerSpec, decodeContainerSpec } from '../../runtime/spec/container.js';
 import { containerNameProblems, refuseNames } from '../../runtime/spec/names.js';
@@ -157,7 +158,7 @@ export function criMountsOf(spec: OciRuntimeSpec, sandboxId: string): Mount__Out
 }
 
 /** containerd's WithAllDevicesAllowed (privileged containers only): one rule allowing every device. */
-function allowsAllDevices(spec: OciRuntimeSpec): boolean {
+export function allowsAllDevices(spec: OciRuntimeSpec): boolean {
   return (spec.linux?.resources?.devices ?? []).some(
     (r) =>
       r.allow &&
@@ -221,6 +222,7 @@ function securityContextOf(
   spec: OciRuntimeSpec,
   process: OciRuntimeProcess,
   seccompProfilePath: string | undefined,
+  modes: NamespaceModes | undefined,
 ): LinuxContainerSecurityContext__Output {
   const privileged = allowsAllDevices(spec);
   const caps = process.capabilities;
@@ -236,7 +238,7 @@ function securityContextOf(
         },
     privileged,
     namespace_options: {
-      ...namespaceOptions({ network: joinMode(spec, 'network'), pid: joinMode(spec, 'pid'), ipc: joinMode(spec, 'ipc') }),
+      ...namespaceOptions(modes ?? { network: joinMode(spec, 'network'), pid: joinMode(spec, 'pid'), ipc: joinMode(spec, 'ipc') }),
       userns_options: hasNamespace(spec, 'user') ? { mode: 'POD', uids: [], gids: [] } : null,
     },
     selinux_options: null,
@@ -318,13 +320,46 @@ export function decodeTaskContainerSpec(oci: unknown, sandboxId: string, options
       },
     );
   }
+  const crio = role.kind === 'cri-o';
+  return assembleContainerSpec(spec, sandboxId, identityOf(annotations, crio), crio, options);
+}
+
+/** Who a container is to the core: its CRI name and attempt, its image's name, and where the name came from (for refusals). */
+export interface ContainerIdentity {
+  name: string;
+  attempt: number;
+  image: string;
+  nameField: string;
+}
+
+/**
+ * The namespace modes a caller decides instead of the spec's (a container that is a pod of its own
+ * shares the guest's pod network and IPC whatever its spec lists; see src/shim/solo.ts).
+ */
+export interface NamespaceModes {
+  network: NamespaceOption__Output['network'];
+  pid: NamespaceOption__Output['pid'];
+  ipc: NamespaceOption__Output['ipc'];
+}
+
+/**
+ * A checked config.json of a container with a known identity -> its `ContainerSpec` (pure): the
+ * ContainerConfig that says what the spec says, through the core's validator. `namespaces`
+ * replaces the modes read from `linux.namespaces`.
+ */
+export function assembleContainerSpec(
+  spec: OciRuntimeSpec,
+  sandboxId: string,
+  id: ContainerIdentity,
+  crio: boolean,
+  options: TaskContainerDecodeOptions & { namespaces?: NamespaceModes },
+): ContainerSpec {
+  const annotations = spec.annotations ?? {};
   const process = spec.process;
   if (process === undefined) throw invalid('SHIM_SPEC_INVALID', "process is missing; an app container's config.json must say what to run");
   const argv = process.args ?? [];
   if (argv.length === 0) throw invalid('SHIM_SPEC_INVALID', 'process.args must not be empty', { details: { field: 'process.args' } });
-  const crio = role.kind === 'cri-o';
-  const id = identityOf(annotations, crio);
-  const security = securityContextOf(spec, process, options.seccompProfilePath);
+  const security = securityContextOf(spec, process, options.seccompProfilePath, options.namespaces);
 
   const config: ContainerConfig__Output = {
     metadata: { name: id.name, attempt: id.attempt },

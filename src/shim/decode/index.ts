@@ -13,6 +13,15 @@ export { decodeLinuxResources, decodeTaskContainerSpec, isSandboxFile, type Task
 export { decodeExecProcess, type ExecSpec } from './exec.js';
 export { type CgroupPlacement, cgroupPlacementOf, type DecodedPod, decodePodSpec, type PodDecodeOptions, parseResolvConf } from './pod.js';
 export type { ShimDecodeReason } from './reasons.js';
+export {
+  decodeSoloTask,
+  isSoloBundle,
+  podNameFor,
+  podNamespaceFor,
+  type SoloDecodeOptions,
+  type SoloTask,
+  soloPodResources,
+} from './solo.js';
 export { type OciRuntimeProcess, type OciRuntimeSpec, parseOciProcess, parseOciRuntimeSpec } from './spec.js';
 
 /** A bundle's config.json (untrusted JSON): the pod's sandbox or an app container, of which pod, written by whom. */

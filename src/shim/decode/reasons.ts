@@ -11,6 +11,8 @@ export type ShimDecodeReason =
   | 'SHIM_ENV_INVALID'
   | 'SHIM_MOUNT_UNSUPPORTED'
   | 'SHIM_SANDBOX_MISMATCH'
+  | 'SHIM_SOLO_INVALID'
+  | 'SHIM_STDIO_INVALID'
   | 'SHIM_SPEC_INVALID';
 
 declare module '../../common/errors.js' {
