@@ -144,10 +144,32 @@ async function aptFor(cacheDir: string, mirror: string, suite: string, arch: str
   const stamp = join(dir, 'updated');
   const fresh = !sourcesChanged && existsSync(stamp) && Date.now() - statSync(stamp).mtimeMs < LISTS_MAX_AGE_MS;
   if (!fresh) {
-    await run('apt-get', [...options, '-q', 'update'], { maxBuffer: 16 << 20 });
+    await aptUpdate(options);
     await writeFile(stamp, new Date().toISOString());
   }
   return { dir, options };
+}
+
+/** How long `apt-get update` waits for another test process that holds the same lists' lock. */
+const LIST_LOCK_WAIT_MS = 300_000;
+
+/**
+ * `apt-get update` into the private lists. apt locks them and fails at once when another
+ * process (a concurrent test file) is updating the same suite, so that case is retried until
+ * the other one is done; any other failure is thrown with apt's message.
+ */
+async function aptUpdate(options: string[]): Promise<void> {
+  const started = Date.now();
+  for (;;) {
+    try {
+      await run('apt-get', [...options, '-q', 'update'], { maxBuffer: 16 << 20 });
+      return;
+    } catch (err) {
+      const stderr = String((err as { stderr?: unknown }).stderr ?? '');
+      if (!/Could not get lock|Unable to lock/.test(stderr) || Date.now() - started > LIST_LOCK_WAIT_MS) throw err;
+      await new Promise((resolveWait) => setTimeout(resolveWait, 1000));
+    }
+  }
 }
 
 /** The version apt would install from the private lists (the suite's candidate). */
