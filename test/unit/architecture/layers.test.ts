@@ -40,6 +40,7 @@ const BELOW_CORE = [
   'agent-client',
   'channel',
   'measure',
+  'tpm',
 ];
 /** The core's lowest floor: its root files (context, deadline, locks, store, facts, metrics, plan, ...). */
 const CORE_BASE = ['core-root', 'spec', 'admission', 'logs'];
@@ -66,6 +67,7 @@ const LAYERS: LayerTable = {
     'src/hypervisor': 'hypervisor',
     'src/hypervisor/qmp': 'hypervisor',
     'src/measure': 'measure',
+    'src/tpm': 'tpm',
     'src/channel': 'channel',
     'src/network': 'network',
     'src/agent-client': 'agent-client',
@@ -119,6 +121,8 @@ const LAYERS: LayerTable = {
     release: ['common'],
     // Launch-measurement prediction: pure, over buffers the caller read.
     measure: ['common'],
+    // A pod's swtpm (started through the VMM's jail chain) and the node's EK CA.
+    tpm: ['common', 'config', 'hypervisor'],
     // The core, floor by floor.
     'core-root': ['common', 'config', 'generated', 'sizing', 'pcie', 'hypervisor', 'cgroups'],
     spec: ['common', 'generated'],

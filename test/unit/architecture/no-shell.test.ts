@@ -41,6 +41,9 @@ const AUDITED: Record<string, string> = {
   'src/shim/main.ts': "this shim binary again, detached, with delete's own arguments and the action cleanup",
   'src/shim/start.ts':
     "this shim binary again (its own node, flags and script) with containerd's flags as whole arguments and the action serve",
+  'src/tpm/ca.ts': 'openssl req with a fixed argv: paths in the CA dir (validated: no whitespace), a subject of [A-Za-z0-9.-] and fixed words',
+  'src/tpm/swtpm.ts':
+    'swtpm_setup and swtpm (through vmmLaunchCommand): configured binaries, validated absolute paths without commas as whole arguments',
 };
 
 function tsFiles(dir: string): string[] {
