@@ -79,6 +79,19 @@ export function cpuSignature(family: number, model: number, stepping: number): n
   return ((extFamily << 20) | (((model >> 4) & 0xf) << 16) | (baseFamily << 8) | ((model & 0xf) << 4) | (stepping & 0xf)) >>> 0;
 }
 
+/**
+ * The signature of the first CPU in a /proc/cpuinfo text ("cpu family", "model", "stepping"):
+ * what a vCPU of QEMU's `-cpu host` reports, so what its VMSA carries. The caller reads the file.
+ */
+export function cpuSignatureFromCpuinfo(cpuinfo: string): number {
+  const field = (name: string): number => {
+    const m = new RegExp(`^${name}\\s*:\\s*(\\d+)\\s*$`, 'm').exec(cpuinfo);
+    if (m?.[1] === undefined) bad(`cpuinfo has no "${name}" line`);
+    return Number(m[1]);
+  };
+  return cpuSignature(field('cpu family'), field('model'), field('stepping'));
+}
+
 /** QEMU's EPYC CPU models and the signature their vCPUs report (QEMU's builtin_x86_defs). */
 export const SNP_VCPU_SIGNATURES: Readonly<Record<string, number>> = {
   EPYC: cpuSignature(23, 1, 2),
@@ -204,7 +217,10 @@ export interface SnpLaunchInput {
   firmware: Buffer;
   /** vCPUs at boot (`-smp`): one VMSA page each. */
   vcpus: number;
-  /** QEMU's `-cpu` model (EPYC-v4, EPYC-Milan, ...) or the CPUID 1 EAX signature itself. */
+  /**
+   * QEMU's `-cpu` model (EPYC-v4, EPYC-Milan, ...) or the CPUID 1 EAX signature itself (for
+   * `-cpu host`: cpuSignatureFromCpuinfo of the host's /proc/cpuinfo).
+   */
   vcpuType: string | number;
   /** The `-kernel` file; without it the hashes page is measured as zero pages. */
   kernel?: Buffer;
@@ -336,4 +352,15 @@ export function snpMeasurement(input: SnpLaunchInput): SnpMeasurement {
  */
 export function snpLaunchDigest(input: SnpLaunchInput): string {
   return snpMeasurement(input).launchDigest;
+}
+
+/**
+ * The reference values a verifier loads for this prediction, under the names trustee's default
+ * EAR policy reads (attestation-service/src/token/ear_default_policy.rego:
+ * `input.snp.measurement in data.reference.snp_launch_measurement`); the `snp` object of the
+ * kata-ts reference-values document. HOST_DATA is left out: trustee's verifier checks it against
+ * the initdata digest itself.
+ */
+export function snpReferenceValues(m: SnpMeasurement): Record<string, string> {
+  return { snp_launch_measurement: m.launchDigest };
 }

@@ -232,3 +232,17 @@ export function tdxMeasurements(input: TdxLaunchInput): TdxMeasurements {
   if (input.mrConfigId !== undefined) result.mrConfigId = input.mrConfigId.toString('hex');
   return result;
 }
+
+/**
+ * The reference values a verifier loads for this prediction, under the names trustee's default
+ * EAR policy reads (attestation-service/src/token/ear_default_policy.rego: `mr_td`, `rtmr_1`,
+ * `rtmr_2` from `input.tdx.quote.body`); registers kata-ts does not predict are left out, and
+ * MRCONFIGID too (trustee's verifier checks it against the initdata digest itself). The `tdx`
+ * object of the kata-ts reference-values document.
+ */
+export function tdxReferenceValues(m: TdxMeasurements): Record<string, string> {
+  const out: Record<string, string> = { mr_td: m.mrtd };
+  if (m.rtmr[1] !== null) out.rtmr_1 = m.rtmr[1];
+  if (m.rtmr[2] !== null) out.rtmr_2 = m.rtmr[2];
+  return out;
+}

@@ -12,7 +12,15 @@ import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { parseSevMetadata } from '../../../src/measure/ovmf-metadata.js';
-import { cpuSignature, SNP_VCPU_SIGNATURES, sevHashesTable, snpLaunchDigest, snpMeasurement } from '../../../src/measure/snp.js';
+import {
+  cpuSignature,
+  cpuSignatureFromCpuinfo,
+  SNP_VCPU_SIGNATURES,
+  sevHashesTable,
+  snpLaunchDigest,
+  snpMeasurement,
+  snpReferenceValues,
+} from '../../../src/measure/snp.js';
 import { thrown } from '../../helpers/kata-error.js';
 
 function expectKataError(fn: () => unknown, reason: string, message?: RegExp): void {
@@ -108,6 +116,13 @@ describe('SNP launch digest: published vectors (virtee/sev-snp-measure tests/tes
   it('vcpu_types: the EPYC-v4 signature is family 23 model 1 stepping 2 (0x00800f12)', () => {
     expect(cpuSignature(23, 1, 2)).toBe(0x00800f12);
     expect(SNP_VCPU_SIGNATURES['EPYC-Milan']).toBe(0x00a00f11);
+    // -cpu host: the host's own family/model/stepping (here an EPYC 7763, Milan).
+    expect(
+      cpuSignatureFromCpuinfo(
+        'processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 1\nmodel name\t: AMD EPYC 7763 64-Core Processor\nstepping\t: 1\n',
+      ),
+    ).toBe(0x00a00f11);
+    expect(() => cpuSignatureFromCpuinfo('processor\t: 0\n')).toThrow(/cpu family/);
     // A raw signature gives the same digest as the model's name.
     const named = snpLaunchDigest({ firmware: amdSev, vcpus: 2, vcpuType: 'EPYC-v4', guestFeatures: 1 });
     expect(snpLaunchDigest({ firmware: amdSev, vcpus: 2, vcpuType: 0x00800f12, guestFeatures: 1 })).toBe(named);
@@ -143,6 +158,8 @@ describe('SNP inputs: what changes the digest and what does not', () => {
     const m = snpMeasurement({ ...base, hostData });
     expect(m.launchDigest).toBe(reference);
     expect(m.hostData).toBe(hostData.toString('hex'));
+    // trustee's default policy reads the digest as snp_launch_measurement; HOST_DATA is not a reference value.
+    expect(snpReferenceValues(m)).toEqual({ snp_launch_measurement: reference });
   });
 
   it("the hashes table is QEMU's: a header GUID, three 50-byte entries, padded to 176 bytes", () => {

@@ -19,7 +19,7 @@ import { createHash } from 'node:crypto';
 import { describe, expect, it } from 'vitest';
 import { authenticodeDigest } from '../../../src/measure/authenticode.js';
 import { guidToBytes, OVMF_TABLE_FOOTER_GUID, parseTdvfMetadata, TDX_METADATA_OFFSET_GUID } from '../../../src/measure/ovmf-metadata.js';
-import { replayRtmr, tdxMeasurements, tdxMrtd } from '../../../src/measure/tdx.js';
+import { replayRtmr, tdxMeasurements, tdxMrtd, tdxReferenceValues } from '../../../src/measure/tdx.js';
 import { thrown } from '../../helpers/kata-error.js';
 
 const sha384 = (data: Buffer | string) => createHash('sha384').update(data).digest('hex');
@@ -237,6 +237,9 @@ describe('TDX RTMR[1] and RTMR[2]: published vectors', () => {
     const noKernel = tdxMeasurements({ firmware: fw });
     expect(noKernel.rtmr).toEqual([null, null, null, null]);
     expect(noKernel.mrtd).toBe(plain.mrtd);
+    // trustee's default policy names; unpredicted registers and MRCONFIGID are left out.
+    expect(tdxReferenceValues(bound)).toEqual({ mr_td: plain.mrtd, rtmr_1: plain.rtmr[1], rtmr_2: plain.rtmr[2] });
+    expect(tdxReferenceValues(noKernel)).toEqual({ mr_td: plain.mrtd });
   });
 
   it('bad input is refused naming the field', () => {
