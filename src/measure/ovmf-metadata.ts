@@ -99,7 +99,8 @@ export function parseOvmfFooterTable(firmware: Buffer): Map<string, Buffer> {
     if (length < ENTRY_HEADER_BYTES || length > end - start) {
       malformed(`the footer table entry ${guid} claims ${length} bytes`);
     }
-    table.set(guid, Buffer.from(firmware.subarray(end - length, end - ENTRY_HEADER_BYTES)));
+    // QEMU stops at the first match walking back from the footer, so a later duplicate loses.
+    if (!table.has(guid)) table.set(guid, Buffer.from(firmware.subarray(end - length, end - ENTRY_HEADER_BYTES)));
     end -= length;
   }
   return table;
@@ -118,6 +119,7 @@ export const SEV_SECTION_KINDS = {
   4: 'SVSM_CAA',
   16: 'SNP_KERNEL_HASHES',
 } as const;
+/** The name of an SNP metadata range's type. */
 export type SevSectionKind = (typeof SEV_SECTION_KINDS)[keyof typeof SEV_SECTION_KINDS];
 
 /** One range of the SNP metadata: guest physical address and size in bytes. */
@@ -200,6 +202,7 @@ export const TDVF_SECTION_KINDS = {
   7: 'TD_INFO',
   8: 'TD_PARAMS',
 } as const;
+/** The name of a TDVF section's type. */
 export type TdvfSectionKind = (typeof TDVF_SECTION_KINDS)[keyof typeof TDVF_SECTION_KINDS];
 
 /** The section's pages are extended into MRTD (TDH.MR.EXTEND). */
@@ -238,8 +241,8 @@ export function parseTdvfMetadata(firmware: Buffer): TdvfSection[] {
   if (entry === undefined) {
     throw invalid('MEASURE_FIRMWARE_UNSUPPORTED', 'firmware has no TDX metadata (not a TDVF/OVMF.inteltdx build)');
   }
-  // The offset is the entry's last u32 (QEMU reads it there; the entry holds only it today).
-  const offsetFromEnd = u32At(entry, TDX_METADATA_OFFSET_GUID, entry.length - 4);
+  // The entry holds one u32 (edk2's TdxMetadataOffset); QEMU reads the first four bytes.
+  const offsetFromEnd = u32At(entry, TDX_METADATA_OFFSET_GUID);
   const start = firmware.length - offsetFromEnd;
   if (offsetFromEnd > firmware.length || start + TDVF_DESCRIPTOR_BYTES > firmware.length) {
     malformed(`the TDVF descriptor offset ${offsetFromEnd} lies outside the image`);
