@@ -1,11 +1,14 @@
 /**
- * The real containerd (Debian's 1.6.20) with its CRI plugin, started privately for a test: the
- * harness kata-ts's shim (`io.containerd.kata-ts.v2`) runs under, beside runc.
+ * The real containerd with its CRI plugin, started privately for a test: the harness kata-ts's
+ * shim (`io.containerd.kata-ts.v2`) runs under, beside runc. Debian 12's 1.6.20 from PATH by
+ * default; `release` runs another (trixie's 1.7, sid's 2.x, fetched by
+ * test/helpers/containerd-releases.ts) with its own runc shim and the config schema it reads
+ * (version 2 for 1.x, version 3 for 2.x: containerdConfigToml).
  *
  * Everything it makes is the test's own and goes away in stop(), also when the test fails:
  *
- * - a temporary directory with containerd's root, state, temp dir, both sockets, config.toml
- *   (version 2), runc's root, the CNI config and host-local's allocations, and the registry's
+ * - a temporary directory with containerd's root, state, temp dir, both sockets, config.toml,
+ *   runc's root, the CNI config and host-local's allocations, and the registry's
  *   hosts.toml; nothing is written to /etc/containerd, /etc/cni, /opt or /var/lib/containerd;
  * - a private cgroup tree (`kata-ts-test-*` below this process's own cgroup in every hierarchy,
  *   test/helpers/cgroups-private.ts), which is the ROOT of the cgroup namespace containerd lives in:
@@ -38,7 +41,9 @@ import path from 'node:path';
 import { promisify } from 'node:util';
 import { type CgroupMount, parseProcCgroup } from '../../src/cgroups/procfs.js';
 import { packageRoot } from '../../src/common/paths.js';
+import type { ContainerdVersion } from '../../src/install/version.js';
 import { createPrivateCgroups, mkdirEverywhere, type PrivateCgroups, removePrivateCgroups, treeDeepestFirst } from './cgroups-private.js';
+import type { ContainerdRelease } from './containerd-releases.js';
 import { criClient } from './cri-client.js';
 import { buildImage, busyboxBaseEntries, RegistryPusher } from './images-builder.js';
 import { REGISTRY_BINARY, type RegistryHandle, startRegistry } from './images-registry.js';
@@ -97,6 +102,17 @@ export interface ContainerdOptions {
   mirrorDomains?: string[];
   /** Add the portmap plugin (host ports, as a kubelet node's CNI has it) to the CNI network. Default false. */
   cniPortmap?: boolean;
+  /**
+   * The containerd to run (test/helpers/containerd-releases.ts): its binary, its runc shim's
+   * directory before the system's on PATH, and the config schema its version reads (version 2 for
+   * 1.x, version 3 for 2.x). Default: the containerd on PATH, taken as Debian 12's 1.6.
+   */
+  release?: ContainerdRelease;
+  /**
+   * config.toml's top-level `imports` (paths or globs, relative to the config's directory), as a
+   * node whose packages drop files into `conf.d` has them. Default: none.
+   */
+  imports?: string[];
 }
 
 /** What stop() found and did. */
@@ -121,6 +137,8 @@ export interface ContainerdHandle {
   ttrpcAddress: string;
   dir: string;
   namespace: typeof CONTAINERD_NAMESPACE;
+  /** The release running (the system's 1.6 unless `release` said otherwise). */
+  version: ContainerdVersion;
   configPath: string;
   rootDir: string;
   stateDir: string;
@@ -176,10 +194,14 @@ export function containerdBasePath(pathValue = process.env.PATH ?? '/usr/sbin:/u
 /** The names an installed kata-ts shim has (scripts/setup.sh). */
 const KATA_TS_SHIM_NAMES = ['containerd-shim-kata-ts-v2', 'containerd-shim-kata-ts-cvm-v2'];
 
-/** Why this machine cannot run the harness (a sentence), or null when it can. */
-export function containerdMissing(): string | null {
+/**
+ * Why this machine cannot run the harness (a sentence), or null when it can. With `release`, its
+ * containerd and runc shim come from there (the release helper checked them) instead of PATH.
+ */
+export function containerdMissing(release?: ContainerdRelease): string | null {
   if (process.getuid?.() !== 0) return 'not root';
-  for (const bin of ['containerd', 'containerd-shim-runc-v2', 'runc', 'unshare', 'nsenter', 'ip']) {
+  const fromPath = release?.binDir == null ? ['containerd', 'containerd-shim-runc-v2'] : [];
+  for (const bin of [...fromPath, 'runc', 'unshare', 'nsenter', 'ip']) {
     if (!onPath(bin)) return `${bin} is not installed (scripts/setup.sh installs it)`;
   }
   if (!existsSync(REGISTRY_BINARY)) return `${REGISTRY_BINARY} is not installed (scripts/setup.sh installs it)`;
@@ -215,18 +237,38 @@ function mountOptions(m: CgroupMount): string {
 const toml = (s: string): string => JSON.stringify(s);
 const tomlList = (xs: string[]): string => `[${xs.map(toml).join(', ')}]`;
 
-/** config.toml (version 2) for a private containerd in `dir`. */
-export function containerdConfigToml(p: {
+/** Debian 12's containerd, what the harness runs when no release is given. */
+export const SYSTEM_CONTAINERD_VERSION: ContainerdVersion = { major: 1, minor: 6, patch: 20 };
+
+/** What config.toml is written from. */
+export interface ContainerdConfigParams {
   dir: string;
   sandboxImage: string;
   logLevel: string;
   extraToml?: string;
   kataHandler?: boolean;
-}): string {
+  /** The release that reads it: 1.x gets version 2, 2.x version 3. Default: 1.6. */
+  version?: ContainerdVersion;
+  /** Top-level `imports` (written before any table, as TOML needs). */
+  imports?: string[];
+}
+
+/** config.toml for a private containerd in `dir`, in the schema its release reads. */
+export function containerdConfigToml(p: ContainerdConfigParams): string {
+  return (p.version ?? SYSTEM_CONTAINERD_VERSION).major >= 2 ? containerdConfigTomlV3(p) : containerdConfigTomlV2(p);
+}
+
+/**
+ * Version 2 (containerd 1.6 and 1.7): the CRI plugin is one section, `io.containerd.grpc.v1.cri`.
+ * 1.7 reads 1.6's file as it is; what it adds (NRI, the transfer service, CDI, `sandbox_mode`)
+ * keeps its defaults, and NRI is disabled there by default.
+ */
+function containerdConfigTomlV2(p: ContainerdConfigParams): string {
   const { dir } = p;
   const cri = 'plugins."io.containerd.grpc.v1.cri"';
   return [
     'version = 2',
+    ...(p.imports === undefined ? [] : [`imports = ${tomlList(p.imports)}`]),
     `root = ${toml(path.join(dir, 'root'))}`,
     `state = ${toml(path.join(dir, 'state'))}`,
     `temp = ${toml(path.join(dir, 'tmp'))}`,
@@ -308,6 +350,118 @@ export function containerdConfigToml(p: {
   ].join('\n');
 }
 
+/**
+ * Version 3 (containerd 2.x): the CRI plugin is split. `io.containerd.cri.v1.images` holds the
+ * snapshotter, the sandbox ("pause") image under `pinned_images.sandbox` and the registry hosts
+ * dir; `io.containerd.cri.v1.runtime` the runtimes (each naming its `sandboxer`: `podsandbox`,
+ * the pause container, is what kata-ts's shim serves), CNI (`bin_dirs`, a list) and the
+ * container settings; `io.containerd.grpc.v1.cri` only the CRI service and its streaming server.
+ * Pulls go through the transfer service, which reads its own `config_path`. Plugins 1.6's file
+ * disables are renamed in 2.x (the task monitor, the restart monitor); NRI is on by default and
+ * is turned off here (its socket would be a host path).
+ */
+function containerdConfigTomlV3(p: ContainerdConfigParams): string {
+  const { dir } = p;
+  const images = "plugins.'io.containerd.cri.v1.images'";
+  const runtime = "plugins.'io.containerd.cri.v1.runtime'";
+  const certs = toml(path.join(dir, 'certs.d'));
+  return [
+    'version = 3',
+    ...(p.imports === undefined ? [] : [`imports = ${tomlList(p.imports)}`]),
+    `root = ${toml(path.join(dir, 'root'))}`,
+    `state = ${toml(path.join(dir, 'state'))}`,
+    `temp = ${toml(path.join(dir, 'tmp'))}`,
+    'oom_score = 0',
+    'disabled_plugins = [',
+    ...[
+      'io.containerd.internal.v1.opt',
+      'io.containerd.internal.v1.tracing',
+      'io.containerd.tracing.processor.v1.otlp',
+      'io.containerd.monitor.container.v1.restart',
+      'io.containerd.monitor.task.v1.cgroups',
+      'io.containerd.snapshotter.v1.blockfile',
+      'io.containerd.snapshotter.v1.btrfs',
+      'io.containerd.snapshotter.v1.devmapper',
+      'io.containerd.snapshotter.v1.erofs',
+      'io.containerd.snapshotter.v1.zfs',
+    ].map((x) => `  ${toml(x)},`),
+    ']',
+    '',
+    '[grpc]',
+    `  address = ${toml(path.join(dir, 'containerd.sock'))}`,
+    '[ttrpc]',
+    `  address = ${toml(path.join(dir, 'containerd.sock.ttrpc'))}`,
+    '[debug]',
+    '  address = ""',
+    `  level = ${toml(p.logLevel)}`,
+    '[metrics]',
+    '  address = ""',
+    '[cgroup]',
+    '  path = ""',
+    '',
+    `[${images}]`,
+    '  snapshotter = "overlayfs"',
+    '  stats_collect_period = 2',
+    `  [${images}.pinned_images]`,
+    `    sandbox = ${toml(p.sandboxImage)}`,
+    `  [${images}.registry]`,
+    `    config_path = ${certs}`,
+    '',
+    `[${runtime}]`,
+    // No CAP_SYS_RESOURCE in the bounding set here (see the version 2 file).
+    '  restrict_oom_score_adj = true',
+    '  disable_apparmor = true',
+    '  enable_selinux = false',
+    '  netns_mounts_under_state_dir = true',
+    '  enable_unprivileged_ports = false',
+    '  enable_unprivileged_icmp = false',
+    '  tolerate_missing_hugetlb_controller = true',
+    '  disable_hugetlb_controller = true',
+    '  enable_cdi = false',
+    `  [${runtime}.cni]`,
+    `    bin_dirs = ${tomlList([DEBIAN_CNI_BIN_DIR])}`,
+    `    conf_dir = ${toml(path.join(dir, 'net.d'))}`,
+    '    max_conf_num = 1',
+    `  [${runtime}.containerd]`,
+    '    default_runtime_name = "runc"',
+    `    [${runtime}.containerd.runtimes.runc]`,
+    '      runtime_type = "io.containerd.runc.v2"',
+    '      sandboxer = "podsandbox"',
+    `      [${runtime}.containerd.runtimes.runc.options]`,
+    `        Root = ${toml(path.join(dir, 'runc'))}`,
+    '        SystemdCgroup = false',
+    ...(p.kataHandler === false
+      ? []
+      : [
+          `    [${runtime}.containerd.runtimes.${KATA_TS_HANDLER}]`,
+          `      runtime_type = ${toml(KATA_TS_RUNTIME_TYPE)}`,
+          '      sandboxer = "podsandbox"',
+          `      pod_annotations = ${tomlList(KATA_TS_ANNOTATIONS)}`,
+          `      container_annotations = ${tomlList(KATA_TS_ANNOTATIONS)}`,
+          '      privileged_without_host_devices = true',
+        ]),
+    '',
+    "[plugins.'io.containerd.grpc.v1.cri']",
+    '  disable_tcp_service = true',
+    '  stream_server_address = "127.0.0.1"',
+    '  stream_server_port = "0"',
+    '',
+    "[plugins.'io.containerd.transfer.v1.local']",
+    `  config_path = ${certs}`,
+    '',
+    // The transfer service (and so the CRI) does not load without its image verifier: kept, on an empty dir of ours.
+    "[plugins.'io.containerd.image-verifier.v1.bindir']",
+    `  bin_dir = ${toml(path.join(dir, 'image-verifier'))}`,
+    '',
+    "[plugins.'io.containerd.nri.v1.nri']",
+    '  disable = true',
+    `  socket_path = ${toml(path.join(dir, 'nri.sock'))}`,
+    '',
+    p.extraToml ?? '',
+    '',
+  ].join('\n');
+}
+
 /** A bridge + host-local conflist on `subnet` (containerd adds the loopback network itself). */
 function cniConflist(dir: string, prefix: string, portmap = false): string {
   return JSON.stringify(
@@ -343,7 +497,7 @@ export function mirrorHostsToml(server: string, mirrorUrl: string): string {
 
 /** Starts a private containerd (see the file's comment); stop() the handle when done. */
 export async function startContainerd(options: ContainerdOptions = {}): Promise<ContainerdHandle> {
-  const missing = containerdMissing();
+  const missing = containerdMissing(options.release);
   if (missing !== null) throw new Error(`cannot start containerd: ${missing}`);
   const dir = await fsp.mkdtemp(path.join(os.tmpdir(), 'kata-ts-containerd-'));
   const harness = new PrivateContainerd(dir, options);
@@ -395,6 +549,7 @@ function nsInode(pid: number, ns: 'mnt' | 'net' | 'cgroup'): string | undefined 
 
 class PrivateContainerd implements ContainerdHandle {
   readonly namespace = CONTAINERD_NAMESPACE;
+  readonly version: ContainerdVersion;
   readonly criSocket: string;
   readonly grpcAddress: string;
   readonly ttrpcAddress: string;
@@ -423,6 +578,7 @@ class PrivateContainerd implements ContainerdHandle {
     readonly dir: string,
     private readonly options: ContainerdOptions,
   ) {
+    this.version = options.release?.version ?? SYSTEM_CONTAINERD_VERSION;
     this.criSocket = path.join(dir, 'containerd.sock');
     this.grpcAddress = this.criSocket;
     this.ttrpcAddress = path.join(dir, 'containerd.sock.ttrpc');
@@ -470,6 +626,8 @@ class PrivateContainerd implements ContainerdHandle {
         dir: this.dir,
         sandboxImage: this.sandboxImage,
         logLevel: this.options.logLevel ?? 'info',
+        version: this.version,
+        ...(this.options.imports === undefined ? {} : { imports: this.options.imports }),
         ...(this.options.extraToml === undefined ? {} : { extraToml: this.options.extraToml }),
         ...(this.options.kataHandler === undefined ? {} : { kataHandler: this.options.kataHandler }),
       }),
@@ -565,7 +723,9 @@ class PrivateContainerd implements ContainerdHandle {
 
   private async startDaemon(): Promise<void> {
     const log = await fsp.open(path.join(this.dir, 'containerd.log'), 'a');
-    const basePath = containerdBasePath();
+    // A fetched release's own directory first: its containerd-shim-runc-v2 runs its runc pods.
+    const releaseDir = this.options.release?.binDir;
+    const basePath = releaseDir == null ? containerdBasePath() : `${releaseDir}${path.delimiter}${containerdBasePath()}`;
     const child = spawn(
       'bash',
       [
@@ -576,7 +736,7 @@ class PrivateContainerd implements ContainerdHandle {
         '--net',
         '--cgroup',
         '--',
-        'containerd',
+        this.options.release?.containerd ?? 'containerd',
         '--config',
         this.configPath,
       ],
@@ -599,7 +759,8 @@ class PrivateContainerd implements ContainerdHandle {
           if (child.exitCode !== null || child.signalCode !== null) {
             throw new Error(`containerd exited (${child.exitCode ?? child.signalCode}) before it served the CRI`);
           }
-          const criFailed = /failed to load plugin io\.containerd\.grpc\.v1\.cri.*/.exec(this.logText());
+          // 1.x logs `failed to load plugin io.containerd.grpc.v1.cri`, 2.x `"failed to load plugin" error=... id=io.containerd.grpc.v1.cri`.
+          const criFailed = /failed to load plugin.*\b(?:id=)?io\.containerd\.(?:grpc\.v1\.cri|cri\.v1\.[a-z]+)\b.*/.exec(this.logText());
           if (criFailed !== null) throw new Error(`containerd did not load its CRI plugin: ${criFailed[0]}`);
           if (!existsSync(this.criSocket)) {
             note(`no socket yet; log: ${tail(this.logText(), 2)}`);
