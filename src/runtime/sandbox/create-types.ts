@@ -7,7 +7,7 @@ import type { CgroupDriver } from '../../cgroups/index.js';
 import type { Logger } from '../../common/logger.js';
 import type { ResolvedHandler } from '../../config/handlers.js';
 import type { KataConfig } from '../../config/types.js';
-import type { startVirtiofsd, startVm, VmmIdentity, VmPaths, VmProcess } from '../../hypervisor/index.js';
+import type { JailSpec, startVirtiofsd, startVm, VmmIdentity, VmPaths, VmProcess } from '../../hypervisor/index.js';
 import type { PodNetworkRecord, PodNetworks } from '../../network/index.js';
 import type { PcieHostFacts } from '../../pcie/index.js';
 import type { HostCapacity } from '../../sizing/types.js';
@@ -63,6 +63,8 @@ export interface StartSwtpmRequest {
   binary?: string;
   setupBinary?: string;
   identity?: VmmIdentity;
+  /** The jail built for swtpm's identity (required with `identity`). */
+  jail?: { jailDir: string };
   clientIdentity?: VmmIdentity;
   logger: Logger;
 }
@@ -82,6 +84,8 @@ export interface SwtpmHandle {
 /** The effects of RunPodSandbox that start a process or mount something, as one replaceable set. */
 export interface SandboxLaunchers {
   startSwtpm(request: StartSwtpmRequest): Promise<SwtpmHandle>;
+  /** swtpm's jail: the spec src/tpm/swtpm.ts asks for (its state dir, its socket's dir, /usr). */
+  swtpmJailSpec(o: { jailDir: string; stateDir: string; ctrlSocketPath: string; binary?: string }): Promise<Omit<JailSpec, 'rootLinks'>>;
   startVm: typeof startVm;
   startVirtiofsd: typeof startVirtiofsd;
   prepareSharedDir: typeof prepareSharedDir;

@@ -24,12 +24,13 @@ import { planWithMac } from './prepare.js';
 import { prepareSharedDir, releaseSharedMounts, removeWorkDir } from './shared-dir.js';
 import { restrictSocketModes } from './socket-modes.js';
 import { startPodTpm } from './tpm.js';
-import { startSwtpmProcess } from './tpm-launcher.js';
+import { startSwtpmProcess, swtpmJailSpecOf } from './tpm-launcher.js';
 
 const REAL_LAUNCHERS: SandboxLaunchers = {
   startVm,
   startVirtiofsd,
   startSwtpm: startSwtpmProcess,
+  swtpmJailSpec: swtpmJailSpecOf,
   prepareSharedDir,
   releaseSharedMounts,
   buildJail,

@@ -229,7 +229,7 @@ export class SandboxManager implements SandboxAccess {
     this.updateGauge();
     // virtiofsd and swtpm leave before their cgroup can go, and before the shared directory's mounts.
     await stopVirtiofsd(record, log);
-    await stopPodTpm(record, log);
+    await stopPodTpm(record, this.deps.config.stateDir, log);
     if (record.virtiofsd !== null) {
       record.virtiofsd = null;
       await this.deps.store.put(record);
@@ -329,7 +329,7 @@ export class SandboxManager implements SandboxAccess {
           // virtiofsd ends when QEMU disconnects; one that did not is stopped here.
           await stopVirtiofsd(live.record, this.deps.logger.child({ sandboxId: live.record.id }));
           live.record.virtiofsd = null;
-          await stopPodTpm(live.record, this.deps.logger.child({ sandboxId: live.record.id }));
+          await stopPodTpm(live.record, this.deps.config.stateDir, this.deps.logger.child({ sandboxId: live.record.id }));
           await this.deps.listener.sandboxStopped(live.record.id);
           await this.deps.store.put(live.record);
         });

@@ -114,3 +114,8 @@ export function sandboxTeePaths(workDir: string, confined = false): SandboxTeePa
 export function sandboxTpmSocketDir(workDir: string): string {
   return path.join(workDir, 'tpm-sock');
 }
+
+/** swtpm's chroot (src/tpm/swtpm.ts swtpmJailSpec, built like QEMU's): `<workDir>/tpm-jail`. */
+export function sandboxTpmJailDir(workDir: string): string {
+  return path.join(workDir, 'tpm-jail');
+}

@@ -41,7 +41,7 @@ export async function recoverSandboxes(deps: RecoverDeps): Promise<LiveSandbox[]
       const vm = record.state === 'SANDBOX_READY' ? await reattach(deps, record, slog) : undefined;
       if (vm === undefined) await retryNetworkDetach(deps, record, slog);
       // swtpm serves its QEMU only: found again beside a running VM, ended beside a gone one.
-      if (vm === undefined) await stopPodTpm(record, slog);
+      if (vm === undefined) await stopPodTpm(record, deps.config.stateDir, slog);
       else checkPodTpm(record, slog);
       out.push({ record, vm, agent: vm === undefined ? undefined : reconnectAgent(record, slog), stopping: false });
     } catch (err) {
@@ -159,7 +159,7 @@ async function rollBackInterruptedCreate(deps: RecoverDeps, record: SandboxRecor
   }
   for (const pid of await virtiofsdPidsUsing(workDir)) await killAndWait(pid);
   // swtpm: by its record, or (crash before that was written) by its socket or state in the work dir.
-  await stopPodTpm(record, log);
+  await stopPodTpm(record, deps.config.stateDir, log);
   for (const pid of await swtpmPidsUsing(workDir)) await killAndWait(pid);
   // The pod network as far as it was recorded: TAP, CNI DEL (safe after a partial ADD), namespace;
   // of a joined namespace (the caller's), the TAP only.

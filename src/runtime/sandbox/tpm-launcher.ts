@@ -1,26 +1,22 @@
 /**
- * The real swtpm launcher: src/tpm/swtpm.ts's startSwtpm (helper "swtpm" of issue 31, written in
- * parallel). Loaded when first needed, so that this floor builds and every non-vtpm pod runs
- * while that module is not in the tree; a vtpm pod is then refused with a coded error, never
- * booted without its TPM.
+ * The real swtpm launcher (src/tpm/swtpm.ts), adapted to the sandbox floor's launcher set, so
+ * that tests replace it like every other process the sandbox starts.
  */
-import { errorMessage, precondition } from '../../common/errors.js';
+import type { JailSpec } from '../../hypervisor/index.js';
+import { attachSwtpm, startSwtpm, swtpmJailSpec } from '../../tpm/swtpm.js';
 import type { StartSwtpmRequest, SwtpmHandle } from './create-types.js';
 
-type StartSwtpm = (request: StartSwtpmRequest) => Promise<SwtpmHandle>;
+/** startSwtpm of src/tpm/swtpm.ts. */
+export function startSwtpmProcess(request: StartSwtpmRequest): Promise<SwtpmHandle> {
+  return startSwtpm(request);
+}
 
-// A computed specifier: the module may not exist yet (see the file's comment).
-const SWTPM_MODULE = ['..', '..', 'tpm', 'swtpm.js'].join('/');
+/** swtpmJailSpec of src/tpm/swtpm.ts. */
+export async function swtpmJailSpecOf(o: Parameters<typeof swtpmJailSpec>[0]): Promise<Omit<JailSpec, 'rootLinks'>> {
+  return swtpmJailSpec(o);
+}
 
-/** startSwtpm of src/tpm/swtpm.ts, or SWTPM_UNAVAILABLE when that module is missing. */
-export async function startSwtpmProcess(request: StartSwtpmRequest): Promise<SwtpmHandle> {
-  let start: StartSwtpm | undefined;
-  try {
-    const mod = (await import(SWTPM_MODULE)) as { startSwtpm?: StartSwtpm };
-    start = mod.startSwtpm;
-  } catch (err) {
-    throw precondition('SWTPM_UNAVAILABLE', `the swtpm launcher (src/tpm/swtpm.ts) cannot be loaded: ${errorMessage(err)}`);
-  }
-  if (start === undefined) throw precondition('SWTPM_UNAVAILABLE', 'src/tpm/swtpm.ts exports no startSwtpm.');
-  return start(request);
+/** attachSwtpm of src/tpm/swtpm.ts: the handle of a swtpm started earlier, from its record. */
+export async function attachSwtpmProcess(record: Parameters<typeof attachSwtpm>[0]): Promise<SwtpmHandle> {
+  return attachSwtpm(record);
 }

@@ -10,9 +10,10 @@ import type { Logger } from '../../common/logger.js';
 import { isSameLiveProcess, type VmmIdentity } from '../../hypervisor/index.js';
 import type { SandboxRun, SwtpmHandle } from './create-types.js';
 import { leaseOwnerOf, VmmIdentities } from './identities.js';
-import { killAndWait } from './orphans.js';
-import { sandboxTpmSocketDir } from './paths.js';
+import { releaseJail } from './jail.js';
+import { sandboxTpmJailDir, sandboxTpmSocketDir, sandboxWorkDir } from './paths.js';
 import type { SandboxRecord } from './record.js';
+import { attachSwtpmProcess } from './tpm-launcher.js';
 
 /**
  * Before QEMU starts, for a vtpm pod: OVMF's vars copied into QEMU's own dir (for its identity:
@@ -33,15 +34,28 @@ export async function startPodTpm(run: SandboxRun, qemu: VmmIdentity | undefined
   if (qemu !== undefined) await fsp.chown(firmware.ovmfVarsCopy, qemu.uid, qemu.gid);
 
   const own = await swtpmIdentity(run, qemu);
-  // swtpm's state dir is its own (0700); the socket's dir is swtpm's too, entered by QEMU's group.
+  // swtpm's state dir is its own (0700); the socket's dir is swtpm's too, entered by QEMU's group
+  // (src/tpm/swtpm.ts takes both over). Both exist before swtpm's jail binds them.
   await fsp.mkdir(tpm.stateDir, { mode: 0o700 });
   const socketDir = sandboxTpmSocketDir(layout.workDir);
   await fsp.mkdir(socketDir, { mode: 0o750 });
+  const { hypervisor } = run.deps.config;
+  let jail: { jailDir: string } | undefined;
   if (own !== undefined) {
     await fsp.chown(tpm.stateDir, own.uid, own.gid);
     await fsp.chown(socketDir, own.uid, qemu?.gid ?? own.gid);
+    // Its own jail, as QEMU has (the work dir is root's 0700: swtpm reaches only what is bound).
+    const jailDir = sandboxTpmJailDir(layout.workDir);
+    run.undo.push("release swtpm's jail", () => run.launchers.releaseJail(jailDir, run.log));
+    const spec = await run.launchers.swtpmJailSpec({
+      jailDir,
+      stateDir: tpm.stateDir,
+      ctrlSocketPath: tpm.socketPath,
+      binary: hypervisor.tpm.swtpmBinary,
+    });
+    await run.launchers.buildJail(spec, own);
+    jail = { jailDir };
   }
-  const { hypervisor } = run.deps.config;
   const swtpm = await run.launchers.startSwtpm({
     stateDir: tpm.stateDir,
     ctrlSocketPath: tpm.socketPath,
@@ -51,6 +65,7 @@ export async function startPodTpm(run: SandboxRun, qemu: VmmIdentity | undefined
     setupBinary: hypervisor.tpm.swtpmSetupBinary,
     logger: run.log,
     ...(own === undefined ? {} : { identity: own }),
+    ...(jail === undefined ? {} : { jail }),
     ...(qemu === undefined ? {} : { clientIdentity: qemu }),
   });
   run.undo.push('stop swtpm', () => swtpm.stop());
@@ -106,29 +121,17 @@ export async function checkTpmFiles(files: Record<string, string>): Promise<void
 }
 
 /**
- * End the pod's swtpm if it still runs (pid + start time: a reused pid is never signalled). It
- * normally leaves by itself once QEMU closes the control connection. Never throws for one gone.
+ * End the pod's swtpm if it still runs (pid + start time: a reused pid is never signalled; it
+ * normally leaves by itself once QEMU closes the control connection), remove its socket and
+ * state, and release its jail's mounts. A failure fails the stop, which is retried.
  */
-export async function stopPodTpm(record: SandboxRecord, log: Logger): Promise<void> {
+export async function stopPodTpm(record: SandboxRecord, stateDir: string, log: Logger): Promise<void> {
   const t = record.tpm;
   if (t === undefined || t === null) return;
-  if (!isSameLiveProcess(t.pid, t.startTimeTicks)) return;
-  log.info({ pid: t.pid }, 'stopping swtpm');
-  try {
-    process.kill(t.pid, 'SIGTERM');
-  } catch {
-    return;
-  }
-  const deadline = Date.now() + SWTPM_STOP_MS;
-  while (Date.now() < deadline && isSameLiveProcess(t.pid, t.startTimeTicks)) await new Promise((r) => setTimeout(r, 20));
-  if (isSameLiveProcess(t.pid, t.startTimeTicks)) {
-    log.warn({ pid: t.pid }, 'swtpm did not leave on SIGTERM; killing it');
-    await killAndWait(t.pid);
-  }
+  if (isSameLiveProcess(t.pid, t.startTimeTicks)) log.info({ pid: t.pid }, 'stopping swtpm');
+  await (await attachSwtpmProcess(t)).stop();
+  if (t.identity !== null) await releaseJail(sandboxTpmJailDir(sandboxWorkDir(stateDir, record.id)), log);
 }
-
-/** How long swtpm gets to write its state and leave on SIGTERM. */
-const SWTPM_STOP_MS = 3000;
 
 /** After a restart: the pod's swtpm must still be the recorded process (its QEMU holds its socket). */
 export function checkPodTpm(record: SandboxRecord, log: Logger): void {

@@ -5,7 +5,8 @@
  * device, and a container running in the guest.
  *
  * - the verbose status says vtpm and why; the record holds swtpm (pid, its own uid, the EK
- *   certificate), which runs in the pod's cgroup beside QEMU, as another uid than QEMU's;
+ *   certificate, which verifies against the node's CA), which runs in the pod's cgroup beside
+ *   QEMU, as another uid than QEMU's;
  * - the guest sees a TPM 2.0 (`/sys/class/tpm/tpm0`, read from inside the container) whose PCR 9
  *   (OVMF measured the initrd and the command line there) is not all zeros;
  * - the daemon restarts: the pod is found again READY with the same swtpm, and the container
@@ -14,10 +15,12 @@
  *
  * One boot. The default handler's pods are covered by the other sandbox tests.
  */
+import { X509Certificate } from 'node:crypto';
 import { promises as fsp, readFileSync } from 'node:fs';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { isSameLiveProcess } from '../../../src/common/procfs.js';
+import { initTpmCa } from '../../../src/tpm/ca.js';
 import { ensureGuestAssets } from '../../helpers/hypervisor-guest.js';
 import { buildImage, busyboxBaseEntries, RegistryPusher } from '../../helpers/images-builder.js';
 import { type RegistryHandle, startRegistry } from '../../helpers/images-registry.js';
@@ -60,6 +63,7 @@ describe('a vtpm pod (OVMF + swtpm, TCG)', () => {
   let sid = '';
   let cid = '';
   let first: Info;
+  let caCertPem = '';
 
   const info = async (id: string): Promise<Info> => {
     const r = await rt.cri.runtime.PodSandboxStatus({ pod_sandbox_id: id, verbose: true });
@@ -80,9 +84,11 @@ describe('a vtpm pod (OVMF + swtpm, TCG)', () => {
     const registries = path.join(rt.dir, 'registries.json');
     await fsp.writeFile(registries, JSON.stringify({ registries: { '127.0.0.1:*': { plainHttp: true } } }));
     const cfg = JSON.parse(await fsp.readFile(rt.configPath, 'utf8')) as Record<string, unknown>;
-    // The node's EK CA lives with the test's runtime (swtpm creates it when missing).
+    // The node's EK CA, made for the test's runtime as setup makes the node's (kata-ts tpm-ca init).
+    const caDir = path.join(rt.dir, 'tpm-ca');
+    caCertPem = (await initTpmCa(caDir)).ca.current.certPem;
     cfg.images = { registriesConfigPath: registries };
-    cfg.hypervisor = { ...(cfg.hypervisor as object), tpm: { caDir: path.join(rt.dir, 'tpm-ca') } };
+    cfg.hypervisor = { ...(cfg.hypervisor as object), tpm: { caDir } };
     await fsp.writeFile(rt.configPath, JSON.stringify(cfg));
     await rt.start();
     await rt.cri.image.PullImage({ image: { image } });
@@ -131,7 +137,11 @@ describe('a vtpm pod (OVMF + swtpm, TCG)', () => {
     const qemuCgroups = cgroupsOf(first.pid).filter((c) => c.includes(rt.cgroupRoot));
     expect(qemuCgroups.length).toBeGreaterThan(0);
     expect(cgroupsOf(tpm!.pid).filter((c) => c.includes(rt.cgroupRoot))).toEqual(qemuCgroups);
-    expect(tpm!.ekCertPem).toMatch(/^-----BEGIN CERTIFICATE-----/);
+    // The EK certificate the pod's TPM presents is signed by the node's CA.
+    const ek = new X509Certificate(tpm!.ekCertPem);
+    const ca = new X509Certificate(caCertPem);
+    expect(ek.checkIssued(ca)).toBe(true);
+    expect(ek.verify(ca.publicKey)).toBe(true);
   });
 
   it('the guest sees a TPM 2.0 that OVMF measured into (PCR 9 is not zero), read from the container', async () => {

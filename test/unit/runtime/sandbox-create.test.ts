@@ -294,6 +294,13 @@ async function world(
     },
   };
   const launchers: SandboxLaunchers = {
+    swtpmJailSpec: async (o) => ({
+      jailDir: o.jailDir,
+      vmmDir: o.stateDir,
+      files: [],
+      dirs: [path.dirname(o.ctrlSocketPath)],
+      devices: { kvm: false, tun: false, vhostNet: false, vfioGroups: [], vfioFunctions: [], devRoot: '/dev' },
+    }),
     startSwtpm: async (o) => {
       fail('swtpm');
       w.swtpm = o;
@@ -603,7 +610,7 @@ describe('executeSandbox', () => {
     expect(record.plan.tee).toMatchObject({ setting: 'auto', kind: 'vtpm', reason: 'no SNP or TDX on this host', launchProblem: null });
     // After virtiofsd, with an identity of its own, before the jail and QEMU; placed with QEMU.
     const from = w.done.indexOf('virtiofsd');
-    expect(w.done.slice(from, from + 6)).toEqual(['virtiofsd', 'VMM identity', 'swtpm', 'jail', 'cgroup placement', 'QEMU']);
+    expect(w.done.slice(from, from + 7)).toEqual(['virtiofsd', 'VMM identity', 'jail', 'swtpm', 'jail', 'cgroup placement', 'QEMU']);
     expect(w.placed).toEqual([4242, 4241, 4243, 4250]);
     const qemu = { uid: 2_000_000_000, gid: 2_000_000_000 };
     const own = { uid: 2_000_000_001, gid: 2_000_000_001 };
@@ -611,6 +618,7 @@ describe('executeSandbox', () => {
       stateDir: path.join(w.workDir, 'tpm'),
       ctrlSocketPath: path.join(w.workDir, 'tpm-sock', 'ctrl.sock'),
       identity: own,
+      jail: { jailDir: path.join(w.workDir, 'tpm-jail') },
       clientIdentity: qemu,
       caDir: path.join(dirs.stateDir, 'tpm-ca'),
     });
