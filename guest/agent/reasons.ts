@@ -44,7 +44,12 @@ export type GuestAgentReason =
   | 'SHARED_PATH_INVALID'
   | 'SPEC_PROCESS_MISSING'
   | 'STDIN_CLOSED'
-  | 'STDIN_NOT_OPEN';
+  | 'STDIN_NOT_OPEN'
+  | 'TPM_COMMAND_FAILED'
+  | 'TPM_REQUEST_INVALID'
+  | 'TPM_RESPONSE_MALFORMED'
+  | 'TPM_UNAVAILABLE'
+  | 'INITDATA_UNMEASURED';
 
 declare module '../../src/common/errors.js' {
   interface KataReasons {
