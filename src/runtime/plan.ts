@@ -28,15 +28,18 @@ export interface SandboxTeePaths {
   tpmSocket: string;
   /** swtpm's log. */
   tpmLog: string;
+  /** The pod's initdata document, when it has one (handed to the guest over fw_cfg). */
+  initdata: string;
 }
 
-/** The pod's initdata as the argv carries it (initdata-evidence builds the document and its bindings). */
+/**
+ * The pod's initdata as the argv carries it (src/measure/initdata.ts decodes the annotation and
+ * computes the bindings): its path on the host comes from teePaths.
+ */
 export interface SandboxInitdata {
-  /** The document on the host, handed to the guest over fw_cfg. */
-  path: string;
   /** SEV-SNP HOST_DATA (32 bytes) and TDX MRCONFIGID (48 bytes) binding it to the launch measurement. */
-  snpHostData?: Buffer;
-  tdxMrConfigId?: Buffer;
+  snpHostData: Buffer;
+  tdxMrConfigId: Buffer;
 }
 
 /**
@@ -123,6 +126,7 @@ function besideQmp(qmpSocket: string): SandboxTeePaths {
     tpmStateDir: path.join(dir, 'tpm'),
     tpmSocket: path.join(dir, 'tpm-sock', 'ctrl.sock'),
     tpmLog: path.join(dir, 'swtpm.log'),
+    initdata: path.join(dir, 'initdata.toml'),
   };
 }
 
@@ -136,14 +140,14 @@ export function planTee(input: Pick<SandboxPlanInput, 'handler' | 'hypervisor' |
   const choice = resolveTeeKind(setting, facts.host);
   const launchProblem = teeLaunchProblem(choice.kind, { host: facts.host, qemuVersion: facts.qemuVersion, accel: input.accel.accel });
   const fw = input.hypervisor.firmware;
-  const initdataPath = input.initdata?.path ?? null;
+  const paths = input.teePaths ?? besideQmp(input.paths.qmpSocket);
+  const initdataPath = input.initdata === undefined ? null : paths.initdata;
   const initdata = initdataPath === null ? {} : { initdataPath };
   const base = { setting, kind: choice.kind, reason: choice.reason, launchProblem, initdataPath };
   switch (choice.kind) {
     case 'none':
       return { plan: { ...base, firmware: null, tpm: null, initdataPath: null }, argv: { kind: 'none' } };
     case 'vtpm': {
-      const paths = input.teePaths ?? besideQmp(input.paths.qmpSocket);
       return {
         plan: {
           ...base,

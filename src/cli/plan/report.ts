@@ -2,6 +2,7 @@ import path from 'node:path';
 import { resolveHandler } from '../../config/handlers.js';
 import type { KataConfig } from '../../config/types.js';
 import { type AccelerationChoice, ROOT_SLOTS } from '../../hypervisor/index.js';
+import { initdataFromAnnotations, snpHostData, tdxMrConfigId } from '../../measure/initdata.js';
 import { netnsNameFor, POD_TAP_NAME } from '../../network/index.js';
 import type { PcieHostFacts } from '../../pcie/index.js';
 import type { TeeFacts } from '../../runtime/facts.js';
@@ -57,6 +58,7 @@ export function buildPlanReport(request: RunPodSandboxRequestInput, env: PlanEnv
     paths: sandboxArgvPaths(workDir, env.config.hypervisor, confined),
     ...(env.tee === undefined ? {} : { tee: env.tee }),
     teePaths: sandboxTeePaths(workDir, confined),
+    ...initdataOf(sandbox.annotations),
     simulateVfioWith: env.config.pcie.simulateVfioWith,
   });
   const metadata = sandbox.metadata;
@@ -85,4 +87,10 @@ export function buildPlanReport(request: RunPodSandboxRequestInput, env: PlanEnv
         }
       : null,
   };
+}
+
+/** The pod's initdata bindings (a malformed annotation is refused, naming it), as RunPodSandbox plans them. */
+function initdataOf(annotations: Record<string, string> | undefined): { initdata?: { snpHostData: Buffer; tdxMrConfigId: Buffer } } {
+  const initdata = initdataFromAnnotations(annotations);
+  return initdata === null ? {} : { initdata: { snpHostData: snpHostData(initdata), tdxMrConfigId: tdxMrConfigId(initdata) } };
 }

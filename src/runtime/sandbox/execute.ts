@@ -23,7 +23,7 @@ import { sandboxTpmSocketDir } from './paths.js';
 import { planWithMac } from './prepare.js';
 import { prepareSharedDir, releaseSharedMounts, removeWorkDir } from './shared-dir.js';
 import { restrictSocketModes } from './socket-modes.js';
-import { startPodTpm } from './tpm.js';
+import { startPodTpm, writePodInitdata } from './tpm.js';
 import { startSwtpmProcess, swtpmJailSpecOf } from './tpm-launcher.js';
 
 const REAL_LAUNCHERS: SandboxLaunchers = {
@@ -60,6 +60,7 @@ export async function executeSandbox(deps: CreateDeps, prep: SandboxPreparation)
     if (prep.network !== null) await attachNetwork(run, prep.network.networks, prep.network.record, identity);
     const virtiofsd = prep.layout.withAgent ? await startSharedFs(run, identity) : undefined;
     const swtpm = await startPodTpm(run, identity);
+    await writePodInitdata(run);
     if (identity !== undefined) await makeJail(run, identity);
     const vm = await launchVm(run, identity, [virtiofsd, swtpm]);
     const agent = await bootGuest(run, vm);

@@ -107,6 +107,8 @@ export function sandboxTeePaths(workDir: string, confined = false): SandboxTeePa
     tpmStateDir: path.join(workDir, 'tpm'),
     tpmSocket: path.join(sandboxTpmSocketDir(workDir), 'ctrl.sock'),
     tpmLog: path.join(workDir, 'swtpm.log'),
+    // Root's, read-only to QEMU (bound into its jail at this path).
+    initdata: path.join(workDir, 'initdata.toml'),
   };
 }
 

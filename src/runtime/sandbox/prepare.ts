@@ -8,6 +8,7 @@ import { existsSync } from 'node:fs';
 import { precondition } from '../../common/errors.js';
 import type { KataConfig } from '../../config/types.js';
 import { checkGuestAssets } from '../../hypervisor/index.js';
+import { initdataFromAnnotations, initdataLaunch, snpHostData, tdxMrConfigId } from '../../measure/initdata.js';
 import type { PodNetworkRecord } from '../../network/index.js';
 import { getKubeletPodResources, type KubeletPodResources } from '../../pcie/index.js';
 import { planSandbox, type SandboxPlan, type SandboxPlanInput } from '../plan.js';
@@ -41,6 +42,8 @@ export async function prepareSandbox(deps: CreateDeps, req: CreateRequest): Prom
   if (!assets.ok) throw precondition('GUEST_ASSETS_MISSING', assets.message);
 
   const layout = sandboxLayout(config, req.id, req.handler.profile.vmmConfinement.unprivileged);
+  // The pod's initdata (a malformed one is refused here, naming its annotation).
+  const initdata = initdataFromAnnotations(spec.annotations);
   const kubelet = await askKubelet(config, req);
   const network = await prepareNetwork(deps, req);
   const planInput: SandboxPlanInput = {
@@ -55,6 +58,7 @@ export async function prepareSandbox(deps: CreateDeps, req: CreateRequest): Prom
     paths: sandboxArgvPaths(layout.workDir, config.hypervisor, layout.confined),
     ...(deps.facts.tee === undefined ? {} : { tee: deps.facts.tee }),
     teePaths: sandboxTeePaths(layout.workDir, layout.confined),
+    ...(initdata === null ? {} : { initdata: { snpHostData: snpHostData(initdata), tdxMrConfigId: tdxMrConfigId(initdata) } }),
     simulateVfioWith: config.pcie.simulateVfioWith,
     // The NIC takes the CNI interface's MAC, known only after CNI ADD: planned now with a
     // placeholder (same slot, same everything else), planned again before QEMU starts. A joined
@@ -66,6 +70,8 @@ export async function prepareSandbox(deps: CreateDeps, req: CreateRequest): Prom
   };
   const plan = planSandbox(planInput);
   await checkTee(plan, config);
+  // Initdata is taken only where a launch measurement binds it (a handler without a TEE: refused).
+  if (initdata !== null) initdataLaunch(initdata, plan.tee?.kind ?? 'none', plan.handler);
   req.logger.info(
     { handler: plan.handler, source: plan.sizing.source, vm: plan.sizing.vm, pcie: plan.pcie.description, vmm: plan.vmm, tee: plan.tee },
     'sandbox planned',

@@ -8,6 +8,7 @@ import { constants, promises as fsp } from 'node:fs';
 import { precondition } from '../../common/errors.js';
 import type { Logger } from '../../common/logger.js';
 import { isSameLiveProcess, type VmmIdentity } from '../../hypervisor/index.js';
+import { initdataFromAnnotations } from '../../measure/initdata.js';
 import type { SandboxRun, SwtpmHandle } from './create-types.js';
 import { leaseOwnerOf, VmmIdentities } from './identities.js';
 import { releaseJail } from './jail.js';
@@ -91,6 +92,19 @@ function identitiesOf(run: SandboxRun): VmmIdentities {
 
 function leaseFileOf(run: SandboxRun, uid: number): string {
   return identitiesOf(run).leaseFile(uid);
+}
+
+/**
+ * The pod's initdata document where the plan hands it to the guest (fw_cfg): root's, 0644 (QEMU
+ * reads it through its jail's bind of this one file), written before QEMU starts; the work dir
+ * takes it along. The bytes are the annotation's, decoded again from the recorded spec.
+ */
+export async function writePodInitdata(run: SandboxRun): Promise<void> {
+  const file = run.record.plan.tee?.initdataPath ?? null;
+  if (file === null) return;
+  const initdata = initdataFromAnnotations(run.record.spec.annotations);
+  if (initdata === null) throw new Error('the plan names an initdata file but the pod has no initdata annotation');
+  await fsp.writeFile(file, initdata.document, { mode: 0o644, flag: 'wx' });
 }
 
 /**
