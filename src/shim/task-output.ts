@@ -119,6 +119,8 @@ export interface TaskOutput {
   /** The FIFOs the core writes into (the caller's own for a plain FIFO path). */
   readonly io: TaskIo;
   readonly target: OutputTarget;
+  /** The logging binary's pid while it runs (binary://), else undefined. */
+  readonly loggerPid: number | undefined;
   /** The task ended and the core stored its output: the FIFOs' readers get their end after the last byte. */
   end(): void;
   /** Resolves once the file relay wrote everything up to the end (at once for FIFOs and a logger); bounded. */
@@ -129,7 +131,14 @@ export interface TaskOutput {
 
 /** A task whose stdout is containerd's FIFO: nothing of the shim's own. */
 function passThrough(io: TaskIo): TaskOutput {
-  return { io, target: { kind: 'fifo' }, end: () => undefined, drained: async () => undefined, close: async () => undefined };
+  return {
+    io,
+    target: { kind: 'fifo' },
+    loggerPid: undefined,
+    end: () => undefined,
+    drained: async () => undefined,
+    close: async () => undefined,
+  };
 }
 
 /** One of our FIFOs with the writer that holds it open until end(). */
@@ -204,6 +213,9 @@ export async function openTaskOutput(io: TaskIo, options: TaskOutputOptions): Pr
   return {
     io: { stdin: io.stdin, stdout: held[0]!.path, stderr: io.terminal ? '' : held[1]!.path, terminal: io.terminal },
     target,
+    get loggerPid() {
+      return logger !== undefined && logger.exitCode === null && logger.signalCode === null ? logger.pid : undefined;
+    },
     end: () => {
       if (ended) return;
       ended = true;
