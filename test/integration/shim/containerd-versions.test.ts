@@ -166,9 +166,14 @@ for (const [i, label] of LABELS.entries()) {
       // 1.7 names the sandbox implementation sandbox_mode, 2.x sandboxer: both the pause container's.
       expect(runtimes['kata-ts']?.[v2 ? 'sandboxer' : 'sandboxMode']).toBe('podsandbox');
       if (v2) {
-        // 2.x also announces its handlers (KEP-3857) in Status.
+        // 2.x also announces its handlers (KEP-3857) in Status, and answers RuntimeConfig (KEP-4033)
+        // with the driver of its runc runtime (SystemdCgroup = false).
         const status = await node.cri.runtime.Status({});
         expect(status.runtime_handlers.map((h) => h.name).sort()).toEqual(expect.arrayContaining(['kata-ts', 'kata-ts-cvm']));
+        expect((await node.cri.runtime.RuntimeConfig({})).linux?.cgroup_driver).toBe('CGROUPFS');
+      } else {
+        // Measured: 1.7.24 has no RuntimeConfig yet (the kubelet falls back to its own setting).
+        await expect(node.cri.runtime.RuntimeConfig({})).rejects.toThrow(/UNIMPLEMENTED/);
       }
     });
 
@@ -215,6 +220,14 @@ for (const [i, label] of LABELS.entries()) {
       );
       expect(qemu).toHaveLength(1);
       expect(readFileSync(`/proc/${qemu[0]}/cgroup`, 'utf8')).toContain(`/pod${kataUid}/`);
+      // How containerd finds the shim again: 1.x reads `<bundle>/address`, 2.x `<bundle>/bootstrap.json`
+      // (its shim manager connects through it); both name the pod shim's socket under our state root.
+      const bundle = node.ctrd.bundleDir(kataPod);
+      const address = v2
+        ? (JSON.parse(await fsp.readFile(path.join(bundle, 'bootstrap.json'), 'utf8')) as { address: string; protocol: string })
+        : { address: await fsp.readFile(path.join(bundle, 'address'), 'utf8'), protocol: 'ttrpc' };
+      expect(address.protocol).toBe('ttrpc');
+      expect(address.address.startsWith(`unix://${path.join(node.stateRoot, 's')}/`)).toBe(true);
     });
 
     it('a kata-ts container: its output in the CRI log, ExecSync, its address in the pod network', async () => {
