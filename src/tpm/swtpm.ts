@@ -18,7 +18,7 @@
  * enters the pod's directory or jail.
  */
 import { type ChildProcess, execFile, spawn } from 'node:child_process';
-import { X509Certificate } from 'node:crypto';
+import { randomBytes, X509Certificate } from 'node:crypto';
 import { closeSync, promises as fsp, openSync, type Stats, writeSync } from 'node:fs';
 import path from 'node:path';
 import type { Writable } from 'node:stream';
@@ -42,6 +42,8 @@ export const DEFAULT_SWTPM_BINARY = '/usr/bin/swtpm';
 export const DEFAULT_SWTPM_SETUP_BINARY = '/usr/bin/swtpm_setup';
 /** The state file of a TPM 2.0 in swtpm's dir backend. */
 export const SWTPM_STATE_FILE = 'tpm2-00.permall';
+/** The per-pod migration key file, read and deleted by swtpm as it starts. */
+export const SWTPM_MIGRATION_KEY_FILE = 'migration.key';
 /** What swtpm_setup --write-ek-cert-files names the RSA 2048 EK certificate (the TCG default EK, NV 0x01c00002). */
 const EK_RSA_CERT_FILE = 'ek-rsa2048.crt';
 /** Mode of the control socket once its group is QEMU's: swtpm's uid and QEMU's gid may connect. */
@@ -62,7 +64,7 @@ export interface StartSwtpmOptions {
   stateDir: string;
   /** The control socket QEMU's `-chardev socket,path=` connects to; its dir is made or taken over. */
   ctrlSocketPath: string;
-  /** swtpm_setup's and swtpm's log (root's, outside the jail: swtpm writes it through its stderr). */
+  /** swtpm_setup's and swtpm's log (root's, outside the jail: swtpm writes it through its stdout). */
   logFile: string;
   /** The node's EK CA (src/tpm/ca.ts); its current generation signs this TPM's EK certificates. */
   caDir: string;
@@ -132,6 +134,15 @@ export function validateSwtpmOptions(o: StartSwtpmOptions): void {
   requireSwtpmPath('ctrlSocketPath', o.ctrlSocketPath);
   requireSwtpmPath('logFile', o.logFile);
   requireSwtpmPath('binary', o.binary ?? DEFAULT_SWTPM_BINARY);
+  if (/\s/.test(o.binary ?? '')) {
+    throw invalid(
+      'SWTPM_OPTION_INVALID',
+      `swtpm binary ${JSON.stringify(o.binary)} must be a path without whitespace (swtpm_setup splits it).`,
+      {
+        details: { field: 'binary', value: o.binary },
+      },
+    );
+  }
   requireSwtpmPath('setupBinary', o.setupBinary ?? DEFAULT_SWTPM_SETUP_BINARY);
   const bytes = Buffer.byteLength(o.ctrlSocketPath, 'utf8');
   if (bytes > SUN_PATH_MAX_BYTES) {
@@ -180,7 +191,8 @@ export function validateSwtpmOptions(o: StartSwtpmOptions): void {
  * Pure: swtpm's argv (without the binary). Control channel only (QEMU's tpm-emulator passes the
  * data channel over it and sends CMD_INIT itself; the firmware sends TPM2_Startup, so no
  * `--flags startup-*`); socket mode 0600 until the daemon hands it to QEMU's group; log to the
- * inherited stderr (the log file stays outside the jail); seccomp killing on anything else.
+ * inherited stdout (swtpm refuses fd 2; the log file stays outside the jail); seccomp killing on
+ * anything else.
  */
 export function buildSwtpmArgv(o: { stateDir: string; ctrlSocketPath: string; logLevel?: number }): string[] {
   requireSwtpmPath('stateDir', o.stateDir);
@@ -190,10 +202,15 @@ export function buildSwtpmArgv(o: { stateDir: string; ctrlSocketPath: string; lo
     '--tpm2',
     '--tpmstate',
     `dir=${o.stateDir},mode=0600`,
+    // The control channel hands out and takes state blobs (CMD_GET/SET_STATEBLOB, for migration):
+    // encrypted and authenticated with a key of this pod's only, QEMU can neither read the EK's
+    // private key out of them nor load a state of its making. swtpm reads the key and deletes it.
+    '--migration-key',
+    `file=${path.join(o.stateDir, SWTPM_MIGRATION_KEY_FILE)},format=hex,mode=aes-256-cbc,remove=true`,
     '--ctrl',
     `type=unixio,path=${o.ctrlSocketPath},mode=0600`,
     '--log',
-    `fd=2,level=${o.logLevel ?? 1}`,
+    `fd=1,level=${o.logLevel ?? 1}`,
     '--seccomp',
     'action=kill',
   ];
@@ -209,8 +226,9 @@ export function buildSwtpmSetupArgv(o: { stagingDir: string; setupConfigFile: st
     '--tpm2',
     '--tpmstate',
     o.stagingDir,
+    // swtpm_setup splits this at spaces and runs it as the TPM (the binary's path has none).
     '--tpm',
-    o.swtpmBinary,
+    `${o.swtpmBinary} socket`,
     '--createek',
     '--create-ek-cert',
     '--create-platform-cert',
@@ -354,8 +372,14 @@ export async function startSwtpm(o: StartSwtpmOptions): Promise<SwtpmProcess> {
     const setupMs = Number(process.hrtime.bigint() - setupStart) / 1e6;
     const ekCertPem = checkEkCertificate(await fsp.readFile(path.join(staging, EK_RSA_CERT_FILE)), ca.current.certPem);
     const stateFile = path.join(staging, SWTPM_STATE_FILE);
-    await fsp.chown(stateFile, owner.uid, owner.gid);
-    await fsp.chmod(stateFile, 0o600);
+    const keyFile = path.join(staging, SWTPM_MIGRATION_KEY_FILE);
+    await fsp.writeFile(keyFile, `${randomBytes(32).toString('hex')}\n`, { mode: 0o600 });
+    for (const file of [stateFile, keyFile]) {
+      await fsp.chown(file, owner.uid, owner.gid);
+      await fsp.chmod(file, 0o600);
+    }
+    undo.push(() => fsp.rm(path.join(o.stateDir, SWTPM_MIGRATION_KEY_FILE), { force: true }));
+    await fsp.rename(keyFile, path.join(o.stateDir, SWTPM_MIGRATION_KEY_FILE));
     await fsp.rename(stateFile, path.join(o.stateDir, SWTPM_STATE_FILE));
     let logFd: number;
     try {
