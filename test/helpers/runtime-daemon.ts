@@ -15,6 +15,7 @@ import { DEFAULT_VMM_LEASE_DIR } from '../../src/config/defaults.js';
 import { boundNamespace, readNamespaceMountinfo, removeMountNamespace } from '../../src/runtime/mount-namespace.js';
 import { poolVmRoot, sandboxVmRoot } from '../../src/runtime/sandbox/paths.js';
 import { releaseSharedMounts } from '../../src/runtime/sandbox/shared-dir.js';
+import { initTpmCa } from '../../src/tpm/ca.js';
 import { mountedHierarchies, treeDeepestFirst } from './cgroups-private.js';
 import { type CriClient, criClient } from './cri-client.js';
 import { readLogLines, type SpawnedDaemon, spawnDaemon } from './daemon-process.js';
@@ -99,6 +100,12 @@ export async function createTestRuntime(configDoc: Record<string, unknown> = {},
   // The pool's cgroup inside the private root too: nothing is made outside what the test owns.
   const pool = { cgroupParent: `/${cgroupRoot}/kata-ts-pool`, ...(configDoc.pool as Record<string, unknown> | undefined) };
   if (options.stateTmpfsMiB !== undefined) await mountTmpfs(stateDir, options.stateTmpfsMiB, 'kata-ts-state');
+  // The node's TPM EK CA (vtpm pods: kata-ts-cvm's default on this host) inside the test's dir too,
+  // unless the test names one: made as `kata-ts tpm-ca init` makes the node's (tens of ms).
+  const hypervisorDoc = configDoc.hypervisor as Record<string, unknown> | undefined;
+  const tpmDoc = hypervisorDoc?.tpm as Record<string, unknown> | undefined;
+  const tpm = { ...tpmDoc, caDir: (tpmDoc?.caDir as string | undefined) ?? path.join(dir, 'tpm-ca') };
+  if (tpmDoc?.caDir === undefined) await initTpmCa(tpm.caDir);
   await fsp.writeFile(
     configPath,
     JSON.stringify(
@@ -114,7 +121,7 @@ export async function createTestRuntime(configDoc: Record<string, unknown> = {},
         mountNamespacePath,
         ...configDoc,
         pool,
-        hypervisor: { ...guestDirConfig(), ...(configDoc.hypervisor as Record<string, unknown> | undefined) },
+        hypervisor: { ...guestDirConfig(), ...hypervisorDoc, tpm },
       },
       null,
       2,

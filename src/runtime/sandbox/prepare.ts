@@ -11,6 +11,7 @@ import { checkGuestAssets } from '../../hypervisor/index.js';
 import { initdataFromAnnotations, initdataLaunch, snpHostData, tdxMrConfigId } from '../../measure/initdata.js';
 import type { PodNetworkRecord } from '../../network/index.js';
 import { getKubeletPodResources, type KubeletPodResources } from '../../pcie/index.js';
+import { readTpmCa } from '../../tpm/ca.js';
 import { planSandbox, type SandboxPlan, type SandboxPlanInput } from '../plan.js';
 import { cgroupParentOf } from '../spec/sandbox.js';
 import type { CreateDeps, CreateRequest, SandboxLayout, SandboxPreparation } from './create-types.js';
@@ -103,6 +104,8 @@ async function checkTee(plan: SandboxPlan, config: KataConfig): Promise<void> {
     );
   }
   if (tee.firmware !== null && 'ovmfCode' in tee.firmware) {
+    // The node's EK CA signs the pod TPM's EK certificate: none (setup not run) refuses here, nothing made.
+    await readTpmCa(config.hypervisor.tpm.caDir);
     await checkTpmFiles({
       'hypervisor.firmware.ovmfCodePath': tee.firmware.ovmfCode,
       'hypervisor.firmware.ovmfVarsPath': tee.firmware.ovmfVarsTemplate,

@@ -32,6 +32,8 @@ import { prepareSandbox } from '../../../src/runtime/sandbox/prepare.js';
 import { SANDBOX_RECORD_KIND, type SandboxRecord } from '../../../src/runtime/sandbox/record.js';
 import { decodeSandboxSpec } from '../../../src/runtime/spec/sandbox.js';
 import { RecordStore } from '../../../src/runtime/store.js';
+import { initTpmCa } from '../../../src/tpm/ca.js';
+import { rejection } from '../../helpers/kata-error.js';
 import { fixturePlanEnvironment } from '../../helpers/plan-env.js';
 
 const ID = 'c3'.repeat(32);
@@ -603,8 +605,19 @@ describe('executeSandbox', () => {
     expect(existsSync(path.join(dirs.stateDir, 'leases'))).toBe(false);
   });
 
+  it('a vtpm pod without the node EK CA is refused at prepare, nothing made', async () => {
+    const w = await world(dirs.stateDir, dirs.assetsDir);
+    w.deps.config.hypervisor.tpm.caDir = path.join(dirs.stateDir, 'no-ca');
+    w.req.handler = resolveHandler(w.deps.config, 'kata-ts-cvm');
+    const before = await snapshot(dirs.stateDir);
+    const err = await rejection(prepareSandbox(w.deps, w.req));
+    expect(err.reason).toBe('TPM_CA_MISSING');
+    expect(await snapshot(dirs.stateDir)).toEqual(before);
+  });
+
   it('a vtpm pod (kata-ts-cvm): OVMF vars copied for QEMU, swtpm before QEMU as an identity of its own, placed beside it, recorded', async () => {
     const w = await world(dirs.stateDir, dirs.assetsDir);
+    await initTpmCa(w.deps.config.hypervisor.tpm.caDir);
     w.req.handler = resolveHandler(w.deps.config, 'kata-ts-cvm');
     const { record } = await executeSandbox(w.deps, await prepareSandbox(w.deps, w.req));
     expect(record.plan.tee).toMatchObject({ setting: 'auto', kind: 'vtpm', reason: 'no SNP or TDX on this host', launchProblem: null });
@@ -646,6 +659,7 @@ describe('executeSandbox', () => {
     'a vtpm pod failing at "%s": swtpm stopped, both identities released, nothing left',
     async (step) => {
       const w = await world(dirs.stateDir, dirs.assetsDir, { failAt: step });
+      await initTpmCa(w.deps.config.hypervisor.tpm.caDir);
       w.req.handler = resolveHandler(w.deps.config, 'kata-ts-cvm');
       await expect(executeSandbox(w.deps, await prepareSandbox(w.deps, w.req))).rejects.toThrow(`injected: ${step} failed`);
       const released = w.undone.filter((u) => u === 'release the VMM identity').length;
