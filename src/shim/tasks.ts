@@ -562,6 +562,12 @@ export class ShimTasks {
     if (execId === '') throw invalid('EXEC_ID_MISSING', 'exec_id is required');
     if (task.execs.has(execId)) throw alreadyExists('EXEC_EXISTS', `exec ${execId} already exists in task ${id}`);
     if (!task.started || task.exit.value !== undefined) throw precondition('TASK_NOT_RUNNING', `task ${id} is not running`);
+    // containerd's clients give an exec FIFOs; a file or logger URI is for a task's own process only.
+    if (parseOutputUri(io.stdout, 'stdout').kind !== 'fifo') {
+      throw invalid('SHIM_STDIO_INVALID', "an exec's stdout must be a FIFO path; file:// and binary:// name a task's output", {
+        details: { field: 'stdout' },
+      });
+    }
     const spec = decodeExecProcess(specJson);
     task.execs.set(execId, {
       execId,

@@ -39,9 +39,12 @@ const AUDITED: Record<string, string> = {
   'src/shim/rootfs.ts':
     "mount/umount: containerd's rootfs mounts (overlay or bind only, options checked for commas) after '--', at <bundle>/rootfs",
   'src/shim/main.ts': "this shim binary again, detached, with delete's own arguments and the action cleanup",
+  'src/shim/task-output.ts':
+    "mkfifo -m 600 -- <the task's FIFOs under the pod state dir>; the logging binary of a binary:// stdout (an absolute, normalised path) with the URI's query keys and values as whole arguments, env CONTAINER_ID/CONTAINER_NAMESPACE only",
   'src/shim/start.ts':
     "this shim binary again (its own node, flags and script) with containerd's flags as whole arguments and the action serve",
-  'src/tpm/ca.ts': 'openssl req with a fixed argv: paths in the CA dir (validated: no whitespace), a subject of [A-Za-z0-9.-] and fixed words',
+  'src/tpm/ca.ts':
+    'openssl req with a fixed argv: paths in the CA dir (validated: no whitespace), a subject of [A-Za-z0-9.-] and fixed words',
   'src/tpm/swtpm.ts':
     'swtpm_setup and swtpm (through vmmLaunchCommand): configured binaries, validated absolute paths without commas as whole arguments',
 };
