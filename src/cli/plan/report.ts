@@ -2,7 +2,7 @@ import path from 'node:path';
 import { resolveHandler } from '../../config/handlers.js';
 import type { KataConfig } from '../../config/types.js';
 import { type AccelerationChoice, ROOT_SLOTS } from '../../hypervisor/index.js';
-import { initdataFromAnnotations, snpHostData, tdxMrConfigId } from '../../measure/initdata.js';
+import { initdataFromAnnotations, initdataLaunch, snpHostData, tdxMrConfigId } from '../../measure/initdata.js';
 import { netnsNameFor, POD_TAP_NAME } from '../../network/index.js';
 import type { PcieHostFacts } from '../../pcie/index.js';
 import type { TeeFacts } from '../../runtime/facts.js';
@@ -61,6 +61,9 @@ export function buildPlanReport(request: RunPodSandboxRequestInput, env: PlanEnv
     ...initdataOf(sandbox.annotations),
     simulateVfioWith: env.config.pcie.simulateVfioWith,
   });
+  // Initdata only where a launch measurement binds it: refused without a TEE, as RunPodSandbox does.
+  const initdata = initdataFromAnnotations(sandbox.annotations);
+  if (initdata !== null) initdataLaunch(initdata, plan.tee?.kind ?? 'none', plan.handler);
   const metadata = sandbox.metadata;
   return {
     handler: handler.name,
