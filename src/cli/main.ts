@@ -8,6 +8,7 @@ import { runPlanCommand } from './plan.js';
 import { runPsCommand } from './ps.js';
 import { runReleaseCommand } from './release.js';
 import { runServeCommand } from './serve.js';
+import { runTpmCaCommand } from './tpm-ca.js';
 
 const USAGE = `kata-ts: a CRI runtime that runs every pod in its own QEMU virtual machine
 
@@ -23,6 +24,7 @@ Commands:
   ps               list the pods kata-ts runs on this node: VM pid, shape, uptime, cgroup
   metrics          scrape every pod shim's Prometheus metrics (--shims) as one exposition
   release          install kata-ts on a node as a release, upgrade, roll back, list, prune
+  tpm-ca           the node's CA for its vtpm pods' EK certificates: init, rotate, show
   version          print the version
 
 Run 'kata-ts <command> --help' for a command's options.
@@ -40,6 +42,7 @@ const COMMANDS: Record<string, Command> = {
   ps: runPsCommand,
   metrics: runMetricsCommand,
   release: runReleaseCommand,
+  'tpm-ca': runTpmCaCommand,
   version: async (argv, io) => {
     if (argv.includes('--help') || argv.includes('-h')) {
       io.stdout.write('Usage: kata-ts version\n\nPrints the kata-ts version and the CRI API version it speaks.\n');
