@@ -75,6 +75,7 @@ fi
 step "building kata-ts (proto types, TypeScript, the native jailer)"
 npm run --silent build
 bash scripts/build-native.sh
+node bin/kata-ts.js tpm-ca init # the node's CA for vtpm pods' EK certificates (kept when it exists)
 
 # containerd (and CRI-O) find a shim by its binary name on PATH: the runtime type
 # io.containerd.kata-ts.v2 runs containerd-shim-kata-ts-v2 (docs/shim.md). A symlink to this clone's
