@@ -50,11 +50,18 @@ export async function watchContainerOoms(options: OomWatchOptions): Promise<void
       const events = agent.guestEvents({ signal })[Symbol.asyncIterator]();
       // The subscription goes out first (the first next() sends it), then the count is read: a
       // kill between the two is in both and told once (the event's catch-up finds it counted).
-      let next = events.next();
+      // A pending read may reject while this loop awaits something else (the session broke, the
+      // watch was stopped): it is awaited in its turn, and never left unhandled meanwhile.
+      const read = () => {
+        const p = events.next();
+        p.catch(() => undefined);
+        return p;
+      };
+      let next = read();
       await catchUp();
       for (let r = await next; r.done !== true; r = await next) {
         const e = r.value;
-        next = events.next();
+        next = read();
         if (e.kind !== 'GUEST_EVENT_KIND_OOM' || e.containerId !== containerId) continue;
         const now = await count();
         // Already told by the catch-up (it came in the window above): nothing new.
