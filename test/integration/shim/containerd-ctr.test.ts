@@ -150,6 +150,19 @@ describe.skipIf(MISSING !== null)('single-container mode: ctr run with the kata-
     expect(argv[argv.indexOf('-smp') + 1]).toMatch(/^cpus=2,/);
     // An exec runs in the container, in the VM: the guest has the two vCPUs.
     expect((await ok(['task', 'exec', '--exec-id', 'e1', id, 'nproc'])).trim()).toBe('2');
+    // Stats and Pids answer for the container: its guest cgroup's numbers, the VMM's pid.
+    await until('memory and CPU in ctr task metrics', async (note) => {
+      const metrics = await ok(['task', 'metrics', id]);
+      note(metrics);
+      return /memory\.usage_in_bytes\s+[1-9]/.test(metrics) && /cpuacct\.usage\s+[1-9]/.test(metrics) ? true : undefined;
+    });
+    expect(
+      (await ok(['task', 'ps', id]))
+        .split('\n')
+        .slice(1)
+        .filter((l) => l.trim() !== '')
+        .map((l) => l.trim().split(/\s+/)[0]),
+    ).toEqual([String(qemu)]);
     await ok(['task', 'pause', id]);
     expect(await taskLine(id)).toMatch(/\sPAUSED/);
     await ok(['task', 'resume', id]);
