@@ -213,6 +213,9 @@ export function buildSwtpmArgv(o: { stateDir: string; ctrlSocketPath: string; lo
     `fd=1,level=${o.logLevel ?? 1}`,
     '--seccomp',
     'action=kill',
+    // Gone with its QEMU: once the data channel QEMU passed closes, swtpm writes its state and
+    // leaves (a crashed VM leaves no swtpm behind). Control connections alone do not end it.
+    '--terminate',
   ];
 }
 

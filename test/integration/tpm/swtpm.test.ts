@@ -17,7 +17,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { silentLogger } from '../../../src/common/logger.js';
 import { readCmdline } from '../../../src/common/procfs.js';
 import { DEFAULT_VMM_FIRST_ID, DEFAULT_VMM_ID_COUNT, DEFAULT_VMM_LEASE_DIR } from '../../../src/config/defaults.js';
-import { defaultJailerBinary, type VmmIdentity } from '../../../src/hypervisor/index.js';
+import { connectQmp, defaultJailerBinary, type VmmIdentity } from '../../../src/hypervisor/index.js';
 import { type LeaseOwner, VmmIdentities } from '../../../src/runtime/sandbox/identities.js';
 import { buildJail, releaseJail } from '../../../src/runtime/sandbox/jail.js';
 import { initTpmCa, readTpmCa, rotateTpmCa } from '../../../src/tpm/ca.js';
@@ -32,7 +32,16 @@ import {
 import { until } from '../../helpers/poll.js';
 
 const SWTPM = '/usr/bin/swtpm';
-const NEEDED = [SWTPM, '/usr/bin/swtpm_setup', '/usr/bin/swtpm_ioctl', '/usr/bin/tpm2_nvread', '/usr/bin/openssl', '/usr/bin/setpriv'];
+const QEMU = '/usr/bin/qemu-system-x86_64';
+const NEEDED = [
+  SWTPM,
+  QEMU,
+  '/usr/bin/swtpm_setup',
+  '/usr/bin/swtpm_ioctl',
+  '/usr/bin/tpm2_nvread',
+  '/usr/bin/openssl',
+  '/usr/bin/setpriv',
+];
 const missing = [...NEEDED, defaultJailerBinary()].filter((p) => !existsSync(p));
 const isRoot = process.getuid?.() === 0;
 
@@ -71,6 +80,28 @@ describe.skipIf(missing.length > 0 || !isRoot)('a pod swtpm through startSwtpm (
   let socketPath: string;
   let placedWhile: string[] = [];
   const started: number[] = [];
+
+  /** The dirs as the sandbox makes them (src/runtime/sandbox/tpm.ts; startSwtpm takes them over), the jail, then swtpm. */
+  async function startConfined(): Promise<SwtpmProcess> {
+    await fsp.mkdir(stateDir, { mode: 0o700 });
+    await fsp.mkdir(path.dirname(socketPath), { recursive: true, mode: 0o750 });
+    await buildJail(swtpmJailSpec({ jailDir, stateDir, ctrlSocketPath: socketPath }), own);
+    return startSwtpm({
+      stateDir,
+      ctrlSocketPath: socketPath,
+      logFile: path.join(workDir, 'swtpm.log'),
+      caDir: path.join(root, 'ca'),
+      identity: own,
+      clientIdentity: qemu,
+      jail: { jailDir },
+      place: async (pid) => {
+        started.push(pid);
+        // What runs while it is placed: still the jailer (its gate held), not swtpm.
+        placedWhile = readCmdline(pid);
+      },
+      logger: silentLogger(),
+    });
+  }
 
   beforeAll(async () => {
     root = await fsp.mkdtemp(path.join(os.tmpdir(), 'kata-ts-swtpm-'));
@@ -112,25 +143,7 @@ describe.skipIf(missing.length > 0 || !isRoot)('a pod swtpm through startSwtpm (
   }, 60_000);
 
   it('starts swtpm as its own identity in its jail, placed before it runs, socket for QEMU only, EK cert from the CA', async () => {
-    // The dirs as the sandbox makes them (src/runtime/sandbox/tpm.ts); startSwtpm takes them over.
-    await fsp.mkdir(stateDir, { mode: 0o700 });
-    await fsp.mkdir(path.dirname(socketPath), { mode: 0o750 });
-    await buildJail(swtpmJailSpec({ jailDir, stateDir, ctrlSocketPath: socketPath }), own);
-    swtpm = await startSwtpm({
-      stateDir,
-      ctrlSocketPath: socketPath,
-      logFile: path.join(workDir, 'swtpm.log'),
-      caDir: path.join(root, 'ca'),
-      identity: own,
-      clientIdentity: qemu,
-      jail: { jailDir },
-      place: async (pid) => {
-        started.push(pid);
-        // What runs while it is placed: still the jailer (its gate held), not swtpm.
-        placedWhile = readCmdline(pid);
-      },
-      logger: silentLogger(),
-    });
+    swtpm = await startConfined();
     const pid = swtpm.pid;
     expect(path.basename(placedWhile[0] ?? '')).toBe('kata-ts-jailer');
     expect(readCmdline(pid).slice(0, 2)).toEqual([SWTPM, 'socket']);
@@ -272,7 +285,7 @@ describe.skipIf(missing.length > 0 || !isRoot)('a pod swtpm through startSwtpm (
     expect((await fsp.lstat(path.dirname(socketPath))).mode & 0o007).toBe(0);
   }, 60_000);
 
-  it('a handle re-attached from the record (a daemon restart) stops it: no process, socket, state or lease is left', async () => {
+  it('a handle re-attached from the record (a daemon restart) stops it: no process, socket or state is left', async () => {
     const first = swtpm!;
     const attached = attachSwtpm({
       pid: first.pid,
@@ -288,6 +301,78 @@ describe.skipIf(missing.length > 0 || !isRoot)('a pod swtpm through startSwtpm (
     expect(attached.pids()).toEqual([]);
     expect(existsSync(socketPath)).toBe(false);
     expect(existsSync(stateDir)).toBe(false);
+  }, 60_000);
+
+  it("QEMU as its identity realises tpm-crb on a new jailed swtpm's socket; swtpm leaves when that QEMU does; stop, the jail and the leases leave nothing", async () => {
+    // A new pod's TPM in the same place: the old jail (bound to the removed state dir) goes first.
+    await releaseJail(jailDir, silentLogger());
+    await fsp.rm(jailDir, { recursive: true });
+    swtpm = await startConfined();
+    // Paused (-S), no firmware run: QEMU still opens the emulator (capabilities, the data channel, its buffer size) at start.
+    const qemuDir = path.join(root, 'qemu-run');
+    await fsp.mkdir(qemuDir, { mode: 0o700 });
+    await fsp.chown(qemuDir, qemu.uid, qemu.gid);
+    const qmpSocket = path.join(qemuDir, 'qmp.sock');
+    const vm = spawn(
+      '/usr/bin/setpriv',
+      [
+        `--reuid=${qemu.uid}`,
+        `--regid=${qemu.gid}`,
+        '--clear-groups',
+        '--',
+        QEMU,
+        ...['-M', 'q35', '-accel', 'tcg', '-nodefaults', '-display', 'none', '-S', '-m', '128'],
+        ...[
+          '-chardev',
+          `socket,id=chrtpm,path=${socketPath}`,
+          '-tpmdev',
+          'emulator,id=tpm0,chardev=chrtpm',
+          '-device',
+          'tpm-crb,tpmdev=tpm0',
+        ],
+        ...['-qmp', `unix:${qmpSocket},server=on,wait=off`],
+      ],
+      { stdio: ['ignore', 'ignore', 'pipe'] },
+    );
+    started.push(vm.pid!);
+    let vmErr = '';
+    vm.stderr!.on('data', (d: Buffer) => {
+      vmErr += d.toString();
+    });
+    const qmp = await until(
+      "QEMU's QMP socket",
+      async (note) => {
+        note(vmErr || `exit ${vm.exitCode}`);
+        if (vm.exitCode !== null) throw new Error(`QEMU exited: ${vmErr}`);
+        return existsSync(qmpSocket) ? connectQmp(qmpSocket, { logger: silentLogger() }).catch(() => undefined) : undefined;
+      },
+      60_000,
+      50,
+    );
+    try {
+      const tpms = await qmp.execute<Array<{ id: string; model: string; options: { type: string } }>>('query-tpm');
+      expect(tpms.map((t) => [t.id, t.model, t.options.type])).toEqual([['tpm0', 'tpm-crb', 'emulator']]);
+    } finally {
+      qmp.close();
+    }
+    vm.kill('SIGKILL');
+    await until('QEMU gone', async () => (vm.exitCode !== null || vm.signalCode !== null ? true : undefined), 30_000, 20);
+    // --terminate: its data channel closed with QEMU, swtpm writes its state and leaves by itself.
+    const pid = swtpm!.pid;
+    await until(
+      'swtpm to leave after its QEMU',
+      async (note) => {
+        note(existsSync(`/proc/${pid}`) ? readCmdline(pid).join(' ') : 'gone');
+        return swtpm!.pids().length === 0 ? true : undefined;
+      },
+      30_000,
+      50,
+    );
+    expect(vmErr).not.toMatch(/tpm/i);
+    await swtpm!.stop();
+    swtpm = undefined;
+    expect(existsSync(socketPath)).toBe(false);
+    expect(existsSync(stateDir)).toBe(false);
     await releaseJail(jailDir, silentLogger());
     for (const lease of leases.splice(0)) {
       await identities.release(lease.id, lease.owner);
@@ -298,7 +383,7 @@ describe.skipIf(missing.length > 0 || !isRoot)('a pod swtpm through startSwtpm (
     const residue = await identities.residue();
     expect(residue.get(own.uid) ?? []).toEqual([]);
     expect(residue.get(qemu.uid) ?? []).toEqual([]);
-  }, 60_000);
+  }, 120_000);
 
   it('after a rotation a new TPM (here unconfined, as root) gets its EK certificate from the new CA; the old one still verifies against the bundle until the next rotation', async () => {
     const caDir = path.join(root, 'ca');

@@ -57,7 +57,7 @@ describe('validateSwtpmOptions', () => {
 });
 
 describe('buildSwtpmArgv', () => {
-  it('is the control channel only, with a migration key, stdout logging and a seccomp filter that kills', () => {
+  it('is the control channel only, with a migration key, stdout logging, a seccomp filter that kills, ending with its data channel', () => {
     expect(buildSwtpmArgv({ stateDir: '/run/pod/tpm', ctrlSocketPath: '/run/pod/tpm-sock/ctrl.sock' })).toEqual([
       'socket',
       '--tpm2',
@@ -71,6 +71,7 @@ describe('buildSwtpmArgv', () => {
       'fd=1,level=1',
       '--seccomp',
       'action=kill',
+      '--terminate',
     ]);
   });
 
