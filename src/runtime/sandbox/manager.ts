@@ -329,7 +329,11 @@ export class SandboxManager implements SandboxAccess {
           // virtiofsd ends when QEMU disconnects; one that did not is stopped here.
           await stopVirtiofsd(live.record, this.deps.logger.child({ sandboxId: live.record.id }));
           live.record.virtiofsd = null;
-          await stopPodTpm(live.record, this.deps.config.stateDir, this.deps.logger.child({ sandboxId: live.record.id }));
+          // swtpm leaves once QEMU closed its socket; one that did not is ended (a failure is
+          // logged: the exit must still be recorded, and Stop ends it again).
+          await stopPodTpm(live.record, this.deps.config.stateDir, this.deps.logger.child({ sandboxId: live.record.id })).catch(
+            (err: unknown) => this.deps.logger.error({ sandboxId: live.record.id, err: errorMessage(err) }, 'stopping swtpm failed'),
+          );
           await this.deps.listener.sandboxStopped(live.record.id);
           await this.deps.store.put(live.record);
         });
