@@ -12,7 +12,7 @@ import { existsSync } from 'node:fs';
 import path from 'node:path';
 import { promisify } from 'node:util';
 import { type ContainerdVersion, formatVersion, parseContainerdVersion } from '../../src/install/version.js';
-import { fetchDebianPackage } from './debian-packages.js';
+import { type FetchOptions, fetchDebianPackage } from './debian-packages.js';
 
 const execFileAsync = promisify(execFile);
 
@@ -55,9 +55,10 @@ async function versionOf(binary: string): Promise<{ version: ContainerdVersion; 
 /**
  * The release `label`: 1.6 is the containerd on PATH (checked to be 1.6), 1.7 and 2.1 are fetched
  * (or found in the cache) and checked to run here (`containerd --version`: this host's glibc and
- * kernel). Never throws: what went wrong comes back as `missing`.
+ * kernel). Never throws: what went wrong comes back as `missing`. `fetch` (the package cache and
+ * mirror) is for the helper's own tests; the default is the repository's cache and the host's mirror.
  */
-export async function containerdRelease(label: ContainerdReleaseLabel): Promise<ContainerdReleaseResult> {
+export async function containerdRelease(label: ContainerdReleaseLabel, fetch: FetchOptions = {}): Promise<ContainerdReleaseResult> {
   try {
     if (label === '1.6') {
       const { version, versionText } = await versionOf('containerd');
@@ -71,7 +72,7 @@ export async function containerdRelease(label: ContainerdReleaseLabel): Promise<
     const { suite, accepts } = FETCHED[label];
     let fetched: Awaited<ReturnType<typeof fetchDebianPackage>>;
     try {
-      fetched = await fetchDebianPackage({ suite, package: 'containerd' });
+      fetched = await fetchDebianPackage({ suite, package: 'containerd' }, fetch);
     } catch (err) {
       return { release: null, missing: `${suite}'s containerd could not be fetched: ${(err as Error).message.split('\n')[0]}` };
     }

@@ -113,6 +113,11 @@ export interface ContainerdOptions {
    * node whose packages drop files into `conf.d` has them. Default: none.
    */
   imports?: string[];
+  /**
+   * The config schema to write: by default the release's own (2 for 1.x, 3 for 2.x); 2 under a 2.x
+   * release is a version 2 file as Debian's 2.x package ships one, which containerd migrates.
+   */
+  configSchema?: 2 | 3;
 }
 
 /** What stop() found and did. */
@@ -251,11 +256,14 @@ export interface ContainerdConfigParams {
   version?: ContainerdVersion;
   /** Top-level `imports` (written before any table, as TOML needs). */
   imports?: string[];
+  /** The schema to write instead of the release's own (2 for 1.x, 3 for 2.x). */
+  schema?: 2 | 3;
 }
 
 /** config.toml for a private containerd in `dir`, in the schema its release reads. */
 export function containerdConfigToml(p: ContainerdConfigParams): string {
-  return (p.version ?? SYSTEM_CONTAINERD_VERSION).major >= 2 ? containerdConfigTomlV3(p) : containerdConfigTomlV2(p);
+  const schema = p.schema ?? ((p.version ?? SYSTEM_CONTAINERD_VERSION).major >= 2 ? 3 : 2);
+  return schema === 3 ? containerdConfigTomlV3(p) : containerdConfigTomlV2(p);
 }
 
 /**
@@ -628,6 +636,7 @@ class PrivateContainerd implements ContainerdHandle {
         logLevel: this.options.logLevel ?? 'info',
         version: this.version,
         ...(this.options.imports === undefined ? {} : { imports: this.options.imports }),
+        ...(this.options.configSchema === undefined ? {} : { schema: this.options.configSchema }),
         ...(this.options.extraToml === undefined ? {} : { extraToml: this.options.extraToml }),
         ...(this.options.kataHandler === undefined ? {} : { kataHandler: this.options.kataHandler }),
       }),

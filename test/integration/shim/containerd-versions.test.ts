@@ -17,6 +17,9 @@
  * 4. `kata-ts uninstall --containerd` restores the config (and the conf.d) byte for byte;
  *    containerd restarted knows no kata-ts handler.
  *
+ * And, without a VM: install and uninstall against 2.x reading a version 2 config, the layout
+ * Debian's 2.x package ships (containerd migrates it; `sandbox_mode` becomes `sandboxer`).
+ *
  * Skipped with a notice naming why when a release cannot be fetched (no route to Debian's
  * archive) or does not run here.
  */
@@ -342,4 +345,58 @@ for (const [i, label] of LABELS.entries()) {
       ).rejects.toThrow(/no runtime for "kata-ts" is configured/);
     });
   });
+}
+
+// Debian's own containerd 2.x package ships a version 2 /etc/containerd/config.toml (measured in
+// sid's 2.1.9 .deb), which 2.x migrates when it loads it: the installer must append version 2
+// tables there, and containerd must read them as its runtimes. No VM is booted here.
+{
+  const resolved = RELEASES[LABELS.indexOf('2.1')]!;
+  const release = resolved.release;
+  const missing = resolved.missing ?? containerdMissing(release ?? undefined);
+  describe.skipIf(missing !== null)(
+    `kata-ts install --containerd against containerd ${release === null ? '2.1' : formatVersion(release.version)} reading a version 2 config (as Debian's package ships)`,
+    () => {
+      const node = new ShimNode('/tmp/ktv21v2-');
+      let original: Record<string, string> = {};
+      const installArgs = () => ['--containerd', '--config', node.ctrd.configPath, '--containerd-binary', release!.containerd];
+      const criRuntimes = async (): Promise<Record<string, Record<string, unknown>>> => {
+        const res = await node.cri.runtime.Status({ verbose: true });
+        const config = JSON.parse(res.info.config ?? '{}') as { containerd?: { runtimes?: Record<string, Record<string, unknown>> } };
+        return config.containerd?.runtimes ?? {};
+      };
+
+      beforeAll(async () => {
+        await node.start({ containerd: { ...(release === null ? {} : { release }), kataHandler: false, configSchema: 2 } });
+        original = await configFiles(node.ctrd.configPath);
+      });
+
+      afterAll(() => node.stop());
+
+      it('install appends version 2 tables; containerd migrates them: both handlers, on the pause-container sandboxer', async () => {
+        expect((await fsp.readFile(node.ctrd.configPath, 'utf8')).startsWith('version = 2\n')).toBe(true);
+        expect(node.ctrd.logText()).toContain('Configuration migrated from version 2');
+        const done = await kataTs(['install', ...installArgs()]);
+        expect(done.code, done.stderr).toBe(0);
+        expect(done.stdout).toContain(`appended to ${node.ctrd.configPath} (version 2`);
+        const text = await fsp.readFile(node.ctrd.configPath, 'utf8');
+        expect(text).toContain('[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.kata-ts]');
+        expect(text).toContain('sandbox_mode = "podsandbox"');
+        await node.restartContainerd();
+        const runtimes = await criRuntimes();
+        expect(Object.keys(runtimes).sort()).toEqual(['kata-ts', 'kata-ts-cvm', 'runc']);
+        // 1.x's sandbox_mode arrives as 2.x's sandboxer.
+        expect(runtimes['kata-ts']).toMatchObject({ runtimeType: 'io.containerd.kata-ts.v2', sandboxer: 'podsandbox' });
+        expect(runtimes['kata-ts-cvm']).toMatchObject({ runtimeType: 'io.containerd.kata-ts-cvm.v2', sandboxer: 'podsandbox' });
+      });
+
+      it('uninstall: the config byte for byte; containerd restarted knows no kata-ts handler', async () => {
+        const done = await kataTs(['uninstall', ...installArgs()]);
+        expect(done.code, done.stderr).toBe(0);
+        expect(await configFiles(node.ctrd.configPath)).toEqual(original);
+        await node.restartContainerd();
+        expect(Object.keys(await criRuntimes())).toEqual(['runc']);
+      });
+    },
+  );
 }
