@@ -24,6 +24,7 @@ import { type ChildProcess, execFile, spawn } from 'node:child_process';
 import { closeSync, constants, promises as fsp, openSync } from 'node:fs';
 import type net from 'node:net';
 import path from 'node:path';
+import type { Writable } from 'node:stream';
 import { finished } from 'node:stream/promises';
 import { promisify } from 'node:util';
 import { errorMessage, invalid, unavailable } from '../common/errors.js';
@@ -169,10 +170,13 @@ export async function openTaskOutput(io: TaskIo, options: TaskOutputOptions): Pr
   }
   const held: HeldFifo[] = [];
   const sockets: net.Socket[] = [];
+  const sinks: Writable[] = [];
   let logger: ChildProcess | undefined;
   const relays: Array<Promise<void>> = [];
   const undo = async () => {
     for (const s of sockets) await destroySocket(s);
+    // A relay cut short (a failed Create) closes its file too.
+    for (const sink of sinks) sink.destroy();
     for (const h of held) {
       try {
         closeSync(h.holder);
@@ -195,9 +199,16 @@ export async function openTaskOutput(io: TaskIo, options: TaskOutputOptions): Pr
       for (const fifo of [stdout, stderr]) {
         const reader = await openFifoSocket(fifo.path, 'read');
         sockets.push(reader);
+        reader.on('error', (err) => options.logger.warn({ err: errorMessage(err) }, "reading the task's output FIFO failed"));
         const sink = (await fsp.open(target.path, constants.O_WRONLY | constants.O_APPEND)).createWriteStream();
+        sinks.push(sink);
         reader.pipe(sink);
-        relays.push(finished(sink));
+        // Handled at once: a relay torn down by a failed Create rejects, and must not go unheard.
+        relays.push(
+          finished(sink).catch((err: unknown) =>
+            options.logger.warn({ err: errorMessage(err) }, 'the output relay to the file ended early'),
+          ),
+        );
       }
     } else {
       logger = await startLogger(target, stdout.path, stderr.path, options);
@@ -206,9 +217,7 @@ export async function openTaskOutput(io: TaskIo, options: TaskOutputOptions): Pr
     await undo();
     throw err;
   }
-  const relayDone = Promise.all(
-    relays.map((r) => r.catch((err: unknown) => options.logger.warn({ err: errorMessage(err) }, 'the output relay to the file failed'))),
-  );
+  const relayDone = Promise.all(relays);
   let ended = false;
   return {
     io: { stdin: io.stdin, stdout: held[0]!.path, stderr: io.terminal ? '' : held[1]!.path, terminal: io.terminal },
@@ -265,6 +274,8 @@ async function startLogger(
       stdio: ['ignore', 'ignore', 'ignore', fds[0]!, fds[1]!, fds[2]!],
       detached: false,
     });
+    // A later failure (a signal that cannot be sent) is logged, never an unheard 'error' event.
+    child.on('error', (err) => options.logger.warn({ logger: target.path, err: errorMessage(err) }, 'the logging binary failed'));
     const spawned = new Promise<void>((resolve, reject) => {
       child.once('spawn', () => resolve());
       child.once('error', reject);
