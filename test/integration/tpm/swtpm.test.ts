@@ -15,7 +15,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { silentLogger } from '../../../src/common/logger.js';
-import { readCmdline } from '../../../src/common/procfs.js';
+import { isSameLiveProcess, readCmdline, readProcStat } from '../../../src/common/procfs.js';
 import { DEFAULT_VMM_FIRST_ID, DEFAULT_VMM_ID_COUNT, DEFAULT_VMM_LEASE_DIR } from '../../../src/config/defaults.js';
 import { connectQmp, defaultJailerBinary, type VmmIdentity } from '../../../src/hypervisor/index.js';
 import { type LeaseOwner, VmmIdentities } from '../../../src/runtime/sandbox/identities.js';
@@ -29,6 +29,7 @@ import {
   startSwtpm,
   swtpmJailSpec,
 } from '../../../src/tpm/swtpm.js';
+import { rejection } from '../../helpers/kata-error.js';
 import { until } from '../../helpers/poll.js';
 
 const SWTPM = '/usr/bin/swtpm';
@@ -417,5 +418,37 @@ describe.skipIf(missing.length > 0 || !isRoot)('a pod swtpm through startSwtpm (
     const dropped = await run('openssl', ['verify', '-CAfile', path.join(root, 'bundle3.pem'), path.join(root, 'ek.pem')]);
     expect(dropped.code).not.toBe(0);
     expect(existsSync(path.join(caDir, `gen-${before.current.generation}`))).toBe(false);
+  }, 60_000);
+  it('a failed start leaves nothing it made: swtpm_setup failing, placement failing (the process it started is ended)', async () => {
+    const caDir = path.join(root, 'ca');
+    const pod = path.join(root, 'pod-fail');
+    await fsp.mkdir(pod, { mode: 0o755 });
+    const options = {
+      stateDir: path.join(pod, 'tpm'),
+      ctrlSocketPath: path.join(pod, 'sock', 'ctrl.sock'),
+      logFile: path.join(pod, 'swtpm.log'),
+      caDir,
+      logger: silentLogger(),
+    };
+    const setupFailed = await rejection(startSwtpm({ ...options, setupBinary: '/usr/bin/false' }));
+    expect(setupFailed.reason).toBe('SWTPM_SETUP_FAILED');
+    expect(await fsp.readdir(pod)).toEqual([]);
+
+    let placed: { pid: number; start: number } | undefined;
+    const placeFailed = await rejection(
+      startSwtpm({
+        ...options,
+        place: async (pid) => {
+          started.push(pid);
+          placed = { pid, start: readProcStat(pid)?.startTimeTicks ?? 0 };
+          throw new Error('cgroup refused the process');
+        },
+      }),
+    );
+    expect(placeFailed.reason).toBe('SWTPM_PLACE_FAILED');
+    expect(placed).toBeDefined();
+    expect(isSameLiveProcess(placed!.pid, placed!.start)).toBe(false);
+    // The log stays (it says what happened); nothing else does.
+    expect(await fsp.readdir(pod)).toEqual(['swtpm.log']);
   }, 60_000);
 });
