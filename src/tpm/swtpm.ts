@@ -401,7 +401,8 @@ export async function startSwtpm(o: StartSwtpmOptions): Promise<SwtpmProcess> {
 
       await fsp.rm(o.ctrlSocketPath, { force: true });
       undo.push(() => fsp.rm(o.ctrlSocketPath, { force: true }));
-      const gated = o.jail !== undefined && o.place !== undefined;
+      // Only the jailer can hold the start; an unconfined swtpm is placed as soon as it is spawned.
+      const gated = o.jail !== undefined && o.identity !== undefined && o.place !== undefined;
       const command = vmmLaunchCommand({
         qemuBinary: binary,
         argv: buildSwtpmArgv({ stateDir: o.stateDir, ctrlSocketPath: o.ctrlSocketPath }),
