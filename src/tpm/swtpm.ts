@@ -173,6 +173,11 @@ export function validateSwtpmOptions(o: StartSwtpmOptions): void {
     }
     requireSwtpmPath('jail.jailDir', o.jail.jailDir);
   }
+  if (o.jail !== undefined && o.identity === undefined) {
+    throw invalid('SWTPM_OPTION_INVALID', 'swtpm identity is required with a jail: the jail is entered as that identity, never as root.', {
+      details: { field: 'identity' },
+    });
+  }
   if (o.clientIdentity !== undefined) {
     requireIdentity('clientIdentity', o.clientIdentity);
     if (o.identity !== undefined && (o.identity.uid === o.clientIdentity.uid || o.identity.gid === o.clientIdentity.gid)) {

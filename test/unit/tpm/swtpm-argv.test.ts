@@ -40,6 +40,7 @@ describe('validateSwtpmOptions', () => {
     ['binary', { binary: '/opt/sw tpm' }, 'SWTPM_OPTION_INVALID'],
     ['identity.uid', { identity: { uid: 0, gid: 5 } }, 'SWTPM_OPTION_INVALID'],
     ['jail', { jail: undefined }, 'SWTPM_JAIL_REQUIRED'],
+    ['identity', { identity: undefined }, 'SWTPM_OPTION_INVALID'],
     ['identity', { clientIdentity: { uid: 2000000001, gid: 7 } }, 'SWTPM_IDENTITY_SHARED'],
     ['identity', { clientIdentity: { uid: 7, gid: 2000000001 } }, 'SWTPM_IDENTITY_SHARED'],
   ] as const)('refuses a bad %s with a coded error naming it', (field, patch, reason) => {
