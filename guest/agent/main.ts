@@ -11,6 +11,7 @@
 process.env.UV_THREADPOOL_SIZE ??= '8';
 
 import { readFileSync, realpathSync } from 'node:fs';
+import { access } from 'node:fs/promises';
 import net from 'node:net';
 import { fileURLToPath } from 'node:url';
 import { ChannelServer, serveDuplex } from '../../src/channel/index.js';
@@ -24,6 +25,9 @@ import { GuestNetwork } from './network.js';
 import { GUEST_POD_PATHS, GUEST_VIRTIO_DEVICES_DIR, PodService } from './pods.js';
 import { AGENT_PORT_NAME, findPort, VirtioPort } from './port.js';
 import { AgentService } from './server.js';
+import type { TpmTransport } from './tpm.js';
+import { GUEST_TPM_DEVICE, openTpmDevice } from './tpm-device.js';
+import { measureInitdata } from './tpm-initdata.js';
 
 export const AGENT_VERSION = '0.1.0';
 
@@ -85,6 +89,7 @@ export async function runAgent(
   pods?: PodService,
   logger = agentLogger(env),
   idleTrim?: IdleTrim,
+  openTpm?: () => Promise<TpmTransport>,
 ): Promise<void> {
   // The network service comes with the pod service: both belong to a real guest.
   const service = new AgentService({
@@ -94,6 +99,7 @@ export async function runAgent(
     ...(pods === undefined ? {} : { pods, network: new GuestNetwork(logger) }),
     // A development agent on a unix socket runs on a host: never trim the host's memory.
     ...(idleTrim === undefined || env.KATA_TS_AGENT_LISTEN ? {} : { idleTrim }),
+    ...(openTpm === undefined ? {} : { openTpm }),
   });
   if (env.KATA_TS_AGENT_LISTEN) {
     const server = net.createServer((socket) => serveDuplex(socket, (session) => service.attach(session)));
@@ -123,9 +129,29 @@ export function startAgent(env: NodeJS.ProcessEnv = process.env): void {
   const logger = agentLogger(env);
   // Only in the real guest: the trim writes to the kernel's /proc/sys/vm.
   const idleTrim = new IdleTrim({ delayMs: IDLE_TRIM_DELAY_MS, minIntervalMs: IDLE_TRIM_MIN_INTERVAL_MS, steps: guestTrimSteps(), logger });
-  guestBackend(logger)
+  const openTpm = () => openTpmDevice();
+  // The initdata document is measured (PCR 8) before anything else runs, so nothing the agent
+  // starts can read it unmeasured. A failure leaves it unpublished and the agent serving.
+  measureInitdata({
+    logger,
+    openTpm,
+    hasTpm: () =>
+      access(GUEST_TPM_DEVICE).then(
+        () => true,
+        () => false,
+      ),
+  })
+    .catch((err: unknown) => logger.error({ err }, 'initdata not measured: not published'))
+    .then(() => guestBackend(logger))
     .then((backend) =>
-      runAgent(backend, env, new PodService(logger, { ...GUEST_POD_PATHS, virtioDevicesDir: GUEST_VIRTIO_DEVICES_DIR }), logger, idleTrim),
+      runAgent(
+        backend,
+        env,
+        new PodService(logger, { ...GUEST_POD_PATHS, virtioDevicesDir: GUEST_VIRTIO_DEVICES_DIR }),
+        logger,
+        idleTrim,
+        openTpm,
+      ),
     )
     .catch((err: unknown) => {
       process.stderr.write(`kata-ts-agent: ${err instanceof Error ? err.message : String(err)}\n`);

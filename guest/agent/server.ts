@@ -17,6 +17,7 @@ import type { GuestNetwork } from './network.js';
 import { OutputJournal } from './output-journal.js';
 import { spoolJournal } from './output-spool.js';
 import type { PodService } from './pods.js';
+import { TpmClient, type TpmTransport } from './tpm.js';
 
 export interface AgentServiceOptions {
   backend: ContainerBackend;
@@ -37,6 +38,8 @@ export interface AgentServiceOptions {
    * pod destroyed): the guest's memory trim (guest/agent/idle-trim.ts) runs once it is quiet.
    */
   idleTrim?: { note(): void };
+  /** Opens the guest's TPM for GetTpmQuote (guest/agent/tpm-device.ts); absent: the call answers TPM_UNAVAILABLE. */
+  openTpm?: () => Promise<TpmTransport>;
 }
 
 interface ContainerIo {
@@ -112,6 +115,23 @@ export class AgentService {
       ResumeContainer: async (req) => {
         await backend.freezeContainer(req.containerId, false);
         return {};
+      },
+      GetTpmQuote: async (req) => {
+        const open = this.options.openTpm;
+        if (open === undefined) throw unavailable('TPM_UNAVAILABLE', 'this guest has no TPM to quote with.');
+        // A fresh open per quote: the kernel's resource manager flushes what a closed file left.
+        const tpm = new TpmClient(await open());
+        try {
+          const q = await tpm.quote(Buffer.from(req.nonce), req.pcrs);
+          return {
+            attest: q.attest,
+            signature: q.signature,
+            akPublic: q.akPublic,
+            pcrValues: Object.entries(q.pcrValues).map(([index, sha256]) => ({ index: Number(index), sha256 })),
+          };
+        } finally {
+          await tpm.close();
+        }
       },
       UpdateContainer: async (req) => {
         await backend.updateContainer(req.containerId, req.ociResourcesJson);

@@ -1,4 +1,4 @@
-import type { Buffer } from 'node:buffer';
+import { Buffer } from 'node:buffer';
 import type { CallOptions, CallWriter, Init, MethodsOfKind, StreamCallOptions } from '../channel/index.js';
 import type {
   AgentMethods,
@@ -72,6 +72,26 @@ export class AgentClient {
   /** Freeze every process of a running container (its guest cgroup); idempotent. */
   async pauseContainer(containerId: string, options: CallOptions): Promise<void> {
     await this.unary('PauseContainer', { containerId }, options);
+  }
+
+  /**
+   * A quote of the guest TPM's sha256 PCRs `pcrs` with `nonce` (at most 64 bytes), with the
+   * attestation key's public area and the PCR values; check it with verifyQuote
+   * (src/measure/quote.ts). An agent older than the call answers UNIMPLEMENTED, a guest without
+   * a TPM TPM_UNAVAILABLE.
+   */
+  async tpmQuote(
+    nonce: Buffer,
+    pcrs: readonly number[],
+    options: CallOptions,
+  ): Promise<{ attest: Buffer; signature: Buffer; akPublic: Buffer; pcrValues: Record<number, Buffer> }> {
+    const r = await this.unary('GetTpmQuote', { nonce, pcrs: [...pcrs] }, options);
+    return {
+      attest: Buffer.from(r.attest),
+      signature: Buffer.from(r.signature),
+      akPublic: Buffer.from(r.akPublic),
+      pcrValues: Object.fromEntries(r.pcrValues.map((v) => [v.index, Buffer.from(v.sha256)])),
+    };
   }
 
   /** Thaw a paused container; idempotent. */

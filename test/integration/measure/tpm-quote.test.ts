@@ -7,23 +7,35 @@
  *    with src/measure/quote.ts and independently with tpm2-tools' tpm2_checkquote (offline, over
  *    the same files); a wrong nonce, a changed byte of the quote, a changed PCR value or another
  *    key are refused;
+ *  - the agent's start-up step (guest/agent/tpm-initdata.ts) on a document file standing in for
+ *    the fw_cfg entry: PCR 8 extended once, the same bytes published read-only, nothing extended
+ *    again by a restarted agent;
+ *  - the agent's GetTpmQuote rpc through the real channel (AgentService on a unix socket,
+ *    AgentClient on the host side) verifies, and an agent without a TPM answers TPM_UNAVAILABLE;
  *  - KATA_TS_WRITE_QUOTE_VECTOR=1 writes the quote as test/fixtures/measure/tpm-quote-swtpm.json,
  *    the vector the unit test of the verifier reads.
  * swtpm is ended by its pid and the directory removed, pass or fail.
  */
 import { type ChildProcess, execFileSync, spawn } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
-import { existsSync, mkdtempSync, openSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, openSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { gzipSync } from 'node:zlib';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { TpmClient } from '../../../guest/agent/tpm.js';
+import { AgentService } from '../../../guest/agent/server.js';
+import { TpmClient, type TpmTransport } from '../../../guest/agent/tpm.js';
 import { connectTpmSocket } from '../../../guest/agent/tpm-device.js';
+import { measureInitdata } from '../../../guest/agent/tpm-initdata.js';
+import { AgentClient } from '../../../src/agent-client/index.js';
+import { serveDuplex } from '../../../src/channel/index.js';
+import { silentLogger } from '../../../src/common/logger.js';
 import { KATA_TS_INITDATA_ANNOTATION, parseInitdataAnnotation, vtpmPcr8 } from '../../../src/measure/initdata.js';
 import { verifyQuote } from '../../../src/measure/quote.js';
-import { thrown } from '../../helpers/kata-error.js';
+import { rejection, thrown } from '../../helpers/kata-error.js';
 import { until } from '../../helpers/poll.js';
+import { FakeContainerBackend } from '../../unit/agent-client/fake-backend.js';
 
 const SWTPM = '/usr/bin/swtpm';
 const CHECKQUOTE = '/usr/bin/tpm2_checkquote';
@@ -36,10 +48,17 @@ describe.skipIf(missing.length > 0)('guest TPM commands against a real swtpm', (
   let work = '';
   let swtpm: ChildProcess | undefined;
   let tpm: TpmClient | undefined;
+  let sock = '';
+  let transport: TpmTransport | undefined;
+  /**
+   * swtpm serves one connection at a time: the agent's code gets the test's connection, with a
+   * close that leaves it open.
+   */
+  const borrowTpm = async (): Promise<TpmTransport> => ({ send: (c) => (transport as TpmTransport).send(c), close: async () => {} });
 
   beforeAll(async () => {
     work = mkdtempSync(path.join(os.tmpdir(), 'kata-ts-tpm-quote-'));
-    const sock = path.join(work, 'cmd.sock');
+    sock = path.join(work, 'cmd.sock');
     const log = openSync(path.join(work, 'swtpm.log'), 'w');
     swtpm = spawn(
       SWTPM,
@@ -58,7 +77,8 @@ describe.skipIf(missing.length > 0)('guest TPM commands against a real swtpm', (
       { stdio: ['ignore', log, log] },
     );
     await until('swtpm command socket', async () => (existsSync(sock) ? true : undefined), 30_000, 50);
-    tpm = new TpmClient(await connectTpmSocket(sock));
+    transport = await connectTpmSocket(sock);
+    tpm = new TpmClient(transport);
   });
 
   afterAll(async () => {
@@ -139,6 +159,76 @@ describe.skipIf(missing.length > 0)('guest TPM commands against a real swtpm', (
           2,
         )}\n`,
       );
+    }
+  });
+
+  it("the agent's start measures the initdata document once, then publishes the same bytes read-only", async () => {
+    const t = tpm as TpmClient;
+    const before = (await t.pcrRead([8]))[8] as Buffer;
+    const fwCfg = path.join(work, 'fw_cfg-initdata');
+    const out = path.join(work, 'run', 'initdata.toml');
+    const doc = Buffer.from(DOC.replace('agent_policy', 'other_policy'));
+    writeFileSync(fwCfg, doc);
+    const o = {
+      logger: silentLogger(),
+      openTpm: borrowTpm,
+      hasTpm: async () => true,
+      fwCfgPath: fwCfg,
+      outPath: out,
+    };
+    expect(await measureInitdata(o)).toBe('measured');
+    const expected = createHash('sha256')
+      .update(Buffer.concat([before, createHash('sha256').update(doc).digest()]))
+      .digest();
+    expect((await t.pcrRead([8]))[8]).toEqual(expected);
+    expect(readFileSync(out)).toEqual(doc);
+    expect(statSync(out).mode & 0o777).toBe(0o444);
+    // A restarted agent: published already, PCR 8 left alone.
+    expect(await measureInitdata(o)).toBe('already-published');
+    expect((await t.pcrRead([8]))[8]).toEqual(expected);
+    // No document: nothing happens. No TPM and no hardware TEE: withheld, coded.
+    expect(await measureInitdata({ ...o, fwCfgPath: path.join(work, 'absent') })).toBe('none');
+    const err = await rejection(
+      measureInitdata({ ...o, outPath: path.join(work, 'run', 'other.toml'), hasTpm: async () => false, teeDevices: [] }),
+    );
+    expect(err.reason).toBe('INITDATA_UNMEASURED');
+    expect(existsSync(path.join(work, 'run', 'other.toml'))).toBe(false);
+  });
+
+  it('GetTpmQuote through the agent channel verifies; an agent without a TPM says so', async () => {
+    const sockets = new Set<net.Socket>();
+    const servers: net.Server[] = [];
+    const clients: AgentClient[] = [];
+    const agent = async (name: string, withTpm: boolean): Promise<AgentClient> => {
+      const service = new AgentService({
+        backend: new FakeContainerBackend(),
+        agentVersion: 'test',
+        logger: silentLogger(),
+        ...(withTpm ? { openTpm: borrowTpm } : {}),
+      });
+      const server = net.createServer((s) => {
+        sockets.add(s);
+        serveDuplex(s, (session) => service.attach(session));
+      });
+      servers.push(server);
+      const socketPath = path.join(work, name);
+      await new Promise<void>((r) => server.listen(socketPath, r));
+      const client = await AgentClient.connect({ socketPath, logger: silentLogger(), hostVersion: 'test' }, 30_000);
+      clients.push(client);
+      return client;
+    };
+    try {
+      const nonce = randomBytes(20);
+      const q = await (await agent('agent.sock', true)).tpmQuote(nonce, [7, 8, 9], { timeoutMs: 60_000 });
+      const v = verifyQuote(q, nonce);
+      expect(v.pcrs).toEqual([7, 8, 9]);
+      expect(v.pcrValues[8]).toBe(((await (tpm as TpmClient).pcrRead([8]))[8] as Buffer).toString('hex'));
+      const err = await rejection((await agent('agent-no-tpm.sock', false)).tpmQuote(nonce, [8], { timeoutMs: 60_000 }));
+      expect(err.reason).toBe('TPM_UNAVAILABLE');
+    } finally {
+      for (const c of clients) c.close();
+      for (const s of sockets) s.destroy();
+      await Promise.all(servers.map((srv) => new Promise((r) => srv.close(r))));
     }
   });
 });
