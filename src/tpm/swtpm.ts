@@ -298,6 +298,11 @@ async function ensureDir(field: string, dir: string, mode: number): Promise<bool
     await fsp.mkdir(dir, { mode });
     made = true;
   } catch (err) {
+    if (errnoCode(err) === 'ENOENT') {
+      throw precondition('SWTPM_STATE_DIR_UNSAFE', `swtpm ${field} ${dir} cannot be made: its parent dir does not exist.`, {
+        details: { field, value: dir },
+      });
+    }
     if (errnoCode(err) !== 'EEXIST') throw err;
   }
   const st: Stats = await fsp.lstat(dir);
