@@ -32,13 +32,14 @@ export const DEFAULT_VMM_PIDS_MARGIN = 192;
 export const CONFIDENTIAL_HANDLER = 'kata-ts-cvm';
 /**
  * Debian's firmware builds: OVMF's 4 MiB non-secboot code and vars (package ovmf), the SEV build
- * (package ovmf-amdsev) and the TDX build (package ovmf-inteltdx, trixie and later).
+ * (package ovmf-amdsev) and the TDX build (package ovmf-inteltdx; sid ships only the `.ms` image,
+ * Secure Boot on with Microsoft's keys; trixie has neither SNP nor TDX firmware).
  */
 export const DEFAULT_FIRMWARE = {
   ovmfCodePath: '/usr/share/OVMF/OVMF_CODE_4M.fd',
   ovmfVarsPath: '/usr/share/OVMF/OVMF_VARS_4M.fd',
   snpFirmwarePath: '/usr/share/ovmf/OVMF.amdsev.fd',
-  tdxFirmwarePath: '/usr/share/ovmf/OVMF.inteltdx.fd',
+  tdxFirmwarePath: '/usr/share/ovmf/OVMF.inteltdx.ms.fd',
 } as const;
 /** Debian's swtpm packages, and the node's EK CA made by setup (`kata-ts tpm-ca`). */
 export const DEFAULT_TPM = {
