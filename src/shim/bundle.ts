@@ -5,7 +5,7 @@
  * containerd (and CRI-O) read the shim's address from. The full decoding of the spec is
  * src/shim/decode/'s.
  */
-import { constants as fsConstants, promises as fsp } from 'node:fs';
+import { existsSync, constants as fsConstants, promises as fsp } from 'node:fs';
 import path from 'node:path';
 import { errnoCode, invalid } from '../common/errors.js';
 import { writeFileAtomic } from '../common/fsutil.js';
@@ -18,6 +18,8 @@ export const CRI_SANDBOX_ID = 'io.kubernetes.cri.sandbox-id';
 export const CRIO_CONTAINER_TYPE = 'io.kubernetes.cri-o.ContainerType';
 export const CRIO_SANDBOX_ID = 'io.kubernetes.cri-o.SandboxID';
 export const CONTAINER_TYPE_SANDBOX = 'sandbox';
+/** Where containerd 2.x's shim sandboxer keeps its bundles: `<state>/<this>/<namespace>/<id>`. */
+export const SANDBOX_CONTROLLER_DIR = 'io.containerd.sandbox.controller.v1.shim';
 
 /** The parts of a bundle's config.json the shim's process model needs. */
 export interface BundleConfig {
@@ -69,6 +71,11 @@ export async function readBundleJson(bundle: string): Promise<object> {
 }
 
 export async function readBundleConfig(bundle: string): Promise<BundleConfig> {
+  // containerd 2.x's shim sandboxer (`sandboxer = "shim"`) starts the shim in a bundle of its
+  // own with no config.json: the pod comes later, through the Sandbox API's CreateSandbox.
+  if (path.basename(path.dirname(path.dirname(bundle))) === SANDBOX_CONTROLLER_DIR && !existsSync(path.join(bundle, 'config.json'))) {
+    return { annotations: {}, cgroupsPath: null };
+  }
   const spec = await readBundleJson(bundle);
   const o = spec as { annotations?: unknown; linux?: { cgroupsPath?: unknown } };
   const cgroupsPath = typeof o.linux?.cgroupsPath === 'string' && o.linux.cgroupsPath !== '' ? o.linux.cgroupsPath : null;

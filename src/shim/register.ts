@@ -8,6 +8,7 @@ import { EventPublisher } from './events.js';
 import { handlerForBinary } from './handler.js';
 import type { MetricsVersion } from './metrics.js';
 import { serviceMethods, TASK_SERVICE_NAMES, TASK_SERVICE_V2 } from './proto.js';
+import { SANDBOX_SERVICE, sandboxHandlers } from './sandbox-service.js';
 import type { RegisterServices } from './serve.js';
 import { taskHandlers } from './task-service.js';
 import { ShimTasks } from './tasks.js';
@@ -37,7 +38,15 @@ export const registerTaskService: RegisterServices = async (server, pod, shutdow
     }),
   );
   for (const name of TASK_SERVICE_NAMES) server.register(name, methods);
-  logger.info({ handler, metricsVersion }, 'task service registered');
+  // containerd 2.x's Sandbox API, called only for a runtime with `sandboxer = "shim"`.
+  server.register(
+    SANDBOX_SERVICE,
+    serviceMethods(
+      SANDBOX_SERVICE,
+      sandboxHandlers({ tasks, pod, stats: pod.stats, logger, metricsVersion, sandboxId: shim.sandboxId, shutdown: () => void shutdown() }),
+    ),
+  );
+  logger.info({ handler, metricsVersion }, 'task and sandbox services registered');
   return {
     close: async () => {
       tasks.close();

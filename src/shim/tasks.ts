@@ -18,6 +18,7 @@ import type { ContainerRecord } from '../runtime/container/record.js';
 import type { ContainerResourceUpdate } from '../runtime/container/types.js';
 import type { RequestContext } from '../runtime/context.js';
 import { KeyedMutex } from '../runtime/locks.js';
+import type { SandboxSpec } from '../runtime/spec/sandbox.js';
 import { readBundleJson, readResolvConf } from './bundle.js';
 import {
   decodeBundleRole,
@@ -199,6 +200,24 @@ export class ShimTasks {
 
   create(req: CreateTask, ctx: RequestContext): Promise<number> {
     return this.one(req.id, '', () => this.createNow(req, ctx));
+  }
+
+  /**
+   * The Sandbox API's StartSandbox (sandbox-service.ts): the pod's VM from the whole pod config
+   * containerd passed, with no pause task; the pod's containers then join it through Create.
+   * Returns the VMM's host pid.
+   */
+  runSandbox(id: string, spec: SandboxSpec, netnsPath: string, ctx: RequestContext): Promise<number> {
+    return this.one(id, '', async () => {
+      if (this.sandboxId !== undefined) throw alreadyExists('TASK_EXISTS', `this shim already runs sandbox ${this.sandboxId}`);
+      const driver = this.deps.pod.facts.cgroupDriver.name;
+      const parent = cgroupParentForDriver(driver, null, spec.linux?.cgroup_parent ?? '');
+      const placed =
+        spec.linux == null || parent === spec.linux.cgroup_parent ? spec : { ...spec, linux: { ...spec.linux, cgroup_parent: parent } };
+      await this.deps.pod.sandboxes.run(placed, this.deps.handler, ctx, { id, ...(netnsPath === '' ? {} : { joinNetns: netnsPath }) });
+      this.sandboxId = id;
+      return this.deps.pod.sandboxes.find(id)?.vm?.pid ?? 0;
+    });
   }
 
   private async createNow(req: CreateTask, ctx: RequestContext): Promise<number> {

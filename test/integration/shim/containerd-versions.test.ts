@@ -400,3 +400,131 @@ for (const [i, label] of LABELS.entries()) {
     },
   );
 }
+
+// containerd 2.x's Sandbox API: a runtime with `sandboxer = "shim"` gets no pause container; the
+// shim receives the whole PodSandboxConfig at CreateSandbox and boots the VM at StartSandbox,
+// sized from the pod's own linux.resources (one VM boot).
+{
+  const resolved = RELEASES[LABELS.indexOf('2.1')]!;
+  const release = resolved.release;
+  const missing = resolved.missing ?? containerdMissing(release ?? undefined);
+  describe.skipIf(missing !== null)(
+    `kata-ts behind containerd ${release === null ? '2.1' : formatVersion(release.version)} with sandboxer = "shim" (the Sandbox API)`,
+    () => {
+      const node = new ShimNode('/tmp/ktv21sb-');
+      let image = '';
+      let logDir = '';
+      const uid = randomUUID();
+      const MiB = 1024 * 1024;
+      const podConfig = (cpuQuota: number): PodSandboxConfig => ({
+        metadata: { name: 'sbx', uid, namespace: 'default', attempt: 0 },
+        hostname: 'sbx-pod',
+        log_directory: logDir,
+        linux: {
+          cgroup_parent: `/kubepods/burstable/pod${uid}`,
+          resources: { cpu_period: '100000', cpu_quota: String(cpuQuota), memory_limit_in_bytes: String(768 * MiB) },
+        },
+      });
+
+      beforeAll(async () => {
+        await node.start({
+          shimConfig: { hypervisor: { ...guestDirConfig(), readyTimeoutMs: scaledMs(480_000) } },
+          containerd: {
+            ...(release === null ? {} : { release }),
+            kataHandler: false,
+            extraToml: [
+              "[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.kata-ts]",
+              '  runtime_type = "io.containerd.kata-ts.v2"',
+              '  sandboxer = "shim"',
+            ].join('\n'),
+          },
+        });
+        image = await pushBusyboxImage(node.registry, 'kata-ts/busybox', 'sbx', ['sleep', 'cat', 'hostname']);
+        await node.cri.image.PullImage({ image: { image } });
+        logDir = await node.podLogDir('sbx', uid);
+      });
+
+      afterAll(() => node.stop());
+
+      it("the pod's own resources reach the VM planner: a pod needing more vCPUs than the host has is refused, naming them, before any VM", async () => {
+        const err = await node.cri.runtime.RunPodSandbox({ config: podConfig(200_000), runtime_handler: KATA_TS_HANDLER }).then(
+          () => undefined,
+          (e: { code?: number; details?: string }) => e,
+        );
+        expect(err?.code).toBe(8); // RESOURCE_EXHAUSTED
+        expect(err?.details).toMatch(/needs \d+ vCPUs \(2000m workload/);
+        expect(liveProcessesMentioning(node.stateRoot)).toEqual([]);
+      });
+
+      let podId = '';
+      it('RunPodSandbox: CreateSandbox and StartSandbox boot the VM sized from the pod config, no pause container; a container logs and execs', {
+        timeout: scaledMs(900_000),
+      }, async () => {
+        podId = (
+          await node.cri.runtime.RunPodSandbox(
+            { config: podConfig(100_000), runtime_handler: KATA_TS_HANDLER },
+            { deadline: Date.now() + scaledMs(600_000) },
+          )
+        ).pod_sandbox_id;
+        expect((await node.cri.runtime.PodSandboxStatus({ pod_sandbox_id: podId })).status?.state).toBe('SANDBOX_READY');
+        // No task bundle for the pod (no pause container): its bundle is the sandboxer's.
+        expect(existsSync(node.ctrd.bundleDir(podId))).toBe(false);
+        expect(existsSync(path.join(node.ctrd.stateDir, 'io.containerd.sandbox.controller.v1.shim', 'k8s.io', podId))).toBe(true);
+        const podDir = path.join(node.stateRoot, 'k8s.io', podId.slice(0, 16));
+        const [qemu] = liveProcessesMentioning(podDir).filter((p) => readFileSync(`/proc/${p}/cmdline`, 'utf8').startsWith('qemu-system'));
+        const argv = readFileSync(`/proc/${qemu}/cmdline`, 'utf8').split('\0');
+        const memory = /size=(\d+)M/.exec(argv[argv.indexOf('-m') + 1] ?? '')?.[1];
+        expect(Number(memory)).toBeGreaterThanOrEqual(768);
+        expect(readFileSync(`/proc/${qemu}/cgroup`, 'utf8')).toContain(`/pod${uid}/`);
+
+        const app = (
+          await node.cri.runtime.CreateContainer({
+            pod_sandbox_id: podId,
+            config: {
+              metadata: { name: 'app', attempt: 0 },
+              image: { image },
+              command: ['sh', '-c', 'echo hello through the sandbox api; exec sleep 3600'],
+              log_path: 'app.log',
+            },
+            sandbox_config: podConfig(100_000),
+          })
+        ).container_id;
+        await node.cri.runtime.StartContainer({ container_id: app });
+        await untilLogLines('the container output', [path.join(logDir, 'app.log')], (l) =>
+          l.includes('stdout F hello through the sandbox api'),
+        );
+        const res = await node.cri.runtime.ExecSync({
+          container_id: app,
+          cmd: ['sh', '-c', 'hostname; cat /proc/sys/kernel/osrelease'],
+          timeout: 60,
+        });
+        const [hostname, kernel] = res.stdout.toString().trim().split('\n');
+        expect(hostname).toBe('sbx-pod');
+        expect(kernel).not.toBe(readFileSync('/proc/sys/kernel/osrelease', 'utf8').trim());
+        await node.cri.runtime.StopContainer({ container_id: app, timeout: 5 });
+        await node.cri.runtime.RemoveContainer({ container_id: app });
+      });
+
+      it('StopPodSandbox, RemovePodSandbox (StopSandbox, ShutdownSandbox): the shim ends, nothing of the pod is left', async () => {
+        const podDir = path.join(node.stateRoot, 'k8s.io', podId.slice(0, 16));
+        await node.cri.runtime.StopPodSandbox({ pod_sandbox_id: podId });
+        expect((await node.cri.runtime.PodSandboxStatus({ pod_sandbox_id: podId })).status?.state).toBe('SANDBOX_NOTREADY');
+        expect(liveProcessesMentioning(podDir).filter((p) => readFileSync(`/proc/${p}/cmdline`, 'utf8').startsWith('qemu-system'))).toEqual(
+          [],
+        );
+        await node.cri.runtime.RemovePodSandbox({ pod_sandbox_id: podId });
+        await until('no process of the pod and no state', async (note) => {
+          const left = liveProcessesMentioning(node.stateRoot);
+          note({ left, dir: existsSync(podDir) });
+          return left.length === 0 && !existsSync(podDir) ? true : undefined;
+        });
+        expect(await node.ctrd.mountsUnder(node.stateRoot)).toEqual([]);
+        await until('nothing left in the private cgroup tree', async (note) => {
+          const strays = await node.ctrd.strayProcesses();
+          note(strays);
+          return strays.length === 0 ? true : undefined;
+        });
+      });
+    },
+  );
+}
