@@ -20,6 +20,10 @@
  * And, without a VM: install and uninstall against 2.x reading a version 2 config, the layout
  * Debian's 2.x package ships (containerd migrates it; `sandbox_mode` becomes `sandboxer`).
  *
+ * And the Sandbox API on 2.x (`sandboxer = "shim"`, one VM): the pod's own resources size the VM
+ * (an over-sized pod refused naming its vCPUs), a container logs and execs, the service's Status,
+ * Platform, Ping and Metrics answer on the pod's socket, stop and remove leave nothing.
+ *
  * Skipped with a notice naming why when a release cannot be fetched (no route to Debian's
  * archive) or does not run here.
  */
@@ -32,6 +36,8 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { packageRoot } from '../../../src/common/paths.js';
 import type { PodSandboxConfig } from '../../../src/generated/runtime/v1/PodSandboxConfig.js';
 import { formatVersion } from '../../../src/install/version.js';
+import { decodeMessage, encodeMessage, type MessageInput, type MessageName } from '../../../src/shim/proto.js';
+import { connectTtrpc } from '../../../src/ttrpc/index.js';
 import { pushBusyboxImage } from '../../helpers/busybox-image.js';
 import { containerdMissing, KATA_TS_HANDLER, mountPointsUnder } from '../../helpers/containerd.js';
 import { type ContainerdReleaseLabel, containerdRelease } from '../../helpers/containerd-releases.js';
@@ -501,6 +507,37 @@ for (const [i, label] of LABELS.entries()) {
         const [hostname, kernel] = res.stdout.toString().trim().split('\n');
         expect(hostname).toBe('sbx-pod');
         expect(kernel).not.toBe(readFileSync('/proc/sys/kernel/osrelease', 'utf8').trim());
+
+        // The Sandbox API's other calls, on the pod's shim socket containerd's bootstrap.json names.
+        const bootstrapFile = path.join(node.ctrd.stateDir, 'io.containerd.sandbox.controller.v1.shim', 'k8s.io', podId, 'bootstrap.json');
+        const bootstrap = JSON.parse(await fsp.readFile(bootstrapFile, 'utf8')) as { address: string };
+        const client = await connectTtrpc(bootstrap.address.replace(/^unix:\/\//, ''), { timeoutMs: 10_000 });
+        const call = async <Req extends MessageName, Res extends MessageName>(
+          method: string,
+          req: Req,
+          res: Res,
+          body: MessageInput<Req>,
+        ) => decodeMessage(res, await client.call('containerd.runtime.sandbox.v1.Sandbox', method, encodeMessage(req, body)));
+        const sbx = 'containerd.runtime.sandbox.v1';
+        try {
+          const status = await call('SandboxStatus', `${sbx}.SandboxStatusRequest`, `${sbx}.SandboxStatusResponse`, { sandbox_id: podId });
+          expect(status).toMatchObject({ sandbox_id: podId, pid: Number(qemu), state: 'SANDBOX_READY' });
+          const platform = await call('Platform', `${sbx}.PlatformRequest`, `${sbx}.PlatformResponse`, { sandbox_id: podId });
+          expect(platform.platform).toMatchObject({ os: 'linux', architecture: 'amd64' });
+          await call('PingSandbox', `${sbx}.PingRequest`, `${sbx}.PingResponse`, { sandbox_id: podId });
+          const metrics = await call('SandboxMetrics', `${sbx}.SandboxMetricsRequest`, `${sbx}.SandboxMetricsResponse`, {
+            sandbox_id: podId,
+          });
+          expect(metrics.metrics?.id).toBe(podId);
+          expect(metrics.metrics?.data?.type_url).toMatch(/^io\.containerd\.cgroups\.v[12]\.Metrics$/);
+          // Another sandbox's id is refused, naming it.
+          await expect(call('PingSandbox', `${sbx}.PingRequest`, `${sbx}.PingResponse`, { sandbox_id: 'other' })).rejects.toThrow(
+            /sandbox_id other is not this shim's sandbox/,
+          );
+        } finally {
+          await client.close();
+        }
+
         await node.cri.runtime.StopContainer({ container_id: app, timeout: 5 });
         await node.cri.runtime.RemoveContainer({ container_id: app });
       });
