@@ -145,6 +145,7 @@ export async function runPlanCommand(argv: string[], io: CliIo): Promise<number>
         ovmfVarsTemplatePath: config.hypervisor.firmware.ovmfVarsPath,
         ...(request.config?.annotations === undefined ? {} : { annotations: request.config.annotations }),
         read: (p) => readMeasuredFile(p),
+        cpuinfo: () => readFileSync('/proc/cpuinfo', 'utf8'),
       });
       io.stdout.write(measurementsOutput(doc, format as 'text' | 'json' | 'rvps'));
       return 0;

@@ -6,8 +6,11 @@
  */
 import { invalid } from '../common/errors.js';
 import { q35RamBelow4GiBBytes } from './bzimage.js';
+import { type Initdata, snpHostData, tdxMrConfigId } from './initdata.js';
 import { sha256 } from './pcr.js';
 import { REFERENCE_VALUES_SCHEMA, type ReferenceValues, vtpmReferenceValues } from './reference-values.js';
+import { cpuSignatureFromCpuinfo, snpMeasurement, snpReferenceValues } from './snp.js';
+import { tdxMeasurements, tdxReferenceValues } from './tdx.js';
 import './reasons.js';
 import { predictVtpm } from './vtpm.js';
 
@@ -147,4 +150,123 @@ export function plannedVtpmReferenceValues(launch: PlannedVtpmLaunch): Reference
     },
     vtpm: vtpmReferenceValues(prediction),
   };
+}
+
+/** What an SNP or TDX launch is predicted from, besides the planned argv. */
+export interface PlannedHardwareTeeLaunch {
+  argv: readonly string[];
+  pod: { name: string; namespace: string; uid: string };
+  handler: string;
+  /** The pod's initdata, null without one: its binding (HOST_DATA / MRCONFIGID) as the runtime derives it. */
+  initdata: Initdata | null;
+  /** Reads a file the argv names, whole. */
+  read: (path: string) => Buffer;
+  /** /proc/cpuinfo of the host the pod would run on: `-cpu host` takes its vCPU signature from it. */
+  cpuinfo: () => string;
+}
+
+/** The `key=` value of the `-object` whose type is `type` (e.g. sev-snp-guest), or undefined. */
+function objectOption(argv: readonly string[], type: string, key: string): { found: boolean; value: string | undefined } {
+  const obj = optionValues(argv, '-object')
+    .map(keyValues)
+    .find((kv) => kv.has(type));
+  return { found: obj !== undefined, value: obj?.get(key) };
+}
+
+/** The inputs both hardware TEEs share: firmware (-bios), kernel, initrd, cmdline. */
+function hardwareInputs(launch: PlannedHardwareTeeLaunch) {
+  const inputs = launchInputsFromArgv(launch.argv);
+  const bios = optionValues(launch.argv, '-bios');
+  if (bios.length !== 1 || bios[0] === undefined)
+    throw invalid('MEASURE_ARGV_UNREADABLE', `the planned argv has ${bios.length} -bios options, not one`);
+  const firmware = launch.read(bios[0]);
+  const kernel = launch.read(inputs.kernelPath);
+  const initrd = launch.read(inputs.initrdPath);
+  const initdataDigest = launch.initdata === null ? null : sha256(launch.initdata.document);
+  const common = {
+    kernelSha256: sha256(kernel).toString('hex'),
+    initrdSha256: sha256(initrd).toString('hex'),
+    cmdline: inputs.cmdline,
+    ramBelow4GiBBytes: q35RamBelow4GiBBytes(inputs.memoryBytes),
+    ...(initdataDigest === null ? {} : { initdataSha256: initdataDigest.toString('hex') }),
+  };
+  return { inputs, firmware, kernel, initrd, common };
+}
+
+/** `-smp cpus=N,...`: the vCPUs at boot. */
+function bootVcpus(argv: readonly string[]): number {
+  const smp = optionValues(argv, '-smp').map(keyValues)[0];
+  const cpus = Number(smp?.get('cpus') ?? [...(smp?.keys() ?? [])][0]);
+  if (!Number.isInteger(cpus) || cpus < 1) throw invalid('MEASURE_ARGV_UNREADABLE', 'the planned argv has no -smp cpus= kata-ts can read');
+  return cpus;
+}
+
+/**
+ * The reference values of a planned SEV-SNP VM: the launch digest of the very argv (its -bios
+ * OVMF.amdsev, kernel hashes of -kernel/-initrd/-append, one VMSA per boot vCPU of the -cpu model,
+ * `host` read from the host's cpuinfo, and QEMU's default SEV features 0x1), with HOST_DATA (the
+ * initdata binding) in the argv, reported beside by the hardware and checked by the verifier.
+ */
+export function plannedSnpReferenceValues(launch: PlannedHardwareTeeLaunch): ReferenceValues {
+  const snp = objectOption(launch.argv, 'sev-snp-guest', 'host-data');
+  if (!snp.found) throw invalid('MEASURE_ARGV_UNREADABLE', `handler ${launch.handler}'s planned argv has no sev-snp-guest object`);
+  const { inputs, firmware, kernel, initrd, common } = hardwareInputs(launch);
+  const cpus = optionValues(launch.argv, '-cpu');
+  const model = (cpus[0] ?? 'host').split(',')[0] ?? 'host';
+  const m = snpMeasurement({
+    firmware,
+    vcpus: bootVcpus(launch.argv),
+    vcpuType: model === 'host' ? cpuSignatureFromCpuinfo(launch.cpuinfo()) : model,
+    kernel,
+    initrd,
+    cmdline: inputs.cmdline,
+    ...bindingOf(launch.initdata === null ? null : snpHostData(launch.initdata), snp.value),
+    guestFeatures: 0x1,
+  });
+  return {
+    schema: REFERENCE_VALUES_SCHEMA,
+    pod: launch.pod,
+    handler: launch.handler,
+    tee: 'snp',
+    inputs: { ...common, ovmfCodeSha256: sha256(firmware).toString('hex') },
+    snp: { ...snpReferenceValues(m), ...(m.hostData === undefined ? {} : { host_data: m.hostData }) },
+  };
+}
+
+/**
+ * The reference values of a planned TDX VM: MRTD of its -bios TDVF, RTMR[1] and RTMR[2] of the
+ * direct kernel boot (the loader of QEMU 10.1 with a current edk2, which TDX needs), with
+ * MRCONFIGID (the initdata binding) from the argv reported beside.
+ */
+export function plannedTdxReferenceValues(launch: PlannedHardwareTeeLaunch): ReferenceValues {
+  const tdx = objectOption(launch.argv, 'tdx-guest', 'mrconfigid');
+  if (!tdx.found) throw invalid('MEASURE_ARGV_UNREADABLE', `handler ${launch.handler}'s planned argv has no tdx-guest object`);
+  const { inputs, firmware, kernel, initrd, common } = hardwareInputs(launch);
+  const m = tdxMeasurements({
+    firmware,
+    kernel,
+    initrd,
+    cmdline: inputs.cmdline,
+    ...(() => {
+      const b = bindingOf(launch.initdata === null ? null : tdxMrConfigId(launch.initdata), tdx.value);
+      return b.hostData === undefined ? {} : { mrConfigId: b.hostData };
+    })(),
+  });
+  return {
+    schema: REFERENCE_VALUES_SCHEMA,
+    pod: launch.pod,
+    handler: launch.handler,
+    tee: 'tdx',
+    inputs: { ...common, ovmfCodeSha256: sha256(firmware).toString('hex') },
+    tdx: { ...tdxReferenceValues(m), ...(m.mrConfigId === undefined ? {} : { mr_config_id: m.mrConfigId }) },
+  };
+}
+
+/**
+ * The initdata binding of a launch: derived from the pod's initdata as the runtime derives it for
+ * the argv it starts, else what the planned argv carries (base64), else none.
+ */
+function bindingOf(derived: Buffer | null, inArgv: string | undefined): { hostData?: Buffer } {
+  if (derived !== null) return { hostData: derived };
+  return inArgv === undefined ? {} : { hostData: Buffer.from(inArgv, 'base64') };
 }

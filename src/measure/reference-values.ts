@@ -145,12 +145,17 @@ export function checkReferenceValues(doc: unknown): ReferenceValues {
   return doc;
 }
 
+/** The `snp` / `tdx` entries that carry the initdata binding, not a measurement. */
+const INITDATA_BINDINGS = new Set(['host_data', 'mr_config_id']);
+
 /** Trustee RVPS "sample" provenance: reference-value name -> accepted values. */
 export function rvpsSampleProvenance(doc: ReferenceValues): Record<string, string[]> {
   const out: Record<string, string[]> = {};
   for (const [pcr, value] of Object.entries(doc.vtpm?.pcrs ?? {})) out[`tpm_pcr${pcr}`] = [value];
-  for (const [name, value] of Object.entries(doc.snp ?? {})) out[name] = [value];
-  for (const [name, value] of Object.entries(doc.tdx ?? {})) out[name] = [value];
+  // HOST_DATA and MRCONFIGID are the initdata binding, reported beside the measurement: trustee's
+  // verifiers check them against the initdata digest themselves, so they are no reference values.
+  for (const [name, value] of [...Object.entries(doc.snp ?? {}), ...Object.entries(doc.tdx ?? {})])
+    if (!INITDATA_BINDINGS.has(name)) out[name] = [value];
   return out;
 }
 

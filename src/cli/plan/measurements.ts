@@ -4,34 +4,11 @@
  * boots. The result is the reference-values document (src/measure/reference-values.ts); text and
  * RVPS forms are views of it. The initdata document comes from the pod's annotations.
  */
-import { gunzipSync } from 'node:zlib';
-import { invalid, unimplemented } from '../../common/errors.js';
-import { plannedVtpmReferenceValues } from '../../measure/launch.js';
+import { initdataFromAnnotations } from '../../measure/initdata.js';
+import { plannedSnpReferenceValues, plannedTdxReferenceValues, plannedVtpmReferenceValues } from '../../measure/launch.js';
 import { type ReferenceValues, rvpsSampleMessage } from '../../measure/reference-values.js';
 import '../reasons.js';
 import type { PlanReport } from './output.js';
-
-/** The pod annotations that carry an initdata document (gzip, then base64): Kata's and kata-ts's own. */
-export const INITDATA_ANNOTATIONS = ['io.katacontainers.config.hypervisor.cc_init_data', 'io.kata-ts.initdata'] as const;
-
-/**
- * The initdata document of a pod, from its annotations (gzip + base64, Kata's encoding), or null.
- * Two annotations that disagree are refused: which one the guest would get is not a guess.
- */
-export function initdataFromAnnotations(annotations: Record<string, string> | undefined): Buffer | null {
-  const docs = INITDATA_ANNOTATIONS.filter((k) => annotations?.[k] !== undefined).map((k) => {
-    try {
-      return { key: k, doc: gunzipSync(Buffer.from(annotations?.[k] ?? '', 'base64')) };
-    } catch {
-      throw invalid('PLAN_MEASUREMENTS_UNAVAILABLE', `annotation ${k} is not gzip + base64`);
-    }
-  });
-  const [first, second] = docs;
-  if (first === undefined) return null;
-  if (second !== undefined && !second.doc.equals(first.doc))
-    throw invalid('PLAN_MEASUREMENTS_UNAVAILABLE', `annotations ${first.key} and ${second.key} carry different initdata documents`);
-  return first.doc;
-}
 
 export interface MeasurementSources {
   report: PlanReport;
@@ -40,20 +17,30 @@ export interface MeasurementSources {
   annotations?: Record<string, string>;
   /** Reads a file the argv names (the CLI's I/O, injected). */
   read: (path: string) => Buffer;
+  /** The host's /proc/cpuinfo (an SNP VM with `-cpu host` takes its vCPU signature from it). */
+  cpuinfo: () => string;
 }
 
 /**
- * The reference values of a planned pod. vtpm: predicted from the planned argv. A pod whose TEE
- * resolves to snp or tdx gets a coded error saying so (their digests are not wired in here yet),
- * and one without a TEE the launch step's MEASURE_NO_VTPM.
+ * The reference values of a planned pod, predicted from the planned argv: vtpm PCRs; for a pod
+ * whose TEE is snp or tdx, the launch digest or MRTD and RTMRs that pod would have on that
+ * hardware (whether or not this host could start it: the lab plans for SNP and TDX hosts from
+ * any machine). A pod without a TEE gets the launch step's MEASURE_NO_VTPM.
  */
 export function plannedReferenceValues(src: MeasurementSources): ReferenceValues {
   const tee = src.report.tee;
-  if (tee !== undefined && (tee.kind === 'snp' || tee.kind === 'tdx'))
-    throw unimplemented(
-      'PLAN_MEASUREMENTS_UNAVAILABLE',
-      `handler ${src.report.handler} resolves to ${tee.kind} here; plan --measurements predicts vtpm launches only so far`,
-    );
+  const initdata = initdataFromAnnotations(src.annotations);
+  if (tee !== undefined && (tee.kind === 'snp' || tee.kind === 'tdx')) {
+    const launch = {
+      argv: src.report.qemu.argv,
+      pod: src.report.pod,
+      handler: src.report.handler,
+      initdata,
+      read: src.read,
+      cpuinfo: src.cpuinfo,
+    };
+    return tee.kind === 'snp' ? plannedSnpReferenceValues(launch) : plannedTdxReferenceValues(launch);
+  }
   const firmware = tee?.firmware;
   const template =
     firmware !== null && firmware !== undefined && 'ovmfVarsTemplate' in firmware ? firmware.ovmfVarsTemplate : src.ovmfVarsTemplatePath;
@@ -62,7 +49,7 @@ export function plannedReferenceValues(src: MeasurementSources): ReferenceValues
     pod: src.report.pod,
     handler: src.report.handler,
     ovmfVarsTemplatePath: template,
-    initdata: initdataFromAnnotations(src.annotations),
+    initdata: initdata?.document ?? null,
     read: src.read,
   });
 }
@@ -88,6 +75,15 @@ export function measurementsText(doc: ReferenceValues): string {
     lines.push('', 'Not predicted (fixed by the firmware build, its vars and the device set; take them from a known-good boot):');
     for (const f of vtpm.notPredicted) lines.push(`  PCR ${String(f.pcr).padStart(2)}  ${f.why}`);
   }
+  for (const [name, values] of [
+    ['SEV-SNP (attestation report)', doc.snp],
+    ['TDX (TD quote)', doc.tdx],
+  ] as const) {
+    if (values === undefined) continue;
+    lines.push('', `${name}:`);
+    for (const [k, v] of Object.entries(values)) lines.push(`  ${k.padEnd(22)} ${v}`);
+  }
+  if (doc.tdx !== undefined) lines.push("  (RTMR[0] and RTMR[3] are not predicted: QEMU's ACPI tables and the guest's run-time events)");
   return `${lines.join('\n')}\n`;
 }
 

@@ -9,14 +9,16 @@ import path from 'node:path';
 import { Writable } from 'node:stream';
 import { gzipSync } from 'node:zlib';
 import { afterAll, describe, expect, it } from 'vitest';
-import { initdataFromAnnotations, measurementsOutput, plannedReferenceValues } from '../../../src/cli/plan/measurements.js';
+import { measurementsOutput, plannedReferenceValues } from '../../../src/cli/plan/measurements.js';
 import { buildPlanReport } from '../../../src/cli/plan/report.js';
 import { runPlanCommand } from '../../../src/cli/plan.js';
 import { packageRoot } from '../../../src/common/paths.js';
 import { q35RamBelow4GiBBytes } from '../../../src/measure/bzimage.js';
+import { parseInitdataDocument, snpHostData } from '../../../src/measure/initdata.js';
 import { launchInputsFromArgv } from '../../../src/measure/launch.js';
 import { sha256 } from '../../../src/measure/pcr.js';
 import { checkReferenceValues } from '../../../src/measure/reference-values.js';
+import { cpuSignatureFromCpuinfo, snpMeasurement } from '../../../src/measure/snp.js';
 import { predictVtpm } from '../../../src/measure/vtpm.js';
 import { thrown } from '../../helpers/kata-error.js';
 import { fixturePlanEnvironment } from '../../helpers/plan-env.js';
@@ -37,34 +39,17 @@ const VTPM_ARGS = [
 ];
 
 const annotation = (doc: string): string => gzipSync(Buffer.from(doc)).toString('base64');
-
-describe('initdata from annotations', () => {
-  it("decodes Kata's and kata-ts's annotation (gzip + base64); both agreeing is fine, disagreeing is refused", () => {
-    expect(initdataFromAnnotations(undefined)).toBeNull();
-    expect(initdataFromAnnotations({ 'io.kata-ts.initdata': annotation('doc') })?.toString()).toBe('doc');
-    expect(
-      initdataFromAnnotations({
-        'io.kata-ts.initdata': annotation('doc'),
-        'io.katacontainers.config.hypervisor.cc_init_data': annotation('doc'),
-      })?.toString(),
-    ).toBe('doc');
-    const e = thrown(() =>
-      initdataFromAnnotations({
-        'io.kata-ts.initdata': annotation('a'),
-        'io.katacontainers.config.hypervisor.cc_init_data': annotation('b'),
-      }),
-    );
-    expect(e.reason).toBe('PLAN_MEASUREMENTS_UNAVAILABLE');
-    expect(thrown(() => initdataFromAnnotations({ 'io.kata-ts.initdata': 'bm90IGd6aXA=' })).message).toMatch(/io.kata-ts.initdata/);
-  });
-});
+/** An initdata document in Kata's format (src/measure/initdata.ts). */
+const INITDATA = 'version = "0.1.0"\nalgorithm = "sha256"\n\n[data]\n"policy.rego" = "allow"\n';
 
 describe('reference values of a planned pod', () => {
   it('a VM without a vTPM has nothing to predict: a coded error naming the handler', async () => {
     const { loadPlanRequest } = await import('../../../src/cli/plan/load.js');
     const env = await fixturePlanEnvironment({ cpus: 8, memoryMiB: 16384 });
     const report = buildPlanReport(loadPlanRequest(readFileSync(POD, 'utf8'), POD).request, env, 'kata-ts');
-    const e = thrown(() => plannedReferenceValues({ report, ovmfVarsTemplatePath: OVMF_VARS, read: () => Buffer.alloc(0) }));
+    const e = thrown(() =>
+      plannedReferenceValues({ report, ovmfVarsTemplatePath: OVMF_VARS, read: () => Buffer.alloc(0), cpuinfo: () => '' }),
+    );
     expect(e.reason).toBe('MEASURE_NO_VTPM');
     expect(e.message).toMatch(/handler kata-ts/);
   });
@@ -83,8 +68,9 @@ describe('reference values of a planned pod', () => {
       const doc = plannedReferenceValues({
         report,
         ovmfVarsTemplatePath: OVMF_VARS,
-        annotations: { 'io.kata-ts.initdata': annotation('policy = "allow"\n') },
+        annotations: { 'io.kata-ts.initdata': annotation(INITDATA) },
         read,
+        cpuinfo: () => '',
       });
       const expected = predictVtpm({
         kernel: readFileSync(inputs.kernelPath),
@@ -92,11 +78,11 @@ describe('reference values of a planned pod', () => {
         cmdline: inputs.cmdline,
         ramBelow4GiBBytes: q35RamBelow4GiBBytes(inputs.memoryBytes),
         ovmfVars: readFileSync(OVMF_VARS),
-        initdataDigestSha256: sha256('policy = "allow"\n'),
+        initdataDigestSha256: sha256(INITDATA),
       });
       expect(checkReferenceValues(JSON.parse(measurementsOutput(doc, 'json')))).toEqual(doc);
       expect(doc.vtpm?.pcrs).toEqual(Object.fromEntries(Object.entries(expected.pcrs)));
-      expect(doc.inputs.initdataSha256).toBe(sha256('policy = "allow"\n').toString('hex'));
+      expect(doc.inputs.initdataSha256).toBe(sha256(INITDATA).toString('hex'));
       expect(doc.inputs.cmdline).toBe(inputs.cmdline);
       const text = measurementsOutput(doc, 'text');
       for (const pcr of ['4', '7', '8', '9']) expect(text).toContain(`PCR  ${pcr}  ${doc.vtpm?.pcrs[pcr]}`);
@@ -175,4 +161,70 @@ describe('kata-ts plan --measurements', () => {
     expect(b.err().trimEnd().split('\n')).toHaveLength(1);
     expect(b.out()).toBe('');
   });
+
+  // The SNP profile planned on a machine without SEV-SNP (the lab's case): the launch digest that
+  // pod would have on that hardware. The firmware is sev-snp-measure's Apache-2.0 OVMF fixture
+  // (test/fixtures/measure), which carries the SNP metadata and kernel hashes range.
+  const SNP_FIRMWARE = path.join(packageRoot(), 'test', 'fixtures', 'measure', 'ovmf_AmdSev_suffix.bin');
+  const CPUINFO = '/proc/cpuinfo';
+  const haveSnpInputs = haveFiles && existsSync(CPUINFO) && /^cpu family/m.test(existsSync(CPUINFO) ? readFileSync(CPUINFO, 'utf8') : '');
+  it.skipIf(!haveSnpInputs)(
+    "an snp handler, planned here: the launch digest of the plan's own argv and files, with HOST_DATA from initdata",
+    async () => {
+      const snpConfig = path.join(dir, 'snp.json');
+      writeFileSync(
+        snpConfig,
+        JSON.stringify({
+          hypervisor: { firmware: { snpFirmwarePath: SNP_FIRMWARE } },
+          handlers: {
+            'lab-snp': {
+              confidential: true,
+              tee: { kind: 'snp' },
+              vm: { hotplugVcpus: 0, hotplugMemoryMiB: 0, freePageReporting: false },
+              pcie: { vfioPolicy: 'cold-plug', sparePorts: 0 },
+            },
+          },
+        }),
+      );
+      const request = path.join(dir, 'snp-pod.json');
+      const pod = {
+        config: {
+          metadata: { name: 'lab', namespace: 'default', uid: 'u1' },
+          annotations: { 'io.kata-ts.initdata': annotation(INITDATA) },
+        },
+      };
+      writeFileSync(request, JSON.stringify(pod));
+      const plain = io();
+      expect(
+        await runPlanCommand(['--request', request, '--config', snpConfig, '--handler', 'lab-snp', '--format', 'json'], plain.io),
+      ).toBe(0);
+      const argv: string[] = JSON.parse(plain.out()).qemu.argv;
+      const out = io();
+      expect(
+        await runPlanCommand(
+          ['--measurements', '--request', request, '--config', snpConfig, '--handler', 'lab-snp', '--format', 'json'],
+          out.io,
+        ),
+      ).toBe(0);
+      const doc = checkReferenceValues(JSON.parse(out.out()));
+      const flag = (f: string) => argv[argv.indexOf(f) + 1]!;
+      const expected = snpMeasurement({
+        firmware: readFileSync(SNP_FIRMWARE),
+        vcpus: Number(/cpus=(\d+)/.exec(flag('-smp'))![1]),
+        vcpuType: cpuSignatureFromCpuinfo(readFileSync(CPUINFO, 'utf8')),
+        kernel: readFileSync(flag('-kernel')),
+        initrd: readFileSync(flag('-initrd')),
+        cmdline: flag('-append'),
+        hostData: snpHostData(parseInitdataDocument(Buffer.from(INITDATA))),
+        guestFeatures: 0x1,
+      });
+      expect(doc.tee).toBe('snp');
+      expect(doc.snp).toEqual({ snp_launch_measurement: expected.launchDigest, host_data: expected.hostData });
+      const text = io();
+      expect(await runPlanCommand(['--measurements', '--request', request, '--config', snpConfig, '--handler', 'lab-snp'], text.io)).toBe(
+        0,
+      );
+      expect(text.out()).toContain(expected.launchDigest);
+    },
+  );
 });
