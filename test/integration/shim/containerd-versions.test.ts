@@ -542,6 +542,23 @@ for (const [i, label] of LABELS.entries()) {
         await node.cri.runtime.RemoveContainer({ container_id: app });
       });
 
+      it('a containerd restart: the new containerd finds the sandbox ready through the shim and runs a container in it', async () => {
+        await node.restartContainerd();
+        expect((await node.cri.runtime.PodSandboxStatus({ pod_sandbox_id: podId })).status?.state).toBe('SANDBOX_READY');
+        const again = (
+          await node.cri.runtime.CreateContainer({
+            pod_sandbox_id: podId,
+            config: { metadata: { name: 'again', attempt: 0 }, image: { image }, command: ['sleep', '3600'], log_path: 'again.log' },
+            sandbox_config: podConfig(100_000),
+          })
+        ).container_id;
+        await node.cri.runtime.StartContainer({ container_id: again });
+        const res = await node.cri.runtime.ExecSync({ container_id: again, cmd: ['hostname'], timeout: 60 });
+        expect(res.stdout.toString().trim()).toBe('sbx-pod');
+        await node.cri.runtime.StopContainer({ container_id: again, timeout: 5 });
+        await node.cri.runtime.RemoveContainer({ container_id: again });
+      });
+
       it('StopPodSandbox, RemovePodSandbox (StopSandbox, ShutdownSandbox): the shim ends, nothing of the pod is left', async () => {
         const podDir = path.join(node.stateRoot, 'k8s.io', podId.slice(0, 16));
         await node.cri.runtime.StopPodSandbox({ pod_sandbox_id: podId });
