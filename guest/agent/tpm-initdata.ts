@@ -17,7 +17,7 @@
  */
 import { createHash } from 'node:crypto';
 import { constants } from 'node:fs';
-import { access, chmod, link, mkdir, open, readFile, unlink } from 'node:fs/promises';
+import { access, chmod, link, mkdir, open, readFile, stat, unlink } from 'node:fs/promises';
 import path from 'node:path';
 import { unavailable } from '../../src/common/errors.js';
 import type { Logger } from '../../src/common/logger.js';
@@ -59,9 +59,11 @@ export async function measureInitdata(o: MeasureInitdataOptions): Promise<Initda
   const out = o.outPath ?? GUEST_INITDATA_PATH;
   if (!(await exists(src))) return 'none';
   if (await exists(out)) return 'already-published';
-  const doc = await readFile(src);
-  if (doc.length > INITDATA_MAX_BYTES) {
-    o.logger.error({ bytes: doc.length }, 'the initdata document is larger than any the host sends: not published');
+  // The size first: the host decides it, and a huge file must not be read into the agent's heap.
+  const size = (await stat(src)).size;
+  const doc = size > INITDATA_MAX_BYTES ? null : await readFile(src);
+  if (doc === null || doc.length > INITDATA_MAX_BYTES) {
+    o.logger.error({ bytes: size }, 'the initdata document is larger than any the host sends: not published');
     return 'withheld';
   }
   const digest = createHash('sha256').update(doc).digest();

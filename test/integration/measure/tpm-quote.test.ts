@@ -9,7 +9,7 @@
  *    key are refused;
  *  - the agent's start-up step (guest/agent/tpm-initdata.ts) on a document file standing in for
  *    the fw_cfg entry: PCR 8 extended once, the same bytes published read-only, nothing extended
- *    again by a restarted agent;
+ *    again by a restarted agent, an oversized document withheld;
  *  - the agent's GetTpmQuote rpc through the real channel (AgentService on a unix socket,
  *    AgentClient on the host side) verifies, and an agent without a TPM answers TPM_UNAVAILABLE;
  *  - KATA_TS_WRITE_QUOTE_VECTOR=1 writes the quote as test/fixtures/measure/tpm-quote-swtpm.json,
@@ -193,6 +193,12 @@ describe.skipIf(missing.length > 0)('guest TPM commands against a real swtpm', (
     );
     expect(err.reason).toBe('INITDATA_UNMEASURED');
     expect(existsSync(path.join(work, 'run', 'other.toml'))).toBe(false);
+    // Larger than the host ever sends: withheld without being read, PCR 8 untouched.
+    const big = path.join(work, 'fw_cfg-big');
+    writeFileSync(big, Buffer.alloc(1024 * 1024 + 1, 0x20));
+    expect(await measureInitdata({ ...o, fwCfgPath: big, outPath: path.join(work, 'run', 'big.toml') })).toBe('withheld');
+    expect(existsSync(path.join(work, 'run', 'big.toml'))).toBe(false);
+    expect((await t.pcrRead([8]))[8]).toEqual(expected);
   });
 
   it('GetTpmQuote through the agent channel verifies; an agent without a TPM says so', async () => {
