@@ -156,7 +156,7 @@ describe.skipIf(missing.length > 0)('initdata measured by the real guest agent',
 
   it('PCR 8 in the guest TPM quote equals the prediction from the annotation; one changed byte of the document changes PCR 8 only', async () => {
     // The guest with this checkout's agent and modules (idempotent: quick when nothing changed).
-    execFileSync('bash', [path.join(repo, 'scripts/build-guest.sh'), '--out', GUEST_DIR, '--agent-snapshot', 'off'], {
+    execFileSync('bash', [path.join(repo, 'scripts/build-guest.sh'), '--out', GUEST_DIR], {
       stdio: ['ignore', 'ignore', 'inherit'],
     });
     dir = mkdtempSync(path.join(os.tmpdir(), 'initdata-'));
