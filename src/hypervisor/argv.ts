@@ -90,14 +90,14 @@ export type TeeArgvSpec =
       kind: 'snp';
       /** OVMF built for SEV (`-bios`): it checks the kernel, initrd and command line against the hashes QEMU puts in the launch digest. */
       firmwarePath: string;
-      /** HOST_DATA, 32 bytes, in the attestation report (sha256 of the initdata document). */
+      /** HOST_DATA, 32 bytes, in the attestation report (the initdata digest in its own algorithm, cut or zero-padded: src/measure/initdata.ts). */
       hostData?: Buffer;
       initdataPath?: string;
     }
   | {
       kind: 'tdx';
       firmwarePath: string;
-      /** MRCONFIGID, 48 bytes, in the TD report (sha384 of the initdata document). */
+      /** MRCONFIGID, 48 bytes, in the TD report (the initdata digest in its own algorithm, cut or zero-padded: src/measure/initdata.ts). */
       mrConfigId?: Buffer;
       initdataPath?: string;
     };
