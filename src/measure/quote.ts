@@ -226,3 +226,32 @@ export function verifyQuote(evidence: QuoteEvidence, nonce: Buffer): VerifiedQuo
   if (!h.digest().equals(pcrDigest)) bad("the PCR values given do not hash to the quote's PCR digest");
   return { pcrs, pcrDigest, pcrValues: values, clock, firmwareVersion, akName: ak.name, hierarchy };
 }
+
+/** How a verified quote compares with a pod's predicted PCRs (the reference-values document's `vtpm.pcrs`). */
+export interface QuoteAppraisal {
+  /** Every predicted PCR was quoted with the predicted value. */
+  ok: boolean;
+  matched: number[];
+  mismatched: Array<{ pcr: number; predicted: string; quoted: string }>;
+  /** Predicted but not in the quote's selection: the verifier asked for too little. */
+  notQuoted: number[];
+}
+
+/**
+ * Compares a verified quote's PCRs with the predicted ones (`kata-ts plan --measurements`'s
+ * `vtpm.pcrs`, keyed by PCR number). PCRs the prediction leaves out (firmware-defined) are not
+ * judged here; a policy that wants them compares them itself.
+ */
+export function appraiseQuote(quote: VerifiedQuote, predictedPcrs: Readonly<Record<string, string>>): QuoteAppraisal {
+  const matched: number[] = [];
+  const mismatched: QuoteAppraisal['mismatched'] = [];
+  const notQuoted: number[] = [];
+  for (const [key, predicted] of Object.entries(predictedPcrs).sort(([a], [b]) => Number(a) - Number(b))) {
+    const pcr = Number(key);
+    const quoted = quote.pcrValues[pcr];
+    if (quoted === undefined) notQuoted.push(pcr);
+    else if (quoted === predicted.toLowerCase()) matched.push(pcr);
+    else mismatched.push({ pcr, predicted: predicted.toLowerCase(), quoted });
+  }
+  return { ok: mismatched.length === 0 && notQuoted.length === 0, matched, mismatched, notQuoted };
+}

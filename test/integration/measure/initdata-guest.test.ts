@@ -5,9 +5,10 @@
  * a fresh swtpm behind tpm-crb and an initdata document as the fw_cfg file
  * opt/org.kata-ts/initdata, as src/hypervisor/argv.ts hands it over. The host then asks the agent,
  * over its virtio-serial channel, for GetTpmQuote with a fresh nonce: the quote verifies
- * (src/measure/quote.ts) and its PCR 8 is exactly what src/measure/initdata.ts predicted from the
- * annotation before the boot (one extend of sha256 of the document), so the agent measured the
- * document before publishing it; a second boot with one byte of the document changed moves PCR 8
+ * (src/measure/quote.ts); its PCRs 4, 7, 8 and 9 equal the reference values predicted from the
+ * very argv before the boot (src/measure/launch.ts, what `plan --measurements` prints), PCR 8
+ * being exactly one extend of sha256 of the document (src/measure/initdata.ts), so the agent
+ * measured the document before publishing it; a second boot with one byte of the document changed moves PCR 8
  * to its new prediction and leaves PCRs 4 and 9 alone. Two boots; QEMU and swtpm are ended by pid
  * (start time checked), the temporary directory removed, pass or fail.
  */
@@ -24,7 +25,8 @@ import { silentLogger } from '../../../src/common/logger.js';
 import { isSameLiveProcess, readProcStat } from '../../../src/common/procfs.js';
 import { INITDATA_FW_CFG_NAME } from '../../../src/hypervisor/argv.js';
 import { KATA_INITDATA_ANNOTATION, parseInitdataAnnotation, vtpmPcr8 } from '../../../src/measure/initdata.js';
-import { verifyQuote } from '../../../src/measure/quote.js';
+import { plannedVtpmReferenceValues } from '../../../src/measure/launch.js';
+import { appraiseQuote, verifyQuote } from '../../../src/measure/quote.js';
 import { until, untilProgress } from '../../helpers/poll.js';
 
 const repo = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../..');
@@ -90,7 +92,7 @@ describe.skipIf(missing.length > 0)('initdata measured by the real guest agent',
   });
 
   /** One boot with `doc` as the pod's initdata: the verified quote of PCRs 4, 8 and 9. */
-  async function bootAndQuote(label: string, doc: Buffer): Promise<Record<number, string>> {
+  async function bootAndQuote(label: string, doc: Buffer): Promise<{ quoted: Record<number, string>; predicted: Record<string, string> }> {
     const work = path.join(dir, label);
     mkdirSync(path.join(work, 'tpm'), { recursive: true });
     writeFileSync(path.join(work, 'vars.fd'), readFileSync(OVMF_VARS));
@@ -122,6 +124,17 @@ describe.skipIf(missing.length > 0)('initdata measured by the real guest agent',
       ...['-device', 'virtserialport,bus=vser.0,chardev=agent,name=org.kata-ts.agent'],
       ...['-fw_cfg', `name=${INITDATA_FW_CFG_NAME},file=${docFile}`],
     ];
+    // The prediction, from the very argv the boot uses, before it boots (as plan --measurements does).
+    const reference = plannedVtpmReferenceValues({
+      argv,
+      pod: { name: label, namespace: 'test', uid: label },
+      handler: 'initdata-guest-test',
+      ovmfVarsTemplatePath: OVMF_VARS,
+      initdata: doc,
+      read: (p) => readFileSync(p),
+    });
+    const predicted = reference.vtpm?.pcrs ?? {};
+    expect(Object.keys(predicted).map(Number)).toEqual([4, 7, 8, 9]);
     const qemuErr = openSync(path.join(work, 'qemu.err'), 'w');
     const qemu = track(spawn(QEMU, argv, { stdio: ['ignore', qemuErr, qemuErr] }), 'qemu');
     const text = (): string => (existsSync(consoleLog) ? readFileSync(consoleLog, 'latin1') : '');
@@ -144,9 +157,11 @@ describe.skipIf(missing.length > 0)('initdata measured by the real guest agent',
     const client = await AgentClient.connect({ socketPath: agentSock, logger: silentLogger(), hostVersion: 'test' }, 120_000);
     try {
       const nonce = randomBytes(32);
-      const verified = verifyQuote(await client.tpmQuote(nonce, [4, 8, 9], { timeoutMs: 120_000 }), nonce);
-      expect(verified.pcrs).toEqual([4, 8, 9]);
-      return verified.pcrValues;
+      const verified = verifyQuote(await client.tpmQuote(nonce, [4, 7, 8, 9], { timeoutMs: 120_000 }), nonce);
+      expect(verified.pcrs).toEqual([4, 7, 8, 9]);
+      // Every predicted PCR (kernel, Secure Boot state, initdata, command line and initrd) as quoted.
+      expect(appraiseQuote(verified, predicted)).toEqual({ ok: true, matched: [4, 7, 8, 9], mismatched: [], notQuoted: [] });
+      return { quoted: verified.pcrValues, predicted };
     } finally {
       client.close();
       await stop(qemu);
@@ -162,12 +177,12 @@ describe.skipIf(missing.length > 0)('initdata measured by the real guest agent',
     dir = mkdtempSync(path.join(os.tmpdir(), 'initdata-'));
     const first = parseInitdataAnnotation(gzipSync(DOC).toString('base64'), KATA_INITDATA_ANNOTATION);
     const second = parseInitdataAnnotation(gzipSync(DOC.replace('8080', '8081')).toString('base64'), KATA_INITDATA_ANNOTATION);
-    const a = await bootAndQuote('first', first.document);
+    const { quoted: a } = await bootAndQuote('first', first.document);
     expect(a[8]).toBe(vtpmPcr8(first).value.toString('hex'));
-    const b = await bootAndQuote('second', second.document);
+    const { quoted: b } = await bootAndQuote('second', second.document);
     expect(b[8]).toBe(vtpmPcr8(second).value.toString('hex'));
     expect(b[8]).not.toBe(a[8]);
-    // Same kernel, initrd and command line: PCRs 4 and 9 do not move.
-    expect([b[4], b[9]]).toEqual([a[4], a[9]]);
+    // Same kernel, initrd and command line: PCRs 4, 7 and 9 do not move.
+    expect([b[4], b[7], b[9]]).toEqual([a[4], a[7], a[9]]);
   });
 });

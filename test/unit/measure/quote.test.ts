@@ -9,7 +9,7 @@ import { readFileSync } from 'node:fs';
 import path from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { extendPcr, ZERO_PCR_SHA256 } from '../../../src/measure/pcr.js';
-import { parseAttestationKey, type QuoteEvidence, qualifiedName, verifyQuote } from '../../../src/measure/quote.js';
+import { appraiseQuote, parseAttestationKey, type QuoteEvidence, qualifiedName, verifyQuote } from '../../../src/measure/quote.js';
 import { thrown } from '../../helpers/kata-error.js';
 
 const vector = JSON.parse(
@@ -85,5 +85,22 @@ describe('verifyQuote on a real swtpm quote', () => {
   });
   it('parses the key: restricted signing ECC P-256', () => {
     expect(parseAttestationKey(h(vector.akPublic)).objectAttributes & 0x50000).toBe(0x50000);
+  });
+});
+
+describe('appraiseQuote', () => {
+  const q = verifyQuote(evidence(), nonce);
+  const pcr8 = extendPcr(ZERO_PCR_SHA256, createHash('sha256').update(vector.initdataDocument).digest()).toString('hex');
+  it('matches predicted PCRs against the quoted ones', () => {
+    expect(appraiseQuote(q, { 8: pcr8, 0: '00'.repeat(32) })).toEqual({ ok: true, matched: [0, 8], mismatched: [], notQuoted: [] });
+  });
+  it('names a PCR that differs and one the quote left out', () => {
+    const other = createHash('sha256').update('another document').digest('hex');
+    expect(appraiseQuote(q, { 8: other, 14: pcr8 })).toEqual({
+      ok: false,
+      matched: [],
+      mismatched: [{ pcr: 8, predicted: other, quoted: pcr8 }],
+      notQuoted: [14],
+    });
   });
 });
