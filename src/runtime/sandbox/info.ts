@@ -97,6 +97,8 @@ export async function sandboxVerboseInfo(live: LiveSandbox, cgroups: CgroupDrive
     // The TEE the pod got and why (absent from the plan: planned before TEE profiles, none).
     tee: { kind: record.plan.tee?.kind ?? 'none', reason: record.plan.tee?.reason ?? 'planned before TEE profiles' },
     tpm: tpmInfo(record),
+    // The launch measurements predicted before boot (kata-ts/reference-values/v1), null without a TEE.
+    referenceValues: record.referenceValues ?? null,
     network: networkInfo(record.network),
     exit: record.exit,
     // From the pool or cold, and why not from the pool (docs/pool.md).

@@ -4,11 +4,13 @@
  * the VM. Reads only: no file, directory, cgroup, namespace, process or record is made here, so a
  * request refused at any point of it leaves the node exactly as it was.
  */
-import { existsSync } from 'node:fs';
-import { precondition } from '../../common/errors.js';
+import { existsSync, readFileSync } from 'node:fs';
+import { errorMessage, isKataError, precondition } from '../../common/errors.js';
 import type { KataConfig } from '../../config/types.js';
 import { checkGuestAssets } from '../../hypervisor/index.js';
-import { initdataFromAnnotations, initdataLaunch, snpHostData, tdxMrConfigId } from '../../measure/initdata.js';
+import { type Initdata, initdataFromAnnotations, initdataLaunch, snpHostData, tdxMrConfigId } from '../../measure/initdata.js';
+import { plannedSnpReferenceValues, plannedTdxReferenceValues, plannedVtpmReferenceValues } from '../../measure/launch.js';
+import type { ReferenceValues } from '../../measure/reference-values.js';
 import type { PodNetworkRecord } from '../../network/index.js';
 import { getKubeletPodResources, type KubeletPodResources } from '../../pcie/index.js';
 import { readTpmCa } from '../../tpm/ca.js';
@@ -83,7 +85,46 @@ export async function prepareSandbox(deps: CreateDeps, req: CreateRequest): Prom
       'the handler runs this QEMU less confined',
     );
   }
-  return { req, cgroupParent, layout, network, planInput, record: firstRecord(deps, req, plan, network?.record ?? null) };
+  const record = firstRecord(deps, req, plan, network?.record ?? null);
+  try {
+    record.referenceValues = predictedMeasurements(plan, config, req, initdata);
+  } catch (err) {
+    // A launch kata-ts cannot predict (a kernel outside the boot protocol it models, say) still
+    // boots, measured as ever; only its predicted values are missing, and the log says why.
+    record.referenceValues = null;
+    req.logger.warn(
+      { err: errorMessage(err), reason: isKataError(err) ? err.reason : undefined },
+      "the pod's launch measurements could not be predicted",
+    );
+  }
+  return { req, cgroupParent, layout, network, planInput, record };
+}
+
+/**
+ * What a TEE pod's launch will measure, predicted now, before anything boots, from the planned
+ * argv and the very files it names (as `kata-ts plan --measurements` does): shown in verbose
+ * status for the lab to check the guest's evidence against. Null without a TEE.
+ */
+function predictedMeasurements(
+  plan: SandboxPlan,
+  config: KataConfig,
+  req: CreateRequest,
+  initdata: Initdata | null,
+): ReferenceValues | null {
+  const kind = plan.tee?.kind ?? 'none';
+  if (kind === 'none') return null;
+  const pod = { name: req.spec.metadata.name, namespace: req.spec.metadata.namespace, uid: req.spec.metadata.uid };
+  const read = (p: string) => readFileSync(p);
+  const launch = { argv: plan.qemu.argv, pod, handler: plan.handler, read };
+  if (kind === 'vtpm') {
+    return plannedVtpmReferenceValues({
+      ...launch,
+      ovmfVarsTemplatePath: config.hypervisor.firmware.ovmfVarsPath,
+      initdata: initdata?.document ?? null,
+    });
+  }
+  const hardware = { ...launch, initdata, cpuinfo: () => readFileSync('/proc/cpuinfo', 'utf8') };
+  return kind === 'snp' ? plannedSnpReferenceValues(hardware) : plannedTdxReferenceValues(hardware);
 }
 
 /**

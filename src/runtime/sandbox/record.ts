@@ -1,6 +1,7 @@
 import type { CgroupDriverName, PlacementRecord } from '../../cgroups/index.js';
 import { CALLER_ID_MAX_LENGTH, CALLER_ID_PATTERN } from '../../common/ids.js';
 import { epochNs } from '../../common/time.js';
+import type { ReferenceValues } from '../../measure/reference-values.js';
 import type { PodNetworkRecord } from '../../network/index.js';
 import type { PcieTopology } from '../../pcie/index.js';
 import type { VmShape } from '../../sizing/types.js';
@@ -142,6 +143,12 @@ export interface SandboxRecord {
   origin?: SandboxOrigin;
   /** A vtpm pod's swtpm, once it runs; null or absent: none (another TEE, or format 7 and older). */
   tpm?: SwtpmRecord | null;
+  /**
+   * The launch measurements predicted for this pod before its VM booted, from its planned argv
+   * and the files it names (src/measure; the `kata-ts/reference-values/v1` document, the same as
+   * `kata-ts plan --measurements`). Null or absent: a pod without a TEE, or recorded before.
+   */
+  referenceValues?: ReferenceValues | null;
 }
 
 /**
@@ -454,6 +461,12 @@ export const SANDBOX_RECORD_KIND: RecordKind = {
         },
       }),
       placement: nullable(PLACEMENT_RECORD_SCHEMA),
+      // Checked against its own schema where it is made (src/measure/reference-values.ts).
+      referenceValues: nullable({
+        type: 'object',
+        required: ['schema', 'tee', 'inputs'],
+        properties: { schema: { type: 'string' }, tee: { type: 'string' }, inputs: { type: 'object' } },
+      }),
       tpm: nullable({
         type: 'object',
         additionalProperties: false,

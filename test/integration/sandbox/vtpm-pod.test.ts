@@ -38,6 +38,7 @@ interface Info {
   confinement: { identity: { uid: number; gid: number; lease: string } | null } | null;
   cgroup: Record<string, unknown>;
   plan: { qemu: { argv: string[] }; tee: { kind: string; setting: string; launchProblem: string | null } | null };
+  referenceValues: { schema: string; tee: string; vtpm?: { pcrs: Record<string, string> } } | null;
 }
 
 /** The uid a process runs as (the real one, from /proc). */
@@ -150,6 +151,18 @@ describe('a vtpm pod (OVMF + swtpm, TCG)', () => {
     expect(pcr9.code).toBe(0);
     expect(pcr9.out).toMatch(/^[0-9A-F]{64}$/i);
     expect(pcr9.out).not.toMatch(/^0+$/);
+  });
+
+  it("the guest's PCRs 4, 7, 8 and 9 equal the values predicted before boot (the status's referenceValues, as plan --measurements computes them)", async () => {
+    const predicted = first.referenceValues;
+    expect(predicted?.schema).toBe('kata-ts/reference-values/v1');
+    expect(predicted?.tee).toBe('vtpm');
+    const pcrs = predicted?.vtpm?.pcrs ?? {};
+    expect(Object.keys(pcrs)).toEqual(['4', '7', '8', '9']);
+    for (const [pcr, value] of Object.entries(pcrs)) {
+      const read = await exec(['cat', `/sys/class/tpm/tpm0/pcr-sha256/${pcr}`]);
+      expect({ pcr, value: read.out.toLowerCase() }).toEqual({ pcr, value });
+    }
   });
 
   it(
