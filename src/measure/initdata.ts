@@ -222,6 +222,3 @@ export function initdataLaunch(initdata: Initdata, tee: InitdataTeeKind, handler
       return { document: initdata.document, tdxMrConfigId: tdxMrConfigId(initdata) };
   }
 }
-
-/** The document's file name in the pod's VMM dir, handed to QEMU as fw_cfg `opt/org.kata-ts/initdata`. */
-export const INITDATA_FILE_NAME = 'initdata.toml';
