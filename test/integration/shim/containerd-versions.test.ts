@@ -579,6 +579,57 @@ for (const [i, label] of LABELS.entries()) {
           return strays.length === 0 ? true : undefined;
         });
       });
+
+      it('the shim SIGKILLed: StopPodSandbox and RemovePodSandbox, retried as the kubelet does, end with no VM, state or mount left', {
+        timeout: scaledMs(900_000),
+      }, async () => {
+        const id = (
+          await node.cri.runtime.RunPodSandbox(
+            {
+              config: { ...podConfig(100_000), metadata: { name: 'doomed', uid: randomUUID(), namespace: 'default', attempt: 0 } },
+              runtime_handler: KATA_TS_HANDLER,
+            },
+            { deadline: Date.now() + scaledMs(600_000) },
+          )
+        ).pod_sandbox_id;
+        const podDir = path.join(node.stateRoot, 'k8s.io', id.slice(0, 16));
+        const [shim] = liveProcessesMentioning(`-id\u0000${id}`).filter((p) =>
+          readFileSync(`/proc/${p}/cmdline`, 'utf8').includes('serve'),
+        );
+        expect(liveProcessesMentioning(podDir).some((p) => readFileSync(`/proc/${p}/cmdline`, 'utf8').startsWith('qemu-system'))).toBe(
+          true,
+        );
+        process.kill(shim!, 'SIGKILL');
+        // Until containerd 2.1.9 has noticed the death it still calls the dead shim and fails
+        // ("ttrpc: closed"), StopSandbox and then ShutdownSandbox; its dead-shim cleanup runs our
+        // `delete`, which ends the VM and, once the removal is asked, the pod's state. The kubelet
+        // retries both calls; so does this test.
+        await until('StopPodSandbox to succeed', async (note) =>
+          node.cri.runtime.StopPodSandbox({ pod_sandbox_id: id }).then(
+            () => true,
+            (err: Error) => {
+              note(err.message);
+              return undefined;
+            },
+          ),
+        );
+        await until('RemovePodSandbox to succeed', async (note) =>
+          node.cri.runtime.RemovePodSandbox({ pod_sandbox_id: id }).then(
+            () => true,
+            (err: Error) => {
+              note(err.message);
+              return undefined;
+            },
+          ),
+        );
+        await until('no process of the pod and no state', async (note) => {
+          const left = liveProcessesMentioning(podDir);
+          note({ left, dir: existsSync(podDir) });
+          return left.length === 0 && !existsSync(podDir) ? true : undefined;
+        });
+        expect((await node.cri.runtime.ListPodSandbox({})).items).toEqual([]);
+        expect(await node.ctrd.mountsUnder(node.stateRoot)).toEqual([]);
+      });
     },
   );
 }
