@@ -1,31 +1,10 @@
-import path from 'node:path';
 import * as grpc from '@grpc/grpc-js';
 import * as protoLoader from '@grpc/proto-loader';
-import protobuf from 'protobufjs';
-import { packageRoot } from '../common/paths.js';
+import { criReflectionRoot, PROTO_LOADER_OPTIONS, protoFilePath } from '../common/cri-schema.js';
 import type { ProtoGrpcType } from '../generated/api.js';
 
-/**
- * How proto/api.proto is turned into JavaScript objects, everywhere in kata-ts.
- *
- * scripts/gen-proto-types.mjs passes the same flags to proto-loader-gen-types, so the generated
- * declarations in src/generated/ describe exactly the objects these options produce: original
- * snake_case field names, int64 as decimal strings (no precision loss above 2^53), enums by
- * name, unset fields filled with their defaults, and the virtual oneof discriminator fields
- * (which proto3 `optional`, e.g. Quantity.string, relies on).
- */
-export const PROTO_LOADER_OPTIONS = {
-  keepCase: true,
-  longs: String,
-  enums: String,
-  defaults: true,
-  oneofs: true,
-} as const satisfies protoLoader.Options;
-
-/** Absolute path of proto/api.proto, valid whether kata-ts runs from src/ (tsx) or dist/. */
-export function protoFilePath(): string {
-  return path.join(packageRoot(), 'proto', 'api.proto');
-}
+// The schema helpers live in src/common/cri-schema.ts (the shim decodes CRI messages too).
+export { criReflectionRoot, PROTO_LOADER_OPTIONS, protoFilePath };
 
 type CriV1 = ProtoGrpcType['runtime']['v1'];
 
@@ -60,21 +39,4 @@ export function loadCriPackage(): CriPackage {
     imageService: v1.ImageService.service,
   };
   return cached;
-}
-
-let cachedRoot: protobuf.Root | undefined;
-
-/**
- * protobufjs reflection over proto/api.proto with the original (snake_case) field names: the
- * schema as data (field numbers, types, enums), for validation and for tests that check the file.
- * Loaded once; it describes the same file as {@link loadCriPackage}.
- */
-export function criReflectionRoot(): protobuf.Root {
-  if (cachedRoot === undefined) {
-    const root = new protobuf.Root();
-    root.loadSync(protoFilePath(), { keepCase: true });
-    root.resolveAll();
-    cachedRoot = root;
-  }
-  return cachedRoot;
 }

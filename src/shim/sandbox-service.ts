@@ -7,9 +7,10 @@
  * the same socket, as containers of this sandbox. Stop, Wait, Status, Ping, Metrics and Shutdown
  * map onto the same core the task API's sandbox task uses.
  */
+
+import { criReflectionRoot, PROTO_LOADER_OPTIONS } from '../common/cri-schema.js';
 import { invalid, notFound, precondition } from '../common/errors.js';
 import type { Logger } from '../common/logger.js';
-import { criReflectionRoot, PROTO_LOADER_OPTIONS } from '../cri/proto.js';
 import type { PodSandboxConfig__Output } from '../generated/runtime/v1/PodSandboxConfig.js';
 import type { StatsCollector } from '../runtime/container/stats-service.js';
 import { decodeSandboxSpec, type SandboxSpec } from '../runtime/spec/sandbox.js';
