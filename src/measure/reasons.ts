@@ -21,7 +21,8 @@ export type MeasureReason =
   | 'MEASURE_TEE_INPUT_INVALID'
   | 'MEASURE_INITDATA_INVALID'
   | 'MEASURE_INITDATA_NO_TEE'
-  | 'MEASURE_QUOTE_INVALID';
+  | 'MEASURE_QUOTE_INVALID'
+  | 'MEASURE_VERITY_INPUT_INVALID';
 
 declare module '../common/errors.js' {
   interface KataReasons {
