@@ -2,7 +2,9 @@
 # Build the kata-ts guest: the Debian kernel (extracted from its .deb, never installed on the host),
 # a small initramfs (busybox-static, the kernel modules in guest/modules.list with their
 # dependencies, guest/init) and a read-only erofs image mounted at /usr in the guest (the host's
-# node with its libraries, Debian's crun with its libraries, the agent bundle).
+# node with its libraries, Debian's crun with its libraries, the agent bundle), followed in the
+# same file by its dm-verity hash tree, whose root hash and salt go to guest.img.verity.json (a TEE
+# pod's measured command line carries them; guest/init then mounts /usr only through dm-verity).
 #
 #   scripts/build-guest.sh [--out DIR] [--cache DIR] [--agent-entry FILE] [--agent-snapshot on|off]
 #                          [--layout L] [--force]
@@ -21,7 +23,8 @@
 #   --force             rebuild even when the inputs have not changed
 #
 # Needs: apt-get, apt-cache, dpkg-deb, depmod and modprobe (kmod), cpio, gzip, busybox-static,
-# mkfs.erofs (erofs-utils), strip (binutils), gcc and libc6-dev (static helpers), crun, node. Idempotent: when the kernel package,
+# mkfs.erofs (erofs-utils), strip (binutils), gcc and libc6-dev (static helpers), crun, node and the
+# repository's npm packages (esbuild bundles the agent, tsx runs scripts/guest-verity.ts). Idempotent: when the kernel package,
 # busybox, node, crun and their libraries, the agent bundle, guest/ and this script are
 # unchanged, it only says so. Every failure stops the script with a message naming what failed.
 set -euo pipefail
@@ -75,6 +78,9 @@ fi
 guest_src=$repo/guest
 [ -f "$guest_src/init" ] || die "$guest_src/init is missing"
 [ -f "$guest_src/modules.list" ] || die "$guest_src/modules.list is missing"
+[ -f "$guest_src/modules-verity.list" ] || die "$guest_src/modules-verity.list is missing"
+[ -f "$guest_src/native/verity.c" ] || die "$guest_src/native/verity.c is missing"
+[ -d "$repo/node_modules/tsx" ] || die "$repo/node_modules/tsx is missing: run npm ci (scripts/setup.sh does)"
 
 # --- 1. which kernel ----------------------------------------------------------------------------
 pkg=$(apt-cache depends linux-image-amd64 2>/dev/null | awk '$1 == "Depends:" && $2 ~ /^linux-image-[0-9].*-amd64$/ { print $2; exit }')
@@ -144,14 +150,16 @@ inputs=$(
 	{
 		echo "$pkg $version layout=$layout"
 		mkfs.erofs --help 2>&1 | head -n1
-		sha256sum "$busybox" "$guest_src/init" "$guest_src/modules.list" "$0" | awk '{ print $1 }'
+		sha256sum "$busybox" "$guest_src/init" "$guest_src/modules.list" "$guest_src/modules-verity.list" \
+			"$guest_src/native/verity.c" "$repo/scripts/guest-verity.ts" "$repo/src/measure/verity.ts" \
+			"$repo/src/hypervisor/guest-verity.ts" "$0" | awk '{ print $1 }'
 		# agent.blob is left out: V8 writes a different blob for the same bundle, node and flags
 		# (all hashed here) at every build.
 		(cd "$usr" && find . -type f ! -name agent.blob -print0 | LC_ALL=C sort -z | xargs -0 sha256sum)
 	} | sha256sum | awk '{ print $1 }'
 )
 outputs=("$out/vmlinuz" "$out/initramfs.cpio.gz")
-[ "$layout" = image ] && outputs+=("$out/guest.img")
+[ "$layout" = image ] && outputs+=("$out/guest.img" "$out/guest.img.verity.json")
 present=1
 for f in "${outputs[@]}"; do [ -f "$f" ] || present=0; done
 if [ "$force" = 0 ] && [ "$present" = 1 ] && [ "$(cat "$out/.inputs" 2>/dev/null)" = "$inputs" ]; then
@@ -194,6 +202,11 @@ for applet in $("$busybox" --list); do
 done
 ln -s bin "$stage/sbin"
 install -m 0755 "$guest_src/init" "$stage/init"
+# init's dm-verity helper (guest/native/verity.c): it runs before /usr exists, so it lives here,
+# static like the agent's helpers.
+gcc -static -Os -Wall -o "$stage/bin/kata-ts-verity" "$guest_src/native/verity.c" ||
+	die "gcc -static $guest_src/native/verity.c failed (install gcc and libc6-dev)"
+strip "$stage/bin/kata-ts-verity" || die "strip kata-ts-verity failed"
 # The dynamic loader of node and crun is /lib64/ld-linux-x86-64.so.2; their libraries are found in
 # /usr/lib/x86_64-linux-gnu, a directory glibc always searches.
 ln -s usr/lib64 "$stage/lib64"
@@ -204,38 +217,48 @@ else
 fi
 
 say "resolving modules against $kver"
-load_list=$stage/etc/kata-ts/modules.load
-: >"$load_list"
 declare -A seen=()
-while read -r module _; do
-	case "$module" in '' | '#'*) continue ;; esac
-	deps=$(modprobe -d "$root" -S "$kver" --show-depends "$module" 2>&1) ||
-		die "module $module is unknown to kernel $kver: $deps"
-	while read -r kind path _; do
-		case "$kind" in
-		builtin) continue ;; # compiled into the kernel: nothing to load
-		insmod) ;;
-		*) die "unexpected modprobe output for $module: $kind $path" ;;
-		esac
-		rel=${path#"$root"/}
-		target=${rel%.xz}
-		target=${target%.zst}
-		target=${target%.gz}
-		[ -n "${seen[$target]:-}" ] && continue
-		seen[$target]=1
-		mkdir -p "$stage/$(dirname "$target")"
-		# busybox insmod cannot read compressed modules: store them decompressed.
-		case "$rel" in
-		*.ko) cp "$root/$rel" "$stage/$target" ;;
-		*.ko.xz) xz -dc "$root/$rel" >"$stage/$target" || die "cannot decompress $rel" ;;
-		*.ko.zst) zstd -qdc "$root/$rel" >"$stage/$target" || die "cannot decompress $rel" ;;
-		*.ko.gz) gzip -dc "$root/$rel" >"$stage/$target" || die "cannot decompress $rel" ;;
-		*) die "unexpected module file $rel" ;;
-		esac
-		echo "/$target" >>"$load_list"
-	done <<<"$deps"
-done <"$guest_src/modules.list"
+# resolve_modules LIST LOAD: every module of LIST with its dependencies, in load order, into LOAD
+# (and their files into the initramfs); a module an earlier list took already is not repeated.
+resolve_modules() {
+	local list=$1 load=$2 module deps kind path rel target
+	: >"$load"
+	while read -r module _; do
+		case "$module" in '' | '#'*) continue ;; esac
+		deps=$(modprobe -d "$root" -S "$kver" --show-depends "$module" 2>&1) ||
+			die "module $module is unknown to kernel $kver: $deps"
+		while read -r kind path _; do
+			case "$kind" in
+			builtin) continue ;; # compiled into the kernel: nothing to load
+			insmod) ;;
+			*) die "unexpected modprobe output for $module: $kind $path" ;;
+			esac
+			rel=${path#"$root"/}
+			target=${rel%.xz}
+			target=${target%.zst}
+			target=${target%.gz}
+			[ -n "${seen[$target]:-}" ] && continue
+			seen[$target]=1
+			mkdir -p "$stage/$(dirname "$target")"
+			# busybox insmod cannot read compressed modules: store them decompressed.
+			case "$rel" in
+			*.ko) cp "$root/$rel" "$stage/$target" ;;
+			*.ko.xz) xz -dc "$root/$rel" >"$stage/$target" || die "cannot decompress $rel" ;;
+			*.ko.zst) zstd -qdc "$root/$rel" >"$stage/$target" || die "cannot decompress $rel" ;;
+			*.ko.gz) gzip -dc "$root/$rel" >"$stage/$target" || die "cannot decompress $rel" ;;
+			*) die "unexpected module file $rel" ;;
+			esac
+			echo "/$target" >>"$load"
+		done <<<"$deps"
+	done <"$list"
+}
+load_list=$stage/etc/kata-ts/modules.load
+resolve_modules "$guest_src/modules.list" "$load_list"
+# Loaded by init only for a pod whose command line carries kata_ts.verity= (a TEE pod).
+verity_load_list=$stage/etc/kata-ts/modules-verity.load
+resolve_modules "$guest_src/modules-verity.list" "$verity_load_list"
 say "$(wc -l <"$load_list") modules: $(sed 's#.*/##; s#\.ko$##' "$load_list" | tr '\n' ' ')"
+say "$(wc -l <"$verity_load_list") dm-verity modules: $(sed 's#.*/##; s#\.ko$##' "$verity_load_list" | tr '\n' ' ')"
 
 mkdir -p "$out"
 say "writing initramfs"
@@ -253,11 +276,17 @@ if [ "$layout" = image ]; then
 	# Uncompressed: under TCG the guest's decompression is emulated and costs more than reading
 	# the bytes through virtio-blk (see guest/README.md for the measurements). Fixed timestamp and
 	# UUID, owner root: the same files give the same image.
+	rm -f "$out/.guest.img.tmp"
 	mkfs.erofs --quiet -T0 -U 6b617461-2d74-732d-6775-657374000001 --all-root -x-1 \
 		"$out/.guest.img.tmp" "$usr" >&2 || die "mkfs.erofs of the guest image failed"
+	# The dm-verity tree after the image's data, and its table beside it (scripts/guest-verity.ts).
+	say "appending the guest image's dm-verity hash tree"
+	(cd "$repo" && node --import tsx scripts/guest-verity.ts --image "$out/.guest.img.tmp" \
+		--metadata "$out/.guest.img.verity.json.tmp") >&2 || die "the dm-verity tree of the guest image failed"
 	mv "$out/.guest.img.tmp" "$out/guest.img"
+	mv "$out/.guest.img.verity.json.tmp" "$out/guest.img.verity.json"
 else
-	rm -f "$out/guest.img"
+	rm -f "$out/guest.img" "$out/guest.img.verity.json"
 fi
 {
 	echo "kernel_package=$pkg"
@@ -266,7 +295,12 @@ fi
 	echo "busybox=$("$busybox" 2>&1 | head -n1)"
 	echo "modules=$(sed 's#.*/##; s#\.ko$##' "$load_list" | tr '\n' ' ')"
 	echo "layout=$layout"
-	[ "$layout" = image ] && echo "image=guest.img" && echo "image_fs=erofs"
+	if [ "$layout" = image ]; then
+		echo "image=guest.img"
+		echo "image_fs=erofs"
+		echo "image_verity_root_hash=$(sed -n 's/.*"rootHash": "\([0-9a-f]*\)".*/\1/p' "$out/guest.img.verity.json")"
+	fi
+	echo "verity_modules=$(sed 's#.*/##; s#\.ko$##' "$verity_load_list" | tr '\n' ' ')"
 	echo "node=$("$usr/bin/node" --version) $(sha256sum "$usr/bin/node" | cut -c1-16)"
 	echo "crun=$(dpkg-query -W -f '${Version}' crun 2>/dev/null || echo unknown) $(sha256sum "$usr/bin/crun" | cut -c1-16)"
 	if [ -f "$usr/lib/kata-ts/agent.mjs" ]; then

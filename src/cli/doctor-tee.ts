@@ -4,8 +4,9 @@
  * here, and whether a vtpm handler's firmware and swtpm are installed.
  */
 import { constants, promises as fsp } from 'node:fs';
+import { errorMessage } from '../common/errors.js';
 import type { KataConfig } from '../config/types.js';
-import { formatQemuVersion, TEE_MIN_QEMU, teeLaunchProblem } from '../hypervisor/index.js';
+import { formatQemuVersion, guestImageVerityPath, readGuestImageVerity, TEE_MIN_QEMU, teeLaunchProblem } from '../hypervisor/index.js';
 import type { RuntimeFacts } from '../runtime/facts.js';
 import { planTee } from '../runtime/plan.js';
 
@@ -60,6 +61,13 @@ export async function teeChecks(config: KataConfig, facts: Pick<RuntimeFacts, 't
             ]
           : [plan.firmware.bios];
     for (const f of files) if (!(await readable(f))) missing.push(f);
+    // A TEE pod's /usr is verified against the root hash in this file (RunPodSandbox refuses without it).
+    const image = config.hypervisor.guestImagePath;
+    if (image !== null) {
+      const verity = await readGuestImageVerity(image).catch((err: unknown) => errorMessage(err));
+      if (verity === null) missing.push(`${guestImageVerityPath(image)} (the guest image's dm-verity metadata)`);
+      else if (typeof verity === 'string') missing.push(`a valid ${guestImageVerityPath(image)} (${verity})`);
+    }
     const resolved = `tee.kind ${plan.setting}${plan.setting === plan.kind ? '' : ` -> ${plan.kind}`} (${plan.reason})`;
     if (plan.launchProblem !== null) {
       checks.push({ name: `tee:${name}`, verdict: 'fail', message: `${resolved}: its pods are refused: ${plan.launchProblem}` });

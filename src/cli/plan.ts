@@ -3,7 +3,7 @@ import { readFile } from 'node:fs/promises';
 import os from 'node:os';
 import { errnoCode, errorMessage, invalid, isKataError } from '../common/errors.js';
 import { loadConfig } from '../config/load.js';
-import { chooseAcceleration, detectHostTee, parseQemuVersion } from '../hypervisor/index.js';
+import { chooseAcceleration, detectHostTee, parseQemuVersion, readGuestImageVerity } from '../hypervisor/index.js';
 import { inventoryOptionsForRoot, readPcieHostFacts } from '../pcie/index.js';
 import type { TeeFacts } from '../runtime/facts.js';
 import { checkQemu } from '../runtime/gather-facts.js';
@@ -137,6 +137,8 @@ export async function runPlanCommand(argv: string[], io: CliIo): Promise<number>
       vhostNet: existsSync('/dev/vhost-net'),
       // What a handler's tee.kind resolves to here, and whether this QEMU can start it.
       tee: await teeFacts(config.hypervisor.qemuBinary),
+      // The guest image's dm-verity table (a TEE pod's command line carries its root hash).
+      guestImageVerity: config.hypervisor.guestImagePath === null ? null : await readGuestImageVerity(config.hypervisor.guestImagePath),
     };
     const report = buildPlanReport(request, env, values.handler);
     if (measure) {

@@ -3,6 +3,7 @@ import { invalid } from '../common/errors.js';
 import type { VmShape } from '../sizing/types.js';
 import type { Accelerator } from './accel.js';
 import { READY_PORT_NAME } from './guest-protocol.js';
+import { type GuestImageVerity, verityKernelParam } from './guest-verity.js';
 
 /** The virtio-serial port name the guest agent opens (guest/init, guest/agent). */
 export const AGENT_PORT_NAME = 'org.kata-ts.agent';
@@ -49,6 +50,12 @@ export interface QemuArgvSpec {
    * guest's /usr, attached as a virtio-blk disk. Absent: the initramfs is the whole guest.
    */
   guestImagePath?: string;
+  /**
+   * The guest image's dm-verity table (src/hypervisor/guest-verity.ts), put on the kernel command
+   * line as `kata_ts.verity=...`: guest/init then mounts /usr only through dm-verity with it. Only
+   * for a TEE VM (whose command line is measured) with a guest image.
+   */
+  guestImageVerity?: GuestImageVerity;
   /** Under TCG: QEMU's translated-code cache (`tb-size`), bounded so the VMM budget holds it. */
   tcgTranslationCacheMiB?: number;
   /**
@@ -342,6 +349,8 @@ export function buildQemuArgv(spec: QemuArgvSpec): string[] {
   // can be unplugged again when the VM shrinks.
   if (headroomMiB > 0) params.push('memhp_default_state=online_movable');
   if (!spec.confidential) params.push(`swiotlb=${SWIOTLB_SLABS}`);
+  // Before the config's parameters: guest/init takes the first kata_ts.verity= it finds.
+  if (spec.guestImageVerity !== undefined) params.push(verityKernelParam(spec.guestImageVerity));
   params.push(...spec.kernelParams);
   add('-kernel', spec.kernelPath, '-initrd', spec.initrdPath, '-append', params.join(' '));
 
@@ -403,6 +412,24 @@ function teeArgs(tee: TeeArgvSpec): string[] {
 
 function validateTee(spec: QemuArgvSpec): void {
   const tee = spec.tee;
+  if (spec.guestImageVerity !== undefined) {
+    // The parameter protects nothing where the command line is not measured, and without an image
+    // guest/init would find no disk to verify.
+    if (tee === undefined || tee.kind === 'none') {
+      throw invalid(
+        'GUEST_IMAGE_VERITY_INVALID',
+        'guestImageVerity needs a TEE (tee.kind other than none), which measures the command line.',
+        {
+          details: { field: 'guestImageVerity' },
+        },
+      );
+    }
+    if (spec.guestImagePath === undefined) {
+      throw invalid('GUEST_IMAGE_VERITY_INVALID', 'guestImageVerity needs guestImagePath, the disk it verifies.', {
+        details: { field: 'guestImageVerity' },
+      });
+    }
+  }
   if (tee === undefined || tee.kind === 'none') return;
   if (!spec.confidential) {
     throw invalid(

@@ -45,6 +45,16 @@ export {
 } from './confine.js';
 export { type GuestMessage, type GuestReport, parseGuestLine, READY_PORT_NAME } from './guest-protocol.js';
 export {
+  GUEST_IMAGE_VERITY_SCHEMA,
+  type GuestImageVerity,
+  guestImageVerityDocument,
+  guestImageVerityPath,
+  parseGuestImageVerity,
+  readGuestImageVerity,
+  VERITY_KERNEL_PARAM,
+  verityKernelParam,
+} from './guest-verity.js';
+export {
   type AttachVmOptions,
   attachVm,
   defaultJailerBinary,

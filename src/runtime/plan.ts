@@ -5,6 +5,7 @@ import {
   type AccelerationChoice,
   BALLOON_DEVICE_MIB,
   buildQemuArgv,
+  type GuestImageVerity,
   type NicSpec,
   QEMU_SECCOMP_SANDBOX,
   resolveTeeKind,
@@ -58,6 +59,14 @@ export interface TeePlan {
   tpm: { stateDir: string; socketPath: string; logFile: string } | null;
   /** The initdata document's path when the pod has one. */
   initdataPath: string | null;
+  /**
+   * The guest image the VM mounts at /usr and the dm-verity table its measured command line
+   * carries (`kata_ts.verity=`, guest/init verifies every block read against it); verity null:
+   * the image has no verity metadata, so nothing would measure it (RunPodSandbox refuses such a
+   * TEE pod: GUEST_IMAGE_UNVERIFIED). Null: no image (the initramfs is the whole guest) or no TEE.
+   * Absent: planned before the guest image was verified.
+   */
+  guestImage?: { path: string; verity: GuestImageVerity | null } | null;
 }
 
 /** Everything a sandbox plan is computed from; gathered by the caller, so planning is pure. */
@@ -84,6 +93,11 @@ export interface SandboxPlanInput {
   teePaths?: SandboxTeePaths;
   /** The pod's initdata, when it has one. */
   initdata?: SandboxInitdata;
+  /**
+   * The guest image's dm-verity table, read by the caller from `<guestImagePath>.verity.json`
+   * (readGuestImageVerity); null or absent: the image has none. Used only by a TEE handler.
+   */
+  guestImageVerity?: GuestImageVerity | null;
 }
 
 /**
@@ -131,9 +145,13 @@ function besideQmp(qmpSocket: string): SandboxTeePaths {
 }
 
 /** Pure: the handler's TEE on this host (resolved from the facts), and what the argv needs for it. */
-export function planTee(input: Pick<SandboxPlanInput, 'handler' | 'hypervisor' | 'tee' | 'teePaths' | 'initdata' | 'accel' | 'paths'>): {
+export function planTee(
+  input: Pick<SandboxPlanInput, 'handler' | 'hypervisor' | 'tee' | 'teePaths' | 'initdata' | 'accel' | 'paths' | 'guestImageVerity'>,
+): {
   plan: TeePlan;
   argv: TeeArgvSpec;
+  /** The verity table the command line carries (a TEE VM with a verified image), else undefined. */
+  guestImageVerity?: GuestImageVerity;
 } {
   const setting = input.handler.profile.tee.kind;
   const facts = input.tee ?? NO_HARDWARE_TEE;
@@ -143,12 +161,19 @@ export function planTee(input: Pick<SandboxPlanInput, 'handler' | 'hypervisor' |
   const paths = input.teePaths ?? besideQmp(input.paths.qmpSocket);
   const initdataPath = input.initdata === undefined ? null : paths.initdata;
   const initdata = initdataPath === null ? {} : { initdataPath };
-  const base = { setting, kind: choice.kind, reason: choice.reason, launchProblem, initdataPath };
+  // A TEE VM's /usr is the guest image, verified by dm-verity against the root hash on its
+  // measured command line; without a TEE nothing measures the command line, so nothing changes.
+  const imagePath = input.hypervisor.guestImagePath;
+  const verity = input.guestImageVerity ?? null;
+  const guestImage = choice.kind === 'none' || imagePath === null ? null : { path: imagePath, verity };
+  const base = { setting, kind: choice.kind, reason: choice.reason, launchProblem, initdataPath, guestImage };
+  const verified = guestImage?.verity == null ? {} : { guestImageVerity: guestImage.verity };
   switch (choice.kind) {
     case 'none':
       return { plan: { ...base, firmware: null, tpm: null, initdataPath: null }, argv: { kind: 'none' } };
     case 'vtpm': {
       return {
+        ...verified,
         plan: {
           ...base,
           firmware: { ovmfCode: fw.ovmfCodePath, ovmfVarsTemplate: fw.ovmfVarsPath, ovmfVarsCopy: paths.ovmfVarsCopy },
@@ -160,6 +185,7 @@ export function planTee(input: Pick<SandboxPlanInput, 'handler' | 'hypervisor' |
     case 'snp': {
       const hostData = input.initdata?.snpHostData;
       return {
+        ...verified,
         plan: { ...base, firmware: { bios: fw.snpFirmwarePath }, tpm: null },
         argv: { kind: 'snp', firmwarePath: fw.snpFirmwarePath, ...(hostData === undefined ? {} : { hostData }), ...initdata },
       };
@@ -167,6 +193,7 @@ export function planTee(input: Pick<SandboxPlanInput, 'handler' | 'hypervisor' |
     case 'tdx': {
       const mrConfigId = input.initdata?.tdxMrConfigId;
       return {
+        ...verified,
         plan: { ...base, firmware: { bios: fw.tdxFirmwarePath }, tpm: null },
         argv: { kind: 'tdx', firmwarePath: fw.tdxFirmwarePath, ...(mrConfigId === undefined ? {} : { mrConfigId }), ...initdata },
       };
@@ -233,6 +260,7 @@ export function planSandbox(input: SandboxPlanInput): SandboxPlan {
     ...(input.hypervisor.guestImagePath === null ? {} : { guestImagePath: input.hypervisor.guestImagePath }),
     ...(vmm.seccomp === null ? {} : { seccompSandbox: vmm.seccomp }),
     ...(tee.argv.kind === 'none' ? {} : { tee: tee.argv }),
+    ...(tee.guestImageVerity === undefined ? {} : { guestImageVerity: tee.guestImageVerity }),
   });
   return {
     handler: input.handler.name,

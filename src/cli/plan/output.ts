@@ -302,6 +302,16 @@ const tee: PlanSection = {
             : [['firmware', fw.bios]]),
         ...(t.tpm === null ? [] : [['swtpm', `state ${t.tpm.stateDir}, control socket ${t.tpm.socketPath}`]]),
         ...(t.initdataPath === null ? [] : [['initdata', `${t.initdataPath} (fw_cfg)`]]),
+        ...(t.guestImage == null
+          ? []
+          : [
+              [
+                'guest image',
+                t.guestImage.verity === null
+                  ? `${t.guestImage.path}: NOT verified (no ${t.guestImage.path}.verity.json): pods are refused`
+                  : `${t.guestImage.path}, dm-verity root hash ${t.guestImage.verity.rootHash} on the command line`,
+              ],
+            ]),
       ]),
     ];
   },

@@ -1,7 +1,7 @@
 import path from 'node:path';
 import { resolveHandler } from '../../config/handlers.js';
 import type { KataConfig } from '../../config/types.js';
-import { type AccelerationChoice, ROOT_SLOTS } from '../../hypervisor/index.js';
+import { type AccelerationChoice, type GuestImageVerity, ROOT_SLOTS } from '../../hypervisor/index.js';
 import { initdataFromAnnotations, initdataLaunch, snpHostData, tdxMrConfigId } from '../../measure/initdata.js';
 import { netnsNameFor, POD_TAP_NAME } from '../../network/index.js';
 import type { PcieHostFacts } from '../../pcie/index.js';
@@ -32,6 +32,8 @@ export interface PlanEnvironment {
   accel: AccelerationChoice;
   /** The host's TEEs and QEMU's version (gatherFacts); absent: no hardware TEE, version unknown. */
   tee?: TeeFacts;
+  /** The guest image's dm-verity table (readGuestImageVerity); absent or null: it has none. */
+  guestImageVerity?: GuestImageVerity | null;
 }
 
 /**
@@ -57,6 +59,7 @@ export function buildPlanReport(request: RunPodSandboxRequestInput, env: PlanEnv
     vmName: vmNameFor(DRY_RUN_SANDBOX_ID),
     paths: sandboxArgvPaths(workDir, env.config.hypervisor, confined),
     ...(env.tee === undefined ? {} : { tee: env.tee }),
+    ...(env.guestImageVerity === undefined ? {} : { guestImageVerity: env.guestImageVerity }),
     teePaths: sandboxTeePaths(workDir, confined),
     ...initdataOf(sandbox.annotations),
     simulateVfioWith: env.config.pcie.simulateVfioWith,

@@ -7,7 +7,7 @@
 import { existsSync, readFileSync } from 'node:fs';
 import { errorMessage, isKataError, precondition } from '../../common/errors.js';
 import type { KataConfig } from '../../config/types.js';
-import { checkGuestAssets } from '../../hypervisor/index.js';
+import { checkGuestAssets, guestImageVerityPath, readGuestImageVerity } from '../../hypervisor/index.js';
 import { type Initdata, initdataFromAnnotations, initdataLaunch, snpHostData, tdxMrConfigId } from '../../measure/initdata.js';
 import { plannedSnpReferenceValues, plannedTdxReferenceValues, plannedVtpmReferenceValues } from '../../measure/launch.js';
 import type { ReferenceValues } from '../../measure/reference-values.js';
@@ -44,6 +44,10 @@ export async function prepareSandbox(deps: CreateDeps, req: CreateRequest): Prom
   });
   if (!assets.ok) throw precondition('GUEST_ASSETS_MISSING', assets.message);
 
+  // The guest image's dm-verity table: a TEE pod's measured command line carries its root hash.
+  const imagePath = config.hypervisor.guestImagePath;
+  const guestImageVerity = imagePath === null ? null : await readGuestImageVerity(imagePath);
+
   const layout = sandboxLayout(config, req.id, req.handler.profile.vmmConfinement.unprivileged);
   // The pod's initdata (a malformed one is refused here, naming its annotation).
   const initdata = initdataFromAnnotations(spec.annotations);
@@ -61,6 +65,7 @@ export async function prepareSandbox(deps: CreateDeps, req: CreateRequest): Prom
     paths: sandboxArgvPaths(layout.workDir, config.hypervisor, layout.confined),
     ...(deps.facts.tee === undefined ? {} : { tee: deps.facts.tee }),
     teePaths: sandboxTeePaths(layout.workDir, layout.confined),
+    guestImageVerity,
     ...(initdata === null ? {} : { initdata: { snpHostData: snpHostData(initdata), tdxMrConfigId: tdxMrConfigId(initdata) } }),
     simulateVfioWith: config.pcie.simulateVfioWith,
     // The NIC takes the CNI interface's MAC, known only after CNI ADD: planned now with a
@@ -142,6 +147,15 @@ async function checkTee(plan: SandboxPlan, config: KataConfig): Promise<void> {
       {
         details: { field: 'tee.kind', handler: plan.handler, kind: tee.kind, problem: tee.launchProblem },
       },
+    );
+  }
+  // A TEE pod whose /usr nothing would measure is refused: its agent (which extends PCR 8 and
+  // answers for the pod) could be any the host likes.
+  if (tee.guestImage != null && tee.guestImage.verity === null) {
+    throw precondition(
+      'GUEST_IMAGE_UNVERIFIED',
+      `handler "${plan.handler}" runs a TEE (${tee.kind}) but the guest image ${tee.guestImage.path} has no dm-verity metadata ${guestImageVerityPath(tee.guestImage.path)} (build it with scripts/build-guest.sh).`,
+      { details: { field: 'hypervisor.guestImagePath', handler: plan.handler, path: tee.guestImage.path } },
     );
   }
   if (tee.firmware !== null && 'ovmfCode' in tee.firmware) {

@@ -1,7 +1,22 @@
-import { describe, expect, it } from 'vitest';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { afterAll, describe, expect, it } from 'vitest';
 import { teeChecks } from '../../../src/cli/doctor-tee.js';
 import { defaultConfig } from '../../../src/config/defaults.js';
 import { parseConfigDocument } from '../../../src/config/load.js';
+import { guestImageVerityDocument } from '../../../src/hypervisor/index.js';
+
+// A guest image with its dm-verity metadata beside it, and one without.
+const dir = mkdtempSync(path.join(os.tmpdir(), 'doctor-tee-'));
+const verifiedImage = path.join(dir, 'guest.img');
+writeFileSync(verifiedImage, '');
+writeFileSync(
+  `${verifiedImage}.verity.json`,
+  JSON.stringify(guestImageVerityDocument({ rootHash: 'ab'.repeat(32), salt: 'cd'.repeat(32), dataBlocks: 10, hashStartBlock: 10 })),
+);
+const unverifiedImage = path.join(dir, 'bare.img');
+afterAll(() => rmSync(dir, { recursive: true, force: true }));
 
 const no = { ok: false, message: 'no such hardware' };
 const yes = { ok: true, message: 'present' };
@@ -16,6 +31,7 @@ describe('doctor: TEE checks', () => {
     config.hypervisor.firmware.ovmfVarsPath = '/etc/hostname';
     config.hypervisor.tpm.swtpmBinary = '/bin/sh';
     config.hypervisor.tpm.swtpmSetupBinary = '/bin/sh';
+    config.hypervisor.guestImagePath = verifiedImage;
     const checks = await teeChecks(config, { acceleration: tcg, tee: { host: { snp: no, tdx: no }, qemuVersion: DEBIAN_12 } });
     const by = Object.fromEntries(checks.map((c) => [c.name, c]));
     expect(by['tee-snp']).toMatchObject({ verdict: 'warn' });
@@ -45,5 +61,21 @@ describe('doctor: TEE checks', () => {
     const vtpm = (await teeChecks(config, { acceleration: tcg })).find((c) => c.name === 'tee:kata-ts-cvm');
     expect(vtpm?.verdict).toBe('fail');
     expect(vtpm?.message).toContain('missing /nonexistent/OVMF_CODE.fd');
+  });
+
+  it("fails a TEE handler whose guest image has no dm-verity metadata (its pods are refused), and names a malformed one's field", async () => {
+    const config = defaultConfig();
+    config.hypervisor.firmware.ovmfCodePath = '/etc/hostname';
+    config.hypervisor.firmware.ovmfVarsPath = '/etc/hostname';
+    config.hypervisor.tpm.swtpmBinary = '/bin/sh';
+    config.hypervisor.tpm.swtpmSetupBinary = '/bin/sh';
+    config.hypervisor.guestImagePath = unverifiedImage;
+    const cvm = (await teeChecks(config, { acceleration: tcg })).find((c) => c.name === 'tee:kata-ts-cvm');
+    expect(cvm?.verdict).toBe('fail');
+    expect(cvm?.message).toContain(`missing ${unverifiedImage}.verity.json`);
+    writeFileSync(`${unverifiedImage}.verity.json`, JSON.stringify({ schema: 'kata-ts/guest-image-verity/v1', version: 0 }));
+    const bad = (await teeChecks(config, { acceleration: tcg })).find((c) => c.name === 'tee:kata-ts-cvm');
+    expect(bad?.verdict).toBe('fail');
+    expect(bad?.message).toContain('guest image verity version must be 1');
   });
 });

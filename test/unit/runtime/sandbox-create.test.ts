@@ -21,7 +21,7 @@ import { resolveHandler } from '../../../src/config/handlers.js';
 import type { KataConfig } from '../../../src/config/types.js';
 import { decodeProtoJson } from '../../../src/cri/protojson.js';
 import type { RunPodSandboxRequest__Output } from '../../../src/generated/runtime/v1/RunPodSandboxRequest.js';
-import type { VirtiofsdProcess, VmProcess } from '../../../src/hypervisor/index.js';
+import { guestImageVerityDocument, type VirtiofsdProcess, type VmProcess } from '../../../src/hypervisor/index.js';
 import type { CniPodNetworkRecord, JoinedPodNetworkRecord, PodNetworkRecord, PodNetworks } from '../../../src/network/index.js';
 import type { CreateDeps, CreateRequest, SandboxLaunchers, StartSwtpmRequest } from '../../../src/runtime/sandbox/create-types.js';
 import { executeSandbox } from '../../../src/runtime/sandbox/execute.js';
@@ -137,8 +137,11 @@ async function fakeGuestAssets(dir: string): Promise<Pick<KataConfig['hypervisor
   await writeFile(paths.kernelPath, kernel);
   await writeFile(paths.initrdPath, Buffer.from([0x1f, 0x8b, 0, 0]));
   await writeFile(paths.guestImagePath, image);
+  // Its dm-verity table (a TEE pod's command line carries it; build-guest.sh writes the real one).
+  await writeFile(`${paths.guestImagePath}.verity.json`, JSON.stringify(guestImageVerityDocument(FAKE_VERITY)));
   return paths;
 }
+const FAKE_VERITY = { rootHash: '7e'.repeat(32), salt: 'e7'.repeat(32), dataBlocks: 1, hashStartBlock: 1 };
 
 function requestFor(podConfig: Record<string, unknown>): RunPodSandboxRequest__Output {
   return decodeProtoJson<RunPodSandboxRequest__Output>('runtime.v1.RunPodSandboxRequest', {
@@ -615,6 +618,28 @@ describe('executeSandbox', () => {
     expect(await snapshot(dirs.stateDir)).toEqual(before);
   });
 
+  it('a vtpm pod whose guest image has no dm-verity metadata is refused at prepare naming the image, nothing made', async () => {
+    const w = await world(dirs.stateDir, dirs.assetsDir);
+    await initTpmCa(w.deps.config.hypervisor.tpm.caDir);
+    w.req.handler = resolveHandler(w.deps.config, 'kata-ts-cvm');
+    const metadata = `${w.deps.config.hypervisor.guestImagePath}.verity.json`;
+    const saved = await readFile(metadata);
+    await rm(metadata);
+    try {
+      const before = await snapshot(dirs.stateDir);
+      const err = await rejection(prepareSandbox(w.deps, w.req));
+      expect(err.reason).toBe('GUEST_IMAGE_UNVERIFIED');
+      expect(err.details?.field).toBe('hypervisor.guestImagePath');
+      expect(await snapshot(dirs.stateDir)).toEqual(before);
+      // The default handler does not care.
+      w.req.handler = resolveHandler(w.deps.config, 'kata-ts');
+      const plain = await prepareSandbox(w.deps, w.req);
+      expect(plain.record.plan.qemu.argv.join(' ')).not.toContain('kata_ts.verity');
+    } finally {
+      await writeFile(metadata, saved);
+    }
+  });
+
   it('a vtpm pod (kata-ts-cvm): OVMF vars copied for QEMU, swtpm before QEMU as an identity of its own, placed beside it, recorded', async () => {
     const w = await world(dirs.stateDir, dirs.assetsDir);
     await initTpmCa(w.deps.config.hypervisor.tpm.caDir);
@@ -652,6 +677,8 @@ describe('executeSandbox', () => {
     expect([state.uid, state.mode & 0o777]).toEqual([own.uid, 0o700]);
     const argv = record.plan.qemu.argv;
     expect(argv).toContain(`if=pflash,format=raw,unit=1,file=${path.join(w.workDir, 'vmm', 'OVMF_VARS.fd')}`);
+    // The guest image's root hash is on the measured command line.
+    expect(argv[argv.indexOf('-append') + 1]?.split(' ')).toContain(`kata_ts.verity=${'7e'.repeat(32)},${'e7'.repeat(32)},1,1`);
     expect(argv).toContain(`socket,id=chrtpm,path=${path.join(w.workDir, 'tpm-sock', 'ctrl.sock')}`);
   });
 
