@@ -1,9 +1,9 @@
 import { existsSync, readFileSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
 import os from 'node:os';
-import { errnoCode, errorMessage, invalid, isKataError } from '../common/errors.js';
+import { errnoCode, errorMessage, invalid, isKataError, precondition } from '../common/errors.js';
 import { loadConfig } from '../config/load.js';
-import { chooseAcceleration, detectHostTee, parseQemuVersion, readGuestImageVerity } from '../hypervisor/index.js';
+import { chooseAcceleration, detectHostTee, guestImageVerityPath, parseQemuVersion, readGuestImageVerity } from '../hypervisor/index.js';
 import { inventoryOptionsForRoot, readPcieHostFacts } from '../pcie/index.js';
 import type { TeeFacts } from '../runtime/facts.js';
 import { checkQemu } from '../runtime/gather-facts.js';
@@ -142,6 +142,14 @@ export async function runPlanCommand(argv: string[], io: CliIo): Promise<number>
     };
     const report = buildPlanReport(request, env, values.handler);
     if (measure) {
+      // Values for a pod RunPodSandbox refuses would be reference values for nothing.
+      const image = report.tee?.guestImage;
+      if (image != null && image.verity === null) {
+        throw precondition(
+          'GUEST_IMAGE_UNVERIFIED',
+          `the guest image ${image.path} has no dm-verity metadata ${guestImageVerityPath(image.path)}, so handler "${report.handler}" pods are refused (build it with scripts/build-guest.sh)`,
+        );
+      }
       const doc = plannedReferenceValues({
         report,
         ovmfVarsTemplatePath: config.hypervisor.firmware.ovmfVarsPath,

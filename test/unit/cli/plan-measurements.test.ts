@@ -13,6 +13,7 @@ import { measurementsOutput, plannedReferenceValues } from '../../../src/cli/pla
 import { buildPlanReport } from '../../../src/cli/plan/report.js';
 import { runPlanCommand } from '../../../src/cli/plan.js';
 import { packageRoot } from '../../../src/common/paths.js';
+import { guestImageVerityDocument, verityKernelParam } from '../../../src/hypervisor/guest-verity.js';
 import { q35RamBelow4GiBBytes } from '../../../src/measure/bzimage.js';
 import { parseInitdataDocument, snpHostData } from '../../../src/measure/initdata.js';
 import { launchInputsFromArgv } from '../../../src/measure/launch.js';
@@ -29,6 +30,12 @@ const POD = path.join(packageRoot(), 'fixtures', 'pods', 'besteffort.pod.yaml');
 
 const dir = mkdtempSync(path.join(os.tmpdir(), 'plan-measurements-'));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
+// A guest image with its dm-verity table beside it: a TEE pod's command line carries the table (the
+// image's bytes are not read by the prediction), and without it the pod is refused.
+const GUEST_IMAGE = path.join(dir, 'guest.img');
+const VERITY = { rootHash: '3c'.repeat(32), salt: 'c3'.repeat(32), dataBlocks: 25_360, hashStartBlock: 25_360 };
+writeFileSync(GUEST_IMAGE, '');
+writeFileSync(`${GUEST_IMAGE}.verity.json`, JSON.stringify(guestImageVerityDocument(VERITY)));
 
 const VTPM_ARGS = [
   ...['-drive', `if=pflash,format=raw,unit=0,readonly=on,file=${OVMF_CODE}`],
@@ -96,7 +103,10 @@ describe('reference values of a planned pod', () => {
 describe('kata-ts plan --measurements', () => {
   const config = path.join(dir, 'config.json');
   // vtpm explicitly: `auto` would pick SNP or TDX on a host that has one.
-  writeFileSync(config, JSON.stringify({ handlers: { 'kata-ts-cvm': { tee: { kind: 'vtpm' } } } }));
+  writeFileSync(
+    config,
+    JSON.stringify({ hypervisor: { guestImagePath: GUEST_IMAGE }, handlers: { 'kata-ts-cvm': { tee: { kind: 'vtpm' } } } }),
+  );
   const io = (): { io: { stdout: Writable; stderr: Writable }; out: () => string; err: () => string } => {
     let out = '';
     let err = '';
@@ -131,6 +141,7 @@ describe('kata-ts plan --measurements', () => {
     expect(doc.tee).toBe('vtpm');
     expect(doc.handler).toBe('kata-ts-cvm');
     expect(doc.inputs.cmdline).toBe(argv[argv.indexOf('-append') + 1]);
+    expect(doc.inputs.cmdline.split(' ')).toContain(verityKernelParam(VERITY));
     expect(Object.keys(doc.vtpm?.pcrs ?? {})).toEqual(['4', '7', '8', '9']);
     expect(doc.vtpm?.notPredicted.map((n) => n.pcr)).toEqual([0, 1, 2, 3, 5, 6]);
     const text = io();
@@ -162,6 +173,21 @@ describe('kata-ts plan --measurements', () => {
     expect(b.out()).toBe('');
   });
 
+  it('refuses a TEE pod whose guest image has no dm-verity metadata, as RunPodSandbox does', async () => {
+    const bare = path.join(dir, 'bare.json');
+    writeFileSync(
+      bare,
+      JSON.stringify({
+        hypervisor: { guestImagePath: path.join(dir, 'bare.img') },
+        handlers: { 'kata-ts-cvm': { tee: { kind: 'vtpm' } } },
+      }),
+    );
+    const out = io();
+    expect(await runPlanCommand(['--measurements', '--request', POD, '--config', bare, '--handler', 'kata-ts-cvm'], out.io)).toBe(1);
+    expect(out.err()).toMatch(/bare\.img\.verity\.json.*\[GUEST_IMAGE_UNVERIFIED\]\n$/);
+    expect(out.out()).toBe('');
+  });
+
   // The SNP profile planned on a machine without SEV-SNP (the lab's case): the launch digest that
   // pod would have on that hardware. The firmware is sev-snp-measure's Apache-2.0 OVMF fixture
   // (test/fixtures/measure), which carries the SNP metadata and kernel hashes range.
@@ -175,7 +201,7 @@ describe('kata-ts plan --measurements', () => {
       writeFileSync(
         snpConfig,
         JSON.stringify({
-          hypervisor: { firmware: { snpFirmwarePath: SNP_FIRMWARE } },
+          hypervisor: { guestImagePath: GUEST_IMAGE, firmware: { snpFirmwarePath: SNP_FIRMWARE } },
           handlers: {
             'lab-snp': {
               confidential: true,
