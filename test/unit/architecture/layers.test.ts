@@ -41,6 +41,7 @@ const BELOW_CORE = [
   'channel',
   'measure',
   'tpm',
+  'attest',
 ];
 /** The core's lowest floor: its root files (context, deadline, locks, store, facts, metrics, plan, ...). */
 const CORE_BASE = ['core-root', 'spec', 'admission', 'logs'];
@@ -68,6 +69,8 @@ const LAYERS: LayerTable = {
     'src/hypervisor/qmp': 'hypervisor',
     'src/measure': 'measure',
     'src/tpm': 'tpm',
+    'src/attest': 'attest',
+    'src/broker': 'broker',
     'src/channel': 'channel',
     'src/network': 'network',
     'src/agent-client': 'agent-client',
@@ -123,6 +126,11 @@ const LAYERS: LayerTable = {
     measure: ['common'],
     // A pod's swtpm (started through the VMM's jail chain) and the node's EK CA.
     tpm: ['common', 'config', 'hypervisor'],
+    // Attestation messages and evidence checks (KBS protocol, JWE, TPM/SNP/TDX): pure, shared by
+    // the broker and the guest's attester.
+    attest: ['common', 'measure'],
+    // The attestation broker (`kata-ts broker`): a process of its own, not the runtime's core.
+    broker: ['common', 'config', 'measure', 'attest', 'tpm'],
     // The core, floor by floor.
     'core-root': ['common', 'config', 'generated', 'sizing', 'pcie', 'hypervisor', 'cgroups'],
     spec: ['common', 'generated'],
@@ -142,8 +150,8 @@ const LAYERS: LayerTable = {
     // The containerd installer: config files only, no runtime.
     install: ['common'],
     // ps and metrics read the shims' state and sockets.
-    cli: [...BELOW_CORE, ...CORE, 'cri', 'spdy', 'daemon', 'manifest', 'install', 'release', 'shim'],
-    'guest-agent': ['common', 'channel', 'generated', 'guest-containers'],
+    cli: [...BELOW_CORE, ...CORE, 'cri', 'spdy', 'daemon', 'manifest', 'install', 'release', 'shim', 'broker'],
+    'guest-agent': ['common', 'channel', 'generated', 'guest-containers', 'measure', 'attest'],
     'guest-containers': ['common', 'generated'],
   },
   exceptions: [

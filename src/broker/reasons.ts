@@ -1,0 +1,18 @@
+/**
+ * Reason codes (`KataError.reason`) of the attestation broker (src/broker, `kata-ts broker`):
+ * its state directory, configuration, policy and resources. Protocol-level refusals to a guest
+ * are HTTP answers with an ErrorInformation body, not these.
+ */
+export type BrokerReason =
+  | 'BROKER_CONFIG_INVALID'
+  | 'BROKER_STATE_INVALID'
+  | 'BROKER_POLICY_INVALID'
+  | 'BROKER_RESOURCE_INVALID'
+  | 'BROKER_RESOURCE_NOT_FOUND'
+  | 'BROKER_REFERENCE_INVALID';
+
+declare module '../common/errors.js' {
+  interface KataReasons {
+    broker: BrokerReason;
+  }
+}
