@@ -12,12 +12,14 @@ import {
   parseContainerdVersion,
   planInstall,
   planUninstall,
+  SANDBOXERS,
+  type Sandboxer,
 } from '../install/index.js';
 import { type CliIo, parseCommandArgs, UsageError } from './args.js';
 
 const usage = (verb: 'install' | 'uninstall'): string => `Usage: kata-ts ${verb} --containerd [--config PATH] [--dry-run]
                     [--containerd-version V | --containerd-binary PATH] [--state-file PATH] [--backup-file PATH]
-                    [--host-root DIR]
+                    [--host-root DIR]${verb === 'install' ? ' [--sandboxer podsandbox|shim]' : ''}
 
 ${
   verb === 'install'
@@ -38,7 +40,14 @@ Records what it did in the state file; a second install changes nothing.`
   --backup-file PATH        the original config's backup (default: <config>.kata-ts-backup)
   --host-root DIR           the host's filesystem is mounted at DIR (a DaemonSet's /host): every
                             path above and in containerd's config is the host's, read below DIR
-
+${
+  verb === 'install'
+    ? `  --sandboxer S             containerd 2.x only: podsandbox (default: a pause container, the shim
+                            beside it) or shim (containerd's Sandbox API, no pause container; see
+                            docs/shim.md for which to choose)
+`
+    : ''
+}
 Restart containerd afterwards for the change to take effect.
 Exit status: 0 done (or nothing to do); 1 refused or failed (nothing changed); 2 bad usage.
 `;
@@ -52,6 +61,7 @@ const OPTIONS = {
   'state-file': { type: 'string' },
   'backup-file': { type: 'string' },
   'host-root': { type: 'string' },
+  sandboxer: { type: 'string' },
   help: { type: 'boolean', short: 'h' },
 } as const;
 
@@ -82,6 +92,14 @@ async function run(verb: 'install' | 'uninstall', argv: string[], io: CliIo): Pr
     root: values['host-root'] ?? '',
   };
   const dryRun = values['dry-run'] === true;
+  const sandboxer = values.sandboxer;
+  if (sandboxer !== undefined && (verb !== 'install' || !(SANDBOXERS as readonly string[]).includes(sandboxer))) {
+    throw new UsageError(
+      verb === 'install'
+        ? `--sandboxer must be one of ${SANDBOXERS.join(', ')}, not ${JSON.stringify(sandboxer)}`
+        : '--sandboxer is an install option',
+    );
+  }
   try {
     let plan: InstallPlan;
     if (verb === 'install') {
@@ -89,7 +107,7 @@ async function run(verb: 'install' | 'uninstall', argv: string[], io: CliIo): Pr
         values['containerd-version'] !== undefined
           ? parseContainerdVersion(values['containerd-version'])
           : await detectContainerdVersion(values['containerd-binary']);
-      plan = planInstall(await gatherInstallInput(paths, version));
+      plan = planInstall({ ...(await gatherInstallInput(paths, version)), sandboxer: (sandboxer ?? 'podsandbox') as Sandboxer });
       io.stdout.write(`kata-ts install: containerd ${formatVersion(version)}, ${configPath}\n`);
     } else {
       plan = planUninstall(await gatherUninstallInput(paths));

@@ -26,16 +26,30 @@ function tomlKey(key: string): string {
   return /^[A-Za-z0-9_-]+$/.test(key) ? key : JSON.stringify(key);
 }
 
+/**
+ * Which sandbox implementation containerd 2.x's CRI plugin uses for our handlers: `podsandbox`
+ * (a pause container through the task API; every release) or `shim` (containerd's Sandbox API,
+ * served by the shim itself; 2.x only). docs/shim.md says which to choose.
+ */
+export const SANDBOXERS = ['podsandbox', 'shim'] as const;
+export type Sandboxer = (typeof SANDBOXERS)[number];
+
 /** A handler's settings as containerd's TOML decoder sees them (key -> value). */
 export type HandlerTable = Record<string, string | boolean | string[]>;
 
 /**
  * What one handler's table holds for this release. A VM gets no host device by being privileged
  * (privileged_without_host_devices). 1.7 names the sandbox implementation `sandbox_mode`, 2.x
- * `sandboxer`; kata-ts's shim is a task-API shim run beside containerd's pause sandbox
- * ("podsandbox", the default, written out so the table says what it relies on).
+ * `sandboxer`: "podsandbox" (the default, written out so the table says what it relies on) runs
+ * the shim beside containerd's pause sandbox; "shim" (2.x only, checked by the planner) hands the
+ * shim the Sandbox API.
  */
-export function handlerTable(version: ContainerdVersion, schema: ConfigSchema, runtimeType: string): HandlerTable {
+export function handlerTable(
+  version: ContainerdVersion,
+  schema: ConfigSchema,
+  runtimeType: string,
+  sandboxer: Sandboxer = 'podsandbox',
+): HandlerTable {
   const table: HandlerTable = {
     runtime_type: runtimeType,
     pod_annotations: [...POD_ANNOTATIONS],
@@ -44,7 +58,7 @@ export function handlerTable(version: ContainerdVersion, schema: ConfigSchema, r
   };
   if (version.major === 1 && version.minor === 7) table.sandbox_mode = 'podsandbox';
   // A version 2 file under 2.x is migrated: its `sandbox_mode` becomes `sandboxer`.
-  if (version.major === 2) table[schema === 3 ? 'sandboxer' : 'sandbox_mode'] = 'podsandbox';
+  if (version.major === 2) table[schema === 3 ? 'sandboxer' : 'sandbox_mode'] = sandboxer;
   return table;
 }
 
@@ -59,9 +73,9 @@ export const BLOCK_BEGIN =
 export const BLOCK_END = '# <<< kata-ts runtime handlers <<<';
 
 /** Both handlers' tables as TOML, one table each (no markers). */
-export function renderTables(version: ContainerdVersion, schema: ConfigSchema): string {
+export function renderTables(version: ContainerdVersion, schema: ConfigSchema, sandboxer: Sandboxer = 'podsandbox'): string {
   return KATA_TS_RUNTIMES.map(({ handler, runtimeType }) => {
-    const table = handlerTable(version, schema, runtimeType);
+    const table = handlerTable(version, schema, runtimeType, sandboxer);
     return [`[${tableName(schema, handler)}]`, ...Object.entries(table).map(([k, v]) => `  ${k} = ${tomlValue(v)}`)].join('\n');
   }).join('\n\n');
 }

@@ -13,10 +13,10 @@
  */
 import { createHash } from 'node:crypto';
 import path from 'node:path';
-import { type KataError, precondition } from '../common/errors.js';
+import { invalid, type KataError, precondition } from '../common/errors.js';
 import './reasons.js';
 import { type ContainerdConfigDocument, parseContainerdConfig, sameTable, schemaOf } from './document.js';
-import { BLOCK_BEGIN, BLOCK_END, handlerTable, KATA_TS_RUNTIMES, renderTables, tableName } from './handlers.js';
+import { BLOCK_BEGIN, BLOCK_END, handlerTable, KATA_TS_RUNTIMES, renderTables, type Sandboxer, tableName } from './handlers.js';
 import { type ConfigSchema, type ContainerdVersion, formatVersion, requireSupported } from './version.js';
 
 /** A file the installer created (the config or a drop-in): removed by uninstall if unchanged. */
@@ -81,6 +81,8 @@ export interface InstallInput {
   record: InstallRecord | null;
   statePath: string;
   backupPath: string;
+  /** `--sandboxer`: what containerd 2.x's CRI plugin uses for our handlers (default podsandbox). */
+  sandboxer?: Sandboxer;
 }
 
 export function sha256(text: string): string {
@@ -121,19 +123,20 @@ function schemaFor(doc: ContainerdConfigDocument | null, version: ContainerdVers
 }
 
 /** Both handlers' tables as this release and schema expect them, by handler. */
-function desiredTables(version: ContainerdVersion, schema: ConfigSchema): Record<string, Record<string, unknown>> {
-  return Object.fromEntries(KATA_TS_RUNTIMES.map((r) => [r.handler, handlerTable(version, schema, r.runtimeType)]));
+function desiredTables(version: ContainerdVersion, schema: ConfigSchema, sandboxer: Sandboxer): Record<string, Record<string, unknown>> {
+  return Object.fromEntries(KATA_TS_RUNTIMES.map((r) => [r.handler, handlerTable(version, schema, r.runtimeType, sandboxer)]));
 }
 
 /** Which of our handlers `docs` already define, and whether each as we would. */
 function existingHandlers(
   docs: ContainerdConfigDocument[],
   version: ContainerdVersion,
+  sandboxer: Sandboxer,
 ): Array<{ handler: string; file: string; table: string; same: boolean }> {
   const out: Array<{ handler: string; file: string; table: string; same: boolean }> = [];
   for (const doc of docs) {
     const schema = schemaOf(doc.version);
-    const want = desiredTables(version, schema);
+    const want = desiredTables(version, schema, sandboxer);
     for (const [handler, table] of Object.entries(doc.handlers)) {
       out.push({ handler, file: doc.path, table: tableName(schema, handler), same: sameTable(table, want[handler]) });
     }
@@ -150,7 +153,14 @@ function conflict(found: { file: string; table: string }): KataError {
 }
 
 /** The result must parse and hold both handlers as written (a config whose tables cannot take ours is refused). */
-function checkResult(file: string, text: string, version: ContainerdVersion, schema: ConfigSchema, tableHint: string): void {
+function checkResult(
+  file: string,
+  text: string,
+  version: ContainerdVersion,
+  schema: ConfigSchema,
+  sandboxer: Sandboxer,
+  tableHint: string,
+): void {
   let doc: ContainerdConfigDocument;
   try {
     doc = parseContainerdConfig(file, text);
@@ -161,7 +171,7 @@ function checkResult(file: string, text: string, version: ContainerdVersion, sch
       { cause: err },
     );
   }
-  const want = desiredTables(version, schema);
+  const want = desiredTables(version, schema, sandboxer);
   for (const { handler } of KATA_TS_RUNTIMES) {
     if (!sameTable(doc.handlers[handler], want[handler])) {
       throw precondition(
@@ -178,9 +188,16 @@ export function planInstall(input: InstallInput): InstallPlan {
   requireSupported(version);
   const main = input.configText === null ? null : parseContainerdConfig(configPath, input.configText);
   const schema = schemaFor(main, version);
+  const sandboxer = input.sandboxer ?? 'podsandbox';
+  if (sandboxer === 'shim' && version.major < 2) {
+    throw invalid(
+      'INSTALL_SANDBOXER_UNSUPPORTED',
+      `--sandboxer shim needs containerd 2.x (its CRI plugin's Sandbox API); containerd ${formatVersion(version)} runs every pod through a pause container: install without --sandboxer`,
+    );
+  }
   const imported = input.imported.map((f) => parseContainerdConfig(f.path, f.text));
   const docs = main === null ? imported : [main, ...imported];
-  const found = existingHandlers(docs, version);
+  const found = existingHandlers(docs, version, sandboxer);
   const tables = KATA_TS_RUNTIMES.map((r) => tableName(schema, r.handler));
 
   if (input.record !== null) {
@@ -263,11 +280,11 @@ export function planInstall(input: InstallInput): InstallPlan {
       BLOCK_BEGIN,
       'version = 3',
       '',
-      renderTables(version, 3),
+      renderTables(version, 3, sandboxer),
       BLOCK_END,
       '',
     ].join('\n');
-    checkResult(target.file, text, version, 3, tables[0]!);
+    checkResult(target.file, text, version, 3, sandboxer, tables[0]!);
     const mkdir = input.existingDirs.includes(target.dir) ? [] : [target.dir];
     const r: InstallRecord = {
       ...record,
@@ -292,8 +309,8 @@ export function planInstall(input: InstallInput): InstallPlan {
   }
 
   if (input.configText === null) {
-    const text = [BLOCK_BEGIN, `version = ${schema}`, '', renderTables(version, schema), BLOCK_END, ''].join('\n');
-    checkResult(configPath, text, version, schema, tables[0]!);
+    const text = [BLOCK_BEGIN, `version = ${schema}`, '', renderTables(version, schema, sandboxer), BLOCK_END, ''].join('\n');
+    checkResult(configPath, text, version, schema, sandboxer, tables[0]!);
     const r: InstallRecord = { ...record, method: 'create', files: [{ path: configPath, change: 'created', sha256: sha256(text) }] };
     return {
       verb: 'install',
@@ -307,11 +324,18 @@ export function planInstall(input: InstallInput): InstallPlan {
   const lead = before === '' || before.endsWith('\n') ? '' : '\n';
   // An empty document has no `version` yet: containerd would read the tables as version 1's.
   const versionLine = main!.empty ? [`version = ${schema}`, ''] : [];
-  const appended = `${lead}${[before === '' ? null : '', BLOCK_BEGIN, ...versionLine, renderTables(version, schema), BLOCK_END, '']
+  const appended = `${lead}${[
+    before === '' ? null : '',
+    BLOCK_BEGIN,
+    ...versionLine,
+    renderTables(version, schema, sandboxer),
+    BLOCK_END,
+    '',
+  ]
     .filter((x) => x !== null)
     .join('\n')}`;
   const after = before + appended;
-  checkResult(configPath, after, version, schema, tables[0]!);
+  checkResult(configPath, after, version, schema, sandboxer, tables[0]!);
   const r: InstallRecord = {
     ...record,
     method: 'edit',

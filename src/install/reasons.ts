@@ -12,7 +12,8 @@ export type InstallReason =
   | 'INSTALL_FILE_EXISTS'
   | 'INSTALL_FILE_CHANGED'
   | 'INSTALL_STATE_INVALID'
-  | 'INSTALL_STATE_STALE';
+  | 'INSTALL_STATE_STALE'
+  | 'INSTALL_SANDBOXER_UNSUPPORTED';
 
 declare module '../common/errors.js' {
   interface KataReasons {

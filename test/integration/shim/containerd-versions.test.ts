@@ -35,6 +35,7 @@ import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { packageRoot } from '../../../src/common/paths.js';
 import type { PodSandboxConfig } from '../../../src/generated/runtime/v1/PodSandboxConfig.js';
+import { renderTables } from '../../../src/install/handlers.js';
 import { formatVersion } from '../../../src/install/version.js';
 import { decodeMessage, encodeMessage, type MessageInput, type MessageName } from '../../../src/shim/proto.js';
 import { connectTtrpc } from '../../../src/ttrpc/index.js';
@@ -407,7 +408,8 @@ for (const [i, label] of LABELS.entries()) {
   );
 }
 
-// containerd 2.x's Sandbox API: a runtime with `sandboxer = "shim"` gets no pause container; the
+// containerd 2.x's Sandbox API: a runtime with `sandboxer = "shim"` (the tables `kata-ts install
+// --sandboxer shim` writes) gets no pause container; the
 // shim receives the whole PodSandboxConfig at CreateSandbox and boots the VM at StartSandbox,
 // sized from the pod's own linux.resources (one VM boot).
 {
@@ -438,11 +440,8 @@ for (const [i, label] of LABELS.entries()) {
           containerd: {
             ...(release === null ? {} : { release }),
             kataHandler: false,
-            extraToml: [
-              "[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.kata-ts]",
-              '  runtime_type = "io.containerd.kata-ts.v2"',
-              '  sandboxer = "shim"',
-            ].join('\n'),
+            // The tables `kata-ts install --sandboxer shim` writes for a version 3 config.
+            extraToml: renderTables(release?.version ?? { major: 2, minor: 1, patch: 0 }, 3, 'shim'),
           },
         });
         image = await pushBusyboxImage(node.registry, 'kata-ts/busybox', 'sbx', ['sleep', 'cat', 'hostname']);

@@ -309,6 +309,35 @@ describe('install on containerd 2.x', () => {
     expect(runtimesV2(node.files.get(CONFIG)!)['kata-ts']).toMatchObject({ sandbox_mode: 'podsandbox' });
   });
 
+  it('--sandboxer shim: the Sandbox API in both tables (v3 drop-in and v2 edit), idempotent, undone exactly', () => {
+    const text = `imports = ["/etc/containerd/conf.d/*.toml"]\n${V3_CONFIG}`;
+    const node = new Files({ [CONFIG]: text });
+    node.dirs.add('/etc/containerd/conf.d');
+    node.apply(planInstall({ ...node.installInput(V2_1), sandboxer: 'shim' }));
+    const dropIn = runtimesV3(node.files.get('/etc/containerd/conf.d/kata-ts.toml')!);
+    expect(dropIn['kata-ts']).toMatchObject({ sandboxer: 'shim' });
+    expect(dropIn['kata-ts-cvm']).toMatchObject({ sandboxer: 'shim' });
+    expect(planInstall({ ...node.installInput(V2_1), sandboxer: 'shim' }).changes).toEqual([]);
+    // Installed with shim, asked again with podsandbox: our own file no longer reads as asked.
+    expect(() => planInstall({ ...node.installInput(V2_1), sandboxer: 'podsandbox' })).toThrow();
+    node.apply(planUninstall(node.uninstallInput()));
+    expect(node.snapshot()).toEqual({ [CONFIG]: text });
+
+    const v2 = new Files({ [CONFIG]: V2_CONFIG });
+    v2.apply(planInstall({ ...v2.installInput(V2_1), sandboxer: 'shim' }));
+    expect(runtimesV2(v2.files.get(CONFIG)!)['kata-ts']).toMatchObject({ sandbox_mode: 'shim' });
+  });
+
+  it('--sandboxer shim on containerd 1.x is refused, nothing planned', () => {
+    for (const v of [V1_6, V1_7]) {
+      const node = new Files({ [CONFIG]: V2_CONFIG });
+      expect(reason(() => planInstall({ ...node.installInput(v), sandboxer: 'shim' }))).toMatch(
+        /^invalid INSTALL_SANDBOXER_UNSUPPORTED: --sandboxer shim needs containerd 2.x/,
+      );
+      expect(node.snapshot()).toEqual({ [CONFIG]: V2_CONFIG });
+    }
+  });
+
   it('no config on 2.x: created with version 3', () => {
     const node = new Files();
     node.apply(planInstall(node.installInput(V2_1)));
