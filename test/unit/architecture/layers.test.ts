@@ -98,6 +98,7 @@ const LAYERS: LayerTable = {
     guest: 'guest-root',
     'guest/native': 'native',
     'guest/agent': 'guest-agent',
+    'guest/agent/attest': 'guest-agent',
     'guest/agent/containers': 'guest-containers',
     'guest/agent/containers/native': 'native',
   },
