@@ -16,6 +16,7 @@ import { admissionError, admitAnnounced, containerDemand } from '../admission/in
 import type { RequestContext } from '../context.js';
 import { applyResize, type ResizePlan, resizeCheckpoint, revertResize } from '../resize/index.js';
 import { RollbackSteps } from '../rollback.js';
+import { POD_SECRETS_ANNOTATION_PREFIX, type PodSecretMount, podSecretsFor } from '../sandbox/pod-secrets.js';
 import { nowNs } from '../sandbox/record.js';
 import type { SandboxHandle } from '../sandbox/types.js';
 import type { ContainerSpec } from '../spec/container.js';
@@ -91,6 +92,9 @@ async function createInSandbox(
   ctx.annotate({ sandboxId });
   validateCreate(host, spec, sandbox);
   const { name } = spec.metadata;
+  // The broker resources the pod asked for this container by its name (decoded at RunPodSandbox).
+  const secrets = podSecretsFor(sandbox.record.podSecrets, name);
+  checkSecretPaths(secrets, spec, name);
   // A caller's root filesystem comes with no image here: the spec's image is a name only.
   const image =
     options.rootfs !== undefined ? { id: spec.image.image, repoDigests: [] as string[] } : deps.images.resolveImage(spec.image.image);
@@ -194,7 +198,7 @@ async function createInSandbox(
       spec,
       demand,
       devices: attached,
-      guest,
+      guest: guest === null || secrets.length === 0 ? guest : { ...guest, secrets },
     };
     await deps.store.put(record);
     undo.push('delete container record', () => deps.store.delete(id));
@@ -211,6 +215,25 @@ async function createInSandbox(
     throw err;
   } finally {
     releaseImage();
+  }
+}
+
+/**
+ * A secret's file and a mount of the container at the same place, or one inside the other: the
+ * container could not have both. Refused before anything happens, naming both.
+ */
+function checkSecretPaths(secrets: readonly PodSecretMount[], spec: ContainerSpec, name: string): void {
+  for (const secret of secrets) {
+    for (const [i, m] of spec.mounts.entries()) {
+      const p = m.container_path;
+      if (p === secret.path || p.startsWith(`${secret.path}/`) || secret.path.startsWith(`${p.replace(/\/+$/, '')}/`)) {
+        throw invalid(
+          'POD_SECRETS_ANNOTATION_INVALID',
+          `annotation ${POD_SECRETS_ANNOTATION_PREFIX}${name}: path ${JSON.stringify(secret.path)} overlaps ${mountField(i, p)}; a secret's file needs a place of its own`,
+          { details: { field: `annotations["${POD_SECRETS_ANNOTATION_PREFIX}${name}"]` } },
+        );
+      }
+    }
   }
 }
 

@@ -74,6 +74,8 @@ export async function createAndStart(
       stdio: record.spec.tty ? 'STDIO_MODE_TTY' : 'STDIO_MODE_PIPES',
       ...guestStdin(record),
       devices: guest.guestDevices,
+      // Names and paths only: the agent fetches the resources itself, from the broker.
+      secrets: (guest.secrets ?? []).map((s) => ({ resource: s.resource, containerPath: s.path })),
     },
     { timeoutMs },
   );

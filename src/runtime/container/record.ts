@@ -3,6 +3,7 @@ import type { GuestDevice } from '../../generated/agent/agent.js';
 import type { OverlayRootfsRecord } from '../../images/rootfs.js';
 import type { OciSpec } from '../../oci/index.js';
 import type { AdmissionDemand } from '../admission/index.js';
+import type { PodSecretMount } from '../sandbox/pod-secrets.js';
 import { CONTAINER_SPEC_SCHEMA, type ContainerSpec } from '../spec/container.js';
 import { containerMetadata, stringMap } from '../spec/schema.js';
 import { containerSpecFromV1 } from '../spec/v1.js';
@@ -31,6 +32,12 @@ export interface ContainerGuestPlan {
   hostDir: string;
   /** Host mount points of the bind mounts made under hostDir, in the order they were made. */
   bindMounts: string[];
+  /**
+   * The broker resources the agent places in the container as read-only files (the pod's
+   * `io.kata-ts.secrets/<name>` annotation for this container's name): names and paths only.
+   * Absent: none.
+   */
+  secrets?: PodSecretMount[];
 }
 
 /** A PCIe device hot-plugged into the sandbox's VM for this container. */
@@ -328,6 +335,15 @@ export const CONTAINER_RECORD_KIND: RecordKind = {
               rootfsGuestPath: { type: 'string', minLength: 1 },
               hostDir: { type: 'string', minLength: 1 },
               bindMounts: { type: 'array', items: { type: 'string', minLength: 1 } },
+              secrets: {
+                type: 'array',
+                items: {
+                  type: 'object',
+                  additionalProperties: false,
+                  required: ['resource', 'path'],
+                  properties: { resource: { type: 'string', minLength: 1 }, path: { type: 'string', pattern: '^/' } },
+                },
+              },
             },
           },
         ],

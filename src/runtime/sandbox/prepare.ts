@@ -28,6 +28,7 @@ import {
   sandboxWorkDir,
   vmNameFor,
 } from './paths.js';
+import { checkPodSecretsAttestable, podSecretsFromAnnotations } from './pod-secrets.js';
 import { nowNs, type SandboxRecord } from './record.js';
 import { checkTpmFiles } from './tpm.js';
 
@@ -51,6 +52,8 @@ export async function prepareSandbox(deps: CreateDeps, req: CreateRequest): Prom
   const layout = sandboxLayout(config, req.id, req.handler.profile.vmmConfinement.unprivileged);
   // The pod's initdata (a malformed one is refused here, naming its annotation).
   const initdata = initdataFromAnnotations(spec.annotations);
+  // The broker resources its containers ask for (names and paths only), refused the same way.
+  const podSecrets = podSecretsFromAnnotations(spec.annotations);
   const kubelet = await askKubelet(config, req);
   const network = await prepareNetwork(deps, req);
   const planInput: SandboxPlanInput = {
@@ -80,6 +83,8 @@ export async function prepareSandbox(deps: CreateDeps, req: CreateRequest): Prom
   await checkTee(plan, config);
   // Initdata is taken only where a launch measurement binds it (a handler without a TEE: refused).
   if (initdata !== null) initdataLaunch(initdata, plan.tee?.kind ?? 'none', plan.handler);
+  // Secrets only for a pod that can attest: measured by a TEE, with a broker to ask.
+  checkPodSecretsAttestable(podSecrets, plan.tee?.kind ?? 'none', plan.handler, initdata);
   req.logger.info(
     { handler: plan.handler, source: plan.sizing.source, vm: plan.sizing.vm, pcie: plan.pcie.description, vmm: plan.vmm, tee: plan.tee },
     'sandbox planned',
@@ -91,6 +96,7 @@ export async function prepareSandbox(deps: CreateDeps, req: CreateRequest): Prom
     );
   }
   const record = firstRecord(deps, req, plan, network?.record ?? null);
+  if (Object.keys(podSecrets).length > 0) record.podSecrets = podSecrets;
   try {
     record.referenceValues = predictedMeasurements(plan, config, req, initdata);
   } catch (err) {

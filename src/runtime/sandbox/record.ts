@@ -9,6 +9,7 @@ import type { SandboxPlan } from '../plan.js';
 import { SANDBOX_SPEC_SCHEMA, type SandboxSpec } from '../spec/sandbox.js';
 import { sandboxSpecFromV1 } from '../spec/v1.js';
 import type { RecordKind } from '../store.js';
+import type { PodSecrets } from './pod-secrets.js';
 
 /** CRI sandbox states, spelled as the proto enum. */
 export type SandboxState = 'SANDBOX_READY' | 'SANDBOX_NOTREADY';
@@ -149,6 +150,12 @@ export interface SandboxRecord {
    * `kata-ts plan --measurements`). Null or absent: a pod without a TEE, or recorded before.
    */
   referenceValues?: ReferenceValues | null;
+  /**
+   * The broker resources the pod's containers need as files, per container name, decoded from
+   * its `io.kata-ts.secrets/<name>` annotations at RunPodSandbox (src/runtime/sandbox/pod-secrets.ts).
+   * Names and paths only, never a resource's bytes. Absent: none asked (or recorded before).
+   */
+  podSecrets?: PodSecrets;
 }
 
 /**
@@ -467,6 +474,18 @@ export const SANDBOX_RECORD_KIND: RecordKind = {
         required: ['schema', 'tee', 'inputs'],
         properties: { schema: { type: 'string' }, tee: { type: 'string' }, inputs: { type: 'object' } },
       }),
+      podSecrets: {
+        type: 'object',
+        additionalProperties: {
+          type: 'array',
+          items: {
+            type: 'object',
+            additionalProperties: false,
+            required: ['resource', 'path'],
+            properties: { resource: { type: 'string', minLength: 1 }, path: { type: 'string', pattern: '^/' } },
+          },
+        },
+      },
       tpm: nullable({
         type: 'object',
         additionalProperties: false,

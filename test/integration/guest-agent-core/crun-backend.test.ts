@@ -50,6 +50,7 @@ describe.skipIf(!HAVE_CRUN)('CrunBackend with real crun (host, cgroups disabled)
       stdin: false,
       stdinOnce: false,
       devices: [],
+      secrets: [],
     });
     expect(created.pid).toBeGreaterThan(0);
     expect((await backend.listContainers(['b1']))[0]).toMatchObject({ status: 'CONTAINER_STATUS_CREATED', exit: null });
@@ -100,6 +101,7 @@ describe.skipIf(!HAVE_CRUN)('CrunBackend with real crun (host, cgroups disabled)
         stdin: false,
         stdinOnce: false,
         devices: [],
+        secrets: [],
       }),
     ).rejects.toMatchObject({ kind: 'invalid', reason: 'AGENT_JSON_INVALID' });
   });
