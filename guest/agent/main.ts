@@ -16,6 +16,7 @@ import net from 'node:net';
 import { fileURLToPath } from 'node:url';
 import { ChannelServer, serveDuplex } from '../../src/channel/index.js';
 import { createLogger, type LogLevel } from '../../src/common/logger.js';
+import { type Attester, createAttester } from './attest/index.js';
 import type { ContainerBackend } from './backend.js';
 import { GUEST_ROOTS } from './containers/guest-facts.js';
 import { Containers, CrunBackend, GUEST_PATHS } from './containers/index.js';
@@ -90,6 +91,8 @@ export async function runAgent(
   logger = agentLogger(env),
   idleTrim?: IdleTrim,
   openTpm?: () => Promise<TpmTransport>,
+  /** The pod's attester (guest/agent/attest): what containers' secrets are fetched through. */
+  _attester?: Attester,
 ): Promise<void> {
   // The network service comes with the pod service: both belong to a real guest.
   const service = new AgentService({
@@ -142,17 +145,22 @@ export function startAgent(env: NodeJS.ProcessEnv = process.env): void {
       ),
   })
     .catch((err: unknown) => logger.error({ err }, 'initdata not measured: not published'))
-    .then(() => guestBackend(logger))
-    .then((backend) =>
-      runAgent(
+    .then(async () => {
+      // Only after the initdata step: the attester reads the broker from the published (measured)
+      // document, and attests at once in the background when it names one.
+      const attester = createAttester({ openTpm, log: logger });
+      attester.start();
+      const backend = await guestBackend(logger);
+      return runAgent(
         backend,
         env,
         new PodService(logger, { ...GUEST_POD_PATHS, virtioDevicesDir: GUEST_VIRTIO_DEVICES_DIR }),
         logger,
         idleTrim,
         openTpm,
-      ),
-    )
+        attester,
+      );
+    })
     .catch((err: unknown) => {
       process.stderr.write(`kata-ts-agent: ${err instanceof Error ? err.message : String(err)}\n`);
       process.exit(1);
