@@ -9,14 +9,22 @@ import net from 'node:net';
 import type { Readable, Writable } from 'node:stream';
 import { protobufCodec, type ServerHandlers, type Session, serveRpc } from '../../src/channel/index.js';
 import { readChunks } from '../../src/channel/records.js';
-import { alreadyExists, invalid, notFound, precondition, unavailable, unimplemented } from '../../src/common/errors.js';
+import { alreadyExists, invalid, isKataError, notFound, precondition, unavailable, unimplemented } from '../../src/common/errors.js';
 import type { Logger } from '../../src/common/logger.js';
-import { AGENT_API_VERSION, AGENT_DESCRIPTOR, AGENT_METHODS, type AgentMethods, type GuestEvent } from '../../src/generated/agent/agent.js';
+import {
+  AGENT_API_VERSION,
+  AGENT_DESCRIPTOR,
+  AGENT_METHODS,
+  type AgentMethods,
+  type CreateContainerRequest,
+  type GuestEvent,
+} from '../../src/generated/agent/agent.js';
 import type { BackendEvent, ContainerBackend, ProcessStdio } from './backend.js';
 import type { GuestNetwork } from './network.js';
 import { OutputJournal } from './output-journal.js';
 import { spoolJournal } from './output-spool.js';
 import type { PodService } from './pods.js';
+import type { SecretVolumes } from './secret-volumes.js';
 import { TpmClient, type TpmTransport } from './tpm.js';
 
 export interface AgentServiceOptions {
@@ -40,6 +48,11 @@ export interface AgentServiceOptions {
   idleTrim?: { note(): void };
   /** Opens the guest's TPM for GetTpmQuote (guest/agent/tpm-device.ts); absent: the call answers TPM_UNAVAILABLE. */
   openTpm?: () => Promise<TpmTransport>;
+  /**
+   * Containers' secrets (CreateContainerRequest.secrets, guest/agent/secret-volumes.ts); absent:
+   * a container that asks for any is refused (AGENT_NO_SECRET_SERVICE).
+   */
+  secrets?: SecretVolumes;
 }
 
 interface ContainerIo {
@@ -89,7 +102,7 @@ export class AgentService {
       CreateContainer: async (req) => {
         if (req.containerId === '') throw invalid('CONTAINER_ID_MISSING', 'container_id is empty.');
         if (this.containers.has(req.containerId)) throw alreadyExists('CONTAINER_EXISTS', `container ${req.containerId} exists.`);
-        const created = await backend.createContainer(req);
+        const created = await this.createWithSecrets(req);
         const journal =
           created.stdio.spool !== undefined
             ? spoolJournal(created.stdio.spool, this.outputLimitBytes)
@@ -142,7 +155,15 @@ export class AgentService {
         this.thenTrim(async () => {
           // A forced delete removes the bundle whatever runs: stop the output spool's writes into it first.
           if (req.force) this.containers.get(req.containerId)?.journal.close();
-          await backend.deleteContainer(req.containerId, req.force);
+          try {
+            await backend.deleteContainer(req.containerId, req.force);
+          } catch (err) {
+            // A container that never got created (its create failed) may still have a volume.
+            if (isKataError(err) && err.kind === 'not_found') await this.options.secrets?.remove(req.containerId);
+            throw err;
+          }
+          // Only once no process of the container can read them any more.
+          await this.options.secrets?.remove(req.containerId);
           this.containers.get(req.containerId)?.journal.close();
           this.containers.delete(req.containerId);
           for (const key of [...this.processes.keys()]) if (key.startsWith(`${req.containerId}/`)) this.processes.delete(key);
@@ -208,6 +229,7 @@ export class AgentService {
       DestroyPod: (req) =>
         this.thenTrim(async () => {
           await this.pods().destroyPod(req.podId);
+          await this.options.secrets?.removeAll();
           return {};
         }),
       StatSharedPath: (req) => this.pods().statSharedPath(req),
@@ -217,6 +239,35 @@ export class AgentService {
         return this.options.network.configure(req);
       },
     };
+  }
+
+  /**
+   * The backend's create, with the container's secrets fetched and mounted first (their bind
+   * mounts added to the spec); a failed create takes its secret volume away again.
+   */
+  private async createWithSecrets(req: CreateContainerRequest): ReturnType<ContainerBackend['createContainer']> {
+    const { backend } = this.options;
+    if (req.secrets.length === 0) return backend.createContainer(req);
+    const volumes = this.options.secrets;
+    if (volumes === undefined) throw unimplemented('AGENT_NO_SECRET_SERVICE', 'this agent build cannot place secrets in containers.');
+    let spec: Record<string, unknown>;
+    try {
+      spec = JSON.parse(req.ociConfigJson) as Record<string, unknown>;
+      if (typeof spec !== 'object' || spec === null || Array.isArray(spec)) throw new Error('not an object');
+    } catch (cause) {
+      throw invalid('AGENT_JSON_INVALID', 'oci_config_json is not a JSON object.', { cause });
+    }
+    const withSecrets = await volumes.prepare(req.containerId, req.secrets, spec);
+    try {
+      return await backend.createContainer({ ...req, ociConfigJson: JSON.stringify(withSecrets) });
+    } catch (err) {
+      await volumes
+        .remove(req.containerId)
+        .catch((e: unknown) =>
+          this.options.logger.warn({ err: String(e), containerId: req.containerId }, 'secret volume left after a failed create'),
+        );
+      throw err;
+    }
   }
 
   /** Run container work, then tell the idle trim (also when the work failed: it may have left garbage). */
