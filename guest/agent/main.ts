@@ -25,6 +25,7 @@ import { guestTrimSteps, IDLE_TRIM_DELAY_MS, IDLE_TRIM_MIN_INTERVAL_MS, IdleTrim
 import { GuestNetwork } from './network.js';
 import { GUEST_POD_PATHS, GUEST_VIRTIO_DEVICES_DIR, PodService } from './pods.js';
 import { AGENT_PORT_NAME, findPort, VirtioPort } from './port.js';
+import { SecretVolumes } from './secret-volumes.js';
 import { AgentService } from './server.js';
 import type { TpmTransport } from './tpm.js';
 import { GUEST_TPM_DEVICE, openTpmDevice } from './tpm-device.js';
@@ -92,7 +93,7 @@ export async function runAgent(
   idleTrim?: IdleTrim,
   openTpm?: () => Promise<TpmTransport>,
   /** The pod's attester (guest/agent/attest): what containers' secrets are fetched through. */
-  _attester?: Attester,
+  attester?: Attester,
 ): Promise<void> {
   // The network service comes with the pod service: both belong to a real guest.
   const service = new AgentService({
@@ -103,6 +104,8 @@ export async function runAgent(
     // A development agent on a unix socket runs on a host: never trim the host's memory.
     ...(idleTrim === undefined || env.KATA_TS_AGENT_LISTEN ? {} : { idleTrim }),
     ...(openTpm === undefined ? {} : { openTpm }),
+    // Containers' secrets need a real guest (its /run, mount) and an attester to fetch them through.
+    ...(pods === undefined || attester === undefined ? {} : { secrets: new SecretVolumes(logger, () => attester) }),
   });
   if (env.KATA_TS_AGENT_LISTEN) {
     const server = net.createServer((socket) => serveDuplex(socket, (session) => service.attach(session)));
