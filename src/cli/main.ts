@@ -1,5 +1,6 @@
 import { packageVersion } from '../common/paths.js';
 import { type CliIo, processIo, UsageError } from './args.js';
+import { runBrokerCommand } from './broker.js';
 import { runDoctorCommand } from './doctor.js';
 import { runInstallCommand, runUninstallCommand } from './install.js';
 import { runMetricsCommand } from './metrics.js';
@@ -25,6 +26,7 @@ Commands:
   metrics          scrape every pod shim's Prometheus metrics (--shims) as one exposition
   release          install kata-ts on a node as a release, upgrade, roll back, list, prune
   tpm-ca           the node's CA for its vtpm pods' EK certificates: init, rotate, show
+  broker           the attestation broker (KBS protocol): init, serve, resource, reference, policy, log
   version          print the version
 
 Run 'kata-ts <command> --help' for a command's options.
@@ -43,6 +45,7 @@ const COMMANDS: Record<string, Command> = {
   metrics: runMetricsCommand,
   release: runReleaseCommand,
   'tpm-ca': runTpmCaCommand,
+  broker: runBrokerCommand,
   version: async (argv, io) => {
     if (argv.includes('--help') || argv.includes('-h')) {
       io.stdout.write('Usage: kata-ts version\n\nPrints the kata-ts version and the CRI API version it speaks.\n');
