@@ -10,6 +10,7 @@ export type AttestReason =
   | 'ATTEST_JWE_INVALID'
   | 'ATTEST_CREDENTIAL_INVALID'
   | 'ATTEST_EVENT_LOG_INVALID'
+  | 'ATTEST_TRUST_INVALID'
   | 'ATTEST_RESOURCE_PATH_INVALID';
 
 declare module '../common/errors.js' {
