@@ -274,20 +274,24 @@ export class SecretVolumes {
   async remove(containerId: string): Promise<void> {
     if (!CONTAINER_ID.test(containerId)) return;
     const dir = path.posix.join(this.paths.root, containerId);
-    if (await this.isMountPoint(dir)) {
-      await run(this.paths.mount, ['-o', 'remount,rw', dir]);
-      for (const name of await fsp.readdir(dir)) {
-        const file = path.posix.join(dir, name);
-        const handle = await fsp.open(file, 'r+').catch(() => undefined);
-        if (handle === undefined) continue;
+    const mounted = await this.isMountPoint(dir);
+    if (mounted) await run(this.paths.mount, ['-o', 'remount,rw', dir]);
+    // Zeroed before they go: tmpfs hands freed pages back without clearing them.
+    for (const name of await fsp.readdir(dir).catch(() => [] as string[])) {
+      const file = path.posix.join(dir, name);
+      const handle = await fsp.open(file, 'r+').catch(() => undefined);
+      if (handle !== undefined) {
         try {
           const { size } = await handle.stat();
           if (size > 0) await handle.write(Buffer.alloc(size), 0, size, 0);
+          await handle.sync();
         } finally {
           await handle.close();
         }
-        await fsp.rm(file, { force: true });
       }
+      await fsp.rm(file, { force: true });
+    }
+    if (mounted) {
       await run(this.paths.umount, [dir]);
       this.logger.info({ containerId }, 'secrets wiped and unmounted');
     }
