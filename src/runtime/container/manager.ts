@@ -276,6 +276,13 @@ export class ContainerManager implements SandboxListener, ContainerLookup {
       } catch (err) {
         // A half-created container in the guest would hold its name: delete it (best effort).
         await agent.deleteContainer(record.id, true, { timeoutMs: 10_000 }).catch(() => undefined);
+        // A secret the broker did not release: the container's status says which and why
+        // (crictl inspect, the kubelet's events), not only the failed call.
+        if (isKataError(err) && err.reason.startsWith('SECRET_')) {
+          record.reason = 'SecretNotReleased';
+          record.message = err.message;
+          await this.deps.store.put(record).catch(() => undefined);
+        }
         throw err;
       }
       record.state = 'CONTAINER_RUNNING';
