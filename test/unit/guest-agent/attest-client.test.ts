@@ -148,7 +148,7 @@ describe('the attester client', () => {
     expect(auth).toMatchObject({ method: 'POST', path: '/kbs/v0/auth', body: { version: '0.4.0', tee: 'tpm' } });
     expect(auth?.sessionId).toBeUndefined();
     expect(b.calls[1]).toMatchObject({ method: 'POST', path: '/kbs/v0/attest', sessionId: 's1' });
-    const key = (b.calls[1]?.body as KbsAttestation)['runtime-data']['tee-pubkey'];
+    const key = (b.calls[1]!.body as KbsAttestation)['runtime-data']['tee-pubkey'];
     expect(key).toMatchObject({ kty: 'EC', crv: 'P-256', alg: 'ECDH-ES+A256KW' });
     expect(Object.keys(key)).not.toContain('d');
     expect(b.calls[2]).toMatchObject({ method: 'GET', path: '/kbs/v0/resource/default/key/one', sessionId: 's1' });
@@ -168,7 +168,7 @@ describe('the attester client', () => {
     const b = new ScriptedBroker();
     const { c } = client(b, { keyKind: 'RSA' });
     expect((await c.resource('default/key/one')).equals(SECRET)).toBe(true);
-    expect((b.calls[1]?.body as KbsAttestation)['runtime-data']['tee-pubkey']).toMatchObject({ kty: 'RSA', alg: 'RSA-OAEP-256' });
+    expect((b.calls[1]!.body as KbsAttestation)['runtime-data']['tee-pubkey']).toMatchObject({ kty: 'RSA', alg: 'RSA-OAEP-256' });
   });
 
   it('callers during an attestation share it', async () => {
