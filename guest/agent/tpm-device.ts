@@ -1,8 +1,9 @@
 /**
  * Ways to reach a TPM: the guest kernel's resource-managed character device (/dev/tpmrm0: one
  * write of a command, one read of its whole response) and swtpm's command channel on a unix
- * socket (`swtpm socket --server type=unixio,path=...`, a byte stream: the response is read until
- * the size in its header has arrived), which the tests use against a real swtpm on the host.
+ * socket (`swtpm socket --server type=unixio,path=...` or `type=tcp,port=...`, a byte stream: the
+ * response is read until the size in its header has arrived), which the tests use against a real
+ * swtpm on the host.
  * File I/O goes through libuv's pool, so a slow TPM (swtpm under TCG) never stalls the agent's loop.
  */
 import { open } from 'node:fs/promises';
@@ -33,10 +34,15 @@ export async function openTpmDevice(path = GUEST_TPM_DEVICE): Promise<TpmTranspo
   };
 }
 
-/** A transport over swtpm's command socket (unixio); one command in flight at a time. */
-export function connectTpmSocket(socketPath: string, timeoutMs = 30_000): Promise<TpmTransport> {
+/**
+ * A transport over swtpm's command socket: a unix socket path (`--server type=unixio`) or a
+ * loopback TCP port (`type=tcp`, what tpm2-tools' swtpm TCTI also speaks). One command in flight
+ * at a time.
+ */
+export function connectTpmSocket(target: string | { host: string; port: number }, timeoutMs = 30_000): Promise<TpmTransport> {
+  const socketPath = typeof target === 'string' ? target : `${target.host}:${target.port}`;
   return new Promise((resolve, reject) => {
-    const sock = net.createConnection(socketPath);
+    const sock = typeof target === 'string' ? net.createConnection(target) : net.createConnection(target.port, target.host);
     const fail = (err: Error) => reject(unavailable('TPM_UNAVAILABLE', `cannot connect to the TPM at ${socketPath}: ${err.message}`));
     sock.once('error', fail);
     sock.once('connect', () => {
