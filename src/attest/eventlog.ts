@@ -279,22 +279,28 @@ export interface ExtraExtend {
 
 /**
  * Replays one bank of the log, then `extra` (in order, after the log), into all 24 PCRs: values
- * keyed by PCR number. Throws ATTEST_EVENT_LOG_INVALID when the log has no such bank or when
- * node:crypto cannot compute it.
+ * keyed by PCR number. A null log is a TPM no firmware measured into (sha256 bank only): the
+ * extra extends alone, from reset. Throws ATTEST_EVENT_LOG_INVALID when the log has no such bank,
+ * an event lacks its digest, or node:crypto cannot compute it.
  */
-export function replayEventLog(log: EventLog, bank: BankName = 'sha256', extra: readonly ExtraExtend[] = []): Record<number, Buffer> {
-  const alg = log.specId.algorithms.find((a) => a.name === bank);
-  if (alg === undefined) bad(`has no ${bank} bank (it carries ${log.specId.algorithms.map((a) => a.name).join(', ')})`, 0);
+export function replayEventLog(
+  log: EventLog | null,
+  bank: BankName = 'sha256',
+  extra: readonly ExtraExtend[] = [],
+): Record<number, Buffer> {
+  const algorithms = log?.specId.algorithms ?? [{ id: 0x000b, name: 'sha256', digestBytes: 32 }];
+  const alg = algorithms.find((a) => a.name === bank);
+  if (alg === undefined) bad(`has no ${bank} bank (it carries ${algorithms.map((a) => a.name).join(', ')})`, 0);
   if (!getHashes().includes(bank)) bad(`bank ${bank} cannot be computed here`, 0);
   const pcrs: Record<number, Buffer> = {};
-  for (let p = 0; p < EVENT_LOG_LIMITS.pcrs; p++) pcrs[p] = pcrResetValue(p, alg.digestBytes, log.startupLocality);
+  for (let p = 0; p < EVENT_LOG_LIMITS.pcrs; p++) pcrs[p] = pcrResetValue(p, alg.digestBytes, log?.startupLocality ?? null);
   const extend = (pcr: number, digest: Buffer): void => {
     pcrs[pcr] = createHash(bank)
       .update(pcrs[pcr] as Buffer)
       .update(digest)
       .digest();
   };
-  for (const e of log.events) {
+  for (const e of log?.events ?? []) {
     if (e.type === EV_NO_ACTION) continue;
     const d = e.digests[bank];
     if (d === undefined) bad(`event ${e.index} (PCR ${e.pcr}, ${e.typeName}) has no ${bank} digest to replay`, e.offset, e.index);
