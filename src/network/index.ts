@@ -3,7 +3,7 @@ export { type CniPortMapping, cniAdd, cniDel } from './cni-exec.js';
 export { parseIpAddr, parseIpRoutes } from './ip-json.js';
 export { joinedNetnsName, readJoinedNetwork } from './joined.js';
 export { type PodNetworkRequest, PodNetworks } from './pod-network.js';
-export { type CniPodNetworkRecord, type JoinedPodNetworkRecord, netnsRefOf, type PodNetworkRecord } from './record.js';
+export { type CniPodNetworkRecord, type JoinedPodNetworkRecord, netnsPathOf, netnsRefOf, type PodNetworkRecord } from './record.js';
 export { type PodNetworkResult, parseCniResult, podIps } from './result.js';
 export {
   createNetns,

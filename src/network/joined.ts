@@ -8,9 +8,14 @@
  * (or `/var/run/netns`, usually a symlink to it) is used by name; a namespace anywhere else
  * (`/proc/<pid>/ns/net`, a runtime's own directory) is entered with `nsenter --net=PATH` for each
  * command, as QEMU is. Reads only.
+ *
+ * The path is the caller's, and stays so in the record: where the runtime's mount namespace does
+ * not see the caller's bind mount (a private root), it is opened through the caller's root
+ * (src/common/caller-root.ts `callerPath`), here and wherever the record's namespace is entered.
  */
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
+import { callerPath } from '../common/caller-root.js';
 import { errnoCode, invalid, precondition } from '../common/errors.js';
 import { parseIpAddr, parseIpJson, parseIpRoutes } from './ip-json.js';
 import type { JoinedPodNetworkRecord } from './record.js';
@@ -47,9 +52,11 @@ export function joinedNetnsName(netnsPath: string): string | null {
 export async function readJoinedNetwork(netnsPath: string): Promise<JoinedPodNetworkRecord> {
   let netnsName = joinedNetnsName(netnsPath);
   const details = { field: FIELD, [FIELD]: netnsPath };
+  // The caller's path, opened in the caller's mount namespace when ours does not see the same file.
+  const openable = callerPath(netnsPath);
   let fsType: number;
   try {
-    fsType = (await fsp.statfs(netnsPath)).type;
+    fsType = (await fsp.statfs(openable)).type;
   } catch (err) {
     if (errnoCode(err) === 'ENOENT' || errnoCode(err) === 'ENOTDIR') {
       throw precondition('JOIN_NETNS_MISSING', `${FIELD} ${netnsPath} does not exist.`, { details });
@@ -60,8 +67,8 @@ export async function readJoinedNetwork(netnsPath: string): Promise<JoinedPodNet
     throw precondition('JOIN_NETNS_NOT_NETNS', `${FIELD} ${netnsPath} is not a namespace file (nsfs).`, { details });
   }
   // `ip -n NAME` opens NETNS_DIR/NAME: by name only when that is this very namespace.
-  if (netnsName !== null && !(await sameFile(path.posix.join(NETNS_DIR, netnsName), netnsPath))) netnsName = null;
-  const ns: NetnsRef = netnsName ?? { path: netnsPath };
+  if (netnsName !== null && !(await sameFile(path.posix.join(NETNS_DIR, netnsName), openable))) netnsName = null;
+  const ns: NetnsRef = netnsName ?? { path: openable };
   let addrText: string;
   try {
     addrText = await run(inNetns(ns, 'ip', ['-j', 'addr', 'show']), 'NETNS_FAILED');

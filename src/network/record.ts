@@ -3,6 +3,7 @@
  * recorded before or as it is taken, so that undoing it, also at the next start after a crash,
  * knows what there is to undo, and what is not ours to undo.
  */
+import { callerPath } from '../common/caller-root.js';
 import type { CniNetworkList } from './cni-config.js';
 import type { CniAttachment } from './cni-exec.js';
 import type { PodNetworkResult } from './result.js';
@@ -50,7 +51,16 @@ export interface JoinedPodNetworkRecord extends PodNetworkCommon {
 
 export type PodNetworkRecord = CniPodNetworkRecord | JoinedPodNetworkRecord;
 
-/** Where the record's iproute2 commands run. */
+/** Where the record's iproute2 commands run (a caller's namespace by a path this process can open: callerPath). */
 export function netnsRefOf(net: PodNetworkRecord): NetnsRef {
-  return net.netnsName ?? { path: net.netnsPath };
+  return net.netnsName ?? { path: netnsPathOf(net) };
+}
+
+/**
+ * The path this process enters the record's namespace by: the record's own, or for a namespace
+ * the caller made (`joined`), that path as the caller's mount namespace resolves it when ours does
+ * not see the same file (src/common/caller-root.ts).
+ */
+export function netnsPathOf(net: PodNetworkRecord): string {
+  return net.kind === 'joined' ? callerPath(net.netnsPath) : net.netnsPath;
 }

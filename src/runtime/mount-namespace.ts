@@ -27,10 +27,11 @@
  * private bind mount of itself, as iproute2 makes /run/netns a mount of its own. That directory is
  * the runtime's. Creating is serialised by a lock file in it (daemon and shims may start at once).
  */
-import { execFile, spawn } from 'node:child_process';
-import { promises as fsp, readdirSync, statSync } from 'node:fs';
+import { type ChildProcess, execFile, spawn } from 'node:child_process';
+import { closeSync, promises as fsp, readdirSync, statSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
+import { CALLER_ROOT_CHILD_FD, CALLER_ROOT_ENV, openOwnRoot } from '../common/caller-root.js';
 import { errnoCode, errorMessage, internal, isReason, precondition } from '../common/errors.js';
 import type { Logger } from '../common/logger.js';
 import { acquireStateLock, type StateLock } from './state-lock.js';
@@ -373,6 +374,11 @@ export interface RunInsideOptions {
    * process gives up on it (the shim's `delete`, which containerd kills after a few seconds).
    */
   dieWithParent?: boolean;
+  /**
+   * Hand the child this process's root directory (CALLER_ROOT_CHILD_FD, named in CALLER_ROOT_ENV;
+   * src/common/caller-root.ts), so it can read the paths its caller named in this namespace.
+   */
+  passCallerRoot?: boolean;
 }
 
 const FORWARDED: readonly NodeJS.Signals[] = ['SIGTERM', 'SIGINT', 'SIGHUP'];
@@ -397,11 +403,19 @@ export async function runInsideMountNamespace(options: RunInsideOptions): Promis
   }
   const cmd = insideCommand(options.file, id, options.cwd, options.self, options.dieWithParent ?? true);
   const piped = options.stdio !== 'inherit';
-  const child = spawn(cmd.command, cmd.args, {
-    env: { ...options.env, ...cmd.env },
-    stdio: piped ? ['ignore', 'pipe', 'pipe'] : 'inherit',
-    detached: true,
-  });
+  const root = options.passCallerRoot === true ? openOwnRoot() : undefined;
+  const stdio: ('ignore' | 'pipe' | 'inherit' | number)[] = piped ? ['ignore', 'pipe', 'pipe'] : ['inherit', 'inherit', 'inherit'];
+  let child: ChildProcess;
+  try {
+    child = spawn(cmd.command, cmd.args, {
+      env: { ...options.env, ...cmd.env, ...(root === undefined ? {} : { [CALLER_ROOT_ENV]: String(CALLER_ROOT_CHILD_FD) }) },
+      // The root at index 3, CALLER_ROOT_CHILD_FD.
+      stdio: root === undefined ? stdio : [...stdio, root],
+      detached: true,
+    });
+  } finally {
+    if (root !== undefined) closeSync(root);
+  }
   if (options.stdio !== 'inherit') {
     child.stdout!.pipe(options.stdio.stdout, { end: false });
     child.stderr!.pipe(options.stdio.stderr, { end: false });

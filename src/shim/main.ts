@@ -32,6 +32,7 @@
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
+import { adoptCallerRoot } from '../common/caller-root.js';
 import { errorMessage } from '../common/errors.js';
 import { createLogger, type LogLevel } from '../common/logger.js';
 import { packageVersion } from '../common/paths.js';
@@ -372,6 +373,8 @@ export async function main(argv: readonly string[], options: ShimMainOptions = {
           stdio: { stdout: io.stdout, stderr: io.stderr },
           logger,
           dieWithParent: inv.action === 'serve',
+          // The paths containerd named (the pod's netns, rootfs sources, FIFOs) are read in its namespace.
+          passCallerRoot: true,
         });
       }
     }
@@ -405,6 +408,7 @@ export async function main(argv: readonly string[], options: ShimMainOptions = {
         return 0;
       }
       case 'cleanup': {
+        adoptCallerRoot(processEnv);
         // Warnings only, into the shim's state root (created on the first one): nobody reads this
         // child's stderr, and a pipe it held would keep containerd waiting.
         const file = path.join(loaded.config.shim.stateRoot, CLEANUP_LOG_FILE);
@@ -423,6 +427,7 @@ export async function main(argv: readonly string[], options: ShimMainOptions = {
         return 0;
       }
       case 'serve': {
+        adoptCallerRoot(processEnv);
         const [{ shimLogger }, { podStateDir, shimSocketPath }, { registerTaskService }, { runServe }] = await Promise.all([
           import('./log.js'),
           import('./paths.js'),

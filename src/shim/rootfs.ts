@@ -72,6 +72,30 @@ export function planRootfsMounts(mounts: readonly RootfsMount[], target: string)
   });
 }
 
+/** The overlay options that name a directory (lowerdir: a `:`-separated list of them). */
+const OVERLAY_DIR_OPTIONS = ['lowerdir', 'upperdir', 'workdir'];
+
+/**
+ * Pure: `mounts` with every directory they name (a bind's source; an overlay's lowerdir, upperdir
+ * and workdir) passed through `resolve`: containerd's paths as this process reaches them
+ * (src/common/caller-root.ts `callerPath`). An entry with an escaped `:` or `,` is left as it is.
+ */
+export function withCallerSources(mounts: readonly RootfsMount[], resolve: (p: string) => string): RootfsMount[] {
+  const dir = (p: string) => (path.isAbsolute(p) && !p.includes('\\') ? resolve(p) : p);
+  return mounts.map((m) => {
+    if (m.type === 'bind') return { ...m, source: dir(m.source), options: [...m.options] };
+    if (m.type !== 'overlay') return { ...m, options: [...m.options] };
+    const options = m.options.map((option) => {
+      const eq = option.indexOf('=');
+      const key = eq < 0 ? option : option.slice(0, eq);
+      if (!OVERLAY_DIR_OPTIONS.includes(key)) return option;
+      const value = option.slice(eq + 1);
+      return `${key}=${(key === 'lowerdir' ? value.split(':') : [value]).map(dir).join(':')}`;
+    });
+    return { ...m, options };
+  });
+}
+
 /** How a command line is run (tests may replace it). */
 export type CommandRunner = (argv: readonly string[]) => Promise<void>;
 

@@ -21,6 +21,7 @@
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import net from 'node:net';
+import { CALLER_ROOT_CHILD_FD, CALLER_ROOT_ENV, openOwnRoot } from '../common/caller-root.js';
 import { errorMessage, timedOut, unavailable } from '../common/errors.js';
 import { silentLogger } from '../common/logger.js';
 import type { KataConfig } from '../config/types.js';
@@ -128,15 +129,21 @@ async function serveCommand(
   options: StartOptions,
   sandboxId: string,
   socketPath: string,
-): Promise<{ command: string; args: string[]; env: NodeJS.ProcessEnv }> {
+): Promise<{ command: string; args: string[]; env: NodeJS.ProcessEnv; entering: boolean }> {
   const self = { command: options.self.command, args: [...options.self.args, ...serveArgs(options, sandboxId, socketPath)] };
   const file = options.config.mountNamespacePath;
-  if (file === null || (await placeInNamespace(file, options.env)) === 'inside') return { ...self, env: options.env };
+  if (file === null || (await placeInNamespace(file, options.env)) === 'inside') {
+    // No caller's root to hand over: the child reads the paths it gets as they are.
+    const { [CALLER_ROOT_ENV]: _stale, ...env } = options.env;
+    return { ...self, env, entering: false };
+  }
   // Silent: containerd reads start's stdout and stderr together as the address.
   const { id } = await ensureMountNamespace(file, silentLogger());
   // No setpriv: the pod's shim outlives this `start`.
   const inside = insideCommand(file, id, options.bundle, self, false);
-  return { command: inside.command, args: inside.args, env: { ...options.env, ...inside.env } };
+  // containerd's root goes with it: the paths containerd names are read there (src/common/caller-root.ts).
+  const env = { ...options.env, ...inside.env, [CALLER_ROOT_ENV]: String(CALLER_ROOT_CHILD_FD) };
+  return { command: inside.command, args: inside.args, env, entering: true };
 }
 
 /** Start the detached `serve` child and wait until its socket answers (or it dies, or time runs out). */
@@ -144,15 +151,18 @@ async function spawnServe(options: StartOptions, sandboxId: string, socketPath: 
   const cmd = await serveCommand(options, sandboxId, socketPath);
   const log = await openShimLog(options.bundle, stateDir);
   let child: ReturnType<typeof spawn>;
+  const root = cmd.entering ? openOwnRoot() : undefined;
   try {
     child = spawn(cmd.command, cmd.args, {
       cwd: options.bundle,
       env: cmd.env,
       detached: true,
-      stdio: ['ignore', 'ignore', log.fd],
+      // The caller's root at CALLER_ROOT_CHILD_FD (3), the first index after stdio.
+      stdio: root === undefined ? ['ignore', 'ignore', log.fd] : ['ignore', 'ignore', log.fd, root],
     });
   } finally {
     fs.closeSync(log.fd);
+    if (root !== undefined) fs.closeSync(root);
   }
   let exited: string | undefined;
   let spawnError: string | undefined;

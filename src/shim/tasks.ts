@@ -9,6 +9,7 @@ import { promises as fsp } from 'node:fs';
 import path from 'node:path';
 import type { AgentClient } from '../agent-client/index.js';
 import { raceAbort } from '../common/abort.js';
+import { callerPath } from '../common/caller-root.js';
 import { alreadyExists, errorMessage, invalid, notFound, precondition } from '../common/errors.js';
 import type { Logger } from '../common/logger.js';
 import { epochNs } from '../common/time.js';
@@ -32,7 +33,7 @@ import {
 import type { EventPublisher } from './events.js';
 import { cgroupParentForDriver, type ShimPod } from './pod.js';
 import { timestampOfNs } from './proto.js';
-import { mountRootfs, type RootfsMount, unmountRootfs } from './rootfs.js';
+import { mountRootfs, type RootfsMount, unmountRootfs, withCallerSources } from './rootfs.js';
 import { bootSoloSandbox, removeSoloSandbox } from './solo.js';
 import { type ExecStdio, openExecStdio, type TaskIo } from './stdio.js';
 import { openTaskOutput, parseOutputUri, type TaskOutput } from './task-output.js';
@@ -139,6 +140,17 @@ export interface ShimTasksDeps {
 
 /** Where a task's own FIFOs are (file:// and binary:// output) in the pod's state dir. */
 const TASK_IO_DIR = 'task-io';
+
+/**
+ * The FIFOs containerd named, as this process opens them: through containerd's root where the
+ * runtime's mount namespace does not see the same file (src/common/caller-root.ts). `outputs`:
+ * stdout and stderr are FIFO paths too (not a file:// or binary:// URI). State and events keep
+ * containerd's own paths.
+ */
+function callerFifos(io: TaskIo, outputs: boolean): TaskIo {
+  const local = (p: string) => (p === '' ? '' : callerPath(p));
+  return { ...io, stdin: local(io.stdin), ...(outputs ? { stdout: local(io.stdout), stderr: local(io.stderr) } : {}) };
+}
 
 /** A signal's exit status as runc reports it (128 + the signal). */
 const SIGKILL_STATUS = 128 + 9;
@@ -275,7 +287,7 @@ export class ShimTasks {
       const spec = soloTask?.container ?? decodeTaskContainerSpec(oci, sandboxId, seccomp);
       task.crio = !solo && decodeBundleRole(oci).kind === 'cri-o';
       const rootfs = containerRootfsPath(oci, req.bundle, req.rootfs.length > 0);
-      const output = await openTaskOutput(io, {
+      const output = await openTaskOutput(callerFifos(io, outputTarget.kind === 'fifo'), {
         // The shim's own FIFOs only for a file or a logger (containerd's FIFOs are used as they are).
         dir: outputTarget.kind === 'fifo' ? '' : path.join(this.deps.pod.stateDir, TASK_IO_DIR, req.id),
         containerId: req.id,
@@ -285,7 +297,8 @@ export class ShimTasks {
       let booted = false;
       try {
         if (req.rootfs.length > 0) {
-          await mountRootfs(req.rootfs, rootfs);
+          // The snapshot's directories as containerd names them, through its root where ours differs.
+          await mountRootfs(withCallerSources(req.rootfs, callerPath), rootfs);
           task.rootfsMounted = true;
         }
         if (soloTask !== undefined) {
@@ -610,7 +623,7 @@ export class ShimTasks {
     if (agent === undefined || record.state !== 'CONTAINER_RUNNING') {
       throw precondition('TASK_NOT_RUNNING', `task ${task.id} is not running; no process can start in it`);
     }
-    const stdio = await openExecStdio(exec.io, exec.abort.signal);
+    const stdio = await openExecStdio(callerFifos(exec.io, true), exec.abort.signal);
     exec.stdio = stdio;
     const logger = ctx.logger.child({ containerId: task.id, execId });
     const started = new Promise<number>((resolve, reject) => {

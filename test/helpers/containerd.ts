@@ -118,6 +118,13 @@ export interface ContainerdOptions {
    * release is a version 2 file as Debian's 2.x package ships one, which containerd migrates.
    */
   configSchema?: 2 | 3;
+  /**
+   * true: the node's root mount stays private, as on a host without systemd (node.sh skips its
+   * `mount --make-rshared /`): mounts containerd makes after kata-ts's runtime mount namespace
+   * exists (the pods' network namespaces) do not reach that namespace. Default false (shared, as
+   * systemd makes a node's mounts).
+   */
+  privateRoot?: boolean;
 }
 
 /** What stop() found and did. */
@@ -709,6 +716,7 @@ class PrivateContainerd implements ContainerdHandle {
           KATA_TS_PRIVATE_INODES: inodes.join('\n'),
           KATA_TS_NODE_CGROUP: NODE_CGROUP,
           KATA_TS_NODE_DIR: this.dir,
+          KATA_TS_NODE_PRIVATE_ROOT: this.options.privateRoot === true ? '1' : '',
         },
       },
     );

@@ -13,7 +13,7 @@ import { vmmPidsMax } from '../../cgroups/index.js';
 import { errnoCode, errorMessage, internal } from '../../common/errors.js';
 import { chownSocketNoFollow } from '../../common/nofollow.js';
 import { startVirtiofsd, startVm, type VirtiofsdProcess, type VmmIdentity, type VmProcess } from '../../hypervisor/index.js';
-import type { PodNetworkRecord, PodNetworks } from '../../network/index.js';
+import { netnsPathOf, type PodNetworkRecord, type PodNetworks } from '../../network/index.js';
 import { RollbackSteps } from '../rollback.js';
 import { bootGuest } from './boot.js';
 import type { CreateDeps, CreatedSandbox, SandboxLaunchers, SandboxPreparation, SandboxRun, SwtpmHandle } from './create-types.js';
@@ -225,7 +225,8 @@ async function launchVm(run: SandboxRun, identity: VmmIdentity | undefined, comp
     paths: layout.vmPaths,
     logger: run.log,
     qmpTimeoutMs: run.deps.config.hypervisor.qmpTimeoutMs,
-    ...(network === null ? {} : { netnsPath: network.record.netnsPath }),
+    // A caller's namespace (the shim's) by a path this process can open (network/record.ts).
+    ...(network === null ? {} : { netnsPath: netnsPathOf(network.record) }),
     ...(identity === undefined ? {} : { jail: { jailDir: layout.jailDir, identity, ...vfioMemlock(run) } }),
   });
   started.vm = vm;

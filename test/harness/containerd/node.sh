@@ -9,6 +9,7 @@
 #   KATA_TS_PRIVATE_INODES  lines "<dir name> <inode>" of each private cgroup directory
 #   KATA_TS_NODE_CGROUP     the child cgroup (below the namespace's root) this holder moves into
 #   KATA_TS_NODE_DIR        the harness's temporary directory (overlay upper layers go there)
+#   KATA_TS_NODE_PRIVATE_ROOT  1: leave the root mount private (a host without systemd)
 set -euo pipefail
 
 fail() { echo "containerd node: $*" >&2; exit 98; }
@@ -54,7 +55,10 @@ done
 mkdir -p /run/containerd
 # Shared, as systemd makes a node's mounts: the runtime's mount namespace (a slave of this one, made
 # by the kata-ts shim) then receives what containerd mounts later, the pods' network namespaces.
-mount --make-rshared /
+# KATA_TS_NODE_PRIVATE_ROOT=1 leaves it private, as on a host that runs no systemd.
+if [ "${KATA_TS_NODE_PRIVATE_ROOT:-}" != "1" ]; then
+  mount --make-rshared /
+fi
 
 ip link set dev lo up
 echo ready

@@ -3,7 +3,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { isKataError } from '../../../src/common/errors.js';
-import { mountRootfs, planRootfsMounts } from '../../../src/shim/rootfs.js';
+import { mountRootfs, planRootfsMounts, withCallerSources } from '../../../src/shim/rootfs.js';
 
 const TARGET = '/run/containerd/io.containerd.runtime.v2.task/k8s.io/abc/rootfs';
 
@@ -86,5 +86,44 @@ describe('mountRootfs', () => {
       ['umount', '--', target],
     ]);
     rmSync(dir, { recursive: true, force: true });
+  });
+});
+
+describe('withCallerSources (pure)', () => {
+  const through = (p: string) => `/proc/9/fd/5${p}`;
+
+  it('passes every directory an overlay names (each lowerdir, upperdir, workdir) and nothing else', () => {
+    const mounts = [
+      {
+        type: 'overlay',
+        source: 'overlay',
+        options: ['index=off', 'workdir=/s/3/work', 'upperdir=/s/3/fs', 'lowerdir=/s/2/fs:/s/1/fs', 'userxattr'],
+      },
+    ];
+    expect(withCallerSources(mounts, through)).toEqual([
+      {
+        type: 'overlay',
+        source: 'overlay',
+        options: [
+          'index=off',
+          'workdir=/proc/9/fd/5/s/3/work',
+          'upperdir=/proc/9/fd/5/s/3/fs',
+          'lowerdir=/proc/9/fd/5/s/2/fs:/proc/9/fd/5/s/1/fs',
+          'userxattr',
+        ],
+      },
+    ]);
+    // The caller's list is left as it was.
+    expect(mounts[0]!.options[3]).toBe('lowerdir=/s/2/fs:/s/1/fs');
+  });
+
+  it("passes a bind's source; leaves relative paths, escaped entries and other types alone", () => {
+    expect(withCallerSources([{ type: 'bind', source: '/s/native/1', options: ['rbind', 'rw'] }], through)).toEqual([
+      { type: 'bind', source: '/proc/9/fd/5/s/native/1', options: ['rbind', 'rw'] },
+    ]);
+    expect(withCallerSources([{ type: 'overlay', source: 'overlay', options: ['lowerdir=rel/1:/a\\:b'] }], through)[0]!.options).toEqual([
+      'lowerdir=rel/1:/a\\:b',
+    ]);
+    expect(withCallerSources([{ type: 'tmpfs', source: '/x', options: [] }], through)[0]!.source).toBe('/x');
   });
 });
