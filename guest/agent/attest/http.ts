@@ -4,7 +4,6 @@
  * the answer's size and a timeout on the whole exchange. Whatever the broker answers is
  * untrusted: a body over the bound is cut off and refused, not buffered.
  */
-import https from 'node:https';
 import { unavailable } from '../../../src/common/errors.js';
 import './reasons.js';
 
@@ -93,8 +92,11 @@ export function httpsTransport(o: HttpsTransportOptions): BrokerTransport {
   const basePath = base.pathname.replace(/\/+$/, '');
   const timeoutMs = o.timeoutMs ?? BROKER_TIMEOUT_MS;
   const maxBytes = o.maxResponseBytes ?? BROKER_RESPONSE_MAX_BYTES;
-  return (req) =>
-    new Promise<BrokerHttpResponse>((resolve, reject) => {
+  return async (req) => {
+    // Loaded on first use, not at import: the agent's start-up snapshot cannot hold node:https
+    // (V8's snapshot builder aborts on the handles its TLS setup keeps).
+    const https = await import('node:https');
+    return new Promise<BrokerHttpResponse>((resolve, reject) => {
       const body = req.body === undefined ? undefined : Buffer.from(JSON.stringify(req.body), 'utf8');
       const headers: Record<string, string> = { accept: 'application/json' };
       if (body !== undefined) {
@@ -168,4 +170,5 @@ export function httpsTransport(o: HttpsTransportOptions): BrokerTransport {
       request.on('error', (err: NodeJS.ErrnoException) => fail(err, err.code !== undefined && RETRYABLE_CODES.has(err.code)));
       request.end(body);
     });
+  };
 }
