@@ -247,7 +247,9 @@ export class AgentService {
    */
   private async createWithSecrets(req: CreateContainerRequest): ReturnType<ContainerBackend['createContainer']> {
     const { backend } = this.options;
-    if (req.secrets.length === 0) return backend.createContainer(req);
+    // Absent, not only empty, from a host that predates the field (decoded) or a test's literal.
+    const secrets = req.secrets ?? [];
+    if (secrets.length === 0) return backend.createContainer(req);
     const volumes = this.options.secrets;
     if (volumes === undefined) throw unimplemented('AGENT_NO_SECRET_SERVICE', 'this agent build cannot place secrets in containers.');
     let spec: Record<string, unknown>;
@@ -257,7 +259,7 @@ export class AgentService {
     } catch (cause) {
       throw invalid('AGENT_JSON_INVALID', 'oci_config_json is not a JSON object.', { cause });
     }
-    const withSecrets = await volumes.prepare(req.containerId, req.secrets, spec);
+    const withSecrets = await volumes.prepare(req.containerId, secrets, spec);
     try {
       return await backend.createContainer({ ...req, ociConfigJson: JSON.stringify(withSecrets) });
     } catch (err) {
