@@ -7,7 +7,7 @@ export const KATA_TS_RUNTIMES: readonly { handler: string; runtimeType: string; 
 ];
 
 /** Annotations containerd passes on to the shim: Kata's prefix, kata-ts's and CDI's (docs/shim.md). */
-export const POD_ANNOTATIONS = ['io.katacontainers.*', 'kata-ts.dev/*', 'cdi.k8s.io/*'];
+export const POD_ANNOTATIONS = ['io.katacontainers.*', 'kata-ts.dev/*', 'io.kata-ts.*', 'cdi.k8s.io/*'];
 export const CONTAINER_ANNOTATIONS = ['io.katacontainers.*', 'kata-ts.dev/*'];
 
 /** The CRI plugin's runtimes table for a config schema, as key path below the document root. */

@@ -65,7 +65,7 @@ export const KATA_TS_RUNTIME_TYPE = 'io.containerd.kata-ts.v2';
  * prefix (for pods written for Kata) and kata-ts's (`kata-ts.dev/container-type`, ...). containerd
  * adds its own `io.kubernetes.cri.*` ones (sandbox id, sizing) regardless.
  */
-export const KATA_TS_ANNOTATIONS = ['io.katacontainers.*', 'kata-ts.dev/*'];
+export const KATA_TS_ANNOTATIONS = ['io.katacontainers.*', 'kata-ts.dev/*', 'io.kata-ts.*'];
 
 const HARNESS_DIR = path.join(packageRoot(), 'test', 'harness', 'containerd');
 /** Below the private root: where the namespaces' holder and containerd (with its shims) live. */

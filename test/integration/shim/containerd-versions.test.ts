@@ -169,7 +169,7 @@ for (const [i, label] of LABELS.entries()) {
       expect(Object.keys(runtimes).sort()).toEqual(['kata-ts', 'kata-ts-cvm', 'runc']);
       expect(runtimes['kata-ts']).toMatchObject({
         runtimeType: 'io.containerd.kata-ts.v2',
-        PodAnnotations: ['io.katacontainers.*', 'kata-ts.dev/*', 'cdi.k8s.io/*'],
+        PodAnnotations: ['io.katacontainers.*', 'kata-ts.dev/*', 'io.kata-ts.*', 'cdi.k8s.io/*'],
         privileged_without_host_devices: true,
       });
       expect(runtimes['kata-ts-cvm']).toMatchObject({ runtimeType: 'io.containerd.kata-ts-cvm.v2' });

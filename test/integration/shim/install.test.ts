@@ -93,7 +93,7 @@ describe.skipIf(MISSING !== null)('kata-ts install --containerd against containe
     expect(Object.keys(runtimes)).toEqual(['kata-ts', 'kata-ts-cvm', 'runc']);
     expect(runtimes['kata-ts']).toMatchObject({
       runtimeType: 'io.containerd.kata-ts.v2',
-      PodAnnotations: ['io.katacontainers.*', 'kata-ts.dev/*', 'cdi.k8s.io/*'],
+      PodAnnotations: ['io.katacontainers.*', 'kata-ts.dev/*', 'io.kata-ts.*', 'cdi.k8s.io/*'],
     });
     expect(runtimes['kata-ts-cvm']).toMatchObject({ runtimeType: 'io.containerd.kata-ts-cvm.v2' });
 

@@ -156,7 +156,7 @@ describe('install into a version 2 config (containerd 1.6 / 1.7)', () => {
     expect(runtimes.runc).toEqual({ runtime_type: 'io.containerd.runc.v2', options: { SystemdCgroup: true } });
     expect(runtimes['kata-ts']).toEqual({
       runtime_type: 'io.containerd.kata-ts.v2',
-      pod_annotations: ['io.katacontainers.*', 'kata-ts.dev/*', 'cdi.k8s.io/*'],
+      pod_annotations: ['io.katacontainers.*', 'kata-ts.dev/*', 'io.kata-ts.*', 'cdi.k8s.io/*'],
       container_annotations: ['io.katacontainers.*', 'kata-ts.dev/*'],
       privileged_without_host_devices: true,
     });
@@ -270,7 +270,7 @@ describe('install on containerd 2.x', () => {
     expect((parse(dropIn) as Doc).version).toBe(3);
     expect(runtimesV3(dropIn)['kata-ts']).toEqual({
       runtime_type: 'io.containerd.kata-ts.v2',
-      pod_annotations: ['io.katacontainers.*', 'kata-ts.dev/*', 'cdi.k8s.io/*'],
+      pod_annotations: ['io.katacontainers.*', 'kata-ts.dev/*', 'io.kata-ts.*', 'cdi.k8s.io/*'],
       container_annotations: ['io.katacontainers.*', 'kata-ts.dev/*'],
       privileged_without_host_devices: true,
       sandboxer: 'podsandbox',
