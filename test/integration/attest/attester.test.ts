@@ -108,7 +108,7 @@ describe.skipIf(missing.length > 0)('the guest attester against a real broker an
   let port = 0;
   let certPem = '';
   let initdataPath = '';
-  let document = Buffer.alloc(0);
+  let document: Buffer = Buffer.alloc(0);
   const log = createLogger({ level: 'error' });
   const attesters: Attester[] = [];
 
