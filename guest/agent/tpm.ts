@@ -15,6 +15,7 @@
 import { randomBytes } from 'node:crypto';
 import { objectName } from '../../src/attest/credential.js';
 import { invalid, unavailable } from '../../src/common/errors.js';
+import { TpmReader } from '../../src/measure/tpm-reader.js';
 import './reasons.js';
 
 /** Sends one command, returns the whole response (tag, size, code and the rest). */
@@ -124,57 +125,17 @@ class Writer {
   }
 }
 
-/** Reads big-endian fields, refusing to read past the end (a short or lying response). */
-export class Reader {
-  private pos = 0;
-  constructor(
-    private readonly buf: Buffer,
-    private readonly what: string,
-  ) {}
-  get offset(): number {
-    return this.pos;
-  }
-  get left(): number {
-    return this.buf.length - this.pos;
-  }
-  private need(n: number): void {
-    if (this.pos + n > this.buf.length)
-      throw invalid('TPM_RESPONSE_MALFORMED', `${this.what}: needs ${n} more bytes at offset ${this.pos}, has ${this.left}`);
-  }
-  u8(): number {
-    this.need(1);
-    return this.buf.readUInt8(this.pos++);
-  }
-  u16(): number {
-    this.need(2);
-    const v = this.buf.readUInt16BE(this.pos);
-    this.pos += 2;
-    return v;
-  }
-  u32(): number {
-    this.need(4);
-    const v = this.buf.readUInt32BE(this.pos);
-    this.pos += 4;
-    return v;
-  }
-  u64(): bigint {
-    this.need(8);
-    const v = this.buf.readBigUInt64BE(this.pos);
-    this.pos += 8;
-    return v;
-  }
-  bytes(n: number): Buffer {
-    this.need(n);
-    const v = this.buf.subarray(this.pos, this.pos + n);
-    this.pos += n;
-    return v;
-  }
-  sized(): Buffer {
-    return this.bytes(this.u16());
-  }
-  /** The bytes read since `start` (an earlier `offset`). */
-  since(start: number): Buffer {
-    return this.buf.subarray(start, this.pos);
+/** Reads big-endian fields, refusing to read past the end (a short or lying response): TPM_RESPONSE_MALFORMED. */
+export class Reader extends TpmReader {
+  constructor(buf: Buffer, what: string) {
+    super(buf, (p) => {
+      throw invalid(
+        'TPM_RESPONSE_MALFORMED',
+        p.kind === 'short'
+          ? `${what}: needs ${p.need} more bytes at offset ${p.at}, has ${p.has}`
+          : `${what}: ${p.extra} bytes after its end`,
+      );
+    });
   }
 }
 

@@ -8,12 +8,14 @@
  * - the structure is a quote (magic TPM_GENERATED_VALUE, type TPM_ST_ATTEST_QUOTE) whose signer
  *   is the key (its qualified name as a primary key of the endorsement or owner hierarchy) and whose qualifying data is the verifier's nonce;
  * - the PCR values given with it hash, in selection order, to the quote's PCR digest.
- * What it does not establish: that the key lives in the pod's swtpm. Binding the key to the
- * swtpm's EK certificate (credential activation) is part 2 of the issue; see docs/confidential.md.
+ * What it does not establish: that the key lives in the pod's swtpm. That is credential
+ * activation's (src/attest/credential.ts, with the guest's TpmClient.activateCredential), which
+ * binds the key to the swtpm's EK certificate.
  */
 import { createHash, createPublicKey, verify } from 'node:crypto';
 import { invalid } from '../common/errors.js';
 import './reasons.js';
+import { TpmReader } from './tpm-reader.js';
 
 const TPM_GENERATED_VALUE = 0xff544347;
 const TPM_ST_ATTEST_QUOTE = 0x8018;
@@ -27,49 +29,16 @@ const ATTR_SIGN = 0x00040000;
 const ATTR_FIXED_TPM = 0x00000002;
 const P256_BYTES = 32;
 
-class Reader {
-  private pos = 0;
-  constructor(
-    private readonly buf: Buffer,
-    private readonly what: string,
-  ) {}
-  private need(n: number): void {
-    if (this.pos + n > this.buf.length)
-      bad(`${this.what} is truncated at byte ${this.pos} (needs ${n} more, has ${this.buf.length - this.pos})`);
-  }
-  u8(): number {
-    this.need(1);
-    return this.buf.readUInt8(this.pos++);
-  }
-  u16(): number {
-    this.need(2);
-    const v = this.buf.readUInt16BE(this.pos);
-    this.pos += 2;
-    return v;
-  }
-  u32(): number {
-    this.need(4);
-    const v = this.buf.readUInt32BE(this.pos);
-    this.pos += 4;
-    return v;
-  }
-  u64(): bigint {
-    this.need(8);
-    const v = this.buf.readBigUInt64BE(this.pos);
-    this.pos += 8;
-    return v;
-  }
-  bytes(n: number): Buffer {
-    this.need(n);
-    const v = this.buf.subarray(this.pos, this.pos + n);
-    this.pos += n;
-    return v;
-  }
-  sized(): Buffer {
-    return this.bytes(this.u16());
-  }
-  end(): void {
-    if (this.pos !== this.buf.length) bad(`${this.what} has ${this.buf.length - this.pos} bytes after its end`);
+/** A reader of untrusted evidence whose short or overlong structures are MEASURE_QUOTE_INVALID. */
+class Reader extends TpmReader {
+  constructor(buf: Buffer, what: string) {
+    super(buf, (p) =>
+      bad(
+        p.kind === 'short'
+          ? `${what} is truncated at byte ${p.at} (needs ${p.need} more, has ${p.has})`
+          : `${what} has ${p.extra} bytes after its end`,
+      ),
+    );
   }
 }
 
