@@ -396,11 +396,15 @@ function extInteger(ext: Buffer): number {
   return n;
 }
 
-/** The hwID: an OCTET STRING of 64 bytes, or (older VCEKs) the 64 bytes themselves. */
+/**
+ * The hwID: 64 bytes on Milan and Genoa, 8 on Turin (whose KDS names a chip by the first 8 bytes
+ * of CHIP_ID); the raw bytes as the extension's value (older VCEKs, Turin's), or wrapped in an
+ * OCTET STRING.
+ */
 function extHwid(ext: Buffer): Buffer {
-  if (ext.length === 64) return ext;
+  if (ext.length === 64 || ext.length === 8) return ext;
   const d = derAt(ext, 0);
-  if (d.tag !== 0x04 || d.value.length !== 64) throw new Error('not a 64-byte OCTET STRING');
+  if (d.tag !== 0x04 || (d.value.length !== 64 && d.value.length !== 8)) throw new Error('not an OCTET STRING of 64 or 8 bytes');
   return d.value;
 }
 
@@ -445,6 +449,11 @@ export function vcekTcb(cert: X509Certificate, field: string): VcekTcb {
  */
 export function checkSnpReportedTcb(report: SnpReport, chain: SnpVerifiedChain): void {
   const field = `cert_chain.${chain.endorsement}`;
+  if (report.signingKey !== chain.endorsement.toLowerCase())
+    refused(
+      'signing_key',
+      `the report says it was signed by the ${report.signingKey.toUpperCase()}, the evidence verified it with the ${chain.endorsement}`,
+    );
   const tcb = vcekTcb(chain.endorsementCert, field);
   const parts = ['bootloader', 'tee', 'snp', 'microcode'] as const;
   for (const p of parts) {
@@ -457,7 +466,8 @@ export function checkSnpReportedTcb(report: SnpReport, chain: SnpVerifiedChain):
     if (tcb.hwid === undefined) refused(field, 'the VCEK has no hwID extension');
     // A chip may mask its id (MASK_CHIP_ID): the report then carries zeros and names no chip.
     const masked = report.chipId.every((b) => b === 0);
-    if (!masked && !tcb.hwid.equals(report.chipId)) refused('chip_id', 'chip_id is not the chip the VCEK was issued to');
+    if (!masked && !tcb.hwid.equals(report.chipId.subarray(0, tcb.hwid.length)))
+      refused('chip_id', 'chip_id is not the chip the VCEK was issued to');
   }
 }
 

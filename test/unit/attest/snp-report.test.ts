@@ -13,6 +13,7 @@ import {
   parseSnpReport,
   SNP_REPORT_BYTES,
   type SnpCertEntry,
+  vcekTcb,
   verifySnpCertChain,
   verifySnpReportSignature,
 } from '../../../src/attest/snp-report.js';
@@ -81,6 +82,33 @@ describe('genuine SNP vectors', () => {
     expect(parsed.cpuid).toEqual({ family: 25, model: 160, stepping: 2 });
     expect(parsed.measurement).toEqual(Buffer.from(evidence.attestation_report.measurement));
     expect(parsed.reportedTcb).toMatchObject({ bootloader: 10, tee: 0, snp: 23, microcode: 25 });
+  });
+});
+
+describe("virtee/sev's vectors", () => {
+  it('its v2 Milan report verifies with its VCEK up to the Milan ARK', () => {
+    const { parsed } = verifyAll(file('virtee-report-milan.bin'), [{ certType: 'VCEK', der: file('virtee-vcek-milan.der') }]);
+    expect(parsed.measurement.toString('hex')).toBe(
+      '7a1e5c266c0108dbc9bb94fa926951320940915d0aafb42464bd88b579ea158d3e1a0dc39b2c60bd95b9c480cd81841f',
+    );
+  });
+
+  it('its Turin VCEK chains to the Turin ARK and certifies an FMC and an 8-byte hwID, compared with the first 8 bytes of CHIP_ID', () => {
+    const turin = { amdCertsPem: file('turin_ask_ark_asvk.pem').toString('utf8') };
+    const chain = verifySnpCertChain([{ certType: 'VCEK', der: file('virtee-vcek-turin.der') }], turin, NOW_MS);
+    expect(chain.root.subject).toContain('CN=ARK-Turin');
+    const tcb = vcekTcb(chain.endorsementCert, 'cert_chain.VCEK');
+    expect(tcb).toMatchObject({ fmc: 0, bootloader: 0, tee: 0, snp: 0, microcode: 9 });
+    expect(tcb.hwid?.toString('hex')).toBe('1e550a8ee5cf9f4d');
+    // A Turin-shaped report (fields only: no Turin report is published with this VCEK).
+    const base = parseSnpReport(REPORT);
+    const chipId = Buffer.concat([Buffer.from('1e550a8ee5cf9f4d', 'hex'), Buffer.alloc(56, 0xee)]);
+    const report = { ...base, chipId, reportedTcb: { fmc: 0, bootloader: 0, tee: 0, snp: 0, microcode: 9, raw: '' } };
+    expect(() => checkSnpReportedTcb(report, chain)).not.toThrow();
+    expect(thrown(() => checkSnpReportedTcb({ ...report, chipId: flipBit(chipId, 7) }, chain)).details?.field).toBe('chip_id');
+    expect(thrown(() => checkSnpReportedTcb({ ...report, reportedTcb: { ...report.reportedTcb, fmc: 1 } }, chain)).details?.field).toBe(
+      'reported_tcb.fmc',
+    );
   });
 });
 
@@ -190,6 +218,8 @@ describe('refusals, each naming the field', () => {
     expect(thrown(() => checkSnpReportedTcb(ucode, chain)).details?.field).toBe('reported_tcb.microcode');
     const chip = { ...parsed, chipId: flipBit(parsed.chipId, 3) };
     expect(thrown(() => checkSnpReportedTcb(chip, chain)).details?.field).toBe('chip_id');
+    const vlek = { ...parsed, signingKey: 'vlek' as const };
+    expect(thrown(() => checkSnpReportedTcb(vlek, chain)).details?.field).toBe('signing_key');
     // A masked chip id (all zero) names no chip and is not compared.
     expect(() => checkSnpReportedTcb({ ...parsed, chipId: Buffer.alloc(64) }, chain)).not.toThrow();
   });
