@@ -58,6 +58,10 @@ export interface ServeOptions {
   tpmCaBundlePem?: string | null;
   /** The node's tpm-ca dir to read the bundle from when no other was given. */
   tpmCaDir?: string;
+  /** AMD certificates (PEM) for the snp verifier; none: snp is not verified. */
+  snpAmdCertsPem?: string | null;
+  /** Intel SGX root CA (PEM) for the tdx verifier; none: tdx is not verified. */
+  tdxIntelRootCaPem?: string | null;
   /** Verifiers to register instead of the built-in ones (tests). */
   verifiers?: readonly EvidenceVerifier[];
 }
@@ -127,7 +131,11 @@ export async function startBroker(opts: ServeOptions): Promise<RunningBroker> {
   let verifiers: VerifierTable;
   if (opts.verifiers !== undefined) verifiers = verifierTable(opts.verifiers);
   else {
-    const builtin = builtinVerifiers({ tpmCaBundlePem: await findTpmCaBundle(opts) });
+    const builtin = builtinVerifiers({
+      tpmCaBundlePem: await findTpmCaBundle(opts),
+      snpAmdCertsPem: opts.snpAmdCertsPem ?? null,
+      tdxIntelRootCaPem: opts.tdxIntelRootCaPem ?? null,
+    });
     verifiers = verifierTable(builtin.verifiers);
     for (const note of builtin.notes) opts.log.record({ event: 'serve', outcome: 'note', note });
   }

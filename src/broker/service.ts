@@ -167,6 +167,9 @@ export class BrokerService {
     try {
       challenge = verifier.challenge(request['extra-params'], nonce);
     } catch (err) {
+      // A verifier refuses what it judged (an EK certificate no trusted CA issued) with
+      // ATTEST_EVIDENCE_REFUSED: trustee's 401. Anything else it threw as invalid is malformed.
+      if (isReason(err, 'ATTEST_EVIDENCE_REFUSED')) return this.authRefused(401, 'attestation', errorMessage(err), request.tee);
       if (isKataError(err) && err.kind === 'invalid') return this.authRefused(400, 'malformed', errorMessage(err), request.tee);
       throw err;
     }

@@ -36,9 +36,13 @@ key that exists only in the guest, to pods whose evidence matches a reference se
                      token signing key, empty policy); an existing one is kept. Prints the
                      certificate's path: its PEM is what a pod's initdata carries
   serve [--listen HOST:PORT] [--tpm-ca-bundle FILE] [--tpm-ca-dir DIR]
+        [--snp-amd-certs FILE] [--tdx-intel-root-ca FILE]
         [--session-ttl-seconds N] [--nonce-ttl-seconds N] [--max-sessions N]
                      serve /kbs/v0/auth, /kbs/v0/attest, /kbs/v0/resource/... (default ${DEFAULT_BROKER_LISTEN});
-                     admin changes are picked up without restart
+                     admin changes are picked up without restart. tpm evidence is verified
+                     against the EK CA bundle (--tpm-ca-bundle, else DIR/tpm-ca-bundle.pem, else
+                     the node's tpm-ca dir, /var/lib/kata-ts/tpm-ca); snp and tdx only with
+                     their vendor roots
   resource set <repository/type/tag> (--file FILE | --stdin)
   resource list [--json]          paths and sizes (never contents)
   resource delete <repository/type/tag>
@@ -61,6 +65,8 @@ const OPTIONS = {
   listen: { type: 'string' },
   'tpm-ca-bundle': { type: 'string' },
   'tpm-ca-dir': { type: 'string' },
+  'snp-amd-certs': { type: 'string' },
+  'tdx-intel-root-ca': { type: 'string' },
   'session-ttl-seconds': { type: 'string' },
   'nonce-ttl-seconds': { type: 'string' },
   'max-sessions': { type: 'string' },
@@ -74,7 +80,17 @@ type Values = ReturnType<typeof parseCommandArgs<typeof OPTIONS>>['values'];
 /** Which options each command takes; anything else is a usage error. */
 const ALLOWED: Record<string, readonly (keyof typeof OPTIONS)[]> = {
   init: ['dir', 'san', 'json'],
-  serve: ['dir', 'listen', 'tpm-ca-bundle', 'tpm-ca-dir', 'session-ttl-seconds', 'nonce-ttl-seconds', 'max-sessions'],
+  serve: [
+    'dir',
+    'listen',
+    'tpm-ca-bundle',
+    'tpm-ca-dir',
+    'snp-amd-certs',
+    'tdx-intel-root-ca',
+    'session-ttl-seconds',
+    'nonce-ttl-seconds',
+    'max-sessions',
+  ],
   'resource set': ['dir', 'file', 'stdin'],
   'resource list': ['dir', 'json'],
   'resource delete': ['dir'],
@@ -156,6 +172,11 @@ async function serve(values: Values, io: CliIo): Promise<number> {
   const bundleFile = values['tpm-ca-bundle'];
   const tpmCaBundlePem =
     bundleFile === undefined ? undefined : (await readInputFile(bundleFile, 1024 * 1024, 'tpm-ca-bundle')).toString('utf8');
+  const amdFile = values['snp-amd-certs'];
+  const snpAmdCertsPem = amdFile === undefined ? null : (await readInputFile(amdFile, 1024 * 1024, 'snp-amd-certs')).toString('utf8');
+  const intelFile = values['tdx-intel-root-ca'];
+  const tdxIntelRootCaPem =
+    intelFile === undefined ? null : (await readInputFile(intelFile, 1024 * 1024, 'tdx-intel-root-ca')).toString('utf8');
   const log = new DecisionLog(paths.decisionsLog, io.stderr);
   let running: Awaited<ReturnType<typeof startBroker>>;
   try {
@@ -169,6 +190,8 @@ async function serve(values: Values, io: CliIo): Promise<number> {
         ...(maxSessions === undefined ? {} : { maxSessions }),
       },
       ...(tpmCaBundlePem === undefined ? {} : { tpmCaBundlePem }),
+      snpAmdCertsPem,
+      tdxIntelRootCaPem,
       tpmCaDir: values['tpm-ca-dir'] ?? DEFAULT_TPM_CA_DIR,
     });
   } catch (err) {
