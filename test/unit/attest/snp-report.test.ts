@@ -85,6 +85,15 @@ describe('genuine SNP vectors', () => {
   });
 });
 
+describe("google/go-sev-guest's vector", () => {
+  it('its v2 Milan report (a debug policy) verifies with its VCEK up to the Milan ARK', () => {
+    const { parsed } = verifyAll(file('go-sev-guest-attestation.bin'), [{ certType: 'VCEK', der: file('go-sev-guest-vcek.der') }]);
+    expect(parsed.policy).toBe(0xb0000n);
+    expect(parsed.reportedTcb).toMatchObject({ bootloader: 2, tee: 0, snp: 5, microcode: 68 });
+    expect(parsed.reportData.subarray(0, 6).toString('hex')).toBe('010203040500');
+  });
+});
+
 describe("virtee/sev's vectors", () => {
   it('its v2 Milan report verifies with its VCEK up to the Milan ARK', () => {
     const { parsed } = verifyAll(file('virtee-report-milan.bin'), [{ certType: 'VCEK', der: file('virtee-vcek-milan.der') }]);

@@ -146,6 +146,16 @@ describe('snp verifier with genuine vectors', () => {
     expect(result.ok ? [] : result.failures.map((f) => f.field)).toEqual(['vmpl', 'report_data']);
   });
 
+  it("go-sev-guest's report allows debugging: refused at policy besides report_data", () => {
+    const ev = {
+      attestation_report: file('go-sev-guest-attestation.bin').toString('base64'),
+      cert_chain: [{ cert_type: 'VCEK', data: file('go-sev-guest-vcek.der').toString('base64') }],
+    };
+    const v = snpVerifier({ amdCertsPem: file('milan_ask_ark_asvk.pem').toString('utf8') });
+    const result = v.verify(input(ev, { initdataBody: null, nowMs: Date.parse('2025-06-01') }));
+    expect(result.ok ? [] : result.failures.map((f) => f.field)).toEqual(['policy', 'report_data']);
+  });
+
   it('one bit of the genuine measurement is refused at signature, before any field is judged', () => {
     const report = Buffer.from(file('test-report.bin'));
     report[0x90] = (report[0x90] as number) ^ 1;
