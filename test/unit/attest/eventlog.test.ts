@@ -78,6 +78,18 @@ describe('event log vectors (tpm2-tools)', () => {
     });
   }
 
+  it('a live OVMF direct boot (capture-ovmf-log.ts): the log plus the initdata extend replay to every PCR the guest read', () => {
+    const meta = JSON.parse(read('ovmf-direct-boot.json').toString('utf8')) as { initdata: string; pcrs: Record<string, string> };
+    const log = parseEventLog(read('ovmf-direct-boot.bin'));
+    expect(log.events.map((e) => `${e.pcr}:${e.typeName}`)).toContain('4:EV_EFI_BOOT_SERVICES_APPLICATION');
+    expect(log.events.filter((e) => e.pcr === 9).map((e) => e.typeName)).toEqual(['EV_EVENT_TAG', 'EV_EVENT_TAG']);
+    const replayed = replayEventLog(log, 'sha256', [{ pcr: 8, digest: createHash('sha256').update(meta.initdata).digest() }]);
+    expect(Object.keys(meta.pcrs).map(Number)).toEqual([0, 1, 2, 3, 4, 5, 6, 7, 8, 9]);
+    for (const [pcr, hex] of Object.entries(meta.pcrs)) expect(replayed[Number(pcr)]?.toString('hex'), `PCR ${pcr}`).toBe(hex);
+    // Without the agent's extend PCR 8 stays at reset, which the guest did not read.
+    expect(replayEventLog(log)[8]?.toString('hex')).not.toBe(meta.pcrs['8']);
+  });
+
   it('event.bin: four banks named by the Spec ID event', () => {
     const log = parseEventLog(read('event.bin'));
     expect(log.specId.algorithms.map((a) => [a.name, a.digestBytes])).toEqual([
