@@ -16,7 +16,8 @@
  * holds; TpmClient runs one command at a time, so concurrent `evidence` calls queue.
  *
  * Cleanup: `close()` ends the tool's own swtpm by its PID (SIGTERM, then SIGKILL if it has not
- * exited in time) and removes the tool's directory (the swtpm state, socket, log, and the CA when
+ * exited in time; swtpm runs with --terminate, so it also leaves when the process holding its
+ * connection dies) and removes the tool's directory (the swtpm state, socket, log, and the CA when
  * the tool made it). A CA made with `makeToolCa` and shared by several tools is removed by its
  * own `cleanup()`. Call them in `afterAll`/`finally`: they are safe to call twice.
  */
@@ -200,6 +201,8 @@ export class TpmEvidenceTool {
             `type=unixio,path=${path.join(dir, 'ctrl.sock')}`,
             '--flags',
             'not-need-init,startup-clear',
+            // Gone with its one connection: a test process that dies without close() leaves no swtpm.
+            '--terminate',
           ],
           { stdio: ['ignore', log, log] },
         );
