@@ -238,6 +238,13 @@ describe.skipIf(missing.length > 0)('the guest attester against a real broker an
     if (work !== '') rmSync(work, { recursive: true, force: true });
   });
 
+  /** The broker's decision log, parsed. */
+  const decisions = (): Array<Record<string, unknown>> =>
+    readFileSync(path.join(brokerDir, 'decisions.log'), 'utf8')
+      .split('\n')
+      .filter((l) => l !== '')
+      .map((l) => JSON.parse(l) as Record<string, unknown>);
+
   const attester = (o: { initdataPath?: string } = {}) => {
     const a = createAttester({
       openTpm,
@@ -296,6 +303,7 @@ describe.skipIf(missing.length > 0)('the guest attester against a real broker an
   it('the broker restarts (sessions lost): a request meanwhile waits for it, attests again and reads the resource', async () => {
     const a = attester();
     await a.resource('default/key/lab');
+    const before = decisions();
     await stopServe();
     const pending = a.resource('default/key/lab');
     // Let the attester find the broker gone at least once before it comes back.
@@ -304,5 +312,10 @@ describe.skipIf(missing.length > 0)('the guest attester against a real broker an
     const got = await pending;
     expect(got.equals(SECRET)).toBe(true);
     expect(a.status().state).toBe('attested');
+    // What the new broker saw: the old session's cookie refused (401), one new attestation, the release.
+    const after = decisions().slice(before.length);
+    expect(after.filter((d) => d.event === 'resource' && d.outcome === 'refused' && d.status === 401)).toHaveLength(1);
+    expect(after.filter((d) => d.event === 'attest' && d.outcome === 'granted')).toHaveLength(1);
+    expect(after.filter((d) => d.event === 'resource' && d.outcome === 'released')).toHaveLength(1);
   });
 });
