@@ -238,19 +238,47 @@ export interface SnpVerifiedChain {
 
 const PEM_CERT = /-----BEGIN CERTIFICATE-----[A-Za-z0-9+/=\s]+-----END CERTIFICATE-----/g;
 
-/** Every certificate of a PEM bundle; throws ATTEST_EVIDENCE_INVALID naming `field` on a bad one. */
-export function certificatesFromPem(pem: string, field: string): X509Certificate[] {
+/** Certificates a trust bundle may hold: every product line's ARK, ASK and ASVK, with room to spare. */
+export const MAX_TRUST_ANCHOR_CERTS = 32;
+
+/**
+ * Every certificate of a PEM bundle; throws `reason` naming `field` on a bad one (evidence:
+ * ATTEST_EVIDENCE_INVALID; the caller's trust anchors: ATTEST_TRUST_INVALID).
+ */
+export function certificatesFromPem(
+  pem: string,
+  field: string,
+  reason: 'ATTEST_EVIDENCE_INVALID' | 'ATTEST_TRUST_INVALID' = 'ATTEST_EVIDENCE_INVALID',
+): X509Certificate[] {
   const blocks = pem.match(PEM_CERT) ?? [];
+  if (reason === 'ATTEST_TRUST_INVALID' && blocks.length > MAX_TRUST_ANCHOR_CERTS)
+    throw invalid(reason, `${field} holds ${blocks.length} certificates, more than ${MAX_TRUST_ANCHOR_CERTS}`, { details: { field } });
   return blocks.map((block, i) => {
     try {
       return new X509Certificate(block);
     } catch (err) {
-      throw invalid('ATTEST_EVIDENCE_INVALID', `${field}: certificate ${i} is not an X.509 certificate`, {
-        details: { field },
-        cause: err,
-      });
+      throw invalid(reason, `${field}: certificate ${i} is not an X.509 certificate`, { details: { field }, cause: err });
     }
   });
+}
+
+/** The caller's AMD certificates, split into roots (self-signed ARKs) and intermediates (ASKs, ASVKs). */
+export interface SnpAnchors {
+  roots: X509Certificate[];
+  intermediates: X509Certificate[];
+}
+
+/**
+ * Parses the trust bundle. Throws ATTEST_TRUST_INVALID (field `amdCertsPem`) when a certificate
+ * does not parse or no self-signed ARK is in it: a verifier must not start trusting nothing, or
+ * something else than its operator meant.
+ */
+export function parseSnpTrustAnchors(trust: SnpTrustAnchors): SnpAnchors {
+  const all = certificatesFromPem(trust.amdCertsPem, 'amdCertsPem', 'ATTEST_TRUST_INVALID');
+  const roots = all.filter(selfSigned);
+  if (roots.length === 0)
+    throw invalid('ATTEST_TRUST_INVALID', 'amdCertsPem holds no AMD root (a self-signed ARK)', { details: { field: 'amdCertsPem' } });
+  return { roots, intermediates: all.filter((c) => !selfSigned(c)) };
 }
 
 function certFromDer(der: Buffer, field: string): X509Certificate {
@@ -284,12 +312,11 @@ function checkValidity(c: X509Certificate, field: string, nowMs: number, who: (f
  * Verifies the endorsement key's chain: the evidence's VCEK (or VLEK) is signed by an ASK (or
  * ASVK) from the evidence or the anchors, which a configured ARK signs. An ARK in the evidence
  * is accepted only when it is byte for byte a configured one. Every certificate must be valid at
- * `nowMs`. Throws ATTEST_EVIDENCE_REFUSED naming the certificate (`cert_chain.VCEK`, ...).
+ * `nowMs`. Throws ATTEST_EVIDENCE_REFUSED naming the certificate (`cert_chain.VCEK`, ...), and
+ * ATTEST_TRUST_INVALID for a bundle parseSnpTrustAnchors refuses (pass its result to parse once).
  */
-export function verifySnpCertChain(certs: readonly SnpCertEntry[], trust: SnpTrustAnchors, nowMs: number): SnpVerifiedChain {
-  const anchors = certificatesFromPem(trust.amdCertsPem, 'amdCertsPem');
-  const roots = anchors.filter(selfSigned);
-  if (roots.length === 0) refused('cert_chain.ARK', 'no AMD root (self-signed ARK) is configured');
+export function verifySnpCertChain(certs: readonly SnpCertEntry[], trust: SnpTrustAnchors | SnpAnchors, nowMs: number): SnpVerifiedChain {
+  const { roots, intermediates: trustedIntermediates } = 'roots' in trust ? trust : parseSnpTrustAnchors(trust);
   const byType = (t: SnpCertType) => certs.filter((c) => c.certType === t).map((c) => certFromDer(c.der, `cert_chain.${t}`));
   const [vcek] = byType('VCEK');
   const [vlek] = byType('VLEK');
@@ -301,7 +328,7 @@ export function verifySnpCertChain(certs: readonly SnpCertEntry[], trust: SnpTru
     if (!roots.some((root) => root.raw.equals(ark.raw)))
       refused('cert_chain.ARK', 'the evidence carries an ARK that is not a configured AMD root');
   }
-  const intermediates = [...byType(endorsement === 'VCEK' ? 'ASK' : 'ASVK'), ...anchors.filter((c) => !selfSigned(c))];
+  const intermediates = [...byType(endorsement === 'VCEK' ? 'ASK' : 'ASVK'), ...trustedIntermediates];
   const intermediate = intermediates.find((c) => signedBy(endorsementCert, c));
   if (intermediate === undefined)
     refused(

@@ -25,11 +25,12 @@
  * Claims: snp_launch_measurement, snp_host_data, report_data, and init_data (sha256 of the
  * initdata document, when HOST_DATA binds it).
  */
-import { isKataError } from '../common/errors.js';
+import { invalid, isKataError } from '../common/errors.js';
 import { parseInitdataDocument, snpHostData } from '../measure/initdata.js';
 import {
   checkSnpReportedTcb,
   parseSnpReport,
+  parseSnpTrustAnchors,
   SNP_CERT_TYPES,
   SNP_POLICY_DEBUG_BIT,
   SNP_REPORT_BYTES,
@@ -42,7 +43,6 @@ import {
 } from './snp-report.js';
 import type { AttestFailure, ChallengeParams, EvidenceVerifier, VerifyInput, VerifyResult } from './verifier.js';
 import './reasons.js';
-import { invalid } from '../common/errors.js';
 
 /** A certificate is 1-2 KiB; room for a long one. */
 const MAX_CERT_BYTES = 16 * 1024;
@@ -212,8 +212,11 @@ export interface SnpVerifierOptions extends SnpTrustAnchors {
 
 /**
  * The EvidenceVerifier for tee "snp". Pure: its only inputs are the trust anchors and VerifyInput.
+ * Throws ATTEST_TRUST_INVALID when the AMD certificates do not parse or hold no ARK.
  */
 export function snpVerifier(options: SnpVerifierOptions): EvidenceVerifier {
+  // Parsed once, here: a bundle without a usable root stops the broker at start-up, not at the first pod.
+  const anchors = parseSnpTrustAnchors(options);
   return {
     tee: 'snp',
     challenge: (requestExtraParams) => emptyChallenge('snp', requestExtraParams),
@@ -223,7 +226,7 @@ export function snpVerifier(options: SnpVerifierOptions): EvidenceVerifier {
       try {
         const decoded = decodeSnpEvidence(input.evidence);
         report = parseSnpReport(decoded.report);
-        chain = verifySnpCertChain(decoded.certs, options, input.nowMs);
+        chain = verifySnpCertChain(decoded.certs, anchors, input.nowMs);
         verifySnpReportSignature(report, chain.endorsementCert.publicKey);
       } catch (err) {
         return { ok: false, failures: [failureOf(err, 'primary_evidence')] };

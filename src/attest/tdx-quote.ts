@@ -251,6 +251,21 @@ export interface TdxTrustAnchors {
   intelRootCaPem: string;
 }
 
+/**
+ * Parses the configured roots. Throws ATTEST_TRUST_INVALID (field `intelRootCaPem`) when a
+ * certificate does not parse, none is given, or one is not a self-signed CA.
+ */
+export function parseTdxTrustAnchors(trust: TdxTrustAnchors): X509Certificate[] {
+  const roots = certificatesFromPem(trust.intelRootCaPem, 'intelRootCaPem', 'ATTEST_TRUST_INVALID');
+  const bad = (m: string): never => {
+    throw invalid('ATTEST_TRUST_INVALID', `intelRootCaPem ${m}`, { details: { field: 'intelRootCaPem' } });
+  };
+  if (roots.length === 0) bad('holds no certificate');
+  for (const r of roots)
+    if (!(r.ca && r.checkIssued(r) && r.verify(r.publicKey))) bad(`holds ${r.subject.replace(/\n/g, ', ')}, not a self-signed CA`);
+  return roots;
+}
+
 /** What verifyTdxQuote established. */
 export interface TdxVerifiedQuote {
   pckCert: X509Certificate;
@@ -273,11 +288,11 @@ function checkValidity(c: X509Certificate, field: string, nowMs: number): void {
  * configured Intel root (PCK -> platform or processor CA -> root, each valid at `nowMs`; a root
  * the quote carries must be byte for byte a configured one), the QE report signed by the PCK key,
  * the QE report binding the attestation key, and the quote signed by the attestation key.
- * Throws ATTEST_EVIDENCE_REFUSED naming the field that failed.
+ * Throws ATTEST_EVIDENCE_REFUSED naming the field that failed (and ATTEST_TRUST_INVALID for roots
+ * parseTdxTrustAnchors refuses: pass its result to parse them once).
  */
-export function verifyTdxQuote(quote: TdxQuote, trust: TdxTrustAnchors, nowMs: number): TdxVerifiedQuote {
-  const roots = certificatesFromPem(trust.intelRootCaPem, 'intelRootCaPem');
-  if (roots.length === 0) refused('pck_cert_chain', 'no Intel SGX root CA is configured');
+export function verifyTdxQuote(quote: TdxQuote, trust: TdxTrustAnchors | readonly X509Certificate[], nowMs: number): TdxVerifiedQuote {
+  const roots: readonly X509Certificate[] = 'intelRootCaPem' in trust ? parseTdxTrustAnchors(trust) : trust;
   const chain = certificatesFromPem(quote.pckChainPem, 'pck_cert_chain');
   const [pckCert, intermediate, quotedRoot, ...extra] = chain;
   if (pckCert === undefined || intermediate === undefined)

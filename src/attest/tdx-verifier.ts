@@ -20,11 +20,13 @@
  * Claims: mr_td, rtmr_0..rtmr_3, mr_config_id, report_data, and init_data (sha256 of the initdata
  * document, when mr_config_id binds it).
  */
+import { invalid } from '../common/errors.js';
 import { parseInitdataDocument, tdxMrConfigId } from '../measure/initdata.js';
 import { emptyChallenge, failureOf } from './snp-verifier.js';
 import {
   INTEL_QE_VENDOR_ID,
   parseTdxQuote,
+  parseTdxTrustAnchors,
   TD_ATTRIBUTES_DEBUG_BIT,
   type TdxTrustAnchors,
   tdxReportDataFor,
@@ -32,7 +34,6 @@ import {
 } from './tdx-quote.js';
 import type { AttestFailure, EvidenceVerifier, VerifyInput, VerifyResult } from './verifier.js';
 import './reasons.js';
-import { invalid } from '../common/errors.js';
 
 /** A quote with its PEM chain is ~5 KiB. */
 const MAX_QUOTE_BYTES = 64 * 1024;
@@ -69,8 +70,13 @@ export interface TdxVerifierOptions extends TdxTrustAnchors {
   allowDebug?: boolean;
 }
 
-/** The EvidenceVerifier for tee "tdx". Pure: its only inputs are the trust anchor and VerifyInput. */
+/**
+ * The EvidenceVerifier for tee "tdx". Pure: its only inputs are the trust anchor and VerifyInput.
+ * Throws ATTEST_TRUST_INVALID when the roots do not parse or one is not a self-signed CA.
+ */
 export function tdxVerifier(options: TdxVerifierOptions): EvidenceVerifier {
+  // Parsed once, here: unusable roots stop the broker at start-up, not at the first pod.
+  const roots = parseTdxTrustAnchors(options);
   return {
     tee: 'tdx',
     challenge: (requestExtraParams) => emptyChallenge('tdx', requestExtraParams),
@@ -82,7 +88,7 @@ export function tdxVerifier(options: TdxVerifierOptions): EvidenceVerifier {
         const decoded = decodeTdxEvidence(input.evidence);
         eventlogSent = decoded.ccEventlog !== null;
         quote = parseTdxQuote(decoded.quote);
-        verified = verifyTdxQuote(quote, options, input.nowMs);
+        verified = verifyTdxQuote(quote, roots, input.nowMs);
       } catch (err) {
         return { ok: false, failures: [failureOf(err, 'primary_evidence')] };
       }

@@ -215,8 +215,14 @@ describe('refusals, each naming the field', () => {
     expect(thrown(() => verifyAll(REPORT, VCEK, MILAN, Date.parse('2020-01-01T00:00:00Z'))).details?.field).toBe('cert_chain.VCEK');
   });
 
-  it('no configured root: refused at cert_chain.ARK', () => {
-    expect(thrown(() => verifyAll(REPORT, VCEK, { amdCertsPem: '' })).details?.field).toBe('cert_chain.ARK');
+  it('a trust bundle without an ARK, or with a broken certificate, is a trust error naming amdCertsPem', () => {
+    const askOnly = MILAN.amdCertsPem.match(/-----BEGIN CERTIFICATE-----[^-]+-----END CERTIFICATE-----/)?.[0] as string;
+    const broken = '-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n';
+    for (const amdCertsPem of ['', askOnly, broken + MILAN.amdCertsPem]) {
+      const err = thrown(() => verifyAll(REPORT, VCEK, { amdCertsPem }));
+      expect(err.reason).toBe('ATTEST_TRUST_INVALID');
+      expect(err.details?.field).toBe('amdCertsPem');
+    }
   });
 
   it('a reported TCB or chip id other than the VCEK certifies is refused naming it', () => {

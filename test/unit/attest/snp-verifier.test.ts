@@ -197,6 +197,15 @@ describe('snp evidence shape', () => {
     expect(result).toMatchObject({ ok: false, failures: [{ field }] });
   });
 
+  it('a verifier is not built on AMD certificates without an ARK (ATTEST_TRUST_INVALID)', () => {
+    const askOnly = chain.amdCertsPem.slice(0, chain.amdCertsPem.indexOf('-----END CERTIFICATE-----') + 25);
+    for (const amdCertsPem of ['', askOnly, 'not pem']) {
+      const err = thrown(() => snpVerifier({ amdCertsPem }));
+      expect(err.reason).toBe('ATTEST_TRUST_INVALID');
+      expect(err.details?.field).toBe('amdCertsPem');
+    }
+  });
+
   it('the challenge takes no extra-params', () => {
     expect(v().challenge(undefined, 'n')).toEqual({ extraParams: {}, sessionState: null });
     expect(v().challenge({}, 'n')).toEqual({ extraParams: {}, sessionState: null });

@@ -138,6 +138,16 @@ describe('tdx evidence shape', () => {
     expect(result.ok && result.claims.details.cc_eventlog).toContain('not replayed');
   });
 
+  it('a verifier is not built on roots that are missing, broken or not self-signed CAs (ATTEST_TRUST_INVALID)', () => {
+    const pck = chain.chainPem.slice(0, chain.chainPem.indexOf('-----END CERTIFICATE-----') + 25);
+    const broken = '-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n';
+    for (const intelRootCaPem of ['', pck, broken]) {
+      const err = thrown(() => tdxVerifier({ intelRootCaPem }));
+      expect(err.reason).toBe('ATTEST_TRUST_INVALID');
+      expect(err.details?.field).toBe('intelRootCaPem');
+    }
+  });
+
   it('the challenge takes no extra-params', () => {
     const v = tdxVerifier(INTEL);
     expect(v.challenge(null, 'n')).toEqual({ extraParams: {}, sessionState: null });
