@@ -126,6 +126,8 @@ export function checkEkChain(ekCertPem: string, cas: readonly X509Certificate[],
   } catch (err) {
     return { ok: false, reason: `the EK certificate does not parse: ${errorMessage(err)}` };
   }
+  // A CA certificate is no TPM's endorsement key, even one of the bundle's own.
+  if (cert.ca) return { ok: false, reason: `the EK certificate (${oneLine(cert.subject)}) is a CA certificate, not an endorsement key's` };
   const issuer = cas.find((ca) => cert.checkIssued(ca) && cert.verify(ca.publicKey));
   if (issuer === undefined)
     return { ok: false, reason: `the EK certificate (issuer ${oneLine(cert.issuer)}) is not signed by any CA of the trusted bundle` };
