@@ -25,6 +25,12 @@
  *   src/measure/initdata.ts vtpmPcr8 predicts), or its reset value when none was sent.
  * Claims: `tpm_pcrN` for every quoted PCR, `init_data` (sha256 of the body) when bound; details
  * say which EK, AK and CA, and which checks passed.
+ *
+ * Stateless: that one challenge answers one Attestation is the broker's to enforce (its session
+ * nonce is taken once). What the activation relies on: the TPM opens a credential only for a
+ * loaded object of the AK's name with its private part (a public-only object loaded with
+ * TPM2_LoadExternal cannot be authorized for it), and the AK is fixedTPM and restricted, which
+ * parseAttestationKey requires.
  */
 import { createHash, type KeyObject, randomBytes, X509Certificate } from 'node:crypto';
 import { errorMessage, invalid, isKataError } from '../common/errors.js';
