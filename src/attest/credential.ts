@@ -17,6 +17,10 @@
  * 3. hmacKey = KDFa(nameAlg, seed, "INTEGRITY", "", "", digest bits); the outer HMAC is over the
  *    encrypted secret then akName;
  * 4. TPM2B_ID_OBJECT = size, then TPM2B_DIGEST(outer HMAC), then the encrypted secret.
+ * For an ECC EK (TCG template L-2: P-256, sha256, AES-128-CFB; or a P-384 one) step 1 is ECDH
+ * instead: an ephemeral key on the EK's curve, Z = the x coordinate of the shared point,
+ * seed = KDFe(nameAlg, Z, "IDENTITY", ephemeral x, EK x, digest bits), and the encrypted secret
+ * is the ephemeral public point (TPMS_ECC_POINT).
  * Both outputs are returned marshalled with their 16-bit size, as the TPM's command takes them.
  */
 import {
@@ -24,6 +28,9 @@ import {
   createCipheriv,
   createHash,
   createHmac,
+  createPublicKey,
+  diffieHellman,
+  generateKeyPairSync,
   type KeyObject,
   publicEncrypt,
   randomBytes,
@@ -54,8 +61,22 @@ export interface EkCredentialParameters {
 /** The TCG EK Credential Profile's default RSA 2048 template (L-1): sha256, AES-128-CFB. swtpm_setup makes this one. */
 export const TCG_DEFAULT_RSA_EK: EkCredentialParameters = { nameAlg: 'sha256', symmetricKeyBits: 128 };
 
+/** The TCG EK Credential Profile's default ECC template (L-2): NIST P-256, sha256, AES-128-CFB. */
+export const TCG_DEFAULT_ECC_EK: EkCredentialParameters = { nameAlg: 'sha256', symmetricKeyBits: 128 };
+
+/** The TCG high-range ECC NIST P-384 EK template's parameters: sha384, AES-256-CFB. */
+export const TCG_ECC_P384_EK: EkCredentialParameters = { nameAlg: 'sha384', symmetricKeyBits: 256 };
+
 /** RSA EK sizes the TCG templates define (L-1 and the high-range ones). */
 const RSA_EK_BITS = [2048, 3072, 4096];
+
+/** ECC EK curves the TCG templates define that node:crypto knows, with their coordinate size. */
+const EC_EK_CURVES: Readonly<Record<string, { bytes: number; params: EkCredentialParameters }>> = {
+  'P-256': { bytes: 32, params: TCG_DEFAULT_ECC_EK },
+  prime256v1: { bytes: 32, params: TCG_DEFAULT_ECC_EK },
+  'P-384': { bytes: 48, params: TCG_ECC_P384_EK },
+  secp384r1: { bytes: 48, params: TCG_ECC_P384_EK },
+};
 
 /** The label OAEP carries when a seed is encrypted for credential activation ("IDENTITY" with its NUL). */
 export const IDENTITY_LABEL = Buffer.from('IDENTITY\0', 'latin1');
@@ -99,6 +120,27 @@ export function kdfa(hash: TpmHash, key: Buffer, label: string | Buffer, context
   let have = 0;
   for (let counter = 1; have < bytes; counter++) {
     const block = createHmac(hash, key).update(u32(counter)).update(labelZ).update(contextU).update(contextV).update(u32(bits)).digest();
+    blocks.push(block);
+    have += block.length;
+  }
+  const out = Buffer.concat(blocks).subarray(0, bytes);
+  if (bits % 8 !== 0) out[0] = (out[0] ?? 0) & ((1 << (bits % 8)) - 1);
+  return out;
+}
+
+/**
+ * KDFe (SP800-56A's one-step KDF as Part 1 defines it): blocks of
+ * H(counter || Z || label || 0x00 || partyU || partyV), counter from 1, cut to `bits`.
+ */
+export function kdfe(hash: TpmHash, z: Buffer, label: string | Buffer, partyU: Buffer, partyV: Buffer, bits: number): Buffer {
+  if (!Number.isInteger(bits) || bits <= 0 || bits > 65536) bad(`KDFe was asked for ${bits} bits (1-65536)`, 'bits');
+  const l = typeof label === 'string' ? Buffer.from(label, 'latin1') : label;
+  const labelZ = l.length > 0 && l[l.length - 1] === 0 ? l : Buffer.concat([l, Buffer.from([0])]);
+  const bytes = Math.ceil(bits / 8);
+  const blocks: Buffer[] = [];
+  let have = 0;
+  for (let counter = 1; have < bytes; counter++) {
+    const block = createHash(hash).update(u32(counter)).update(z).update(labelZ).update(partyU).update(partyV).digest();
     blocks.push(block);
     have += block.length;
   }
@@ -167,7 +209,8 @@ export function credentialBlobFromSeed(
 
 /**
  * The EK's public key from its certificate (PEM or DER), checked to be an RSA key of a size the
- * TCG templates make. Throws ATTEST_CREDENTIAL_INVALID naming what is wrong.
+ * TCG templates make or an ECC key on NIST P-256 or P-384. Throws ATTEST_CREDENTIAL_INVALID
+ * naming what is wrong.
  */
 export function ekPublicKeyFromCertificate(cert: string | Buffer | X509Certificate): KeyObject {
   let x: X509Certificate;
@@ -181,27 +224,88 @@ export function ekPublicKeyFromCertificate(cert: string | Buffer | X509Certifica
   return key;
 }
 
-function checkEkKey(key: KeyObject): void {
+/** The EK's kind: RSA, or ECC with its curve's coordinate size and the TCG template's parameters. */
+type EkKind = { kind: 'rsa' } | { kind: 'ecc'; bytes: number; params: EkCredentialParameters };
+
+function checkEkKey(key: KeyObject): EkKind {
   if (key.type !== 'public') bad(`the EK key given is a ${key.type} key, not a public one`, 'ekPublicKey');
-  if (key.asymmetricKeyType !== 'rsa') bad(`the EK is a ${String(key.asymmetricKeyType)} key; only RSA EKs are supported`, 'ekPublicKey');
+  if (key.asymmetricKeyType === 'ec') {
+    const curve = key.asymmetricKeyDetails?.namedCurve ?? '';
+    const c = EC_EK_CURVES[curve];
+    if (c === undefined) bad(`the EK is an ECC key on ${curve || 'an unnamed curve'}, not NIST P-256 or P-384`, 'ekPublicKey');
+    return { kind: 'ecc', ...c };
+  }
+  if (key.asymmetricKeyType !== 'rsa') bad(`the EK is a ${String(key.asymmetricKeyType)} key, not RSA or ECC`, 'ekPublicKey');
   const bits = key.asymmetricKeyDetails?.modulusLength ?? 0;
   if (!RSA_EK_BITS.includes(bits)) bad(`the EK is RSA ${bits}, not one of ${RSA_EK_BITS.join(', ')}`, 'ekPublicKey');
+  return { kind: 'rsa' };
+}
+
+/** The x and y coordinates of an EC public key, each `bytes` long. */
+function ecPoint(key: KeyObject, bytes: number): { x: Buffer; y: Buffer } {
+  const jwk = key.export({ format: 'jwk' });
+  const x = Buffer.from(jwk.x ?? '', 'base64url');
+  const y = Buffer.from(jwk.y ?? '', 'base64url');
+  if (x.length !== bytes || y.length !== bytes)
+    bad(`the EK's point is ${x.length}+${y.length} bytes, not ${bytes}+${bytes}`, 'ekPublicKey');
+  return { x, y };
+}
+
+/**
+ * The seed and its TPM2B_ENCRYPTED_SECRET for an ECC EK: ECDH with an ephemeral key on its curve
+ * (a fresh one unless a test fixes it), the seed derived with KDFe from the shared x coordinate,
+ * the ephemeral point sent. `params` default to the TCG template's for the curve.
+ */
+export function eccCredentialSeed(
+  ekPublicKey: KeyObject,
+  params?: EkCredentialParameters,
+  ephemeralPrivateKey?: KeyObject,
+): { seed: Buffer; encryptedSecret: Buffer } {
+  const ek = checkEkKey(ekPublicKey);
+  if (ek.kind !== 'ecc') bad('an ECC seed needs an ECC EK', 'ekPublicKey');
+  const p = params ?? ek.params;
+  checkParams(p);
+  const curve = ekPublicKey.asymmetricKeyDetails?.namedCurve as string;
+  const privateKey = ephemeralPrivateKey ?? generateKeyPairSync('ec', { namedCurve: curve }).privateKey;
+  if (privateKey.type !== 'private' || privateKey.asymmetricKeyDetails?.namedCurve !== curve)
+    bad(`the ephemeral key is not a private key on the EK's curve ${curve}`, 'ephemeralPrivateKey');
+  return eccSeed(ekPublicKey, ek.bytes, p, privateKey);
+}
+
+function eccSeed(
+  ekPublicKey: KeyObject,
+  bytes: number,
+  params: EkCredentialParameters,
+  privateKey: KeyObject,
+): { seed: Buffer; encryptedSecret: Buffer } {
+  const z = diffieHellman({ privateKey, publicKey: ekPublicKey });
+  const e = ecPoint(createPublicKey(privateKey), bytes);
+  const ek = ecPoint(ekPublicKey, bytes);
+  const seed = kdfe(params.nameAlg, z, 'IDENTITY', e.x, ek.x, HASH_BYTES[params.nameAlg] * 8);
+  const point = Buffer.concat([u16(e.x.length), e.x, u16(e.y.length), e.y]);
+  return { seed, encryptedSecret: Buffer.concat([u16(point.length), point]) };
 }
 
 /**
  * TPM2_MakeCredential: a credential carrying `secret` that only the TPM holding `ekPublicKey`'s
  * private key can open, and only for the object named `akName` (nameAlg-prefixed, as
- * `objectName` computes it). `params` are the EK's own (its nameAlg and AES key size): the TCG
- * default RSA template unless said otherwise. Throws ATTEST_CREDENTIAL_INVALID on bad input.
+ * `objectName` computes it). `params` are the EK's own (its nameAlg and AES key size); unless
+ * given, the TCG template's for the key: L-1 for RSA, L-2 for P-256, the high-range one for
+ * P-384. Throws ATTEST_CREDENTIAL_INVALID on bad input.
  */
-export function makeCredential(
-  ekPublicKey: KeyObject,
-  akName: Buffer,
-  secret: Buffer,
-  params: EkCredentialParameters = TCG_DEFAULT_RSA_EK,
-): MadeCredential {
-  checkParams(params);
-  checkEkKey(ekPublicKey);
+export function makeCredential(ekPublicKey: KeyObject, akName: Buffer, secret: Buffer, params?: EkCredentialParameters): MadeCredential {
+  const ek = checkEkKey(ekPublicKey);
+  const p = params ?? (ek.kind === 'ecc' ? ek.params : TCG_DEFAULT_RSA_EK);
+  checkParams(p);
+  if (ek.kind === 'ecc') {
+    const curve = ekPublicKey.asymmetricKeyDetails?.namedCurve as string;
+    const { seed, encryptedSecret } = eccSeed(ekPublicKey, ek.bytes, p, generateKeyPairSync('ec', { namedCurve: curve }).privateKey);
+    return { credentialBlob: credentialBlobFromSeed(seed, akName, secret, p), encryptedSecret };
+  }
+  return rsaCredential(ekPublicKey, akName, secret, p);
+}
+
+function rsaCredential(ekPublicKey: KeyObject, akName: Buffer, secret: Buffer, params: EkCredentialParameters): MadeCredential {
   const seed = randomBytes(HASH_BYTES[params.nameAlg]);
   const credentialBlob = credentialBlobFromSeed(seed, akName, secret, params);
   const encrypted = publicEncrypt(

@@ -9,6 +9,8 @@
  *  - independent implementation, both ways: our credential activated by tpm2_activatecredential
  *    (EK from tpm2_createek, AK from tpm2_createak), and tpm2_makecredential's (from the EK
  *    certificate's key, offline) activated by the guest client; our object names equal tpm2-tools';
+ *    an ECC P-256 EK (tpm2_createek -G ecc, the TCG L-2 template): our credential (ECDH + KDFe)
+ *    activated by tpm2_activatecredential, one for another name refused;
  *  - attacks: a credential made for another key's name, to another TPM's EK, with a byte of the
  *    blob or of the seed changed, or with the seed of another credential, is refused by the TPM
  *    and reported as TPM_CREDENTIAL_REFUSED; a malformed blob is refused before any command; and
@@ -16,7 +18,7 @@
  * swtpm is ended by its pid and the directory removed, pass or fail.
  */
 import { type ChildProcess, execFile, spawn } from 'node:child_process';
-import { randomBytes, X509Certificate } from 'node:crypto';
+import { createPublicKey, randomBytes, X509Certificate } from 'node:crypto';
 import { existsSync, mkdirSync, mkdtempSync, openSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import net from 'node:net';
 import os from 'node:os';
@@ -281,6 +283,70 @@ describe.skipIf(missing.length > 0)('credential activation against a real swtpm'
     expect(r.code, r.stderr).toBe(0);
     const theirs = parseToolsCredentialFile(readFileSync(f('theirs.cred')));
     expect(await client().activateCredential(theirs.credentialBlob, theirs.encryptedSecret)).toEqual(theirSecret);
+  });
+
+  it('an ECC EK (TCG template L-2, made by tpm2_createek): our credential opens with tpm2_activatecredential', async () => {
+    const d = path.join(work, 'tools-ecc');
+    mkdirSync(d);
+    const f = (n: string) => path.join(d, n);
+    const secret = randomBytes(32);
+    await withTools(async () => {
+      await tool('tpm2_createek', ['-c', f('ek.ctx'), '-G', 'ecc', '-u', f('ek.pub')]);
+      await tool('tpm2_flushcontext', ['-t']);
+      const pub = readFileSync(f('ek.pub')).subarray(2);
+      // ECC, sha256, then (after attributes and the 32-byte policy) AES-128-CFB, and a P-256 point at the end.
+      expect(pub.subarray(0, 4).toString('hex')).toBe('0023000b');
+      expect(pub.subarray(42, 48).toString('hex')).toBe('000600800043');
+      const x = pub.subarray(pub.length - 66, pub.length - 34);
+      const y = pub.subarray(pub.length - 32);
+      expect(pub.readUInt16BE(pub.length - 68)).toBe(32);
+      const ekKey = createPublicKey({
+        key: { kty: 'EC', crv: 'P-256', x: x.toString('base64url'), y: y.toString('base64url') },
+        format: 'jwk',
+      });
+      await tool('tpm2_createak', [
+        '-C',
+        f('ek.ctx'),
+        '-c',
+        f('ak.ctx'),
+        '-G',
+        'ecc',
+        '-g',
+        'sha256',
+        '-s',
+        'ecdsa',
+        '-u',
+        f('ak.pub'),
+        '-n',
+        f('ak.name'),
+      ]);
+      await tool('tpm2_flushcontext', ['-t']);
+      const akName = readFileSync(f('ak.name'));
+      const activate = async (c: MadeCredential, out: string) => {
+        writeFileSync(f(`${out}.cred`), toolsCredentialFile(c));
+        await tool('tpm2_startauthsession', ['--policy-session', '-S', f('session.ctx')]);
+        try {
+          await tool('tpm2_policysecret', ['-S', f('session.ctx'), '-c', 'e']);
+          return await run(
+            '/usr/bin/tpm2_activatecredential',
+            ['-c', f('ak.ctx'), '-C', f('ek.ctx'), '-i', f(`${out}.cred`), '-o', f(`${out}.out`), '-P', `session:${f('session.ctx')}`],
+            toolEnv(),
+          );
+        } finally {
+          await run('/usr/bin/tpm2_flushcontext', [f('session.ctx')], toolEnv());
+          await run('/usr/bin/tpm2_flushcontext', ['-t'], toolEnv());
+        }
+      };
+      const ok = await activate(makeCredential(ekKey, akName, secret), 'ours');
+      expect(ok.code, ok.stderr).toBe(0);
+      expect(readFileSync(f('ours.out'))).toEqual(secret);
+      // The same credential for another name does not open.
+      const other = Buffer.from(akName);
+      other[other.length - 1] = (other[other.length - 1] ?? 0) ^ 1;
+      const refused = await activate(makeCredential(ekKey, other, secret), 'other');
+      expect(refused.code).not.toBe(0);
+      expect(refused.stderr).toMatch(/integrity/i);
+    });
   });
 
   it('refuses credentials for another key, another TPM, or altered ones, as a coded error; nothing stays loaded', async () => {

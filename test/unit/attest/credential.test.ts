@@ -1,7 +1,9 @@
 /**
  * src/attest/credential.ts: KDFa against the TCG reference implementation's self-test vectors
  * (the KDFa test of the TPM 2.0 reference code, as libtpms ships it in KdfTestData.h: key, label
- * "KDFSELFTESTLABEL", two 8-byte contexts, 160 bits, one expected output per hash), the sizes of
+ * "KDFSELFTESTLABEL", two 8-byte contexts, 160 bits, one expected output per hash), KDFe and the
+ * ECC seed against chrisfenner/tpm-test-vectors (generated with go-tpm, the ECC credential vector
+ * checked there with TPM2_ActivateCredential on a simulator), the sizes of
  * the structures MakeCredential produces, a round trip through the TPM's side of credential
  * activation written out here from Part 1 (with an RSA key of the test's own), object names, and
  * every input refused with a coded error naming the field. The same code is checked against a
@@ -10,7 +12,11 @@
 import {
   constants,
   createDecipheriv,
+  createECDH,
   createHmac,
+  createPrivateKey,
+  createPublicKey,
+  diffieHellman,
   generateKeyPairSync,
   type KeyObject,
   privateDecrypt,
@@ -23,9 +29,11 @@ import { describe, expect, it } from 'vitest';
 import {
   credentialBlobFromSeed,
   type EkCredentialParameters,
+  eccCredentialSeed,
   ekPublicKeyFromCertificate,
   IDENTITY_LABEL,
   kdfa,
+  kdfe,
   makeCredential,
   objectName,
   TCG_DEFAULT_RSA_EK,
@@ -99,6 +107,132 @@ describe('KDFa', () => {
   });
   it('refuses a bit count out of range', () => {
     expect(thrown(() => kdfa('sha256', KDF_KEY, 'X', Buffer.alloc(0), Buffer.alloc(0), 0)).reason).toBe('ATTEST_CREDENTIAL_INVALID');
+  });
+});
+
+/** KDFe vectors of chrisfenner/tpm-test-vectors (vectors/kdfe.json): hash, Z, use, partyU, partyV, bits, result. */
+const KDFE_VECTORS = [
+  [
+    'sha1',
+    'beefefba63c91e8eb318785c374600',
+    'ATH',
+    'ff8318b65e46b3',
+    '32aa861b336c991a52b15c0c72889895e8cad4ff',
+    111,
+    '123decb8050fca8d6585f61946e2',
+  ],
+  [
+    'sha1',
+    '9b050039c8e5ca60deeb978f2faf573c94af61',
+    'IDENTITY',
+    'ff1a1852db7b60a5c963f17eb306f3a905d100ae',
+    '0047ee45771a256d58b091b6d6',
+    32,
+    '94c3c160',
+  ],
+  ['sha1', '', 'STORAGE', '', 'c0227aff', 253, '0f10d821af67e1ec776b390f3b4572bb433efd2b94fa7842d879d24d825ed2f9'],
+  [
+    'sha256',
+    '739245447ead0deea5f834f06e043159c6ff',
+    'IDENTITY',
+    'ad503e36c2314ec9afa2f4047bf19ce7fbc6fe2def32c58459c0fc828c00',
+    'ba6dd80b788034161743c95e8ef7a9486fbd69d3ff',
+    13,
+    '0956',
+  ],
+  [
+    'sha256',
+    'ff16189cb377c3dbf0488b66ada0',
+    'STORAGE',
+    'b16cf6dcfb71cc1615c35ed617deb0f6c925eb8828827a675c190c2b0f40',
+    'ff9d00b4',
+    359,
+    '5529ebfa7d4dbdaf0923f36a8f0ac0e2842c1def72e0735d50eb0783494afa5163891c4f08287869a0a5b5fc4c',
+  ],
+] as const;
+
+/**
+ * ECC labeled-encapsulation vectors of the same repository (vectors/ecc_labeled_encaps.json), label
+ * IDENTITY: the EK's TPMT_PUBLIC, the ephemeral scalar, the seed and the TPMS_ECC_POINT sent.
+ * "12_P256_SHA256_256_restricted" is the one validated there with TPM2_ActivateCredential.
+ */
+const ECC_VECTORS = [
+  {
+    name: '12_P256_SHA256_256_restricted',
+    params: { nameAlg: 'sha256', symmetricKeyBits: 256 } as EkCredentialParameters,
+    ephemeral: '9efafbaf83563f8ac5a27815eae1017ca78c92f9cde976b1a2e0ad95b8a19bc1',
+    seed: '2a03ff2b874e44d36a567e67a0bf08227b9e65a0e9ca5215d4a9e573c23159a1',
+    ekPublic:
+      '0023000b0003046000000006010000430010000300100020fe4cf1f3e8f583c19e1af6190a7c20751658914a93cd77efb871cb1557377560002007b6b7c55bea1d17b1a9d96f367cf315b2942d517fd8642e9d9157036831c4d5',
+    point:
+      '002017ca41bd94c7f12436cf135ff1852408ef6a1ee1989e4e6250ef73c348dd6fa90020346f6016d6f6a2ef8e07df6d7b53b362005fc21cda1e1ab25e61f38a87e017b8',
+  },
+  {
+    name: '05_P256_SHA1_SHA512_unrestricted',
+    params: { nameAlg: 'sha1', symmetricKeyBits: 128 } as EkCredentialParameters,
+    ephemeral: '90c239edb871c42a9f87c15d5e251e09933e1d0f33461d4f15994f3ae2e5bfbc',
+    seed: 'c6183193a3cd360bb888b0d60206febe2408e830',
+    ekPublic:
+      '0023000400020460000000100019000d0003001000209f97f6bb5c4e52d4ad69a34f932c771627c17a9ae95d5d3bc7b3ec8efd6f679f002040a792b9e7b5ca3d5c007a29df4aa5c85dc90316c077e6862515176af5a594c6',
+    point:
+      '0020706820953d3b0987d04a79f119545f3993c28a6d10c1fc20991440b03744124f0020f67964a22f73386cf95bc65418ea99a1b7b838a34d589285d848710cf599a5c9',
+  },
+];
+
+/** A P-256 public key from the x and y that end a TPMT_PUBLIC (two 32-byte TPM2Bs). */
+function p256FromTpmPublic(pub: Buffer): KeyObject {
+  const x = pub.subarray(pub.length - 66, pub.length - 34);
+  const y = pub.subarray(pub.length - 32);
+  return createPublicKey({ key: { kty: 'EC', crv: 'P-256', x: x.toString('base64url'), y: y.toString('base64url') }, format: 'jwk' });
+}
+
+/** A P-256 private key from its scalar. */
+function p256Private(d: Buffer): KeyObject {
+  const ecdh = createECDH('prime256v1');
+  ecdh.setPrivateKey(d);
+  const pub = ecdh.getPublicKey();
+  const jwk = {
+    kty: 'EC',
+    crv: 'P-256',
+    d: d.toString('base64url'),
+    x: pub.subarray(1, 33).toString('base64url'),
+    y: pub.subarray(33).toString('base64url'),
+  };
+  return createPrivateKey({ key: jwk, format: 'jwk' });
+}
+
+describe('KDFe and the ECC seed', () => {
+  it('KDFe matches the published vectors', () => {
+    for (const [hash, z, use, u, v, bits, out] of KDFE_VECTORS) {
+      expect(kdfe(hash, Buffer.from(z, 'hex'), use, Buffer.from(u, 'hex'), Buffer.from(v, 'hex'), bits).toString('hex')).toBe(out);
+    }
+  });
+  it('the seed and the point sent for a given ephemeral key match the published ECC vectors', () => {
+    for (const v of ECC_VECTORS) {
+      const ek = p256FromTpmPublic(Buffer.from(v.ekPublic, 'hex'));
+      const made = eccCredentialSeed(ek, v.params, p256Private(Buffer.from(v.ephemeral, 'hex')));
+      expect(made.seed.toString('hex'), v.name).toBe(v.seed);
+      expect(made.encryptedSecret.toString('hex'), v.name).toBe(`0044${v.point}`);
+    }
+  });
+  it('a credential to a P-256 EK opens with its private key on the TPM side (ECDH, KDFe), with the L-2 parameters by default', () => {
+    const ek = generateKeyPairSync('ec', { namedCurve: 'P-256' });
+    const secret = randomBytes(32);
+    const c = makeCredential(ek.publicKey, akName, secret);
+    expect(c.encryptedSecret.length).toBe(2 + 2 + 32 + 2 + 32);
+    const point = c.encryptedSecret.subarray(2);
+    const ephemeral = createPublicKey({
+      key: { kty: 'EC', crv: 'P-256', x: point.subarray(2, 34).toString('base64url'), y: point.subarray(36).toString('base64url') },
+      format: 'jwk',
+    });
+    const z = diffieHellman({ privateKey: ek.privateKey, publicKey: ephemeral });
+    const ekX = Buffer.from(ek.publicKey.export({ format: 'jwk' }).x as string, 'base64url');
+    const seed = kdfe('sha256', z, 'IDENTITY', point.subarray(2, 34), ekX, 256);
+    expect(credentialBlobFromSeed(seed, akName, secret)).toEqual(c.credentialBlob);
+    // A P-384 EK takes the high-range parameters: a sha384 HMAC, a 48-byte secret.
+    const c384 = makeCredential(generateKeyPairSync('ec', { namedCurve: 'P-384' }).publicKey, akName, randomBytes(48));
+    expect(c384.credentialBlob.readUInt16BE(2)).toBe(48);
+    expect(c384.encryptedSecret.length).toBe(2 + 2 + 48 + 2 + 48);
   });
 });
 
@@ -188,9 +322,14 @@ describe('makeCredential', () => {
       field(() => makeCredential(rsa2048.publicKey, Buffer.concat([Buffer.from('0010', 'hex'), akName.subarray(2)]), Buffer.alloc(32))),
     ).toBe('akName');
     expect(field(() => makeCredential(rsa(1024).publicKey, akName, Buffer.alloc(32)))).toBe('ekPublicKey');
-    expect(field(() => makeCredential(generateKeyPairSync('ec', { namedCurve: 'P-256' }).publicKey, akName, Buffer.alloc(32)))).toBe(
+    expect(field(() => makeCredential(generateKeyPairSync('ec', { namedCurve: 'secp256k1' }).publicKey, akName, Buffer.alloc(32)))).toBe(
       'ekPublicKey',
     );
+    expect(field(() => makeCredential(generateKeyPairSync('ed25519').publicKey, akName, Buffer.alloc(32)))).toBe('ekPublicKey');
+    expect(field(() => eccCredentialSeed(rsa2048.publicKey))).toBe('ekPublicKey');
+    const p256 = generateKeyPairSync('ec', { namedCurve: 'P-256' });
+    const p384 = generateKeyPairSync('ec', { namedCurve: 'P-384' });
+    expect(field(() => eccCredentialSeed(p256.publicKey, undefined, p384.privateKey))).toBe('ephemeralPrivateKey');
     expect(field(() => makeCredential(rsa2048.privateKey, akName, Buffer.alloc(32)))).toBe('ekPublicKey');
     expect(
       field(() => makeCredential(rsa2048.publicKey, akName, Buffer.alloc(32), { nameAlg: 'sha256', symmetricKeyBits: 100 as 128 })),
