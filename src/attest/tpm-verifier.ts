@@ -29,8 +29,8 @@
  * Stateless: that one challenge answers one Attestation is the broker's to enforce (its session
  * nonce is taken once). What the activation relies on: the TPM opens a credential only for a
  * loaded object of the AK's name with its private part (a public-only object loaded with
- * TPM2_LoadExternal cannot be authorized for it), and the AK is fixedTPM and restricted, which
- * parseAttestationKey requires.
+ * TPM2_LoadExternal has no authValue to authorize it with; akPolicyRefusal makes sure no policy
+ * can stand in for it), and the AK is fixedTPM and restricted, which parseAttestationKey requires.
  */
 import { createHash, type KeyObject, randomBytes, X509Certificate } from 'node:crypto';
 import { errorMessage, invalid, isKataError } from '../common/errors.js';
@@ -188,6 +188,26 @@ function quotedPcrNumbers(attest: Buffer): { pcrs: number[]; extraData: Buffer }
   return { pcrs, extraData: Buffer.from(extraData) };
 }
 
+/** TPMA_OBJECT adminWithPolicy: the ADMIN role (which ActivateCredential asks of the AK) is then a policy's. */
+const ATTR_ADMIN_WITH_POLICY = 0x00000080;
+
+/**
+ * Why the AK's public area would let a TPM that does not hold the AK's private part activate a
+ * credential for it, or null. Activation asks for the AK's ADMIN role: with adminWithPolicy
+ * clear that is its authValue, which an object loaded from its public part alone does not have;
+ * with a policy (even an empty-looking one), a policy session could satisfy it for such a copy.
+ * So: adminWithPolicy clear and no authPolicy, as the guest's AK template has.
+ */
+export function akPolicyRefusal(akPublic: Buffer): string | null {
+  if (akPublic.length < 10) return 'the attestation key is too short to hold its attributes';
+  const attrs = akPublic.readUInt32BE(4);
+  const policyBytes = akPublic.readUInt16BE(8);
+  if ((attrs & ATTR_ADMIN_WITH_POLICY) !== 0)
+    return 'the attestation key has adminWithPolicy set: its activation could be authorized by a policy instead of the key itself';
+  if (policyBytes !== 0) return `the attestation key has an authPolicy of ${policyBytes} bytes: it must have none`;
+  return null;
+}
+
 function fail(failures: AttestFailure[], field: string, reason: string, expected?: string, actual?: string): void {
   failures.push({ field, reason, ...(expected === undefined ? {} : { expected }), ...(actual === undefined ? {} : { actual }) });
 }
@@ -222,6 +242,8 @@ export function tpmVerifier(options: TpmVerifierOptions): EvidenceVerifier {
       } catch (err) {
         refuseRequest('ak_public', `the attestation key is not one a quote is accepted from: ${errorMessage(err)}`, false);
       }
+      const policyRefusal = akPolicyRefusal(req.akPublic);
+      if (policyRefusal !== null) refuseRequest('ak_public', policyRefusal, false);
       const secret = randomBytes(CREDENTIAL_SECRET_BYTES);
       const made = makeCredential(ekKey, akName, secret);
       return {

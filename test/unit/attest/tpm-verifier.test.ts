@@ -372,6 +372,23 @@ describe('tpm verifier: each check refuses on its own, naming the field', () => 
     expect(err.kind).toBe('invalid');
   });
 
+  it('an AK whose ADMIN role a policy could satisfy is refused at the challenge', () => {
+    const v = tpmVerifier({ caBundlePem: pki.caPem });
+    const ak = new SoftTpm(null).akPublic;
+    const withAdminPolicy = Buffer.from(ak);
+    withAdminPolicy.writeUInt32BE(withAdminPolicy.readUInt32BE(4) | 0x80, 4);
+    // An authPolicy of 32 zero bytes: what a fresh policy session's digest is.
+    const withPolicy = Buffer.concat([ak.subarray(0, 8), Buffer.from([0, 32]), Buffer.alloc(32), ak.subarray(10)]);
+    for (const [bad, why] of [
+      [withAdminPolicy, /adminWithPolicy set/],
+      [withPolicy, /authPolicy of 32 bytes/],
+    ] as const) {
+      const err = thrown(() => v.challenge(encodeTpmRequestParams({ ekCertPem: pki.ekPem, akPublic: bad }), 'n'));
+      expect(err.details?.field).toBe('ak_public');
+      expect(err.message).toMatch(why);
+    }
+  });
+
   it('a tampered event log: the PCR it no longer explains, by name', () => {
     const r = round();
     const log = Buffer.from(r.evidence.eventLog);
