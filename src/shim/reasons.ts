@@ -15,6 +15,8 @@ export type ShimReason =
   | 'SHIM_POD_NOT_SERVING'
   | 'SHIM_ROOTFS_MOUNT_FAILED'
   | 'SHIM_ROOTFS_UNSUPPORTED'
+  /** A rootfs directory containerd names is another file in the runtime's mount namespace (a private root). */
+  | 'SHIM_ROOTFS_NOT_SEEN'
   | 'SHIM_SERVE_FAILED'
   | 'SHIM_SOCKET_PATH_TOO_LONG';
 

@@ -13,7 +13,7 @@
 import { execFile } from 'node:child_process';
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
-import { errorMessage, internal, invalid } from '../common/errors.js';
+import { errorMessage, internal, invalid, precondition } from '../common/errors.js';
 import type { Logger } from '../common/logger.js';
 import { mountsUnder } from '../runtime/sandbox/shared-dir.js';
 import './reasons.js';
@@ -76,23 +76,31 @@ export function planRootfsMounts(mounts: readonly RootfsMount[], target: string)
 const OVERLAY_DIR_OPTIONS = ['lowerdir', 'upperdir', 'workdir'];
 
 /**
- * Pure: `mounts` with every directory they name (a bind's source; an overlay's lowerdir, upperdir
- * and workdir) passed through `resolve`: containerd's paths as this process reaches them
- * (src/common/caller-root.ts `callerPath`). An entry with an escaped `:` or `,` is left as it is.
+ * Refuse `mounts` when a directory they name (a bind's source; an overlay's lowerdir, upperdir,
+ * workdir) is not the one containerd means: `resolve` (src/common/caller-root.ts `callerPath`)
+ * answers another path for it when the runtime's mount namespace does not see containerd's file
+ * there (a private root, the snapshots on a file system mounted after that namespace was made).
+ * Such a directory cannot be used through containerd's root either: the kernel refuses overlay
+ * layers and bind sources from another mount namespace. FAILED_PRECONDITION naming the field;
+ * relative paths and entries with an escaped `:` are left to the mount. Pure given `resolve`.
  */
-export function withCallerSources(mounts: readonly RootfsMount[], resolve: (p: string) => string): RootfsMount[] {
-  const dir = (p: string) => (path.isAbsolute(p) && !p.includes('\\') ? resolve(p) : p);
-  return mounts.map((m) => {
-    if (m.type === 'bind') return { ...m, source: dir(m.source), options: [...m.options] };
-    if (m.type !== 'overlay') return { ...m, options: [...m.options] };
-    const options = m.options.map((option) => {
+export function requireSourcesSeen(mounts: readonly RootfsMount[], resolve: (p: string) => string): void {
+  const check = (p: string, field: string) => {
+    if (!path.isAbsolute(p) || p.includes('\\') || resolve(p) === p) return;
+    throw precondition(
+      'SHIM_ROOTFS_NOT_SEEN',
+      `${field} ${p} is not containerd's directory in kata-ts's mount namespace: the node's root mount is private and it was mounted after that namespace was made (make the root mount shared, as systemd does).`,
+      { details: { field, path: p } },
+    );
+  };
+  mounts.forEach((m, i) => {
+    if (m.type === 'bind') check(m.source, `rootfs[${i}].source`);
+    if (m.type !== 'overlay') return;
+    m.options.forEach((option, j) => {
       const eq = option.indexOf('=');
-      const key = eq < 0 ? option : option.slice(0, eq);
-      if (!OVERLAY_DIR_OPTIONS.includes(key)) return option;
-      const value = option.slice(eq + 1);
-      return `${key}=${(key === 'lowerdir' ? value.split(':') : [value]).map(dir).join(':')}`;
+      if (eq < 0 || !OVERLAY_DIR_OPTIONS.includes(option.slice(0, eq))) return;
+      for (const dir of option.slice(eq + 1).split(':')) check(dir, `rootfs[${i}].options[${j}]`);
     });
-    return { ...m, options };
   });
 }
 

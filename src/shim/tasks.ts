@@ -33,7 +33,7 @@ import {
 import type { EventPublisher } from './events.js';
 import { cgroupParentForDriver, type ShimPod } from './pod.js';
 import { timestampOfNs } from './proto.js';
-import { mountRootfs, type RootfsMount, unmountRootfs, withCallerSources } from './rootfs.js';
+import { mountRootfs, type RootfsMount, requireSourcesSeen, unmountRootfs } from './rootfs.js';
 import { bootSoloSandbox, removeSoloSandbox } from './solo.js';
 import { type ExecStdio, openExecStdio, type TaskIo } from './stdio.js';
 import { openTaskOutput, parseOutputUri, type TaskOutput } from './task-output.js';
@@ -297,8 +297,10 @@ export class ShimTasks {
       let booted = false;
       try {
         if (req.rootfs.length > 0) {
-          // The snapshot's directories as containerd names them, through its root where ours differs.
-          await mountRootfs(withCallerSources(req.rootfs, callerPath), rootfs);
+          // The snapshot's directories must be containerd's here too (not so on a private root for
+          // a file system mounted after the runtime's namespace was made): refused, never mounted empty.
+          requireSourcesSeen(req.rootfs, callerPath);
+          await mountRootfs(req.rootfs, rootfs);
           task.rootfsMounted = true;
         }
         if (soloTask !== undefined) {

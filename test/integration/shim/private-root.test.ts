@@ -16,7 +16,7 @@
  * and leaves no QEMU, mount or state. Skipped with a notice when containerd is not installed.
  */
 import { randomUUID } from 'node:crypto';
-import { existsSync, promises as fsp, readdirSync, readFileSync } from 'node:fs';
+import { existsSync, promises as fsp, readdirSync, readFileSync, statSync } from 'node:fs';
 import path from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -112,6 +112,21 @@ describe.skipIf(MISSING !== null)('kata-ts behind containerd 1.6.20 on a node wh
     // The TAP was wired into containerd's namespace beside eth0.
     expect(await podLinks()).toMatch(/tap0_kata/);
     expect(shimPids()).toHaveLength(1);
+    // The shim holds containerd's root once; nothing it started (QEMU, virtiofsd) inherited it.
+    const ctrdRoot = statSync(`/proc/${node.ctrd.pid}/root`);
+    const rootFds = (pid: number) =>
+      readdirSync(`/proc/${pid}/fd`).filter((fd) => {
+        try {
+          const st = statSync(`/proc/${pid}/fd/${fd}`);
+          return st.isDirectory() && st.dev === ctrdRoot.dev && st.ino === ctrdRoot.ino;
+        } catch {
+          return false;
+        }
+      });
+    expect(rootFds(shimPids()[0]!)).toHaveLength(1);
+    const children = liveProcessesMentioning(path.join(node.stateRoot, 'k8s.io', podId.slice(0, 16)));
+    expect(children.length).toBeGreaterThan(1);
+    for (const pid of children) expect(rootFds(pid), readFileSync(`/proc/${pid}/cmdline`, 'utf8')).toEqual([]);
   });
 
   it("a container: output through containerd's FIFOs into the CRI log, and an exec sees the pod's address", async () => {

@@ -4,12 +4,14 @@
  * `<bundle>/rootfs` and unmounted again, twice (unmounting is idempotent). Everything lives in a
  * temporary directory, unmounted and removed afterwards also when a test fails.
  */
-import { mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { spawn } from 'node:child_process';
+import { constants, mkdirSync, mkdtempSync, openSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
+import { adoptCallerRoot, CALLER_ROOT_ENV, callerPath } from '../../../src/common/caller-root.js';
 import { mountsUnder } from '../../../src/runtime/sandbox/shared-dir.js';
-import { mountRootfs, unmountRootfs } from '../../../src/shim/rootfs.js';
+import { mountRootfs, requireSourcesSeen, unmountRootfs } from '../../../src/shim/rootfs.js';
 
 const root = mkdtempSync(path.join(os.tmpdir(), 'kata-ts-shim-rootfs-'));
 
@@ -58,6 +60,33 @@ describe('rootfs mounts at <bundle>/rootfs', () => {
     expect(() => writeFileSync(path.join(target, 'other'), 'y')).toThrow(/EROFS/);
     expect(await unmountRootfs(target)).toEqual([target]);
     expect(mounted(target)).toEqual([]);
+  });
+
+  it("a snapshot directory only containerd's mount namespace sees is refused, naming the field; one both see is accepted", async () => {
+    // A tmpfs mounted in a mount namespace of its own (standing for containerd's on a private
+    // root): this one sees an empty directory there. Its root is adopted as the caller's.
+    const other = path.join(root, 'caller-snapshots');
+    const seen = path.join(root, 'snapshots-both', '1', 'fs');
+    mkdirSync(other);
+    mkdirSync(seen, { recursive: true });
+    const script = `mount -t tmpfs kata-ts-test-caller ${other} && mkdir -p ${other}/1/fs && echo ready && exec sleep 600`;
+    const holder = spawn('unshare', ['--mount', '--propagation', 'private', '--', 'sh', '-c', script], {
+      stdio: ['ignore', 'pipe', 'inherit'],
+    });
+    try {
+      await new Promise<void>((resolve, reject) => {
+        holder.stdout.once('data', () => resolve());
+        holder.once('exit', (code) => reject(new Error(`the namespace holder exited (${code})`)));
+      });
+      adoptCallerRoot({ [CALLER_ROOT_ENV]: String(openSync(`/proc/${holder.pid}/root`, constants.O_RDONLY | constants.O_DIRECTORY)) });
+      const overlay = (lower: string) => [{ type: 'overlay', source: 'overlay', options: ['index=off', `lowerdir=${lower}`] }];
+      expect(() => requireSourcesSeen(overlay(`${seen}:${other}/1/fs`), callerPath)).toThrow(
+        expect.objectContaining({ reason: 'SHIM_ROOTFS_NOT_SEEN', details: { field: 'rootfs[0].options[1]', path: `${other}/1/fs` } }),
+      );
+      expect(() => requireSourcesSeen(overlay(seen), callerPath)).not.toThrow();
+    } finally {
+      holder.kill('SIGKILL');
+    }
   });
 
   it('unmounting a bundle that never had a rootfs is fine', async () => {

@@ -3,7 +3,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { isKataError } from '../../../src/common/errors.js';
-import { mountRootfs, planRootfsMounts, withCallerSources } from '../../../src/shim/rootfs.js';
+import { mountRootfs, planRootfsMounts, requireSourcesSeen } from '../../../src/shim/rootfs.js';
 
 const TARGET = '/run/containerd/io.containerd.runtime.v2.task/k8s.io/abc/rootfs';
 
@@ -89,41 +89,42 @@ describe('mountRootfs', () => {
   });
 });
 
-describe('withCallerSources (pure)', () => {
-  const through = (p: string) => `/proc/9/fd/5${p}`;
+describe('requireSourcesSeen (pure given the resolver)', () => {
+  /** Paths under /c are containerd's only (another file here); everything else is the same file. */
+  const resolve = (p: string) => (p.startsWith('/c/') ? `/proc/9/fd/5${p}` : p);
+  const refusal = (mounts: Parameters<typeof requireSourcesSeen>[0]) => {
+    try {
+      requireSourcesSeen(mounts, resolve);
+    } catch (err) {
+      if (isKataError(err)) return { kind: err.kind, reason: err.reason, field: err.details?.field, path: err.details?.path };
+      throw err;
+    }
+    return undefined;
+  };
 
-  it('passes every directory an overlay names (each lowerdir, upperdir, workdir) and nothing else', () => {
-    const mounts = [
-      {
-        type: 'overlay',
-        source: 'overlay',
-        options: ['index=off', 'workdir=/s/3/work', 'upperdir=/s/3/fs', 'lowerdir=/s/2/fs:/s/1/fs', 'userxattr'],
-      },
-    ];
-    expect(withCallerSources(mounts, through)).toEqual([
-      {
-        type: 'overlay',
-        source: 'overlay',
-        options: [
-          'index=off',
-          'workdir=/proc/9/fd/5/s/3/work',
-          'upperdir=/proc/9/fd/5/s/3/fs',
-          'lowerdir=/proc/9/fd/5/s/2/fs:/proc/9/fd/5/s/1/fs',
-          'userxattr',
-        ],
-      },
-    ]);
-    // The caller's list is left as it was.
-    expect(mounts[0]!.options[3]).toBe('lowerdir=/s/2/fs:/s/1/fs');
+  it('accepts directories that are the same here (a shared root; a private root for what was there before)', () => {
+    const overlay = {
+      type: 'overlay',
+      source: 'overlay',
+      options: ['index=off', 'workdir=/s/3/work', 'upperdir=/s/3/fs', 'lowerdir=/s/2/fs:/s/1/fs'],
+    };
+    expect(refusal([overlay, { type: 'bind', source: '/s/native/1', options: ['rbind'] }])).toBeUndefined();
   });
 
-  it("passes a bind's source; leaves relative paths, escaped entries and other types alone", () => {
-    expect(withCallerSources([{ type: 'bind', source: '/s/native/1', options: ['rbind', 'rw'] }], through)).toEqual([
-      { type: 'bind', source: '/proc/9/fd/5/s/native/1', options: ['rbind', 'rw'] },
-    ]);
-    expect(withCallerSources([{ type: 'overlay', source: 'overlay', options: ['lowerdir=rel/1:/a\\:b'] }], through)[0]!.options).toEqual([
-      'lowerdir=rel/1:/a\\:b',
-    ]);
-    expect(withCallerSources([{ type: 'tmpfs', source: '/x', options: [] }], through)[0]!.source).toBe('/x');
+  it("names the overlay option or the bind's source whose directory is containerd's only", () => {
+    expect(
+      refusal([{ type: 'overlay', source: 'overlay', options: ['index=off', 'upperdir=/s/3/fs', 'lowerdir=/s/2/fs:/c/1/fs'] }]),
+    ).toEqual({
+      kind: 'precondition',
+      reason: 'SHIM_ROOTFS_NOT_SEEN',
+      field: 'rootfs[0].options[2]',
+      path: '/c/1/fs',
+    });
+    expect(refusal([{ type: 'bind', source: '/c/native/1', options: [] }])).toMatchObject({
+      field: 'rootfs[0].source',
+      path: '/c/native/1',
+    });
+    // Relative and escaped entries are the mount's business.
+    expect(refusal([{ type: 'overlay', source: 'overlay', options: ['lowerdir=c/1:/c\\:x'] }])).toBeUndefined();
   });
 });
