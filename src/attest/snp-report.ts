@@ -397,8 +397,17 @@ function derChildren(value: Buffer): Der[] {
   return out;
 }
 
-/** The certificate's extensions: OID content bytes (hex) -> extnValue content. */
-function certExtensions(cert: X509Certificate): Map<string, Buffer> {
+/** The DER elements of a SEQUENCE's content, in order; throws a plain Error on malformed DER. */
+export function derContentItems(content: Buffer): { tag: number; value: Buffer }[] {
+  return derChildren(content);
+}
+
+/**
+ * The certificate's extensions: the OID's DER content bytes (hex) -> the extnValue's content.
+ * Node exposes only the extensions OpenSSL knows; AMD's and Intel's are read here. Throws a
+ * plain Error on malformed DER (OpenSSL parsed the certificate, so that means a bug).
+ */
+export function certExtensions(cert: X509Certificate): Map<string, Buffer> {
   const out = new Map<string, Buffer>();
   const tbs = derChildren(derAt(cert.raw, 0).value)[0];
   if (tbs === undefined) throw new Error('no tbsCertificate');

@@ -29,7 +29,7 @@
  */
 import { createHash, createPublicKey, type KeyObject, verify as verifySignature, type X509Certificate } from 'node:crypto';
 import { invalid, unauthenticated } from '../common/errors.js';
-import { certificatesFromPem } from './snp-report.js';
+import { certExtensions, certificatesFromPem, derContentItems } from './snp-report.js';
 import './reasons.js';
 
 export const TDX_QUOTE_HEADER_BYTES = 48;
@@ -271,6 +271,38 @@ export interface TdxVerifiedQuote {
   pckCert: X509Certificate;
   intermediate: X509Certificate;
   root: X509Certificate;
+  /** The platform's FMSPC (hex, 6 bytes) and PCE id (hex, 2 bytes) from the PCK's SGX extension: the keys of Intel's TCB info. */
+  fmspc: string;
+  pceId: string;
+}
+
+/** Intel's SGX extension 1.2.840.113741.1.13.1 and its FMSPC (.4) and PCE-ID (.3) members, as DER OID content. */
+const SGX_EXTENSION_OID = '2a864886f84d010d01';
+const SGX_FMSPC_OID = `${SGX_EXTENSION_OID}04`;
+const SGX_PCE_ID_OID = `${SGX_EXTENSION_OID}03`;
+
+/** The FMSPC and PCE id a PCK certificate names. Throws ATTEST_EVIDENCE_REFUSED (pck_cert_chain.pck) without them. */
+export function pckPlatformIds(pck: X509Certificate): { fmspc: string; pceId: string } {
+  const ids = new Map<string, Buffer>();
+  try {
+    const ext = certExtensions(pck).get(SGX_EXTENSION_OID);
+    // The extension is a SEQUENCE of SEQUENCE { OID, value }.
+    const [outer] = ext === undefined ? [] : derContentItems(ext);
+    for (const item of outer === undefined ? [] : derContentItems(outer.value)) {
+      const [oid, value] = derContentItems(item.value);
+      if (oid?.tag === 0x06 && value?.tag === 0x04) ids.set(oid.value.toString('hex'), value.value);
+    }
+  } catch (err) {
+    throw unauthenticated('ATTEST_EVIDENCE_REFUSED', 'TDX quote: the PCK certificate has an unreadable SGX extension', {
+      details: { field: 'pck_cert_chain.pck' },
+      cause: err,
+    });
+  }
+  const fmspc = ids.get(SGX_FMSPC_OID);
+  const pceId = ids.get(SGX_PCE_ID_OID);
+  if (fmspc?.length !== 6 || pceId?.length !== 2)
+    refused('pck_cert_chain.pck', 'the PCK certificate names no FMSPC (6 bytes) and PCE id (2 bytes) in its SGX extension');
+  return { fmspc: fmspc.toString('hex'), pceId: pceId.toString('hex') };
 }
 
 function checkValidity(c: X509Certificate, field: string, nowMs: number): void {
@@ -328,7 +360,7 @@ export function verifyTdxQuote(quote: TdxQuote, trust: TdxTrustAnchors | readonl
   const attKey = p256Key(quote.attestationKey, 'attestation_key');
   if (!verifySignature('sha256', quote.signed, { key: attKey, dsaEncoding: 'ieee-p1363' }, quote.signature))
     refused('signature', "the quote's signature does not verify with the attestation key (a header or TD report byte was changed)");
-  return { pckCert, intermediate, root };
+  return { pckCert, intermediate, root, ...pckPlatformIds(pckCert) };
 }
 
 /** sha384 of the bytes, zero-padded to REPORTDATA's 64 bytes: what a quote bound to them carries. */

@@ -173,7 +173,10 @@ export interface FakeIntelChain {
   pckKey: KeyObject;
 }
 
-/** A FAKE Intel root -> PCK CA -> PCK chain (openssl CLI, P-256). */
+/** The FMSPC the FAKE PCK certificate names. */
+export const FAKE_FMSPC = '00906ed50000';
+
+/** A FAKE Intel root -> PCK CA -> PCK chain (openssl CLI, P-256), the PCK with an SGX extension. */
 export function fakeIntelChain(): FakeIntelChain {
   return withDir((dir) => {
     writeFileSync(join(dir, 'ca.ext'), 'basicConstraints=critical,CA:TRUE\nkeyUsage=critical,keyCertSign,cRLSign\n');
@@ -213,6 +216,24 @@ export function fakeIntelChain(): FakeIntelChain {
       'ca.ext',
     ]);
     openssl(dir, ['req', '-new', '-key', 'pck.key', '-out', 'pck.csr', '-subj', '/CN=Fake SGX PCK Certificate']);
+    // Intel's SGX extension with the two members the verifier reads (PCE id, FMSPC).
+    writeFileSync(
+      join(dir, 'pck.ext'),
+      [
+        '[pck]',
+        '1.2.840.113741.1.13.1=ASN1:SEQUENCE:sgx',
+        '[sgx]',
+        'pceid=SEQUENCE:pceid',
+        'fmspc=SEQUENCE:fmspc',
+        '[pceid]',
+        'oid=OID:1.2.840.113741.1.13.1.3',
+        'val=FORMAT:HEX,OCTETSTRING:0000',
+        '[fmspc]',
+        'oid=OID:1.2.840.113741.1.13.1.4',
+        `val=FORMAT:HEX,OCTETSTRING:${FAKE_FMSPC}`,
+        '',
+      ].join('\n'),
+    );
     openssl(dir, [
       'x509',
       '-req',
@@ -228,6 +249,10 @@ export function fakeIntelChain(): FakeIntelChain {
       '-days',
       '30',
       '-sha256',
+      '-extfile',
+      'pck.ext',
+      '-extensions',
+      'pck',
     ]);
     const pem = (f: string) => readFileSync(join(dir, f), 'utf8');
     return {

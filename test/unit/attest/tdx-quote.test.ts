@@ -8,7 +8,7 @@
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
-import { parseTdxQuote, verifyTdxQuote } from '../../../src/attest/tdx-quote.js';
+import { parseTdxQuote, pckPlatformIds, verifyTdxQuote } from '../../../src/attest/tdx-quote.js';
 import { thrown } from '../../helpers/kata-error.js';
 import { fakeIntelChain } from './snp-tdx-fake-signers.js';
 
@@ -51,6 +51,8 @@ describe('genuine TDX vectors', () => {
     expect(quote.qeAuthData.length).toBe(32);
     expect(verified.pckCert.subject).toContain('CN=Intel SGX PCK Certificate');
     expect(verified.intermediate.subject).toContain('CN=Intel SGX PCK Platform CA');
+    expect(verified.fmspc).toBe('50806f000000');
+    expect(verified.pceId).toBe('0000');
     expect(verified.root.fingerprint256.replace(/:/g, '').toLowerCase()).toBe(
       '44a0196b2b99f889b8e149e95b807a350e7424964399e885a7cbb8ccfab674d3',
     );
@@ -115,6 +117,13 @@ describe('refusals, each naming the field', () => {
     const [pck, ca] = q4.pckChainPem.match(/-----BEGIN CERTIFICATE-----[^-]+-----END CERTIFICATE-----/g) as string[];
     const err = thrown(() => verifyTdxQuote({ ...q4, pckChainPem: `${pck}\n${ca}\n` }, { intelRootCaPem: fake.rootPem }, NOW_MS));
     expect(err.details?.field).toBe('pck_cert_chain.intermediate');
+  });
+
+  it('a PCK certificate without the SGX extension (FMSPC, PCE id) is refused (pck_cert_chain.pck)', () => {
+    const { verified } = verifyAll(Q4);
+    const err = thrown(() => pckPlatformIds(verified.intermediate));
+    expect(err.reason).toBe('ATTEST_EVIDENCE_REFUSED');
+    expect(err.details?.field).toBe('pck_cert_chain.pck');
   });
 
   it('a PCK chain of one certificate is refused (pck_cert_chain)', () => {

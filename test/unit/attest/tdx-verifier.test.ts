@@ -12,7 +12,7 @@ import { beforeAll, describe, expect, it } from 'vitest';
 import { tdxVerifier } from '../../../src/attest/tdx-verifier.js';
 import type { VerifyInput } from '../../../src/attest/verifier.js';
 import { thrown } from '../../helpers/kata-error.js';
-import { type FakeIntelChain, fakeIntelChain, fakeTdxQuote } from './snp-tdx-fake-signers.js';
+import { FAKE_FMSPC, type FakeIntelChain, fakeIntelChain, fakeTdxQuote } from './snp-tdx-fake-signers.js';
 
 const DIR = join(import.meta.dirname, '../../fixtures/attest/tdx');
 const file = (name: string) => readFileSync(join(DIR, name));
@@ -60,6 +60,7 @@ describe('tdx verifier with FAKE-signed quotes (binding checks)', () => {
       init_data: createHash('sha256').update(INITDATA).digest('hex'),
     });
     expect(result.claims.details.cc_eventlog).toBe('not sent');
+    expect(result.claims.details.fmspc).toBe(FAKE_FMSPC);
   });
 
   it('a quote bound to other runtime data is refused at report_data', () => {
