@@ -50,7 +50,6 @@ export const TPM_NAME_HASHES: Readonly<Record<number, { hash: TpmHash; bytes: nu
 export type TpmHash = 'sha1' | 'sha256' | 'sha384' | 'sha512';
 
 const HASH_BYTES: Readonly<Record<TpmHash, number>> = { sha1: 20, sha256: 32, sha384: 48, sha512: 64 };
-const HASH_ALG_ID: Readonly<Record<TpmHash, number>> = { sha1: 0x0004, sha256: 0x000b, sha384: 0x000c, sha512: 0x000d };
 
 /** The EK's parameters MakeCredential depends on: its nameAlg and its symmetric (AES-CFB) key size. */
 export interface EkCredentialParameters {
@@ -313,9 +312,4 @@ function rsaCredential(ekPublicKey: KeyObject, akName: Buffer, secret: Buffer, p
     seed,
   );
   return { credentialBlob, encryptedSecret: Buffer.concat([u16(encrypted.length), encrypted]) };
-}
-
-/** The TPM_ALG_ID of a hash name (for callers that marshal structures naming it). */
-export function hashAlgId(hash: TpmHash): number {
-  return HASH_ALG_ID[hash];
 }
