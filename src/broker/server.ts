@@ -193,8 +193,10 @@ export async function startBroker(opts: ServeOptions): Promise<RunningBroker> {
       })();
     },
   );
-  server.on('clientError', (_err, socket) => {
-    if (socket.writable) socket.end('HTTP/1.1 400 Bad Request\r\nConnection: close\r\nContent-Length: 0\r\n\r\n');
+  server.on('clientError', (err: Error & { code?: string }, socket) => {
+    // Not HTTP, or headers past MAX_HEADER_BYTES: answered on that connection, which is closed.
+    const status = err.code === 'HPE_HEADER_OVERFLOW' ? '431 Request Header Fields Too Large' : '400 Bad Request';
+    if (socket.writable) socket.end(`HTTP/1.1 ${status}\r\nConnection: close\r\nContent-Length: 0\r\n\r\n`);
     else socket.destroy();
   });
   server.on('tlsClientError', () => {
