@@ -146,6 +146,7 @@ export class TpmEvidenceTool {
     /** The tool's own temporary dir (removed by close). */
     readonly dir: string,
     private readonly child: ChildProcess,
+    private readonly transport: TpmTransport,
     private readonly client: TpmClient,
     /** The CA whose bundle a verifier must trust for this tool's EK certificate. */
     readonly ca: ToolCa,
@@ -249,6 +250,7 @@ export class TpmEvidenceTool {
       return new TpmEvidenceTool(
         dir,
         child,
+        transport,
         client,
         ca,
         ownCa !== undefined,
@@ -289,6 +291,15 @@ export class TpmEvidenceTool {
     return Object.fromEntries(Object.entries(v).map(([k, b]) => [Number(k), b.toString('hex')]));
   }
 
+  /**
+   * Sends one raw TPM command and returns the whole response (for attacks the guest code never
+   * makes, such as loading another TPM's key from its public part). Not to be mixed with calls
+   * still in flight: it bypasses the client's queue.
+   */
+  sendRaw(command: Buffer): Promise<Buffer> {
+    return this.transport.send(command);
+  }
+
   /** Extends a PCR (to make this TPM's state differ from what the log says). */
   extend(pcr: number, digestSha256: Buffer): Promise<void> {
     return this.client.pcrExtend(pcr, digestSha256);
@@ -316,10 +327,13 @@ export class TpmEvidenceTool {
   async close(): Promise<void> {
     if (this.closed) return;
     this.closed = true;
-    await this.client.close().catch(() => undefined);
-    await stopChild(this.child);
-    rmSync(this.dir, { recursive: true, force: true });
-    if (this.ownsCa) await this.ca.cleanup();
+    try {
+      await this.client.close().catch(() => undefined);
+      await stopChild(this.child);
+    } finally {
+      rmSync(this.dir, { recursive: true, force: true });
+      if (this.ownsCa) await this.ca.cleanup();
+    }
   }
 }
 

@@ -9,7 +9,9 @@
  * refused with the field it concerns named:
  *  - a quote replayed from an earlier session (old nonce), a quote made over another nonce: `nonce`;
  *  - an AK not bound to the EK (another swtpm's AK shown with this EK's certificate): neither TPM
- *    can activate the credential, so there is no proof: `credential_proof`;
+ *    can activate the credential, so there is no proof: `credential_proof`; nor can the EK's TPM
+ *    after loading the other AK from its public part (TPM2_LoadExternal, raw commands), while the
+ *    same raw steps with its own AK do activate;
  *  - an EK certificate from another CA: refused at the challenge, `ek_cert`;
  *  - the whole evidence of another pod (another swtpm, same CA) presented in this session:
  *    `ek_cert`, `ak_public`, `credential_proof`;
@@ -19,6 +21,19 @@
  */
 import { randomBytes } from 'node:crypto';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import {
+  activateCredentialCommand,
+  akTemplate,
+  createPrimaryCommand,
+  decodeResponseCode,
+  ekTemplate,
+  flushContextCommand,
+  parseResponseHeader,
+  policySecretCommand,
+  startPolicySessionCommand,
+  TPM_RH_ENDORSEMENT,
+  TPM_RH_NULL,
+} from '../../../guest/agent/tpm.js';
 import { parseEventLog } from '../../../src/attest/eventlog.js';
 import {
   encodeTpmEvidence,
@@ -162,6 +177,79 @@ describe.skipIf(missing.length > 0)('tpm verifier with real swtpms', () => {
       nowMs: Date.now(),
     });
     expect(fields(res)).toEqual(['credential_proof']);
+  });
+
+  /**
+   * Credential activation by raw commands in `tool`'s TPM: the EK, a policy session satisfying its
+   * policy, and the object `loadAk` puts in the TPM as the AK. The response code and its name.
+   */
+  async function rawActivation(
+    tool: TpmEvidenceTool,
+    loadAk: () => Promise<number>,
+    challenge: unknown,
+  ): Promise<{ code: number; name: string }> {
+    const { credential_blob, encrypted_secret } = challenge as { credential_blob: string; encrypted_secret: string };
+    const handles: number[] = [];
+    const ok = (r: Buffer, what: string): Buffer => {
+      const h = parseResponseHeader(r, what);
+      if (h.code !== 0) throw new Error(`${what} answered 0x${h.code.toString(16)}`);
+      return h.body;
+    };
+    try {
+      handles.push(await loadAk());
+      handles.push(ok(await tool.sendRaw(createPrimaryCommand(TPM_RH_ENDORSEMENT, ekTemplate())), 'CreatePrimary(EK)').readUInt32BE(0));
+      const session = ok(await tool.sendRaw(startPolicySessionCommand(randomBytes(32))), 'StartAuthSession').readUInt32BE(0);
+      handles.push(session);
+      ok(await tool.sendRaw(policySecretCommand(session)), 'PolicySecret');
+      const answer = await tool.sendRaw(
+        activateCredentialCommand(
+          handles[0] as number,
+          handles[1] as number,
+          session,
+          Buffer.from(credential_blob, 'base64'),
+          Buffer.from(encrypted_secret, 'base64'),
+        ),
+      );
+      const { code } = parseResponseHeader(answer, 'ActivateCredential');
+      return { code, name: decodeResponseCode(code).name ?? `0x${code.toString(16)}` };
+    } finally {
+      for (const h of handles.reverse()) await tool.sendRaw(flushContextCommand(h)).catch(() => undefined);
+    }
+  }
+
+  it("the EK's TPM cannot activate for another TPM's AK loaded from its public part; with its own AK it can", async () => {
+    const forOther = verifier.challenge({ ...pod.requestExtraParams(), ak_public: otherPod.akPublic.toString('base64') }, 'n');
+    // TPM2_LoadExternal: no private part, the other AK's public area, no hierarchy.
+    const loadExternal = async (): Promise<number> => {
+      const pub = otherPod.akPublic;
+      const params = Buffer.concat([
+        Buffer.from([0, 0]),
+        Buffer.from([pub.length >> 8, pub.length & 0xff]),
+        pub,
+        Buffer.from([0x40, 0, 0, 7]),
+      ]);
+      const cmd = Buffer.alloc(10);
+      cmd.writeUInt16BE(0x8001, 0);
+      cmd.writeUInt32BE(10 + params.length, 2);
+      cmd.writeUInt32BE(0x167, 6);
+      const r = await pod.sendRaw(Buffer.concat([cmd, params]));
+      const h = parseResponseHeader(r, 'LoadExternal');
+      expect(h.code, 'LoadExternal of a public area').toBe(0);
+      return h.body.readUInt32BE(0);
+    };
+    expect(TPM_RH_NULL).toBe(0x40000007);
+    const refused = await rawActivation(pod, loadExternal, forOther.extraParams);
+    // TPM_RC_AUTH_UNAVAILABLE: a public-only object has no authValue for the ADMIN role activation asks.
+    expect(refused.code, `ActivateCredential answered ${refused.name}`).toBe(0x12f);
+    // The same steps with the TPM's own AK (made as the guest makes it) and a credential for it succeed.
+    const forOwn = verifier.challenge(pod.requestExtraParams(), 'n');
+    const ownAk = async (): Promise<number> => {
+      const r = await pod.sendRaw(createPrimaryCommand(TPM_RH_ENDORSEMENT, akTemplate()));
+      const h = parseResponseHeader(r, 'CreatePrimary(AK)');
+      expect(h.code).toBe(0);
+      return h.body.readUInt32BE(0);
+    };
+    expect(await rawActivation(pod, ownAk, forOwn.extraParams)).toEqual({ code: 0, name: '0x0' });
   });
 
   it('an EK certificate from another CA is refused at the challenge: ek_cert', () => {
