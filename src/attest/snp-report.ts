@@ -251,6 +251,10 @@ export function certificatesFromPem(
   reason: 'ATTEST_EVIDENCE_INVALID' | 'ATTEST_TRUST_INVALID' = 'ATTEST_EVIDENCE_INVALID',
 ): X509Certificate[] {
   const blocks = pem.match(PEM_CERT) ?? [];
+  // Evidence holds certificates and nothing else: a damaged block would otherwise be skipped
+  // unseen (an operator's bundle may carry comments between its certificates).
+  if (reason === 'ATTEST_EVIDENCE_INVALID' && pem.replace(PEM_CERT, '').trim() !== '')
+    throw invalid(reason, `${field} holds text that is not a PEM certificate`, { details: { field } });
   if (reason === 'ATTEST_TRUST_INVALID' && blocks.length > MAX_TRUST_ANCHOR_CERTS)
     throw invalid(reason, `${field} holds ${blocks.length} certificates, more than ${MAX_TRUST_ANCHOR_CERTS}`, { details: { field } });
   return blocks.map((block, i) => {

@@ -239,3 +239,13 @@ describe('refusals, each naming the field', () => {
     expect(() => checkSnpReportedTcb({ ...parsed, chipId: Buffer.alloc(64) }, chain)).not.toThrow();
   });
 });
+
+describe('untrusted bytes never escape as anything but a coded error', () => {
+  it('every single-byte change of the signed report or its signature is refused with a coded error naming a field', () => {
+    for (let at = 0; at < 0x2a0 + 144; at += 3) {
+      const err = thrown(() => verifyAll(flipBit(REPORT, at, at % 8), VCEK));
+      expect(['ATTEST_EVIDENCE_INVALID', 'ATTEST_EVIDENCE_REFUSED'], `byte ${at}`).toContain(err.reason);
+      expect(typeof err.details?.field, `byte ${at}`).toBe('string');
+    }
+  });
+});

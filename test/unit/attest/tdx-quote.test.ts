@@ -185,3 +185,25 @@ describe('refusals, each naming the field', () => {
     expect(thrown(() => parseTdxQuote(size)).details?.field).toBe('body_size');
   });
 });
+
+describe('untrusted bytes never escape as anything but a coded error', () => {
+  it('every truncation of the v4 and v5 quotes is ATTEST_EVIDENCE_INVALID', () => {
+    for (const q of [Q4, Q5]) {
+      for (let len = 0; len < q.length; len++) {
+        const err = thrown(() => parseTdxQuote(q.subarray(0, len)));
+        expect(err.reason, `truncated to ${len}`).toBe('ATTEST_EVIDENCE_INVALID');
+      }
+    }
+  });
+
+  it('every single-byte change of the v4 quote is refused with a coded error naming a field', () => {
+    // One position in 7 keeps the test quick while touching every structure of the quote.
+    for (let at = 0; at < Q4.length; at += 7) {
+      const q = Buffer.from(Q4);
+      q[at] = (q[at] as number) ^ 0xff;
+      const err = thrown(() => verifyAll(q));
+      expect(['ATTEST_EVIDENCE_INVALID', 'ATTEST_EVIDENCE_REFUSED'], `byte ${at}`).toContain(err.reason);
+      expect(typeof err.details?.field, `byte ${at}`).toBe('string');
+    }
+  });
+});
