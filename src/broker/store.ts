@@ -175,6 +175,7 @@ export class LiveConfig {
   private policyId = '';
   private readonly refs = new Map<string, { id: string; doc: ReferenceValues }>();
   private readonly rejected = new Map<string, string>();
+  private refreshing: Promise<void> | null = null;
 
   constructor(
     private readonly paths: BrokerPaths,
@@ -201,9 +202,22 @@ export class LiveConfig {
     return new Map([...this.refs].map(([n, r]) => [n, r.doc]));
   }
 
-  async refresh(): Promise<void> {
-    await this.refreshPolicy();
-    await this.refreshReferences();
+  /**
+   * Re-reads what changed. Concurrent requests share one pass (a request arriving meanwhile waits
+   * for it), so a change is loaded and logged once.
+   */
+  refresh(): Promise<void> {
+    if (this.refreshing === null) {
+      this.refreshing = (async () => {
+        try {
+          await this.refreshPolicy();
+          await this.refreshReferences();
+        } finally {
+          this.refreshing = null;
+        }
+      })();
+    }
+    return this.refreshing;
   }
 
   private async refreshPolicy(): Promise<void> {

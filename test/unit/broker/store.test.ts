@@ -158,6 +158,15 @@ describe('the live configuration of serve', () => {
     expect(live.references.size).toBe(0);
   });
 
+  it('loads a change once when requests refresh concurrently', async () => {
+    const log = new MemorySink();
+    const live = await LiveConfig.load(paths, log);
+    await setPolicy(paths, { schema: BROKER_POLICY_SCHEMA, resources: [{ path: 'a/b/c', allow: ['web'] }] });
+    await Promise.all([live.refresh(), live.refresh(), live.refresh()]);
+    expect(log.lines.filter((l) => l.what === 'policy' && l.outcome === 'reloaded')).toHaveLength(1);
+    expect(live.policy.resources).toHaveLength(1);
+  });
+
   it('reads resources without following links', async () => {
     const live = await LiveConfig.load(paths, new MemorySink());
     await setResource(paths, 'lab/key/web', Buffer.from('secret'));
