@@ -18,8 +18,11 @@
  *  - a tampered event log: `event_log`, naming the PCR it no longer explains;
  *  - a wrong credential proof: `credential_proof`;
  *  - an init-data body that is not the one PCR 8 was extended with: `init_data`.
+ * And with the events src/measure/vtpm.ts predicts for a launch as the stand-in firmware's, the
+ * claims equal the predicted PCRs 4, 7, 8 and 9 (what a broker's reference set holds).
  */
-import { randomBytes } from 'node:crypto';
+import { createHash, randomBytes } from 'node:crypto';
+import { existsSync, readFileSync } from 'node:fs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import {
   activateCredentialCommand,
@@ -44,6 +47,8 @@ import {
 } from '../../../src/attest/tpm-evidence.js';
 import { tpmVerifier } from '../../../src/attest/tpm-verifier.js';
 import type { AttestFailure, ChallengeParams, EvidenceVerifier, VerifyInput, VerifyResult } from '../../../src/attest/verifier.js';
+import { q35RamBelow4GiBBytes } from '../../../src/measure/bzimage.js';
+import { predictVtpm } from '../../../src/measure/vtpm.js';
 import { rejection, thrown } from '../../helpers/kata-error.js';
 import { makeToolCa, type ToolCa, TpmEvidenceTool, teeRuntimeData, tpmEvidenceToolMissing } from '../../helpers/tpm-evidence-tool.js';
 
@@ -51,6 +56,8 @@ const DOC = Buffer.from(
   'version = "0.1.0"\nalgorithm = "sha384"\n\n[data]\n"aa.toml" = \'\'\'\n[token_configs.kbs]\nurl = "https://broker.test:8443"\n\'\'\'\n',
 );
 const missing = tpmEvidenceToolMissing();
+const GUEST_KERNEL = process.env.KATA_TS_GUEST_DIR ? `${process.env.KATA_TS_GUEST_DIR}/vmlinuz` : '/usr/local/share/kata-ts/guest/vmlinuz';
+const OVMF_VARS = '/usr/share/OVMF/OVMF_VARS_4M.fd';
 
 describe.skipIf(missing.length > 0)('tpm verifier with real swtpms', () => {
   let ca: ToolCa | undefined;
@@ -320,6 +327,38 @@ describe.skipIf(missing.length > 0)('tpm verifier with real swtpms', () => {
     expect(f[0]?.actual).toBe((await pod.pcrs([8]))[8]);
     expect(fields(verifier.verify(s.input(evidence, { initdataBody: null })))).toEqual(['init_data']);
   });
+
+  it.skipIf(!existsSync(GUEST_KERNEL) || !existsSync(OVMF_VARS))(
+    "with the launch src/measure predicts as the stand-in firmware's events, the claims are the predicted PCRs 4, 7, 8 and 9",
+    async () => {
+      const prediction = predictVtpm({
+        kernel: readFileSync(GUEST_KERNEL),
+        initrd: Buffer.from('a stand-in initrd'),
+        cmdline: 'console=ttyS0 quiet',
+        ramBelow4GiBBytes: q35RamBelow4GiBBytes(512 * 1024 * 1024),
+        initdataDigestSha256: createHash('sha256').update(DOC).digest(),
+        ovmfVars: readFileSync(OVMF_VARS),
+      });
+      expect(Object.keys(prediction.pcrs).map(Number)).toEqual([4, 7, 8, 9]);
+      const tool = await TpmEvidenceTool.start({ ca, initdata: DOC, firmwareEvents: prediction.events });
+      tools.push(tool);
+      const nonce = randomBytes(32).toString('base64');
+      const ch = verifier.challenge(tool.requestExtraParams(), nonce);
+      const rd = teeRuntimeData(nonce).bytes;
+      const res = verifier.verify({
+        nonce,
+        runtimeDataBytes: rd,
+        initdataBody: DOC,
+        evidence: await tool.evidence(ch.extraParams, rd),
+        sessionState: ch.sessionState,
+        nowMs: Date.now(),
+      });
+      expect(res.ok, JSON.stringify(res)).toBe(true);
+      if (!res.ok) return;
+      for (const [pcr, value] of Object.entries(prediction.pcrs))
+        expect(res.claims.measurements[`tpm_pcr${pcr}`], `PCR ${pcr}`).toBe(value);
+    },
+  );
 
   it('a pod without initdata verifies with no init-data and claims none', async () => {
     const tool = await TpmEvidenceTool.start({ ca });
