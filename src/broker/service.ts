@@ -119,23 +119,35 @@ export class BrokerService {
 
   private async route(req: BrokerRequest): Promise<BrokerResponse> {
     const target = req.url.split('?')[0] ?? '';
+    // Refusals before a payload is read are decisions too: logged under the endpoint's event.
+    const early = (event: 'auth' | 'attest' | 'resource' | 'error', status: number, type: KbsErrorType, detail: string, headers = {}) => {
+      this.opts.log.record({
+        event,
+        outcome: 'refused',
+        status,
+        method: req.method.slice(0, 16),
+        url: req.url.slice(0, 200),
+        reason: detail,
+      });
+      const r = refuse(status, type, detail);
+      return { ...r, headers: { ...r.headers, ...headers } };
+    };
     if (target === '/kbs/v0/auth' || target === '/kbs/v0/attest') {
-      if (req.method !== 'POST')
-        return { ...refuse(405, 'methodNotAllowed', `${target} takes POST`), headers: { ...JSON_HEADERS, allow: 'POST' } };
+      const event = target === '/kbs/v0/auth' ? 'auth' : 'attest';
+      if (req.method !== 'POST') return early(event, 405, 'methodNotAllowed', `${target} takes POST`, { allow: 'POST' });
       if (!isJsonContentType(req.contentType))
-        return refuse(415, 'unsupportedMediaType', `${target} takes application/json, got ${JSON.stringify(req.contentType ?? '')}`);
-      const cap = target === '/kbs/v0/auth' ? BODY_LIMITS.authBytes : BODY_LIMITS.attestBytes;
-      if (req.body.byteLength > cap) return refuse(413, 'payloadTooLarge', `${target} takes at most ${cap} bytes`);
+        return early(event, 415, 'unsupportedMediaType', `${target} takes application/json, got ${JSON.stringify(req.contentType ?? '')}`);
+      const cap = event === 'auth' ? BODY_LIMITS.authBytes : BODY_LIMITS.attestBytes;
+      if (req.body.byteLength > cap) return early(event, 413, 'payloadTooLarge', `${target} takes at most ${cap} bytes`);
       await this.opts.config.refresh();
-      return target === '/kbs/v0/auth' ? this.auth(req) : this.attest(req);
+      return event === 'auth' ? this.auth(req) : this.attest(req);
     }
     if (target.startsWith(KBS_RESOURCE_PREFIX)) {
-      if (req.method !== 'GET')
-        return { ...refuse(405, 'methodNotAllowed', 'resources are read with GET'), headers: { ...JSON_HEADERS, allow: 'GET' } };
+      if (req.method !== 'GET') return early('resource', 405, 'methodNotAllowed', 'resources are read with GET', { allow: 'GET' });
       await this.opts.config.refresh();
       return this.resource(req, req.url.slice(KBS_RESOURCE_PREFIX.length));
     }
-    return refuse(404, 'notFound', 'the broker serves /kbs/v0/auth, /kbs/v0/attest and /kbs/v0/resource/<repository>/<type>/<tag>');
+    return early('error', 404, 'notFound', 'the broker serves /kbs/v0/auth, /kbs/v0/attest and /kbs/v0/resource/<repository>/<type>/<tag>');
   }
 
   private auth(req: BrokerRequest): BrokerResponse {

@@ -151,12 +151,19 @@ describe('auth', () => {
 
   it('refuses a wrong content type, an oversized body, a wrong method, an unknown path', async () => {
     expect((await service.handle(post('/kbs/v0/auth', {}, undefined, 'text/plain'))).status).toBe(415);
+    expect(log.last('auth')).toMatchObject({
+      outcome: 'refused',
+      status: 415,
+      reason: '/kbs/v0/auth takes application/json, got "text/plain"',
+    });
     expect((await service.handle(post('/kbs/v0/auth', {}, undefined, 'application/json; charset=utf-8'))).status).toBe(400);
     expect((await service.handle({ ...post('/kbs/v0/auth', {}), body: Buffer.alloc(BODY_LIMITS.authBytes + 1) })).status).toBe(413);
     const wrong = await service.handle(get('/kbs/v0/auth'));
     expect([wrong.status, wrong.headers.allow]).toEqual([405, 'POST']);
     expect((await service.handle(get('/kbs/v1/auth'))).status).toBe(404);
     expect((await service.handle(get('/'))).status).toBe(404);
+    expect(log.last('error')).toMatchObject({ outcome: 'refused', status: 404, url: '/' });
+    expect(log.last('auth')).toMatchObject({ status: 405, method: 'GET' });
   });
 
   it('refuses new sessions once the table is full of live ones, and takes them again after expiry', async () => {
