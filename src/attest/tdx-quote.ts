@@ -96,6 +96,8 @@ export interface TdxQuote {
   qeReportSignature: Buffer;
   qeAuthData: Buffer;
   pckChainPem: string;
+  /** Bytes after the signature data (unsigned padding), ignored. */
+  trailingBytes: number;
 }
 
 function bad(field: string, message: string): never {
@@ -109,10 +111,13 @@ function refused(field: string, message: string): never {
 /** A bounds-checked reader: a read past the end names the field it was reading. */
 class Reader {
   at = 0;
-  constructor(private readonly buf: Buffer) {}
+  constructor(
+    private readonly buf: Buffer,
+    private readonly what = 'the quote',
+  ) {}
   need(n: number, field: string): void {
     if (n < 0 || this.at + n > this.buf.length)
-      bad(field, `the quote ends inside ${field} (needs ${n} bytes at offset ${this.at}, has ${this.buf.length - this.at})`);
+      bad(field, `${this.what} ends inside ${field} (needs ${n} bytes at offset ${this.at}, has ${this.buf.length - this.at})`);
   }
   bytes(n: number, field: string): Buffer {
     this.need(n, field);
@@ -170,7 +175,8 @@ function parseQeReport(raw: Buffer): QeReport {
 
 /**
  * Parses a TDX quote (v4 or v5, ECDSA P-256, certification data type 6 carrying a PEM PCK
- * chain). Throws ATTEST_EVIDENCE_INVALID naming the field: a truncated or overlong quote, another
+ * chain). Bytes after the signature data are ignored (counted in `trailingBytes`). Throws
+ * ATTEST_EVIDENCE_INVALID naming the field: a truncated quote, another
  * version, key type or TEE, a body or certification data of another type, a size that does not add up.
  */
 export function parseTdxQuote(bytes: Buffer): TdxQuote {
@@ -196,26 +202,32 @@ export function parseTdxQuote(bytes: Buffer): TdxQuote {
   const body = parseBody(r.bytes(bodyBytes, 'td_report'));
   const signed = Buffer.from(bytes.subarray(0, r.at));
   const sigDataLen = r.u32('signature_data_len');
-  if (sigDataLen !== r.rest()) bad('signature_data_len', `signature_data_len ${sigDataLen} is not the ${r.rest()} bytes that follow`);
-  const signature = r.bytes(64, 'signature');
-  const attestationKey = r.bytes(64, 'attestation_key');
-  const certType = r.u16('certification_data.type');
+  if (sigDataLen > r.rest()) bad('signature_data_len', `signature_data_len ${sigDataLen} is more than the ${r.rest()} bytes that follow`);
+  // Bytes after the signature data are signed by nobody and read by nobody: quotes fetched through
+  // a fixed-size buffer arrive zero-padded, and Intel's and Google's verifiers ignore them too.
+  const trailingBytes = r.rest() - sigDataLen;
+  const s = new Reader(r.bytes(sigDataLen, 'signature_data'), 'the signature data');
+  const signature = s.bytes(64, 'signature');
+  const attestationKey = s.bytes(64, 'attestation_key');
+  const certType = s.u16('certification_data.type');
   if (certType !== CERT_DATA_TYPE_QE_REPORT)
     bad('certification_data.type', `certification_data.type ${certType} is not 6 (QE report certification data)`);
-  const certSize = r.u32('certification_data.size');
-  if (certSize !== r.rest()) bad('certification_data.size', `certification_data.size ${certSize} is not the ${r.rest()} bytes that follow`);
-  const qeReport = parseQeReport(r.bytes(SGX_REPORT_BODY_BYTES, 'qe_report'));
-  const qeReportSignature = r.bytes(64, 'qe_report_signature');
-  const authSize = r.u16('qe_auth_data.size');
-  const qeAuthData = r.bytes(authSize, 'qe_auth_data');
-  const pckType = r.u16('pck_cert_chain.type');
+  const certSize = s.u32('certification_data.size');
+  if (certSize !== s.rest())
+    bad('certification_data.size', `certification_data.size ${certSize} is not the ${s.rest()} bytes left of the signature data`);
+  const qeReport = parseQeReport(s.bytes(SGX_REPORT_BODY_BYTES, 'qe_report'));
+  const qeReportSignature = s.bytes(64, 'qe_report_signature');
+  const authSize = s.u16('qe_auth_data.size');
+  const qeAuthData = s.bytes(authSize, 'qe_auth_data');
+  const pckType = s.u16('pck_cert_chain.type');
   if (pckType !== CERT_DATA_TYPE_PCK_CHAIN)
     bad('pck_cert_chain.type', `the QE's certification data type ${pckType} is not 5 (PCK certificate chain)`);
-  const pckSize = r.u32('pck_cert_chain.size');
+  const pckSize = s.u32('pck_cert_chain.size');
   if (pckSize > MAX_CERT_DATA_BYTES) bad('pck_cert_chain.size', `pck_cert_chain.size ${pckSize} is over ${MAX_CERT_DATA_BYTES}`);
-  if (pckSize !== r.rest()) bad('pck_cert_chain.size', `pck_cert_chain.size ${pckSize} is not the ${r.rest()} bytes that follow`);
+  if (pckSize !== s.rest())
+    bad('pck_cert_chain.size', `pck_cert_chain.size ${pckSize} is not the ${s.rest()} bytes left of the signature data`);
   // Quotes from some providers end the PEM with a NUL.
-  const pckChainPem = r.bytes(pckSize, 'pck_cert_chain').toString('latin1').replace(/\0+$/, '');
+  const pckChainPem = s.bytes(pckSize, 'pck_cert_chain').toString('latin1').replace(/\0+$/, '');
   return {
     version,
     attKeyType,
@@ -230,6 +242,7 @@ export function parseTdxQuote(bytes: Buffer): TdxQuote {
     qeReportSignature,
     qeAuthData,
     pckChainPem,
+    trailingBytes,
   };
 }
 

@@ -151,6 +151,7 @@ export function tdxVerifier(options: TdxVerifierOptions): EvidenceVerifier {
         tee_tcb_svn: body.teeTcbSvn.toString('hex'),
         pck_subject: verified.pckCert.subject.replace(/\n/g, ', '),
         fmspc: verified.fmspc,
+        trailing_bytes: String(quote.trailingBytes),
         pce_id: verified.pceId,
         not_checked: 'TCB info, QE identity, TDX module identity, CRLs (no Intel collateral here)',
         cc_eventlog: eventlogSent ? 'sent, not replayed (the RTMRs are claimed as quoted)' : 'not sent',
