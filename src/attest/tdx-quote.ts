@@ -204,7 +204,7 @@ export function parseTdxQuote(bytes: Buffer): TdxQuote {
   const sigDataLen = r.u32('signature_data_len');
   if (sigDataLen > r.rest()) bad('signature_data_len', `signature_data_len ${sigDataLen} is more than the ${r.rest()} bytes that follow`);
   // Bytes after the signature data are signed by nobody and read by nobody: quotes fetched through
-  // a fixed-size buffer arrive zero-padded, and Intel's and Google's verifiers ignore them too.
+  // a fixed-size buffer arrive zero-padded (go-tdx-guest's COS vector), so they are tolerated.
   const trailingBytes = r.rest() - sigDataLen;
   const s = new Reader(r.bytes(sigDataLen, 'signature_data'), 'the signature data');
   const signature = s.bytes(64, 'signature');
