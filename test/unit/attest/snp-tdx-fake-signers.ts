@@ -143,9 +143,11 @@ export interface FakeSnpReportFields {
   hostData?: Buffer;
   chipId: Buffer;
   tcb: FakeTcb;
+  /** Version 5: LAUNCH_MIT_VECTOR and CURRENT_MIT_VECTOR. */
+  mitVectors?: [bigint, bigint];
 }
 
-/** A v3 (Milan) report laid out as the PSP does, signed by the FAKE VCEK key (R and S little-endian, 72 bytes each). */
+/** A v3 (or `version`) Milan report laid out as the PSP does, signed by the FAKE VCEK key (R and S little-endian, 72 bytes each). */
 export function fakeSnpReport(f: FakeSnpReportFields, key: KeyObject): Buffer {
   const r = Buffer.alloc(0x4a0);
   r.writeUInt32LE(f.version ?? 3, 0x00);
@@ -160,6 +162,10 @@ export function fakeSnpReport(f: FakeSnpReportFields, key: KeyObject): Buffer {
   r.writeUInt8(0x19, 0x188);
   r.writeUInt8(0x01, 0x189);
   f.chipId.copy(r, 0x1a0);
+  if (f.mitVectors !== undefined) {
+    r.writeBigUInt64LE(f.mitVectors[0], 0x1f8);
+    r.writeBigUInt64LE(f.mitVectors[1], 0x200);
+  }
   const sig = sign('sha384', r.subarray(0, 0x2a0), { key, dsaEncoding: 'ieee-p1363' });
   Buffer.from(sig.subarray(0, 48)).reverse().copy(r, 0x2a0);
   Buffer.from(sig.subarray(48, 96)).reverse().copy(r, 0x2e8);

@@ -170,6 +170,83 @@ describe('snp verifier with genuine vectors', () => {
   });
 });
 
+/** A report in trustee's sev-crate JSON form, built from its bytes (what trustee's attester sends). */
+function trusteeJson(report: Buffer): Record<string, unknown> {
+  const bytes = (at: number, n: number) => [...report.subarray(at, at + n)];
+  const tcb = (at: number) => ({ fmc: null, bootloader: report[at], tee: report[at + 1], snp: report[at + 6], microcode: report[at + 7] });
+  const version = report.readUInt32LE(0);
+  return {
+    version,
+    guest_svn: report.readUInt32LE(4),
+    policy: Number(report.readBigUInt64LE(8)),
+    family_id: bytes(0x10, 16),
+    image_id: bytes(0x20, 16),
+    vmpl: report.readUInt32LE(0x30),
+    sig_algo: report.readUInt32LE(0x34),
+    current_tcb: tcb(0x38),
+    plat_info: Number(report.readBigUInt64LE(0x40)),
+    key_info: report.readUInt32LE(0x48),
+    report_data: bytes(0x50, 64),
+    measurement: bytes(0x90, 48),
+    host_data: bytes(0xc0, 32),
+    id_key_digest: bytes(0xe0, 48),
+    author_key_digest: bytes(0x110, 48),
+    report_id: bytes(0x140, 32),
+    report_id_ma: bytes(0x160, 32),
+    reported_tcb: tcb(0x180),
+    cpuid_fam_id: version >= 3 ? report[0x188] : null,
+    cpuid_mod_id: version >= 3 ? report[0x189] : null,
+    cpuid_step: version >= 3 ? report[0x18a] : null,
+    chip_id: bytes(0x1a0, 64),
+    committed_tcb: tcb(0x1e0),
+    current: { build: report[0x1e8], minor: report[0x1e9], major: report[0x1ea] },
+    committed: { build: report[0x1ec], minor: report[0x1ed], major: report[0x1ee] },
+    launch_tcb: tcb(0x1f0),
+    launch_mit_vector: version >= 5 ? Number(report.readBigUInt64LE(0x1f8)) : null,
+    current_mit_vector: version >= 5 ? Number(report.readBigUInt64LE(0x200)) : null,
+    signature: { r: bytes(0x2a0, 72), s: bytes(0x2e8, 72) },
+  };
+}
+
+describe("trustee's JSON form of the report", () => {
+  it('a genuine v2 report sent as sev-crate JSON verifies like its bytes (re-encoded exactly)', () => {
+    const ev = {
+      attestation_report: trusteeJson(file('test-report.bin')),
+      cert_chain: [{ cert_type: 'VCEK', data: [...file('test-vcek.der')] }],
+    };
+    const v = snpVerifier({ amdCertsPem: file('milan_ask_ark_asvk.pem').toString('utf8') });
+    const result = v.verify(input(ev, { initdataBody: null, nowMs: Date.parse('2025-06-01') }));
+    expect(result.ok ? [] : result.failures.map((f) => f.field)).toEqual(['report_data']);
+  });
+
+  it('a FAKE-signed v5 report (mitigation vectors) verifies as bytes and as JSON', () => {
+    const report = fakeSnpReport(
+      {
+        version: 5,
+        reportData: reportDataFor(RUNTIME),
+        measurement: MEASUREMENT,
+        hostData: createHash('sha384').update(INITDATA).digest().subarray(0, 32),
+        chipId: CHIP,
+        tcb: TCB,
+        mitVectors: [3n, 7n],
+      },
+      chain.vcekKey,
+    );
+    const certs = [{ cert_type: 'VCEK', data: chain.vcekDer.toString('base64') }];
+    const v = snpVerifier({ amdCertsPem: chain.amdCertsPem });
+    for (const attestation_report of [report.toString('base64'), trusteeJson(report)]) {
+      const result = v.verify(input({ attestation_report, cert_chain: certs }));
+      expect(result.ok && result.claims.details.report_version).toBe('5');
+    }
+    // Another mitigation vector is a signed byte like any other.
+    const json = { ...trusteeJson(report), current_mit_vector: 8 };
+    expect(v.verify(input({ attestation_report: json, cert_chain: certs }))).toMatchObject({
+      ok: false,
+      failures: [{ field: 'signature' }],
+    });
+  });
+});
+
 describe('snp evidence shape', () => {
   const v = () => snpVerifier({ amdCertsPem: chain.amdCertsPem });
   const cases: [string, () => unknown, string][] = [
