@@ -131,11 +131,12 @@ function sameFile(a: string, b: string): boolean {
 
 /**
  * Where this process opens the file a caller named `p`: `p` itself when no caller root was
- * adopted, when it lies under /proc (the same process tree both sides), or when `p` names the
- * very same file here; else `p` through the caller's root.
+ * adopted, when it is relative (to the working directory) or lies under /proc (the same process
+ * tree both sides), or when `p` names the very same file here; else `p` through the caller's root.
  */
 export function callerPath(p: string): string {
-  if (rootLink === null || p === '/proc' || p.startsWith('/proc/')) return p;
+  // A relative path is the working directory's (the bundle), the same directory for both.
+  if (rootLink === null || !path.posix.isAbsolute(p) || p === '/proc' || p.startsWith('/proc/')) return p;
   const through = pathInRoot(rootLink, p, readLinkOrNull);
   return sameFile(p, through) ? p : through;
 }

@@ -260,7 +260,8 @@ export class ShimTasks {
     if (kind === 'sandbox') {
       // The pod's DNS is the resolv.conf containerd wrote for it (the guest gets it as its own).
       const first = decodePodSpec(oci, { bundle: req.bundle });
-      const resolvConf = first.resolvConfPath === null ? undefined : await readResolvConf(first.resolvConfPath);
+      // containerd's file, read through its root where the runtime's namespace does not see it.
+      const resolvConf = first.resolvConfPath === null ? undefined : await readResolvConf(callerPath(first.resolvConfPath));
       const pod = resolvConf === undefined ? first : decodePodSpec(oci, { resolvConf, bundle: req.bundle });
       const driver = this.deps.pod.facts.cgroupDriver.name;
       const parent = cgroupParentForDriver(driver, pod.cgroup?.driver ?? null, pod.spec.linux?.cgroup_parent ?? '');

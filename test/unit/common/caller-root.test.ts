@@ -77,8 +77,9 @@ describe('adoptCallerRoot and callerPath (a directory standing for the caller ro
     const p = callerPath('/var/run/netns/only-there');
     expect(p).toBe(`${link}/run/netns/only-there`);
     expect(readFileSync(p, 'utf8')).toBe('caller\n');
-    // /proc is the same for both: as it is.
+    // /proc is the same for both, a relative path is the working directory's: as they are.
     expect(callerPath('/proc/1/ns/net')).toBe('/proc/1/ns/net');
+    expect(callerPath('run/netns/only-there')).toBe('run/netns/only-there');
     closeSync(Number(link!.split('/').at(-1)));
   });
 
