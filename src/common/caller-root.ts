@@ -14,9 +14,12 @@
  * CALLER_ROOT_ENV. The child adopts it once at start-up (adoptCallerRoot: a close-on-exec copy, so
  * QEMU and every other program it starts never holds a way into the caller's root) and from then
  * on names a caller's path as `/proc/<its pid>/fd/<n>/<path>`: a path walk through that magic link
- * goes on in the caller's mounts, also for the programs it runs (`ip`, `nsenter --net=`, `mount`).
+ * goes on in the caller's mounts, also for the programs it runs (`ip`, `nsenter --net=`).
  * Symbolic links along the path are resolved in the caller's root (an absolute one would
- * otherwise jump back to ours: `/var/run` -> `/run`).
+ * otherwise jump back to ours: `/var/run` -> `/run`). That serves whatever is opened (a namespace
+ * file, a FIFO, a file read); nothing reached so can be mounted into our namespace (the kernel
+ * refuses overlay layers and bind sources of another mount namespace), which is why the shim
+ * refuses such rootfs directories instead (src/shim/rootfs.ts requireSourcesSeen).
  *
  * callerPath keeps the path as it is when it names the very same file in this namespace (every
  * shared-root node: behaviour, records and logs unchanged) and when no caller root was handed

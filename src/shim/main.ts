@@ -373,7 +373,7 @@ export async function main(argv: readonly string[], options: ShimMainOptions = {
           stdio: { stdout: io.stdout, stderr: io.stderr },
           logger,
           dieWithParent: inv.action === 'serve',
-          // The paths containerd named (the pod's netns, rootfs sources, FIFOs) are read in its namespace.
+          // The paths containerd named (the pod's netns, FIFOs) are opened in its namespace (src/common/caller-root.ts).
           passCallerRoot: true,
         });
       }
