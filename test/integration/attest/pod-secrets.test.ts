@@ -116,6 +116,8 @@ describe('pod secrets: released by the broker to the measured pod only (real QEM
       images: { registriesConfigPath: '/dev/null' },
       network: node.networkConfig(),
       hypervisor: {
+        // Two OVMF boots at once under TCG on a shared machine: the default bound is for one.
+        readyTimeoutMs: scaledMs(300_000),
         kernelPath: path.join(guest, 'vmlinuz'),
         initrdPath: path.join(guest, 'initramfs.cpio.gz'),
         guestImagePath: path.join(guest, 'guest.img'),
@@ -128,7 +130,12 @@ describe('pod secrets: released by the broker to the measured pod only (real QEM
     rt.netnsPath = node.netnsPath;
     await rt.start();
 
-    // The broker: its certificate names the gateway address the pods reach it on.
+    // The broker: its certificate names the gateway address the pods reach it on. The CNI bridge
+    // plugin makes the bridge at the first pod; it is made now, with the same gateway address,
+    // so the broker can listen before any pod boots (the plugin takes an existing bridge as it is).
+    await node.exec(['ip', 'link', 'add', node.bridge, 'type', 'bridge']);
+    await node.exec(['ip', 'addr', 'add', `${node.gateway}/24`, 'dev', node.bridge]);
+    await node.exec(['ip', 'link', 'set', node.bridge, 'up']);
     brokerDir = path.join(rt.dir, 'broker');
     const port = 20_000 + (randomBytes(2).readUInt16BE() % 20_000);
     const url = `https://${node.gateway}:${port}`;
@@ -246,6 +253,18 @@ ${certPem}
 
   afterAll(async () => {
     if (rt !== undefined) {
+      // For a failed run's post-mortem: the guests' consoles and the daemon's log, in this test's cache.
+      const keep = path.join(repo, '.cache/pod-secrets/last-run');
+      await fsp.mkdir(keep, { recursive: true });
+      await fsp.copyFile(rt.logFile, path.join(keep, 'daemon.log')).catch(() => undefined);
+      for (const id of sandboxes) {
+        const r = await rt.cri.runtime.PodSandboxStatus({ pod_sandbox_id: id, verbose: true }).catch(() => undefined);
+        const workDir = r === undefined ? null : (JSON.parse(r.info.info ?? '{}') as { workDir?: string | null }).workDir;
+        if (typeof workDir === 'string')
+          await fsp
+            .copyFile(path.join(workDir, 'console.log'), path.join(keep, `${r?.status?.metadata?.name}-console.log`))
+            .catch(() => undefined);
+      }
       for (const id of sandboxes) await rt.cri.runtime.RemovePodSandbox({ pod_sandbox_id: id }).catch(() => undefined);
       await rt.cleanup();
     }
