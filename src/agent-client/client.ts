@@ -126,6 +126,7 @@ export class AgentClient {
 
   /** The container's output from `fromOffset`; the last chunk has `eof`. Acknowledge with ackOutput. */
   streamOutput(containerId: string, fromOffset: number, options: StreamCallOptions = {}): AsyncGenerator<OutputChunk> {
+    this.connection.admit('StreamOutput', undefined);
     return this.connection.rpc.serverStream('StreamOutput', { containerId, fromOffset }, options);
   }
 
@@ -143,6 +144,7 @@ export class AgentClient {
    * only when it was created with stdinOnce).
    */
   writeStdin(containerId: string, execId: string, options: StreamCallOptions = {}): StdinWriter {
+    this.connection.admit('WriteStdin', undefined);
     const call = this.connection.rpc.clientStream('WriteStdin', options);
     let first = true;
     return {
@@ -167,6 +169,7 @@ export class AgentClient {
     stream: OutputStream,
     options: StreamCallOptions = {},
   ): AsyncGenerator<OutputChunk> {
+    this.connection.admit('ReadProcessOutput', undefined);
     return this.connection.rpc.serverStream('ReadProcessOutput', { containerId, execId, stream }, options);
   }
 
@@ -188,6 +191,7 @@ export class AgentClient {
 
   /** A byte stream to `port` on the guest's loopback. */
   portForward(port: number, options: StreamCallOptions = {}): PortForwardStream {
+    this.connection.admit('PortForward', undefined);
     const call = this.connection.rpc.bidi('PortForward', options);
     const opened = call.send({ port });
     opened.catch(() => {});
@@ -228,6 +232,7 @@ export class AgentClient {
 
   /** Guest events as they happen (hints: after a reconnect, list containers again). */
   guestEvents(options: StreamCallOptions = {}): AsyncGenerator<GuestEvent> {
+    this.connection.admit('GuestEvents', undefined);
     return this.connection.rpc.serverStream('GuestEvents', {}, options);
   }
 
@@ -238,6 +243,8 @@ export class AgentClient {
   ): Promise<AgentMethods[K]['response']> {
     const startMs = Date.now();
     await this.connection.ready(options.timeoutMs, options.signal);
+    // What the agent's API (current or one back) lacks is refused here, never sent and ignored.
+    this.connection.admit(method, request);
     return this.connection.rpc.unary(method, request, remaining(options, startMs));
   }
 }

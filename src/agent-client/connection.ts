@@ -4,6 +4,7 @@ import { cancelled, errorMessage, exhausted, isReason, type KataError, timedOut,
 import type { Logger } from '../common/logger.js';
 import { connectUnixNoFollow } from '../common/nofollow.js';
 import { AGENT_API_VERSION, AGENT_DESCRIPTOR, AGENT_METHODS, type AgentMethods, type HelloResponse } from '../generated/agent/agent.js';
+import { checkApiFeatures, missingFeatures, negotiateApiVersion } from './api-features.js';
 
 export interface AgentConnectionOptions {
   /** QEMU's `-chardev socket,server=on` path for the org.kata-ts.agent port. */
@@ -92,6 +93,24 @@ export class AgentConnection {
   /** The agent's answer to the latest Hello. */
   get hello(): HelloResponse | undefined {
     return this.helloValue;
+  }
+
+  /**
+   * The API version of the latest session (the agent's, current or one back: see
+   * api-features.ts); undefined before the first Hello.
+   */
+  get apiVersion(): number | undefined {
+    return this.helloValue?.apiVersion;
+  }
+
+  /**
+   * Refuses (AGENT_API_FEATURE_MISSING) a call that uses what the agent's API lacks, before it
+   * is sent: an older agent would drop an unknown field without a word. Before the first Hello
+   * nothing is known and nothing is refused (the client's calls wait for Hello first).
+   */
+  admit(method: keyof AgentMethods, request: unknown): void {
+    const version = this.apiVersion;
+    if (version !== undefined) checkApiFeatures(version, method, request);
   }
 
   get connected(): boolean {
@@ -235,8 +254,8 @@ export class AgentConnection {
     this.live = false;
     try {
       const hello = await this.rpc.unary('Hello', { apiVersion: AGENT_API_VERSION, hostVersion: this.options.hostVersion }, { timeoutMs });
-      if (hello.apiVersion !== AGENT_API_VERSION)
-        throw unavailable('AGENT_API_MISMATCH', `the agent speaks API ${hello.apiVersion}, this daemon ${AGENT_API_VERSION}.`);
+      // The agent's version if this host speaks it (current or one back), else AGENT_API_MISMATCH.
+      negotiateApiVersion(hello.apiVersion);
       this.helloValue = hello;
     } catch (err) {
       this.session = undefined;
@@ -251,9 +270,19 @@ export class AgentConnection {
     }
     this.live = true;
     this.violationsInARow = [];
+    const { apiVersion } = this.helloValue;
+    const missing = missingFeatures(apiVersion).map((f) => f.feature);
     this.options.logger.info(
-      { agentVersion: this.helloValue.agentVersion, instance: this.helloValue.agentInstanceId },
-      'agent session started',
+      {
+        agentVersion: this.helloValue.agentVersion,
+        instance: this.helloValue.agentInstanceId,
+        apiVersion,
+        hostApiVersion: AGENT_API_VERSION,
+        ...(missing.length === 0 ? {} : { refusedFeatures: missing }),
+      },
+      apiVersion === AGENT_API_VERSION
+        ? 'agent session started'
+        : `agent session started at the previous API ${apiVersion} (this daemon speaks ${AGENT_API_VERSION}); refused with it: ${missing.join(', ') || 'nothing'}`,
     );
     for (const w of [...this.waiters]) w();
     for (const l of [...this.sessionListeners]) l(this.helloValue);

@@ -4,6 +4,7 @@
  * src/common/errors.ts.
  */
 export type AgentClientReason =
+  | 'AGENT_API_FEATURE_MISSING'
   | 'AGENT_API_MISMATCH'
   | 'AGENT_CALL_CANCELLED'
   | 'AGENT_CLIENT_CLOSED'

@@ -1,5 +1,7 @@
+import { missingFeatures } from '../../agent-client/index.js';
 import type { CgroupDriver } from '../../cgroups/index.js';
 import { errorMessage } from '../../common/errors.js';
+import { AGENT_API_VERSION } from '../../generated/agent/agent.js';
 import { isSameLiveProcess, type QmpPciBus, type QmpPciDevice, type VmProcess } from '../../hypervisor/index.js';
 import type { PodNetworkRecord } from '../../network/index.js';
 import type { LiveSandbox } from './types.js';
@@ -49,6 +51,9 @@ function agentInfo(live: LiveSandbox): Record<string, unknown> | null {
   return {
     connected: live.agent.connection.connected,
     apiVersion: hello?.apiVersion ?? null,
+    // An agent one API back (a pod started before an upgrade) works without what came since.
+    hostApiVersion: AGENT_API_VERSION,
+    missingFeatures: hello === undefined ? [] : missingFeatures(hello.apiVersion).map((f) => f.feature),
     agentVersion: hello?.agentVersion ?? null,
     agentInstanceId: hello?.agentInstanceId ?? null,
   };

@@ -15,6 +15,7 @@ import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { AgentClient } from '../../../src/agent-client/index.js';
 import { silentLogger } from '../../../src/common/logger.js';
+import { AGENT_API_VERSION } from '../../../src/generated/agent/agent.js';
 import { readProcStat } from '../../../src/hypervisor/index.js';
 import { mountsUnder } from '../../../src/runtime/sandbox/shared-dir.js';
 import { untilMatches } from '../../helpers/poll.js';
@@ -101,7 +102,12 @@ describe('a sandbox with its guest agent and virtio-fs', () => {
 
     // The daemon holds a live agent session (Hello passed the version check) and the guest's pod.
     const first = await info(rt, id);
-    expect(first.agent).toMatchObject({ connected: true, apiVersion: 2 });
+    expect(first.agent).toMatchObject({
+      connected: true,
+      apiVersion: AGENT_API_VERSION,
+      hostApiVersion: AGENT_API_VERSION,
+      missingFeatures: [],
+    });
     expect(first.agent?.agentInstanceId).toMatch(/^[0-9a-f-]{36}$/);
     expect(first.guestPod?.pausePid).toBeGreaterThan(1);
     expect(first.guestPod?.shmPath).toBe(`/run/kata-ts/pods/${id}/shm`);

@@ -9,7 +9,7 @@ import { codec } from '../../../src/agent-client/connection.js';
 import { AgentClient } from '../../../src/agent-client/index.js';
 import { type ServerHandlers, serveDuplex, serveRpc } from '../../../src/channel/index.js';
 import { silentLogger } from '../../../src/common/logger.js';
-import { AGENT_METHODS, type AgentMethods } from '../../../src/generated/agent/agent.js';
+import { AGENT_API_VERSION, AGENT_METHODS, type AgentMethods } from '../../../src/generated/agent/agent.js';
 import { FakeContainerBackend } from './fake-backend.js';
 
 const T = { timeoutMs: 5000 };
@@ -70,7 +70,7 @@ afterEach(async () => {
 describe('AgentClient against the guest server (FakeContainerBackend)', () => {
   it('says Hello and reports the guest facts and API version', async () => {
     const client = await connect();
-    expect(client.connection.hello?.apiVersion).toBe(2);
+    expect(client.connection.hello?.apiVersion).toBe(AGENT_API_VERSION);
     expect(client.connection.hello?.facts?.cgroupControllers).toEqual(['cpu', 'memory']);
     expect(client.connection.hello?.agentInstanceId).toBe(service.instanceId);
     expect((await client.guestFacts(T)).onlineVcpus).toBe(2);
