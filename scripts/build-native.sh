@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
-# The host-side C helper kata-ts runs as root: kata-ts-jailer (native/jailer.c), the last step before
-# a confined QEMU (src/hypervisor/confine.ts). Built beside the compiled TypeScript, where
-# defaultJailerBinary() (src/hypervisor/launcher.ts) finds it; rebuilt only when the source changed.
+# The host-side C helpers kata-ts runs as root, built beside the compiled TypeScript; each rebuilt
+# only when its source changed:
+# - kata-ts-jailer (native/jailer.c): the last step before a confined QEMU (src/hypervisor/confine.ts),
+#   found by defaultJailerBinary() (src/hypervisor/launcher.ts);
+# - kata-ts-portfwd (native/portfwd.c): containerd's port-forward into a pod's guest
+#   (src/shim/port-forward.ts), found by defaultPortForwardBinary().
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out=dist/native/kata-ts-jailer
-if [ -x "$out" ] && [ "$out" -nt native/jailer.c ]; then
-  exit 0
-fi
 mkdir -p dist/native
-gcc -O2 -Wall -Wextra -Werror -D_FORTIFY_SOURCE=2 -fstack-protector-strong -o "$out.tmp" native/jailer.c
-mv "$out.tmp" "$out"
+for pair in jailer:kata-ts-jailer portfwd:kata-ts-portfwd; do
+  src="native/${pair%%:*}.c"
+  out="dist/native/${pair#*:}"
+  if [ -x "$out" ] && [ "$out" -nt "$src" ]; then
+    continue
+  fi
+  gcc -O2 -Wall -Wextra -Werror -D_FORTIFY_SOURCE=2 -fstack-protector-strong -o "$out.tmp" "$src"
+  mv "$out.tmp" "$out"
+done

@@ -135,6 +135,8 @@ export function sandboxHandlers(deps: SandboxServiceDeps): ServiceHandlers<typeo
     },
     StopSandbox: async (req, call) => {
       ours(req.sandbox_id);
+      // containerd's port-forward door goes before the VM (and before containerd removes the namespace).
+      await deps.tasks.closePortDoor();
       if (deps.pod.sandboxes.find(req.sandbox_id) !== undefined) await deps.pod.sandboxes.stop(req.sandbox_id, ctx(call));
       return {};
     },

@@ -23,7 +23,9 @@ export type ShimTaskReason =
   | 'EXEC_ID_MISSING'
   | 'EXEC_EXISTS'
   /** Pause, Resume, Checkpoint: not offered for pod VMs. */
-  | 'SHIM_UNSUPPORTED';
+  | 'SHIM_UNSUPPORTED'
+  /** containerd's port-forward door into the guest (port-forward.ts) could not be made. */
+  | 'PORT_FORWARD_DOOR_FAILED';
 
 declare module '../common/errors.js' {
   interface KataReasons {

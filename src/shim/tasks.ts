@@ -32,6 +32,7 @@ import {
 } from './decode/index.js';
 import type { EventPublisher } from './events.js';
 import { cgroupParentForDriver, type ShimPod } from './pod.js';
+import { openPortForwardDoor, type PortForwardDoor } from './port-forward.js';
 import { timestampOfNs } from './proto.js';
 import { mountRootfs, type RootfsMount, requireSourcesSeen, unmountRootfs } from './rootfs.js';
 import { bootSoloSandbox, removeSoloSandbox } from './solo.js';
@@ -185,6 +186,8 @@ export class ShimTasks {
    * check. Wait, State, Pids and Stats only read and are not held up.
    */
   private readonly serial = new KeyedMutex();
+  /** containerd's port-forward into the guest, while the sandbox runs in containerd's namespace. */
+  private portDoor: PortForwardDoor | undefined;
 
   constructor(private readonly deps: ShimTasksDeps) {
     // The core reports an OOM kill just before the exit it caused (ContainerEvents).
@@ -193,6 +196,35 @@ export class ShimTasks {
 
   private get namespace(): string {
     return this.deps.namespace ?? 'default';
+  }
+
+  /**
+   * containerd's port-forward into the guest (port-forward.ts), for a sandbox in containerd's
+   * namespace. A door that cannot be made is logged, not fatal: the pod runs, port-forward to it
+   * fails as it did before the door existed.
+   */
+  private async openPortDoor(sandboxId: string, netnsPath: string, logger: Logger): Promise<void> {
+    try {
+      this.portDoor = await openPortForwardDoor({
+        netnsPath,
+        stateDir: this.deps.pod.stateDir,
+        logger,
+        dial: (port) => {
+          const agent = this.deps.pod.guests.agentOf(sandboxId);
+          if (agent === undefined) throw precondition('TASK_NOT_RUNNING', `sandbox ${sandboxId} has no agent`);
+          return agent.portForward(port);
+        },
+      });
+    } catch (err) {
+      logger.error({ err: errorMessage(err) }, 'port-forward door not made: port-forward to this pod fails');
+    }
+  }
+
+  /** The door's rule, helper and socket removed (before the VM stops; idempotent). */
+  async closePortDoor(): Promise<void> {
+    const door = this.portDoor;
+    this.portDoor = undefined;
+    await door?.close().catch((err: unknown) => this.deps.logger.warn({ err: errorMessage(err) }, 'port-forward door not fully removed'));
   }
 
   /** Run `fn` after every earlier rpc of the task (execId '') or of the exec. */
@@ -228,6 +260,7 @@ export class ShimTasks {
         spec.linux == null || parent === spec.linux.cgroup_parent ? spec : { ...spec, linux: { ...spec.linux, cgroup_parent: parent } };
       await this.deps.pod.sandboxes.run(placed, this.deps.handler, ctx, { id, ...(netnsPath === '' ? {} : { joinNetns: netnsPath }) });
       this.sandboxId = id;
+      if (netnsPath !== '') await this.openPortDoor(id, netnsPath, ctx.logger);
       return this.deps.pod.sandboxes.find(id)?.vm?.pid ?? 0;
     });
   }
@@ -278,6 +311,7 @@ export class ShimTasks {
       });
       this.sandboxId = req.id;
       task.pid = this.deps.pod.sandboxes.find(req.id)?.vm?.pid ?? 0;
+      if (pod.netnsPath !== null) await this.openPortDoor(req.id, pod.netnsPath, ctx.logger);
     } else {
       const sandboxId = solo ? req.id : (this.sandboxId as string);
       const seccompProfilePath = await writeSeccompProfile(oci, req.bundle);
@@ -445,6 +479,7 @@ export class ShimTasks {
     }
     if (task.kind === 'sandbox') {
       // The pod's VM stops as a whole; its containers are told by the core and exit with it.
+      await this.closePortDoor();
       await this.deps.pod.sandboxes.stop(id, ctx);
       this.taskExited(task, { status: SIGKILL_STATUS, atNs: epochNs() });
       return;
@@ -488,6 +523,7 @@ export class ShimTasks {
       throw precondition('TASK_RUNNING', `task ${id} is still running; kill it first`);
     }
     for (const exec of task.execs.values()) exec.abort.abort();
+    if (task.kind === 'sandbox') await this.closePortDoor();
     if (task.kind === 'sandbox') await this.deps.pod.sandboxes.remove(id, ctx);
     else await this.deps.pod.containers.remove(id, ctx);
     if (task.solo) {
