@@ -15,11 +15,15 @@
  * - The other pod's initdata differs by one byte: its container does not start; StartContainer's
  *   error and the container's status name the resource and the mismatching field (PCR 8, where
  *   the guest measured the initdata), and so does the broker's decision log.
+ * - The same pod (same initdata) booted after a daemon restart with one more kernel parameter,
+ *   with a kernel copy one byte longer, or an initrd copy with zero bytes appended: each is
+ *   refused naming the PCR OVMF measured it into (9, 4, 9), never PCR 8 or init_data.
  * - The secret's bytes are nowhere on the host outside the broker's own store: not in the
  *   daemon's state dir (records, the pods' shared directories as the runtime's mount namespace
  *   sees them, while the pods run and after), its log, the broker's log or output, the test's CNI dir.
  *
- * Two boots, concurrent. Everything the test started is ended by pid; the node namespace and the
+ * Five boots: the two pods concurrently, then the three launch variants one at a time (the
+ * kernel, initrd and command line are the daemon's configuration, not a pod's). Everything the test started is ended by pid; the node namespace and the
  * runtime's temp dir are removed, pass or fail.
  */
 import { type ChildProcess, execFileSync, spawn } from 'node:child_process';
@@ -77,6 +81,9 @@ describe('pod secrets: released by the broker to the measured pod only (real QEM
   const secret = `kata-ts-pod-secret-${randomBytes(24).toString('hex')}`;
   const secretSha256 = createHash('sha256').update(secret).digest('hex');
   let good: { id: string; config: Record<string, unknown> };
+  /** The good pod's annotations (its initdata and secrets): the launch variants carry the same. */
+  let goodAnnotations: Record<string, string> = {};
+  let guest = '';
   let tampered: { id: string; config: Record<string, unknown> };
   let predicted: Record<string, string> = {};
   let goodContainer = '';
@@ -108,7 +115,7 @@ describe('pod secrets: released by the broker to the measured pod only (real QEM
   };
 
   beforeAll(async () => {
-    const guest = guestDir();
+    guest = guestDir();
     node = await createNetworkNode();
     registry = await startRegistry();
     image = await pushBusyboxImage(registry, 'kata/secrets', '1.0', APPLETS);
@@ -199,7 +206,8 @@ ${certPem}
       'io.kata-ts.initdata': initdataAnnotation(doc(note)),
       'io.kata-ts.secrets/app': JSON.stringify([{ resource: `kbs:///${RESOURCE}`, path: SECRET_PATH }]),
     });
-    const goodConfig = podConfig(rt, 'secrets-good', { hostname: 'secrets-good', annotations: annotations('pod-secrets test: good') });
+    goodAnnotations = annotations('pod-secrets test: good');
+    const goodConfig = podConfig(rt, 'secrets-good', { hostname: 'secrets-good', annotations: goodAnnotations });
     const tamperedConfig = podConfig(rt, 'secrets-tampered', {
       hostname: 'secrets-tampered',
       annotations: annotations('pod-secrets test: goof'),
@@ -325,6 +333,60 @@ ${certPem}
     expect(refused.some((l) => JSON.stringify(l).includes('tpm_pcr8'))).toBe(true);
     expect(lines.some((l) => l.event === 'resource' && l.outcome === 'released' && JSON.stringify(l).includes(RESOURCE))).toBe(true);
   });
+
+  it(
+    'the same pod booted with one byte more on the command line, the kernel or the initrd is refused, naming the PCR',
+    async () => {
+      const cfg = JSON.parse(await fsp.readFile(rt.configPath, 'utf8')) as { hypervisor: Record<string, unknown> };
+      const original = { ...cfg.hypervisor };
+      // Copies of the guest's kernel with one byte appended and its initrd with zero bytes
+      // appended (gzip members end where they end; the kernel reads past trailing zeros).
+      const kernelCopy = path.join(rt.dir, 'vmlinuz.plus1');
+      await fsp.writeFile(kernelCopy, Buffer.concat([await fsp.readFile(path.join(guest, 'vmlinuz')), Buffer.from([0])]));
+      const initrdCopy = path.join(rt.dir, 'initramfs.plus-zeros.cpio.gz');
+      await fsp.writeFile(initrdCopy, Buffer.concat([await fsp.readFile(path.join(guest, 'initramfs.cpio.gz')), Buffer.alloc(512)]));
+      const variants: Array<{ name: string; hypervisor: Record<string, unknown>; pcr: string }> = [
+        { name: 'cmdline', hypervisor: { kernelParams: ['kata_ts_test.extra=1'] }, pcr: 'tpm_pcr9' },
+        { name: 'kernel', hypervisor: { kernelPath: kernelCopy }, pcr: 'tpm_pcr4' },
+        { name: 'initrd', hypervisor: { initrdPath: initrdCopy }, pcr: 'tpm_pcr9' },
+      ];
+      const outcomes: Record<string, { code?: number; details?: string }> = {};
+      try {
+        for (const v of variants) {
+          // The host's launch configuration changes under a daemon restart; the running pods stay.
+          await rt.stop();
+          await fsp.writeFile(rt.configPath, JSON.stringify({ ...cfg, hypervisor: { ...original, ...v.hypervisor } }));
+          await rt.start();
+          const config = podConfig(rt, `secrets-${v.name}`, { hostname: `secrets-${v.name}`, annotations: goodAnnotations });
+          const { pod_sandbox_id: id } = await rt.cri.runtime.RunPodSandbox(
+            { config, runtime_handler: HANDLER },
+            { deadline: Date.now() + scaledMs(300_000) },
+          );
+          sandboxes.push(id);
+          const cid = await createApp({ id, config });
+          outcomes[v.name] = await rt.cri.runtime.StartContainer({ container_id: cid }, { deadline: Date.now() + scaledMs(300_000) }).then(
+            () => ({ code: 0 }),
+            (err: { code?: number; details?: string }) => ({ code: err.code, details: err.details }),
+          );
+          // Its pod is done with: one variant's VM at a time.
+          await rt.cri.runtime.StopPodSandbox({ pod_sandbox_id: id });
+        }
+      } finally {
+        await rt.stop();
+        await fsp.writeFile(rt.configPath, JSON.stringify(cfg));
+        await rt.start();
+      }
+      for (const v of variants) {
+        const o = outcomes[v.name];
+        expect({ variant: v.name, code: o?.code }).toEqual({ variant: v.name, code: 9 });
+        expect(o?.details).toContain(`resource kbs:///${RESOURCE} for ${SECRET_PATH} was not released`);
+        expect(o?.details).toContain(v.pcr);
+        // The initdata is the good pod's: PCR 8 and init_data match.
+        expect(o?.details).not.toMatch(/tpm_pcr8|init_data/);
+      }
+    },
+    scaledMs(1_200_000),
+  );
 
   it("the secret's bytes are nowhere on the host but the broker's store: state dir, shared dirs, records, logs, outputs", async () => {
     const base64 = Buffer.from(secret).toString('base64');
