@@ -20,7 +20,7 @@
  */
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
-import { isReason } from '../common/errors.js';
+import { errorMessage, isReason } from '../common/errors.js';
 import type { Logger } from '../common/logger.js';
 import { isSameLiveProcess } from '../common/procfs.js';
 import type { LoadedConfig } from '../config/types.js';
@@ -31,6 +31,7 @@ import { readBundleConfig, type TaskRole, taskRole } from './bundle.js';
 import { type DeleteResult, EXIT_STATUS_KILLED } from './delete-response.js';
 import { hasContainerRecord, locatePod, podStateDir, readShimInfo, validateId, validateNamespace } from './paths.js';
 import { composePod, shimRequestContext } from './pod.js';
+import { removeStalePortForwardRules } from './port-forward.js';
 import { unmountRootfs } from './rootfs.js';
 import './reasons.js';
 
@@ -234,6 +235,14 @@ async function cleanPod(
       const containers = pod.containers.inSandbox(role.sandboxId);
       for (const c of containers) await pod.containers.remove(c.id, ctx);
       const sandbox = pod.sandboxes.list(null).some((s) => s.id === role.sandboxId);
+      const network = pod.sandboxes.find(role.sandboxId)?.record.network;
+      if (network?.kind === 'joined') {
+        // The dead shim's port-forward rule (its helper ended with it) goes with the pod.
+        await removeStalePortForwardRules(network.netnsPath).catch((err: unknown) =>
+          // containerd may have removed the namespace already, and the rule with it.
+          log.info({ err: errorMessage(err) }, 'port-forward rule not removed'),
+        );
+      }
       if (sandbox) {
         await pod.sandboxes.stop(role.sandboxId, ctx);
         await pod.sandboxes.remove(role.sandboxId, ctx);

@@ -107,9 +107,37 @@ function iptablesIn(netnsPath: string, args: string[]): string[] {
   return ['nsenter', `--net=${callerPath(netnsPath)}`, '--', 'iptables', ...args];
 }
 
+/**
+ * The delete arguments of every rule of ours in `iptables -S OUTPUT` output (pure): lines carrying
+ * our comment, `-A` turned into `-D`. Lines of anyone else are never touched.
+ */
+export function planStaleRuleRemoval(listing: string): string[][] {
+  const out: string[][] = [];
+  for (const line of listing.split('\n')) {
+    const words = line.trim().split(/\s+/);
+    if (words[0] !== '-A' || words[1] !== 'OUTPUT') continue;
+    const at = words.indexOf('--comment');
+    if (at < 0 || words[at + 1] !== PORT_FORWARD_RULE_COMMENT) continue;
+    out.push(['-w', '-t', 'nat', '-D', ...words.slice(1)]);
+  }
+  return out;
+}
+
+/**
+ * Remove rules of ours left in the pod's namespace (a shim that died cannot remove its own; its
+ * helper ended with it, so such a rule leads nowhere). Returns how many were removed.
+ */
+export async function removeStalePortForwardRules(netnsPath: string): Promise<number> {
+  const listing = await run(iptablesIn(netnsPath, ['-w', '-t', 'nat', '-S', 'OUTPUT']), 'NETNS_FAILED');
+  const removals = planStaleRuleRemoval(listing);
+  for (const args of removals) await run(iptablesIn(netnsPath, args), 'NETNS_FAILED');
+  return removals.length;
+}
+
 /** Make the door; on any failure what was made is removed again and the error thrown. */
 export async function openPortForwardDoor(options: PortForwardDoorOptions): Promise<PortForwardDoor> {
   const socketPath = path.join(options.stateDir, PORT_FORWARD_SOCKET);
+  await removeStalePortForwardRules(options.netnsPath);
   const undo: (() => Promise<void>)[] = [];
   const rollback = async () => {
     for (const step of undo.reverse()) await step().catch(() => undefined);

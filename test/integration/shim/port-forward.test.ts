@@ -18,7 +18,12 @@ import path from 'node:path';
 import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { PodSandboxConfig } from '../../../src/generated/runtime/v1/PodSandboxConfig.js';
-import { PORT_FORWARD_RULE_COMMENT, PORT_FORWARD_SOCKET } from '../../../src/shim/port-forward.js';
+import {
+  PORT_FORWARD_RULE_COMMENT,
+  PORT_FORWARD_SOCKET,
+  planPortForwardRule,
+  removeStalePortForwardRules,
+} from '../../../src/shim/port-forward.js';
 import { pushBusyboxImage } from '../../helpers/busybox-image.js';
 import { containerdMissing, KATA_TS_HANDLER } from '../../helpers/containerd.js';
 import { until } from '../../helpers/poll.js';
@@ -214,5 +219,35 @@ describe.skipIf(MISSING !== null || NOT_BUILT !== null)("containerd's port-forwa
     expect(existsSync(path.join(podDir, PORT_FORWARD_SOCKET))).toBe(false);
     await node.cri.runtime.RemovePodSandbox({ pod_sandbox_id: podId });
     podId = '';
+  });
+
+  it("a rule a dead shim left is found by its comment and removed; anyone else's rule stays", async () => {
+    const ns = `/proc/${holder!.pid}/ns/net`;
+    const stale = planPortForwardRule('-A', 4000);
+    const other = [
+      '-w',
+      '-t',
+      'nat',
+      '-A',
+      'OUTPUT',
+      '-o',
+      'lo',
+      '-p',
+      'tcp',
+      '-d',
+      '127.0.0.1/32',
+      '--dport',
+      '5000',
+      '-j',
+      'REDIRECT',
+      '--to-ports',
+      '5001',
+    ];
+    await inPodNetns(['iptables', ...stale]);
+    await inPodNetns(['iptables', ...other]);
+    expect(await removeStalePortForwardRules(ns)).toBe(1);
+    const left = await inPodNetns(['iptables', '-w', '-t', 'nat', '-S', 'OUTPUT']);
+    expect(left).not.toContain(PORT_FORWARD_RULE_COMMENT);
+    expect(left).toContain('--to-ports 5001');
   });
 });
