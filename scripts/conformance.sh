@@ -14,6 +14,10 @@
 #                         checkout of a git worktree)
 #   CRITEST_IMAGES        critest-images.py (default: beside the critest binary, else in that
 #                         shared/cri-tools/)
+#   CONFORMANCE_CONTAINERD  with --containerd / --containerd-runc: the containerd release, 1.6
+#                         (default: Debian 12's, on PATH, judged by test/conformance/containerd/),
+#                         1.7 (trixie's) or 2.1 (sid's), fetched into .cache/debs by apt's own
+#                         client and judged by test/conformance/containerd/<release>/
 #   CONFORMANCE_PARALLEL  critest processes, each on its share of the specs (default 2)
 #   CONFORMANCE_TIMEOUT   critest's suite timeout (ginkgo duration, default 45m)
 #   CONFORMANCE_OUT       where the reports and logs are kept (default /tmp/kata-ts-conformance)
@@ -128,6 +132,19 @@ if [[ -z $busybox ]]; then
   fi
 fi
 
+release=${CONFORMANCE_CONTAINERD:-1.6}
+if [[ $mode != standalone ]]; then
+  case $release in
+    1.6) ;;
+    1.7 | 2.1)
+      label="$label $release"
+      # Fetched (or found in the cache) here, while the archive is reachable: the run itself is
+      # loopback only.
+      node --import tsx scripts/conformance/fetch-release.ts "$release" ;;
+    *) echo "conformance: CONFORMANCE_CONTAINERD must be 1.6, 1.7 or 2.1, not '$release'" >&2 && exit 2 ;;
+  esac
+fi
+
 if [[ $mode == containerd ]]; then
   # containerd starts the shim for every pod and runs `shim delete` with a short timeout: the shim
   # of this checkout runs compiled, as installed (dist/ is not tracked), not through tsx.
@@ -151,7 +168,7 @@ set +e
 # Inside the private mount namespace (whose mounts unshare made private copies) / is made rshared,
 # as systemd makes a host's mounts: the runtime's own mount namespace, which `kata-ts serve` makes
 # as a slave of this one (mountNamespacePath in the run's work dir), receives critest's mounts.
-KTC_MODE=$mode KTC_WORK=$work TMPDIR=$work CRITEST=$critest CRITEST_IMAGES=$images CONFORMANCE_BUSYBOX=$busybox \
+KTC_MODE=$mode CONFORMANCE_CONTAINERD=$release KTC_WORK=$work TMPDIR=$work CRITEST=$critest CRITEST_IMAGES=$images CONFORMANCE_BUSYBOX=$busybox \
   CONFORMANCE_PARALLEL=${CONFORMANCE_PARALLEL:-2} \
   unshare --mount --ipc --net --fork -- \
   bash -c 'ip link set lo up && mount --make-rshared / && exec node --import tsx scripts/conformance/run.ts "$@"' conformance "$@"

@@ -297,12 +297,29 @@ export function referenceFailures(specs: SpecResult[], reference: string[], notA
 }
 
 /** The lines saying which reference specs the kata-ts handler failed (none when it failed none). */
-export function referenceGap(specs: SpecResult[], reference: string[], notApplicable: NotApplicable[]): string[] {
+export function referenceGap(
+  specs: SpecResult[],
+  reference: string[],
+  notApplicable: NotApplicable[],
+  referenceFile = 'test/conformance/containerd/runc-reference.txt',
+): string[] {
   const failed = referenceFailures(specs, reference, notApplicable);
   if (failed.length === 0) return [];
-  return [
-    '',
-    'passed by containerd + runc (test/conformance/containerd/runc-reference.txt), failed with the kata-ts handler:',
-    ...failed.map((s) => `  ${s.name}`),
-  ];
+  return ['', `passed by containerd + runc (${referenceFile}), failed with the kata-ts handler:`, ...failed.map((s) => `  ${s.name}`)];
+}
+
+/**
+ * The pass counts of one release compared, over the reference specs this run ran (a focused run
+ * compares only what it ran): the kata-ts handler must pass at least as many as runc did, minus
+ * those not-applicable.txt exempts. One line, `holds` or `FAILS`, with the three counts.
+ */
+export function referenceComparison(specs: SpecResult[], reference: string[], notApplicable: NotApplicable[]): string {
+  const byName = new Map(specs.map((s) => [s.name, s]));
+  const exempt = new Set(notApplicable.map((n) => n.name));
+  const ran = reference.map((n) => byName.get(n)).filter((s): s is SpecResult => s !== undefined && !s.filtered);
+  const exemptRan = ran.filter((s) => exempt.has(s.name)).length;
+  const passed = ran.filter((s) => s.state === 'passed').length;
+  const needed = ran.length - exemptRan;
+  const verdict = passed >= needed && referenceFailures(specs, reference, notApplicable).length === 0 ? 'holds' : 'FAILS';
+  return `runc comparison ${verdict}: kata-ts passed ${passed} of the ${ran.length} runc-reference specs run; needed ${needed} (${ran.length} minus ${exemptRan} not applicable to a VM)`;
 }

@@ -11,6 +11,7 @@ import {
   parseNotApplicable,
   parseReports,
   ratchetFails,
+  referenceComparison,
   referenceFailures,
   referenceGap,
   updatedExpected,
@@ -180,8 +181,12 @@ describe('ratchet files', () => {
     expect(expected.every((n) => n.startsWith('[k8s.io] '))).toBe(true);
   });
 
-  it('the containerd ratchet parses, and the runc reference lists no spec the offline limits exempt', () => {
-    const dir = path.join(packageRoot(), 'test/conformance/containerd');
+  it.each([
+    ['1.6', 'test/conformance/containerd'],
+    ['1.7', 'test/conformance/containerd/1.7'],
+    ['2.1', 'test/conformance/containerd/2.1'],
+  ])('the containerd %s ratchet parses, and its runc reference lists no spec the offline limits exempt', (_release, rel) => {
+    const dir = path.join(packageRoot(), rel);
     const expected = parseExpected(readFileSync(path.join(dir, 'expected.txt'), 'utf8'));
     const reference = parseExpected(readFileSync(path.join(dir, 'runc-reference.txt'), 'utf8'));
     const na = parseNotApplicable(readFileSync(path.join(dir, 'not-applicable.txt'), 'utf8'));
@@ -209,5 +214,22 @@ describe('the runc reference', () => {
     expect(referenceFailures(specs, reference, exempt).map((s) => s.name)).toEqual(failedNames.slice(1));
     expect(referenceGap(specs, passedNames, [])).toEqual([]);
     expect(referenceGap(specs, reference, exempt).slice(2)).toEqual(failedNames.slice(1).map((n) => `  ${n}`));
+  });
+
+  it('compares pass counts over the reference specs that ran: holds only when every non-exempt one passed', () => {
+    const failedNames = specs.filter((s) => s.state === 'failed').map((s) => s.name);
+    const passedNames = specs.filter((s) => s.state === 'passed').map((s) => s.name);
+    const reference = [...failedNames, ...passedNames, '[k8s.io] a reference spec this run did not have'];
+    const ran = failedNames.length + passedNames.length;
+    expect(referenceComparison(specs, passedNames, [])).toBe(
+      `runc comparison holds: kata-ts passed ${passedNames.length} of the ${passedNames.length} runc-reference specs run; needed ${passedNames.length} (${passedNames.length} minus 0 not applicable to a VM)`,
+    );
+    expect(referenceComparison(specs, reference, [])).toMatch(/^runc comparison FAILS: /);
+    const exemptAll = failedNames.map((name) => ({ name, reason: 'a VM cannot', accepted: '' }));
+    expect(referenceComparison(specs, reference, exemptAll)).toBe(
+      `runc comparison holds: kata-ts passed ${passedNames.length} of the ${ran} runc-reference specs run; needed ${passedNames.length} (${ran} minus ${failedNames.length} not applicable to a VM)`,
+    );
+    // Exempting one failure is not enough while another non-exempt reference spec failed.
+    expect(referenceComparison(specs, reference, exemptAll.slice(1))).toMatch(/^runc comparison FAILS: /);
   });
 });
