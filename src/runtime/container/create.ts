@@ -16,7 +16,7 @@ import { admissionError, admitAnnounced, containerDemand } from '../admission/in
 import type { RequestContext } from '../context.js';
 import { applyResize, type ResizePlan, resizeCheckpoint, revertResize } from '../resize/index.js';
 import { RollbackSteps } from '../rollback.js';
-import { POD_SECRETS_ANNOTATION_PREFIX, type PodSecretMount, podSecretsFor } from '../sandbox/pod-secrets.js';
+import { POD_SECRETS_ANNOTATION, type PodSecretMount, podSecretsFor } from '../sandbox/pod-secrets.js';
 import { nowNs } from '../sandbox/record.js';
 import type { SandboxHandle } from '../sandbox/types.js';
 import type { ContainerSpec } from '../spec/container.js';
@@ -229,8 +229,8 @@ function checkSecretPaths(secrets: readonly PodSecretMount[], spec: ContainerSpe
       if (p === secret.path || p.startsWith(`${secret.path}/`) || secret.path.startsWith(`${p.replace(/\/+$/, '')}/`)) {
         throw invalid(
           'POD_SECRETS_ANNOTATION_INVALID',
-          `annotation ${POD_SECRETS_ANNOTATION_PREFIX}${name}: path ${JSON.stringify(secret.path)} overlaps ${mountField(i, p)}; a secret's file needs a place of its own`,
-          { details: { field: `annotations["${POD_SECRETS_ANNOTATION_PREFIX}${name}"]` } },
+          `annotation ${POD_SECRETS_ANNOTATION}: container ${JSON.stringify(name)}'s path ${JSON.stringify(secret.path)} overlaps ${mountField(i, p)}; a secret's file needs a place of its own`,
+          { details: { field: `annotations["${POD_SECRETS_ANNOTATION}"]` } },
         );
       }
     }

@@ -34,7 +34,7 @@ export interface ContainerGuestPlan {
   bindMounts: string[];
   /**
    * The broker resources the agent places in the container as read-only files (the pod's
-   * `io.kata-ts.secrets/<name>` annotation for this container's name): names and paths only.
+   * `io.kata-ts.secrets` annotation, under this container's name): names and paths only.
    * Absent: none.
    */
   secrets?: PodSecretMount[];

@@ -1,6 +1,6 @@
 /**
  * The pod annotations that ask for broker resources as files in a container
- * (`io.kata-ts.secrets/<container name>`, docs/confidential.md), decoded once at RunPodSandbox
+ * (`io.kata-ts.secrets`, docs/attestation.md), decoded once at RunPodSandbox
  * into typed values the sandbox record carries; CreateContainer looks its container up by name
  * and hands the list to the agent (CreateContainerRequest.secrets). Pure: no file, no network.
  *
@@ -17,15 +17,19 @@ import type { Initdata, InitdataTeeKind } from '../../measure/initdata.js';
 import '../reasons.js';
 
 /**
- * The annotation key's prefix: the full key is `io.kata-ts.secrets/<container name>`. The part
- * after the slash is the Kubernetes "name" part of a qualified key (at most 63 characters), which
- * a container name (an RFC 1123 label, at most 63) always fits; the prefix is a DNS subdomain.
+ * The annotation: one key for the whole pod, its value a JSON object from container name to that
+ * container's list. One key, not one per container: behind containerd a pod annotation reaches
+ * the runtime only when the runtime's `pod_annotations` patterns match it, Go's path matching
+ * where `io.kata-ts.*` matches no key with a `/` in it; and a key with the container name in its
+ * name part would leave a 63-character container name no room.
  */
-export const POD_SECRETS_ANNOTATION_PREFIX = 'io.kata-ts.secrets/';
+export const POD_SECRETS_ANNOTATION = 'io.kata-ts.secrets';
 /** At most this many resources per container. */
 export const POD_SECRETS_MAX_PER_CONTAINER = 16;
-/** At most this many characters in one annotation's value (Kubernetes allows 256 KiB for all of them). */
-export const POD_SECRETS_ANNOTATION_MAX_CHARS = 16 * 1024;
+/** At most this many containers named in the annotation. */
+export const POD_SECRETS_MAX_CONTAINERS = 64;
+/** At most this many characters in the annotation's value (Kubernetes allows 256 KiB for all of them). */
+export const POD_SECRETS_ANNOTATION_MAX_CHARS = 64 * 1024;
 /** The longest container path accepted (PATH_MAX is 4096; a mount target far shorter suffices). */
 export const POD_SECRET_PATH_MAX_CHARS = 1024;
 /** A container name as Kubernetes spells it (an RFC 1123 label). */
@@ -64,71 +68,81 @@ function containerPathProblem(p: string): string | null {
   return null;
 }
 
-/** One annotation's value -> its mounts; throws POD_SECRETS_ANNOTATION_INVALID naming the annotation. */
-export function parsePodSecretsAnnotation(annotation: string, value: string): PodSecretMount[] {
-  if (value.length > POD_SECRETS_ANNOTATION_MAX_CHARS)
-    refuse(annotation, `value is ${value.length} characters, more than the ${POD_SECRETS_ANNOTATION_MAX_CHARS} allowed`);
-  let list: unknown;
-  try {
-    list = JSON.parse(value);
-  } catch (err) {
-    refuse(annotation, `value is not JSON (${(err as Error).message})`);
-  }
-  if (!Array.isArray(list)) refuse(annotation, 'value must be a JSON array of {"resource", "path"} objects');
-  if (list.length === 0) refuse(annotation, 'the list is empty; drop the annotation instead');
+/** One container's list (already parsed JSON) -> its mounts; `at` names it in messages. */
+function parseContainerList(annotation: string, at: string, list: unknown): PodSecretMount[] {
+  if (!Array.isArray(list)) refuse(annotation, `${at} must be a JSON array of {"resource", "path"} objects`);
+  if (list.length === 0) refuse(annotation, `${at} is an empty list; leave the container out instead`);
   if (list.length > POD_SECRETS_MAX_PER_CONTAINER)
-    refuse(annotation, `names ${list.length} resources, more than the ${POD_SECRETS_MAX_PER_CONTAINER} allowed per container`);
+    refuse(annotation, `${at} names ${list.length} resources, more than the ${POD_SECRETS_MAX_PER_CONTAINER} allowed per container`);
   const mounts: PodSecretMount[] = [];
-  list.forEach((item: unknown, i) => {
-    const at = `[${i}]`;
-    if (typeof item !== 'object' || item === null || Array.isArray(item)) refuse(annotation, `${at} is not an object`);
+  list.forEach((item: unknown, n) => {
+    const i = `${at}[${n}]`;
+    if (typeof item !== 'object' || item === null || Array.isArray(item)) refuse(annotation, `${i} is not an object`);
     const entry = item as Record<string, unknown>;
     const extra = Object.keys(entry).filter((k) => k !== 'resource' && k !== 'path');
-    if (extra.length > 0) refuse(annotation, `${at} has unknown field "${extra[0]}" (only "resource" and "path")`);
-    if (typeof entry.resource !== 'string') refuse(annotation, `${at}.resource must be a string (kbs:///<repository>/<type>/<tag>)`);
-    if (typeof entry.path !== 'string') refuse(annotation, `${at}.path must be a string (an absolute path in the container)`);
+    if (extra.length > 0) refuse(annotation, `${i} has unknown field "${extra[0]}" (only "resource" and "path")`);
+    if (typeof entry.resource !== 'string') refuse(annotation, `${i}.resource must be a string (kbs:///<repository>/<type>/<tag>)`);
+    if (typeof entry.path !== 'string') refuse(annotation, `${i}.path must be a string (an absolute path in the container)`);
     let uri: ReturnType<typeof parseResourceUri>;
     try {
-      uri = parseResourceUri(entry.resource, `${at}.resource`);
+      uri = parseResourceUri(entry.resource, `${i}.resource`);
     } catch (err) {
       refuse(annotation, (err as Error).message);
     }
     if (uri.authority !== null)
       refuse(
         annotation,
-        `${at}.resource ${JSON.stringify(entry.resource)} names a host: the broker is the one the initdata names, so write kbs:///${formatResourcePath(uri.path)}`,
+        `${i}.resource ${JSON.stringify(entry.resource)} names a host: the broker is the one the initdata names, so write kbs:///${formatResourcePath(uri.path)}`,
       );
     const problem = containerPathProblem(entry.path);
-    if (problem !== null) refuse(annotation, `${at}.path ${JSON.stringify(entry.path)} ${problem}`);
+    if (problem !== null) refuse(annotation, `${i}.path ${JSON.stringify(entry.path)} ${problem}`);
     mounts.push({ resource: formatResourcePath(uri.path), path: entry.path });
   });
   // Two files at one path, or a file where another needs a directory: neither can be mounted.
   for (const [i, a] of mounts.entries()) {
     for (const [j, b] of mounts.entries()) {
       if (j <= i) continue;
-      if (a.path === b.path) refuse(annotation, `[${j}].path ${JSON.stringify(b.path)} is also [${i}].path`);
+      if (a.path === b.path) refuse(annotation, `${at}[${j}].path ${JSON.stringify(b.path)} is also ${at}[${i}].path`);
       const [outer, inner, oi, ii] = a.path.length < b.path.length ? [a, b, i, j] : [b, a, j, i];
       if (inner.path.startsWith(`${outer.path}/`))
         refuse(
           annotation,
-          `[${ii}].path ${JSON.stringify(inner.path)} is under [${oi}].path ${JSON.stringify(outer.path)}, which is a file`,
+          `${at}[${ii}].path ${JSON.stringify(inner.path)} is under ${at}[${oi}].path ${JSON.stringify(outer.path)}, which is a file`,
         );
     }
   }
   return mounts;
 }
 
-/** The pod's secret annotations decoded (pure; {} without any). Every problem names its annotation. */
-export function podSecretsFromAnnotations(annotations: Readonly<Record<string, string>> | undefined): PodSecrets {
+/** The annotation's value -> per container its mounts; throws POD_SECRETS_ANNOTATION_INVALID naming the annotation. */
+export function parsePodSecretsAnnotation(value: string, annotation = POD_SECRETS_ANNOTATION): PodSecrets {
+  if (value.length > POD_SECRETS_ANNOTATION_MAX_CHARS)
+    refuse(annotation, `value is ${value.length} characters, more than the ${POD_SECRETS_ANNOTATION_MAX_CHARS} allowed`);
+  let doc: unknown;
+  try {
+    doc = JSON.parse(value);
+  } catch (err) {
+    refuse(annotation, `value is not JSON (${(err as Error).message})`);
+  }
+  if (typeof doc !== 'object' || doc === null || Array.isArray(doc))
+    refuse(annotation, 'value must be a JSON object from container name to its list of {"resource", "path"}');
+  const names = Object.keys(doc);
+  if (names.length === 0) refuse(annotation, 'names no container; drop the annotation instead');
+  if (names.length > POD_SECRETS_MAX_CONTAINERS)
+    refuse(annotation, `names ${names.length} containers, more than the ${POD_SECRETS_MAX_CONTAINERS} allowed`);
   const out: PodSecrets = {};
-  for (const [key, value] of Object.entries(annotations ?? {})) {
-    if (!key.startsWith(POD_SECRETS_ANNOTATION_PREFIX)) continue;
-    const name = key.slice(POD_SECRETS_ANNOTATION_PREFIX.length);
+  for (const name of names) {
     if (!CONTAINER_NAME.test(name))
-      refuse(key, `${JSON.stringify(name)} is not a container name (lower-case letters, digits and '-', at most 63 characters)`);
-    out[name] = parsePodSecretsAnnotation(key, value);
+      refuse(annotation, `${JSON.stringify(name)} is not a container name (lower-case letters, digits and '-', at most 63 characters)`);
+    out[name] = parseContainerList(annotation, JSON.stringify(name), (doc as Record<string, unknown>)[name]);
   }
   return out;
+}
+
+/** The pod's secret annotation decoded (pure; {} without it). Every problem names the annotation. */
+export function podSecretsFromAnnotations(annotations: Readonly<Record<string, string>> | undefined): PodSecrets {
+  const value = annotations?.[POD_SECRETS_ANNOTATION];
+  return value === undefined ? {} : parsePodSecretsAnnotation(value);
 }
 
 /**
@@ -157,12 +171,11 @@ export function initdataBrokerUrl(initdata: Initdata): string | null {
 /**
  * A pod's secrets, judged against what the pod can attest with: refused on a handler without a
  * TEE (nothing would measure the guest that asks the broker) and without an initdata that names
- * a broker (the guest would have no one to ask). Names the first secret annotation.
+ * a broker (the guest would have no one to ask). Names the annotation.
  */
 export function checkPodSecretsAttestable(secrets: PodSecrets, tee: InitdataTeeKind, handler: string, initdata: Initdata | null): void {
-  const first = Object.keys(secrets)[0];
-  if (first === undefined) return;
-  const annotation = `${POD_SECRETS_ANNOTATION_PREFIX}${first}`;
+  if (Object.keys(secrets).length === 0) return;
+  const annotation = POD_SECRETS_ANNOTATION;
   const details = { field: `annotations["${annotation}"]`, handler };
   if (tee === 'none')
     throw invalid(

@@ -152,7 +152,7 @@ export interface SandboxRecord {
   referenceValues?: ReferenceValues | null;
   /**
    * The broker resources the pod's containers need as files, per container name, decoded from
-   * its `io.kata-ts.secrets/<name>` annotations at RunPodSandbox (src/runtime/sandbox/pod-secrets.ts).
+   * its `io.kata-ts.secrets` annotation at RunPodSandbox (src/runtime/sandbox/pod-secrets.ts).
    * Names and paths only, never a resource's bytes. Absent: none asked (or recorded before).
    */
   podSecrets?: PodSecrets;

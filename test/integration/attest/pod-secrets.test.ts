@@ -9,7 +9,7 @@
  * - Before anything boots, `kata-ts plan --measurements` predicts the good pod's launch; that
  *   prediction is the broker's only reference set, and the policy lets it alone read the
  *   resource. Both pods carry an initdata naming the broker (URL and certificate) and the
- *   annotation `io.kata-ts.secrets/app` asking for the resource at /run/secrets/db-password.
+ *   annotation `io.kata-ts.secrets` asking, for its container `app`, for the resource at /run/secrets/db-password.
  * - The good pod's container has the file: its sha256, computed in the guest, equals the
  *   secret's (the bytes themselves never travel to the host), mode 0400, read-only.
  * - The other pod's initdata differs by one byte: its container does not start; StartContainer's
@@ -204,7 +204,7 @@ ${certPem}
 `;
     const annotations = (note: string) => ({
       'io.kata-ts.initdata': initdataAnnotation(doc(note)),
-      'io.kata-ts.secrets/app': JSON.stringify([{ resource: `kbs:///${RESOURCE}`, path: SECRET_PATH }]),
+      'io.kata-ts.secrets': JSON.stringify({ app: [{ resource: `kbs:///${RESOURCE}`, path: SECRET_PATH }] }),
     });
     goodAnnotations = annotations('pod-secrets test: good');
     const goodConfig = podConfig(rt, 'secrets-good', { hostname: 'secrets-good', annotations: goodAnnotations });
