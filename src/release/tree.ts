@@ -22,6 +22,8 @@ export const REQUIRED_FILES = [
   'dist/shim/main.js',
   // The jailer every confined QEMU starts through (scripts/build-native.sh).
   'dist/native/kata-ts-jailer',
+  // containerd's port-forward into a pod's guest (src/shim/port-forward.ts; scripts/build-native.sh).
+  'dist/native/kata-ts-portfwd',
 ];
 
 export interface TreeEntry {
