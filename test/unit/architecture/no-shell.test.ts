@@ -39,6 +39,8 @@ const AUDITED: Record<string, string> = {
   'src/runtime/sandbox/jail.ts':
     'mount --all --fstab <a file under the state dir, fields escaped>; cp -a --parents of fixed /dev names and vfio/<group number> after "--"',
   'src/runtime/sandbox/shared-dir.ts': 'mount/umount of the sandbox shared dir (a path under the state dir)',
+  'src/shim/port-forward.ts':
+    "nsenter --net=<the pod's namespace, containerd's path> -- kata-ts-portfwd --socket <under the pod state dir>; the same nsenter -- iptables with a fixed rule (numbers only) or the listed rules carrying our comment",
   'src/shim/rootfs.ts':
     "mount/umount: containerd's rootfs mounts (overlay or bind only, options checked for commas) after '--', at <bundle>/rootfs",
   'src/shim/main.ts': "this shim binary again, detached, with delete's own arguments and the action cleanup",
