@@ -76,7 +76,7 @@ describe.skipIf(!AVAILABLE)(`a pod on an agent of the previous API (${OLDER}) un
       hostname: 'compat',
       annotations: {
         'io.kata-ts.initdata': gzipSync(Buffer.from(INITDATA)).toString('base64'),
-        'io.kata-ts.secrets/secret-app': JSON.stringify([{ resource: 'kbs:///default/db/password', path: '/run/secrets/p' }]),
+        'io.kata-ts.secrets': JSON.stringify({ 'secret-app': [{ resource: 'kbs:///default/db/password', path: '/run/secrets/p' }] }),
       },
     });
     // One PID namespace for the pod (shareProcessNamespace), so that a container sees the pod's processes.
