@@ -106,6 +106,8 @@ export async function runAgent(
     ...(openTpm === undefined ? {} : { openTpm }),
     // Containers' secrets need a real guest (its /run, mount) and an attester to fetch them through.
     ...(pods === undefined || attester === undefined ? {} : { secrets: new SecretVolumes(logger, () => attester) }),
+    // A broker on the pod network becomes reachable when the network is configured.
+    ...(attester === undefined ? {} : { onNetworkConfigured: () => attester.nudge() }),
   });
   if (env.KATA_TS_AGENT_LISTEN) {
     const server = net.createServer((socket) => serveDuplex(socket, (session) => service.attach(session)));

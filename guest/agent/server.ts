@@ -39,6 +39,8 @@ export interface AgentServiceOptions {
   pods?: PodService;
   /** ConfigureNetwork; absent: that call answers UNIMPLEMENTED (unit tests). */
   network?: GuestNetwork;
+  /** Told after ConfigureNetwork succeeded (the attester retries a broker it could not reach yet). */
+  onNetworkConfigured?: () => void;
   /** How PortForward reaches a port; the guest's loopback by default. */
   connectPort?: (port: number) => net.Socket;
   /**
@@ -236,7 +238,10 @@ export class AgentService {
       ConfigureNetwork: (req) => {
         if (this.options.network === undefined)
           throw unimplemented('AGENT_NO_NETWORK_SERVICE', 'this agent build cannot configure networks.');
-        return this.options.network.configure(req);
+        return this.options.network.configure(req).then((res) => {
+          this.options.onNetworkConfigured?.();
+          return res;
+        });
       },
     };
   }

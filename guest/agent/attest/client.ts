@@ -131,6 +131,8 @@ export class AttestClient {
   private lastError: { reason: string; message: string } | null = null;
   private readonly retry: RetryPolicy;
   private readonly sleep: (ms: number) => Promise<void>;
+  /** Retries waiting for their backoff, woken early by `nudge`. */
+  private readonly waiting = new Set<() => void>();
 
   constructor(private readonly o: AttestClientOptions) {
     this.retry = o.retry ?? DEFAULT_RETRY;
@@ -146,6 +148,15 @@ export class AttestClient {
     };
   }
 
+  /**
+   * Something that may make the broker reachable happened (the pod network came up, a container
+   * waits for a resource): a retry waiting for its backoff is made now, its backoff starting over.
+   */
+  nudge(): void {
+    for (const wake of this.waiting) wake();
+    this.waiting.clear();
+  }
+
   /** Attests unless a session is live; callers during an attestation share it. */
   attest(): Promise<void> {
     return this.ensureSession().then(() => undefined);
@@ -159,6 +170,8 @@ export class AttestClient {
   async resource(name: string): Promise<Buffer> {
     const path = parseResourceName(name);
     const shown = formatResourcePath(path);
+    // A container now waits on the broker: an attestation at start still backing off retries now.
+    this.nudge();
     try {
       let session = await this.ensureSession();
       let res = await this.exchange({ method: 'GET', path: resourceUrlPath(path), sessionId: session.id });
@@ -256,8 +269,14 @@ export class AttestClient {
         { attempt, delayMs: delay, err: retryable instanceof Error ? retryable.message : String(retryable) },
         'broker not reached yet: retrying',
       );
-      await this.sleep(delay);
-      delay = Math.min(delay * 2, this.retry.maxDelayMs);
+      let wake = (): void => undefined;
+      const woken = new Promise<boolean>((resolve) => {
+        wake = () => resolve(true);
+        this.waiting.add(wake);
+      });
+      const early = await Promise.race([this.sleep(delay).then(() => false), woken]);
+      this.waiting.delete(wake);
+      delay = early ? this.retry.firstDelayMs : Math.min(delay * 2, this.retry.maxDelayMs);
     }
   }
 

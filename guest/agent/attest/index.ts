@@ -44,6 +44,11 @@ export interface Attester {
   start(): void;
   status(): AttesterStatus;
   /**
+   * The broker may be reachable now (the agent calls it when the pod network is configured): a
+   * request waiting out its backoff is retried at once. Does nothing when attestation is off.
+   */
+  nudge(): void;
+  /**
    * The resource `name` (`kbs:///repo/type/tag` or `repo/type/tag`), decrypted, in memory.
    * Throws a KataError: ATTEST_OFF (no broker named), ATTEST_CONFIG_INVALID (naming the key),
    * ATTEST_RESOURCE_PATH_INVALID, ATTEST_BROKER_UNREACHABLE, ATTEST_REFUSED (evidence refused,
@@ -143,6 +148,9 @@ export function createAttester(o: AttesterOptions): Attester {
           'attestation at start failed; a resource request attests again',
         );
       });
+    },
+    nudge() {
+      client?.nudge();
     },
     status() {
       if (client === null)

@@ -194,6 +194,40 @@ describe('the attester client', () => {
     expect(c.status().state).toBe('attested');
   });
 
+  it('a nudge (the pod network came up, a container waits) cuts a backoff short and starts it over', async () => {
+    const b = new ScriptedBroker();
+    b.script.push(
+      () => Promise.reject(unreachable()),
+      () => Promise.reject(unreachable()),
+      () => Promise.reject(unreachable()),
+    );
+    // Sleeps that never end by themselves: only a nudge moves the client on.
+    const sleeps: number[] = [];
+    const { c } = client(b, {
+      sleep: (ms) => {
+        sleeps.push(ms);
+        return new Promise<void>(() => undefined);
+      },
+    });
+    const attested = c.attest();
+    const waitForSleeps = async (n: number) => {
+      for (let i = 0; i < 100 && sleeps.length < n; i++) await new Promise((r) => setImmediate(r));
+      expect(sleeps).toHaveLength(n);
+    };
+    await waitForSleeps(1);
+    c.nudge();
+    await waitForSleeps(2);
+    c.nudge();
+    await waitForSleeps(3);
+    // A resource request nudges too: the third backoff ends without an explicit nudge.
+    const got = c.resource('default/key/one');
+    await attested;
+    expect((await got).equals(SECRET)).toBe(true);
+    // Each backoff started over at the first delay instead of doubling.
+    expect(sleeps).toEqual([500, 500, 500]);
+    expect(b.count('/kbs/v0/auth')).toBe(4);
+  });
+
   it('gives up when the budget is spent, saying how often it tried; the next call tries again', async () => {
     const b = new ScriptedBroker();
     for (let i = 0; i < 20; i++) b.script.push(() => Promise.reject(unreachable()));
