@@ -32,6 +32,7 @@ APT_PACKAGES=(
   protobuf-compiler ca-certificates shellcheck
   containerd runc # test/integration/ttrpc: our ttrpc client against containerd itself
   ovmf swtpm swtpm-tools tpm2-tools # the confidential lab's vtpm profile: UEFI firmware, a TPM per pod, quotes checked on the host
+  jq # docs/confidential.md's worked example builds its pod JSON with it
 )
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
