@@ -1,6 +1,6 @@
 /**
  * Every bench, in sequence: bench/sizing.ts, bench/boot.ts, bench/guest-boot.ts,
- * bench/pod-container.ts, bench/shim.ts, bench/confine.ts, bench/vtpm.ts, bench/attest.ts (what `npm run bench` runs). Options are passed through to the benches that take them; `--only NAME` runs one.
+ * bench/pod-container.ts, bench/shim.ts, bench/confine.ts, bench/vtpm.ts, bench/attest.ts, bench/attest-pod.ts (what `npm run bench` runs). Options are passed through to the benches that take them; `--only NAME` runs one.
  *
  *   node --import tsx bench/run.ts [--rounds N] [--round-ms MS] [--bare-mode direct|paused]
  *                                  [--rss-pods N] [--ready-timeout-ms MS] [--only NAME] [--json]
@@ -23,6 +23,7 @@ const BENCHES = {
   confine: ['rounds', 'json'],
   vtpm: ['rounds', 'json'],
   attest: ['json'],
+  'attest-pod': ['rounds', 'json'],
 } as const;
 type BenchName = keyof typeof BENCHES;
 
