@@ -65,6 +65,22 @@ function single(text: string | undefined): bigint {
 }
 
 /** The oom_kill count of a cgroup (0 when the memory controller is absent). */
+/**
+ * Kills every process left in a container's cgroup (cgroup v2 `cgroup.kill`, Linux 5.14), as
+ * runc's shim does when a container's init exits and the container shares a PID namespace: its
+ * other processes would otherwise live on, holding the container's output open, so that its
+ * output never ends and containerd 1.7/2.x, which waits for that end, never finishes stopping it.
+ * Where the container had a PID namespace of its own, the kernel already ended them with its init
+ * and the cgroup is empty: a no-op. A cgroup already gone is nothing to do.
+ */
+export async function killCgroup(dir: string): Promise<void> {
+  try {
+    await writeFile(path.join(dir, 'cgroup.kill'), '1');
+  } catch (err) {
+    if (errnoCode(err) !== 'ENOENT') throw err;
+  }
+}
+
 export async function readOomKills(dir: string): Promise<bigint> {
   const text = await readOptional(path.join(dir, 'memory.events'));
   return text === undefined ? 0n : (parseKeyed(text).get('oom_kill') ?? 0n);

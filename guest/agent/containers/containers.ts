@@ -2,7 +2,7 @@ import { mkdir, rm, stat, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import type { Readable, Writable } from 'node:stream';
 import { alreadyExists, errnoCode, invalid, notFound, precondition } from '../../../src/common/errors.js';
-import { cgroupDir, diskUsage, ensureParentCgroups, readCgroupStats, readOomKills } from './cgroup.js';
+import { cgroupDir, diskUsage, ensureParentCgroups, killCgroup, readCgroupStats, readOomKills } from './cgroup.js';
 import { GUEST_ROOTS, type GuestRoots, resolveGuestDevices, withGuestDevices } from './devices.js';
 import { type OomWatch, watchOomKills } from './oom-watch.js';
 import { type Reaped, reap, type WaitStatus } from './reaper.js';
@@ -436,6 +436,9 @@ export class Containers implements ContainerBackendCore {
       await record.oom.check();
       record.oom.stop();
     }
+    // The init is gone: what it left in its cgroup (a shared PID namespace keeps it alive) goes too.
+    // A failure here leaves them to the container's delete (crun delete --force kills them).
+    if (record.cgroup !== undefined) await killCgroup(record.cgroup).catch(() => undefined);
     record.state = { ...record.state, status: 'stopped', exit };
     this.emit({ kind: 'exited', id: record.state.id, exit });
   }

@@ -71,4 +71,24 @@ describe.skipIf(!HAVE_CRUN || !HAVE_UNIFIED)('container core with the cgroupfs m
     expect(existsSync(dir)).toBe(false);
     expect(existsSync(path.join(root, 'kata-ts/pod1'))).toBe(true);
   });
+
+  it("a container sharing a PID namespace: when its init exits, what it left in its cgroup is killed, so its output ends (runc's shim does the same)", async () => {
+    const root = host.cgroupRoot!;
+    const spec = testSpec(['sh', '-c', 'sleep 1000 & echo forked; exit 3'], { cgroupsPath: '/kata-ts/pod1/shared' });
+    // No PID namespace of its own (as a pod sharing one, or the host's here): its init's death
+    // does not end the sleep by itself.
+    spec.linux = { ...spec.linux, namespaces: (spec.linux?.namespaces ?? []).filter((n) => n.type !== 'pid') };
+    await containers.create({ id: 'shared', spec, rootfsPath: host.rootfs, stdio: pipes });
+    const dir = path.join(root, 'kata-ts/pod1/shared');
+    await containers.start('shared');
+    const stdout = containers.process('shared').stdio.stdout!;
+    let text = '';
+    // The stream ends only when no process holds the pipe: the leftover sleep must be gone.
+    for await (const c of stdout) text += String(c);
+    expect(text).toBe('forked\n');
+    expect(await containers.wait('shared')).toMatchObject({ exitCode: 3 });
+    expect(readFileSync(path.join(dir, 'cgroup.procs'), 'utf8').trim()).toBe('');
+    await containers.delete('shared');
+    expect(existsSync(dir)).toBe(false);
+  });
 });
