@@ -83,6 +83,9 @@ export function sessionIdFromSetCookie(headers: readonly string[] | undefined): 
   return undefined;
 }
 
+/** How long the kept-alive connection to the broker may sit idle before it is closed. */
+export const IDLE_CONNECTION_MS = 10_000;
+
 /** A cookie value is sent back only when it is plain (RFC 6265 cookie-octets), never as given. */
 const COOKIE_VALUE = /^[\x21\x23-\x2B\x2D-\x3A\x3C-\x5B\x5D-\x7E]{1,512}$/;
 
@@ -92,10 +95,15 @@ export function httpsTransport(o: HttpsTransportOptions): BrokerTransport {
   const basePath = base.pathname.replace(/\/+$/, '');
   const timeoutMs = o.timeoutMs ?? BROKER_TIMEOUT_MS;
   const maxBytes = o.maxResponseBytes ?? BROKER_RESPONSE_MAX_BYTES;
+  // One kept-alive connection for the exchanges of an attestation and the resources after it: a
+  // TLS handshake costs about a second of guest CPU under TCG, and an attestation makes three or
+  // more requests. It closes after IDLE_CONNECTION_MS without a request, so nothing lingers.
+  let agent: import('node:https').Agent | undefined;
   return async (req) => {
     // Loaded on first use, not at import: the agent's start-up snapshot cannot hold node:https
     // (V8's snapshot builder aborts on the handles its TLS setup keeps).
     const https = await import('node:https');
+    agent ??= new https.Agent({ keepAlive: true, maxSockets: 1, timeout: IDLE_CONNECTION_MS });
     return new Promise<BrokerHttpResponse>((resolve, reject) => {
       const body = req.body === undefined ? undefined : Buffer.from(JSON.stringify(req.body), 'utf8');
       const headers: Record<string, string> = { accept: 'application/json' };
@@ -133,8 +141,7 @@ export function httpsTransport(o: HttpsTransportOptions): BrokerTransport {
           method: req.method,
           headers,
           ca: o.caPem,
-          // One connection per exchange: nothing pooled outlives an attestation.
-          agent: false,
+          agent,
           rejectUnauthorized: true,
         },
         (res) => {

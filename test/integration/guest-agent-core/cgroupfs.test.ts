@@ -77,7 +77,8 @@ describe.skipIf(!HAVE_CRUN || !HAVE_UNIFIED)('container core with the cgroupfs m
     const spec = testSpec(['sh', '-c', 'sleep 1000 & echo forked; exit 3'], { cgroupsPath: '/kata-ts/pod1/shared' });
     // No PID namespace of its own (as a pod sharing one, or the host's here): its init's death
     // does not end the sleep by itself.
-    spec.linux = { ...spec.linux, namespaces: (spec.linux?.namespaces ?? []).filter((n) => n.type !== 'pid') };
+    const namespaces = (spec.linux as { namespaces?: Array<{ type: string }> } | undefined)?.namespaces ?? [];
+    spec.linux = { ...spec.linux, namespaces: namespaces.filter((n) => n.type !== 'pid') };
     await containers.create({ id: 'shared', spec, rootfsPath: host.rootfs, stdio: pipes });
     const dir = path.join(root, 'kata-ts/pod1/shared');
     await containers.start('shared');
