@@ -18,9 +18,9 @@
  * --console-dir keeps each pod's guest console (the agent's log: when it attested, each retry)
  * for reading where the difference goes.
  */
-import { type ChildProcess, execFileSync, spawn } from 'node:child_process';
+import { execFileSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { promises as fsp, openSync, readFileSync } from 'node:fs';
+import { promises as fsp } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { performance } from 'node:perf_hooks';
@@ -32,6 +32,7 @@ import { netnsNameFor } from '../src/network/index.js';
 import { allowLoopbackRegistries, pushBusyboxImage } from '../test/helpers/busybox-image.js';
 import { startRegistry } from '../test/helpers/images-registry.js';
 import { createNetworkNode } from '../test/helpers/network-node.js';
+import { kataTsCli, type NodeBroker, startNodeBroker } from '../test/helpers/node-broker.js';
 import { benchPodConfig, createBenchDaemon } from './lib/daemon.js';
 import { median } from './lib/proc.js';
 
@@ -50,10 +51,6 @@ export interface AttestPodBenchResult {
   ratio: number;
 }
 
-function kataTs(args: string[]): string {
-  return execFileSync(process.execPath, ['--import', 'tsx', 'src/cli/entry.ts', ...args], { cwd: ROOT, encoding: 'utf8' });
-}
-
 export async function runAttestPodBench(
   rounds: number,
   /** Where each pod's guest console (the agent's log, with its attestation steps) is copied; null: nowhere. */
@@ -68,7 +65,7 @@ export async function runAttestPodBench(
   const registry = await startRegistry();
   const rt = await createBenchDaemon({ images: { registriesConfigPath: '/dev/null' }, network: node.networkConfig() });
   const sandboxes: string[] = [];
-  let broker: ChildProcess | undefined;
+  let broker: NodeBroker | undefined;
   try {
     const image = await pushBusyboxImage(registry, 'bench/attest', '1.0', ['sleep', 'cat']);
     await allowLoopbackRegistries(rt);
@@ -78,49 +75,19 @@ export async function runAttestPodBench(
     rt.netnsPath = node.netnsPath;
     await rt.start();
 
-    // The bridge first (the CNI plugin takes it as it is), so the broker listens before any pod.
-    await node.exec(['ip', 'link', 'add', node.bridge, 'type', 'bridge']);
-    await node.exec(['ip', 'addr', 'add', `${node.gateway}/24`, 'dev', node.bridge]);
-    await node.exec(['ip', 'link', 'set', node.bridge, 'up']);
-    const brokerDir = path.join(rt.dir, 'broker');
-    const port = 20_000 + (randomBytes(2).readUInt16BE() % 20_000);
-    const init = JSON.parse(kataTs(['broker', 'init', '--dir', brokerDir, '--san', `IP:${node.gateway}`, '--json'])) as { cert: string };
-    const certPem = readFileSync(init.cert, 'utf8').trim();
+    broker = await startNodeBroker(node, { dir: path.join(rt.dir, 'broker'), tpmCaDir: path.join(rt.dir, 'tpm-ca'), logDir: rt.dir });
+    const { certPem, url } = broker;
+    const brokerDir = broker.dir;
     const secretFile = path.join(rt.dir, 'secret.in');
     await fsp.writeFile(secretFile, randomBytes(32).toString('hex'), { mode: 0o600 });
-    kataTs(['broker', 'resource', 'set', RESOURCE, '--dir', brokerDir, '--file', secretFile]);
+    kataTsCli(['broker', 'resource', 'set', RESOURCE, '--dir', brokerDir, '--file', secretFile]);
     await fsp.rm(secretFile);
-    const out = path.join(rt.dir, 'broker.out');
-    broker = spawn(
-      'nsenter',
-      [
-        `--net=${node.netnsPath}`,
-        '--',
-        process.execPath,
-        '--import',
-        'tsx',
-        'src/cli/entry.ts',
-        'broker',
-        'serve',
-        '--dir',
-        brokerDir,
-        '--listen',
-        `${node.gateway}:${port}`,
-        '--tpm-ca-dir',
-        path.join(rt.dir, 'tpm-ca'),
-      ],
-      { cwd: ROOT, stdio: ['ignore', openSync(out, 'w'), openSync(path.join(rt.dir, 'broker.err'), 'w')] },
-    );
-    for (let i = 0; i < 600 && !readFileSync(out, 'utf8').includes('listening on'); i++) await new Promise((r) => setTimeout(r, 100));
-    if (!readFileSync(out, 'utf8').includes('listening on')) throw new Error('the broker did not listen');
 
-    const initdata = (broker: boolean) =>
+    const initdata = (withBroker: boolean) =>
       gzipSync(
         Buffer.from(
           `version = "0.1.0"\nalgorithm = "sha256"\n\n[data]\n${
-            broker
-              ? `"aa.toml" = '''\n[token_configs.kbs]\nurl = "https://${node.gateway}:${port}"\ncert = """\n${certPem}\n"""\n'''\n`
-              : ''
+            withBroker ? `"aa.toml" = '''\n[token_configs.kbs]\nurl = "${url}"\ncert = """\n${certPem}\n"""\n'''\n` : ''
           }"note" = "bench"\n`,
         ),
       ).toString('base64');
@@ -137,12 +104,12 @@ export async function runAttestPodBench(
     const planFile = path.join(rt.dir, 'reference.json');
     await fsp.writeFile(
       planFile,
-      kataTs(['plan', '--measurements', '--request', request, '--config', rt.configPath, '--handler', HANDLER, '--format', 'json']),
+      kataTsCli(['plan', '--measurements', '--request', request, '--config', rt.configPath, '--handler', HANDLER, '--format', 'json']),
     );
-    kataTs(['broker', 'reference', 'add', 'bench', '--dir', brokerDir, '--file', planFile]);
+    kataTsCli(['broker', 'reference', 'add', 'bench', '--dir', brokerDir, '--file', planFile]);
     const policy = path.join(rt.dir, 'policy.json');
     await fsp.writeFile(policy, JSON.stringify({ schema: 'kata-ts/broker-policy/v1', resources: [{ path: RESOURCE, allow: ['bench'] }] }));
-    kataTs(['broker', 'policy', 'set', '--dir', brokerDir, '--file', policy]);
+    kataTsCli(['broker', 'policy', 'set', '--dir', brokerDir, '--file', policy]);
 
     const podWithContainer = async (name: string, annotations: Record<string, string>) => {
       const cfg = config(name, annotations);
@@ -211,11 +178,7 @@ export async function runAttestPodBench(
   } finally {
     for (const id of sandboxes) await rt.cri.runtime.RemovePodSandbox({ pod_sandbox_id: id }).catch(() => undefined);
     await rt.cleanup();
-    if (broker?.pid !== undefined && broker.exitCode === null && broker.signalCode === null) {
-      const gone = new Promise<void>((r) => broker?.once('exit', () => r()));
-      broker.kill('SIGKILL');
-      await gone;
-    }
+    await broker?.stop();
     await node.cleanup(sandboxes.map(netnsNameFor));
     await registry.stop();
   }

@@ -26,19 +26,18 @@
  * kernel, initrd and command line are the daemon's configuration, not a pod's). Everything the test started is ended by pid; the node namespace and the
  * runtime's temp dir are removed, pass or fail.
  */
-import { type ChildProcess, execFileSync, spawn } from 'node:child_process';
+import { execFileSync } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
-import { promises as fsp, openSync, readFileSync } from 'node:fs';
+import { promises as fsp } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { gzipSync } from 'node:zlib';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { isSameLiveProcess, readProcStat } from '../../../src/common/procfs.js';
 import { netnsNameFor } from '../../../src/network/index.js';
 import { allowLoopbackRegistries, pushBusyboxImage } from '../../helpers/busybox-image.js';
 import { type RegistryHandle, startRegistry } from '../../helpers/images-registry.js';
 import { createNetworkNode, type NetworkNode } from '../../helpers/network-node.js';
-import { until } from '../../helpers/poll.js';
+import { kataTsCli, type NodeBroker, startNodeBroker } from '../../helpers/node-broker.js';
 import { createTestRuntime, podConfig, type TestRuntime } from '../../helpers/runtime-daemon.js';
 import { scaledMs } from '../../helpers/time-scale.js';
 
@@ -57,10 +56,7 @@ function guestDir(): string {
   return dir;
 }
 
-/** `kata-ts <args>` from this tree; its stdout. */
-function kataTs(args: string[]): string {
-  return execFileSync(process.execPath, ['--import', 'tsx', 'src/cli/entry.ts', ...args], { cwd: repo, encoding: 'utf8' });
-}
+const kataTs = kataTsCli;
 
 /** A Kata-format initdata annotation value: base64 of gzip of the TOML document. */
 function initdataAnnotation(doc: string): string {
@@ -73,7 +69,7 @@ describe('pod secrets: released by the broker to the measured pod only (real QEM
   let registry: RegistryHandle;
   let image: string;
   let brokerDir: string;
-  let broker: { child: ChildProcess; pid: number; startTimeTicks: number } | undefined;
+  let broker: NodeBroker | undefined;
   let brokerOut = '';
   let brokerErr = '';
   const sandboxes: string[] = [];
@@ -137,56 +133,16 @@ describe('pod secrets: released by the broker to the measured pod only (real QEM
     rt.netnsPath = node.netnsPath;
     await rt.start();
 
-    // The broker: its certificate names the gateway address the pods reach it on. The CNI bridge
-    // plugin makes the bridge at the first pod; it is made now, with the same gateway address,
-    // so the broker can listen before any pod boots (the plugin takes an existing bridge as it is).
-    await node.exec(['ip', 'link', 'add', node.bridge, 'type', 'bridge']);
-    await node.exec(['ip', 'addr', 'add', `${node.gateway}/24`, 'dev', node.bridge]);
-    await node.exec(['ip', 'link', 'set', node.bridge, 'up']);
-    brokerDir = path.join(rt.dir, 'broker');
-    const port = 20_000 + (randomBytes(2).readUInt16BE() % 20_000);
-    const url = `https://${node.gateway}:${port}`;
-    const init = JSON.parse(kataTs(['broker', 'init', '--dir', brokerDir, '--san', `IP:${node.gateway}`, '--json'])) as { cert: string };
-    const certPem = readFileSync(init.cert, 'utf8').trim();
+    // The broker, on the gateway address the pods reach it on (made before any pod).
+    broker = await startNodeBroker(node, { dir: path.join(rt.dir, 'broker'), tpmCaDir: path.join(rt.dir, 'tpm-ca'), logDir: rt.dir });
+    brokerDir = broker.dir;
+    brokerOut = broker.stdoutPath;
+    brokerErr = broker.stderrPath;
+    const { url, certPem } = broker;
     const secretFile = path.join(rt.dir, 'secret.in');
     await fsp.writeFile(secretFile, secret, { mode: 0o600 });
     kataTs(['broker', 'resource', 'set', RESOURCE, '--dir', brokerDir, '--file', secretFile]);
     await fsp.rm(secretFile);
-    const outFile = path.join(rt.dir, 'broker.out');
-    const errFile = path.join(rt.dir, 'broker.err');
-    brokerOut = outFile;
-    brokerErr = errFile;
-    const child = spawn(
-      'nsenter',
-      [
-        `--net=${node.netnsPath}`,
-        '--',
-        process.execPath,
-        '--import',
-        'tsx',
-        'src/cli/entry.ts',
-        'broker',
-        'serve',
-        '--dir',
-        brokerDir,
-        '--listen',
-        `${node.gateway}:${port}`,
-        '--tpm-ca-dir',
-        path.join(rt.dir, 'tpm-ca'),
-      ],
-      { cwd: repo, stdio: ['ignore', openSync(outFile, 'w'), openSync(errFile, 'w')] },
-    );
-    const pid = child.pid ?? -1;
-    broker = { child, pid, startTimeTicks: readProcStat(pid)?.startTimeTicks ?? -1 };
-    await until(
-      'the broker to listen',
-      async () => {
-        if (child.exitCode !== null) throw new Error(`broker exited: ${readFileSync(errFile, 'utf8')}`);
-        return readFileSync(outFile, 'utf8').includes('listening on') ? true : undefined;
-      },
-      scaledMs(60_000),
-      100,
-    );
 
     // Two pods, one byte apart in their initdata; both name the broker and ask for the secret.
     const doc = (note: string) => `version = "0.1.0"
@@ -276,16 +232,7 @@ ${certPem}
       for (const id of sandboxes) await rt.cri.runtime.RemovePodSandbox({ pod_sandbox_id: id }).catch(() => undefined);
       await rt.cleanup();
     }
-    if (broker !== undefined && broker.startTimeTicks >= 0 && isSameLiveProcess(broker.pid, broker.startTimeTicks)) {
-      process.kill(broker.pid, 'SIGKILL');
-      const b = broker;
-      await until(
-        'the broker to exit',
-        async () => (b.child.exitCode !== null || b.child.signalCode !== null ? true : undefined),
-        10_000,
-        50,
-      );
-    }
+    await broker?.stop();
     await node?.cleanup(sandboxes.map(netnsNameFor));
     await registry?.stop();
   }, scaledMs(180_000));
