@@ -280,14 +280,17 @@ describe.skipIf(MISSING !== null)('an upgrade under running pods: two kata-ts re
       expect(list).toContain(`pod ${pod.podId} (k8s.io), shim pid ${info.pid}`);
 
       const prune = await kataTs('release', 'prune', ...releaseArgs());
-      expect(prune).toContain(`keeping ${releaseA}: in use by 1 process(es): pod ${pods[0]!.podId} (k8s.io), shim pid ${one.pid}`);
+      // The pod's shim and its port-forward helper (dist/native/kata-ts-portfwd, in the pod's netns)
+      // both run from release A: both pin it.
+      expect(prune).toContain(`keeping ${releaseA}: in use by 2 process(es): pod ${pods[0]!.podId} (k8s.io), shim pid ${one.pid}; pid `);
+      expect(prune).toMatch(new RegExp(`keeping ${releaseA.replaceAll('.', '\\.')}: .*; pid \\d+ \\(kata-ts-portfwd\\)\n`));
       expect(prune).toContain(`keeping ${releaseB}: it is current`);
       expect((await fsp.readdir(path.join(prefix, 'releases'))).sort()).toEqual([releaseA, releaseB].sort());
       const remove = await execFileAsync(path.join(binDir, 'kata-ts'), ['release', 'remove', releaseA, ...releaseArgs()]).catch(
         (err: { code?: number; stderr?: string }) => err,
       );
       expect(remove).toMatchObject({ code: 1 });
-      expect((remove as { stderr?: string }).stderr).toContain(`RELEASE_IN_USE: release ${releaseA} is in use by 1 process(es)`);
+      expect((remove as { stderr?: string }).stderr).toContain(`RELEASE_IN_USE: release ${releaseA} is in use by 2 process(es)`);
     },
     BOOT,
   );
