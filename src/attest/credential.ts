@@ -104,23 +104,21 @@ function u32(n: number): Buffer {
   return b;
 }
 
-/**
- * KDFa (SP800-108 counter mode with HMAC, as Part 1 defines it): blocks of
- * HMAC(key, counter || label || 0x00 || contextU || contextV || bits), counter from 1, all big
- * endian, cut to `bits` (a partial first byte is masked). A label already ending in NUL gets no
- * second one.
- */
-export function kdfa(hash: TpmHash, key: Buffer, label: string | Buffer, contextU: Buffer, contextV: Buffer, bits: number): Buffer {
-  if (!Number.isInteger(bits) || bits <= 0 || bits > 65536) bad(`KDFa was asked for ${bits} bits (1-65536)`, 'bits');
+/** A KDF label as Part 1 hashes it: with one terminating NUL (a label ending in NUL gets no second). */
+function nulTerminated(label: string | Buffer): Buffer {
   const l = typeof label === 'string' ? Buffer.from(label, 'latin1') : label;
-  const labelZ = l.length > 0 && l[l.length - 1] === 0 ? l : Buffer.concat([l, Buffer.from([0])]);
+  return l.length > 0 && l[l.length - 1] === 0 ? l : Buffer.concat([l, Buffer.from([0])]);
+}
+
+/** Counter-mode output (counter from 1) cut to `bits`, a partial first byte masked; `what` names the KDF in errors. */
+function counterKdf(what: string, bits: number, block: (counter: Buffer) => Buffer): Buffer {
+  if (!Number.isInteger(bits) || bits <= 0 || bits > 65536) bad(`${what} was asked for ${bits} bits (1-65536)`, 'bits');
   const bytes = Math.ceil(bits / 8);
   const blocks: Buffer[] = [];
-  let have = 0;
-  for (let counter = 1; have < bytes; counter++) {
-    const block = createHmac(hash, key).update(u32(counter)).update(labelZ).update(contextU).update(contextV).update(u32(bits)).digest();
-    blocks.push(block);
-    have += block.length;
+  for (let counter = 1, have = 0; have < bytes; counter++) {
+    const b = block(u32(counter));
+    blocks.push(b);
+    have += b.length;
   }
   const out = Buffer.concat(blocks).subarray(0, bytes);
   if (bits % 8 !== 0) out[0] = (out[0] ?? 0) & ((1 << (bits % 8)) - 1);
@@ -128,24 +126,27 @@ export function kdfa(hash: TpmHash, key: Buffer, label: string | Buffer, context
 }
 
 /**
+ * KDFa (SP800-108 counter mode with HMAC, as Part 1 defines it): blocks of
+ * HMAC(key, counter || label || 0x00 || contextU || contextV || bits), counter from 1, all big
+ * endian, cut to `bits` (a partial first byte is masked). A label already ending in NUL gets no
+ * second one.
+ */
+export function kdfa(hash: TpmHash, key: Buffer, label: string | Buffer, contextU: Buffer, contextV: Buffer, bits: number): Buffer {
+  const labelZ = nulTerminated(label);
+  return counterKdf('KDFa', bits, (counter) =>
+    createHmac(hash, key).update(counter).update(labelZ).update(contextU).update(contextV).update(u32(bits)).digest(),
+  );
+}
+
+/**
  * KDFe (SP800-56A's one-step KDF as Part 1 defines it): blocks of
  * H(counter || Z || label || 0x00 || partyU || partyV), counter from 1, cut to `bits`.
  */
 export function kdfe(hash: TpmHash, z: Buffer, label: string | Buffer, partyU: Buffer, partyV: Buffer, bits: number): Buffer {
-  if (!Number.isInteger(bits) || bits <= 0 || bits > 65536) bad(`KDFe was asked for ${bits} bits (1-65536)`, 'bits');
-  const l = typeof label === 'string' ? Buffer.from(label, 'latin1') : label;
-  const labelZ = l.length > 0 && l[l.length - 1] === 0 ? l : Buffer.concat([l, Buffer.from([0])]);
-  const bytes = Math.ceil(bits / 8);
-  const blocks: Buffer[] = [];
-  let have = 0;
-  for (let counter = 1; have < bytes; counter++) {
-    const block = createHash(hash).update(u32(counter)).update(z).update(labelZ).update(partyU).update(partyV).digest();
-    blocks.push(block);
-    have += block.length;
-  }
-  const out = Buffer.concat(blocks).subarray(0, bytes);
-  if (bits % 8 !== 0) out[0] = (out[0] ?? 0) & ((1 << (bits % 8)) - 1);
-  return out;
+  const labelZ = nulTerminated(label);
+  return counterKdf('KDFe', bits, (counter) =>
+    createHash(hash).update(counter).update(z).update(labelZ).update(partyU).update(partyV).digest(),
+  );
 }
 
 /**

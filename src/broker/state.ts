@@ -20,6 +20,7 @@ import net from 'node:net';
 import path from 'node:path';
 import { errnoCode, invalid, precondition, unavailable } from '../common/errors.js';
 import { writeFileAtomic } from '../common/fsutil.js';
+import { selfSignedEcCertArgv } from '../common/openssl-argv.js';
 import { BROKER_POLICY_SCHEMA, type BrokerPolicy } from './policy.js';
 import './reasons.js';
 
@@ -98,29 +99,13 @@ export function parseSans(values: readonly string[]): string[] {
 
 /** Pure: openssl's argv for the self-signed HTTPS certificate (EC P-256, unencrypted key: the file is 0600). */
 export function tlsCreateArgv(dir: string, sans: readonly string[]): string[] {
-  return [
-    'req',
-    '-x509',
-    '-newkey',
-    'ec',
-    '-pkeyopt',
-    'ec_paramgen_curve:P-256',
-    '-nodes',
-    '-keyout',
-    path.join(dir, 'key.pem'),
-    '-out',
-    path.join(dir, 'cert.pem'),
-    '-days',
-    String(BROKER_CERT_VALIDITY_DAYS),
-    '-subj',
-    '/O=kata-ts/CN=kata-ts attestation broker',
-    '-addext',
-    `subjectAltName=${sans.join(',')}`,
-    '-addext',
-    'keyUsage=critical,digitalSignature',
-    '-addext',
-    'extendedKeyUsage=serverAuth',
-  ];
+  return selfSignedEcCertArgv({
+    keyPath: path.join(dir, 'key.pem'),
+    certPath: path.join(dir, 'cert.pem'),
+    days: BROKER_CERT_VALIDITY_DAYS,
+    subject: '/O=kata-ts/CN=kata-ts attestation broker',
+    extensions: [`subjectAltName=${sans.join(',')}`, 'keyUsage=critical,digitalSignature', 'extendedKeyUsage=serverAuth'],
+  });
 }
 
 /** Pure: the policy a new state directory starts with: nothing is released. */

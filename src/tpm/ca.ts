@@ -23,6 +23,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { errnoCode, errorMessage, internal, invalid, precondition, unavailable } from '../common/errors.js';
 import { writeFileAtomic } from '../common/fsutil.js';
+import { selfSignedEcCertArgv } from '../common/openssl-argv.js';
 import './reasons.js';
 
 /** Where the node's EK CA lives unless the config (hypervisor.tpm.caDir) says otherwise. */
@@ -116,27 +117,13 @@ export function caSubject(n: number, hostname: string): string {
 
 /** Pure: openssl's argv for a self-signed CA (EC P-256 key, unencrypted: the file is root's 0600). */
 export function caCreateArgv(dir: string, subject: string): string[] {
-  return [
-    'req',
-    '-x509',
-    '-newkey',
-    'ec',
-    '-pkeyopt',
-    'ec_paramgen_curve:P-256',
-    '-nodes',
-    '-keyout',
-    path.join(dir, SIGNING_KEY),
-    '-out',
-    path.join(dir, ISSUER_CERT),
-    '-days',
-    String(TPM_CA_VALIDITY_DAYS),
-    '-subj',
+  return selfSignedEcCertArgv({
+    keyPath: path.join(dir, SIGNING_KEY),
+    certPath: path.join(dir, ISSUER_CERT),
+    days: TPM_CA_VALIDITY_DAYS,
     subject,
-    '-addext',
-    'basicConstraints=critical,CA:TRUE,pathlen:0',
-    '-addext',
-    'keyUsage=critical,keyCertSign,cRLSign',
-  ];
+    extensions: ['basicConstraints=critical,CA:TRUE,pathlen:0', 'keyUsage=critical,keyCertSign,cRLSign'],
+  });
 }
 
 /** Pure: the state file's content, or undefined when it is not one. */
