@@ -161,7 +161,7 @@ export function defaultConfig(): KataConfig {
       // containerd's stream_idle_timeout and the kubelet's streaming default: 4 hours.
       streamIdleTimeoutMs: 4 * 60 * 60 * 1000,
     },
-    shim: { stateRoot: DEFAULT_SHIM_STATE_ROOT },
+    shim: { stateRoot: DEFAULT_SHIM_STATE_ROOT, mode: 'pod' },
     defaultHandler: DEFAULT_HANDLER,
     handlers: {
       [DEFAULT_HANDLER]: defaultHandlerProfile(),

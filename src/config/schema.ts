@@ -171,6 +171,7 @@ export const configFileSchema = {
       additionalProperties: false,
       properties: {
         stateRoot: absolutePath,
+        mode: { enum: ['node', 'pod'] },
       },
     },
     defaultHandler: nonEmptyString,

@@ -232,7 +232,16 @@ export interface ShimConfig {
    * state, it does not outlive a reboot, and neither do the pods.
    */
   stateRoot: string;
+  /**
+   * Which processes serve the pods (docs/shim.md "Shim modes"): `pod`, a Node `serve` process per
+   * pod; `node`, one node shim server per (stateRoot, containerd address) hosting every pod, and a
+   * small relay per pod that containerd talks to.
+   */
+  mode: ShimMode;
 }
+
+/** `pod`: a shim process per pod; `node`: one node server for every pod, a relay per pod. */
+export type ShimMode = 'node' | 'pod';
 
 export interface KataConfig {
   socketPath: string;
