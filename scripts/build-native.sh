@@ -4,11 +4,13 @@
 # - kata-ts-jailer (native/jailer.c): the last step before a confined QEMU (src/hypervisor/confine.ts),
 #   found by defaultJailerBinary() (src/hypervisor/launcher.ts);
 # - kata-ts-portfwd (native/portfwd.c): containerd's port-forward into a pod's guest
-#   (src/shim/port-forward.ts), found by defaultPortForwardBinary().
+#   (src/shim/port-forward.ts), found by defaultPortForwardBinary();
+# - kata-ts-shim-relay (native/shim-relay.c): a pod's ttrpc relay in front of the node shim server
+#   (docs/shim.md#the-relay).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p dist/native
-for pair in jailer:kata-ts-jailer portfwd:kata-ts-portfwd; do
+for pair in jailer:kata-ts-jailer portfwd:kata-ts-portfwd shim-relay:kata-ts-shim-relay; do
   src="native/${pair%%:*}.c"
   out="dist/native/${pair#*:}"
   if [ -x "$out" ] && [ "$out" -nt "$src" ]; then

@@ -24,6 +24,8 @@ export const REQUIRED_FILES = [
   'dist/native/kata-ts-jailer',
   // containerd's port-forward into a pod's guest (src/shim/port-forward.ts; scripts/build-native.sh).
   'dist/native/kata-ts-portfwd',
+  // A pod's ttrpc relay in front of the node shim server (docs/shim.md#the-relay; scripts/build-native.sh).
+  'dist/native/kata-ts-shim-relay',
 ];
 
 export interface TreeEntry {

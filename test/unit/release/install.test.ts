@@ -23,6 +23,7 @@ async function writeTree(root: string, version: string): Promise<void> {
     'dist/shim/main.js': 'export {};\n',
     'dist/native/kata-ts-jailer': '\x7fELF',
     'dist/native/kata-ts-portfwd': '\x7fELF',
+    'dist/native/kata-ts-shim-relay': '\x7fELF',
     'proto/api.proto': 'syntax = "proto3";\n',
     'node_modules/dep/package.json': '{"name":"dep"}',
     'node_modules/dep/index.js': '',
@@ -72,7 +73,7 @@ describe('kata-ts release', () => {
     expect(r.code).toBe(0);
     const [id] = await fsp.readdir(path.join(prefix, 'releases'));
     expect(id).toMatch(/^1\.0\.0-[0-9a-f]{12}$/);
-    expect(r.out).toContain('copied 10/10 files');
+    expect(r.out).toContain('copied 11/11 files');
     expect(r.out).toContain(`release ${id} is current`);
     const rel = path.join(prefix, 'releases', id!);
     expect((await fsp.readdir(rel)).sort()).toEqual(['RELEASE.json', 'bin', 'dist', 'node_modules', 'package.json', 'proto']);
