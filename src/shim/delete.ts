@@ -29,7 +29,18 @@ import { releaseSharedMounts } from '../runtime/sandbox/shared-dir.js';
 import { acquireStateLock, STATE_LOCK_FILE, type StateLock } from '../runtime/state-lock.js';
 import { readBundleConfig, type TaskRole, taskRole } from './bundle.js';
 import { type DeleteResult, EXIT_STATUS_KILLED } from './delete-response.js';
-import { hasContainerRecord, locatePod, podStateDir, readShimInfo, validateId, validateNamespace } from './paths.js';
+import { nodeRequest } from './node-client.js';
+import { endRelay } from './node-relay.js';
+import {
+  hasContainerRecord,
+  locatePod,
+  nodeServerPaths,
+  podStateDir,
+  readShimInfo,
+  type ShimInfo,
+  validateId,
+  validateNamespace,
+} from './paths.js';
 import { composePod, shimRequestContext } from './pod.js';
 import { removeStalePortForwardRules } from './port-forward.js';
 import { unmountRootfs } from './rootfs.js';
@@ -140,7 +151,8 @@ async function lockPod(
     const shim = await readShimInfo(stateDir).catch(() => undefined);
     if (holder !== undefined && shim !== undefined && holder === shim.pid) {
       if (role.role === 'container') return 'shim-owns-container';
-      await endLiveShim(stateDir, options.stopShimTimeoutMs ?? 10_000, log);
+      if (shim.node !== undefined) await letNodeServerGo(options, shim, log);
+      else await endLiveShim(stateDir, options.stopShimTimeoutMs ?? 10_000, log);
       return acquireStateLock(stateDir, log);
     }
     if (Date.now() > deadline) return acquireStateLock(stateDir, log);
@@ -152,6 +164,24 @@ async function lockHolderPid(stateDir: string): Promise<number | undefined> {
   const text = await fsp.readFile(path.join(stateDir, STATE_LOCK_FILE), 'utf8').catch(() => '');
   const m = /^([0-9]+) /.exec(text);
   return m === null ? undefined : Number(m[1]);
+}
+
+/**
+ * Node mode: the pod's relay is ended first (else it would revive the node server for the pod),
+ * then the node server is asked to let the pod go (its other pods stay served); the pod's lock is
+ * free after that.
+ */
+async function letNodeServerGo(options: DeleteOptions, shim: ShimInfo, log: Logger): Promise<void> {
+  const node = shim.node;
+  if (node === undefined) return;
+  log.warn({ pid: shim.pid }, 'the node shim server still hosts the pod but containerd gave it up: letting it go');
+  await endRelay(node.relayPidFile, shim.socket);
+  const control = nodeServerPaths(options.loaded.config.shim.stateRoot, node.containerdAddress).control;
+  await nodeRequest(
+    control,
+    { detach: { namespace: shim.namespace, sandboxId: shim.sandboxId } },
+    options.stopShimTimeoutMs ?? 10_000,
+  ).catch((err: unknown) => log.warn({ err: errorMessage(err) }, 'the node shim server did not let the pod go'));
 }
 
 /** SIGTERM the shim holding the pod's lock (named by pid and start time), SIGKILL it after `timeoutMs`. */
@@ -214,6 +244,8 @@ async function cleanPod(
   // The shim is gone and the pod with it: its VMM and virtiofsd end first, before anything that
   // could be slow (composing the pod, recovery's agent reconnects) or cut short by containerd.
   if (role.role === 'sandbox') await killRecordedProcesses(stateDir, log);
+  // Node mode: the pod's relay goes with it (else it would revive the node server for a pod that is gone).
+  if (role.role === 'sandbox' && info?.node !== undefined) await endRelay(info.node.relayPidFile, info.socket);
   const pod = await composePod({
     loaded: options.loaded,
     stateDir,

@@ -12,7 +12,9 @@
  *
  * - `start` (containerd 1.6-2.x, CRI-O): start or find the pod's shim, print its address (start.ts);
  * - `delete`: clean up after a shim that is gone, print a DeleteResponse (delete.ts);
- * - `serve` (ours): the per-pod server `start` runs detached (serve.ts).
+ * - `serve` (ours): the per-pod server `start` runs detached (serve.ts);
+ * - `node-serve` (ours, shim.mode "node"): the node shim server hosting every pod of this
+ *   containerd (node-server.ts), started by `start` or revived by a pod's relay; no `-id`.
  *
  * `serve` and `delete`'s detached `cleanup` work in the runtime's own mount namespace
  * (`mountNamespacePath`; see src/runtime/mount-namespace.ts): `start` starts `serve` inside it, and
@@ -49,6 +51,7 @@ export const SHIM_BINARY_NAME = 'containerd-shim-kata-ts-v2';
 
 const USAGE = `Usage of ${SHIM_BINARY_NAME} (run by containerd or CRI-O; see docs/shim.md):
   ${SHIM_BINARY_NAME} -namespace NS -address ADDR -publish-binary BIN -id ID [-bundle DIR] [-debug] [-socket PATH] start|delete|serve
+  ${SHIM_BINARY_NAME} -namespace NS -address ADDR -publish-binary BIN [-debug] node-serve
   ${SHIM_BINARY_NAME} -v
 `;
 
@@ -196,7 +199,7 @@ export interface ShimInvocation {
 }
 
 /** The actions containerd and CRI-O call; `serve` and `cleanup` are this binary's own children. */
-const PUBLIC_ACTIONS = ['start', 'delete', 'serve'] as const;
+const PUBLIC_ACTIONS = ['start', 'delete', 'serve', 'node-serve'] as const;
 const ACTIONS = [...PUBLIC_ACTIONS, 'cleanup'] as const;
 
 /** Combine flags, environment and working directory; throws ShimUsageError naming what is missing or wrong. */
@@ -206,7 +209,7 @@ export function shimInvocation(args: ShimArgs, env: ShimEnv, cwd: string): ShimI
   if (action === undefined) throw new ShimUsageError(`unknown action "${args.action}"; actions: ${PUBLIC_ACTIONS.join(', ')}`);
   const namespace = args.namespace !== '' ? args.namespace : env.namespace;
   if (namespace === '') throw new ShimUsageError('-namespace is required (or NAMESPACE in the environment)');
-  if (args.id === '') throw new ShimUsageError('-id is required');
+  if (args.id === '' && action !== 'node-serve') throw new ShimUsageError('-id is required');
   if (action === 'serve' && args.socket === '') throw new ShimUsageError('-socket is required for serve');
   if (args.socket !== '' && !path.isAbsolute(args.socket))
     throw new ShimUsageError(`-socket must be an absolute path, got "${args.socket}"`);
@@ -360,9 +363,9 @@ export async function main(argv: readonly string[], options: ShimMainOptions = {
     const loaded = await loadShimConfig(inv.env);
     const nsFile = loaded.config.mountNamespacePath;
     // `delete` itself stays outside: it only starts the detached cleanup, which enters.
-    const entering = inv.action === 'serve' || inv.action === 'cleanup';
+    const entering = inv.action === 'serve' || inv.action === 'node-serve' || inv.action === 'cleanup';
     if (entering && nsFile !== null && (await placeInNamespace(nsFile, processEnv)) === 'outside') {
-      if (inv.action === 'serve' || (await boundNamespace(nsFile)) !== undefined) {
+      if (inv.action !== 'cleanup' || (await boundNamespace(nsFile)) !== undefined) {
         const self = options.self ?? defaultSelf();
         const logger = createLogger({ level: 'warn', destination: { write: (line: string) => io.stderr.write(line) } });
         return await runInsideMountNamespace({
@@ -372,7 +375,7 @@ export async function main(argv: readonly string[], options: ShimMainOptions = {
           env: processEnv,
           stdio: { stdout: io.stdout, stderr: io.stderr },
           logger,
-          dieWithParent: inv.action === 'serve',
+          dieWithParent: inv.action !== 'cleanup',
           // The paths containerd named (the pod's netns, FIFOs) are opened in its namespace (src/common/caller-root.ts).
           passCallerRoot: true,
         });
@@ -425,6 +428,27 @@ export async function main(argv: readonly string[], options: ShimMainOptions = {
         const { deleteTask } = await import('./delete.js');
         await deleteTask({ loaded, namespace: inv.namespace, id: inv.id, bundle: inv.bundle, logger });
         return 0;
+      }
+      case 'node-serve': {
+        adoptCallerRoot(processEnv);
+        // It outlives every pod: no pod's bundle may stay its working directory.
+        process.chdir('/');
+        const [{ nodeServerPaths }, { registerTaskService }, { runNodeServe, nodeServerLogger }] = await Promise.all([
+          import('./paths.js'),
+          import('./register.js'),
+          import('./node-server.js'),
+        ]);
+        const level: LogLevel = inv.debug ? 'debug' : loaded.config.logLevel;
+        const logger = nodeServerLogger(nodeServerPaths(loaded.config.shim.stateRoot, inv.containerdAddress).log, level);
+        return await runNodeServe({
+          loaded,
+          containerdAddress: inv.containerdAddress,
+          ttrpcAddress: inv.ttrpcAddress,
+          publishBinary: inv.publishBinary,
+          debug: inv.debug,
+          registerServices: options.registerServices ?? registerTaskService,
+          logger,
+        });
       }
       case 'serve': {
         adoptCallerRoot(processEnv);

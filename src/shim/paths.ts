@@ -122,6 +122,28 @@ export interface ShimInfo {
   startedAt: string;
   /** The kata-ts release whose code the shim runs (`id` null: a checkout); absent in older files. */
   release?: { id: string | null; dir: string };
+  /**
+   * Node mode only (docs/shim.md "Shim modes"): `pid` is then the node shim server's, `socket`
+   * the pod's relay's, and the pod's ttrpc server listens on `upstream` instead. Absent: a
+   * per-pod `serve`.
+   */
+  node?: NodeShimInfo;
+}
+
+/** Where a pod hosted by the node shim server is served, in its `shim.json`. */
+export interface NodeShimInfo {
+  /** containerd's address: with the state root, it names the node server that hosts the pod. */
+  containerdAddress: string;
+  /** The pod's ttrpc server's socket, which the relay forwards to (`<stateDir>/upstream.sock`). */
+  upstream: string;
+  /** Where the relay wrote its pid (`<stateDir>/relay.pid`). */
+  relayPidFile: string;
+}
+
+function isNodeShimInfo(v: unknown): boolean {
+  if (typeof v !== 'object' || v === null) return false;
+  const o = v as Record<string, unknown>;
+  return typeof o.containerdAddress === 'string' && typeof o.upstream === 'string' && typeof o.relayPidFile === 'string';
 }
 
 function isShimRelease(v: unknown): boolean {
@@ -141,7 +163,8 @@ function isShimInfo(v: unknown): v is ShimInfo {
     typeof o.socket === 'string' &&
     (o.cgroupDriver === 'systemd' || o.cgroupDriver === 'cgroupfs') &&
     typeof o.startedAt === 'string' &&
-    (o.release === undefined || isShimRelease(o.release))
+    (o.release === undefined || isShimRelease(o.release)) &&
+    (o.node === undefined || isNodeShimInfo(o.node))
   );
 }
 
@@ -224,4 +247,37 @@ export function metricsSocketPath(stateDir: string): string {
   const socketPath = path.join(stateDir, METRICS_SOCKET_FILE);
   checkSocketLength(socketPath, 'shim.stateRoot or the namespace');
   return socketPath;
+}
+
+/** The pod's upstream socket in node mode: where its ttrpc server listens, behind the relay. */
+export const UPSTREAM_SOCKET_FILE = 'upstream.sock';
+/** The relay's pid file in node mode, in the pod's state dir. */
+export const RELAY_PID_FILE = 'relay.pid';
+/** Beside the upstream socket: written when the pod is shut down for good, so its relay exits. */
+export const UPSTREAM_GONE_SUFFIX = '.gone';
+
+/** `<stateDir>/upstream.sock`; throws when it would not fit in sun_path. */
+export function upstreamSocketPath(stateDir: string): string {
+  const socketPath = path.join(stateDir, UPSTREAM_SOCKET_FILE);
+  checkSocketLength(socketPath, 'shim.stateRoot or the namespace');
+  return socketPath;
+}
+
+/** Where the node shim server of (state root, containerd address) keeps its lock, control socket and log. */
+export interface NodeServerPaths {
+  /** `<stateRoot>/node/<sha256(containerd address), 16 hex>/`, holding `daemon.lock`. */
+  dir: string;
+  /** The control socket (JSON lines: attach, detach). */
+  control: string;
+  /** The node server's own log (each pod's lines go to that pod's shim log). */
+  log: string;
+}
+
+/** The node shim server's paths for containerd at `containerdAddress`; throws when the socket would not fit. */
+export function nodeServerPaths(stateRoot: string, containerdAddress: string): NodeServerPaths {
+  const key = createHash('sha256').update(containerdAddress).digest('hex').slice(0, 16);
+  const dir = path.join(stateRoot, 'node', key);
+  const control = path.join(dir, 'ctl.sock');
+  checkSocketLength(control, 'shim.stateRoot');
+  return { dir, control, log: path.join(dir, 'node.log') };
 }

@@ -10,6 +10,10 @@ export type ShimReason =
   | 'SHIM_INFO_INVALID'
   | 'SHIM_LOGGER_FAILED'
   | 'SHIM_NAMESPACE_INVALID'
+  /** The node shim server refused or failed a control request (attach, detach), or could not be started. */
+  | 'SHIM_NODE_FAILED'
+  /** A control request to the node shim server is not one it knows, or names a field wrongly. */
+  | 'SHIM_NODE_REQUEST_INVALID'
   | 'SHIM_NO_IMAGE_STORE'
   | 'SHIM_POD_DIR_TAKEN'
   | 'SHIM_POD_NOT_SERVING'

@@ -30,7 +30,7 @@ import { TtrpcServer } from '../ttrpc/index.js';
 import { readBundleConfig } from './bundle.js';
 import { handlerForBinary } from './handler.js';
 import { type MetricsEndpoint, PodMetrics, serveMetricsSocket } from './metrics-endpoint.js';
-import { metricsSocketPath, readShimInfo, type ShimInfo, writeShimInfo } from './paths.js';
+import { metricsSocketPath, type NodeShimInfo, readShimInfo, type ShimInfo, UPSTREAM_GONE_SUFFIX, writeShimInfo } from './paths.js';
 import { composePod, podCgroupDriver, type ShimPod } from './pod.js';
 import './reasons.js';
 
@@ -82,6 +82,21 @@ export interface ServeOptions {
   facts?: RuntimeFacts;
   /** How long calls in flight may take to be answered when the server closes (default 5 s). */
   closeGraceMs?: number;
+  /**
+   * Node mode (node-server.ts): the pod's server listens on the pod's upstream socket, behind
+   * its relay (which listens on `identity.socketPath`), and `shim.json` says so.
+   */
+  node?: NodePodServing;
+}
+
+/** How a pod hosted by the node shim server is served (see ServeOptions.node). */
+export interface NodePodServing {
+  info: NodeShimInfo;
+  /**
+   * Called once the pod is shut down for good (its server closed, its core let go), before its
+   * state dir goes: the relay is ended here and its socket removed.
+   */
+  onGone(): Promise<void>;
 }
 
 export type ShimEnd = 'shutdown' | 'signal';
@@ -108,6 +123,11 @@ function accepts(socketPath: string): Promise<boolean> {
     });
     sock.once('error', () => resolve(false));
   });
+}
+
+/** Where the pod's ttrpc server listens: its upstream socket in node mode, else the pod's socket. */
+function listenPathOf(options: ServeOptions): string {
+  return options.node?.info.upstream ?? options.identity.socketPath;
 }
 
 /** Remove a socket file left by a shim that is gone; refuse when something still answers on it. */
@@ -154,10 +174,13 @@ export async function startShimServer(options: ServeOptions): Promise<ShimServer
     // answers reads shim.json next, so nothing may come between listening and writing it.
     metrics = await startPodMetrics(pod, identity, stateDir);
     control.metrics = metrics;
-    await fsp.mkdir(path.dirname(identity.socketPath), { recursive: true, mode: 0o700 });
-    await clearStaleSocket(identity.socketPath);
-    await server.listen(identity.socketPath);
-    await fsp.chmod(identity.socketPath, 0o600);
+    const listenPath = listenPathOf(options);
+    await fsp.mkdir(path.dirname(listenPath), { recursive: true, mode: 0o700 });
+    // A node-mode pod shut down before left its gone marker: this server is a new life.
+    if (options.node !== undefined) await fsp.rm(`${listenPath}${UPSTREAM_GONE_SUFFIX}`, { force: true });
+    await clearStaleSocket(listenPath);
+    await server.listen(listenPath);
+    await fsp.chmod(listenPath, 0o600);
     const info: ShimInfo = {
       pid: process.pid,
       sandboxId: identity.sandboxId,
@@ -167,6 +190,7 @@ export async function startShimServer(options: ServeOptions): Promise<ShimServer
       cgroupDriver: pod.facts.cgroupDriver.name,
       startedAt: new Date().toISOString(),
       release: runningRelease(),
+      ...(options.node === undefined ? {} : { node: options.node.info }),
     };
     await writeShimInfo(stateDir, info);
     log.info({ socket: identity.socketPath, stateDir, tasks: pod.taskCount() }, 'shim serving');
@@ -261,6 +285,10 @@ class Control {
     const { identity, stateDir } = this.options;
     const log = identity.logger;
     log.info({ why }, 'shim stopping');
+    const listenPath = listenPathOf(this.options);
+    const leaving = why === 'shutdown' && this.pod.taskCount() === 0;
+    // The relay must learn that the upstream goes for good before it sees it close (it would revive it).
+    if (this.options.node !== undefined && leaving) await fsp.writeFile(`${listenPath}${UPSTREAM_GONE_SUFFIX}`, '', { mode: 0o600 });
     const grace = new Promise<'late'>((resolve) => setTimeout(() => resolve('late'), this.options.closeGraceMs ?? 5_000).unref());
     if ((await Promise.race([this.server.close().then(() => 'closed' as const), grace])) === 'late') {
       log.warn('calls still running after the grace period: dropping their connections');
@@ -269,8 +297,11 @@ class Control {
     await this.services?.close().catch((err: unknown) => log.warn({ err: errorMessage(err) }, 'closing the services failed'));
     await this.metrics?.close().catch((err: unknown) => log.warn({ err: errorMessage(err) }, 'closing the metrics socket failed'));
     await this.pod.close();
-    await fsp.rm(identity.socketPath, { force: true });
+    await fsp.rm(listenPath, { force: true });
     const gone = why === 'shutdown' && this.pod.taskCount() === 0;
+    if (gone && this.options.node !== undefined) {
+      await this.options.node.onGone().catch((err: unknown) => log.warn({ err: errorMessage(err) }, "ending the pod's relay failed"));
+    }
     if (gone) {
       // Nothing may be deleted through a mount that is still there (see releaseSharedMounts).
       await releaseSharedMounts(stateDir, log);

@@ -19,8 +19,9 @@
  * the running shim's address.
  */
 import { spawn } from 'node:child_process';
-import fs from 'node:fs';
+import fs, { promises as fsp } from 'node:fs';
 import net from 'node:net';
+import path from 'node:path';
 import { CALLER_ROOT_CHILD_FD, CALLER_ROOT_ENV, openOwnRoot } from '../common/caller-root.js';
 import { errorMessage, timedOut, unavailable } from '../common/errors.js';
 import { silentLogger } from '../common/logger.js';
@@ -28,7 +29,18 @@ import type { KataConfig } from '../config/types.js';
 import { ensureMountNamespace, insideCommand, placeInNamespace } from '../runtime/mount-namespace.js';
 import { readBundleConfig, taskRole, writeAddressFile } from './bundle.js';
 import { openShimLog } from './log.js';
-import { podStateDir, shimSocketPath, socketAddress, validateId, validateNamespace } from './paths.js';
+import { nodeRequest } from './node-client.js';
+import { defaultRelayBinary, relayArgs } from './node-relay.js';
+import {
+  nodeServerPaths,
+  podStateDir,
+  RELAY_PID_FILE,
+  shimSocketPath,
+  socketAddress,
+  upstreamSocketPath,
+  validateId,
+  validateNamespace,
+} from './paths.js';
 import './reasons.js';
 
 /** The command line that runs this shim binary again (for the `serve` child). */
@@ -54,6 +66,8 @@ export interface StartOptions {
   env: NodeJS.ProcessEnv;
   /** How long the `serve` child may take to answer on its socket (default 60 s). */
   serveTimeoutMs?: number;
+  /** Node mode: the relay binary (default: dist/native/kata-ts-shim-relay of this package). */
+  relayBinary?: string;
 }
 
 const POLL_MS = 50;
@@ -115,7 +129,9 @@ export async function startShim(options: StartOptions): Promise<string> {
         { details: { sandboxId, socketPath } },
       );
     }
-    await spawnServe(options, sandboxId, socketPath, podStateDir(stateRoot, options.namespace, sandboxId));
+    const stateDir = podStateDir(stateRoot, options.namespace, sandboxId);
+    if (options.config.shim.mode === 'node') await startNodePod(options, sandboxId, socketPath, stateDir);
+    else await spawnServe(options, sandboxId, socketPath, stateDir);
   }
   await writeAddressFile(options.bundle, address);
   return address;
@@ -127,10 +143,10 @@ export async function startShim(options: StartOptions): Promise<string> {
  */
 async function serveCommand(
   options: StartOptions,
-  sandboxId: string,
-  socketPath: string,
+  argv: readonly string[],
+  cwd: string,
 ): Promise<{ command: string; args: string[]; env: NodeJS.ProcessEnv; entering: boolean }> {
-  const self = { command: options.self.command, args: [...options.self.args, ...serveArgs(options, sandboxId, socketPath)] };
+  const self = { command: options.self.command, args: [...options.self.args, ...argv] };
   const file = options.config.mountNamespacePath;
   if (file === null || (await placeInNamespace(file, options.env)) === 'inside') {
     // No caller's root to hand over: the child reads the paths it gets as they are.
@@ -140,7 +156,7 @@ async function serveCommand(
   // Silent: containerd reads start's stdout and stderr together as the address.
   const { id } = await ensureMountNamespace(file, silentLogger());
   // No setpriv: the pod's shim outlives this `start`.
-  const inside = insideCommand(file, id, options.bundle, self, false);
+  const inside = insideCommand(file, id, cwd, self, false);
   // containerd's root goes with it: the paths containerd names are read there (src/common/caller-root.ts).
   const env = { ...options.env, ...inside.env, [CALLER_ROOT_ENV]: String(CALLER_ROOT_CHILD_FD) };
   return { command: inside.command, args: inside.args, env, entering: true };
@@ -148,13 +164,25 @@ async function serveCommand(
 
 /** Start the detached `serve` child and wait until its socket answers (or it dies, or time runs out). */
 async function spawnServe(options: StartOptions, sandboxId: string, socketPath: string, stateDir: string): Promise<void> {
-  const cmd = await serveCommand(options, sandboxId, socketPath);
   const log = await openShimLog(options.bundle, stateDir);
+  await spawnAndWait(options, serveArgs(options, sandboxId, socketPath), log, socketPath, 'the pod shim');
+}
+
+/** Start this binary detached with `argv` (stderr: `log`, closed here) and wait until `socketPath` answers. */
+async function spawnAndWait(
+  options: StartOptions,
+  argv: readonly string[],
+  log: { fd: number; path: string },
+  socketPath: string,
+  what: string,
+  cwd = options.bundle,
+): Promise<void> {
+  const cmd = await serveCommand(options, argv, cwd);
   let child: ReturnType<typeof spawn>;
   const root = cmd.entering ? openOwnRoot() : undefined;
   try {
     child = spawn(cmd.command, cmd.args, {
-      cwd: options.bundle,
+      cwd,
       env: cmd.env,
       detached: true,
       // The caller's root at CALLER_ROOT_CHILD_FD (3), the first index after stdio.
@@ -177,20 +205,105 @@ async function spawnServe(options: StartOptions, sandboxId: string, socketPath: 
   for (;;) {
     if (await socketAnswers(socketPath, 500)) return;
     if (spawnError !== undefined) {
-      throw unavailable('SHIM_SERVE_FAILED', `the pod shim could not be started: ${spawnError}.`);
+      throw unavailable('SHIM_SERVE_FAILED', `${what} could not be started: ${spawnError}.`);
     }
     if (exited !== undefined) {
       // A second start racing this one may have won the pod: its shim is as good as ours.
       if (await socketAnswers(socketPath)) return;
-      throw unavailable('SHIM_SERVE_FAILED', `the pod shim exited (${exited}) before serving; its log is ${log.path}.`, {
+      throw unavailable('SHIM_SERVE_FAILED', `${what} exited (${exited}) before serving; its log is ${log.path}.`, {
         details: { log: log.path },
       });
     }
     if (Date.now() > deadline) {
       if (child.pid !== undefined) process.kill(child.pid, 'SIGKILL');
-      throw timedOut('SHIM_SERVE_FAILED', `the pod shim did not answer at ${socketPath} in time; its log is ${log.path}.`, {
+      throw timedOut('SHIM_SERVE_FAILED', `${what} did not answer at ${socketPath} in time; its log is ${log.path}.`, {
         details: { log: log.path },
       });
+    }
+    await new Promise((resolve) => setTimeout(resolve, POLL_MS));
+  }
+}
+
+/** The node server's arguments (also the relays' revive command): containerd's flags, `node-serve` last. */
+export function nodeServeArgs(options: Pick<StartOptions, 'namespace' | 'containerdAddress' | 'publishBinary' | 'debug'>): string[] {
+  return [
+    '-namespace',
+    options.namespace,
+    '-address',
+    options.containerdAddress,
+    '-publish-binary',
+    options.publishBinary,
+    ...(options.debug ? ['-debug'] : []),
+    'node-serve',
+  ];
+}
+
+/** How many times `start` starts the node server again when the one it found was just leaving. */
+const NODE_ATTACH_TRIES = 3;
+
+/**
+ * Node mode (docs/shim.md "Shim modes"): make sure the node server of this containerd runs, have
+ * it host the pod on the pod's upstream socket, then start the pod's relay on the pod's socket
+ * and wait until it answers.
+ */
+async function startNodePod(options: StartOptions, sandboxId: string, socketPath: string, stateDir: string): Promise<void> {
+  const paths = nodeServerPaths(options.config.shim.stateRoot, options.containerdAddress);
+  const timeoutMs = options.serveTimeoutMs ?? 60_000;
+  const attach = { attach: { namespace: options.namespace, sandboxId, bundle: options.bundle, socketPath } };
+  for (let tries = 1; ; tries++) {
+    if (!(await socketAnswers(paths.control))) {
+      await fsp.mkdir(paths.dir, { recursive: true, mode: 0o700 });
+      const fd = fs.openSync(paths.log, fs.constants.O_WRONLY | fs.constants.O_APPEND | fs.constants.O_CREAT, 0o600);
+      // Its working directory is no pod's bundle: it outlives them all.
+      await spawnAndWait(options, nodeServeArgs(options), { fd, path: paths.log }, paths.control, 'the node shim server', '/');
+    }
+    try {
+      await nodeRequest(paths.control, attach, timeoutMs);
+      break;
+    } catch (err) {
+      // The server found may have been on its way out (no pod for a while): start another.
+      if (tries >= NODE_ATTACH_TRIES || (await socketAnswers(paths.control))) throw err;
+    }
+  }
+  await spawnRelay(options, socketPath, stateDir);
+}
+
+/** Start the pod's relay detached (a session of its own, stderr the pod's shim log) and wait until the pod's socket answers. */
+async function spawnRelay(options: StartOptions, socketPath: string, stateDir: string): Promise<void> {
+  const pidFile = path.join(stateDir, RELAY_PID_FILE);
+  // The revive command enters the runtime's mount namespace itself (nsenter), as `start` does,
+  // so a revived node server is one process; no caller's root goes with it (the relay holds none).
+  const cmd = await serveCommand(options, nodeServeArgs(options), '/');
+  const revive = [cmd.command, ...cmd.args];
+  const { [CALLER_ROOT_ENV]: _root, ...env } = cmd.env;
+  const log = await openShimLog(options.bundle, stateDir);
+  let child: ReturnType<typeof spawn>;
+  try {
+    child = spawn(options.relayBinary ?? defaultRelayBinary(), relayArgs(socketPath, upstreamSocketPath(stateDir), pidFile, revive), {
+      cwd: '/',
+      env,
+      detached: true,
+      stdio: ['ignore', 'ignore', log.fd],
+    });
+  } finally {
+    fs.closeSync(log.fd);
+  }
+  let failed: string | undefined;
+  child.once('error', (err) => {
+    failed = errorMessage(err);
+  });
+  child.once('exit', (code, signal) => {
+    failed = signal === null ? `it exited with code ${code}` : `it was killed by ${signal}`;
+  });
+  child.unref();
+  const deadline = Date.now() + (options.serveTimeoutMs ?? 60_000);
+  for (;;) {
+    if (await socketAnswers(socketPath, 500)) return;
+    if (failed !== undefined)
+      throw unavailable('SHIM_SERVE_FAILED', `the pod's relay could not be started: ${failed}; its log is ${log.path}.`);
+    if (Date.now() > deadline) {
+      if (child.pid !== undefined) process.kill(child.pid, 'SIGKILL');
+      throw timedOut('SHIM_SERVE_FAILED', `the pod's relay did not answer at ${socketPath} in time; its log is ${log.path}.`);
     }
     await new Promise((resolve) => setTimeout(resolve, POLL_MS));
   }
