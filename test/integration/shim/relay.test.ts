@@ -1,0 +1,456 @@
+/**
+ * kata-ts-shim-relay (native/shim-relay.c, docs/shim.md#the-relay): the per-pod process containerd
+ * stays connected to while the node shim server behind it may die and come back.
+ *
+ * The real relay binary runs in front of a real upstream: our TtrpcServer (src/ttrpc) in its own
+ * node process (a script this test writes, so it can be killed by pid and started again), and
+ * our TtrpcClient stands for containerd. Raw sockets play the hostile downstream. No VM is needed:
+ * the relay knows nothing of pods, only frames.
+ *
+ * Every process a test starts is recorded by pid (the servers write their own pid files, also the
+ * ones the relay's revive command starts) and killed afterwards, and its directory removed, also
+ * when the test fails.
+ */
+import { type ChildProcess, execFileSync, spawn } from 'node:child_process';
+import { existsSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import net from 'node:net';
+import os from 'node:os';
+import path from 'node:path';
+import { pathToFileURL } from 'node:url';
+import { afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { packageRoot } from '../../../src/common/paths.js';
+import { connectTtrpc, type TtrpcClient, TtrpcStatusError } from '../../../src/ttrpc/index.js';
+import { until } from '../../helpers/poll.js';
+import { isRunning } from '../../helpers/processes.js';
+
+const ROOT = packageRoot();
+const RELAY = path.join(ROOT, 'dist', 'native', 'kata-ts-shim-relay');
+const TSX_LOADER = pathToFileURL(path.join(ROOT, 'node_modules', 'tsx', 'dist', 'loader.mjs')).href;
+const SERVICE = 'test.Relay';
+const MiB = 1024 * 1024;
+
+/**
+ * The upstream: a ttrpc server on argv[2], named argv[3] (its generation), logging every request
+ * it gets to <argv[4]>/requests.log and its pid to <argv[4]>/server-<name>.pid once it listens.
+ * Echo answers at once; Wait (containerd's long call) answers once <dir>/release exists.
+ */
+const UPSTREAM_SCRIPT = `
+import { appendFileSync, existsSync, rmSync, writeFileSync } from 'node:fs';
+import { TtrpcServer } from ${JSON.stringify(path.join(ROOT, 'src', 'ttrpc', 'index.ts'))};
+const [socketPath, name, dir] = process.argv.slice(2);
+const log = (method, req) => appendFileSync(dir + '/requests.log', name + ' ' + method + ' ' + (req.length > 64 ? req.length + ' bytes' : req.toString()) + '\\n');
+const server = new TtrpcServer();
+server.register(${JSON.stringify(SERVICE)}, {
+  Echo: (req) => { log('Echo', req); return Buffer.concat([Buffer.from(name + ':'), req]); },
+  Wait: async (req, call) => {
+    log('Wait', req);
+    while (!existsSync(dir + '/release')) {
+      if (call.signal.aborted) throw call.signal.reason;
+      await new Promise((r) => setTimeout(r, 50));
+    }
+    return Buffer.from(name + ':waited:' + req.toString());
+  },
+});
+// A killed predecessor leaves its socket file behind.
+rmSync(socketPath, { force: true });
+await server.listen(socketPath);
+writeFileSync(dir + '/server-' + name + '.pid', String(process.pid));
+`;
+
+interface Relay {
+  child: ChildProcess;
+  pid: number;
+  stderr: () => string;
+  exited: Promise<number | null>;
+}
+
+let dir = '';
+const pids = new Set<number>();
+const clients: TtrpcClient[] = [];
+const sockets: net.Socket[] = [];
+
+function killAll(): void {
+  // Servers the relay's revive started are not our children: their pid files name them.
+  if (dir !== '' && existsSync(dir)) {
+    for (const name of readdirNames(dir)) {
+      const m = /^server-.*\.pid$/.exec(name);
+      if (m) {
+        const pid = Number(readFileSync(path.join(dir, name), 'utf8'));
+        if (pid > 0) pids.add(pid);
+      }
+    }
+  }
+  for (const pid of pids) {
+    try {
+      process.kill(pid, 'SIGKILL');
+    } catch {
+      // gone already
+    }
+  }
+  pids.clear();
+}
+
+function readdirNames(d: string): string[] {
+  return execFileSync('ls', ['-1', d], { encoding: 'utf8' }).split('\n').filter(Boolean);
+}
+
+afterEach(async () => {
+  for (const c of clients.splice(0)) await c.close().catch(() => undefined);
+  for (const s of sockets.splice(0)) s.destroy();
+  killAll();
+  serverExits.clear();
+  if (dir !== '') rmSync(dir, { recursive: true, force: true });
+  dir = '';
+});
+
+function freshDir(): string {
+  dir = mkdtempSync(path.join(os.tmpdir(), 'ktrelay-'));
+  writeFileSync(path.join(dir, 'upstream.mts'), UPSTREAM_SCRIPT);
+  return dir;
+}
+
+const podSocket = (): string => path.join(dir, 'pod.sock');
+const upstreamSocket = (): string => path.join(dir, 'upstream.sock');
+const serverArgv = (name: string): string[] => [
+  process.execPath,
+  '--import',
+  TSX_LOADER,
+  path.join(dir, 'upstream.mts'),
+  upstreamSocket(),
+  name,
+  dir,
+];
+
+/** Our server children's exits: a SIGKILLed node is gone (its sockets closed) once it is reaped. */
+const serverExits = new Map<number, Promise<void>>();
+
+/** Starts an upstream server named `name` and waits until it listens; returns its pid. */
+async function startServer(name: string): Promise<number> {
+  const [cmd, ...args] = serverArgv(name);
+  const child = spawn(cmd as string, args, { stdio: ['ignore', 'ignore', 'inherit'] });
+  if (child.pid === undefined) throw new Error('the upstream server did not start');
+  pids.add(child.pid);
+  serverExits.set(child.pid, new Promise((resolve) => child.once('exit', () => resolve())));
+  await until(`upstream server ${name} to listen`, async (note) => {
+    note(child.exitCode === null ? 'starting' : `exited ${child.exitCode}`);
+    if (child.exitCode !== null) throw new Error(`upstream server ${name} exited ${child.exitCode}`);
+    return existsSync(path.join(dir, `server-${name}.pid`)) ? true : undefined;
+  });
+  return child.pid;
+}
+
+/**
+ * Kills a server and waits for its reaping: the thread group leader of a killed node shows as a
+ * zombie while its other threads still hold the listening socket open.
+ */
+async function killServer(pid: number): Promise<void> {
+  process.kill(pid, 'SIGKILL');
+  await serverExits.get(pid);
+}
+
+function startRelay(extra: string[] = [], revive: string[] = [], listen = podSocket()): Relay {
+  const args = ['--listen', listen, '--upstream', upstreamSocket(), '--pid-file', path.join(dir, 'relay.pid'), ...extra];
+  if (revive.length > 0) args.push('--', ...revive);
+  const child = spawn(RELAY, args, { stdio: ['ignore', 'ignore', 'pipe'] });
+  if (child.pid === undefined) throw new Error('the relay did not start');
+  pids.add(child.pid);
+  let err = '';
+  child.stderr?.on('data', (b: Buffer) => {
+    err += b.toString();
+  });
+  const exited = new Promise<number | null>((resolve) => child.once('exit', (code) => resolve(code)));
+  return { child, pid: child.pid, stderr: () => err, exited };
+}
+
+async function relayListening(relay: Relay): Promise<void> {
+  await until('the relay to listen', async (note) => {
+    note(relay.stderr());
+    if (existsSync(path.join(dir, 'relay.pid'))) return true;
+    if (relay.child.exitCode !== null) throw new Error(`the relay exited ${relay.child.exitCode}: ${relay.stderr()}`);
+    return undefined;
+  });
+}
+
+async function client(): Promise<TtrpcClient> {
+  const c = await connectTtrpc(podSocket());
+  clients.push(c);
+  return c;
+}
+
+const call = (c: TtrpcClient, method: string, text: string | Buffer): Promise<string> =>
+  c.call(SERVICE, method, typeof text === 'string' ? Buffer.from(text) : text).then((b) => b.toString());
+
+const requestsLog = (): string[] =>
+  existsSync(path.join(dir, 'requests.log')) ? readFileSync(path.join(dir, 'requests.log'), 'utf8').split('\n').filter(Boolean) : [];
+
+/** A raw connection to the pod socket, for bytes no client would send. */
+async function rawSocket(): Promise<net.Socket> {
+  const s = net.connect(podSocket());
+  sockets.push(s);
+  s.on('error', () => undefined);
+  await new Promise<void>((resolve, reject) => {
+    s.once('connect', () => resolve());
+    s.once('error', reject);
+  });
+  return s;
+}
+
+function closedPromise(s: net.Socket): Promise<void> {
+  return new Promise((resolve) => {
+    if (s.destroyed || s.readableEnded) resolve();
+    else s.once('close', () => resolve());
+  });
+}
+
+function header(dataBytes: number, streamId: number, type: number): Buffer {
+  const h = Buffer.alloc(10);
+  h.writeUInt32BE(dataBytes >>> 0, 0);
+  h.writeUInt32BE(streamId >>> 0, 4);
+  h.writeUInt8(type, 8);
+  return h;
+}
+
+function rssKiB(pid: number): number {
+  const m = /VmRSS:\s+(\d+) kB/.exec(readFileSync(`/proc/${pid}/status`, 'utf8'));
+  return Number(m?.[1] ?? Number.NaN);
+}
+
+describe('kata-ts-shim-relay', () => {
+  beforeAll(() => {
+    // The binary under test is the current source (the script rebuilds only what changed).
+    execFileSync('bash', [path.join(ROOT, 'scripts', 'build-native.sh')], { stdio: 'inherit' });
+  });
+
+  it('passes calls through whole: answers match their calls, statuses too, large and concurrent, on many connections', async () => {
+    freshDir();
+    await startServer('one');
+    const relay = startRelay();
+    await relayListening(relay);
+    // The socket is the owner's alone, and the pid file names the relay.
+    expect(statSync(podSocket()).mode & 0o777).toBe(0o600);
+    expect(readFileSync(path.join(dir, 'relay.pid'), 'utf8').trim()).toBe(String(relay.pid));
+
+    const c = await client();
+    expect(await call(c, 'Echo', 'hello')).toBe('one:hello');
+    // 3 MiB: many reads and writes on either side of the relay, one frame.
+    const big = Buffer.alloc(3 * MiB, 'x');
+    const answer = await c.call(SERVICE, 'Echo', big);
+    expect(answer.length).toBe(big.length + 4);
+    expect(answer.subarray(4).equals(big)).toBe(true);
+    // Many calls in flight on one connection, each answered on its own stream.
+    const many = await Promise.all(Array.from({ length: 50 }, (_, i) => call(c, 'Echo', `n${i}`)));
+    expect(many).toEqual(Array.from({ length: 50 }, (_, i) => `one:n${i}`));
+    // A status other than OK passes through as it is.
+    const err = await c.call(SERVICE, 'Nope', Buffer.alloc(0)).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(TtrpcStatusError);
+    expect((err as TtrpcStatusError).code).toBe(12); // UNIMPLEMENTED
+    // Many connections at once, each with its own calls.
+    const conns = await Promise.all(Array.from({ length: 40 }, () => client()));
+    const answers = await Promise.all(conns.map((k, i) => call(k, 'Echo', `c${i}`)));
+    expect(answers).toEqual(conns.map((_, i) => `one:c${i}`));
+    expect(isRunning(relay.pid)).toBe(true);
+  });
+
+  it('keeps the downstream connection when the upstream dies: the call in flight is replayed to the next server and answered on the same connection', async () => {
+    freshDir();
+    const first = await startServer('one');
+    const relay = startRelay();
+    await relayListening(relay);
+    const c = await client();
+    expect(await call(c, 'Echo', 'before')).toBe('one:before');
+    const waiting = call(c, 'Wait', 'task-1');
+    await until('the first server to get Wait', async (note) => {
+      note(requestsLog());
+      return requestsLog().includes('one Wait task-1') ? true : undefined;
+    });
+    await killServer(first);
+    // Sent while nothing serves the pod: queued, and sent after the replayed Wait.
+    const during = call(c, 'Echo', 'during');
+    await startServer('two');
+    await until('the second server to get the replayed Wait and the queued Echo', async (note) => {
+      note(requestsLog());
+      const log = requestsLog();
+      return log.includes('two Wait task-1') && log.includes('two Echo during') ? true : undefined;
+    });
+    const log = requestsLog();
+    expect(log.indexOf('two Wait task-1')).toBeLessThan(log.indexOf('two Echo during'));
+    expect(await during).toBe('two:during');
+    writeFileSync(path.join(dir, 'release'), '');
+    expect(await waiting).toBe('two:waited:task-1');
+    // The same client connection goes on.
+    expect(await call(c, 'Echo', 'after')).toBe('two:after');
+    expect(c.pendingCalls).toBe(0);
+    // Wait, and Echo 'during' too when it reached the relay before the relay saw the loss.
+    expect(relay.stderr()).toMatch(/upstream connection lost \(.*\); [12] request\(s\) unanswered/);
+    expect(relay.stderr()).toMatch(/upstream back; sending [12] unanswered request\(s\) again/);
+  });
+
+  it('revives a refusing upstream once it has refused for 1 s: the revive command starts the server and the call completes', async () => {
+    freshDir();
+    const script = path.join(dir, 'revive.sh');
+    const [cmd, ...args] = serverArgv('revived');
+    writeFileSync(
+      script,
+      `#!/bin/sh\necho "$(date +%s.%N) $$" >> ${dir}/revive.log\nexec ${[cmd, ...args].map((a) => `'${a}'`).join(' ')}\n`,
+      { mode: 0o755 },
+    );
+    const relay = startRelay([], [script]);
+    await relayListening(relay);
+    const c = await client();
+    // Nothing serves the upstream socket: the relay retries, then runs the revive command.
+    expect(await call(c, 'Echo', 'wake')).toBe('revived:wake');
+    const runs = readFileSync(path.join(dir, 'revive.log'), 'utf8').split('\n').filter(Boolean);
+    expect(runs).toHaveLength(1);
+    expect(relay.stderr()).toMatch(/refused connections for \d+ ms; started/);
+    const refusedMs = Number(/refused connections for (\d+) ms/.exec(relay.stderr())?.[1]);
+    expect(refusedMs).toBeGreaterThanOrEqual(1000);
+  });
+
+  it('runs the revive command at most once per 10 s while the upstream stays down', async () => {
+    freshDir();
+    const script = path.join(dir, 'revive.sh');
+    writeFileSync(script, `#!/bin/sh\necho "$(date +%s.%N)" >> ${dir}/revive.log\n`, { mode: 0o755 });
+    const relay = startRelay([], [script]);
+    await relayListening(relay);
+    const c = await client();
+    const pending = call(c, 'Echo', 'never').catch((e: unknown) => e);
+    const runs = (): number[] =>
+      existsSync(path.join(dir, 'revive.log'))
+        ? readFileSync(path.join(dir, 'revive.log'), 'utf8').split('\n').filter(Boolean).map(Number)
+        : [];
+    await until('the revive command to run twice', async (note) => {
+      note(runs());
+      return runs().length >= 2 ? true : undefined;
+    });
+    const [a, b] = runs() as [number, number];
+    expect(b - a).toBeGreaterThanOrEqual(9.9);
+    // The call still waits (queued), and the relay is still there for it.
+    expect(c.pendingCalls).toBe(1);
+    expect(isRunning(relay.pid)).toBe(true);
+    await c.close();
+    await pending;
+  });
+
+  it('survives hostile downstreams: an oversized header, a flood while the upstream is down, garbage cut mid-frame; stays small, others go on', async () => {
+    freshDir();
+    const server = await startServer('one');
+    const relay = startRelay();
+    await relayListening(relay);
+    const good = await client();
+    expect(await call(good, 'Echo', 'first')).toBe('one:first');
+    const idleRss = rssKiB(relay.pid);
+
+    // A header announcing 0xFFFFFFFF bytes: that downstream is closed, nothing is allocated.
+    const huge = await rawSocket();
+    const hugeClosed = closedPromise(huge);
+    huge.write(header(0xffffffff, 1, 1));
+    await hugeClosed;
+    expect(relay.stderr()).toContain('a frame over 4194304 bytes from the downstream');
+    expect(await call(good, 'Echo', 'after-huge')).toBe('one:after-huge');
+
+    // Garbage, then half a frame, then the client goes away.
+    const garbage = await rawSocket();
+    garbage.write(Buffer.from([0, 0, 0, 20, 0, 0, 0, 1, 1, 0, 9, 9, 9]));
+    garbage.end(header(1000, 3, 1).subarray(0, 6));
+    await closedPromise(garbage);
+    expect(await call(good, 'Echo', 'after-garbage')).toBe('one:after-garbage');
+
+    // The upstream goes; a flood of whole 1 MiB requests past the 16 MiB bound closes the flooder.
+    await killServer(server);
+    const flooder = await rawSocket();
+    const floodClosed = closedPromise(flooder);
+    const frame = Buffer.concat([header(MiB, 0, 1), Buffer.alloc(MiB, 0x5a)]);
+    let sent = 0;
+    let id = 1;
+    flooder.on('close', () => undefined);
+    while (!flooder.destroyed && sent < 40 * MiB) {
+      frame.writeUInt32BE(id, 4);
+      id += 2;
+      const ok = flooder.write(Buffer.from(frame));
+      sent += frame.length;
+      if (!ok) await Promise.race([new Promise((r) => flooder.once('drain', r)), floodClosed]);
+    }
+    await floodClosed;
+    // (The relay writes why before it closes; its stderr may reach us after the close.)
+    await until('the relay to say why it closed the flooder', async (note) => {
+      note(relay.stderr());
+      return relay.stderr().includes('over 16 MiB queued or unanswered for the downstream') ? true : undefined;
+    });
+    expect(isRunning(relay.pid)).toBe(true);
+    // What the flood made the relay hold is given back: its resident size comes back near idle.
+    const peakKiB = Number(/VmHWM:\s+(\d+) kB/.exec(readFileSync(`/proc/${relay.pid}/status`, 'utf8'))?.[1]);
+    expect(peakKiB).toBeGreaterThan(idleRss + 8 * 1024);
+    const afterRss = await until('the relay to give back what the flood made it hold', async (note) => {
+      const kib = rssKiB(relay.pid);
+      note(`${kib} KiB resident, ${idleRss} KiB idle`);
+      return kib < idleRss + 2048 ? kib : undefined;
+    });
+
+    // The good connection waited through all of it and goes on once a server is back.
+    const queued = call(good, 'Echo', 'after-flood');
+    await startServer('two');
+    expect(await queued).toBe('two:after-flood');
+    const other = await client();
+    expect(await call(other, 'Echo', 'new')).toBe('two:new');
+    console.log(`relay RSS: ${idleRss} KiB idle, ${peakKiB} KiB at most during the flood, ${afterRss} KiB after it`);
+  });
+
+  it('exits 0 once <upstream>.gone exists and nothing is unanswered, and not before', async () => {
+    freshDir();
+    const server = await startServer('one');
+    const relay = startRelay();
+    await relayListening(relay);
+    const c = await client();
+    const waiting = call(c, 'Wait', 'last');
+    await until('the server to get Wait', async () => (requestsLog().includes('one Wait last') ? true : undefined));
+    // The pod is shut down for good, but containerd still waits for an answer: the relay stays.
+    writeFileSync(`${upstreamSocket()}.gone`, '');
+    await killServer(server);
+    const stillThere = await Promise.race([relay.exited.then(() => false), new Promise((r) => setTimeout(() => r(true), 2500))]);
+    expect(stillThere).toBe(true);
+    expect(isRunning(relay.pid)).toBe(true);
+    // Answered (a server came back for it): nothing is unanswered, the relay goes by itself.
+    writeFileSync(path.join(dir, 'release'), '');
+    await startServer('two');
+    expect(await waiting).toBe('two:waited:last');
+    expect(await relay.exited).toBe(0);
+    expect(existsSync(podSocket())).toBe(false);
+
+    // And with nothing in flight at all, it goes as soon as it looks.
+    rmSync(path.join(dir, 'relay.pid'));
+    const idle = startRelay();
+    await relayListening(idle);
+    expect(await idle.exited).toBe(0);
+  });
+
+  it('replaces a stale pod socket, refuses one something answers on and a file that is not a socket', async () => {
+    freshDir();
+    await startServer('one');
+    const first = startRelay();
+    await relayListening(first);
+    // Another relay for the same pod socket: the live one is left alone.
+    const second = startRelay([], [], podSocket());
+    expect(await second.exited).toBe(125);
+    expect(second.stderr()).toContain(`--listen ${podSocket()} is a socket something answers on; refusing to replace it`);
+    expect(await call(await client(), 'Echo', 'still')).toBe('one:still');
+
+    // Killed outright, the first leaves its socket file: nothing answers there, so it is replaced.
+    first.child.kill('SIGKILL');
+    await first.exited;
+    expect(statSync(podSocket()).isSocket()).toBe(true);
+    rmSync(path.join(dir, 'relay.pid'));
+    const third = startRelay();
+    await relayListening(third);
+    expect(await call(await client(), 'Echo', 'replaced')).toBe('one:replaced');
+    // SIGTERM: everything closed, exit 0.
+    third.child.kill('SIGTERM');
+    expect(await third.exited).toBe(0);
+
+    const plain = path.join(dir, 'plain');
+    writeFileSync(plain, 'not a socket');
+    const fourth = startRelay([], [], plain);
+    expect(await fourth.exited).toBe(125);
+    expect(fourth.stderr()).toContain(`--listen ${plain} exists and is not a socket; refusing to replace it`);
+    expect(readFileSync(plain, 'utf8')).toBe('not a socket');
+  });
+});
