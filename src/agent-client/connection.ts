@@ -78,6 +78,10 @@ export class AgentConnection {
   /** Set when the connection ended because the agent broke the protocol too often. */
   private violationError: KataError | undefined;
   private readonly violationListeners = new Set<(err: KataError) => void>();
+  /** While set (see hold): why every call is refused at once. */
+  private heldBy: (() => KataError) | undefined;
+  /** Woken when the hold is released or the connection closes (the dial loop waits on it). */
+  private readonly unholdWaiters = new Set<() => void>();
 
   constructor(private readonly options: AgentConnectionOptions) {
     this.rpc = new RpcClient<AgentMethods>(
@@ -109,6 +113,7 @@ export class AgentConnection {
    * nothing is known and nothing is refused (the client's calls wait for Hello first).
    */
   admit(method: keyof AgentMethods, request: unknown): void {
+    if (this.heldBy !== undefined) throw this.heldBy();
     const version = this.apiVersion;
     if (version !== undefined) checkApiFeatures(version, method, request);
   }
@@ -144,8 +149,38 @@ export class AgentConnection {
     return () => this.violationListeners.delete(listener);
   }
 
+  /**
+   * Hold the connection while the guest cannot run (its VM's vCPUs are stopped: a paused pod):
+   * every call is refused at once with `refusal()` instead of waiting on a guest that cannot
+   * answer, no PING is sent and a failed one does not end the session (a stopped guest is not a
+   * hung one), and no new session is dialled (its HELLO would only queue in the stopped guest's
+   * port). undefined releases the hold: calls, pings and dialling go on as before.
+   */
+  hold(refusal: (() => KataError) | undefined): void {
+    this.heldBy = refusal;
+    if (refusal === undefined) for (const w of [...this.unholdWaiters]) w();
+  }
+
+  /** True while hold() refuses calls. */
+  get held(): boolean {
+    return this.heldBy !== undefined;
+  }
+
+  /** Resolves once no hold is in place (or the connection closed). */
+  private unheld(): Promise<void> {
+    if (this.heldBy === undefined || this.closedFlag) return Promise.resolve();
+    return new Promise((resolve) => {
+      const wake = (): void => {
+        this.unholdWaiters.delete(wake);
+        resolve();
+      };
+      this.unholdWaiters.add(wake);
+    });
+  }
+
   /** Wait for a live session, at most `timeoutMs`. */
   ready(timeoutMs: number, signal?: AbortSignal): Promise<void> {
+    if (this.heldBy !== undefined) return Promise.reject(this.heldBy());
     if (this.connected) return Promise.resolve();
     if (this.closedFlag) return Promise.reject(this.closedError());
     return new Promise((resolve, reject) => {
@@ -171,6 +206,7 @@ export class AgentConnection {
     this.closedFlag = true;
     this.session?.close(unavailable('AGENT_CLIENT_CLOSED', 'the agent client is closed.'));
     for (const w of [...this.waiters]) w();
+    for (const w of [...this.unholdWaiters]) w();
   }
 
   /** Why a closed connection serves no more: the agent's violations, or close(). */
@@ -209,6 +245,8 @@ export class AgentConnection {
     let backoffMs = this.options.minBackoffMs ?? 100;
     const maxBackoffMs = this.options.maxBackoffMs ?? 2000;
     while (!this.closedFlag) {
+      await this.unheld();
+      if (this.closedFlag) return;
       try {
         const session = await this.attempt();
         backoffMs = this.options.minBackoffMs ?? 100;
@@ -216,7 +254,10 @@ export class AgentConnection {
         const keepalive =
           keepaliveMs > 0
             ? setInterval(() => {
+                if (this.heldBy !== undefined) return;
                 session.ping(keepaliveMs).catch((err: unknown) => {
+                  // A ping sent just before the guest was stopped goes unanswered: not a hang.
+                  if (this.heldBy !== undefined) return;
                   session.close(unavailable('AGENT_KEEPALIVE_FAILED', 'the agent did not answer a ping.', { cause: err }));
                 });
               }, keepaliveMs)

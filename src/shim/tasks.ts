@@ -19,6 +19,7 @@ import type { ContainerRecord } from '../runtime/container/record.js';
 import type { ContainerResourceUpdate } from '../runtime/container/types.js';
 import type { RequestContext } from '../runtime/context.js';
 import { KeyedMutex } from '../runtime/locks.js';
+import { pausePod, resumePod } from '../runtime/sandbox/pause.js';
 import type { SandboxSpec } from '../runtime/spec/sandbox.js';
 import { readBundleJson, readResolvConf } from './bundle.js';
 import {
@@ -577,9 +578,10 @@ export class ShimTasks {
 
   /**
    * Pause (`frozen`) or Resume a task: a container's processes are frozen by its guest cgroup's
-   * freezer; the sandbox task freezes every running container of the pod (the VM keeps running, so
-   * its agent still answers and the pod stays ready). Idempotent; /tasks/paused or /tasks/resumed
-   * once per change.
+   * freezer; the sandbox task pauses the whole pod (src/runtime/sandbox/pause.ts: every running
+   * container frozen, then the VM's vCPUs stopped, so the pod holds its memory and spends no CPU;
+   * while paused, calls that need the guest answer FAILED_PRECONDITION SANDBOX_PAUSED at once).
+   * Idempotent; /tasks/paused or /tasks/resumed once per change.
    */
   freeze(id: string, frozen: boolean, ctx: RequestContext): Promise<void> {
     return this.one(id, '', () => this.freezeNow(id, frozen, ctx));
@@ -590,16 +592,21 @@ export class ShimTasks {
     if (task.exit.value !== undefined || !task.started) {
       throw precondition('TASK_NOT_RUNNING', `task ${id} is not running; only a running task can be ${frozen ? 'paused' : 'resumed'}`);
     }
-    if (task.paused === frozen) return;
-    const targets =
-      task.kind === 'container'
-        ? [task]
-        : [...this.tasks.values()].filter((t) => t.kind === 'container' && t.started && t.exit.value === undefined && t.paused !== frozen);
-    for (const t of targets) {
-      await this.deps.pod.containers.freeze(t.id, frozen, ctx);
-      t.paused = frozen;
+    if (task.kind === 'container') {
+      if (task.paused === frozen) return;
+      await this.deps.pod.containers.freeze(task.id, frozen, ctx);
+      task.paused = frozen;
+    } else {
+      // The core's record is the truth (it survives a restart of this shim); the task follows it.
+      const pod = { sandboxes: this.deps.pod.sandboxes, containers: this.deps.pod.containers };
+      const outcome = frozen ? await pausePod(pod, id, ctx) : await resumePod(pod, id, ctx);
+      const wasPaused = task.paused;
+      for (const t of this.tasks.values()) {
+        if (t.kind === 'container' && t.started && t.exit.value === undefined) t.paused = frozen;
+      }
+      task.paused = frozen;
+      if (!outcome.changed && wasPaused === frozen) return;
     }
-    task.paused = frozen;
     await this.deps.events.publish(frozen ? '/tasks/paused' : '/tasks/resumed', { container_id: id });
   }
 

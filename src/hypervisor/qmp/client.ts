@@ -31,6 +31,11 @@ export class QmpClient extends QmpConnection {
     await this.execute('cont', undefined, options);
   }
 
+  /**
+   * Stop the vCPUs (status `paused`, event STOP): the guest runs no instruction and its memory
+   * stays as it is, while QEMU's main loop (QMP, chardevs) keeps serving. `cont` undoes it. QEMU
+   * answers success also when the vCPUs were already stopped.
+   */
   async stop(options?: ExecuteOptions): Promise<void> {
     await this.execute('stop', undefined, options);
   }

@@ -1,5 +1,5 @@
 import { AgentClient, AgentConnection } from '../../agent-client/index.js';
-import { errorMessage } from '../../common/errors.js';
+import { errorMessage, type KataError } from '../../common/errors.js';
 import type { Logger } from '../../common/logger.js';
 import { packageVersion } from '../../common/paths.js';
 
@@ -20,17 +20,20 @@ export function connectAgentClient(socketPath: string, logger: Logger, timeoutMs
  * After a daemon restart: a client for an agent that kept running, connecting in the background
  * (a new session, the same agent instance). Recovery does not wait for it: calls wait for the
  * session within their own deadlines, and a guest whose agent does not answer only makes those
- * calls fail.
+ * calls fail. `hold`: the pod is paused (see AgentConnection.hold).
  */
-export function reopenAgentClient(socketPath: string, logger: Logger): AgentClient {
+export function reopenAgentClient(socketPath: string, logger: Logger, hold?: () => KataError): AgentClient {
   const connection = new AgentConnection({
     socketPath,
     logger: logger.child({ component: 'agent-client' }),
     hostVersion: packageVersion(),
   });
-  connection
-    .start(RECONNECT_WAIT_MS)
-    .catch((err: unknown) => logger.warn({ err: errorMessage(err) }, 'the agent has not answered yet; still trying'));
+  // A paused pod's agent (pause.ts): held before the first dial, so no HELLO queues in a stopped guest.
+  if (hold !== undefined) connection.hold(hold);
+  connection.start(RECONNECT_WAIT_MS).catch((err: unknown) => {
+    // A held (paused) pod's agent is not dialled until it is resumed: nothing to warn about.
+    if (!connection.held) logger.warn({ err: errorMessage(err) }, 'the agent has not answered yet; still trying');
+  });
   return new AgentClient(connection);
 }
 

@@ -15,6 +15,7 @@ import { releaseJail } from './jail.js';
 import { networksFor } from './network.js';
 import { killAndWait } from './orphans.js';
 import { sandboxSharedDir, sandboxVmRoot, sandboxWorkDir } from './paths.js';
+import { resumeBeforeStop } from './pause.js';
 import { identityKey, type SandboxExitRecord, type SandboxRecord } from './record.js';
 import { recoverSandboxes } from './recover.js';
 import { releaseSharedMounts, removeWorkDir } from './shared-dir.js';
@@ -199,6 +200,8 @@ export class SandboxManager implements SandboxAccess {
     const { record } = live;
     const log = this.deps.logger.child({ sandboxId: record.id });
     let exit: SandboxExitRecord | null = record.exit;
+    // A paused pod is resumed first, so its containers and guest stop as any pod's do.
+    await resumeBeforeStop(live, () => this.deps.store.put(record), log);
     if (live.vm !== undefined && live.vm.exitInfo === undefined) {
       // Containers first, while the VM and its agent are up, so they stop with their timeouts.
       await tellStopping(this.deps.listener, record.id, budget.containersMs, log);
@@ -326,6 +329,7 @@ export class SandboxManager implements SandboxAccess {
           live.record.phase = 'stopped';
           live.record.exit = record;
           live.record.guestPod = null;
+          live.record.paused = null;
           // virtiofsd ends when QEMU disconnects; one that did not is stopped here.
           await stopVirtiofsd(live.record, this.deps.logger.child({ sandboxId: live.record.id }));
           live.record.virtiofsd = null;

@@ -156,6 +156,21 @@ export interface SandboxRecord {
    * Names and paths only, never a resource's bytes. Absent: none asked (or recorded before).
    */
   podSecrets?: PodSecrets;
+  /**
+   * Set while the pod is paused (src/runtime/sandbox/pause.ts): its containers frozen in the guest
+   * (`frozenContainers`, thawed again by resume) and its VM's vCPUs stopped (QMP `stop`) since
+   * `atNs`. Recovery keeps such a pod paused instead of taking its stopped VM for a failed one.
+   * Null or absent: not paused (or recorded before pause existed).
+   */
+  paused?: SandboxPausedRecord | null;
+}
+
+/** A paused pod's pause (see SandboxRecord.paused). */
+export interface SandboxPausedRecord {
+  /** Epoch nanoseconds (decimal string) when the VM's vCPUs were stopped. */
+  atNs: string;
+  /** The containers pause froze in the guest, which resume thaws. */
+  frozenContainers: string[];
 }
 
 /**
@@ -547,6 +562,15 @@ export const SANDBOX_RECORD_KIND: RecordKind = {
           }),
         },
       },
+      paused: nullable({
+        type: 'object',
+        additionalProperties: false,
+        required: ['atNs', 'frozenContainers'],
+        properties: {
+          atNs: { type: 'string', pattern: '^[0-9]+$' },
+          frozenContainers: { type: 'array', items: { type: 'string', pattern: CALLER_ID_PATTERN, maxLength: CALLER_ID_MAX_LENGTH } },
+        },
+      }),
       exit: nullable({
         type: 'object',
         additionalProperties: false,

@@ -11,6 +11,7 @@ import { reassertIdentity, releaseIdentity } from './identities.js';
 import { networksFor } from './network.js';
 import { killAndWait, qemuPidsUsing, swtpmPidsUsing, virtiofsdPidsUsing } from './orphans.js';
 import { poolVmWorkDir, sandboxWorkDir } from './paths.js';
+import { pausedHold, recoverPausedVm } from './pause.js';
 import type { SandboxRecord } from './record.js';
 import { removeWorkDir } from './shared-dir.js';
 import { checkPodTpm, stopPodTpm } from './tpm.js';
@@ -98,6 +99,8 @@ async function reattach(deps: RecoverDeps, record: SandboxRecord, log: Logger): 
     throw err;
   }
   const status = await vm.qmp.queryStatus();
+  // A paused pod's VM is stopped on purpose: it stays READY (and paused), see pause.ts.
+  if (record.paused != null && (await recoverPausedVm(record, vm, status.status, log))) return vm;
   if (status.status !== 'running') {
     // Paused, shut down or panicked: not a pod that serves; StopPodSandbox will end it.
     log.warn({ pid: vm.pid, status: status.status }, 're-attached VM is not running; sandbox is NOTREADY');
@@ -141,7 +144,7 @@ function reconnectAgent(record: SandboxRecord, log: Logger): AgentClient | undef
     log.error({ pid: v.pid }, 'virtiofsd is gone: the guest has lost its shared directory');
   }
   const socket = record.vmm?.agentSocket;
-  return socket === undefined ? undefined : reopenAgentClient(socket, log);
+  return socket === undefined ? undefined : reopenAgentClient(socket, log, pausedHold(record));
 }
 
 async function rollBackInterruptedCreate(deps: RecoverDeps, record: SandboxRecord, log: Logger): Promise<void> {

@@ -47,6 +47,35 @@ function scriptedPod() {
     waitProcess: () => execExit.promise,
     deleteProcess: async () => undefined,
     signalProcess: async () => undefined,
+    pauseContainer: async (id: string) => {
+      calls.push(`agent.pauseContainer ${id === CONTAINER ? 'container' : id}`);
+    },
+    resumeContainer: async (id: string) => {
+      calls.push(`agent.resumeContainer ${id === CONTAINER ? 'container' : id}`);
+    },
+    connection: {
+      hold: (refusal: unknown) => {
+        calls.push(`agent.hold ${refusal !== undefined}`);
+      },
+    },
+  };
+  // The pod's sandbox as pause.ts sees it under its lock (src/runtime/sandbox/pause.ts).
+  const sandboxRecord: { id: string; phase: string; state: string; paused?: unknown } = {
+    id: SANDBOX,
+    phase: 'running',
+    state: 'SANDBOX_READY',
+  };
+  const vm = {
+    pid: 4242,
+    exitInfo: undefined,
+    qmp: {
+      stop: async () => {
+        calls.push('qmp.stop');
+      },
+      cont: async () => {
+        calls.push('qmp.cont');
+      },
+    },
   };
   // The container's output stored to its end: resolved at once unless a test holds it.
   let outputStored: Promise<void> = Promise.resolve();
@@ -57,6 +86,8 @@ function scriptedPod() {
         calls.push('sandboxes.run');
       },
       find: () => ({ vm: { pid: 4242 }, record: {} }),
+      withSandbox: async (_id: string, fn: (h: unknown) => Promise<unknown>) =>
+        fn({ record: sandboxRecord, vm, agent, persist: async () => calls.push(`persist paused=${sandboxRecord.paused != null}`) }),
       stop: async () => {
         calls.push('sandboxes.stop');
       },
@@ -76,6 +107,7 @@ function scriptedPod() {
         record.pid = 7;
       },
       resolve: () => record,
+      inSandbox: () => [record],
       waitExit: () => exit.promise,
       outputStored: () => {
         calls.push('containers.outputStored');
@@ -211,7 +243,7 @@ describe('ShimTasks for CRI-O', () => {
     tasks.close();
   });
 
-  it("Pause of the sandbox task freezes the pod's running containers, each once (State PAUSED), and Resume thaws them; events once per change", async () => {
+  it('Pause of the sandbox task pauses the pod (containers frozen, then the vCPUs stopped; State PAUSED), Resume undoes it in the other order; events once per change', async () => {
     const { tasks, calls, topics } = await podWithContainer();
     await expect(tasks.freeze(CONTAINER, true, ctx)).rejects.toMatchObject({ reason: 'TASK_NOT_RUNNING' });
     await tasks.start(CONTAINER, '', ctx);
@@ -222,9 +254,16 @@ describe('ShimTasks for CRI-O', () => {
     expect(tasks.state(CONTAINER, '').status).toBe('PAUSED');
     await tasks.freeze(SANDBOX, false, ctx);
     expect(tasks.state(CONTAINER, '').status).toBe('RUNNING');
-    expect(calls.filter((c) => c.startsWith('containers.freeze'))).toEqual([
-      'containers.freeze container true',
-      'containers.freeze container false',
+    // The container task's own Pause inside a paused pod changes nothing more.
+    expect(calls.filter((c) => /^(containers\.freeze|agent\.|qmp\.|persist)/.test(c))).toEqual([
+      'agent.pauseContainer container',
+      'persist paused=true',
+      'agent.hold true',
+      'qmp.stop',
+      'qmp.cont',
+      'agent.hold false',
+      'agent.resumeContainer container',
+      'persist paused=false',
     ]);
     expect(topics.filter((t) => t === '/tasks/paused' || t === '/tasks/resumed')).toEqual(['/tasks/paused', '/tasks/resumed']);
     tasks.close();
