@@ -277,7 +277,8 @@ function kataDoor(mode: Mode, rt: BenchDaemon, handler: string): Door {
     podCost: async (sid) => {
       const info = await podInfo(rt.cri, sid);
       const roots = [info.pid, info.virtiofsd?.pid, info.tpm?.pid].filter((p): p is number => p !== undefined);
-      return { pids: withDescendants(roots), origin: info.origin?.kind ?? 'unknown' };
+      // A pool claim always records its origin; a pod without one booted its own VM.
+      return { pids: withDescendants(roots), origin: info.origin?.kind ?? 'cold' };
     },
   };
 }

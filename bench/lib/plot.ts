@@ -47,7 +47,7 @@ export function lineChartSpec(chart: LineChart): Spec {
       { orient: 'bottom', scale: 'x', title: chart.xTitle, values: [...chart.xTicks], format: 'd', grid: true },
       { orient: 'left', scale: 'y', title: chart.yTitle, grid: true },
     ],
-    legends: [{ fill: 'color', stroke: 'color', orient: 'right', symbolType: 'stroke' }],
+    legends: [{ fill: 'color', stroke: 'color', orient: 'right', symbolType: 'stroke', labelLimit: 260 }],
     marks: [
       {
         type: 'group',
