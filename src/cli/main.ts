@@ -5,6 +5,7 @@ import { runDoctorCommand } from './doctor.js';
 import { runInstallCommand, runUninstallCommand } from './install.js';
 import { runMetricsCommand } from './metrics.js';
 import { runMountNamespaceCommand } from './mount-namespace.js';
+import { runPauseCommand, runResumeCommand } from './pause.js';
 import { runPlanCommand } from './plan.js';
 import { runPsCommand } from './ps.js';
 import { runReleaseCommand } from './release.js';
@@ -23,6 +24,7 @@ Commands:
   uninstall        remove exactly what install wrote (--containerd)
   mount-namespace  show or remove the runtime's own mount namespace (where its mounts are)
   ps               list the pods kata-ts runs on this node: VM pid, shape, uptime, cgroup
+  pause, resume    pause a pod of the daemon (containers frozen, vCPUs stopped) or resume it
   metrics          scrape every pod shim's Prometheus metrics (--shims) as one exposition
   release          install kata-ts on a node as a release, upgrade, roll back, list, prune
   tpm-ca           the node's CA for its vtpm pods' EK certificates: init, rotate, show
@@ -42,6 +44,8 @@ const COMMANDS: Record<string, Command> = {
   install: runInstallCommand,
   uninstall: runUninstallCommand,
   ps: runPsCommand,
+  pause: runPauseCommand,
+  resume: runResumeCommand,
   metrics: runMetricsCommand,
   release: runReleaseCommand,
   'tpm-ca': runTpmCaCommand,

@@ -7,6 +7,7 @@ import type { LoadedConfig } from '../config/types.js';
 import { startDaemon } from '../daemon/daemon.js';
 import { type CommandLine, placeInNamespace, runInsideMountNamespace } from '../runtime/mount-namespace.js';
 import { type CliIo, parseCommandArgs, UsageError } from './args.js';
+import { controlSocketPath, serveControlSocket } from './pause.js';
 
 const HELP = `Usage: kata-ts serve [--config FILE] [--socket PATH] [--state-dir DIR]
 
@@ -69,6 +70,11 @@ export async function runServeCommand(argv: string[], io: CliIo, self: CommandLi
   }
   const unguard = guardUnhandledRejections(logger);
   const daemon = await startDaemon({ loaded, logger });
+  // `kata-ts pause|resume` reach the daemon's pods here (src/cli/pause.ts).
+  const control = await serveControlSocket(controlSocketPath(loaded.config.stateDir), daemon.pods, logger).catch(async (err: unknown) => {
+    await daemon.close();
+    throw err;
+  });
   await new Promise<void>((resolve) => {
     const stop = (signal: NodeJS.Signals): void => {
       logger.info({ signal }, 'shutting down');
@@ -79,6 +85,7 @@ export async function runServeCommand(argv: string[], io: CliIo, self: CommandLi
     process.on('SIGTERM', stop);
     process.on('SIGINT', stop);
   });
+  await control.close();
   await daemon.close();
   unguard();
   return 0;

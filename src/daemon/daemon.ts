@@ -25,6 +25,7 @@ import { CONTAINER_RECORD_KIND, type ContainerRecord } from '../runtime/containe
 import { StatsCollector } from '../runtime/container/stats-service.js';
 import type { SandboxGuestAccess } from '../runtime/container/types.js';
 import { ResourceUpdates } from '../runtime/container/updates.js';
+import type { RequestContext } from '../runtime/context.js';
 import type { RuntimeFacts } from '../runtime/facts.js';
 import { gatherFacts } from '../runtime/gather-facts.js';
 import { type MetricsEndpoint, RuntimeMetrics, serveMetrics } from '../runtime/metrics.js';
@@ -32,6 +33,7 @@ import { PoolManager, registerPoolMetrics } from '../runtime/pool/manager.js';
 import { SandboxManager } from '../runtime/sandbox/manager.js';
 import { auditOrphans, ownersFromRecords } from '../runtime/sandbox/orphan-audit.js';
 import { sandboxSharedDir, sandboxVmRoot } from '../runtime/sandbox/paths.js';
+import { type PauseOutcome, pausePod, resumePod } from '../runtime/sandbox/pause.js';
 import { SANDBOX_RECORD_KIND, type SandboxRecord } from '../runtime/sandbox/record.js';
 import { acquireStateLock } from '../runtime/state-lock.js';
 import { RecordStore } from '../runtime/store.js';
@@ -54,6 +56,11 @@ export interface Daemon {
   streamingUrl: string;
   /** The pool of pre-booted VMs (docs/pool.md). */
   pool: PoolManager;
+  /** Pause and resume of a pod (src/runtime/sandbox/pause.ts), for `kata-ts pause|resume`. */
+  pods: {
+    pause(id: string, ctx: RequestContext): Promise<PauseOutcome>;
+    resume(id: string, ctx: RequestContext): Promise<PauseOutcome>;
+  };
   /** Stop serving. Pod VMs keep running: they are found again by the next start. */
   close(): Promise<void>;
 }
@@ -235,6 +242,10 @@ async function composeDaemon(options: DaemonOptions, releaseLock: () => Promise<
     metrics,
     streamingUrl: streaming.baseUrl,
     pool,
+    pods: {
+      pause: (id, ctx) => pausePod({ sandboxes, containers }, id, ctx),
+      resume: (id, ctx) => resumePod({ sandboxes }, id, ctx),
+    },
     close: async () => {
       await pool.close();
       await started.close();
