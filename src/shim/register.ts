@@ -23,6 +23,8 @@ export const registerTaskService: RegisterServices = async (server, pod, shutdow
   const events = new EventPublisher({ address: shim.ttrpcAddress, namespace: shim.namespace, logger });
   const handler = handlerForBinary(process.argv[1] ?? '', Object.keys(pod.config.handlers));
   const tasks = new ShimTasks({ pod, events, handler, logger, namespace: shim.namespace });
+  // A pod served again after its shim died (node mode) has tasks containerd still knows.
+  await tasks.recover();
   const mode = await detectCgroupMode(pod.config.cgroupRoot).catch(() => 'v1' as const);
   const metricsVersion: MetricsVersion = mode === 'v2' ? 'v2' : 'v1';
   const methods = serviceMethods(

@@ -265,7 +265,13 @@ async function startNodePod(options: StartOptions, sandboxId: string, socketPath
       if (tries >= NODE_ATTACH_TRIES || (await socketAnswers(paths.control))) throw err;
     }
   }
-  await spawnRelay(options, socketPath, stateDir);
+  try {
+    await spawnRelay(options, socketPath, stateDir);
+  } catch (err) {
+    // Nothing serves the pod for containerd: the node server lets it go (containerd's delete cleans up).
+    await nodeRequest(paths.control, { detach: { namespace: options.namespace, sandboxId } }, timeoutMs).catch(() => undefined);
+    throw err;
+  }
 }
 
 /** Start the pod's relay detached (a session of its own, stderr the pod's shim log) and wait until the pod's socket answers. */
@@ -277,6 +283,7 @@ async function spawnRelay(options: StartOptions, socketPath: string, stateDir: s
   const revive = [cmd.command, ...cmd.args];
   const { [CALLER_ROOT_ENV]: _root, ...env } = cmd.env;
   const log = await openShimLog(options.bundle, stateDir);
+  await fsp.mkdir(path.dirname(socketPath), { recursive: true, mode: 0o700 });
   let child: ReturnType<typeof spawn>;
   try {
     child = spawn(options.relayBinary ?? defaultRelayBinary(), relayArgs(socketPath, upstreamSocketPath(stateDir), pidFile, revive), {

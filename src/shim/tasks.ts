@@ -32,6 +32,7 @@ import {
   isSoloBundle,
 } from './decode/index.js';
 import type { EventPublisher } from './events.js';
+import { readTaskRecords, removeTaskRecord, writeTaskRecord } from './node-task-records.js';
 import { cgroupParentForDriver, type ShimPod } from './pod.js';
 import { openPortForwardDoor, type PortForwardDoor } from './port-forward.js';
 import { timestampOfNs } from './proto.js';
@@ -365,6 +366,7 @@ export class ShimTasks {
       }
     }
     this.tasks.set(req.id, task);
+    await this.saveTask(task);
     await this.deps.events.publish('/tasks/create', {
       container_id: req.id,
       bundle: req.bundle,
@@ -390,6 +392,7 @@ export class ShimTasks {
       task.pid = this.hostPid();
     }
     task.started = true;
+    await this.saveTask(task);
     this.watchExit(task);
     await this.deps.events.publish('/tasks/start', { container_id: id, pid: task.pid });
     return task.pid;
@@ -540,6 +543,7 @@ export class ShimTasks {
     await task.output?.close();
     task.watch.abort();
     this.tasks.delete(id);
+    await removeTaskRecord(this.deps.pod.stateDir, id);
     const exit = task.exit.value ?? { status: 0, atNs: epochNs() };
     await this.deps.events.publish('/tasks/delete', {
       container_id: id,
@@ -790,6 +794,47 @@ export class ShimTasks {
   }
 
   /** Every task's exit watch stopped, every exec's streams closed (the shim is going away). */
+  /** The task's file (node-task-records.ts): what serving it again after a crash needs. */
+  private async saveTask(task: Task): Promise<void> {
+    const { id, kind, bundle, io, rootfsMounted, crio, solo, started } = task;
+    await writeTaskRecord(this.deps.pod.stateDir, { id, kind, bundle, io, rootfsMounted, crio, solo, started });
+  }
+
+  /**
+   * The tasks again from their files, after the pod's core recovered (node mode: the node shim
+   * server re-attached the pod after it died): started ones are watched for their exit again (an
+   * exit that happened meanwhile is told now). Nothing is published for what containerd already
+   * heard. Exec'd processes are not recovered.
+   */
+  async recover(): Promise<void> {
+    const { records, bad } = await readTaskRecords(this.deps.pod.stateDir);
+    if (bad.length > 0) this.deps.logger.warn({ files: bad }, 'task files that do not read as tasks: skipped');
+    for (const r of records) {
+      if (this.tasks.has(r.id)) continue;
+      const task: Task = {
+        ...r,
+        pid: 0,
+        exit: new ExitLatch(),
+        execs: new Map(),
+        watch: new AbortController(),
+        paused: false,
+        oom: undefined,
+        output: undefined,
+      };
+      if (r.kind === 'sandbox' || r.solo) this.sandboxId = r.id;
+      if (r.kind === 'sandbox') task.pid = this.deps.pod.sandboxes.find(r.id)?.vm?.pid ?? 0;
+      else {
+        if (parseOutputUri(r.io.stdout, 'stdout').kind === 'fifo')
+          task.output = await openTaskOutput(r.io, { dir: '', containerId: r.id, namespace: this.namespace, logger: this.deps.logger });
+        else this.deps.logger.warn({ containerId: r.id }, "a file or logger output is not served again after the shim's restart");
+        if (this.sandboxId !== undefined) task.pid = this.hostPid();
+      }
+      this.tasks.set(r.id, task);
+      if (r.started) this.watchExit(task);
+      this.deps.logger.info({ containerId: r.id, kind: r.kind, started: r.started }, 'task recovered');
+    }
+  }
+
   close(): void {
     this.unsubscribeOom();
     for (const task of this.tasks.values()) {

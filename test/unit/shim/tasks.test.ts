@@ -22,6 +22,9 @@ const FIXTURES = path.join(packageRoot(), 'fixtures', 'cri-o', '1.28');
 const SANDBOX = '7e6d5c4b3a29180f7e6d5c4b3a29180f7e6d5c4b3a29180f7e6d5c4b3a29180f';
 const CONTAINER = '0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0';
 
+/** The scripted pod's state dir (the Task service's task files): in each test's own dir. */
+let podStateDir = '';
+
 /** The pod core as far as ShimTasks uses it, scripted. */
 function scriptedPod() {
   const calls: string[] = [];
@@ -125,6 +128,10 @@ function scriptedPod() {
     },
     guests: { agentOf: () => agent },
     facts: { cgroupDriver: { name: 'cgroupfs', source: 'config' } },
+    // Where the Task service keeps its task files (node-task-records.ts).
+    get stateDir() {
+      return podStateDir;
+    },
   } as unknown as ShimPod;
   const holdOutput = (p: Promise<void>) => {
     outputStored = p;
@@ -173,6 +180,7 @@ describe('ShimTasks for CRI-O', () => {
 
   beforeEach(() => {
     dir = mkdtempSync(path.join(os.tmpdir(), 'kata-ts-shim-tasks-'));
+    podStateDir = path.join(dir, 'pod-state');
     sandboxBundle = path.join(dir, SANDBOX);
     containerBundle = path.join(dir, CONTAINER);
     mkdirSync(sandboxBundle);
