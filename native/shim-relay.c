@@ -21,7 +21,7 @@
  *     upstream failure and every second), and on SIGTERM.
  * Everything either side sends is untrusted: lengths are checked before anything is allocated,
  * buffers grow only as bytes really arrive, and every byte held counts against a per-connection
- * and a process-wide bound. One thread, poll(2), non-blocking sockets.
+ * and a process-wide bound. One thread, ppoll(2), non-blocking sockets.
  * Exits 125 with one line naming the step when it cannot start.
  */
 #define _GNU_SOURCE
@@ -628,11 +628,17 @@ static int listen_on(const char *path) {
     }
     int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (probe < 0) die("socket", NULL);
-    int live = connect(probe, (struct sockaddr *)&addr, sizeof addr) == 0 || errno == EAGAIN;
+    int answered = connect(probe, (struct sockaddr *)&addr, sizeof addr) == 0;
+    int err = errno;
     close(probe);
-    if (live) {
+    /* EAGAIN: a listener whose backlog is full, alive. Only a refusal proves nobody listens. */
+    if (answered || err == EAGAIN) {
       fprintf(stderr, "kata-ts-shim-relay: --listen %s is a socket something answers on; refusing to replace it\n", path);
       exit(FAIL_EXIT);
+    }
+    if (err != ECONNREFUSED) {
+      errno = err;
+      die("probing the existing socket", path);
     }
     if (unlink(path) != 0 && errno != ENOENT) die("removing the stale socket", path);
   }
@@ -702,6 +708,14 @@ int main(int argc, char **argv) {
   sigaction(SIGTERM, &sa, NULL);
   sigaction(SIGINT, &sa, NULL);
   signal(SIGPIPE, SIG_IGN);
+  /* SIGTERM is let in only while ppoll waits, so one arriving between loops is not slept through. */
+  sigset_t term, waiting_mask;
+  sigemptyset(&term);
+  sigaddset(&term, SIGTERM);
+  sigaddset(&term, SIGINT);
+  sigprocmask(SIG_BLOCK, &term, &waiting_mask);
+  sigdelset(&waiting_mask, SIGTERM);
+  sigdelset(&waiting_mask, SIGINT);
 
   int listener = listen_on(listen_path);
   if (pid_file != NULL) write_pid_file(pid_file);
@@ -744,9 +758,10 @@ int main(int argc, char **argv) {
     }
     long long wait_ms = wake - now;
     if (wait_ms < 0) wait_ms = 0;
-    if (poll(fds, (nfds_t)n, (int)wait_ms) < 0) {
+    struct timespec ts = {.tv_sec = wait_ms / 1000, .tv_nsec = (wait_ms % 1000) * 1000000};
+    if (ppoll(fds, (nfds_t)n, &ts, &waiting_mask) < 0) {
       if (errno == EINTR) continue;
-      die("poll", NULL);
+      die("ppoll", NULL);
     }
     now = now_ms();
     /* Walk the connections from the last: closing one moves the last into its slot. */

@@ -19,15 +19,19 @@ import path from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { packageRoot } from '../../../src/common/paths.js';
+import { encodeFrame, FrameReader, MessageType } from '../../../src/ttrpc/frames.js';
 import { connectTtrpc, type TtrpcClient, TtrpcStatusError } from '../../../src/ttrpc/index.js';
+import { decodeRequest, decodeResponse, encodeRequest, encodeResponse } from '../../../src/ttrpc/messages.js';
 import { until } from '../../helpers/poll.js';
 import { isRunning } from '../../helpers/processes.js';
+import { scaledMs } from '../../helpers/time-scale.js';
 
 const ROOT = packageRoot();
 const RELAY = path.join(ROOT, 'dist', 'native', 'kata-ts-shim-relay');
 const TSX_LOADER = pathToFileURL(path.join(ROOT, 'node_modules', 'tsx', 'dist', 'loader.mjs')).href;
 const SERVICE = 'test.Relay';
 const MiB = 1024 * 1024;
+const CALL_MS = scaledMs(60_000);
 
 /**
  * The upstream: a ttrpc server on argv[2], named argv[3] (its generation), logging every request
@@ -177,8 +181,9 @@ async function client(): Promise<TtrpcClient> {
   return c;
 }
 
+/** A call with a bound (generous, scaled), so a relay that loses it fails the test rather than hanging it. */
 const call = (c: TtrpcClient, method: string, text: string | Buffer): Promise<string> =>
-  c.call(SERVICE, method, typeof text === 'string' ? Buffer.from(text) : text).then((b) => b.toString());
+  c.call(SERVICE, method, typeof text === 'string' ? Buffer.from(text) : text, { timeoutMs: CALL_MS }).then((b) => b.toString());
 
 const requestsLog = (): string[] =>
   existsSync(path.join(dir, 'requests.log')) ? readFileSync(path.join(dir, 'requests.log'), 'utf8').split('\n').filter(Boolean) : [];
@@ -234,14 +239,14 @@ describe('kata-ts-shim-relay', () => {
     expect(await call(c, 'Echo', 'hello')).toBe('one:hello');
     // 3 MiB: many reads and writes on either side of the relay, one frame.
     const big = Buffer.alloc(3 * MiB, 'x');
-    const answer = await c.call(SERVICE, 'Echo', big);
+    const answer = await c.call(SERVICE, 'Echo', big, { timeoutMs: CALL_MS });
     expect(answer.length).toBe(big.length + 4);
     expect(answer.subarray(4).equals(big)).toBe(true);
     // Many calls in flight on one connection, each answered on its own stream.
     const many = await Promise.all(Array.from({ length: 50 }, (_, i) => call(c, 'Echo', `n${i}`)));
     expect(many).toEqual(Array.from({ length: 50 }, (_, i) => `one:n${i}`));
     // A status other than OK passes through as it is.
-    const err = await c.call(SERVICE, 'Nope', Buffer.alloc(0)).catch((e: unknown) => e);
+    const err = await c.call(SERVICE, 'Nope', Buffer.alloc(0), { timeoutMs: CALL_MS }).catch((e: unknown) => e);
     expect(err).toBeInstanceOf(TtrpcStatusError);
     expect((err as TtrpcStatusError).code).toBe(12); // UNIMPLEMENTED
     // Many connections at once, each with its own calls.
@@ -393,6 +398,80 @@ describe('kata-ts-shim-relay', () => {
     const other = await client();
     expect(await call(other, 'Echo', 'new')).toBe('two:new');
     console.log(`relay RSS: ${idleRss} KiB idle, ${peakKiB} KiB at most during the flood, ${afterRss} KiB after it`);
+  });
+
+  it('takes nothing on trust from the upstream either: an answer to no request is dropped, one over 4 MiB is skipped and answered RESOURCE_EXHAUSTED', async () => {
+    freshDir();
+    // A raw upstream in this process: what it sends back depends on the method called.
+    const servers: net.Socket[] = [];
+    const upstream = net.createServer((sock) => {
+      servers.push(sock);
+      sock.on('error', () => undefined);
+      const reader = new FrameReader();
+      sock.on('data', (chunk: Buffer) => {
+        for (const event of reader.push(chunk)) {
+          if (event.kind !== 'frame') continue;
+          const { streamId, data } = event.frame;
+          const request = decodeRequest(data);
+          const ok = (text: string) => encodeResponse({ status: { code: 0, message: '' }, payload: Buffer.from(text) });
+          if (request.method === 'Oversize') {
+            // Over ttrpc's cap, announced and sent: the relay must pass these bytes by unheld.
+            const body = Buffer.alloc(4 * MiB + 1, 0x41);
+            sock.write(Buffer.concat([header(body.length, streamId, MessageType.RESPONSE), body]));
+          } else {
+            // First an answer to a stream nobody asked on, then the real one.
+            sock.write(encodeFrame(streamId + 1000, MessageType.RESPONSE, 0, ok('stray')));
+            sock.write(encodeFrame(streamId, MessageType.RESPONSE, 0, ok(`raw:${request.payload.toString()}`)));
+          }
+        }
+      });
+    });
+    await new Promise<void>((resolve) => upstream.listen(upstreamSocket(), () => resolve()));
+    try {
+      const relay = startRelay();
+      await relayListening(relay);
+      const c = await client();
+      expect(await call(c, 'Echo', 'one')).toBe('raw:one');
+      const err = await c.call(SERVICE, 'Oversize', Buffer.alloc(0), { timeoutMs: CALL_MS }).catch((e: unknown) => e);
+      expect(err).toBeInstanceOf(TtrpcStatusError);
+      expect((err as TtrpcStatusError).code).toBe(8); // RESOURCE_EXHAUSTED
+      expect((err as TtrpcStatusError).message).toContain('exceeds 4194304 bytes');
+      // The connection goes on, in step: the next answer is the next call's.
+      expect(await call(c, 'Echo', 'two')).toBe('raw:two');
+      expect(c.pendingCalls).toBe(0);
+      // On the wire: the stray answer (sent first, on stream 1001) never reaches the downstream.
+      const raw = await rawSocket();
+      const frames: { streamId: number; payload: string }[] = [];
+      const reader = new FrameReader();
+      raw.on('data', (chunk: Buffer) => {
+        for (const event of reader.push(chunk)) {
+          if (event.kind === 'frame')
+            frames.push({ streamId: event.frame.streamId, payload: decodeResponse(event.frame.data).payload.toString() });
+        }
+      });
+      const request = encodeRequest({ service: SERVICE, method: 'Echo', payload: Buffer.from('wire'), timeoutNs: 0, metadata: [] });
+      raw.write(encodeFrame(1, MessageType.REQUEST, 0, request));
+      await until('the answer on the raw connection', async (note) => {
+        note(frames);
+        return frames.length > 0 ? true : undefined;
+      });
+      // A second request, so a stray frame still on its way would show before this answer.
+      raw.write(encodeFrame(3, MessageType.REQUEST, 0, request));
+      await until('the second answer on the raw connection', async (note) => {
+        note(frames);
+        return frames.length > 1 ? true : undefined;
+      });
+      expect(frames).toEqual([
+        { streamId: 1, payload: 'raw:wire' },
+        { streamId: 3, payload: 'raw:wire' },
+      ]);
+      expect(isRunning(relay.pid)).toBe(true);
+      // The skipped 4 MiB were never held.
+      expect(rssKiB(relay.pid)).toBeLessThan(4 * 1024);
+    } finally {
+      for (const sock of servers) sock.destroy();
+      await new Promise<void>((resolve) => upstream.close(() => resolve()));
+    }
   });
 
   it('exits 0 once <upstream>.gone exists and nothing is unanswered, and not before', async () => {
