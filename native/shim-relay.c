@@ -63,6 +63,7 @@
 #define REVIVE_AFTER_MS 1000
 #define REVIVE_EVERY_MS 10000
 #define GONE_CHECK_MS 1000
+#define SAY_EVERY_MS 10000
 #define READ_CHUNK 65536
 
 struct frame {
@@ -595,7 +596,12 @@ static void accept_one(int listener, long long now) {
   int fd = accept4(listener, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
   if (fd < 0) return;
   if (nconns == MAX_CONNECTIONS) {
-    fprintf(stderr, "kata-ts-shim-relay: refusing a connection: %d are open already\n", MAX_CONNECTIONS);
+    /* Said once per 10 s: a flood of connections must not become a flood of log lines. */
+    static long long said_ms = -SAY_EVERY_MS;
+    if (now - said_ms >= SAY_EVERY_MS) {
+      said_ms = now;
+      fprintf(stderr, "kata-ts-shim-relay: refusing connections: %d are open already\n", MAX_CONNECTIONS);
+    }
     close(fd);
     return;
   }
@@ -649,7 +655,7 @@ static int listen_on(const char *path) {
   int bound = bind(fd, (struct sockaddr *)&addr, sizeof addr);
   umask(old);
   if (bound != 0) die("binding", path);
-  if (listen(fd, 64) != 0) die("listening on", path);
+  if (listen(fd, MAX_CONNECTIONS) != 0) die("listening on", path);
   if (stat(path, &st) != 0) die("stat", path);
   listen_dev = st.st_dev;
   listen_ino = st.st_ino;
@@ -719,6 +725,8 @@ int main(int argc, char **argv) {
 
   int listener = listen_on(listen_path);
   if (pid_file != NULL) write_pid_file(pid_file);
+  /* Every path is absolute: hold no directory of the caller's (a bundle) for the relay's life. */
+  if (chdir("/") != 0) die("changing directory to", "/");
 
   static struct pollfd fds[1 + 2 * MAX_CONNECTIONS];
   static int owner[1 + 2 * MAX_CONNECTIONS];
@@ -750,7 +758,9 @@ int main(int argc, char **argv) {
         ev = 0;
         if (c->answer_bytes < MAX_ANSWER_BYTES) ev |= POLLIN;
         if (c->queue.head != NULL) ev |= POLLOUT;
-        fds[n] = (struct pollfd){.fd = c->up, .events = ev};
+        /* Not watched at all when nothing is wanted of it: poll reports a hang-up regardless, and
+         * an upstream gone while a stuck downstream holds us back would spin. */
+        fds[n] = (struct pollfd){.fd = ev != 0 ? c->up : -1, .events = ev};
         owner[n++] = i;
       } else if (c->retry_at_ms < wake) {
         wake = c->retry_at_ms;

@@ -474,6 +474,85 @@ describe('kata-ts-shim-relay', () => {
     }
   });
 
+  it('does not spin when a downstream stops reading and its upstream goes, and caps connections at 128', async () => {
+    freshDir();
+    // An upstream answering every request with 512 KiB, and closing each connection after 0.5 s.
+    const upstream = net.createServer((sock) => {
+      sock.on('error', () => undefined);
+      const reader = new FrameReader();
+      sock.on('data', (chunk: Buffer) => {
+        for (const event of reader.push(chunk)) {
+          if (event.kind === 'frame') sock.write(encodeFrame(event.frame.streamId, MessageType.RESPONSE, 0, Buffer.alloc(512 * 1024)));
+        }
+      });
+      setTimeout(() => sock.destroy(), 500);
+    });
+    await new Promise<void>((resolve) => upstream.listen(upstreamSocket(), () => resolve()));
+    try {
+      const relay = startRelay();
+      await relayListening(relay);
+      // 4 MiB of answers for a downstream that reads none: the relay holds 1 MiB of them and stops
+      // reading the upstream, which then hangs up.
+      const stuck = await rawSocket();
+      stuck.pause();
+      for (let i = 0; i < 8; i++) stuck.write(encodeFrame(1 + 2 * i, MessageType.REQUEST, 0, Buffer.from('x')));
+      await until('the upstream to hang up on the relay', async (note) => {
+        const conns = await new Promise<number>((resolve) => upstream.getConnections((_, n) => resolve(n)));
+        note(`${conns} upstream connections`);
+        return conns === 0 ? true : undefined;
+      });
+      // CPU the relay burns meanwhile: a busy loop takes every tick of a second, an idle relay none.
+      const ticks = (): number => {
+        const fields = readFileSync(`/proc/${relay.pid}/stat`, 'utf8').split(') ')[1]?.split(' ') ?? [];
+        return Number(fields[11]) + Number(fields[12]);
+      };
+      const before = ticks();
+      await new Promise((r) => setTimeout(r, 2000));
+      const used = ticks() - before;
+      // Clock ticks are 1/100 s on Linux: 2 s of spinning is about 200.
+      expect(used).toBeLessThan(50);
+      expect(isRunning(relay.pid)).toBe(true);
+
+      // Connections past 128 are closed on accept; the ones before them stay served.
+      const held: net.Socket[] = [];
+      // One after another: a burst would meet the listen backlog (EAGAIN), not the cap.
+      for (let i = 0; i < 140; i++) held.push(await rawSocket());
+      const closedCount = (): number => held.filter((s) => s.destroyed || s.readableEnded).length;
+      await until('the connections past 128 to be closed', async (note) => {
+        note(`${closedCount()} closed`);
+        // 128 at once, `stuck` among them.
+        return closedCount() === 140 - 127 ? true : undefined;
+      });
+      expect(relay.stderr()).toContain('refusing connections: 128 are open already');
+      for (const s of held) s.destroy();
+      stuck.destroy();
+      // Room again: a new connection's request is answered (the upstream's 512 KiB answer).
+      const answered = await until('a new connection to be answered once the others closed', async (note) => {
+        const raw = await rawSocket();
+        const reader = new FrameReader();
+        const got = await new Promise<number | undefined>((resolve) => {
+          const timer = setTimeout(() => resolve(undefined), 1000);
+          raw.on('data', (chunk: Buffer) => {
+            for (const event of reader.push(chunk)) {
+              if (event.kind === 'frame') {
+                clearTimeout(timer);
+                resolve(event.frame.data.length);
+              }
+            }
+          });
+          raw.once('close', () => resolve(undefined));
+          raw.write(encodeFrame(1, MessageType.REQUEST, 0, Buffer.from('x')));
+        });
+        raw.destroy();
+        note(got === undefined ? 'no answer yet' : `${got} bytes`);
+        return got;
+      });
+      expect(answered).toBe(512 * 1024);
+    } finally {
+      await new Promise<void>((resolve) => upstream.close(() => resolve()));
+    }
+  });
+
   it('exits 0 once <upstream>.gone exists and nothing is unanswered, and not before', async () => {
     freshDir();
     const server = await startServer('one');
