@@ -731,7 +731,6 @@ int main(int argc, char **argv) {
   static struct pollfd fds[1 + 2 * MAX_CONNECTIONS];
   static int owner[1 + 2 * MAX_CONNECTIONS];
   long long next_gone_ms = now_ms();
-  int code = 0;
   while (!terminate) {
     while (waitpid(-1, NULL, WNOHANG) > 0) {
     }
@@ -817,5 +816,5 @@ int main(int argc, char **argv) {
   while (nconns > 0) close_conn(nconns - 1, NULL);
   close(listener);
   unlink_listen();
-  return code;
+  return 0;
 }

@@ -336,7 +336,7 @@ describe('kata-ts-shim-relay', () => {
     await pending;
   });
 
-  it('survives hostile downstreams: an oversized header, a flood while the upstream is down, garbage cut mid-frame; stays small, others go on', async () => {
+  it('survives hostile downstreams: an oversized header, garbage cut mid-frame, random bytes, a flood while the upstream is down; stays small, others go on', async () => {
     freshDir();
     const server = await startServer('one');
     const relay = startRelay();
@@ -359,6 +359,23 @@ describe('kata-ts-shim-relay', () => {
     garbage.end(header(1000, 3, 1).subarray(0, 6));
     await closedPromise(garbage);
     expect(await call(good, 'Echo', 'after-garbage')).toBe('one:after-garbage');
+
+    // Seeded random bytes on 30 connections (some start as a plausible header, so both the
+    // header checks and frames cut short are met), each closed after its bytes.
+    let seed = 0x5eed;
+    const random = (): number => {
+      seed = (seed * 1103515245 + 12345) >>> 0;
+      return seed >>> 8;
+    };
+    for (let i = 0; i < 30; i++) {
+      const fuzz = await rawSocket();
+      const bytes = Buffer.alloc(1 + (random() % 4096));
+      for (let j = 0; j < bytes.length; j++) bytes[j] = random() & 0xff;
+      if (i % 2 === 0) header(random() % 8192, random(), 1 + (random() % 3)).copy(bytes);
+      fuzz.end(bytes);
+    }
+    expect(await call(good, 'Echo', 'after-fuzz')).toBe('one:after-fuzz');
+    expect(isRunning(relay.pid)).toBe(true);
 
     // The upstream goes; a flood of whole 1 MiB requests past the 16 MiB bound closes the flooder.
     await killServer(server);
