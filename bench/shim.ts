@@ -3,12 +3,15 @@
  *
  * 1. **pod + first container**: RunPodSandbox + CreateContainer + StartContainer until the
  *    container's first output line is in its CRI log, through
- *    (a) containerd 1.6.20 + kata-ts's shim (`containerd-shim-kata-ts-v2`, the compiled dist/ when
- *        it is fresh, else the sources through tsx: the output says which),
+ *    (a) containerd (sid's 2.1.9 by default, `--containerd 1.6` for Debian 12's 1.6.20) + kata-ts's
+ *        shim (`containerd-shim-kata-ts-v2`, the compiled dist/ when it is fresh, else the sources
+ *        through tsx: the output says which), in each shim mode asked (`--modes pod,node`:
+ *        `shim` is shim.mode "pod", a serve process per pod; `node` is shim.mode "node", the node
+ *        shim server and a relay per pod; docs/shim.md "Shim modes"),
  *    (b) the standalone kata-ts daemon (`kata-ts serve`, its own CRI), and
  *    (c) the same containerd + runc;
- *    rounds rotate which goes first; medians; ratios shim / standalone (goal <= 1.10) and
- *    shim / runc. One warm-up of each is not counted.
+ *    rounds rotate which goes first; medians; ratios shim / standalone and node / standalone
+ *    (goal <= 1.05) and shim / runc. One warm-up of each is not counted.
  * 2. **the shim's memory per pod**: RSS, PSS and private memory (/proc/<pid>/smaps_rollup) of the
  *    pod's `serve` process (found by its command line: `-id <pod id>` ... `serve`) with the pod
  *    alone (the warm-up pod) and with one container (every shim pod, read after its timing
@@ -16,12 +19,18 @@
  *    process (Node's own floor); and the peak RSS and wall time of the `start` and `delete`
  *    invocations (GNU time), read on the warm-up pod.
  *
+ * 3. **shim memory per pod at 1, 5 and 10 idle pods** (`--pods 1,5,10`), in each mode: pods
+ *    (no container) started one after another through containerd; at each count, PSS
+ *    (smaps_rollup) summed over every shim process (pod mode: the pods' serve processes; node
+ *    mode: the node server and the relays), divided by the pods (goal <= 10 MiB per pod at 10).
+ *
  * The same busybox image from one loopback registry everywhere. containerd is the private harness
  * of test/helpers/containerd.ts (its own namespaces, cgroups, CNI bridge); the daemon runs in
  * containerd's node network namespace with containerd's own CNI config, so both kata-ts doors pay
  * the same CNI ADD and TAP wiring, and both run the same handler profile and guest.
  *
- *   node --import tsx bench/shim.ts [--rounds N] [--shim-tsx] [--json]
+ *   node --import tsx bench/shim.ts [--rounds N] [--containerd 2.1|1.6] [--modes pod,node] [--pods 1,5,10]
+ *                                   [--skip-timing] [--skip-memory] [--shim-tsx] [--json]
  */
 
 import { execFile, execFileSync, spawn } from 'node:child_process';
@@ -33,6 +42,7 @@ import { performance } from 'node:perf_hooks';
 import { parseArgs, promisify } from 'node:util';
 import { packageRoot } from '../src/common/paths.js';
 import { netnsNameFor } from '../src/network/wiring.js';
+import { RELAY_BINARY_NAME } from '../src/shim/node-relay.js';
 import { allowLoopbackRegistries, pushBusyboxImage } from '../test/helpers/busybox-image.js';
 import {
   type ContainerdHandle,
@@ -41,6 +51,7 @@ import {
   KATA_TS_HANDLER,
   startContainerd,
 } from '../test/helpers/containerd.js';
+import { containerdRelease } from '../test/helpers/containerd-releases.js';
 import { type CriClient, criClient } from '../test/helpers/cri-client.js';
 import { ensureGuestAssets } from '../test/helpers/hypervisor-guest.js';
 import { type RegistryHandle, startRegistry } from '../test/helpers/images-registry.js';
@@ -52,13 +63,17 @@ import { distStaleness, GNU_TIME, readShimRuns, type ShimCode, type ShimRun, wri
 
 const execFileAsync = promisify(execFile);
 
-export const SIDES = ['shim', 'standalone', 'runc'] as const;
+export const SIDES = ['shim', 'node', 'standalone', 'runc'] as const;
 export type Side = (typeof SIDES)[number];
+/** The shim's modes (config shim.mode): `pod` is the `shim` side, `node` the `node` side. */
+export type BenchShimMode = 'pod' | 'node';
+/** The goal for shim memory per pod at the largest pod count (PSS summed over the shim's processes / pods). */
+export const GOAL_MEMORY_PER_POD_MIB = 10;
 
 /** Kata Containers' Go shim (containerd-shim-kata-v2): its published PSS per pod, in MB. */
 export const KATA_GO_SHIM_PSS_MB = 18;
-/** The goal for shim / standalone. */
-export const GOAL_RATIO = 1.1;
+/** The goal for shim / standalone (issue 33's lighter shim: 1.05; it was 1.10 before). */
+export const GOAL_RATIO = 1.05;
 const MARKER = 'kata-ts-bench-ready';
 const POD_NAMESPACE = 'kata-ts-bench';
 
@@ -81,11 +96,18 @@ export interface ShimBenchResult {
   shimCodeWhy: string;
   /** QEMU's `-m` and `-smp` of the warm-up pod of each kata-ts door (they must match). */
   vmShape: { shim: string; standalone: string };
-  rounds: Array<{ order: Side[] } & Record<Side, PodTiming>>;
-  medianMs: Record<Side, number>;
-  /** Ratios of the medians. */
+  /** containerd's `--version` line. */
+  containerd: string;
+  /** The sides timed (the shim modes asked, standalone, runc); empty with --skip-timing. */
+  sides: Side[];
+  rounds: Array<{ order: Side[] } & Partial<Record<Side, PodTiming>>>;
+  medianMs: Partial<Record<Side, number>>;
+  /** Ratios of the medians (NaN for a side not timed). */
   ratioShimStandalone: number;
+  ratioNodeStandalone: number;
   ratioShimRunc: number;
+  /** Shim memory per pod at each pod count, per mode. */
+  perPodMemory: PerPodMemory[];
   /** shim / standalone within each round (the two boots closest in time), and their median. */
   roundRatios: number[];
   medianRoundRatio: number;
@@ -113,6 +135,19 @@ export interface ShimBenchResult {
    * (`level=warning|error|fatal`), counted by message.
    */
   logProblems: LogProblems;
+}
+
+/** One reading of the shim's memory with `pods` idle pods in `mode`. */
+export interface PerPodMemory {
+  mode: BenchShimMode;
+  pods: number;
+  /** PSS (KiB) summed over every shim process. */
+  pssSumKiB: number;
+  /** pssSumKiB / pods, in MiB. */
+  perPodMiB: number;
+  /** Each process read: what it is (`serve`, `node-serve`, `relay`), pid and PSS (KiB). */
+  processes: Array<{ kind: 'serve' | 'node-serve' | 'relay'; pid: number; pssKiB: number }>;
+  loadavg1: number;
 }
 
 export interface LogProblems {
@@ -149,6 +184,8 @@ interface Door {
   logRoot: string;
   cgroupParent(uid: string): string;
   live: Set<string>;
+  /** A kata-ts shim door: the shim mode its pods are started in. */
+  mode?: BenchShimMode;
 }
 
 function currentCommit(): string | null {
@@ -206,13 +243,43 @@ async function serveMemory(sid: string): Promise<SmapsRollupKiB> {
   return sampledSmapsRollupKiB(pids[0]!);
 }
 
+/** The bench's options beyond the rounds. */
+export interface ShimBenchOptions {
+  forceTsx?: boolean;
+  /** The containerd release (test/helpers/containerd-releases.ts); default 2.1. */
+  containerd?: '2.1' | '1.6';
+  /** The shim modes to run; default both. */
+  modes?: BenchShimMode[];
+  /** The pod counts the memory per pod is read at; default 1, 5, 10. */
+  podCounts?: number[];
+  skipTiming?: boolean;
+  skipMemory?: boolean;
+}
+
+/** Node shim server processes of the containerd at `grpcAddress` (not the relays, whose revive command names it too). */
+export function nodeServerPids(grpcAddress: string): number[] {
+  return processArgs()
+    .filter(({ args }) => args.at(-1) === 'node-serve' && args.includes(grpcAddress) && path.basename(args[0] ?? '') !== RELAY_BINARY_NAME)
+    .map(({ pid }) => pid);
+}
+
+/** Relays listening under the shim state root `stateRoot` (for the pod `sandboxId` when given: its upstream is under its state dir). */
+export function relayPids(stateRoot: string, sandboxId?: string): number[] {
+  const podDir = sandboxId === undefined ? stateRoot : path.join(stateRoot, 'k8s.io', sandboxId.slice(0, 16));
+  return processArgs()
+    .filter(({ args }) => path.basename(args[0] ?? '') === RELAY_BINARY_NAME && args.some((a) => a.startsWith(podDir)))
+    .map(({ pid }) => pid);
+}
+
 export async function runShimBench(
   rounds: number,
-  options: { forceTsx?: boolean } = {},
+  options: ShimBenchOptions = {},
   progress: (l: string) => void = (l) => process.stderr.write(`${l}\n`),
 ): Promise<ShimBenchResult> {
   await ensureGuestAssets();
   const root = packageRoot();
+  const modes = options.modes ?? ['pod', 'node'];
+  const podCounts = [...(options.podCounts ?? [1, 5, 10])].sort((a, b) => a - b);
   const stale = options.forceTsx === true ? '--shim-tsx' : distStaleness(root);
   const shimCode: ShimCode = stale === null ? 'dist' : 'tsx';
   const shimCodeWhy =
@@ -222,6 +289,11 @@ export async function runShimBench(
         ? 'the sources through tsx (--shim-tsx)'
         : `the sources through tsx: dist/ is not fresh (${stale}); run \`npm run build\` to bench the compiled shim`;
   progress(`shim code: ${shimCodeWhy}`);
+  const label = options.containerd ?? '2.1';
+  const found = await containerdRelease(label);
+  if (found.release === null) throw new Error(`containerd ${label} cannot run here: ${found.missing}`);
+  const release = found.release;
+  progress(`containerd: ${release.versionText} (${release.source})`);
 
   const leftovers: string[] = [];
   let problems: LogProblems = { shimCount: 0, shimLast: [], containerd: [] };
@@ -235,6 +307,20 @@ export async function runShimBench(
   const stateRoot = path.join(dir, 'shim');
   const peakFlagFile = path.join(dir, 'measure-start');
   const peakFile = path.join(dir, 'start-peaks.txt');
+  const configPath = path.join(dir, 'kata-ts-shim.json');
+  /** The shim's config in `mode`: every shim invocation reads it, so the next pod runs in that mode. */
+  const writeShimConfig = async (mode: BenchShimMode) =>
+    fsp.writeFile(
+      configPath,
+      JSON.stringify(
+        shimTestConfig(dir, stateRoot, {
+          logLevel: 'info',
+          shim: { stateRoot, mode },
+          // Bound inside the harness's node (a mount namespace that goes with it).
+          mountNamespacePath: path.join(dir, 'mntns', 'mnt'),
+        }),
+      ),
+    );
 
   let teardownPromise: Promise<void> | undefined;
   const teardown = (): Promise<void> =>
@@ -253,6 +339,13 @@ export async function runShimBench(
           await execFileAsync('ip', ['netns', 'del', netnsNameFor(sid)]).catch(() => undefined);
       }
       if (ctrd !== undefined) {
+        // The node server leaves 30 s after its last pod: it must not outlive the harness.
+        const deadline = Date.now() + 90_000;
+        while (nodeServerPids(ctrd.grpcAddress).length > 0 && Date.now() < deadline) await sleep(500);
+        for (const pid of nodeServerPids(ctrd.grpcAddress)) {
+          leftovers.push(`node shim server ${pid} still running 90 s after the last pod`);
+          process.kill(pid, 'SIGKILL');
+        }
         problems = logProblems(ctrd.logText());
         const report: ContainerdStopReport = await ctrd.stop();
         leftovers.push(...report.strays.map((s) => `after containerd stopped, still running in its tree: ${s}`));
@@ -269,26 +362,32 @@ export async function runShimBench(
   process.once('SIGTERM', onSignal);
 
   const shimBin = path.join(root, 'bin', 'containerd-shim-kata-ts-v2');
-  /** `pid action` of every shim process running (any pod: one runs at a time). */
+  /**
+   * `pid action` of every short-lived shim invocation and pod-mode serve running (any pod: one
+   * runs at a time); the node server (shared, leaves 30 s after its last pod) and the relays
+   * (whose revive command names the binary) are not counted here.
+   */
   const shimProcesses = () =>
     processArgs()
-      .filter(({ args }) => args.includes(shimBin))
+      .filter(({ args }) => args.includes(shimBin) && args.at(-1) !== 'node-serve' && path.basename(args[0] ?? '') !== RELAY_BINARY_NAME)
       .map(({ pid, args }) => `${pid} ${args.at(-1)}`);
 
   /**
-   * StopPodSandbox + RemovePodSandbox; for a shim pod, then waits for its serve process and state
-   * dir to go, and for containerd's background `delete` invocations to end.
+   * StopPodSandbox + RemovePodSandbox; for a shim pod, then waits for its serve process (or its
+   * relay) and state dir to go, and for containerd's background `delete` invocations to end.
    */
   async function removePod(door: Door, sid: string): Promise<void> {
     await door.cri.runtime.StopPodSandbox({ pod_sandbox_id: sid });
     await door.cri.runtime.RemovePodSandbox({ pod_sandbox_id: sid });
     door.live.delete(sid);
-    if (door.side !== 'shim') return;
+    if (door.mode === undefined) return;
     const podDir = path.join(stateRoot, 'k8s.io', sid.slice(0, 16));
+    const own = () => [...servePids(sid), ...relayPids(stateRoot, sid)];
     const deadline = Date.now() + 60_000;
-    while ((servePids(sid).length > 0 || existsSync(podDir)) && Date.now() < deadline) await sleep(100);
-    const pids = servePids(sid);
-    if (pids.length > 0) leftovers.push(`shim pod ${sid.slice(0, 12)}: serve ${pids.join(', ')} still running 60 s after RemovePodSandbox`);
+    while ((own().length > 0 || existsSync(podDir)) && Date.now() < deadline) await sleep(100);
+    const pids = own();
+    if (pids.length > 0)
+      leftovers.push(`shim pod ${sid.slice(0, 12)}: serve or relay ${pids.join(', ')} still running 60 s after RemovePodSandbox`);
     if (existsSync(podDir)) leftovers.push(`shim pod ${sid.slice(0, 12)}: state dir ${podDir} still there 60 s after RemovePodSandbox`);
     // containerd runs `<shim> delete` for each of the pod's tasks once the shim's connection
     // closed, in the background: those node processes must not overlap the next timed pod.
@@ -303,163 +402,243 @@ export async function runShimBench(
     const image = await pushBusyboxImage(registry, 'bench/busybox', 'shim', ['sleep']);
 
     // containerd + kata-ts's shim, beside runc.
-    const configPath = path.join(dir, 'kata-ts-shim.json');
-    await fsp.writeFile(
-      configPath,
-      JSON.stringify(
-        shimTestConfig(dir, stateRoot, {
-          logLevel: 'info',
-          // Bound inside the harness's node (a mount namespace that goes with it).
-          mountNamespacePath: path.join(dir, 'mntns', 'mnt'),
-        }),
-      ),
-    );
+    await writeShimConfig(modes[0] ?? 'pod');
     const binDir = path.join(dir, 'bin');
     await writeShimWrapper({ binDir, root, configPath, code: shimCode, peakFlagFile, peakFile });
-    ctrd = await startContainerd({ registry, shimBinDir: binDir });
+    ctrd = await startContainerd({ registry, shimBinDir: binDir, ...(release.label === '1.6' ? {} : { release }) });
     ctrdCri = criClient(ctrd.criSocket);
     await ctrdCri.image.PullImage({ image: { image } });
     const ctrdLogs = path.join(dir, 'pods');
     const podParent = (uid: string) => `/kubepods/besteffort/pod${uid}`;
-    doors.set('shim', {
-      side: 'shim',
-      cri: ctrdCri,
-      runtimeHandler: KATA_TS_HANDLER,
-      logRoot: ctrdLogs,
-      cgroupParent: podParent,
-      live: new Set(),
-    });
+    for (const mode of modes) {
+      const side: Side = mode === 'pod' ? 'shim' : 'node';
+      doors.set(side, {
+        side,
+        cri: ctrdCri,
+        runtimeHandler: KATA_TS_HANDLER,
+        logRoot: ctrdLogs,
+        cgroupParent: podParent,
+        live: new Set(),
+        mode,
+      });
+    }
     doors.set('runc', { side: 'runc', cri: ctrdCri, runtimeHandler: '', logRoot: ctrdLogs, cgroupParent: podParent, live: new Set() });
 
-    // The standalone daemon, in containerd's node network namespace, on containerd's CNI config.
-    rt = await createBenchDaemon(
-      { network: { mode: 'cni', cniConfDir: ctrd.cniConfDir, cniBinDirs: [DEBIAN_CNI_BIN_DIR] } },
-      { netnsPath: `/proc/${ctrd.nodePid}/ns/net` },
-    );
-    await allowLoopbackRegistries(rt);
-    await rt.start();
-    await rt.cri.image.PullImage({ image: { image } });
-    const daemon = rt;
-    doors.set('standalone', {
-      side: 'standalone',
-      cri: daemon.cri,
-      runtimeHandler: '',
-      logRoot: path.join(daemon.dir, 'pods'),
-      cgroupParent: (uid) => daemon.cgroupParent(uid),
-      live: new Set(),
-    });
-
-    /** A pod and its first container, timed to the container's first output line. */
-    const podWithContainer = async (door: Door, name: string, afterPod?: (sid: string) => Promise<void>) => {
+    const door = (side: Side): Door => doors.get(side)!;
+    /** A pod (no container), for the memory readings. */
+    const idlePod = async (d: Door, name: string): Promise<string> => {
+      if (d.mode !== undefined) await writeShimConfig(d.mode);
       const uid = randomUUID();
-      const logDir = path.join(door.logRoot, `${POD_NAMESPACE}_${name}_${uid}`);
-      await fsp.mkdir(logDir, { recursive: true });
       const config = {
         metadata: { name, uid, namespace: POD_NAMESPACE, attempt: 0 },
-        log_directory: logDir,
-        linux: { cgroup_parent: door.cgroupParent(uid) },
+        linux: { cgroup_parent: d.cgroupParent(uid) },
       };
-      const deadline = () => ({ deadline: Date.now() + 300_000 });
-      const t0 = performance.now();
-      const { pod_sandbox_id: sid } = await door.cri.runtime.RunPodSandbox({ config, runtime_handler: door.runtimeHandler }, deadline());
-      door.live.add(sid);
-      const podMs = performance.now() - t0;
-      if (afterPod !== undefined) await afterPod(sid);
-      const { container_id: cid } = await door.cri.runtime.CreateContainer(
-        {
-          pod_sandbox_id: sid,
-          config: {
-            metadata: { name: 'c', attempt: 0 },
-            image: { image },
-            command: ['sh', '-c', `echo ${MARKER}; exec sleep 100000`],
-            log_path: 'c.log',
-          },
-          sandbox_config: config,
-        },
-        deadline(),
+      const { pod_sandbox_id: sid } = await d.cri.runtime.RunPodSandbox(
+        { config, runtime_handler: d.runtimeHandler },
+        { deadline: Date.now() + 600_000 },
       );
-      await door.cri.runtime.StartContainer({ container_id: cid }, deadline());
-      const startedMs = performance.now() - t0;
-      await untilMarker(path.join(logDir, 'c.log'), 120_000);
-      return { sid, timing: { podMs, startedMs, totalMs: performance.now() - t0 } };
+      d.live.add(sid);
+      return sid;
     };
-    const door = (side: Side): Door => doors.get(side)!;
+    /** PSS of every shim process of the mode now running (serve per pod, or the node server and the relays). */
+    const shimPss = async (mode: BenchShimMode, sids: readonly string[]): Promise<PerPodMemory['processes']> => {
+      const procs: Array<{ kind: PerPodMemory['processes'][number]['kind']; pid: number }> =
+        mode === 'pod'
+          ? sids.flatMap((sid) => servePids(sid).map((pid) => ({ kind: 'serve' as const, pid })))
+          : [
+              ...nodeServerPids(ctrd!.grpcAddress).map((pid) => ({ kind: 'node-serve' as const, pid })),
+              ...relayPids(stateRoot).map((pid) => ({ kind: 'relay' as const, pid })),
+            ];
+      const out: PerPodMemory['processes'] = [];
+      for (const p of procs) out.push({ ...p, pssKiB: (await sampledSmapsRollupKiB(p.pid)).pss });
+      return out;
+    };
 
-    // Warm-up, not counted: code paths and guest files into the page cache. The shim's warm-up pod
-    // is where the pod-alone memory and the start and delete invocations are read.
-    progress('warm-up: one pod with a container through each door (not counted)');
-    const timeInstalled = existsSync(GNU_TIME);
-    if (timeInstalled) await fsp.writeFile(peakFlagFile, '');
-    let podOnlyKiB: SmapsRollupKiB | undefined;
-    const shimWarm = await podWithContainer(door('shim'), 'warm-shim', async (sid) => {
-      const [pid, ...more] = servePids(sid);
-      if (pid === undefined || more.length > 0)
-        throw new Error(`expected one serve process for pod ${sid}, found ${[pid, ...more].join(', ')}`);
-      await sleep(2_000);
-      podOnlyKiB = await sampledSmapsRollupKiB(pid);
-    });
-    const oneContainerSamplesKiB = [await serveMemory(shimWarm.sid)];
-    const idleNodeKiB = await idleNodeMemory();
-    progress(`warm-up: shim ${formatTiming(shimWarm.timing)}`);
-    const shimShape = qemuShape(path.join(stateRoot, 'k8s.io', shimWarm.sid.slice(0, 16)));
-    await removePod(door('shim'), shimWarm.sid);
-    await fsp.rm(peakFlagFile, { force: true });
-    const invocations = (await readShimRuns(peakFile)).map((run) => ({
-      ...run,
-      task: run.id === shimWarm.sid ? ('sandbox' as const) : ('container' as const),
-    }));
-    const standaloneWarm = await podWithContainer(door('standalone'), 'warm-standalone');
-    const standaloneShape = qemuShape(daemon.stateDir);
-    progress(`warm-up: standalone ${formatTiming(standaloneWarm.timing)}`);
-    await removePod(door('standalone'), standaloneWarm.sid);
-    const runcWarm = await podWithContainer(door('runc'), 'warm-runc');
-    progress(`warm-up: runc ${formatTiming(runcWarm.timing)}`);
-    await removePod(door('runc'), runcWarm.sid);
-    progress(`VM shape: shim ${shimShape}, standalone ${standaloneShape}`);
-
-    const loadBefore = os.loadavg()[0]!;
-    const samples: ShimBenchResult['rounds'] = [];
-    for (let r = 0; r < rounds; r++) {
-      const order = SIDES.map((_, i) => SIDES[(i + r) % SIDES.length]!);
-      const sample = { order } as ShimBenchResult['rounds'][number];
-      for (const side of order) {
-        const pod = await podWithContainer(door(side), `r${r}-${side}`);
-        sample[side] = pod.timing;
-        if (side === 'shim') oneContainerSamplesKiB.push(await serveMemory(pod.sid));
-        await removePod(door(side), pod.sid);
+    // 3. memory per pod, first (nothing else of the bench is running then).
+    const perPodMemory: PerPodMemory[] = [];
+    if (options.skipMemory !== true) {
+      for (const mode of modes) {
+        const d = door(mode === 'pod' ? 'shim' : 'node');
+        const sids: string[] = [];
+        for (const count of podCounts) {
+          while (sids.length < count) {
+            const t0 = performance.now();
+            sids.push(await idlePod(d, `mem-${mode}-${sids.length}`));
+            progress(`memory (${mode} mode): pod ${sids.length} running after ${(performance.now() - t0).toFixed(0)} ms`);
+          }
+          // Settled: the last boot's garbage collected, the agents' connections idle.
+          await sleep(5_000);
+          const processes = await shimPss(mode, sids);
+          const expected = mode === 'pod' ? count : count + 1;
+          if (processes.length !== expected)
+            leftovers.push(`memory (${mode} mode, ${count} pods): ${processes.length} shim processes found, ${expected} expected`);
+          const pssSumKiB = processes.reduce((a, p) => a + p.pssKiB, 0);
+          const reading = { mode, pods: count, pssSumKiB, perPodMiB: pssSumKiB / 1024 / count, processes, loadavg1: os.loadavg()[0]! };
+          perPodMemory.push(reading);
+          progress(
+            `memory (${mode} mode): ${count} pods, shim PSS ${(pssSumKiB / 1024).toFixed(1)} MiB, ${reading.perPodMiB.toFixed(1)} MiB per pod`,
+          );
+        }
+        for (const sid of sids) await removePod(d, sid);
       }
-      samples.push(sample);
-      progress(`round ${r + 1}/${rounds} (${order.join(', ')}): ${SIDES.map((s) => `${s} ${sample[s].totalMs.toFixed(0)} ms`).join(', ')}`);
     }
-    const medianMs = Object.fromEntries(SIDES.map((s) => [s, median(samples.map((x) => x[s].totalMs))])) as Record<Side, number>;
-    const ratioShimStandalone = medianMs.shim / medianMs.standalone;
-    const roundRatios = samples.map((x) => x.shim.totalMs / x.standalone.totalMs);
+
+    const sides: Side[] =
+      options.skipTiming === true ? [] : [...modes.map((m): Side => (m === 'pod' ? 'shim' : 'node')), 'standalone', 'runc'];
     const result: ShimBenchResult = {
       bench: 'shim',
       date: new Date().toISOString(),
       commit: currentCommit(),
-      loadavg1: [loadBefore, os.loadavg()[0]!],
+      loadavg1: [os.loadavg()[0]!, os.loadavg()[0]!],
       shimCode,
       shimCodeWhy,
-      vmShape: { shim: shimShape, standalone: standaloneShape },
-      rounds: samples,
-      medianMs,
-      ratioShimStandalone,
-      ratioShimRunc: medianMs.shim / medianMs.runc,
-      roundRatios,
-      medianRoundRatio: median(roundRatios),
-      goalMet: ratioShimStandalone <= GOAL_RATIO,
+      containerd: release.versionText,
+      sides,
+      vmShape: { shim: '', standalone: '' },
+      rounds: [],
+      medianMs: {},
+      ratioShimStandalone: Number.NaN,
+      ratioNodeStandalone: Number.NaN,
+      ratioShimRunc: Number.NaN,
+      roundRatios: [],
+      medianRoundRatio: Number.NaN,
+      goalMet: false,
+      perPodMemory,
       memory: {
-        podOnlyKiB: podOnlyKiB!,
-        oneContainerSamplesKiB,
-        oneContainerKiB: medianSmaps(oneContainerSamplesKiB),
-        idleNodeKiB,
-        invocations,
-        invocationsNote: timeInstalled ? 'GNU time, the warm-up pod' : `not measured: ${GNU_TIME} is not installed`,
+        podOnlyKiB: { rss: 0, pss: 0, private: 0, swap: 0 },
+        oneContainerSamplesKiB: [],
+        oneContainerKiB: { rss: 0, pss: 0, private: 0, swap: 0 },
+        idleNodeKiB: await idleNodeMemory(),
+        invocations: [],
+        invocationsNote: 'not measured (--skip-timing)',
       },
       leftovers,
       logProblems: problems,
     };
+    if (sides.length > 0) {
+      // The standalone daemon, in containerd's node network namespace, on containerd's CNI config.
+      rt = await createBenchDaemon(
+        { network: { mode: 'cni', cniConfDir: ctrd.cniConfDir, cniBinDirs: [DEBIAN_CNI_BIN_DIR] } },
+        { netnsPath: `/proc/${ctrd.nodePid}/ns/net` },
+      );
+      await allowLoopbackRegistries(rt);
+      await rt.start();
+      await rt.cri.image.PullImage({ image: { image } });
+      const daemon = rt;
+      doors.set('standalone', {
+        side: 'standalone',
+        cri: daemon.cri,
+        runtimeHandler: '',
+        logRoot: path.join(daemon.dir, 'pods'),
+        cgroupParent: (uid) => daemon.cgroupParent(uid),
+        live: new Set(),
+      });
+
+      /** A pod and its first container, timed to the container's first output line. */
+      const podWithContainer = async (d: Door, name: string, afterPod?: (sid: string) => Promise<void>) => {
+        if (d.mode !== undefined) await writeShimConfig(d.mode);
+        const uid = randomUUID();
+        const logDir = path.join(d.logRoot, `${POD_NAMESPACE}_${name}_${uid}`);
+        await fsp.mkdir(logDir, { recursive: true });
+        const config = {
+          metadata: { name, uid, namespace: POD_NAMESPACE, attempt: 0 },
+          log_directory: logDir,
+          linux: { cgroup_parent: d.cgroupParent(uid) },
+        };
+        const deadline = () => ({ deadline: Date.now() + 300_000 });
+        const t0 = performance.now();
+        const { pod_sandbox_id: sid } = await d.cri.runtime.RunPodSandbox({ config, runtime_handler: d.runtimeHandler }, deadline());
+        d.live.add(sid);
+        const podMs = performance.now() - t0;
+        if (afterPod !== undefined) await afterPod(sid);
+        const { container_id: cid } = await d.cri.runtime.CreateContainer(
+          {
+            pod_sandbox_id: sid,
+            config: {
+              metadata: { name: 'c', attempt: 0 },
+              image: { image },
+              command: ['sh', '-c', `echo ${MARKER}; exec sleep 100000`],
+              log_path: 'c.log',
+            },
+            sandbox_config: config,
+          },
+          deadline(),
+        );
+        await d.cri.runtime.StartContainer({ container_id: cid }, deadline());
+        const startedMs = performance.now() - t0;
+        await untilMarker(path.join(logDir, 'c.log'), 120_000);
+        return { sid, timing: { podMs, startedMs, totalMs: performance.now() - t0 } };
+      };
+
+      // Warm-up, not counted: code paths and guest files into the page cache. The pod-mode shim's
+      // warm-up pod is where the pod-alone memory and the start and delete invocations are read.
+      progress('warm-up: one pod with a container through each door (not counted)');
+      const timeInstalled = existsSync(GNU_TIME);
+      let shimShape = '';
+      if (doors.has('shim')) {
+        if (timeInstalled) await fsp.writeFile(peakFlagFile, '');
+        const shimWarm = await podWithContainer(door('shim'), 'warm-shim', async (sid) => {
+          const [pid, ...more] = servePids(sid);
+          if (pid === undefined || more.length > 0)
+            throw new Error(`expected one serve process for pod ${sid}, found ${[pid, ...more].join(', ')}`);
+          await sleep(2_000);
+          result.memory.podOnlyKiB = await sampledSmapsRollupKiB(pid);
+        });
+        result.memory.oneContainerSamplesKiB.push(await serveMemory(shimWarm.sid));
+        progress(`warm-up: shim ${formatTiming(shimWarm.timing)}`);
+        shimShape = qemuShape(path.join(stateRoot, 'k8s.io', shimWarm.sid.slice(0, 16)));
+        await removePod(door('shim'), shimWarm.sid);
+        await fsp.rm(peakFlagFile, { force: true });
+        result.memory.invocations = (await readShimRuns(peakFile)).map((run) => ({
+          ...run,
+          task: run.id === shimWarm.sid ? ('sandbox' as const) : ('container' as const),
+        }));
+        result.memory.invocationsNote = timeInstalled ? 'GNU time, the warm-up pod' : `not measured: ${GNU_TIME} is not installed`;
+      }
+      if (doors.has('node')) {
+        const nodeWarm = await podWithContainer(door('node'), 'warm-node');
+        progress(`warm-up: node ${formatTiming(nodeWarm.timing)}`);
+        shimShape ||= qemuShape(path.join(stateRoot, 'k8s.io', nodeWarm.sid.slice(0, 16)));
+        await removePod(door('node'), nodeWarm.sid);
+      }
+      const standaloneWarm = await podWithContainer(door('standalone'), 'warm-standalone');
+      const standaloneShape = qemuShape(daemon.stateDir);
+      progress(`warm-up: standalone ${formatTiming(standaloneWarm.timing)}`);
+      await removePod(door('standalone'), standaloneWarm.sid);
+      const runcWarm = await podWithContainer(door('runc'), 'warm-runc');
+      progress(`warm-up: runc ${formatTiming(runcWarm.timing)}`);
+      await removePod(door('runc'), runcWarm.sid);
+      progress(`VM shape: shim ${shimShape}, standalone ${standaloneShape}`);
+      result.vmShape = { shim: shimShape, standalone: standaloneShape };
+
+      const loadBefore = os.loadavg()[0]!;
+      for (let r = 0; r < rounds; r++) {
+        const order = sides.map((_, i) => sides[(i + r) % sides.length]!);
+        const sample = { order } as ShimBenchResult['rounds'][number];
+        for (const side of order) {
+          const pod = await podWithContainer(door(side), `r${r}-${side}`);
+          sample[side] = pod.timing;
+          if (side === 'shim') result.memory.oneContainerSamplesKiB.push(await serveMemory(pod.sid));
+          await removePod(door(side), pod.sid);
+        }
+        result.rounds.push(sample);
+        progress(
+          `round ${r + 1}/${rounds} (${order.join(', ')}): ${order.map((s) => `${s} ${sample[s]!.totalMs.toFixed(0)} ms`).join(', ')}`,
+        );
+      }
+      for (const side of sides) result.medianMs[side] = median(result.rounds.map((x) => x[side]!.totalMs));
+      const m = result.medianMs;
+      result.ratioShimStandalone = (m.shim ?? Number.NaN) / (m.standalone ?? Number.NaN);
+      result.ratioNodeStandalone = (m.node ?? Number.NaN) / (m.standalone ?? Number.NaN);
+      result.ratioShimRunc = (m.shim ?? m.node ?? Number.NaN) / (m.runc ?? Number.NaN);
+      const main: Side = doors.has('node') ? 'node' : 'shim';
+      result.roundRatios = result.rounds.map((x) => x[main]!.totalMs / x.standalone!.totalMs);
+      result.medianRoundRatio = median(result.roundRatios);
+      result.goalMet = (main === 'node' ? result.ratioNodeStandalone : result.ratioShimStandalone) <= GOAL_RATIO;
+      result.loadavg1 = [loadBefore, os.loadavg()[0]!];
+      if (result.memory.oneContainerSamplesKiB.length > 0)
+        result.memory.oneContainerKiB = medianSmaps(result.memory.oneContainerSamplesKiB);
+    }
     await teardown();
     result.logProblems = problems;
     return result;
@@ -490,45 +669,85 @@ export function formatShimReport(r: ShimBenchResult): string {
   const mib = (kib: number) => `${(kib / 1024).toFixed(1)} MiB`;
   const mem = (m: SmapsRollupKiB) =>
     `RSS ${mib(m.rss)}, PSS ${mib(m.pss)}, private ${mib(m.private)}${m.swap > 0 ? `, swap ${mib(m.swap)}` : ''}`;
-  return [
-    `pod + first container until its first output line in the CRI log (${r.rounds.length} rounds, order rotating; load ${r.loadavg1.map((l) => l.toFixed(1)).join(' -> ')})`,
-    `  shim ran ${r.shimCodeWhy}`,
-    `  VM shape: shim ${r.vmShape.shim}; standalone ${r.vmShape.standalone}${r.vmShape.shim === r.vmShape.standalone ? ' (same)' : ' (DIFFERENT)'}`,
-    ...r.rounds.map(
-      (s, i) => `  round ${i + 1} (${s.order.join(', ')}): ${SIDES.map((side) => `${side} ${formatTiming(s[side])}`).join('; ')}`,
-    ),
-    `  median: shim ${r.medianMs.shim.toFixed(0)} ms, standalone ${r.medianMs.standalone.toFixed(0)} ms, runc ${r.medianMs.runc.toFixed(0)} ms`,
-    `  shim / standalone ${r.ratioShimStandalone.toFixed(3)} (goal <= ${GOAL_RATIO.toFixed(2)}: ${r.goalMet ? 'met' : 'not met'}); per round ${r.roundRatios.map((x) => x.toFixed(3)).join(', ')}, their median ${r.medianRoundRatio.toFixed(3)}`,
-    `  shim / runc ${r.ratioShimRunc.toFixed(1)}`,
-    `the shim's serve process, one per pod (smaps_rollup, median of 5 readings):`,
-    `  pod alone:       ${mem(r.memory.podOnlyKiB)}`,
-    `  one container:   ${mem(r.memory.oneContainerKiB)} (median of ${r.memory.oneContainerSamplesKiB.length} pods; PSS ${r.memory.oneContainerSamplesKiB.map((m) => (m.pss / 1024).toFixed(1)).join(' / ')} MiB)`,
-    `  Kata's Go shim (containerd-shim-kata-v2), published: ~${KATA_GO_SHIM_PSS_MB} MB PSS per pod`,
-    `  an idle node process, for scale: ${mem(r.memory.idleNodeKiB)}`,
-    `the shim's start and delete invocations (${r.memory.invocationsNote}):${r.memory.invocations.length === 0 ? ' none recorded' : ''}`,
-    ...r.memory.invocations.map((run) => `  ${run.action} (${run.task}): peak RSS ${mib(run.maxRssKiB)}, ${run.elapsedMs.toFixed(0)} ms`),
+  const ms = (v: number | undefined) => (v === undefined ? '-' : `${v.toFixed(0)} ms`);
+  const lines = [`containerd: ${r.containerd}; shim ran ${r.shimCodeWhy}`];
+  if (r.perPodMemory.length > 0) {
+    lines.push('shim memory per idle pod: PSS (smaps_rollup) summed over every shim process / pods');
+    for (const m of r.perPodMemory) {
+      const kinds = new Map<string, number[]>();
+      for (const p of m.processes) kinds.set(p.kind, [...(kinds.get(p.kind) ?? []), p.pssKiB]);
+      const detail = [...kinds].map(([k, v]) => `${v.length} ${k} ${mib(v.reduce((a, b) => a + b, 0))}`).join(', ');
+      lines.push(
+        `  ${m.mode} mode, ${String(m.pods).padStart(2)} pods: ${mib(m.pssSumKiB)} in all, ${m.perPodMiB.toFixed(1)} MiB per pod (${detail}; load ${m.loadavg1.toFixed(1)})`,
+      );
+    }
+    const at = (mode: BenchShimMode) => r.perPodMemory.filter((m) => m.mode === mode).at(-1);
+    const [pod, node] = [at('pod'), at('node')];
+    if (pod !== undefined && node !== undefined)
+      lines.push(
+        `  at ${node.pods} pods: node / pod mode ${(node.perPodMiB / pod.perPodMiB).toFixed(3)}; goal <= ${GOAL_MEMORY_PER_POD_MIB} MiB per pod: node ${node.perPodMiB <= GOAL_MEMORY_PER_POD_MIB ? 'met' : 'not met'}, pod ${pod.perPodMiB <= GOAL_MEMORY_PER_POD_MIB ? 'met' : 'not met'}`,
+      );
+  }
+  if (r.sides.length > 0) {
+    lines.push(
+      `pod + first container until its first output line in the CRI log (${r.rounds.length} rounds, order rotating; load ${r.loadavg1.map((l) => l.toFixed(1)).join(' -> ')})`,
+      `  VM shape: shim ${r.vmShape.shim}; standalone ${r.vmShape.standalone}${r.vmShape.shim === r.vmShape.standalone ? ' (same)' : ' (DIFFERENT)'}`,
+      ...r.rounds.map(
+        (s, i) => `  round ${i + 1} (${s.order.join(', ')}): ${s.order.map((side) => `${side} ${formatTiming(s[side]!)}`).join('; ')}`,
+      ),
+      `  median: ${r.sides.map((side) => `${side} ${ms(r.medianMs[side])}`).join(', ')}`,
+      `  shim (pod mode) / standalone ${r.ratioShimStandalone.toFixed(3)}; node mode / standalone ${r.ratioNodeStandalone.toFixed(3)} (goal <= ${GOAL_RATIO.toFixed(2)}: ${r.goalMet ? 'met' : 'not met'}); per round ${r.roundRatios.map((x) => x.toFixed(3)).join(', ')}, their median ${r.medianRoundRatio.toFixed(3)}`,
+      `  shim / runc ${r.ratioShimRunc.toFixed(1)}`,
+      `the pod-mode shim's serve process, one per pod (smaps_rollup, median of 5 readings):`,
+      `  pod alone:       ${mem(r.memory.podOnlyKiB)}`,
+      `  one container:   ${mem(r.memory.oneContainerKiB)} (median of ${r.memory.oneContainerSamplesKiB.length} pods; PSS ${r.memory.oneContainerSamplesKiB.map((m) => (m.pss / 1024).toFixed(1)).join(' / ')} MiB)`,
+      `the shim's start and delete invocations (${r.memory.invocationsNote}):${r.memory.invocations.length === 0 ? ' none recorded' : ''}`,
+      ...r.memory.invocations.map((run) => `  ${run.action} (${run.task}): peak RSS ${mib(run.maxRssKiB)}, ${run.elapsedMs.toFixed(0)} ms`),
+    );
+  }
+  lines.push(
+    `Kata's Go shim (containerd-shim-kata-v2), published: ~${KATA_GO_SHIM_PSS_MB} MB PSS per pod; an idle node process, for scale: ${mem(r.memory.idleNodeKiB)}`,
     r.leftovers.length === 0 ? 'left behind: nothing' : `left behind:\n${r.leftovers.map((l) => `  ${l}`).join('\n')}`,
     r.logProblems.shimCount === 0
       ? "the shim's log (through containerd's): no warning or error"
       : `the shim's log (through containerd's): ${r.logProblems.shimCount} warning/error lines, the last ${r.logProblems.shimLast.length}:\n${r.logProblems.shimLast.map((l) => `  ${l}`).join('\n')}`,
     `containerd's own warnings and errors: ${r.logProblems.containerd.length === 0 ? 'none' : r.logProblems.containerd.map((p) => `${p.count}x ${p.level} "${p.msg}"`).join(', ')}`,
-  ].join('\n');
+  );
+  return lines.join('\n');
 }
 
 if (import.meta.url === `file://${process.argv[1]}`) {
   const { values } = parseArgs({
     options: {
       rounds: { type: 'string', default: '3' },
+      containerd: { type: 'string', default: '2.1' },
+      modes: { type: 'string', default: 'pod,node' },
+      pods: { type: 'string', default: '1,5,10' },
+      'skip-timing': { type: 'boolean', default: false },
+      'skip-memory': { type: 'boolean', default: false },
       'shim-tsx': { type: 'boolean', default: false },
       json: { type: 'boolean', default: false },
     },
   });
+  const containerd = values.containerd;
+  if (containerd !== '2.1' && containerd !== '1.6') throw new Error(`--containerd must be 2.1 or 1.6, not ${containerd}`);
+  const modes = values.modes.split(',').filter((m) => m !== '');
+  for (const m of modes) if (m !== 'pod' && m !== 'node') throw new Error(`--modes takes pod and node, not ${m}`);
+  const podCounts = values.pods.split(',').map((n) => Number(n));
+  for (const n of podCounts) if (!Number.isInteger(n) || n < 1) throw new Error(`--pods takes positive integers, not ${values.pods}`);
   const missing = containerdMissing();
   if (missing !== null) {
     process.stderr.write(`bench shim skipped: ${missing}\n`);
     if (values.json) process.stdout.write(`${JSON.stringify({ bench: 'shim', skipped: missing })}\n`);
   } else {
-    const result = await runShimBench(Number(values.rounds), { forceTsx: values['shim-tsx'] });
+    const result = await runShimBench(Number(values.rounds), {
+      forceTsx: values['shim-tsx'],
+      containerd,
+      modes: modes as BenchShimMode[],
+      podCounts,
+      skipTiming: values['skip-timing'],
+      skipMemory: values['skip-memory'],
+    });
     process.stdout.write(values.json ? `${JSON.stringify(result)}\n` : `${formatShimReport(result)}\n`);
   }
 }

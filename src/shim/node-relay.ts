@@ -161,3 +161,23 @@ async function readMove(stateDir: string): Promise<RelayCgroupMove | undefined> 
     return undefined;
   }
 }
+
+/**
+ * Move this process (the node server) out of the pod's VMM cgroups when it is in them, to where
+ * the pod's relay came from: a node server revived by a relay starts in the relay's cgroup, which
+ * is the pod's while its VM runs, and the VMM's cgroup cannot be removed while it holds a process.
+ * False when it was not there (or where to go is not known: nothing is done then).
+ */
+export async function leavePodCgroup(stateDir: string, placement: PlacementRecord, pid = process.pid): Promise<boolean> {
+  const move = await readMove(stateDir);
+  let moved = false;
+  for (const [key, dir] of Object.entries(placement.paths)) {
+    const procs = await fsp.readFile(path.join(dir, 'cgroup.procs'), 'utf8').catch(() => '');
+    if (!procs.split('\n').includes(String(pid))) continue;
+    const to = move?.from[key];
+    if (to === undefined) continue;
+    await fsp.writeFile(path.join(to, 'cgroup.procs'), String(pid));
+    moved = true;
+  }
+  return moved;
+}

@@ -26,7 +26,7 @@ import type { Logger, LogLevel } from '../common/logger.js';
 import type { LoadedConfig } from '../config/types.js';
 import { acquireStateLock, type StateLock } from '../runtime/state-lock.js';
 import { openShimLog, shimLogger } from './log.js';
-import { chargeRelayToPod, endRelay, livingRelayPid, relayGone, unchargeRelay } from './node-relay.js';
+import { chargeRelayToPod, endRelay, leavePodCgroup, livingRelayPid, relayGone, unchargeRelay } from './node-relay.js';
 import {
   nodeServerPaths,
   podStateDir,
@@ -276,6 +276,15 @@ class NodeServer {
     } catch (err) {
       fs.closeSync(target.fd);
       throw err;
+    }
+    const placement = shim.pod.sandboxes.find(req.sandboxId)?.record.placement;
+    if (placement != null) {
+      // Revived by this pod's relay, this process started in the pod's VMM cgroup: out of it.
+      await leavePodCgroup(stateDir, placement).then(
+        (moved) => moved && this.log.info({ sandboxId: req.sandboxId }, "the node server left the pod's cgroup it was revived in"),
+        (err: unknown) =>
+          this.log.warn({ sandboxId: req.sandboxId, err: errorMessage(err) }, "the node server could not leave the pod's cgroup"),
+      );
     }
     const stop = new AbortController();
     this.pods.set(key, { shim, stop, logFd: target.fd });
