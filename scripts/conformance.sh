@@ -29,6 +29,8 @@
 #                         non-static busybox package, unpacked into .cache/conformance)
 #   CONFORMANCE_UPDATE=1  add newly passing specs to test/conformance/expected.txt
 #   CONFORMANCE_STRICT=1  fail when a spec passes that expected.txt does not list
+#   CONFORMANCE_BUILD=0   with --containerd: use dist/ as it is instead of rebuilding it (a second
+#                         run started beside a running one must not rewrite the shim it runs)
 #   CONFORMANCE_IF_AVAILABLE=1  exit 0 with a notice when there is no critest (what .ci/run sets);
 #                         otherwise a missing critest is an error (exit 2)
 #
@@ -145,7 +147,7 @@ if [[ $mode != standalone ]]; then
   esac
 fi
 
-if [[ $mode == containerd ]]; then
+if [[ $mode == containerd && ${CONFORMANCE_BUILD:-1} != 0 ]]; then
   # containerd starts the shim for every pod and runs `shim delete` with a short timeout: the shim
   # of this checkout runs compiled, as installed (dist/ is not tracked), not through tsx.
   echo "==> conformance ($label): building the shim (npm run build)"
