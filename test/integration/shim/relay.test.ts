@@ -12,7 +12,7 @@
  * when the test fails.
  */
 import { type ChildProcess, execFileSync, spawn } from 'node:child_process';
-import { existsSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
@@ -76,7 +76,7 @@ const sockets: net.Socket[] = [];
 function killAll(): void {
   // Servers the relay's revive started are not our children: their pid files name them.
   if (dir !== '' && existsSync(dir)) {
-    for (const name of readdirNames(dir)) {
+    for (const name of readdirSync(dir)) {
       const m = /^server-.*\.pid$/.exec(name);
       if (m) {
         const pid = Number(readFileSync(path.join(dir, name), 'utf8'));
@@ -92,10 +92,6 @@ function killAll(): void {
     }
   }
   pids.clear();
-}
-
-function readdirNames(d: string): string[] {
-  return execFileSync('ls', ['-1', d], { encoding: 'utf8' }).split('\n').filter(Boolean);
 }
 
 afterEach(async () => {
