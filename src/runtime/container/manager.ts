@@ -9,6 +9,7 @@ import { ensureOverlayMounted, orphanRootfsDirs, removeContainerRootfs, removeCo
 import type { RequestContext } from '../context.js';
 import { openLogNoFollow } from '../logs/open-nofollow.js';
 import { planGrowth, type ResizePlan } from '../resize/index.js';
+import { resumePod } from '../sandbox/pause.js';
 import { nowNs, type SandboxRecord } from '../sandbox/record.js';
 import type { SandboxListener } from '../sandbox/types.js';
 import type { ContainerSpec } from '../spec/container.js';
@@ -306,7 +307,20 @@ export class ContainerManager implements SandboxListener, ContainerLookup {
       return;
     }
     ctx.annotate({ containerId: record.id, sandboxId: record.sandboxId });
+    await this.resumeIfPaused(record, ctx);
     await this.stopRecord(record, Math.max(0, timeoutSec) * 1000);
+  }
+
+  /**
+   * A container of a paused pod (sandbox/pause.ts) is frozen in a VM that does not run: stopping,
+   * killing or removing it resumes the pod first (containerd stops a pod by killing its containers
+   * before its sandbox), so the signal reaches a guest that can act on it. Not under the sandbox's
+   * lock (resumePod takes it).
+   */
+  private async resumeIfPaused(record: ContainerRecord, ctx: RequestContext): Promise<void> {
+    if (this.deps.sandboxes.find(record.sandboxId)?.record.paused == null) return;
+    ctx.logger.info({ containerId: record.id, sandboxId: record.sandboxId }, 'resuming the paused pod to end its container');
+    await resumePod({ sandboxes: this.deps.sandboxes }, record.sandboxId, ctx);
   }
 
   private async stopRecord(record: ContainerRecord, timeoutMs: number): Promise<void> {
@@ -329,6 +343,7 @@ export class ContainerManager implements SandboxListener, ContainerLookup {
     const record = id === undefined ? undefined : this.containers.get(id);
     if (record === undefined) return;
     ctx.annotate({ containerId: record.id, sandboxId: record.sandboxId });
+    await this.resumeIfPaused(record, ctx);
     await this.stopRecord(record, 0);
     await this.deps.sandboxes.withSandboxIfPresent(record.sandboxId, async (sandbox) => {
       if (!this.containers.has(record.id)) return;
@@ -420,6 +435,9 @@ export class ContainerManager implements SandboxListener, ContainerLookup {
     if (record.state === 'CONTAINER_CREATED') {
       throw precondition('CONTAINER_NOT_RUNNING', `container ${record.id} was created but not started: it has no process to signal`);
     }
+    // Signal 0 only asks whether the process is there: a frozen one in a paused pod is.
+    if (signal === 0 && this.deps.sandboxes.find(record.sandboxId)?.record.paused != null) return;
+    await this.resumeIfPaused(record, ctx);
     const agent = this.deps.guests.agentOf(record.sandboxId);
     if (agent === undefined) {
       await this.markExited(record, ...VM_GONE);

@@ -127,12 +127,12 @@ describe('pausePod and resumePod', () => {
     const s = scripted();
     await pausePod(s.deps, 'pod1', ctx);
     s.calls.length = 0;
-    await resumeBeforeStop(s as never, async () => s.calls.push('persist'), silentLogger());
+    await resumeBeforeStop(s as never, async () => void s.calls.push('persist'), silentLogger());
     expect(s.calls).toEqual(['cont', 'release', 'thaw a', 'thaw c', 'persist']);
     const f = scripted({ failCont: true });
     await pausePod(f.deps, 'pod1', ctx);
     f.calls.length = 0;
-    await resumeBeforeStop(f as never, async () => f.calls.push('persist'), silentLogger());
+    await resumeBeforeStop(f as never, async () => void f.calls.push('persist'), silentLogger());
     expect(f.calls).toEqual(['cont', 'persist']);
     expect(f.record.paused).toBeNull();
   });
