@@ -1,0 +1,289 @@
+/**
+ * VM templates on real QEMU 7.2 (TCG): one template boot with the real guest and agent, two
+ * clones restored from it, one cold boot of the same shape for comparison. What it proves:
+ * - the template's device state is saved without its RAM (x-ignore-shared) and its RAM file is
+ *   read-only afterwards;
+ * - each clone's agent answers without a boot (the guest's uptime runs on from the template's)
+ *   and runs something (CreatePod starts the pod's pause process in the guest);
+ * - the clones share the RAM file's pages (Pss < Rss of the file mapping in each QEMU) and keep
+ *   their writes private (a marker written in one guest is in its memory only, not in the other
+ *   clone's nor in the template's file);
+ * - a template whose key differs, or whose state was altered, is refused before any QEMU starts;
+ * - what QEMU 7.2 does when vhost-user-fs is hot-plugged into a clone: virtiofsd is handed the
+ *   template's RAM file (docs/templates.md, the virtio-fs decision).
+ * Timings and PSS are printed (TEMPLATE_NUMBERS), never asserted: speed is the bench's.
+ */
+import { execFileSync } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import { promises as fsp, readFileSync } from 'node:fs';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { AgentClient } from '../../src/agent-client/index.js';
+import { silentLogger } from '../../src/common/logger.js';
+import { packageVersion } from '../../src/common/paths.js';
+import { buildQemuArgv } from '../../src/hypervisor/argv.js';
+import { CLAIM_VFS_DEVICE_ID, plugSharedFs } from '../../src/hypervisor/claim-hotplug.js';
+import { startVm, type VmProcess, vmPaths } from '../../src/hypervisor/launcher.js';
+import { type TemplateKey, type TemplateVmSpec, templatePaths } from '../../src/hypervisor/template.js';
+import { buildTemplate, computeTemplateKey, fileSha256, startClone } from '../../src/hypervisor/template-execute.js';
+import { startVirtiofsd, type VirtiofsdProcess } from '../../src/hypervisor/virtiofsd.js';
+import { QemuTracker } from '../helpers/hypervisor-guest.js';
+import { scaledMs } from '../helpers/time-scale.js';
+
+const repo = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
+const logger = silentLogger();
+const QEMU = 'qemu-system-x86_64';
+const MEMORY_MIB = 512;
+
+/** The guest with the real agent, in the test cache (built by scripts/build-guest.sh when missing). */
+function agentGuest(): { kernelPath: string; initrdPath: string; guestImagePath: string } {
+  const dir = process.env.KATA_TS_AGENT_GUEST_DIR ?? path.join(repo, '.cache/guest-agent');
+  execFileSync('bash', [path.join(repo, 'scripts/build-guest.sh'), '--out', dir], { stdio: ['ignore', 'ignore', 'inherit'] });
+  return {
+    kernelPath: path.join(dir, 'vmlinuz'),
+    initrdPath: path.join(dir, 'initramfs.cpio.gz'),
+    guestImagePath: path.join(dir, 'guest.img'),
+  };
+}
+
+async function agentReady(socketPath: string, timeoutMs: number): Promise<AgentClient> {
+  return AgentClient.connect({ socketPath, logger, hostVersion: packageVersion() }, timeoutMs);
+}
+
+/** Rss and Pss (KiB) of the mappings of `file` in process `pid`. */
+function mappingMemory(pid: number, file: string): { rssKiB: number; pssKiB: number; mappings: number } {
+  const lines = readFileSync(`/proc/${pid}/smaps`, 'utf8').split('\n');
+  let inside = false;
+  const out = { rssKiB: 0, pssKiB: 0, mappings: 0 };
+  for (const line of lines) {
+    if (/^[0-9a-f]+-[0-9a-f]+ /.test(line)) {
+      inside = line.trimEnd().endsWith(` ${file}`);
+      if (inside) out.mappings += 1;
+      continue;
+    }
+    if (!inside) continue;
+    const m = /^(Rss|Pss):\s+(\d+) kB/.exec(line);
+    if (m?.[1] === 'Rss') out.rssKiB += Number(m[2]);
+    if (m?.[1] === 'Pss') out.pssKiB += Number(m[2]);
+  }
+  return out;
+}
+
+/** The whole process's PSS (KiB). */
+function processPssKiB(pid: number): number {
+  const m = /^Pss:\s+(\d+) kB/m.exec(readFileSync(`/proc/${pid}/smaps_rollup`, 'utf8'));
+  return Number(m?.[1] ?? Number.NaN);
+}
+
+/** Dump the guest's physical RAM (boot RAM at 0; the 32-bit hole left out) and tell whether `needle` is in it. */
+async function guestMemoryHolds(vm: VmProcess, dumpFile: string, needle: string): Promise<boolean> {
+  // q35 maps the first 2 GiB of RAM below 4 GiB: a 512 MiB guest is all at [0, 512 MiB).
+  await vm.qmp.execute('pmemsave', { val: 0, size: MEMORY_MIB * 1024 * 1024, filename: dumpFile }, { timeoutMs: 60_000 });
+  try {
+    return (await fsp.readFile(dumpFile)).includes(Buffer.from(needle));
+  } finally {
+    await fsp.rm(dumpFile, { force: true });
+  }
+}
+
+function fileHolds(file: string, needle: string): boolean {
+  return readFileSync(file).includes(Buffer.from(needle));
+}
+
+describe('VM templates: a template, two clones, a cold boot (QEMU 7.2, TCG)', () => {
+  const tracker = new QemuTracker();
+  const shmDir = path.join('/dev/shm', `kata-ts-template-test-${randomBytes(4).toString('hex')}`);
+  const templateDir = path.join(shmDir, 'tpl');
+  const numbers: Record<string, number> = {};
+  const clients: AgentClient[] = [];
+  let spec: TemplateVmSpec;
+  let key: TemplateKey;
+  const clones: Array<{ vm: VmProcess; agent: AgentClient }> = [];
+  let virtiofsd: VirtiofsdProcess | undefined;
+  const instances: string[] = [];
+
+  beforeAll(async () => {
+    const guest = agentGuest();
+    await fsp.mkdir(shmDir, { mode: 0o700 });
+    spec = {
+      shape: { vcpus: 1, maxVcpus: 2, memoryMiB: MEMORY_MIB, maxMemoryMiB: 1024, hugepages: [], kernelParams: [] },
+      accel: 'tcg',
+      kernelPath: guest.kernelPath,
+      initrdPath: guest.initrdPath,
+      guestImagePath: guest.guestImagePath,
+      kernelParams: [],
+      // One spare PCIe port, as a pooled VM has for the pod's virtio-fs.
+      pcieArgs: ['-device', 'pcie-root-port,id=rp0,bus=pcie.0,addr=08.0,chassis=1,slot=1,port=1,io-reserve=0'],
+      confidential: false,
+      withAgent: true,
+    };
+    key = await computeTemplateKey(QEMU, spec);
+  }, 600_000);
+
+  afterAll(async () => {
+    for (const c of clients) c.close();
+    await virtiofsd?.stop().catch(() => undefined);
+    await tracker.cleanup();
+    await fsp.rm(shmDir, { recursive: true, force: true });
+    console.log(`TEMPLATE_NUMBERS ${JSON.stringify(numbers)}`);
+  });
+
+  it('builds a template: device state saved without RAM, RAM file read-only, record beside them', async () => {
+    const workDir = tracker.workDir();
+    const started = Date.now();
+    const record = await buildTemplate({
+      qemuBinary: QEMU,
+      spec,
+      key,
+      templateDir,
+      workDir,
+      logger,
+      waitAgentReady: async (socket, vm) => {
+        tracker.track(vm);
+        const agent = await agentReady(socket, scaledMs(180_000));
+        // Hello answered: the agent is up. Let go of the socket so the clones' first dial is theirs.
+        agent.close();
+      },
+    });
+    numbers.templateBuildMs = Date.now() - started;
+    const files = templatePaths(templateDir);
+    expect(record.key).toEqual(key);
+    expect((await fsp.stat(files.ramFile)).mode & 0o777).toBe(0o444);
+    expect(record.ramBytes).toBe(MEMORY_MIB * 1024 * 1024);
+    // x-ignore-shared: the RAM is not in the stream (a few MiB of device state at most).
+    expect(record.stateBytes).toBeLessThan(8 * 1024 * 1024);
+    numbers.stateBytes = record.stateBytes;
+    expect(await fileSha256(files.stateFile)).toBe(record.stateSha256);
+  }, 600_000);
+
+  it('two clones: each agent answers without a boot and runs the pod; they share the RAM file and keep their writes', async () => {
+    const files = templatePaths(templateDir);
+    const templateRamSha = await fileSha256(files.ramFile);
+    for (const name of ['clone-a', 'clone-b']) {
+      const workDir = tracker.workDir();
+      const started = Date.now();
+      const { vm, agentSocket, restoreMs } = await startClone({ qemuBinary: QEMU, spec, key, templateDir, workDir, name, logger });
+      tracker.track(vm);
+      const agent = await agentReady(agentSocket, scaledMs(60_000));
+      clients.push(agent);
+      numbers[`${name}RestoreMs`] = restoreMs;
+      numbers[`${name}AgentReadyMs`] = Date.now() - started;
+      clones.push({ vm, agent });
+      instances.push(agent.connection.hello?.agentInstanceId ?? '');
+    }
+    // The same agent process answers in both (its instance id was drawn in the template before
+    // the save): everything the guest drew before the save is shared by every clone.
+    expect(instances[0]).toMatch(/^[0-9a-f-]{36}$/);
+    expect(instances[1]).toBe(instances[0]);
+    // No boot: the guest's clock of uptime runs on from the template's (which booted for many seconds).
+    for (const { agent } of clones) {
+      const facts = await agent.guestFacts({ timeoutMs: scaledMs(30_000) });
+      expect(facts.onlineVcpus).toBe(1);
+      expect(facts.uptimeSeconds).toBeGreaterThan(2);
+    }
+    // Each runs something: CreatePod starts the pod's pause process in that guest. The pod ids
+    // are the markers: they end up in the guest's memory (agent heap, tmpfs file, hostname).
+    const markers = [`tplmarkA${randomBytes(6).toString('hex')}`, `tplmarkB${randomBytes(6).toString('hex')}`];
+    const pods = await Promise.all(
+      clones.map(({ agent }, i) => agent.createPod({ podId: markers[i]!, hostname: markers[i]! }, { timeoutMs: scaledMs(60_000) })),
+    );
+    for (const pod of pods) expect(pod.pausePid).toBeGreaterThan(1);
+
+    // Shared pages: each QEMU maps the RAM file, and part of what it has resident is shared.
+    const [a, b] = clones.map(({ vm }) => mappingMemory(vm.pid, files.ramFile));
+    expect(a!.mappings).toBe(1);
+    expect(b!.mappings).toBe(1);
+    expect(a!.rssKiB).toBeGreaterThan(0);
+    expect(a!.pssKiB).toBeLessThan(a!.rssKiB);
+    expect(b!.pssKiB).toBeLessThan(b!.rssKiB);
+    Object.assign(numbers, {
+      cloneARamRssKiB: a!.rssKiB,
+      cloneARamPssKiB: a!.pssKiB,
+      cloneBRamRssKiB: b!.rssKiB,
+      cloneBRamPssKiB: b!.pssKiB,
+      cloneAPssKiB: processPssKiB(clones[0]!.vm.pid),
+      cloneBPssKiB: processPssKiB(clones[1]!.vm.pid),
+    });
+
+    // Private writes: each marker is in its own guest's memory only, and never in the template's file.
+    const dump = path.join(shmDir, 'dump');
+    expect(await guestMemoryHolds(clones[0]!.vm, dump, markers[0]!)).toBe(true);
+    expect(await guestMemoryHolds(clones[1]!.vm, dump, markers[1]!)).toBe(true);
+    expect(await guestMemoryHolds(clones[1]!.vm, dump, markers[0]!)).toBe(false);
+    expect(await guestMemoryHolds(clones[0]!.vm, dump, markers[1]!)).toBe(false);
+    expect(fileHolds(files.ramFile, markers[0]!)).toBe(false);
+    expect(fileHolds(files.ramFile, markers[1]!)).toBe(false);
+    expect(await fileSha256(files.ramFile)).toBe(templateRamSha);
+  }, 600_000);
+
+  it('refuses a template whose key differs or whose state was altered, before any QEMU starts', async () => {
+    const workDir = tracker.workDir();
+    const other = { ...key, kernelSha256: 'f'.repeat(64) };
+    await expect(startClone({ qemuBinary: QEMU, spec, key: other, templateDir, workDir, name: 'clone-x', logger })).rejects.toMatchObject({
+      reason: 'TEMPLATE_KEY_MISMATCH',
+      message: expect.stringContaining('kernelSha256'),
+    });
+    // A copy of the template whose state has one byte changed.
+    const files = templatePaths(templateDir);
+    const tampered = templatePaths(path.join(shmDir, 'tampered'));
+    await fsp.mkdir(tampered.dir);
+    await fsp.copyFile(files.recordFile, tampered.recordFile);
+    await fsp.link(files.ramFile, tampered.ramFile);
+    const state = await fsp.readFile(files.stateFile);
+    state[state.length >> 1]! ^= 0xff;
+    await fsp.writeFile(tampered.stateFile, state);
+    await expect(
+      startClone({ qemuBinary: QEMU, spec, key, templateDir: tampered.dir, workDir, name: 'clone-y', logger }),
+    ).rejects.toMatchObject({ reason: 'TEMPLATE_STATE_CORRUPT' });
+    // Neither attempt started QEMU: its work dir has no QMP socket or log.
+    await expect(fsp.access(vmPaths(workDir).qemuLog)).rejects.toThrow();
+  }, 120_000);
+
+  it('QEMU 7.2 hands virtiofsd the template RAM file when vhost-user-fs is hot-plugged into a clone', async () => {
+    const files = templatePaths(templateDir);
+    const clone = clones[0]!;
+    const source = path.join(shmDir, 'share');
+    await fsp.mkdir(source);
+    await fsp.writeFile(path.join(source, 'hello.txt'), 'from the host\n');
+    const workDir = tracker.workDir();
+    const socketPath = path.join(workDir, 'vfs.sock');
+    virtiofsd = await startVirtiofsd({ socketPath, sourceDir: source, logFile: path.join(workDir, 'virtiofsd.log'), logger });
+    const before = await fileSha256(files.ramFile);
+    await plugSharedFs(clone.vm.qmp, socketPath, 'rp0');
+    const pci = JSON.stringify(await clone.vm.qmp.execute('query-pci'));
+    expect(pci).toContain(CLAIM_VFS_DEVICE_ID);
+    // The guest probes the device and CreatePod mounts it (or gives up after its 15 s wait):
+    // only when the guest's driver starts the device does QEMU send virtiofsd its memory table.
+    const pod = await clone.agent
+      .createPod({ podId: 'vfsprobe', hostname: 'vfsprobe' }, { timeoutMs: scaledMs(40_000) })
+      .then((r) => ({ mounted: r.sharedDirMounted }))
+      .catch((err: unknown) => ({ error: String(err) }));
+    // QEMU hands the backend an fd of every RAM region: for the clone's boot RAM that is the
+    // template's file, which the clone itself maps private; virtiofsd maps it shared.
+    const backendMaps = virtiofsd
+      .pids()
+      .flatMap((pid) => readFileSync(`/proc/${pid}/maps`, 'utf8').split('\n'))
+      .filter((l) => / (\/|memfd:)/.test(l) && !/\.so|virtiofsd|\/usr\//.test(l));
+    const after = await fileSha256(files.ramFile);
+    console.log(`TEMPLATE_VHOST_USER_FS ${JSON.stringify({ pod, templateRamChanged: before !== after, backendMaps })}`);
+    expect(backendMaps.some((l) => l.endsWith(files.ramFile))).toBe(true);
+  }, 180_000);
+
+  it('a cold boot of the same shape, for comparison (agent ready, PSS)', async () => {
+    const workDir = tracker.workDir();
+    const paths = { ...vmPaths(workDir), agentSocket: path.join(workDir, 'agent.sock') };
+    const { withAgent: _unused, ...argvSpec } = spec;
+    const started = Date.now();
+    const vm = tracker.track(
+      await startVm({ qemuBinary: QEMU, argv: buildQemuArgv({ ...argvSpec, name: 'cold', paths }), workDir, logger }),
+    );
+    await vm.resume();
+    const agent = await agentReady(paths.agentSocket, scaledMs(180_000));
+    clients.push(agent);
+    numbers.coldAgentReadyMs = Date.now() - started;
+    await agent.createPod({ podId: 'coldpod', hostname: 'coldpod' }, { timeoutMs: scaledMs(60_000) });
+    numbers.coldPssKiB = processPssKiB(vm.pid);
+    expect(numbers.coldPssKiB).toBeGreaterThan(0);
+  }, 600_000);
+});
