@@ -592,9 +592,15 @@ static int write_downstream(struct conn *c) {
   return 0;
 }
 
+/* Until when the listener is not watched: out of descriptors, a pending connection would wake us forever. */
+static long long accept_paused_until_ms;
+
 static void accept_one(int listener, long long now) {
   int fd = accept4(listener, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
-  if (fd < 0) return;
+  if (fd < 0) {
+    if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) accept_paused_until_ms = now + BACKOFF_FIRST_MS * 2;
+    return;
+  }
   if (nconns == MAX_CONNECTIONS) {
     /* Said once per 10 s: a flood of connections must not become a flood of log lines. */
     static long long said_ms = -SAY_EVERY_MS;
@@ -744,8 +750,9 @@ int main(int argc, char **argv) {
 
     long long wake = next_gone_ms;
     int n = 0;
-    fds[n] = (struct pollfd){.fd = listener, .events = POLLIN};
+    fds[n] = (struct pollfd){.fd = now < accept_paused_until_ms ? -1 : listener, .events = POLLIN};
     owner[n++] = -1;
+    if (now < accept_paused_until_ms && accept_paused_until_ms < wake) wake = accept_paused_until_ms;
     for (i = 0; i < nconns; i++) {
       struct conn *c = conns[i];
       short ev = 0;
