@@ -24,7 +24,8 @@
  * just before the burst to the memory reading, / N. For pool mode this window includes the start of
  * the pool's refill (the daemon's side of it: spawning and watching the refill's QEMU).
  *
- * Each run writes its JSON to `--out` (default .cache/density/density-<time>.json) and renders the
+ * Each run writes its JSON to `--out` (default .cache/density/density-<time>.json; rewritten after
+ * every burst, so a run stopped halfway keeps what it measured) and renders the
  * charts (docs/img/density-*.svg, or `--img-dir`) from that run merged with the `--merge` files
  * (the later file wins for a (mode, N) measured twice); `--plot-only` renders from `--merge` alone.
  *
@@ -476,10 +477,32 @@ export interface DensityOptions {
   idleS: number;
 }
 
-export async function runDensityBench(o: DensityOptions, progress: (l: string) => void): Promise<DensityResult> {
+/**
+ * Runs the bursts `o` asks for: runc first (seconds), then cold with the bare baseline, then pool
+ * and template (a fresh daemon per N). `onBurst` gets the result so far after every burst, so a
+ * run stopped halfway (a burst of 8 TCG boots can take many minutes) keeps what it measured.
+ */
+export async function runDensityBench(
+  o: DensityOptions,
+  progress: (l: string) => void,
+  onBurst: (soFar: DensityResult) => Promise<void> = async () => undefined,
+): Promise<DensityResult> {
   await ensureGuestAssets();
-  const bursts: BurstResult[] = [];
-  const skipped: DensityResult['skipped'] = [];
+  const result: DensityResult = {
+    bench: 'density',
+    date: new Date().toISOString(),
+    commit: currentCommit(),
+    host: { cpus: os.cpus().length, memMiB: Math.round(os.totalmem() / 2 ** 20) },
+    idleS: o.idleS,
+    bursts: [],
+    skipped: [],
+  };
+  const record = async (b: BurstResult): Promise<void> => {
+    result.bursts.push(b);
+    progress(fmtBurst(b));
+    result.date = new Date().toISOString();
+    await onBurst(result);
+  };
   const registry: RegistryHandle = await startRegistry();
   const daemons: BenchDaemon[] = [];
   const onSignal = (signal: NodeJS.Signals): void => {
@@ -488,6 +511,7 @@ export async function runDensityBench(o: DensityOptions, progress: (l: string) =
   };
   process.once('SIGINT', onSignal);
   process.once('SIGTERM', onSignal);
+  const image = await pushBusyboxImage(registry, 'bench/busybox', 'density', ['sleep']);
   const daemon = async (config: Record<string, unknown>): Promise<BenchDaemon> => {
     const rt = await createBenchDaemon(config);
     daemons.push(rt);
@@ -500,53 +524,69 @@ export async function runDensityBench(o: DensityOptions, progress: (l: string) =
     daemons.splice(daemons.indexOf(rt), 1);
     await rt.cleanup();
   };
-  const image = await pushBusyboxImage(registry, 'bench/busybox', 'density', ['sleep']);
   try {
-    // Cold: one daemon for every N, its warm-up pod (not counted) gives the bare argv.
-    const cold = MODE_SETUPS.cold as VmModeSetup;
-    const coldRt = await daemon(cold.daemonConfig(0));
-    progress('warm-up: one cold pod (not counted; its argv is the bare baseline)');
-    const warm = await burst(kataDoor('cold', coldRt, cold.handler), image, 1, 0, progress);
-    progress(`warm-up: ${(warm.medianLatencyMs / 1000).toFixed(1)} s`);
-    const { pod_sandbox_id: tsid } = await coldRt.cri.runtime.RunPodSandbox(
-      {
-        config: {
-          metadata: { name: 'argv', uid: randomUUID(), namespace: POD_NAMESPACE, attempt: 0 },
-          linux: { cgroup_parent: coldRt.cgroupParent(randomUUID()) },
-        },
-        runtime_handler: cold.handler,
-      },
-      { deadline: Date.now() + RPC_DEADLINE_MS },
-    );
-    const template = await podInfo(coldRt.cri, tsid);
-    await coldRt.cri.runtime.StopPodSandbox({ pod_sandbox_id: tsid });
-    await coldRt.cri.runtime.RemovePodSandbox({ pod_sandbox_id: tsid });
+    if (o.modes.includes('runc')) {
+      const missing = containerdMissing();
+      if (missing !== null) {
+        result.skipped.push({ mode: 'runc', why: missing });
+        progress(`runc: skipped: ${missing}`);
+      } else {
+        const ctrd = await startContainerd({ registry });
+        const cri = criClient(ctrd.criSocket);
+        try {
+          await cri.image.PullImage({ image: { image } });
+          const door = runcDoor(ctrd, cri, path.join(ctrd.dir, 'density-pods'));
+          await burst(door, image, 1, 0, progress); // warm-up, not counted
+          for (const n of o.ns) {
+            progress(`runc: ${n} pods at once`);
+            await record(await burst(door, image, n, o.idleS, progress));
+          }
+        } finally {
+          cri.close();
+          await ctrd.stop();
+        }
+      }
+    }
 
-    const bareDir = path.join(coldRt.dir, 'bare');
-    for (const n of o.ns) {
-      if (o.modes.includes('cold')) {
-        progress(`cold: ${n} pods at once`);
-        bursts.push(await burst(kataDoor('cold', coldRt, cold.handler), image, n, o.idleS, progress));
-        progress(fmtBurst(bursts.at(-1)!));
+    if (o.modes.includes('cold') || o.bareNs.length > 0) {
+      // Cold: one daemon for every N, its warm-up pod (not counted) gives the bare argv.
+      const cold = MODE_SETUPS.cold as VmModeSetup;
+      const coldRt = await daemon(cold.daemonConfig(0));
+      progress('warm-up: one cold pod (not counted; its argv is the bare baseline)');
+      const warm = await burst(kataDoor('cold', coldRt, cold.handler), image, 1, 0, progress);
+      progress(`warm-up: ${(warm.medianLatencyMs / 1000).toFixed(1)} s`);
+      const { pod_sandbox_id: tsid } = await coldRt.cri.runtime.RunPodSandbox(
+        {
+          config: {
+            metadata: { name: 'argv', uid: randomUUID(), namespace: POD_NAMESPACE, attempt: 0 },
+            linux: { cgroup_parent: coldRt.cgroupParent(randomUUID()) },
+          },
+          runtime_handler: cold.handler,
+        },
+        { deadline: Date.now() + RPC_DEADLINE_MS },
+      );
+      const template = await podInfo(coldRt.cri, tsid);
+      await coldRt.cri.runtime.StopPodSandbox({ pod_sandbox_id: tsid });
+      await coldRt.cri.runtime.RemovePodSandbox({ pod_sandbox_id: tsid });
+      const bareDir = path.join(coldRt.dir, 'bare');
+      for (const n of [...new Set([...o.ns, ...o.bareNs])].sort((a, b) => a - b)) {
+        if (o.modes.includes('cold') && o.ns.includes(n)) {
+          progress(`cold: ${n} pods at once`);
+          await record(await burst(kataDoor('cold', coldRt, cold.handler), image, n, o.idleS, progress));
+        }
+        if (o.bareNs.includes(n)) {
+          progress(`bare QEMU: ${n} at once`);
+          await record(await bareBurst(template, bareDir, n, o.idleS, progress));
+        }
       }
-      if (o.bareNs.includes(n)) {
-        progress(`bare QEMU: ${n} at once`);
-        bursts.push(await bareBurst(template, bareDir, n, o.idleS, progress));
-        progress(fmtBurst(bursts.at(-1)!));
-      }
+      await done(coldRt);
     }
-    for (const n of o.bareNs.filter((b) => !o.ns.includes(b))) {
-      progress(`bare QEMU: ${n} at once`);
-      bursts.push(await bareBurst(template, bareDir, n, o.idleS, progress));
-      progress(fmtBurst(bursts.at(-1)!));
-    }
-    await done(coldRt);
 
     for (const mode of ['pool', 'template'] as const) {
       if (!o.modes.includes(mode)) continue;
       const setup = MODE_SETUPS[mode];
       if ('unavailable' in setup) {
-        skipped.push({ mode, why: setup.unavailable });
+        result.skipped.push({ mode, why: setup.unavailable });
         progress(`${mode}: skipped: ${setup.unavailable}`);
         continue;
       }
@@ -557,35 +597,9 @@ export async function runDensityBench(o: DensityOptions, progress: (l: string) =
           progress(`${mode}: preparing for ${n}`);
           await setup.prepare(rt, n, progress);
           progress(`${mode}: ${n} pods at once`);
-          bursts.push(await burst(kataDoor(mode, rt, setup.handler), image, n, o.idleS, progress));
-          progress(fmtBurst(bursts.at(-1)!));
+          await record(await burst(kataDoor(mode, rt, setup.handler), image, n, o.idleS, progress));
         } finally {
           await done(rt);
-        }
-      }
-    }
-
-    if (o.modes.includes('runc')) {
-      const missing = containerdMissing();
-      if (missing !== null) {
-        skipped.push({ mode: 'runc', why: missing });
-        progress(`runc: skipped: ${missing}`);
-      } else {
-        const ctrd = await startContainerd({ registry });
-        const cri = criClient(ctrd.criSocket);
-        try {
-          await cri.image.PullImage({ image: { image } });
-          const logRoot = path.join(ctrd.dir, 'density-pods');
-          const door = runcDoor(ctrd, cri, logRoot);
-          await burst(door, image, 1, 0, progress); // warm-up, not counted
-          for (const n of o.ns) {
-            progress(`runc: ${n} pods at once`);
-            bursts.push(await burst(door, image, n, o.idleS, progress));
-            progress(fmtBurst(bursts.at(-1)!));
-          }
-        } finally {
-          cri.close();
-          await ctrd.stop();
         }
       }
     }
@@ -595,15 +609,7 @@ export async function runDensityBench(o: DensityOptions, progress: (l: string) =
     process.off('SIGINT', onSignal);
     process.off('SIGTERM', onSignal);
   }
-  return {
-    bench: 'density',
-    date: new Date().toISOString(),
-    commit: currentCommit(),
-    host: { cpus: os.cpus().length, memMiB: Math.round(os.totalmem() / 2 ** 20) },
-    idleS: o.idleS,
-    bursts,
-    skipped,
-  };
+  return result;
 }
 
 function fmtBurst(b: BurstResult): string {
@@ -781,13 +787,16 @@ if (import.meta.url === pathToFileURL(process.argv[1] ?? '').href) {
   if (bad !== undefined) throw new Error(`--modes: unknown mode "${bad}" (known: ${MODES.join(', ')})`);
   const runs: DensityResult[] = values.merge.map((f) => JSON.parse(readFileSync(f, 'utf8')) as DensityResult);
   if (!values['plot-only']) {
+    const stamp = new Date().toISOString().replaceAll(':', '');
+    const out = values.out ?? path.join(packageRoot(), '.cache', 'density', `density-${stamp}.json`);
+    await fsp.mkdir(path.dirname(out), { recursive: true });
+    const save = (r: DensityResult) => fsp.writeFile(out, `${JSON.stringify(r)}\n`);
     const result = await runDensityBench(
       { ns: numberList(values.n, 'n'), bareNs: numberList(values['bare-n'], 'bare-n'), modes, idleS: Number(values['idle-s']) },
       (l) => process.stderr.write(`${l}\n`),
+      save,
     );
-    const out = values.out ?? path.join(packageRoot(), '.cache', 'density', `density-${result.date.replaceAll(':', '')}.json`);
-    await fsp.mkdir(path.dirname(out), { recursive: true });
-    await fsp.writeFile(out, `${JSON.stringify(result)}\n`);
+    await save(result);
     process.stderr.write(`results: ${out}\n`);
     runs.push(result);
   }
