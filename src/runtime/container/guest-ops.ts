@@ -7,7 +7,7 @@
 import { randomBytes } from 'node:crypto';
 import os from 'node:os';
 import type { AgentClient } from '../../agent-client/index.js';
-import { errorMessage, invalid, isKataError, timedOut } from '../../common/errors.js';
+import { errorMessage, invalid, isKataError, isReason, timedOut } from '../../common/errors.js';
 import { epochNs } from '../../common/time.js';
 import type { ExitStatus, Timestamp } from '../../generated/agent/agent.js';
 import { execProcessRequest } from './exec-process.js';
@@ -138,6 +138,8 @@ async function ignoreGone(p: Promise<void>, exited: Promise<unknown>): Promise<v
 
 /** Whether a signal that failed with `err` failed because the container is not running (any more). */
 async function goneWhenSignalled(err: unknown, exited: Promise<unknown>): Promise<boolean> {
+  // A paused pod's held agent refused the call (sandbox/pause.ts): the process is there, frozen.
+  if (isReason(err, 'SANDBOX_PAUSED')) return false;
   // Not found, or already stopped: the agent says the container is not running.
   if (isKataError(err) && (err.kind === 'not_found' || err.kind === 'precondition')) return true;
   // It exited between the agent's state check and crun's kill ("open pidfd: No such process"):
