@@ -83,6 +83,15 @@ function killAll(): void {
         if (pid > 0) pids.add(pid);
       }
     }
+    // A revive script that execs a server logs that server's pid there: a relay that revived
+    // twice (wrongly) leaves two servers, and only the last one's pid file.
+    const reviveLog = path.join(dir, 'revive.log');
+    if (existsSync(reviveLog)) {
+      for (const line of readFileSync(reviveLog, 'utf8').split('\n')) {
+        const pid = Number(line.split(' ')[1]);
+        if (pid > 0) pids.add(pid);
+      }
+    }
   }
   for (const pid of pids) {
     try {
