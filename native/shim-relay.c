@@ -1,6 +1,7 @@
 /*
  * kata-ts-shim-relay: the per-pod process containerd is connected to when the shim runs in node
- * mode (docs/shim.md#the-relay says why it exists; /work/notes/contract33.md fixed its contract).
+ * mode, started by the node shim (src/shim/node-relay.ts); docs/shim.md#the-relay says why it
+ * exists and what it promises.
  *
  * containerd cleans up a task when its connection to the task's shim closes, so the process that
  * holds that connection must be small, simple and never need a restart. This one holds no pod
@@ -14,7 +15,7 @@
  *     its bytes. When the upstream connection fails, the downstream one stays open: the relay
  *     reconnects (backoff 50 ms doubling to 1 s), sends the unanswered requests again in their
  *     order, then goes on. Meanwhile new downstream frames queue up, at most 16 MiB per connection
- *     (answered and queued bytes together), beyond which that downstream is closed;
+ *     (unanswered and queued bytes together), beyond which that downstream is closed;
  *   - revive: once the upstream has refused connections for 1 s, the argv after `--` is started
  *     (setsid, stdin/stdout /dev/null, stderr ours), then again at most once per 10 s;
  *   - it exits 0 when `<upstream>.gone` exists and no request is unanswered (checked on every
