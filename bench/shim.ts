@@ -260,7 +260,7 @@ export interface ShimBenchOptions {
 /** Node shim server processes of the containerd at `grpcAddress` (not the relays, whose revive command names it too). */
 export function nodeServerPids(grpcAddress: string): number[] {
   return processArgs()
-    .filter(({ args }) => args.at(-1) === 'node-serve' && args.includes(grpcAddress) && path.basename(args[0] ?? '') !== RELAY_BINARY_NAME)
+    .filter(({ args }) => args.at(-1) === 'node-serve' && args.includes(grpcAddress) && args[0] === process.execPath)
     .map(({ pid }) => pid);
 }
 

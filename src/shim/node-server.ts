@@ -352,14 +352,17 @@ class NodeServer {
     for (const ns of namespaces) {
       if (!ns.isDirectory() || ns.name === 'node' || ns.name === 's') continue;
       const dirs = await fsp.readdir(path.join(stateRoot, ns.name)).catch(() => [] as string[]);
-      for (const dir of dirs.sort()) {
-        const info = await readShimInfo(path.join(stateRoot, ns.name, dir)).catch(() => undefined);
-        if (info?.node?.containerdAddress !== this.options.containerdAddress) continue;
-        await this.attach({ namespace: info.namespace, sandboxId: info.sandboxId, bundle: info.bundle, socketPath: info.socket }).then(
-          () => this.log.info({ sandboxId: info.sandboxId }, 'pod re-attached'),
-          (err: unknown) => this.log.warn({ sandboxId: info.sandboxId, err: errorMessage(err) }, 'pod not re-attached'),
-        );
-      }
+      // All at once: each pod's relay is waiting, and one pod's slow recovery must not hold up the others.
+      await Promise.all(
+        dirs.sort().map(async (dir) => {
+          const info = await readShimInfo(path.join(stateRoot, ns.name, dir)).catch(() => undefined);
+          if (info?.node?.containerdAddress !== this.options.containerdAddress) return;
+          await this.attach({ namespace: info.namespace, sandboxId: info.sandboxId, bundle: info.bundle, socketPath: info.socket }).then(
+            () => this.log.info({ sandboxId: info.sandboxId }, 'pod re-attached'),
+            (err: unknown) => this.log.warn({ sandboxId: info.sandboxId, err: errorMessage(err) }, 'pod not re-attached'),
+          );
+        }),
+      );
     }
     this.checkIdle();
   }

@@ -238,6 +238,11 @@ export function nodeServeArgs(options: Pick<StartOptions, 'namespace' | 'contain
   ];
 }
 
+/** util-linux flock(1), which serialises the relays' revives when it is installed. */
+const FLOCK = '/usr/bin/flock';
+/** The lock file the relays' revive commands take, in the node server's dir. */
+const REVIVE_LOCK_FILE = 'revive.lock';
+
 /** How many times `start` starts the node server again when the one it found was just leaving. */
 const NODE_ATTACH_TRIES = 3;
 
@@ -280,7 +285,16 @@ async function spawnRelay(options: StartOptions, socketPath: string, stateDir: s
   // The revive command enters the runtime's mount namespace itself (nsenter), as `start` does,
   // so a revived node server is one process; no caller's root goes with it (the relay holds none).
   const cmd = await serveCommand(options, nodeServeArgs(options), '/');
-  const revive = [cmd.command, ...cmd.args];
+  // Under flock (-o: the node server itself does not hold it): while one revived server is still
+  // starting, the relays' further revives end at once instead of each starting Node only to find
+  // the node server's lock taken (on a loaded machine a Node start outlasts the 10 s between revives).
+  const nodeDir = nodeServerPaths(options.config.shim.stateRoot, options.containerdAddress).dir;
+  await fsp.mkdir(nodeDir, { recursive: true, mode: 0o700 });
+  const revive = [
+    ...(fs.existsSync(FLOCK) ? [FLOCK, '-n', '-o', '-E', '0', path.join(nodeDir, REVIVE_LOCK_FILE)] : []),
+    cmd.command,
+    ...cmd.args,
+  ];
   const { [CALLER_ROOT_ENV]: _root, ...env } = cmd.env;
   const log = await openShimLog(options.bundle, stateDir);
   await fsp.mkdir(path.dirname(socketPath), { recursive: true, mode: 0o700 });

@@ -74,8 +74,8 @@ describe.skipIf(missing !== null || !relayBuilt || release === null)('the node s
   const nodeServers = () =>
     liveProcessesMentioning(node.ctrd.grpcAddress).filter((p) => {
       const argv = cmdline(p);
-      // A relay's command line ends with its revive command, the node server's.
-      return argv.at(-1) === 'node-serve' && path.basename(argv[0] ?? '') !== RELAY_BINARY_NAME;
+      // A relay's command line ends with its revive command (flock's too): the node server is the node process.
+      return argv.at(-1) === 'node-serve' && argv[0] === process.execPath;
     });
   const relays = () => liveProcessesMentioning(node.stateRoot).filter((p) => path.basename(cmdline(p)[0] ?? '') === RELAY_BINARY_NAME);
   /** The TaskExit events of tasks (an exec's exit names its exec id as `id`: those are not a task's end). */
