@@ -20,7 +20,7 @@
  * cannot be fetched.
  */
 import { execFile } from 'node:child_process';
-import { existsSync, readFileSync } from 'node:fs';
+import { existsSync, promises as fsp, readFileSync } from 'node:fs';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { formatVersion } from '../../../src/install/version.js';
@@ -57,6 +57,42 @@ const NS = 'nerdctl-test';
 const RUNTIME = 'io.containerd.kata-ts.v2';
 /** A container id as nerdctl makes them: 64 hex digits. */
 const ID = /^[0-9a-f]{64}$/;
+
+/** What a test checks of a single-container pod on `node` (namespace NS): its state dir, its QEMU, and that nothing of it is left. */
+function podChecks(node: ShimNode) {
+  const podDir = (id: string) => path.join(node.stateRoot, NS, id.slice(0, 16));
+  const qemuOf = (id: string) =>
+    liveProcessesMentioning(podDir(id)).filter((p) => readFileSync(`/proc/${p}/cmdline`, 'utf8').startsWith('qemu-system'));
+  const runtimeMountinfo = () => node.ctrd.nodeExec(['nsenter', `--mount=${node.mountNamespacePath}`, '--', 'cat', '/proc/self/mountinfo']);
+  /** No QEMU or shim, no state dir, no mount in either namespace, no cgroup of it. */
+  const expectNothingLeft = async (id: string) => {
+    await until(`no process of ${id}`, async (note) => {
+      const left = [...liveProcessesMentioning(podDir(id)), ...liveProcessesMentioning(`-id\u0000${id}\u0000`)];
+      note(left);
+      return left.length === 0 ? true : undefined;
+    });
+    await until(`the state of ${id} removed`, async (note) => {
+      note(existsSync(podDir(id)));
+      return existsSync(podDir(id)) ? undefined : true;
+    });
+    expect(await node.ctrd.mountsUnder(node.stateRoot)).toEqual([]);
+    expect(mountPointsUnder(await runtimeMountinfo(), podDir(id))).toEqual([]);
+    expect(await node.ctrd.mountsUnder(node.ctrd.bundleDir(id))).toEqual([]);
+    expect((await node.ctrd.podCgroups()).filter((c) => c.includes(id))).toEqual([]);
+  };
+  return { podDir, qemuOf, expectNothingLeft };
+}
+
+/** The busybox image pushed to the node's registry and pulled into NS by the release's own ctr (plain HTTP, loopback). */
+async function pullBusybox(node: ShimNode, release: ContainerdRelease): Promise<string> {
+  const image = await pushBusyboxImage(node.registry, 'kata-ts/busybox', 'nerdctl', ['sleep', 'nproc', 'grep', 'cat']);
+  await node.ctrd.nodeExec([ctrOf(release), '--address', node.ctrd.grpcAddress, '-n', NS, 'image', 'pull', '--plain-http', image], 120_000);
+  return image;
+}
+
+function ctrOf(release: ContainerdRelease): string {
+  return release.binDir !== null && existsSync(path.join(release.binDir, 'ctr')) ? path.join(release.binDir, 'ctr') : 'ctr';
+}
 
 describe.skipIf(MISSING !== null)(
   `single-container mode: ${NERDCTL?.versionText} (${NERDCTL?.source}) behind containerd ${RELEASE === null ? '' : formatVersion(RELEASE.version)}`,
@@ -95,29 +131,11 @@ describe.skipIf(MISSING !== null)(
       if (r.code !== 0) throw new Error(`nerdctl ${args.join(' ')} exited ${r.code}: ${r.stderr}`);
       return r.stdout;
     };
-    const podDir = (id: string) => path.join(node.stateRoot, NS, id.slice(0, 16));
-    const qemuOf = (id: string) =>
-      liveProcessesMentioning(podDir(id)).filter((p) => readFileSync(`/proc/${p}/cmdline`, 'utf8').startsWith('qemu-system'));
-    const runtimeMountinfo = () =>
-      node.ctrd.nodeExec(['nsenter', `--mount=${node.mountNamespacePath}`, '--', 'cat', '/proc/self/mountinfo']);
-    /** nerdctl's logging processes for this test's data root (the shim starts them for `-d`). */
-    const loggers = () => liveProcessesMentioning(path.join(node.dir, 'nerdctl', 'data'));
-
-    /** Nothing of the container's pod is left: no QEMU or shim, no state dir, no mount in either namespace, no cgroup. */
+    const { qemuOf, expectNothingLeft: nothingOfPodLeft } = podChecks(node);
+    /** nerdctl's logging processes (`nerdctl _NERDCTL_INTERNAL_LOGGING <data store>`) of this test's data root. */
+    const loggers = () => liveProcessesMentioning(`_NERDCTL_INTERNAL_LOGGING\u0000${path.join(node.dir, 'nerdctl', 'data')}/`);
     const expectNothingLeft = async (id: string) => {
-      await until(`no process of ${id}`, async (note) => {
-        const left = [...liveProcessesMentioning(podDir(id)), ...liveProcessesMentioning(`-id\u0000${id}\u0000`)];
-        note(left);
-        return left.length === 0 ? true : undefined;
-      });
-      await until(`the state of ${id} removed`, async (note) => {
-        note(existsSync(podDir(id)));
-        return existsSync(podDir(id)) ? undefined : true;
-      });
-      expect(await node.ctrd.mountsUnder(node.stateRoot)).toEqual([]);
-      expect(mountPointsUnder(await runtimeMountinfo(), podDir(id))).toEqual([]);
-      expect(await node.ctrd.mountsUnder(node.ctrd.bundleDir(id))).toEqual([]);
-      expect((await node.ctrd.podCgroups()).filter((c) => c.includes(id))).toEqual([]);
+      await nothingOfPodLeft(id);
       // containerd knows it no more.
       expect((await ok(['ps', '-a', '-q', '--no-trunc'])).split('\n')).not.toContain(id);
     };
@@ -125,11 +143,7 @@ describe.skipIf(MISSING !== null)(
     beforeAll(async () => {
       await node.start({ containerd: { release: RELEASE! } });
       env = await prepareNerdctlRoots(node.dir);
-      image = await pushBusyboxImage(node.registry, 'kata-ts/busybox', 'nerdctl', ['sleep', 'nproc', 'grep', 'cat']);
-      // The release's own ctr pulls it over plain HTTP from the loopback registry (as containerd-ctr.test.ts).
-      const binDir = RELEASE!.binDir;
-      const ctr = binDir !== null && existsSync(path.join(binDir, 'ctr')) ? path.join(binDir, 'ctr') : 'ctr';
-      await node.ctrd.nodeExec([ctr, '--address', node.ctrd.grpcAddress, '-n', NS, 'image', 'pull', '--plain-http', image], 120_000);
+      image = await pullBusybox(node, RELEASE!);
     });
 
     afterAll(async () => {
@@ -212,6 +226,131 @@ describe.skipIf(MISSING !== null)(
         note(left);
         return left.length === 0 ? true : undefined;
       });
+    });
+  },
+);
+
+/**
+ * A stand-in for what `nerdctl run --rm` (foreground) hands the shim, driven by the same
+ * release's `ctr`, because nerdctl itself cannot be had on this machine. Named so: this is not
+ * nerdctl. It reproduces the shim-facing part of nerdctl's run as read from nerdctl's source
+ * (pkg/cmd/container/create.go, pkg/taskutil): a 64-hex container id, its first 12 digits as the
+ * hostname, `nerdctl/*` annotations (JSON values among them), /etc/hosts, /etc/hostname and
+ * /etc/resolv.conf bound from a data root under the test's dir, containerd's FIFOs for stdio (a
+ * foreground run's), and the container's CPU and memory limits. Not reproduced: nerdctl's OCI
+ * hooks (ctr cannot add them; the shim does not run OCI hooks), its swap limit and zero
+ * real-time pair (decoded in test/unit/shim/decode/solo-nerdctl.test.ts).
+ */
+const STAND_IN = NERDCTL === null ? await containerdRelease('2.1') : { release: null, missing: 'the real nerdctl runs above' };
+const STAND_IN_MISSING = STAND_IN.missing ?? containerdMissing(STAND_IN.release ?? undefined);
+if (STAND_IN_MISSING !== null) console.warn(`the ctr stand-in for nerdctl's foreground run skipped: ${STAND_IN_MISSING}`);
+
+describe.skipIf(STAND_IN_MISSING !== null)(
+  `stand-in (ctr, not nerdctl): nerdctl's foreground run as the shim sees it, behind containerd ${STAND_IN.release === null ? '' : formatVersion(STAND_IN.release.version)}`,
+  () => {
+    const node = new ShimNode('/tmp/ktnd-');
+    const release = STAND_IN.release as ContainerdRelease;
+    const { expectNothingLeft } = podChecks(node);
+    let image = '';
+    const id = 'c3f1e0a2b4d6f8091a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f7081';
+
+    const ctr = (args: string[], timeoutMs = 60_000): Promise<NerdctlRun> =>
+      new Promise((resolve, reject) => {
+        const child = execFile(
+          'nsenter',
+          [
+            `--target=${node.ctrd.nodePid}`,
+            '--mount',
+            '--net',
+            '--',
+            ctrOf(release),
+            '--address',
+            node.ctrd.grpcAddress,
+            '-n',
+            NS,
+            ...args,
+          ],
+          { timeout: scaledMs(timeoutMs), maxBuffer: 16 << 20 },
+          (err, stdout, stderr) => {
+            const code =
+              err === null ? 0 : typeof (err as { code?: unknown }).code === 'number' ? ((err as { code: number }).code as number) : -1;
+            if (code === -1) reject(new Error(`ctr ${args.join(' ')}: ${err?.message} ${stderr}`));
+            else resolve({ code, stdout, stderr });
+          },
+        );
+        // A foreground nerdctl run without -i gives the container no stdin: ctr's copy of it ends at once.
+        child.stdin?.end();
+      });
+
+    beforeAll(async () => {
+      await node.start({ containerd: { release } });
+      image = await pullBusybox(node, release);
+    });
+
+    afterAll(async () => {
+      if (node.dir !== '') {
+        await ctr(['task', 'kill', '-s', 'SIGKILL', id]).catch(() => undefined);
+        await ctr(['task', 'rm', '-f', id], 120_000).catch(() => undefined);
+        await ctr(['container', 'rm', id]).catch(() => undefined);
+      }
+      await node.stop();
+    });
+
+    it('a 64-hex id, nerdctl/* annotations, its hosts/hostname/resolv.conf binds, FIFO stdio, --cpus 1 --memory 768m: output, exit code, the guest sized from them, nothing left', async () => {
+      // nerdctl's files for the container, under a data root of the test's own.
+      const data = path.join(node.dir, 'nerdctl', 'data', '1935db59');
+      const containerDir = path.join(data, 'containers', NS, id);
+      const hostsDir = path.join(data, 'etchosts', NS, id);
+      await fsp.mkdir(containerDir, { recursive: true });
+      await fsp.mkdir(hostsDir, { recursive: true });
+      await fsp.writeFile(path.join(containerDir, 'resolv.conf'), 'nameserver 127.0.0.53\n');
+      await fsp.writeFile(path.join(containerDir, 'hostname'), `${id.slice(0, 12)}\n`);
+      await fsp.writeFile(path.join(hostsDir, 'hosts'), '127.0.0.1 localhost\n');
+      const annotations: Record<string, string> = {
+        'nerdctl/namespace': NS,
+        'nerdctl/name': 'kts-fg',
+        'nerdctl/hostname': id.slice(0, 12),
+        'nerdctl/networks': '["none"]',
+        'nerdctl/state-dir': containerDir,
+        'nerdctl/platform': 'linux/amd64',
+        'nerdctl/dns': '{"DNSServers":null,"DNSResolvConfOptions":null,"DNSSearchDomains":null}',
+        'nerdctl/log-config': '{"driver":"json-file","opts":{}}',
+        'nerdctl/auto-remove': 'true',
+      };
+      const bind = (src: string, dst: string) => ['--mount', `type=bind,src=${src},dst=${dst},options=bind:rprivate`];
+      const r = await ctr(
+        [
+          'run',
+          '--rm',
+          '--runtime',
+          RUNTIME,
+          '--hostname',
+          id.slice(0, 12),
+          '--cpus',
+          '1',
+          '--memory-limit',
+          String(768 * 1024 * 1024),
+          ...Object.entries(annotations).flatMap(([k, v]) => ['--annotation', `${k}=${v}`]),
+          ...bind(path.join(containerDir, 'resolv.conf'), '/etc/resolv.conf'),
+          ...bind(path.join(hostsDir, 'hosts'), '/etc/hosts'),
+          ...bind(path.join(containerDir, 'hostname'), '/etc/hostname'),
+          image,
+          id,
+          'sh',
+          '-c',
+          'echo hello nerdctl; echo to stderr >&2; echo nproc=$(nproc); grep MemTotal /proc/meminfo; echo host=$(hostname); exit 3',
+        ],
+        300_000,
+      );
+      expect(r.code, r.stderr).toBe(3);
+      expect(r.stdout).toContain('hello nerdctl\n');
+      expect(r.stderr).toContain('to stderr\n');
+      expect(r.stdout).toContain('nproc=2\n');
+      expect(r.stdout).toContain(`host=${id.slice(0, 12)}\n`);
+      const memTotalKiB = Number(/MemTotal:\s+(\d+) kB/.exec(r.stdout)?.[1]);
+      expect(memTotalKiB).toBeGreaterThan(768 * 1024);
+      await expectNothingLeft(id);
+      expect((await ctr(['container', 'ls', '-q'])).stdout.split('\n')).not.toContain(id);
     });
   },
 );
