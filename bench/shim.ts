@@ -30,7 +30,7 @@
  * the same CNI ADD and TAP wiring, and both run the same handler profile and guest.
  *
  *   node --import tsx bench/shim.ts [--rounds N] [--containerd 2.1|1.6] [--modes pod,node] [--pods 1,5,10]
- *                                   [--skip-timing] [--skip-memory] [--shim-tsx] [--json]
+ *                                   [--skip-timing] [--skip-memory] [--shim-tsx | --shim-dist] [--json]
  */
 
 import { execFile, execFileSync, spawn } from 'node:child_process';
@@ -247,6 +247,8 @@ async function serveMemory(sid: string): Promise<SmapsRollupKiB> {
 /** The bench's options beyond the rounds. */
 export interface ShimBenchOptions {
   forceTsx?: boolean;
+  /** Run the compiled dist/ even when a src/ file is newer (the output names it): a rebuild under a running bench would swap code mid-run. */
+  forceDist?: boolean;
   /** The containerd release (test/helpers/containerd-releases.ts); default 2.1. */
   containerd?: '2.1' | '1.6';
   /** The shim modes to run; default both. */
@@ -282,13 +284,15 @@ export async function runShimBench(
   const modes = options.modes ?? ['pod', 'node'];
   const podCounts = [...(options.podCounts ?? [1, 5, 10])].sort((a, b) => a - b);
   const stale = options.forceTsx === true ? '--shim-tsx' : distStaleness(root);
-  const shimCode: ShimCode = stale === null ? 'dist' : 'tsx';
+  const shimCode: ShimCode = stale === null || (options.forceDist === true && stale !== '--shim-tsx') ? 'dist' : 'tsx';
   const shimCodeWhy =
     stale === null
       ? 'compiled dist/ (fresh: every src/ file built)'
-      : stale === '--shim-tsx'
-        ? 'the sources through tsx (--shim-tsx)'
-        : `the sources through tsx: dist/ is not fresh (${stale}); run \`npm run build\` to bench the compiled shim`;
+      : shimCode === 'dist'
+        ? `compiled dist/ (--shim-dist, though not fresh: ${stale})`
+        : stale === '--shim-tsx'
+          ? 'the sources through tsx (--shim-tsx)'
+          : `the sources through tsx: dist/ is not fresh (${stale}); run \`npm run build\` to bench the compiled shim`;
   progress(`shim code: ${shimCodeWhy}`);
   const label = options.containerd ?? '2.1';
   const found = await containerdRelease(label);
@@ -734,6 +738,7 @@ if (import.meta.url === `file://${process.argv[1]}`) {
       'skip-timing': { type: 'boolean', default: false },
       'skip-memory': { type: 'boolean', default: false },
       'shim-tsx': { type: 'boolean', default: false },
+      'shim-dist': { type: 'boolean', default: false },
       json: { type: 'boolean', default: false },
     },
   });
@@ -750,6 +755,7 @@ if (import.meta.url === `file://${process.argv[1]}`) {
   } else {
     const result = await runShimBench(Number(values.rounds), {
       forceTsx: values['shim-tsx'],
+      forceDist: values['shim-dist'],
       containerd,
       modes: modes as BenchShimMode[],
       podCounts,
