@@ -85,6 +85,8 @@ describe.skipIf(missing !== null || !relayBuilt || release === null)('the node s
       .filter((l) => l.includes(' /tasks/exit '))
       .map((l) => JSON.parse(l.slice(l.indexOf('{'))) as { container_id: string; id: string })
       .filter((e) => e.id === e.container_id);
+  /** A CRI call's deadline: boots, execs and stops on a loaded two-core machine take minutes. */
+  const slow = () => ({ deadline: Date.now() + scaledMs(600_000) });
   const qemuOf = (i: number) =>
     liveProcessesMentioning(podDir(i)).filter((p) => path.basename(cmdline(p)[0] ?? '').startsWith('qemu-system'));
 
@@ -113,6 +115,8 @@ describe.skipIf(missing !== null || !relayBuilt || release === null)('the node s
 
   afterAll(async () => {
     events?.kill('SIGKILL');
+    // A failed test's relays first: none may revive the node server while the pods go.
+    if (node.dir !== '') for (const pid of relays()) process.kill(pid, 'SIGTERM');
     for (const id of pods) {
       await node.cri.runtime.StopPodSandbox({ pod_sandbox_id: id }).catch(() => undefined);
       await node.cri.runtime.RemovePodSandbox({ pod_sandbox_id: id }).catch(() => undefined);
@@ -120,7 +124,7 @@ describe.skipIf(missing !== null || !relayBuilt || release === null)('the node s
     // A failed test's relays and node server (they name the state root or containerd's socket).
     if (node.dir !== '') for (const pid of [...relays(), ...nodeServers()]) process.kill(pid, 'SIGKILL');
     await node.stop();
-  }, scaledMs(300_000));
+  }, scaledMs(900_000));
 
   it('two kata-ts pods with a container each: one node server, two relays charged to their pods, two VMs', {
     timeout: scaledMs(1_200_000),
@@ -136,19 +140,22 @@ describe.skipIf(missing !== null || !relayBuilt || release === null)('the node s
       );
       apps.push(
         (
-          await node.cri.runtime.CreateContainer({
-            pod_sandbox_id: pods[i]!,
-            config: {
-              metadata: { name: 'app', attempt: 0 },
-              image: { image },
-              command: ['sh', '-c', "trap 'echo got TERM; exit 42' TERM; echo started; while :; do sleep 1 & wait $!; done"],
-              log_path: 'app.log',
+          await node.cri.runtime.CreateContainer(
+            {
+              pod_sandbox_id: pods[i]!,
+              config: {
+                metadata: { name: 'app', attempt: 0 },
+                image: { image },
+                command: ['sh', '-c', "trap 'echo got TERM; exit 42' TERM; echo started; while :; do sleep 1 & wait $!; done"],
+                log_path: 'app.log',
+              },
+              sandbox_config: sandboxConfig(i),
             },
-            sandbox_config: sandboxConfig(i),
-          })
+            slow(),
+          )
         ).container_id,
       );
-      await node.cri.runtime.StartContainer({ container_id: apps[i]! });
+      await node.cri.runtime.StartContainer({ container_id: apps[i]! }, slow());
       await untilLogLines('the container output', [path.join(logDirs[i]!, 'app.log')], (l) =>
         l.some((x) => x.includes('stdout F started')),
       );
@@ -186,7 +193,10 @@ describe.skipIf(missing !== null || !relayBuilt || release === null)('the node s
     await until('the node server gone', async () => (isRunning(server!) ? undefined : true));
     // The next call through a relay revives it; the relays also notice the upstream closing.
     for (let i = 0; i < 2; i++) {
-      const res = await node.cri.runtime.ExecSync({ container_id: apps[i]!, cmd: ['cat', '/proc/sys/kernel/hostname'], timeout: 120 });
+      const res = await node.cri.runtime.ExecSync(
+        { container_id: apps[i]!, cmd: ['cat', '/proc/sys/kernel/hostname'], timeout: 600 },
+        slow(),
+      );
       expect([res.stdout.toString().trim(), res.exit_code]).toEqual([`pod-${i}`, 0]);
     }
     const revived = nodeServers();
@@ -199,10 +209,15 @@ describe.skipIf(missing !== null || !relayBuilt || release === null)('the node s
     // containerd heard no task end while the server was down and came back.
     expect(taskExits(eventText.slice(seenBefore))).toEqual([]);
     for (let i = 0; i < 2; i++) {
-      await node.cri.runtime.StopContainer({ container_id: apps[i]!, timeout: 30 });
+      await node.cri.runtime.StopContainer({ container_id: apps[i]!, timeout: 30 }, slow());
       const st = (await node.cri.runtime.ContainerStatus({ container_id: apps[i]! })).status!;
       expect([st.state, st.exit_code]).toEqual(['CONTAINER_EXITED', 42]);
-      await untilLogLines('the trap output', [path.join(logDirs[i]!, 'app.log')], (l) => l.some((x) => x.includes('stdout F got TERM')));
+      await untilLogLines(
+        'the trap output',
+        [path.join(logDirs[i]!, 'app.log')],
+        (l) => l.some((x) => x.includes('stdout F got TERM')),
+        scaledMs(300_000),
+      );
     }
     // Now the containers' exits, and only theirs: the sandboxes' tasks still run.
     const exits = await until("the two containers' TaskExit events", async (note) => {
@@ -218,9 +233,9 @@ describe.skipIf(missing !== null || !relayBuilt || release === null)('the node s
     const server = nodeServers()[0]!;
     const dirs = [podDir(0), podDir(1)];
     for (const id of pods) {
-      await node.cri.runtime.RemoveContainer({ container_id: apps[pods.indexOf(id)]! });
-      await node.cri.runtime.StopPodSandbox({ pod_sandbox_id: id });
-      await node.cri.runtime.RemovePodSandbox({ pod_sandbox_id: id });
+      await node.cri.runtime.RemoveContainer({ container_id: apps[pods.indexOf(id)]! }, slow());
+      await node.cri.runtime.StopPodSandbox({ pod_sandbox_id: id }, slow());
+      await node.cri.runtime.RemovePodSandbox({ pod_sandbox_id: id }, slow());
     }
     expect((await node.cri.runtime.ListPodSandbox({})).items).toEqual([]);
     await until('the relays to exit', async (note) => {
