@@ -173,6 +173,8 @@ export interface DensityResult {
   bursts: BurstResult[];
   /** Modes not measured, and why. */
   skipped: Array<{ mode: Mode; why: string }>;
+  /** Bursts that failed (a pod did not start within the bounds), with the first error: a result too. */
+  failed?: Array<{ mode: Mode | 'bare'; n: number; error: string; loadavg1: number }>;
 }
 
 function currentCommit(): string | null {
@@ -497,9 +499,17 @@ export async function runDensityBench(
     bursts: [],
     skipped: [],
   };
-  const record = async (b: BurstResult): Promise<void> => {
-    result.bursts.push(b);
-    progress(fmtBurst(b));
+  /** Runs one burst and keeps its result, or its failure (the run goes on with the next burst). */
+  const record = async (mode: Mode | 'bare', n: number, run: () => Promise<BurstResult>): Promise<void> => {
+    try {
+      const b = await run();
+      result.bursts.push(b);
+      progress(fmtBurst(b));
+    } catch (err) {
+      const error = (err as Error).message;
+      (result.failed ??= []).push({ mode, n, error, loadavg1: os.loadavg()[0]! });
+      progress(`  ${mode} N=${n}: FAILED: ${error}`);
+    }
     result.date = new Date().toISOString();
     await onBurst(result);
   };
@@ -539,7 +549,7 @@ export async function runDensityBench(
           await burst(door, image, 1, 0, progress); // warm-up, not counted
           for (const n of o.ns) {
             progress(`runc: ${n} pods at once`);
-            await record(await burst(door, image, n, o.idleS, progress));
+            await record('runc', n, () => burst(door, image, n, o.idleS, progress));
           }
         } finally {
           cri.close();
@@ -572,11 +582,11 @@ export async function runDensityBench(
       for (const n of [...new Set([...o.ns, ...o.bareNs])].sort((a, b) => a - b)) {
         if (o.modes.includes('cold') && o.ns.includes(n)) {
           progress(`cold: ${n} pods at once`);
-          await record(await burst(kataDoor('cold', coldRt, cold.handler), image, n, o.idleS, progress));
+          await record('cold', n, () => burst(kataDoor('cold', coldRt, cold.handler), image, n, o.idleS, progress));
         }
         if (o.bareNs.includes(n)) {
           progress(`bare QEMU: ${n} at once`);
-          await record(await bareBurst(template, bareDir, n, o.idleS, progress));
+          await record('bare', n, () => bareBurst(template, bareDir, n, o.idleS, progress));
         }
       }
       await done(coldRt);
@@ -597,7 +607,7 @@ export async function runDensityBench(
           progress(`${mode}: preparing for ${n}`);
           await setup.prepare(rt, n, progress);
           progress(`${mode}: ${n} pods at once`);
-          await record(await burst(kataDoor(mode, rt, setup.handler), image, n, o.idleS, progress));
+          await record(mode, n, () => burst(kataDoor(mode, rt, setup.handler), image, n, o.idleS, progress));
         } finally {
           await done(rt);
         }
