@@ -632,9 +632,17 @@ export function mergeRuns(runs: readonly DensityResult[]): {
   bursts: BurstResult[];
   runs: Array<{ date: string; commit: string | null }>;
   skipped: DensityResult['skipped'];
+  failed: NonNullable<DensityResult['failed']>;
 } {
   const byKey = new Map<string, BurstResult>();
-  for (const r of runs) for (const b of r.bursts) byKey.set(`${b.mode}:${b.n}`, b);
+  const failed = new Map<string, NonNullable<DensityResult['failed']>[number]>();
+  for (const r of runs) {
+    for (const f of r.failed ?? []) failed.set(`${f.mode}:${f.n}`, f);
+    for (const b of r.bursts) {
+      byKey.set(`${b.mode}:${b.n}`, b);
+      failed.delete(`${b.mode}:${b.n}`);
+    }
+  }
   const skipped = new Map<Mode, string>();
   for (const r of runs) for (const s of r.skipped) skipped.set(s.mode, s.why);
   for (const b of byKey.values()) skipped.delete(b.mode as Mode);
@@ -642,6 +650,7 @@ export function mergeRuns(runs: readonly DensityResult[]): {
     bursts: [...byKey.values()].sort((a, b) => a.mode.localeCompare(b.mode) || a.n - b.n),
     runs: runs.map((r) => ({ date: r.date, commit: r.commit })),
     skipped: [...skipped].map(([mode, why]) => ({ mode, why })),
+    failed: [...failed.values()],
   };
 }
 
@@ -668,6 +677,7 @@ export function formatDensityReport(m: ReturnType<typeof mergeRuns>): string {
     );
   }
   for (const s of m.skipped) lines.push(`${s.mode}: not measured: ${s.why}`);
+  for (const f of m.failed) lines.push(`${f.mode} N=${f.n}: FAILED (load ${f.loadavg1.toFixed(1)}): ${f.error}`);
   lines.push('goals (issue 35):');
   const ratio = (a: number | undefined, b: number | undefined) => (a === undefined || b === undefined ? Number.NaN : a / b);
   for (const n of [1, 4]) {
