@@ -673,7 +673,7 @@ export function formatDensityReport(m: ReturnType<typeof mergeRuns>): string {
         `${b.memoryPerPodMiB.toFixed(0).padStart(8)}   ${b.mode === 'bare' ? '         -' : b.daemonCpuPerPodMs.toFixed(0).padStart(10)}          ${b.loadavg1
           .map((l) => l.toFixed(1))
           .join('->')
-          .padEnd(9)}${origins}`,
+          .padEnd(11)} ${origins}`,
     );
   }
   for (const s of m.skipped) lines.push(`${s.mode}: not measured: ${s.why}`);
