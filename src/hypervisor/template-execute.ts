@@ -12,6 +12,7 @@ import type { Logger } from '../common/logger.js';
 import type { VmSocketPaths } from './argv.js';
 import { startVm, type VmProcess, vmPaths } from './launcher.js';
 import {
+  type CloneShare,
   planCloneArgv,
   planCloneRestore,
   planTemplateArgv,
@@ -275,6 +276,8 @@ export interface StartCloneOptions {
   /** `-name guest=`. */
   name: string;
   logger: Logger;
+  /** The pod's shared directory over 9p (its fsdev on the command line; the device is hot-plugged). */
+  share?: CloneShare;
   migrateTimeoutMs?: number;
 }
 
@@ -289,7 +292,7 @@ export async function startClone(options: StartCloneOptions): Promise<{ vm: VmPr
   const { state } = await loadVerifiedTemplate(options.templateDir, options.key);
   const files = templatePaths(options.templateDir);
   const paths = socketPaths(options.workDir);
-  const argv = planCloneArgv(options.spec, options.name, paths, files.ramFile);
+  const argv = planCloneArgv(options.spec, options.name, paths, files.ramFile, options.share);
   const vm = await startVm({ qemuBinary: options.qemuBinary, argv, workDir: options.workDir, logger: options.logger });
   const timeoutMs = options.migrateTimeoutMs ?? 60_000;
   try {

@@ -10,7 +10,7 @@
  */
 import { createHash } from 'node:crypto';
 import { invalid, precondition } from '../common/errors.js';
-import { buildQemuArgv, type QemuArgvSpec, type VmSocketPaths } from './argv.js';
+import { buildQemuArgv, type QemuArgvSpec, SHARED_FS_TAG, type VmSocketPaths } from './argv.js';
 
 export type TemplateReason =
   | 'TEMPLATE_ARGV_UNSUPPORTED'
@@ -120,10 +120,53 @@ export function planTemplateArgv(spec: TemplateVmSpec, name: string, paths: VmSo
  * `-incoming defer` (QEMU waits for `migrate-incoming`). Same devices, ids and order as the
  * template, which the device state requires.
  */
-export function planCloneArgv(spec: TemplateVmSpec, name: string, paths: VmSocketPaths, ramFile: string): string[] {
+export function planCloneArgv(spec: TemplateVmSpec, name: string, paths: VmSocketPaths, ramFile: string, share?: CloneShare): string[] {
   validateTemplateSpec(spec);
   const base = buildQemuArgv({ ...spec, name, paths: { ...paths, virtiofsSocket: undefined } });
-  return [...withFileRam(base, ramFile, false), '-incoming', 'defer'];
+  const fsdev = share === undefined ? [] : ['-fsdev', cloneFsdevArg(share)];
+  return [...withFileRam(base, ramFile, false), ...fsdev, '-incoming', 'defer'];
+}
+
+/**
+ * A clone's shared directory over virtio-9p (docs/templates.md: virtio-fs cannot serve a clone).
+ * QEMU 7.2 has no QMP command that adds an fsdev, so the backend is on the clone's command line
+ * from its start (a backend is not part of the migrated state) and the device is hot-plugged at
+ * claim (planClone9pDevice).
+ */
+export interface CloneShare {
+  /** The pod's shared directory on the host (QEMU's view of it when confined). */
+  hostDir: string;
+  /**
+   * `mapped-xattr` for a QEMU without CAP_CHOWN (a confined one): ownership and modes the guest
+   * sets are kept in xattrs; `none` maps nothing (files are QEMU's).
+   */
+  securityModel: 'mapped-xattr' | 'none';
+}
+
+/** The id of a clone's 9p backend and device. */
+export const CLONE_9P_FSDEV_ID = 'shared9p';
+export const CLONE_9P_DEVICE_ID = 'p9shared';
+/** The 9p mount tag: the same tag the virtio-fs share has, so the guest finds its share by one name. */
+export const CLONE_9P_TAG = SHARED_FS_TAG;
+
+function cloneFsdevArg(share: CloneShare): string {
+  if (share.hostDir.includes(',') || !share.hostDir.startsWith('/')) {
+    throw invalid('TEMPLATE_ARGV_UNSUPPORTED', `share.hostDir ${share.hostDir} must be absolute and hold no comma.`);
+  }
+  return `local,id=${CLONE_9P_FSDEV_ID},path=${share.hostDir},security_model=${share.securityModel}`;
+}
+
+/** Pure: QMP device_add arguments of a clone's 9p share, at slot 0 of `bus` (a PCIe port), as the pool plugs virtio-fs. */
+export function planClone9pDevice(bus: string): {
+  driver: string;
+  id: string;
+  fsdev: string;
+  mount_tag: string;
+  bus: string;
+  addr: string;
+} {
+  checkCloneHotplug('virtio-9p-pci');
+  return { driver: 'virtio-9p-pci', id: CLONE_9P_DEVICE_ID, fsdev: CLONE_9P_FSDEV_ID, mount_tag: CLONE_9P_TAG, bus, addr: '0' };
 }
 
 /** Pure: sha256 of the template argv with canonical paths and name: the argv part of the key. */

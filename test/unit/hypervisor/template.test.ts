@@ -1,6 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import {
   checkCloneHotplug,
+  planClone9pDevice,
   planCloneArgv,
   planCloneRestore,
   planTemplateArgv,
@@ -68,6 +69,23 @@ describe('template planners', () => {
     expect(norm(c, '/w/c1', 'c1').slice(0, -2)).toEqual(norm(t, '/w/t', 'tpl'));
     // The virtio-mem headroom stays an anonymous memfd of each VM's own.
     expect(c.some((a) => a.startsWith('memory-backend-memfd,id=vmem0-mem'))).toBe(true);
+  });
+
+  it('a clone with a 9p share carries the fsdev backend from its start; the device is hot-plugged later', () => {
+    const c = planCloneArgv(spec, 'c1', paths('/w/c1'), '/dev/shm/tpl/ram', { hostDir: '/s/pod1', securityModel: 'mapped-xattr' });
+    expect(c.slice(-4)).toEqual(['-fsdev', 'local,id=shared9p,path=/s/pod1,security_model=mapped-xattr', '-incoming', 'defer']);
+    expect(c.some((a) => a.startsWith('virtio-9p'))).toBe(false);
+    expect(planClone9pDevice('rp0')).toEqual({
+      driver: 'virtio-9p-pci',
+      id: 'p9shared',
+      fsdev: 'shared9p',
+      mount_tag: 'kata-ts-shared',
+      bus: 'rp0',
+      addr: '0',
+    });
+    expect(() => planCloneArgv(spec, 'c1', paths('/w'), '/r', { hostDir: 'rel', securityModel: 'none' })).toThrow(
+      expect.objectContaining({ reason: 'TEMPLATE_ARGV_UNSUPPORTED', message: expect.stringContaining('share.hostDir') }),
+    );
   });
 
   it('the key part of the argv does not depend on paths or name, and follows the shape', () => {
