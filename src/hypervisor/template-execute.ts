@@ -88,7 +88,12 @@ export interface BuildTemplateOptions {
 export async function buildTemplate(options: BuildTemplateOptions): Promise<TemplateRecord> {
   const started = Date.now();
   const files = templatePaths(options.templateDir);
-  await fsp.mkdir(files.dir, { recursive: false, mode: 0o700 });
+  try {
+    await fsp.mkdir(files.dir, { recursive: false, mode: 0o700 });
+  } catch (err) {
+    // Never built over: an existing directory may be a template clones are using.
+    throw precondition('TEMPLATE_DIR_UNUSABLE', `templateDir ${files.dir} cannot be created: ${errorMessage(err)}.`, { cause: err });
+  }
   let vm: VmProcess | undefined;
   try {
     const fs = await fsp.statfs(files.dir);

@@ -15,6 +15,7 @@ import { buildQemuArgv, type QemuArgvSpec, SHARED_FS_TAG, type VmSocketPaths } f
 export type TemplateReason =
   | 'TEMPLATE_ARGV_UNSUPPORTED'
   | 'TEMPLATE_CONFIDENTIAL'
+  | 'TEMPLATE_DIR_UNUSABLE'
   | 'TEMPLATE_KEY_MISMATCH'
   | 'TEMPLATE_RECORD_INVALID'
   | 'TEMPLATE_STATE_CORRUPT'
