@@ -51,7 +51,7 @@ describe('startShimServer', () => {
     const { identity, stateDir, root } = setup('pod-a');
     let shutdown: () => boolean = () => false;
     const shim = await startShimServer({
-      loaded: { config: { ...defaultConfig(), shim: { stateRoot: root, mode: 'pod' } }, path: null },
+      loaded: { config: { ...defaultConfig(), shim: { stateRoot: root, mode: 'pod' as const } }, path: null },
       stateDir,
       identity,
       facts: testFacts(),
@@ -91,7 +91,7 @@ describe('startShimServer', () => {
   it('a stop (signal) keeps the pod state for delete; the state dir is held meanwhile', async () => {
     const { identity, stateDir, root } = setup('pod-b');
     const options = {
-      loaded: { config: { ...defaultConfig(), shim: { stateRoot: root, mode: 'pod' } }, path: null },
+      loaded: { config: { ...defaultConfig(), shim: { stateRoot: root, mode: 'pod' as const } }, path: null },
       stateDir,
       identity,
       facts: testFacts(),
@@ -117,7 +117,7 @@ describe('startShimServer', () => {
 
   it("refuses a state dir that another sandbox's shim.json names (ids sharing 16 characters)", async () => {
     const { identity, stateDir, root } = setup('pod-c');
-    const loaded = { config: { ...defaultConfig(), shim: { stateRoot: root, mode: 'pod' } }, path: null };
+    const loaded = { config: { ...defaultConfig(), shim: { stateRoot: root, mode: 'pod' as const } }, path: null };
     const first = await startShimServer({ loaded, stateDir, identity, facts: testFacts(), registerServices: () => undefined });
     await first.stop();
     await expect(
