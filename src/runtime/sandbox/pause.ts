@@ -19,8 +19,12 @@ import type { RequestContext } from '../context.js';
 import { nowNs, type SandboxPausedRecord, type SandboxRecord } from './record.js';
 import type { SandboxAccess, SandboxHandle } from './types.js';
 
-/** One freeze or thaw of a container in the guest (the freezer waits until every task is frozen). */
-const FREEZE_CALL_MS = 30_000;
+/**
+ * One freeze or thaw of a container in the guest: the agent runs the OCI runtime's pause, and the
+ * freezer waits until every task is frozen. A TCG guest on a loaded host gets a sliver of a CPU
+ * (a 30 s bound was overrun once with the host's load average at 60), so the bound is wide.
+ */
+const FREEZE_CALL_MS = 120_000;
 /** One QMP `stop` or `cont`: QEMU answers at once; the bound only covers a QEMU that hangs. */
 const QMP_CALL_MS = 10_000;
 
@@ -73,7 +77,7 @@ export function pausePod(deps: PodPauseDeps, idOrPrefix: string, ctx: RequestCon
       await thaw(agent, frozen, log);
       throw unavailable(
         'SANDBOX_PAUSE_FAILED',
-        `pod sandbox ${id}: freezing container ${running[frozen.length]} failed; nothing is paused`,
+        `pod sandbox ${id}: freezing container ${running[frozen.length]} failed (${errorMessage(err)}); nothing is paused`,
         {
           cause: err,
         },
@@ -92,7 +96,11 @@ export function pausePod(deps: PodPauseDeps, idOrPrefix: string, ctx: RequestCon
       sandbox.record.paused = null;
       await sandbox.persist().catch((e: unknown) => log.error({ err: errorMessage(e) }, 'recording the failed pause failed'));
       await thaw(agent, frozen, log);
-      throw unavailable('SANDBOX_PAUSE_FAILED', `pod sandbox ${id}: stopping its VM failed; its containers were thawed`, { cause: err });
+      throw unavailable(
+        'SANDBOX_PAUSE_FAILED',
+        `pod sandbox ${id}: stopping its VM failed (${errorMessage(err)}); its containers were thawed`,
+        { cause: err },
+      );
     }
     log.info({ containers: frozen.length, pid: vm.pid }, 'pod paused: containers frozen, vCPUs stopped');
     return { sandboxId: id, changed: true };
@@ -115,9 +123,13 @@ export function resumePod(deps: Pick<PodPauseDeps, 'sandboxes'>, idOrPrefix: str
     try {
       await vm.qmp.cont({ timeoutMs: QMP_CALL_MS });
     } catch (err) {
-      throw unavailable('SANDBOX_RESUME_FAILED', `pod sandbox ${id}: restarting its VM's vCPUs failed; the pod stays paused`, {
-        cause: err,
-      });
+      throw unavailable(
+        'SANDBOX_RESUME_FAILED',
+        `pod sandbox ${id}: restarting its VM's vCPUs failed (${errorMessage(err)}); the pod stays paused`,
+        {
+          cause: err,
+        },
+      );
     }
     const log = ctx.logger.child({ sandboxId: id });
     agent.connection.hold(undefined);
