@@ -507,7 +507,9 @@ export async function runDensityBench(
       progress(fmtBurst(b));
     } catch (err) {
       const error = (err as Error).message;
-      (result.failed ??= []).push({ mode, n, error, loadavg1: os.loadavg()[0]! });
+      const failed = result.failed ?? [];
+      failed.push({ mode, n, error, loadavg1: os.loadavg()[0]! });
+      result.failed = failed;
       progress(`  ${mode} N=${n}: FAILED: ${error}`);
     }
     result.date = new Date().toISOString();
