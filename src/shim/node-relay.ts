@@ -163,21 +163,32 @@ async function readMove(stateDir: string): Promise<RelayCgroupMove | undefined> 
 }
 
 /**
- * Move this process (the node server) out of the pod's VMM cgroups when it is in them, to where
+ * Move this process (the node server), and the flock(1) of its revive command when that is its
+ * parent, out of the pod's VMM cgroups when they are in them, to where
  * the pod's relay came from: a node server revived by a relay starts in the relay's cgroup, which
  * is the pod's while its VM runs, and the VMM's cgroup cannot be removed while it holds a process.
  * False when it was not there (or where to go is not known: nothing is done then).
  */
-export async function leavePodCgroup(stateDir: string, placement: PlacementRecord, pid = process.pid): Promise<boolean> {
+export async function leavePodCgroup(
+  stateDir: string,
+  placement: PlacementRecord,
+  pid = process.pid,
+  procRoot = '/proc',
+): Promise<boolean> {
   const move = await readMove(stateDir);
+  // The revive command's flock(1) (start.ts) waits as this process's parent, in the same cgroup.
+  const ppid = pid === process.pid ? process.ppid : 0;
+  const pids = [pid, ...(ppid > 1 && path.basename(readCmdline(ppid, procRoot)[0] ?? '') === 'flock' ? [ppid] : [])];
   let moved = false;
   for (const [key, dir] of Object.entries(placement.paths)) {
-    const procs = await fsp.readFile(path.join(dir, 'cgroup.procs'), 'utf8').catch(() => '');
-    if (!procs.split('\n').includes(String(pid))) continue;
+    const procs = (await fsp.readFile(path.join(dir, 'cgroup.procs'), 'utf8').catch(() => '')).split('\n');
     const to = move?.from[key];
     if (to === undefined) continue;
-    await fsp.writeFile(path.join(to, 'cgroup.procs'), String(pid));
-    moved = true;
+    for (const p of pids) {
+      if (!procs.includes(String(p))) continue;
+      await fsp.writeFile(path.join(to, 'cgroup.procs'), String(p));
+      moved = true;
+    }
   }
   return moved;
 }
