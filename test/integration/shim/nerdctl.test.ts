@@ -30,6 +30,7 @@ import { type ContainerdRelease, containerdRelease } from '../../helpers/contain
 import { containerdReleasesFor, findNerdctl, type NerdctlRun, nerdctlGlobalArgs, prepareNerdctlRoots } from '../../helpers/nerdctl.js';
 import { until } from '../../helpers/poll.js';
 import { liveProcessesMentioning } from '../../helpers/processes.js';
+import { guestDirConfig } from '../../helpers/runtime-daemon.js';
 import { ShimNode } from '../../helpers/shim-node.js';
 import { scaledMs } from '../../helpers/time-scale.js';
 
@@ -68,7 +69,8 @@ function podChecks(node: ShimNode) {
   const expectNothingLeft = async (id: string) => {
     await until(`no process of ${id}`, async (note) => {
       const left = [...liveProcessesMentioning(podDir(id)), ...liveProcessesMentioning(`-id\u0000${id}\u0000`)];
-      note(left);
+      // Which processes (their command lines), so that a failure says what lingered.
+      note(left.map((pid) => `${pid}: ${readFileSync(`/proc/${pid}/cmdline`, 'utf8').replaceAll('\u0000', ' ').slice(0, 300)}`));
       return left.length === 0 ? true : undefined;
     });
     await until(`the state of ${id} removed`, async (note) => {
@@ -93,6 +95,12 @@ async function pullBusybox(node: ShimNode, release: ContainerdRelease): Promise<
 function ctrOf(release: ContainerdRelease): string {
   return release.binDir !== null && existsSync(path.join(release.binDir, 'ctr')) ? path.join(release.binDir, 'ctr') : 'ctr';
 }
+
+/**
+ * The shim's config: the test guest, and a boot budget (guest ready and the agent's Hello) sized
+ * for a machine shared with other VM-booting jobs rather than the 90 s default for an idle node.
+ */
+const SHIM_CONFIG = { hypervisor: { ...guestDirConfig(), readyTimeoutMs: scaledMs(240_000) } };
 
 describe.skipIf(MISSING !== null)(
   `single-container mode: ${NERDCTL?.versionText} (${NERDCTL?.source}) behind containerd ${RELEASE === null ? '' : formatVersion(RELEASE.version)}`,
@@ -141,7 +149,7 @@ describe.skipIf(MISSING !== null)(
     };
 
     beforeAll(async () => {
-      await node.start({ containerd: { release: RELEASE! } });
+      await node.start({ containerd: { release: RELEASE! }, shimConfig: SHIM_CONFIG });
       env = await prepareNerdctlRoots(node.dir);
       image = await pullBusybox(node, RELEASE!);
     });
@@ -152,7 +160,9 @@ describe.skipIf(MISSING !== null)(
       await node.stop();
     });
 
-    it("nerdctl run --rm (foreground): the output on nerdctl's stdout and stderr, the exit code, a VM sized from --cpus/--memory; nothing left", async () => {
+    it("nerdctl run --rm (foreground): the output on nerdctl's stdout and stderr, the exit code, a VM sized from --cpus/--memory; nothing left", {
+      timeout: scaledMs(480_000),
+    }, async () => {
       const cidfile = path.join(node.dir, 'fg.cid');
       made.push('kts-fg');
       const r = await nerdctl(
@@ -193,7 +203,9 @@ describe.skipIf(MISSING !== null)(
       expect(loggers()).toEqual([]);
     });
 
-    it('nerdctl run -d: nerdctl logs (its binary:// logger, run by the shim), exec, stop (SIGTERM), rm leave nothing', async () => {
+    it('nerdctl run -d: nerdctl logs (its binary:// logger, run by the shim), exec, stop (SIGTERM), rm leave nothing', {
+      timeout: scaledMs(480_000),
+    }, async () => {
       made.push('kts-bg');
       const script = "trap 'echo got TERM; exit 42' TERM; echo hello logs; echo err line >&2; while :; do sleep 1 & wait $!; done";
       const id = (
@@ -283,7 +295,7 @@ describe.skipIf(STAND_IN_MISSING !== null)(
       });
 
     beforeAll(async () => {
-      await node.start({ containerd: { release } });
+      await node.start({ containerd: { release }, shimConfig: SHIM_CONFIG });
       image = await pullBusybox(node, release);
     });
 
@@ -296,7 +308,9 @@ describe.skipIf(STAND_IN_MISSING !== null)(
       await node.stop();
     });
 
-    it('a 64-hex id, nerdctl/* annotations, its hosts/hostname/resolv.conf binds, FIFO stdio, --cpus 1 --memory 768m: output, exit code, the guest sized from them, nothing left', async () => {
+    it('a 64-hex id, nerdctl/* annotations, its hosts/hostname/resolv.conf binds, FIFO stdio, --cpus 1 --memory 768m: output, exit code, the guest sized from them, nothing left', {
+      timeout: scaledMs(480_000),
+    }, async () => {
       // nerdctl's files for the container, under a data root of the test's own.
       const data = path.join(node.dir, 'nerdctl', 'data', '1935db59');
       const containerDir = path.join(data, 'containers', NS, id);
