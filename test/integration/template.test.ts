@@ -304,7 +304,10 @@ describe('VM templates: a template, two clones, a cold boot (QEMU 7.2, TCG)', ()
     // virtiofsd mapped the template's file shared and writable, and gave up on the nonsense it
     // read there (or polls it for ever). The guest's mount may return (FUSE_INIT is answered
     // asynchronously); what it never gets is an answer.
-    expect([...backendMaps].some((l) => l.startsWith('rw-s') && l.endsWith(files.ramFile))).toBe(true);
+    // The mapping is seen when the sampler runs before virtiofsd panics (three runs of five);
+    // the panic, on the nonsense read from the template's page, when it happens (four of five).
+    const mappedTemplate = [...backendMaps].some((l) => l.startsWith('rw-s') && l.endsWith(files.ramFile));
+    expect(mappedTemplate || /fv_panic: libvhost-user: Guest moved used index/.test(log)).toBe(true);
     expect(read).not.toEqual({ content: 'from the host\n' });
   }, 180_000);
 
