@@ -4,6 +4,7 @@
  * filesystem lives, nano-cores from the previous sample of each container and pod. Faces shape
  * the readings into their own messages.
  */
+import { isReason } from '../../common/errors.js';
 import { epochNs } from '../../common/time.js';
 import type { ContainerStatsEntry } from '../../generated/agent/agent.js';
 import { containerRootfsDirs } from '../../images/overlay-plan.js';
@@ -49,7 +50,8 @@ export class StatsCollector {
       const agent = this.guests.agentOf(sandboxId);
       const entries = new Map<string, ContainerStatsEntry>();
       if (agent !== undefined && running.length > 0) {
-        for (const e of await agent.containerStats(running, { timeoutMs: STATS_CALL_MS })) entries.set(e.containerId, e);
+        const stats = await unlessPaused(agent.containerStats(running, { timeoutMs: STATS_CALL_MS }));
+        for (const e of stats ?? []) entries.set(e.containerId, e);
       }
       for (const r of list) {
         const layer = this.options.layerUsage ? await diskUsage(writableLayerOf(r)) : null;
@@ -71,17 +73,33 @@ export class StatsCollector {
     const agent = this.guests.agentOf(record.id);
     const usage: SandboxUsage = { sandbox: record, atNs: epochNs(), cpu: null, memory: null, processCount: null, containers };
     if (agent !== undefined && record.state === 'SANDBOX_READY') {
-      const guest = await agent.guestStats({ timeoutMs: STATS_CALL_MS });
-      const pod = podUsage(record.id, guest, this.rates);
-      usage.cpu = pod.cpu;
-      usage.memory = pod.memory;
-      usage.processCount = guest.pids;
+      const guest = await unlessPaused(agent.guestStats({ timeoutMs: STATS_CALL_MS }));
+      if (guest !== undefined) {
+        const pod = podUsage(record.id, guest, this.rates);
+        usage.cpu = pod.cpu;
+        usage.memory = pod.memory;
+        usage.processCount = guest.pids;
+      }
     }
     return usage;
   }
 
   forget(id: string): void {
     this.rates.forget(id);
+  }
+}
+
+/**
+ * A guest call's answer, or undefined when the pod is paused (its agent connection refuses every
+ * call at once): a paused pod reports no usage, and a node-wide listing goes on with the others
+ * instead of failing because of one paused pod.
+ */
+async function unlessPaused<T>(call: Promise<T>): Promise<T | undefined> {
+  try {
+    return await call;
+  } catch (err) {
+    if (isReason(err, 'SANDBOX_PAUSED')) return undefined;
+    throw err;
   }
 }
 
