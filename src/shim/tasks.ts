@@ -809,6 +809,12 @@ export class ShimTasks {
   async recover(): Promise<void> {
     const { records, bad } = await readTaskRecords(this.deps.pod.stateDir);
     if (bad.length > 0) this.deps.logger.warn({ files: bad }, 'task files that do not read as tasks: skipped');
+    // A pod paused before the restart is still paused (the core's record says so, and which
+    // containers its pause froze): the tasks report PAUSED, as they did.
+    const podPause = records
+      .filter((r) => r.kind === 'sandbox' || r.solo)
+      .map((r) => this.deps.pod.sandboxes.find(r.id)?.record.paused ?? null)
+      .find((p) => p !== null);
     for (const r of records) {
       if (this.tasks.has(r.id)) continue;
       const task: Task = {
@@ -817,7 +823,7 @@ export class ShimTasks {
         exit: new ExitLatch(),
         execs: new Map(),
         watch: new AbortController(),
-        paused: false,
+        paused: podPause !== undefined && r.started && (r.kind === 'sandbox' || r.solo || podPause.frozenContainers.includes(r.id)),
         oom: undefined,
         output: undefined,
       };

@@ -151,6 +151,7 @@ function scriptedPod() {
     agentCalls,
     execExit,
     createdWith: () => createdWith,
+    sandboxRecord,
   };
 }
 
@@ -249,6 +250,30 @@ describe('ShimTasks for CRI-O', () => {
     execExit.resolve({ exitCode: 0 });
     expect((await tasks.wait(CONTAINER, 'e1', new AbortController().signal)).status).toBe(0);
     tasks.close();
+  });
+
+  it("a pod paused before the shim's restart is PAUSED again once its tasks are recovered from their files (the core's record keeps the pause)", async () => {
+    const { tasks, pod, sandboxRecord } = await podWithContainer();
+    await tasks.start(CONTAINER, '', ctx);
+    await tasks.freeze(SANDBOX, true, ctx);
+    tasks.close();
+    // The restarted shim's core finds the sandbox with its record, as recovery leaves it.
+    const restartedPod = {
+      ...pod,
+      sandboxes: { ...pod.sandboxes, find: () => ({ vm: { pid: 4242 }, record: sandboxRecord }) },
+    } as unknown as ShimPod;
+    const again = new ShimTasks({ pod: restartedPod, events: publisher().events, handler: 'kata-ts', logger: silentLogger() });
+    await again.recover();
+    expect(again.state(SANDBOX, '').status).toBe('PAUSED');
+    expect(again.state(CONTAINER, '').status).toBe('PAUSED');
+    again.close();
+    // Not paused: the recovered tasks run.
+    sandboxRecord.paused = null;
+    const unpaused = new ShimTasks({ pod: restartedPod, events: publisher().events, handler: 'kata-ts', logger: silentLogger() });
+    await unpaused.recover();
+    expect(unpaused.state(SANDBOX, '').status).toBe('RUNNING');
+    expect(unpaused.state(CONTAINER, '').status).toBe('RUNNING');
+    unpaused.close();
   });
 
   it('Pause of the sandbox task pauses the pod (containers frozen, then the vCPUs stopped; State PAUSED), Resume undoes it in the other order; events once per change', async () => {
