@@ -10,8 +10,9 @@
 import { promises as fsp } from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
-import { errorMessage, isKataError, type KataError } from '../common/errors.js';
+import { ERROR_KINDS, type ErrorKind, errorMessage, isKataError, type KataError } from '../common/errors.js';
 import type { Logger } from '../common/logger.js';
+import { rpcCodeName, rpcCodeOfKind } from '../common/status-codes.js';
 import { loadConfig } from '../config/load.js';
 import type { RequestContext } from '../runtime/context.js';
 import type { PauseOutcome } from '../runtime/sandbox/pause.js';
@@ -195,20 +196,10 @@ export function sendControlRequest(socketPath: string, request: ControlRequest, 
   });
 }
 
-/** The gRPC-style name of an error kind, as the other faces answer it (for the message only). */
-const KIND_NAMES: Record<string, string> = {
-  invalid: 'INVALID_ARGUMENT',
-  not_found: 'NOT_FOUND',
-  exists: 'ALREADY_EXISTS',
-  precondition: 'FAILED_PRECONDITION',
-  exhausted: 'RESOURCE_EXHAUSTED',
-  unimplemented: 'UNIMPLEMENTED',
-  unavailable: 'UNAVAILABLE',
-  timeout: 'DEADLINE_EXCEEDED',
-  cancelled: 'CANCELLED',
-  unauthenticated: 'UNAUTHENTICATED',
-  internal: 'INTERNAL',
-};
+/** The gRPC name of an error kind the daemon answered (one mapping: common/status-codes.ts); an unknown kind as it came. */
+function kindName(kind: string): string {
+  return (ERROR_KINDS as readonly string[]).includes(kind) ? rpcCodeName(rpcCodeOfKind(kind as ErrorKind)) : kind;
+}
 
 function helpFor(op: 'pause' | 'resume'): string {
   const what =
@@ -251,7 +242,7 @@ async function runPauseOrResume(op: 'pause' | 'resume', argv: string[], io: CliI
   if (answer === undefined) return 1;
   if (!answer.ok) {
     const { kind, reason, message } = answer.error;
-    io.stderr.write(`kata-ts ${op}: ${KIND_NAMES[kind] ?? kind} ${reason}: ${message}\n`);
+    io.stderr.write(`kata-ts ${op}: ${kindName(kind)} ${reason}: ${message}\n`);
     return 1;
   }
   const done = op === 'pause' ? 'paused' : 'resumed';
