@@ -95,12 +95,7 @@ export function socketAnswers(socketPath: string, timeoutMs = 1_000): Promise<bo
 /** The `serve` child's arguments: containerd's flags as they came, the pod's socket, the action last. */
 export function serveArgs(options: StartOptions, sandboxId: string, socketPath: string): string[] {
   return [
-    '-namespace',
-    options.namespace,
-    '-address',
-    options.containerdAddress,
-    '-publish-binary',
-    options.publishBinary,
+    ...containerdFlags(options),
     '-id',
     sandboxId,
     '-bundle',
@@ -226,16 +221,12 @@ async function spawnAndWait(
 
 /** The node server's arguments (also the relays' revive command): containerd's flags, `node-serve` last. */
 export function nodeServeArgs(options: Pick<StartOptions, 'namespace' | 'containerdAddress' | 'publishBinary' | 'debug'>): string[] {
-  return [
-    '-namespace',
-    options.namespace,
-    '-address',
-    options.containerdAddress,
-    '-publish-binary',
-    options.publishBinary,
-    ...(options.debug ? ['-debug'] : []),
-    'node-serve',
-  ];
+  return [...containerdFlags(options), ...(options.debug ? ['-debug'] : []), 'node-serve'];
+}
+
+/** The flags containerd started this shim with that every child of it carries on. */
+function containerdFlags(options: Pick<StartOptions, 'namespace' | 'containerdAddress' | 'publishBinary'>): string[] {
+  return ['-namespace', options.namespace, '-address', options.containerdAddress, '-publish-binary', options.publishBinary];
 }
 
 /** util-linux flock(1), which serialises the relays' revives when it is installed. */
