@@ -93,8 +93,11 @@ function send(res: ServerResponse, status: number, headers: Record<string, strin
 /** Reads a body up to `cap` bytes: the bytes, or 'too-large' (the rest is drained up to a bound, then the socket closed). */
 function readBody(req: IncomingMessage, cap: number): Promise<Buffer | 'too-large' | 'aborted'> {
   return new Promise((resolve) => {
+    // A body declared over the cap but within what is drained is read and dropped before the 413:
+    // a client still writing it when the answer came and the connection closed would see EPIPE
+    // instead of the answer. Past the drain bound the answer comes at once.
     const declared = Number(req.headers['content-length']);
-    if (Number.isFinite(declared) && declared > cap) {
+    if (Number.isFinite(declared) && declared > DRAIN_MAX_BYTES) {
       resolve('too-large');
       return;
     }
