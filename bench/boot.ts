@@ -7,16 +7,15 @@
  *
  *   node --import tsx bench/boot.ts [--rounds N] [--bare-mode direct|paused] [--rss-pods N] [--json]
  */
-import { execFileSync } from 'node:child_process';
 import os from 'node:os';
 import path from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { pathToFileURL } from 'node:url';
 import { parseArgs } from 'node:util';
-import { packageRoot } from '../src/common/paths.js';
 import { ensureGuestAssets } from '../test/helpers/hypervisor-guest.js';
 import { type BareMode, bareArgv, bootBare, normalizedArgv } from './lib/bare-qemu.js';
 import { type BootBenchResult, formatBootReport, type RoundSample } from './lib/boot-report.js';
+import { currentCommit } from './lib/commit.js';
 import { type BenchDaemon, benchPodConfig, createBenchDaemon } from './lib/daemon.js';
 import { linearFit, median, readVmRssKiB, sampledVmRssKiB, sleep } from './lib/proc.js';
 
@@ -234,19 +233,6 @@ export async function runBootBench(options: BootBenchOptions): Promise<BootBench
     await teardown();
     process.off('SIGINT', onSignal);
     process.off('SIGTERM', onSignal);
-  }
-}
-
-/** The checked-out commit, so that JSON lines from different commits can be told apart. */
-function currentCommit(): string | null {
-  try {
-    return execFileSync('git', ['rev-parse', '--short=12', 'HEAD'], {
-      cwd: packageRoot(),
-      encoding: 'utf8',
-      stdio: ['ignore', 'pipe', 'ignore'],
-    }).trim();
-  } catch {
-    return null;
   }
 }
 

@@ -34,7 +34,6 @@
  *
  * Needs root, QEMU and the guest assets; runc mode needs containerd (else it is skipped, saying why).
  */
-import { execFileSync } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
 import { promises as fsp, readdirSync, readFileSync } from 'node:fs';
 import os from 'node:os';
@@ -53,6 +52,7 @@ import { criClient } from '../test/helpers/cri-client.js';
 import { ensureGuestAssets } from '../test/helpers/hypervisor-guest.js';
 import { type RegistryHandle, startRegistry } from '../test/helpers/images-registry.js';
 import { bareArgv, bootBare, msToFirstBytes } from './lib/bare-qemu.js';
+import { currentCommit } from './lib/commit.js';
 import { type BenchDaemon, createBenchDaemon } from './lib/daemon.js';
 import { lineChartSvg, type Series } from './lib/plot.js';
 import { median, processArgs, readSmapsRollupKiB, sleep } from './lib/proc.js';
@@ -175,18 +175,6 @@ export interface DensityResult {
   skipped: Array<{ mode: Mode; why: string }>;
   /** Bursts that failed (a pod did not start within the bounds), with the first error: a result too. */
   failed?: Array<{ mode: Mode | 'bare'; n: number; error: string; loadavg1: number }>;
-}
-
-function currentCommit(): string | null {
-  try {
-    return execFileSync('git', ['rev-parse', '--short=12', 'HEAD'], {
-      cwd: packageRoot(),
-      encoding: 'utf8',
-      stdio: ['ignore', 'pipe', 'ignore'],
-    }).trim();
-  } catch {
-    return null;
-  }
 }
 
 const CLK_TCK = 100;

@@ -33,7 +33,7 @@
  *                                   [--skip-timing] [--skip-memory] [--parallel] [--shim-tsx | --shim-dist] [--json]
  */
 
-import { execFile, execFileSync, spawn } from 'node:child_process';
+import { execFile, spawn } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
 import { existsSync, promises as fsp } from 'node:fs';
 import os from 'node:os';
@@ -58,6 +58,7 @@ import { type RegistryHandle, startRegistry } from '../test/helpers/images-regis
 import { DEBIAN_CNI_BIN_DIR } from '../test/helpers/network-node.js';
 import { guestDirConfig } from '../test/helpers/runtime-daemon.js';
 import { shimTestConfig } from '../test/helpers/shim-config.js';
+import { currentCommit } from './lib/commit.js';
 import { type BenchDaemon, createBenchDaemon } from './lib/daemon.js';
 import { median, processArgs, type SmapsRollupKiB, sampledSmapsRollupKiB, sleep } from './lib/proc.js';
 import { distStaleness, GNU_TIME, readShimRuns, type ShimCode, type ShimRun, writeShimWrapper } from './lib/shim-binary.js';
@@ -187,18 +188,6 @@ interface Door {
   live: Set<string>;
   /** A kata-ts shim door: the shim mode its pods are started in. */
   mode?: BenchShimMode;
-}
-
-function currentCommit(): string | null {
-  try {
-    return execFileSync('git', ['rev-parse', '--short=12', 'HEAD'], {
-      cwd: packageRoot(),
-      encoding: 'utf8',
-      stdio: ['ignore', 'pipe', 'ignore'],
-    }).trim();
-  } catch {
-    return null;
-  }
 }
 
 /** Pids of a shim's `serve` processes for the pod `sandboxId` (its command line: `-id <id>` ... `serve`). */
