@@ -7,6 +7,7 @@ import { promises as fsp } from 'node:fs';
 import path from 'node:path';
 import { packageRoot } from '../../src/common/paths.js';
 import { guestDirConfig } from './runtime-daemon.js';
+import { scaledMs } from './time-scale.js';
 
 /** The shim's config document: `extra` (top-level keys) over what every test shim shares. */
 export function shimTestConfig(dir: string, stateRoot: string, extra: Record<string, unknown> = {}): Record<string, unknown> {
@@ -19,7 +20,8 @@ export function shimTestConfig(dir: string, stateRoot: string, extra: Record<str
     // containerd (or CRI-O) runs CNI; the shim joins the namespace it made.
     network: { mode: 'none' },
     shim: { stateRoot },
-    hypervisor: guestDirConfig(),
+    // The runtime's 90 s boot bound is sized for an idle machine; the tests' bounds all scale.
+    hypervisor: { readyTimeoutMs: scaledMs(90_000), ...guestDirConfig() },
     ...extra,
   };
 }
