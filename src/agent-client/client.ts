@@ -1,5 +1,6 @@
 import { Buffer } from 'node:buffer';
-import type { CallOptions, CallWriter, Init, MethodsOfKind, StreamCallOptions } from '../channel/index.js';
+import type { CallOptions, CallWriter, Init, MethodsOfKind, Session, StreamCallOptions } from '../channel/index.js';
+import { errorMessage, isReason, type KataError, timedOut, unavailable } from '../common/errors.js';
 import type {
   AgentMethods,
   ConfigureNetworkRequest,
@@ -21,6 +22,19 @@ import type {
   Timestamp,
 } from '../generated/agent/agent.js';
 import { AgentConnection, type AgentConnectionOptions } from './connection.js';
+import { retryableAfterSessionEnd } from './idempotence.js';
+
+/**
+ * Whether `err`, from a call sent on `session`, says the session ended under the call rather than
+ * that the call finished: the channel fails every open stream with the session's own close error
+ * (the keepalive's AGENT_KEEPALIVE_FAILED, a broken link) or with CHANNEL_SESSION_CLOSED. The
+ * call's own deadline or cancel (CHANNEL_CALL_TIMEOUT, CHANNEL_CALL_CANCELLED) and the agent's
+ * answers (decoded afresh from an ERROR record) are neither.
+ */
+function endedUnder(session: Session | undefined, err: unknown): session is Session {
+  if (session === undefined || !session.closed) return false;
+  return err === session.closeError || isReason(err, 'CHANNEL_SESSION_CLOSED');
+}
 
 /** Time left of a deadline that started at `startMs`, at least 1 ms. */
 function remaining(options: CallOptions, startMs: number): CallOptions {
@@ -30,7 +44,10 @@ function remaining(options: CallOptions, startMs: number): CallOptions {
 /**
  * The host's typed client for the guest agent: one method per call of proto/agent/agent.proto.
  * Unary calls take a deadline (`timeoutMs`, which also covers waiting for a reconnect) and an
- * optional AbortSignal; streaming calls run until they end, are cancelled, or the session goes
+ * optional AbortSignal. A unary call the session ended under (a missed keepalive, a restarted
+ * agent) is sent once more on the next session, within the same deadline, when sending it twice
+ * is the same as once (idempotence.ts); any other fails with AGENT_SESSION_ENDED, since the agent
+ * may or may not have done it. Streaming calls run until they end, are cancelled, or the session goes
  * (then they fail with CHANNEL_SESSION_CLOSED and the caller opens them again on the next
  * session, e.g. StreamOutput from its stored offset).
  */
@@ -245,7 +262,62 @@ export class AgentClient {
     await this.connection.ready(options.timeoutMs, options.signal);
     // What the agent's API (current or one back) lacks is refused here, never sent and ignored.
     this.connection.admit(method, request);
-    return this.connection.rpc.unary(method, request, remaining(options, startMs));
+    const session = this.connection.currentSession;
+    try {
+      return await this.connection.rpc.unary(method, request, remaining(options, startMs));
+    } catch (err) {
+      if (!endedUnder(session, err)) throw err;
+      const why = errorMessage(err);
+      if (!retryableAfterSessionEnd(method, request)) {
+        throw unavailable(
+          'AGENT_SESSION_ENDED',
+          `${method} was in flight when the agent session ended (${why}); the agent may or may not have done it, and it is not sent again because doing it twice is not the same as once.`,
+          { cause: err },
+        );
+      }
+      return this.retryOnNewSession(method, request, options, startMs, err as Error);
+    }
+  }
+
+  /**
+   * Send an idempotent call once more, on the session that follows the one that ended under it
+   * (`first`), within what is left of the caller's deadline. A second session ending under it is
+   * not retried again: the caller hears AGENT_SESSION_ENDED.
+   */
+  private async retryOnNewSession<K extends MethodsOfKind<AgentMethods, 'unary'>>(
+    method: K,
+    request: Init<AgentMethods[K]['request']>,
+    options: CallOptions,
+    startMs: number,
+    first: Error,
+  ): Promise<AgentMethods[K]['response']> {
+    const log = this.connection.logger;
+    log.warn(
+      { method, err: errorMessage(first) },
+      'the agent session ended under an idempotent call; sending it again on the next session',
+    );
+    try {
+      await this.connection.ready(remaining(options, startMs).timeoutMs, options.signal);
+    } catch (err) {
+      if (!isReason(err, 'AGENT_NOT_CONNECTED')) throw err;
+      throw timedOut(
+        'AGENT_SESSION_ENDED',
+        `${method} was in flight when the agent session ended (${errorMessage(first)}), and no new session came within its ${options.timeoutMs} ms deadline to send it again.`,
+        { cause: first },
+      );
+    }
+    this.connection.admit(method, request);
+    const session = this.connection.currentSession;
+    try {
+      return await this.connection.rpc.unary(method, request, remaining(options, startMs));
+    } catch (err) {
+      if (!endedUnder(session, err)) throw err;
+      throw unavailable(
+        'AGENT_SESSION_ENDED',
+        `${method} was in flight when the agent session ended (${errorMessage(first)}), and again when it was sent on the next session (${errorMessage(err)}); it is not sent a third time.`,
+        { cause: err as KataError },
+      );
+    }
   }
 }
 

@@ -18,11 +18,17 @@ export interface AgentConnectionOptions {
   minBackoffMs?: number;
   maxBackoffMs?: number;
   /**
-   * A PING this often (10 s by default; 0: never) that must be answered within the same time:
-   * a guest that hangs (or an agent that died without a successor) ends the session, so calls
-   * fail and the connection starts over instead of waiting on a dead peer.
+   * A PING this often (AGENT_KEEPALIVE_DEFAULTS.intervalMs by default; 0: never), each answered
+   * within the same time or counted as missed: a guest that hangs (or an agent that died without
+   * a successor) ends the session, so the connection starts over instead of waiting on a dead
+   * peer (calls in flight are sent again when they may be: see AgentClient).
    */
   keepaliveIntervalMs?: number;
+  /**
+   * Unanswered PINGs in a row that end the session (AGENT_KEEPALIVE_DEFAULTS.misses by default):
+   * a loaded TCG host can leave a healthy guest unscheduled longer than one interval.
+   */
+  keepaliveMisses?: number;
   /** How to reach the agent; a unix socket connection by default (tests pass pairs). */
   dial?: () => Duplex;
   /** Protocol violations in a row that end the connection (AGENT_PROTOCOL_VIOLATIONS_MAX). */
@@ -54,6 +60,9 @@ function violationOf(err: unknown): KataError | undefined {
 }
 
 export const codec = protobufCodec(AGENT_DESCRIPTOR);
+
+/** The keepalive when nothing is configured: a PING every 10 s, and the first one unanswered ends the session. */
+export const AGENT_KEEPALIVE_DEFAULTS = { intervalMs: 10_000, misses: 1 } as const;
 
 /**
  * A session with the agent that comes back by itself: when the link drops (the guest agent
@@ -116,6 +125,16 @@ export class AgentConnection {
     if (this.heldBy !== undefined) throw this.heldBy();
     const version = this.apiVersion;
     if (version !== undefined) checkApiFeatures(version, method, request);
+  }
+
+  /** The logger the connection was given (the client logs its retries there). */
+  get logger(): Logger {
+    return this.options.logger;
+  }
+
+  /** The session calls are sent on now (undefined between sessions): AgentClient tells by it whether a call's session ended. */
+  get currentSession(): Session | undefined {
+    return this.session;
   }
 
   get connected(): boolean {
@@ -250,18 +269,7 @@ export class AgentConnection {
       try {
         const session = await this.attempt();
         backoffMs = this.options.minBackoffMs ?? 100;
-        const keepaliveMs = this.options.keepaliveIntervalMs ?? 10_000;
-        const keepalive =
-          keepaliveMs > 0
-            ? setInterval(() => {
-                if (this.heldBy !== undefined) return;
-                session.ping(keepaliveMs).catch((err: unknown) => {
-                  // A ping sent just before the guest was stopped goes unanswered: not a hang.
-                  if (this.heldBy !== undefined) return;
-                  session.close(unavailable('AGENT_KEEPALIVE_FAILED', 'the agent did not answer a ping.', { cause: err }));
-                });
-              }, keepaliveMs)
-            : undefined;
+        const keepalive = this.keepalive(session);
         await new Promise<void>((resolve) => session.onClose(() => resolve()));
         clearInterval(keepalive);
         if (this.closedFlag || this.countViolation(session.closeError)) return;
@@ -274,6 +282,42 @@ export class AgentConnection {
         backoffMs = Math.min(maxBackoffMs, backoffMs * 2);
       }
     }
+  }
+
+  /**
+   * PING `session` every interval; `misses` unanswered in a row close it with
+   * AGENT_KEEPALIVE_FAILED (any answer starts the count again). The timer, or undefined when off.
+   */
+  private keepalive(session: Session): ReturnType<typeof setInterval> | undefined {
+    const intervalMs = this.options.keepaliveIntervalMs ?? AGENT_KEEPALIVE_DEFAULTS.intervalMs;
+    const misses = this.options.keepaliveMisses ?? AGENT_KEEPALIVE_DEFAULTS.misses;
+    if (intervalMs <= 0) return undefined;
+    let missed = 0;
+    return setInterval(() => {
+      if (this.heldBy !== undefined) {
+        missed = 0;
+        return;
+      }
+      session.ping(intervalMs).then(
+        () => {
+          missed = 0;
+        },
+        (err: unknown) => {
+          // A ping sent just before the guest was stopped goes unanswered: not a hang.
+          if (this.heldBy !== undefined || session.closed) return;
+          missed += 1;
+          if (missed < misses) {
+            this.options.logger.warn({ missed, misses, intervalMs }, 'the agent did not answer a ping in time; waiting for the next');
+            return;
+          }
+          session.close(
+            unavailable('AGENT_KEEPALIVE_FAILED', `the agent did not answer ${missed} ping(s) in a row, each within ${intervalMs} ms.`, {
+              cause: err,
+            }),
+          );
+        },
+      );
+    }, intervalMs);
   }
 
   private async attempt(): Promise<Session> {

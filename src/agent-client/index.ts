@@ -10,4 +10,5 @@ export {
   negotiateApiVersion,
 } from './api-features.js';
 export { AgentClient, type PortForwardStream, type StdinWriter } from './client.js';
-export { AGENT_PROTOCOL_VIOLATIONS_MAX, AgentConnection, type AgentConnectionOptions } from './connection.js';
+export { AGENT_KEEPALIVE_DEFAULTS, AGENT_PROTOCOL_VIOLATIONS_MAX, AgentConnection, type AgentConnectionOptions } from './connection.js';
+export { type AgentUnaryMethod, REPEATABLE_SIGNALS, retryableAfterSessionEnd } from './idempotence.js';

@@ -11,7 +11,8 @@ export type AgentClientReason =
   | 'AGENT_HELLO_FAILED'
   | 'AGENT_KEEPALIVE_FAILED'
   | 'AGENT_NOT_CONNECTED'
-  | 'AGENT_PROTOCOL_VIOLATION';
+  | 'AGENT_PROTOCOL_VIOLATION'
+  | 'AGENT_SESSION_ENDED';
 
 declare module '../common/errors.js' {
   interface KataReasons {
