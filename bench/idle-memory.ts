@@ -40,7 +40,7 @@ import { startVirtiofsd } from '../src/hypervisor/virtiofsd.js';
 import { allowLoopbackRegistries, pushBusyboxImage } from '../test/helpers/busybox-image.js';
 import { ensureGuestAssets } from '../test/helpers/hypervisor-guest.js';
 import { startRegistry } from '../test/helpers/images-registry.js';
-import { bareArgv } from './lib/bare-qemu.js';
+import { bareArgv, killBareQemus } from './lib/bare-qemu.js';
 import { type BenchDaemon, createBenchDaemon } from './lib/daemon.js';
 import { median, processArgs, readSmapsRollupKiB, sampledSmapsRollupKiB, sleep } from './lib/proc.js';
 
@@ -263,13 +263,7 @@ export async function runIdleMemoryBench(rounds: number, idleS: number, progress
       }
     }
   } finally {
-    for (const pid of barePids) {
-      try {
-        process.kill(pid, 'SIGKILL');
-      } catch {
-        // gone
-      }
-    }
+    killBareQemus(barePids);
     await rt.cleanup();
     await registry.stop();
   }

@@ -28,7 +28,7 @@ import { startVirtiofsd } from '../src/hypervisor/virtiofsd.js';
 import { allowLoopbackRegistries, pushBusyboxImage } from '../test/helpers/busybox-image.js';
 import { ensureGuestAssets } from '../test/helpers/hypervisor-guest.js';
 import { startRegistry } from '../test/helpers/images-registry.js';
-import { bareArgv, bootBare, msToFirstBytes } from './lib/bare-qemu.js';
+import { bareArgv, bootBare, killBareQemus, msToFirstBytes } from './lib/bare-qemu.js';
 import { benchPodConfig, createBenchDaemon } from './lib/daemon.js';
 import { linearFit, median, sampledVmRssKiB, sleep } from './lib/proc.js';
 
@@ -210,13 +210,7 @@ export async function runPodContainerBench(
       slopeKiBPerContainer: linearFit(rss.map((kib, i) => [i, kib] as const)).slope,
     };
   } finally {
-    for (const pid of barePids) {
-      try {
-        process.kill(pid, 'SIGKILL');
-      } catch {
-        // gone
-      }
-    }
+    killBareQemus(barePids);
     await rt.cleanup();
     await registry.stop();
   }

@@ -9,7 +9,7 @@ import { startVirtiofsd } from '../src/hypervisor/virtiofsd.js';
 import { allowLoopbackRegistries, pushBusyboxImage } from '../test/helpers/busybox-image.js';
 import { ensureGuestAssets } from '../test/helpers/hypervisor-guest.js';
 import { startRegistry } from '../test/helpers/images-registry.js';
-import { bareArgv, bootBare, msToFirstBytes } from './lib/bare-qemu.js';
+import { bareArgv, bootBare, killBareQemus, msToFirstBytes } from './lib/bare-qemu.js';
 import { benchPodConfig, createBenchDaemon } from './lib/daemon.js';
 import { median, sleep } from './lib/proc.js';
 
@@ -205,13 +205,7 @@ export async function runPoolBench(
       execRatio: execDuringRefillMs.length === 0 ? Number.NaN : median(execDuringRefillMs) / median(execIdleMs),
     };
   } finally {
-    for (const pid of barePids) {
-      try {
-        process.kill(pid, 'SIGKILL');
-      } catch {
-        // gone
-      }
-    }
+    killBareQemus(barePids);
     await rt.cleanup();
     await registry.stop();
   }

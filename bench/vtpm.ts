@@ -26,7 +26,7 @@ import { initTpmCa } from '../src/tpm/ca.js';
 import { allowLoopbackRegistries, pushBusyboxImage } from '../test/helpers/busybox-image.js';
 import { ensureGuestAssets } from '../test/helpers/hypervisor-guest.js';
 import { startRegistry } from '../test/helpers/images-registry.js';
-import { bootBare } from './lib/bare-qemu.js';
+import { bootBare, killBareQemus } from './lib/bare-qemu.js';
 import { type BenchDaemon, benchPodConfig, createBenchDaemon } from './lib/daemon.js';
 import { median } from './lib/proc.js';
 
@@ -237,13 +237,7 @@ export async function runVtpmBench(
       ratioVsBare: m('vtpmMs') / m('bareMs'),
     };
   } finally {
-    for (const pid of barePids) {
-      try {
-        process.kill(pid, 'SIGKILL');
-      } catch {
-        // gone
-      }
-    }
+    killBareQemus(barePids);
     await rt.cleanup();
     await registry.stop();
   }

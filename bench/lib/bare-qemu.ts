@@ -252,3 +252,14 @@ export async function msToFirstBytes(socketPath: string, t0: number, timeoutMs: 
     await new Promise((r) => setTimeout(r, 20));
   }
 }
+
+/** SIGKILL every bare QEMU a bench started and has not yet ended (by pid; one already gone is skipped). */
+export function killBareQemus(pids: Iterable<number>): void {
+  for (const pid of pids) {
+    try {
+      process.kill(pid, 'SIGKILL');
+    } catch {
+      // already gone
+    }
+  }
+}
