@@ -56,6 +56,7 @@ import { currentCommit } from './lib/commit.js';
 import { type BenchDaemon, createBenchDaemon } from './lib/daemon.js';
 import { lineChartSvg, type Series } from './lib/plot.js';
 import { median, processArgs, readSmapsRollupKiB, sleep } from './lib/proc.js';
+import { timedPodWithContainer } from './lib/timed-pod.js';
 
 export const MODES = ['cold', 'pool', 'template', 'runc'] as const;
 export type Mode = (typeof MODES)[number];
@@ -219,17 +220,6 @@ function pssSumKiB(pids: readonly number[]): number {
   return pids.reduce((sum, pid) => sum + (readSmapsRollupKiB(pid)?.pss ?? 0), 0);
 }
 
-/** Polls a CRI log until a line carries MARKER. */
-async function untilMarker(file: string, timeoutMs: number): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const text = await fsp.readFile(file, 'utf8').catch(() => '');
-    if (text.includes(MARKER)) return;
-    if (Date.now() > deadline) throw new Error(`no "${MARKER}" line in ${file} within ${timeoutMs} ms`);
-    await sleep(20);
-  }
-}
-
 /** Where a burst's pods go: a CRI, its handler, where pods log and are placed, and the node's pod costs. */
 interface Door {
   mode: Mode;
@@ -315,37 +305,22 @@ async function burst(door: Door, image: string, n: number, idleS: number, progre
   const live: string[] = [];
   const deadline = () => ({ deadline: Date.now() + RPC_DEADLINE_MS });
   const one = async (i: number) => {
-    const uid = randomUUID();
-    const name = `${door.mode}-${n}-${i}`;
-    const logDir = path.join(door.logRoot, `${POD_NAMESPACE}_${name}_${uid}`);
-    await fsp.mkdir(logDir, { recursive: true });
-    const config = {
-      metadata: { name, uid, namespace: POD_NAMESPACE, attempt: 0 },
-      log_directory: logDir,
-      linux: { cgroup_parent: door.cgroupParent(uid) },
-    };
-    const { pod_sandbox_id: sid } = await door.cri.runtime.RunPodSandbox({ config, runtime_handler: door.handler }, deadline());
-    live.push(sid);
-    const podMs = performance.now() - t0;
-    const { container_id: cid } = await door.cri.runtime.CreateContainer(
-      {
-        pod_sandbox_id: sid,
-        config: {
-          metadata: { name: 'c', attempt: 0 },
-          image: { image },
-          command: ['sh', '-c', `echo ${MARKER}; exec sleep 100000`],
-          log_path: 'c.log',
-        },
-        sandbox_config: config,
-      },
-      deadline(),
-    );
-    await door.cri.runtime.StartContainer({ container_id: cid }, deadline());
-    const startedMs = performance.now() - t0;
-    await untilMarker(path.join(logDir, 'c.log'), RPC_DEADLINE_MS);
-    const totalMs = performance.now() - t0;
-    progress(`  ${door.mode} N=${n}: pod ${i + 1} up in ${(totalMs / 1000).toFixed(1)} s`);
-    return { sid, uid, podMs, startedMs, totalMs };
+    const pod = await timedPodWithContainer({
+      cri: door.cri,
+      handler: door.handler,
+      logRoot: door.logRoot,
+      namespace: POD_NAMESPACE,
+      name: `${door.mode}-${n}-${i}`,
+      cgroupParent: (uid) => door.cgroupParent(uid),
+      image,
+      marker: MARKER,
+      rpcDeadlineMs: RPC_DEADLINE_MS,
+      markerTimeoutMs: RPC_DEADLINE_MS,
+      t0Ms: t0,
+      onPod: (sid) => live.push(sid),
+    });
+    progress(`  ${door.mode} N=${n}: pod ${i + 1} up in ${(pod.totalMs / 1000).toFixed(1)} s`);
+    return { ...pod, sid: pod.sandboxId };
   };
   try {
     const settled = await Promise.allSettled(Array.from({ length: n }, (_, i) => one(i)));

@@ -62,6 +62,7 @@ import { currentCommit } from './lib/commit.js';
 import { type BenchDaemon, createBenchDaemon } from './lib/daemon.js';
 import { median, processArgs, type SmapsRollupKiB, sampledSmapsRollupKiB, sleep } from './lib/proc.js';
 import { distStaleness, GNU_TIME, readShimRuns, type ShimCode, type ShimRun, writeShimWrapper } from './lib/shim-binary.js';
+import { timedPodWithContainer } from './lib/timed-pod.js';
 
 const execFileAsync = promisify(execFile);
 
@@ -206,18 +207,6 @@ function qemuShape(needle: string): string {
   const args = qemu[0]!.args;
   const arg = (flag: string) => args[args.indexOf(flag) + 1] ?? '?';
   return `-m ${arg('-m')} -smp ${arg('-smp')}`;
-}
-
-/** Polls the CRI log until a line carries MARKER. */
-async function untilMarker(file: string, timeoutMs: number): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const text = await fsp.readFile(file, 'utf8').catch(() => '');
-    if (text.includes(MARKER)) return;
-    if (Date.now() > deadline)
-      throw new Error(`no "${MARKER}" line in ${file} within ${timeoutMs} ms; it holds ${JSON.stringify(text.slice(-300))}`);
-    await sleep(10);
-  }
 }
 
 function medianSmaps(samples: readonly SmapsRollupKiB[]): SmapsRollupKiB {
@@ -542,37 +531,21 @@ export async function runShimBench(
       /** A pod and its first container, timed to the container's first output line. */
       const podWithContainer = async (d: Door, name: string, afterPod?: (sid: string) => Promise<void>) => {
         if (d.mode !== undefined) await writeShimConfig(d.mode);
-        const uid = randomUUID();
-        const logDir = path.join(d.logRoot, `${POD_NAMESPACE}_${name}_${uid}`);
-        await fsp.mkdir(logDir, { recursive: true });
-        const config = {
-          metadata: { name, uid, namespace: POD_NAMESPACE, attempt: 0 },
-          log_directory: logDir,
-          linux: { cgroup_parent: d.cgroupParent(uid) },
-        };
-        const deadline = () => ({ deadline: Date.now() + 300_000 });
-        const t0 = performance.now();
-        const { pod_sandbox_id: sid } = await d.cri.runtime.RunPodSandbox({ config, runtime_handler: d.runtimeHandler }, deadline());
-        d.live.add(sid);
-        const podMs = performance.now() - t0;
-        if (afterPod !== undefined) await afterPod(sid);
-        const { container_id: cid } = await d.cri.runtime.CreateContainer(
-          {
-            pod_sandbox_id: sid,
-            config: {
-              metadata: { name: 'c', attempt: 0 },
-              image: { image },
-              command: ['sh', '-c', `echo ${MARKER}; exec sleep 100000`],
-              log_path: 'c.log',
-            },
-            sandbox_config: config,
-          },
-          deadline(),
-        );
-        await d.cri.runtime.StartContainer({ container_id: cid }, deadline());
-        const startedMs = performance.now() - t0;
-        await untilMarker(path.join(logDir, 'c.log'), 120_000);
-        return { sid, timing: { podMs, startedMs, totalMs: performance.now() - t0 } };
+        const pod = await timedPodWithContainer({
+          cri: d.cri,
+          handler: d.runtimeHandler,
+          logRoot: d.logRoot,
+          namespace: POD_NAMESPACE,
+          name,
+          cgroupParent: (uid) => d.cgroupParent(uid),
+          image,
+          marker: MARKER,
+          rpcDeadlineMs: 300_000,
+          markerTimeoutMs: 120_000,
+          onPod: (sid) => d.live.add(sid),
+          ...(afterPod === undefined ? {} : { afterPod }),
+        });
+        return { sid: pod.sandboxId, timing: { podMs: pod.podMs, startedMs: pod.startedMs, totalMs: pod.totalMs } };
       };
 
       // Warm-up, not counted: code paths and guest files into the page cache. The pod-mode shim's
