@@ -129,6 +129,7 @@ export function defaultConfig(): KataConfig {
       readyTimeoutMs: 90_000,
       stopTimeoutMs: 10_000,
       qmpTimeoutMs: 10_000,
+      agentKeepalive: { intervalMs: 10_000, misses: 1 },
       tcgTranslationCacheMiB: 64,
       vmmIdentities: {
         firstId: DEFAULT_VMM_FIRST_ID,

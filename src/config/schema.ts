@@ -91,6 +91,15 @@ export const configFileSchema = {
         readyTimeoutMs: positiveInt,
         stopTimeoutMs: positiveInt,
         qmpTimeoutMs: positiveInt,
+        agentKeepalive: {
+          type: 'object',
+          additionalProperties: false,
+          properties: {
+            // 0 turns the keepalive off; at most 10 minutes between pings.
+            intervalMs: { type: 'integer', minimum: 0, maximum: 600_000 },
+            misses: { type: 'integer', minimum: 1, maximum: 100 },
+          },
+        },
         tcgTranslationCacheMiB: { type: 'integer', minimum: 16, maximum: 4096 },
         vmmIdentities: {
           type: 'object',

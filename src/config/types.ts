@@ -132,6 +132,8 @@ export interface HypervisorConfig {
   readyTimeoutMs: number;
   stopTimeoutMs: number;
   qmpTimeoutMs: number;
+  /** How the host checks that a guest's agent still answers (AgentKeepaliveConfig). */
+  agentKeepalive: AgentKeepaliveConfig;
   /**
    * Under TCG, the size of QEMU's translated-code cache (`-accel tcg,tb-size=`). QEMU's own default
    * is 1 GiB, filled as the guest runs, which a VMM cgroup sized for KVM cannot hold; it is bounded
@@ -149,6 +151,17 @@ export interface HypervisorConfig {
   firmware: FirmwareConfig;
   /** The `vtpm` profile's software TPM. */
   tpm: TpmConfig;
+}
+
+/**
+ * The agent connection's keepalive (src/agent-client/connection.ts): a PING every `intervalMs`
+ * (0: none), each answered within the same time or missed; `misses` missed in a row end the
+ * session and the host reconnects (idempotent calls in flight are sent again). A loaded TCG host
+ * can leave a healthy guest unscheduled for longer than one interval: raise `misses` there.
+ */
+export interface AgentKeepaliveConfig {
+  intervalMs: number;
+  misses: number;
 }
 
 /**

@@ -161,7 +161,12 @@ export class PoolManager implements SandboxPool {
           logger: this.log,
           qmpTimeoutMs: this.deps.config.hypervisor.qmpTimeoutMs,
         });
-        const agent = reopenAgentClient(vmm.agentSocket, this.log.child({ poolVmId: record.id }));
+        const agent = reopenAgentClient(
+          vmm.agentSocket,
+          this.log.child({ poolVmId: record.id }),
+          undefined,
+          this.deps.config.hypervisor.agentKeepalive,
+        );
         this.readyList(record.handler).push({ record, vm, agent });
         this.log.info({ poolVmId: record.id, pid: vmm.pid }, 'pooled VM found again');
       } catch (err) {
@@ -407,7 +412,13 @@ export class PoolManager implements SandboxPool {
       record.guest = { vcpus: report.vcpus, memoryKiB: report.memoryKiB };
       // No request waits on a pooled boot, and at nice 19 on a busy node the agent's start (node
       // under TCG) takes what it takes: it gets a ready budget of its own after the kernel's line.
-      const agent = await connectAgentClient(agentSocket, log, config.hypervisor.readyTimeoutMs * POOL_BOOT_BUDGET_FACTOR);
+      const agent = await connectAgentClient(
+        agentSocket,
+        log,
+        config.hypervisor.readyTimeoutMs * POOL_BOOT_BUDGET_FACTOR,
+        undefined,
+        config.hypervisor.agentKeepalive,
+      );
       undo.push('close the agent client', async () => agent.close());
       record.phase = 'ready';
       record.bootMs = Date.now() - started;

@@ -25,7 +25,11 @@ export async function bootGuest(run: SandboxRun, vm: VmProcess): Promise<AgentCl
   if (!layout.withAgent) return undefined;
 
   const connect = run.deps.connectAgent ?? connectAgentClient;
-  const agent = await raceAbort(connect(layout.agentSocket, run.log, remainingMs(), req.signal), req.signal, requestAbortReason);
+  const agent = await raceAbort(
+    connect(layout.agentSocket, run.log, remainingMs(), req.signal, run.deps.config.hypervisor.agentKeepalive),
+    req.signal,
+    requestAbortReason,
+  );
   run.undo.push('close the agent client', async () => agent.close());
   const pod = await agent.createPod(
     { podId: req.id, hostname: req.spec.hostname, shmSizeBytes: POD_SHM_SIZE_BYTES },

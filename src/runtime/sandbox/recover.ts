@@ -4,6 +4,7 @@ import type { AgentClient } from '../../agent-client/index.js';
 import { errnoCode, errorMessage, isReason, precondition } from '../../common/errors.js';
 import type { Logger } from '../../common/logger.js';
 import { poolCgroupParent } from '../../config/defaults.js';
+import type { AgentKeepaliveConfig } from '../../config/types.js';
 import { attachVm, isSameLiveProcess, type VmProcess } from '../../hypervisor/index.js';
 import { cgroupParentOf } from '../spec/sandbox.js';
 import { reopenAgentClient } from './agent.js';
@@ -44,7 +45,12 @@ export async function recoverSandboxes(deps: RecoverDeps): Promise<LiveSandbox[]
       // swtpm serves its QEMU only: found again beside a running VM, ended beside a gone one.
       if (vm === undefined) await stopPodTpm(record, deps.config.stateDir, slog);
       else checkPodTpm(record, slog);
-      out.push({ record, vm, agent: vm === undefined ? undefined : reconnectAgent(record, slog), stopping: false });
+      out.push({
+        record,
+        vm,
+        agent: vm === undefined ? undefined : reconnectAgent(record, slog, deps.config.hypervisor.agentKeepalive),
+        stopping: false,
+      });
     } catch (err) {
       // A sandbox that cannot be reconciled is kept, NOTREADY, so Stop/Remove can still clean it.
       slog.error({ err: errorMessage(err) }, 'sandbox could not be recovered; marked NOTREADY');
@@ -138,13 +144,13 @@ export async function checkVmmSockets(record: Pick<SandboxRecord, 'vmm' | 'confi
  * The agent of a re-attached VM: a new session to the same agent (which kept running), opened in
  * the background; virtiofsd is only checked (it serves QEMU, not us: nothing to re-attach to).
  */
-function reconnectAgent(record: SandboxRecord, log: Logger): AgentClient | undefined {
+function reconnectAgent(record: SandboxRecord, log: Logger, keepalive: AgentKeepaliveConfig): AgentClient | undefined {
   const v = record.virtiofsd;
   if (v !== null && !isSameLiveProcess(v.pid, v.startTimeTicks)) {
     log.error({ pid: v.pid }, 'virtiofsd is gone: the guest has lost its shared directory');
   }
   const socket = record.vmm?.agentSocket;
-  return socket === undefined ? undefined : reopenAgentClient(socket, log, pausedHold(record));
+  return socket === undefined ? undefined : reopenAgentClient(socket, log, pausedHold(record), keepalive);
 }
 
 async function rollBackInterruptedCreate(deps: RecoverDeps, record: SandboxRecord, log: Logger): Promise<void> {
