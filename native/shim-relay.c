@@ -24,6 +24,14 @@
  * buffers grow only as bytes really arrive, and every byte held counts against a per-connection
  * and a process-wide bound. One thread, ppoll(2), non-blocking sockets.
  * Exits 125 with one line naming the step when it cannot start.
+ *
+ * `kata-ts-shim-relay --hold <container id>` is a second, smaller job (src/shim/node-output-holder.ts):
+ * it is started with a container's stdout and stderr FIFOs (containerd's) as its descriptors 1 and
+ * 2, opened write-only, and does nothing but keep them open. containerd stops copying a FIFO once
+ * every writer has closed it; in node mode the writer is the node server, so without a holder a
+ * crash of the server would end the container's log for good. It exits on SIGTERM (the server
+ * releases it once the container's output reached its end) or once no FIFO it holds has a reader
+ * left (containerd closed them: nobody is to be kept reading). It never writes a byte.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -689,8 +697,43 @@ static void unlink_listen(void) {
   if (lstat(listen_path, &st) == 0 && st.st_dev == listen_dev && st.st_ino == listen_ino) unlink(listen_path);
 }
 
+/*
+ * --hold: keeps descriptors 1 and 2 open while they are FIFOs with a reader. A FIFO's write end
+ * polls POLLERR once its last reader is gone, which is the end; anything else (/dev/null for a
+ * stream the container does not have) is not watched.
+ */
+static int hold(void) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_term;
+  sigaction(SIGTERM, &sa, NULL);
+  sigaction(SIGINT, &sa, NULL);
+  signal(SIGPIPE, SIG_IGN);
+  if (chdir("/") != 0) return FAIL_EXIT;
+  struct pollfd fds[2];
+  int n = 0;
+  for (int fd = 1; fd <= 2; fd++) {
+    struct stat st;
+    if (fstat(fd, &st) == 0 && S_ISFIFO(st.st_mode)) fds[n++] = (struct pollfd){.fd = fd, .events = 0};
+  }
+  while (!terminate && n > 0) {
+    if (poll(fds, (nfds_t)n, -1) < 0) {
+      if (errno == EINTR) continue;
+      return FAIL_EXIT;
+    }
+    int open_left = 0;
+    for (int k = 0; k < n; k++) {
+      if (fds[k].revents & (POLLERR | POLLHUP | POLLNVAL)) fds[k].fd = -1;
+      if (fds[k].fd >= 0) open_left++;
+    }
+    if (open_left == 0) break;
+  }
+  return 0;
+}
+
 int main(int argc, char **argv) {
   int i;
+  if (argc == 3 && strcmp(argv[1], "--hold") == 0) return hold();
   for (i = 1; i < argc; i++) {
     const char *a = argv[i];
     if (strcmp(a, "--") == 0) {

@@ -27,6 +27,8 @@ export interface TaskRecordFile {
   crio: boolean;
   solo: boolean;
   started: boolean;
+  /** Node mode: the pid of the process holding the container's output FIFOs open (node-output-holder.ts); absent or 0: none. */
+  outputHolderPid?: number;
 }
 
 function fileOf(stateDir: string, id: string): string {
@@ -61,7 +63,9 @@ function isTaskRecord(v: unknown): v is TaskRecordFile {
     typeof o.rootfsMounted === 'boolean' &&
     typeof o.crio === 'boolean' &&
     typeof o.solo === 'boolean' &&
-    typeof o.started === 'boolean'
+    typeof o.started === 'boolean' &&
+    (o.outputHolderPid === undefined ||
+      (typeof o.outputHolderPid === 'number' && Number.isInteger(o.outputHolderPid) && o.outputHolderPid >= 0))
   );
 }
 

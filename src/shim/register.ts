@@ -7,6 +7,8 @@ import { packageVersion } from '../common/paths.js';
 import { EventPublisher } from './events.js';
 import { handlerForBinary } from './handler.js';
 import type { MetricsVersion } from './metrics.js';
+import { outputHolder } from './node-output-holder.js';
+import { defaultRelayBinary } from './node-relay.js';
 import { serviceMethods, TASK_SERVICE_NAMES, TASK_SERVICE_V2 } from './proto.js';
 import { SANDBOX_SERVICE, sandboxHandlers } from './sandbox-service.js';
 import type { RegisterServices } from './serve.js';
@@ -18,11 +20,20 @@ const EVENTS_FLUSH_MS = 5_000;
 
 export { handlerForBinary };
 
-export const registerTaskService: RegisterServices = async (server, pod, shutdown, shim) => {
+export const registerTaskService: RegisterServices = async (server, pod, shutdown, shim, node) => {
   const logger = shim.logger;
   const events = new EventPublisher({ address: shim.ttrpcAddress, namespace: shim.namespace, logger });
   const handler = handlerForBinary(process.argv[1] ?? '', Object.keys(pod.config.handlers));
-  const tasks = new ShimTasks({ pod, events, handler, logger, namespace: shim.namespace });
+  // Node mode: containerd's output FIFOs are held by a process that outlives a crash of the node server.
+  const holder = node === undefined ? undefined : outputHolder(defaultRelayBinary(), logger);
+  const tasks = new ShimTasks({
+    pod,
+    events,
+    handler,
+    logger,
+    namespace: shim.namespace,
+    ...(holder === undefined ? {} : { outputHolder: holder }),
+  });
   // A pod served again after its shim died (node mode) has tasks containerd still knows.
   await tasks.recover();
   const mode = await detectCgroupMode(pod.config.cgroupRoot).catch(() => 'v1' as const);

@@ -62,6 +62,8 @@ export type RegisterServices = (
   pod: ShimPod,
   shutdown: () => boolean,
   shim: ShimIdentity,
+  /** Node mode: how the pod is served behind its relay; undefined in `pod` mode. */
+  node?: NodeShimInfo,
 ) => RegisteredServices | undefined | Promise<RegisteredServices | undefined>;
 
 /** What registered services hold beyond the server: closed once the server has answered its last call. */
@@ -169,7 +171,7 @@ export async function startShimServer(options: ServeOptions): Promise<ShimServer
     await pod.recover();
     server = new TtrpcServer({ logger: log });
     const control = new Control(server, pod, lock, options);
-    control.services = await options.registerServices(server, pod, () => control.requestShutdown(), identity);
+    control.services = await options.registerServices(server, pod, () => control.requestShutdown(), identity, options.node?.info);
     // The metrics socket first: `start` returns once the ttrpc socket answers, and whoever it
     // answers reads shim.json next, so nothing may come between listening and writing it.
     metrics = await startPodMetrics(pod, identity, stateDir);

@@ -32,6 +32,7 @@ import {
   isSoloBundle,
 } from './decode/index.js';
 import type { EventPublisher } from './events.js';
+import type { OutputHolder } from './node-output-holder.js';
 import { readTaskRecords, removeTaskRecord, writeTaskRecord } from './node-task-records.js';
 import { cgroupParentForDriver, type ShimPod } from './pod.js';
 import { openPortForwardDoor, type PortForwardDoor } from './port-forward.js';
@@ -129,6 +130,8 @@ interface Task {
   solo: boolean;
   /** Where its stdout and stderr go (containerd's FIFOs, a file, a logging binary). */
   output: TaskOutput | undefined;
+  /** Node mode: the process holding containerd's output FIFOs open across a crash of this server (node-output-holder.ts); 0 none. */
+  outputHolderPid: number;
 }
 
 export interface ShimTasksDeps {
@@ -139,6 +142,8 @@ export interface ShimTasksDeps {
   logger: Logger;
   /** The containerd namespace (`-namespace`): a single-container pod's namespace, a logging binary's CONTAINER_NAMESPACE. Default `default`. */
   namespace?: string;
+  /** Node mode: holds a started container's output FIFOs open while this process may die and be revived. */
+  outputHolder?: OutputHolder;
 }
 
 /** Where a task's own FIFOs are (file:// and binary:// output) in the pod's state dir. */
@@ -291,6 +296,7 @@ export class ShimTasks {
       oom: undefined,
       solo,
       output: undefined,
+      outputHolderPid: 0,
     };
     if (kind === 'sandbox') {
       // The pod's DNS is the resolv.conf containerd wrote for it (the guest gets it as its own).
@@ -388,7 +394,15 @@ export class ShimTasks {
     if (execId !== '') return this.startExec(task, execId, ctx);
     if (task.started) throw precondition('TASK_ALREADY_STARTED', `task ${id} was started already`);
     if (task.kind === 'container') {
-      await this.deps.pod.containers.start(id, ctx);
+      // The holder first: from the container's first byte, containerd's copy must outlive a crash of this server.
+      if (this.deps.outputHolder !== undefined && parseOutputUri(task.io.stdout, 'stdout').kind === 'fifo')
+        task.outputHolderPid = (await this.deps.outputHolder.hold(id, callerFifos(task.io, true))) ?? 0;
+      try {
+        await this.deps.pod.containers.start(id, ctx);
+      } catch (err) {
+        await this.releaseOutput(task);
+        throw err;
+      }
       task.pid = this.hostPid();
     }
     task.started = true;
@@ -413,6 +427,8 @@ export class ShimTasks {
             // A file's relay writes the last bytes before the exit is told; a logger gets its end.
             task.output?.end();
             await task.output?.drained();
+            // containerd's Delete waits for its copy to see the FIFOs' end: no holder may keep them open.
+            await this.releaseOutput(task);
             return { status: e.exitCode, atNs: BigInt(e.finishedAtNs) };
           });
     exited.then(
@@ -541,6 +557,7 @@ export class ShimTasks {
     }
     task.output?.end();
     await task.output?.close();
+    await this.releaseOutput(task);
     task.watch.abort();
     this.tasks.delete(id);
     await removeTaskRecord(this.deps.pod.stateDir, id);
@@ -796,8 +813,16 @@ export class ShimTasks {
   /** Every task's exit watch stopped, every exec's streams closed (the shim is going away). */
   /** The task's file (node-task-records.ts): what serving it again after a crash needs. */
   private async saveTask(task: Task): Promise<void> {
-    const { id, kind, bundle, io, rootfsMounted, crio, solo, started } = task;
-    await writeTaskRecord(this.deps.pod.stateDir, { id, kind, bundle, io, rootfsMounted, crio, solo, started });
+    const { id, kind, bundle, io, rootfsMounted, crio, solo, started, outputHolderPid } = task;
+    await writeTaskRecord(this.deps.pod.stateDir, { id, kind, bundle, io, rootfsMounted, crio, solo, started, outputHolderPid });
+  }
+
+  /** The task's output holder ended (node mode), so containerd's copy sees the FIFOs' end. */
+  private async releaseOutput(task: Task): Promise<void> {
+    const pid = task.outputHolderPid;
+    if (pid === 0 || this.deps.outputHolder === undefined) return;
+    task.outputHolderPid = 0;
+    await this.deps.outputHolder.release(task.id, pid);
   }
 
   /**
@@ -826,6 +851,7 @@ export class ShimTasks {
         paused: podPause !== undefined && r.started && (r.kind === 'sandbox' || r.solo || podPause.frozenContainers.includes(r.id)),
         oom: undefined,
         output: undefined,
+        outputHolderPid: r.outputHolderPid ?? 0,
       };
       if (r.kind === 'sandbox' || r.solo) this.sandboxId = r.id;
       if (r.kind === 'sandbox') task.pid = this.deps.pod.sandboxes.find(r.id)?.vm?.pid ?? 0;

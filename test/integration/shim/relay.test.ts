@@ -12,13 +12,27 @@
  * when the test fails.
  */
 import { type ChildProcess, execFileSync, spawn } from 'node:child_process';
-import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import {
+  closeSync,
+  constants,
+  existsSync,
+  mkdtempSync,
+  openSync,
+  readdirSync,
+  readFileSync,
+  readSync,
+  rmSync,
+  statSync,
+  writeFileSync,
+} from 'node:fs';
 import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { silentLogger } from '../../../src/common/logger.js';
 import { packageRoot } from '../../../src/common/paths.js';
+import { isHolderOf, outputHolder } from '../../../src/shim/node-output-holder.js';
 import { encodeFrame, FrameReader, MessageType } from '../../../src/ttrpc/frames.js';
 import { connectTtrpc, type TtrpcClient, TtrpcStatusError } from '../../../src/ttrpc/index.js';
 import { decodeRequest, decodeResponse, encodeRequest, encodeResponse } from '../../../src/ttrpc/messages.js';
@@ -667,5 +681,106 @@ describe('kata-ts-shim-relay', () => {
     expect(await fourth.exited).toBe(125);
     expect(fourth.stderr()).toContain(`--listen ${plain} exists and is not a socket; refusing to replace it`);
     expect(readFileSync(plain, 'utf8')).toBe('not a socket');
+  });
+});
+
+/**
+ * `--hold` (src/shim/node-output-holder.ts): containerd stops copying a container's FIFO once
+ * every writer has closed it. In node mode the writer is the node server; a SIGKILL of it must not
+ * end the container's log. Here the test process reads the FIFOs as containerd's copy does, a
+ * child writes them as the node server does and is killed, and a second child writes as the
+ * revived server.
+ */
+describe('kata-ts-shim-relay --hold', () => {
+  const fds: number[] = [];
+  const children: ChildProcess[] = [];
+  const holderPids: number[] = [];
+  const logger = silentLogger();
+  afterEach(() => {
+    for (const c of children.splice(0)) c.kill('SIGKILL');
+    for (const pid of holderPids.splice(0)) if (isRunning(pid)) process.kill(pid, 'SIGKILL');
+    for (const fd of fds.splice(0)) closeSync(fd);
+  });
+  beforeAll(() => {
+    execFileSync('bash', [path.join(ROOT, 'scripts', 'build-native.sh')], { stdio: 'inherit' });
+  });
+  /** containerd's side: the FIFO made and opened for reading, not blocking. */
+  const readerOf = (fifo: string): number => {
+    execFileSync('mkfifo', ['-m', '600', fifo]);
+    const fd = openSync(fifo, constants.O_RDONLY | constants.O_NONBLOCK);
+    fds.push(fd);
+    return fd;
+  };
+  /** What the reader has now: bytes, 'eof' (every writer gone), or 'nothing yet'. */
+  const readNow = (fd: number): string => {
+    const buf = Buffer.alloc(4096);
+    try {
+      const n = readSync(fd, buf, 0, buf.length, null);
+      return n === 0 ? 'eof' : buf.subarray(0, n).toString();
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code === 'EAGAIN') return 'nothing yet';
+      throw err;
+    }
+  };
+  /** A writer process (the node server's pump): prints `text` into the FIFOs, then waits to be killed or exits. */
+  const writer = async (stdout: string, stderr: string, text: string, stay: boolean): Promise<ChildProcess> => {
+    // Opened here for the child only: a write end left open in the test would hold the FIFO itself.
+    const ends = [openSync(stdout, 'w'), openSync(stderr, 'w')];
+    const child = spawn('sh', ['-c', `printf '%s' "$1"; printf '%s' "$1" >&2; ${stay ? 'exec sleep 600' : 'exit 0'}`, 'writer', text], {
+      stdio: ['ignore', ends[0]!, ends[1]!],
+    });
+    for (const fd of ends) closeSync(fd);
+    children.push(child);
+    await new Promise((r) => child.once('spawn', r));
+    return child;
+  };
+
+  it("keeps containerd's FIFOs open across the writer's SIGKILL, so a new writer's bytes still reach the reader; released, the reader sees the end", async () => {
+    freshDir();
+    const out = path.join(dir, 'stdout');
+    const err = path.join(dir, 'stderr');
+    const [outR, errR] = [readerOf(out), readerOf(err)];
+    const holder = outputHolder(RELAY, logger);
+    const pid = await holder.hold('c1', { stdout: out, stderr: err });
+    expect(pid).toBeDefined();
+    holderPids.push(pid!);
+    expect(isHolderOf(pid!, 'c1')).toBe(true);
+    expect(isHolderOf(pid!, 'c2')).toBe(false);
+    const first = await writer(out, err, 'before ', true);
+    await until('the first bytes', async () => (readNow(outR) === 'before ' && readNow(errR) === 'before ' ? true : undefined));
+    first.kill('SIGKILL');
+    await new Promise((r) => first.once('exit', r));
+    // Without a holder both readers would read their end here, and containerd would stop copying.
+    expect([readNow(outR), readNow(errR)]).toEqual(['nothing yet', 'nothing yet']);
+    const revived = await writer(out, err, 'after', false);
+    await new Promise((r) => revived.once('exit', r));
+    await until("the revived writer's bytes", async () => (readNow(outR) === 'after' && readNow(errR) === 'after' ? true : undefined));
+    expect(readNow(outR)).toBe('nothing yet');
+    await holder.release('c1', pid!);
+    expect(isRunning(pid!)).toBe(false);
+    expect([readNow(outR), readNow(errR)]).toEqual(['eof', 'eof']);
+  });
+
+  it('ends by itself once containerd closed its FIFOs; releases nothing but its own holder; holds nothing without a reader', async () => {
+    freshDir();
+    const out = path.join(dir, 'stdout');
+    const outR = readerOf(out);
+    const holder = outputHolder(RELAY, logger);
+    const pid = await holder.hold('c1', { stdout: out, stderr: '' });
+    holderPids.push(pid!);
+    // Another process's pid, or another container's: not signalled.
+    const other = spawn('sleep', ['600'], { stdio: 'ignore' });
+    children.push(other);
+    await new Promise((r) => other.once('spawn', r));
+    await holder.release('c1', other.pid!);
+    await holder.release('c2', pid!);
+    expect([isRunning(other.pid!), isRunning(pid!)]).toEqual([true, true]);
+    // containerd closes its reader (the task deleted): the holder has nobody to keep reading and exits.
+    closeSync(fds.splice(fds.indexOf(outR), 1)[0]!);
+    await until('the holder to exit', async () => (isRunning(pid!) ? undefined : true));
+    // A FIFO nobody reads: nothing to hold, no process.
+    const lonely = path.join(dir, 'lonely');
+    execFileSync('mkfifo', ['-m', '600', lonely]);
+    expect(await holder.hold('c3', { stdout: lonely, stderr: lonely })).toBeUndefined();
   });
 });

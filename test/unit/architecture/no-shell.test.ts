@@ -39,6 +39,7 @@ const AUDITED: Record<string, string> = {
   'src/runtime/sandbox/jail.ts':
     'mount --all --fstab <a file under the state dir, fields escaped>; cp -a --parents of fixed /dev names and vfio/<group number> after "--"',
   'src/runtime/sandbox/shared-dir.ts': 'mount/umount of the sandbox shared dir (a path under the state dir)',
+  'src/shim/node-output-holder.ts': "the relay binary with --hold and a container id, the container's FIFOs as its stdout and stderr",
   'src/shim/port-forward.ts':
     "nsenter --net=<the pod's namespace, containerd's path> -- kata-ts-portfwd --socket <under the pod state dir>; the same nsenter -- iptables with a fixed rule (numbers only) or the listed rules carrying our comment",
   'src/shim/rootfs.ts':
