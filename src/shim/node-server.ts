@@ -28,6 +28,7 @@ import { acquireStateLock, type StateLock } from '../runtime/state-lock.js';
 import { openShimLog, shimLogger } from './log.js';
 import { chargeRelayToPod, endRelay, leavePodCgroup, livingRelayPid, relayGone, unchargeRelay } from './node-relay.js';
 import {
+  NODE_REVIVE_LOCK_FILE,
   nodeServerPaths,
   podStateDir,
   RELAY_PID_FILE,
@@ -395,6 +396,9 @@ class NodeServer {
     this.ctl = undefined;
     if (ctl !== undefined) await new Promise<void>((resolve) => ctl.close(() => resolve()));
     await fsp.rm(this.controlPath, { force: true });
+    // The relays' revive lock goes too (a revive still under way holds its own descriptor; the
+    // server's daemon.lock, not this file, is what keeps a second server out).
+    await fsp.rm(path.join(path.dirname(this.controlPath), NODE_REVIVE_LOCK_FILE), { force: true });
   }
 }
 

@@ -263,6 +263,12 @@ export function upstreamSocketPath(stateDir: string): string {
   return socketPath;
 }
 
+/**
+ * The lock file the relays' revive commands take (flock) in the node server's dir, so that one
+ * revived server starts at a time; the server removes it when it ends.
+ */
+export const NODE_REVIVE_LOCK_FILE = 'revive.lock';
+
 /** Where the node shim server of (state root, containerd address) keeps its lock, control socket and log. */
 export interface NodeServerPaths {
   /** `<stateRoot>/node/<sha256(containerd address), 16 hex>/`, holding `daemon.lock`. */

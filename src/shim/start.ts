@@ -32,6 +32,7 @@ import { openShimLog } from './log.js';
 import { nodeRequest } from './node-client.js';
 import { defaultRelayBinary, relayArgs } from './node-relay.js';
 import {
+  NODE_REVIVE_LOCK_FILE,
   nodeServerPaths,
   podStateDir,
   RELAY_PID_FILE,
@@ -231,8 +232,6 @@ function containerdFlags(options: Pick<StartOptions, 'namespace' | 'containerdAd
 
 /** util-linux flock(1), which serialises the relays' revives when it is installed. */
 const FLOCK = '/usr/bin/flock';
-/** The lock file the relays' revive commands take, in the node server's dir. */
-const REVIVE_LOCK_FILE = 'revive.lock';
 
 /** How many times `start` starts the node server again when the one it found was just leaving. */
 const NODE_ATTACH_TRIES = 3;
@@ -282,7 +281,7 @@ async function spawnRelay(options: StartOptions, socketPath: string, stateDir: s
   const nodeDir = nodeServerPaths(options.config.shim.stateRoot, options.containerdAddress).dir;
   await fsp.mkdir(nodeDir, { recursive: true, mode: 0o700 });
   const revive = [
-    ...(fs.existsSync(FLOCK) ? [FLOCK, '-n', '-o', '-E', '0', path.join(nodeDir, REVIVE_LOCK_FILE)] : []),
+    ...(fs.existsSync(FLOCK) ? [FLOCK, '-n', '-o', '-E', '0', path.join(nodeDir, NODE_REVIVE_LOCK_FILE)] : []),
     cmd.command,
     ...cmd.args,
   ];
