@@ -16,7 +16,7 @@ Lists the pods kata-ts runs on this node, from their state: behind containerd, e
 state under shim.stateRoot (--state-root overrides the config's); with --standalone also the
 kata-ts daemon's pods under its stateDir and its pooled (pre-booted) VMs, one row each (POD
 pool:<id>, STATUS pooled or booting). For each: namespace, sandbox id, handler, status, the
-shim's and the VM's (QEMU's) pids and whether they run (pid and start time), the VM's shape
+shim's (in node mode the pod's relay's) and the VM's (QEMU's) pids and whether they run, the VM's shape
 (vCPUs and memory now / the planned hot-plug maximum), uptime, containers, cgroup and the
 metrics socket. A pod that is half written or whose processes died is listed as such.
 --json prints the same as a JSON array.
@@ -36,7 +36,11 @@ export interface PodView {
   pod: string | null;
   handler: string | null;
   status: PodStatus;
-  shim: { pid: number; alive: boolean; startedAt: string } | null;
+  /**
+   * `pid`: the pod's `serve`, or in node mode (`mode: 'node'`) the node server that attached it;
+   * `alive`: what answers containerd for the pod runs (`serve`, or in node mode the pod's relay, `relayPid`).
+   */
+  shim: { pid: number; alive: boolean; startedAt: string; mode: 'pod' | 'node'; relayPid: number | null } | null;
   vm: { pid: number; startTimeTicks: number; alive: boolean } | null;
   virtiofsd: { pid: number; alive: boolean } | null;
   shape: { vcpus: number; maxVcpus: number; memoryMiB: number; maxMemoryMiB: number } | null;
@@ -87,7 +91,16 @@ export function podView(s: PodState, nowMs: number): PodView {
     pod: r === undefined ? null : `${r.metadata.namespace}/${r.metadata.name}`,
     handler: r?.handler ?? null,
     status: statusOf(s),
-    shim: s.shim === undefined ? null : { pid: s.shim.pid, alive: s.shimAlive, startedAt: s.shim.startedAt },
+    shim:
+      s.shim === undefined
+        ? null
+        : {
+            pid: s.shim.pid,
+            alive: s.shimAlive,
+            startedAt: s.shim.startedAt,
+            mode: s.shim.node === undefined ? 'pod' : 'node',
+            relayPid: s.relayPid ?? null,
+          },
     vm: r?.vmm == null ? null : { pid: r.vmm.pid, startTimeTicks: r.vmm.startTimeTicks, alive: s.vm?.alive === true },
     virtiofsd: r?.virtiofsd == null ? null : { pid: r.virtiofsd.pid, alive: s.virtiofsd?.alive === true },
     shape:
@@ -150,6 +163,10 @@ export function formatDuration(seconds: number): string {
 
 const pidText = (p: { pid: number; alive: boolean } | null): string => (p === null ? '-' : p.alive ? String(p.pid) : `${p.pid}(dead)`);
 
+/** The SHIM column: the pod's `serve`, or in node mode its relay (the process that is the pod's own). */
+const shimText = (s: PodView['shim']): string =>
+  s === null ? '-' : s.mode === 'pod' ? pidText(s) : s.relayPid !== null ? `relay:${s.relayPid}` : 'relay(dead)';
+
 /** The table `ps` prints: a header, one row per pod, columns padded; problems indented under their row (pure). */
 export function formatPsTable(views: readonly PodView[]): string {
   const header = [
@@ -173,7 +190,7 @@ export function formatPsTable(views: readonly PodView[]): string {
     v.source === 'pool' ? `pool:${v.poolVmId === null ? '?' : v.poolVmId.slice(0, 13)}` : (v.pod ?? '-'),
     v.handler ?? '-',
     v.status,
-    v.source === 'shim' ? pidText(v.shim) : 'daemon',
+    v.source === 'shim' ? shimText(v.shim) : 'daemon',
     pidText(v.vm),
     v.shape === null ? '-' : `${v.shape.vcpus}/${v.shape.maxVcpus}`,
     v.shape === null ? '-' : `${v.shape.memoryMiB}/${v.shape.maxMemoryMiB}MiB`,

@@ -19,6 +19,7 @@ import { CONTAINER_RECORD_KIND } from '../runtime/container/record.js';
 import { POOLED_VM_RECORD_KIND, type PooledVmRecord } from '../runtime/pool/record.js';
 import { SANDBOX_RECORD_KIND, type SandboxRecord } from '../runtime/sandbox/record.js';
 import type { RecordKind } from '../runtime/store.js';
+import { livingRelayPid } from './node-relay.js';
 import { METRICS_SOCKET_FILE, readShimInfo, type ShimInfo, SOCKET_DIR } from './paths.js';
 import { type ProcessUsage, readProcessUsage } from './proc-usage.js';
 
@@ -30,8 +31,14 @@ export interface PodState {
   stateDir: string;
   /** The pod's `shim.json`; undefined when absent (starting, or removed half-way). */
   shim: ShimInfo | undefined;
-  /** The shim process still runs: its pid's command line is this pod's `serve`. */
+  /**
+   * What answers containerd for the pod still runs: its `serve` (the pid's command line is this
+   * pod's), or in node mode its relay (the pid in its pid file is a relay listening on the pod's
+   * socket; the node server behind it may be down for a moment while the relay revives it).
+   */
   shimAlive: boolean;
+  /** Node mode: the pod's relay's pid while it runs. */
+  relayPid: number | undefined;
   record: SandboxRecord | undefined;
   vm: ProcessUsage | undefined;
   virtiofsd: ProcessUsage | undefined;
@@ -117,6 +124,13 @@ function isServeOf(pid: number, sandboxId: string, procRoot: string): boolean {
   return args.includes('serve') && args.includes(sandboxId);
 }
 
+/** Whether the pod's shim answers containerd: `serve`'s pid in `pod` mode, the relay in node mode. */
+async function shimLiveness(shim: ShimInfo, procRoot: string): Promise<{ shimAlive: boolean; relayPid: number | undefined }> {
+  if (shim.node === undefined) return { shimAlive: isServeOf(shim.pid, shim.sandboxId, procRoot), relayPid: undefined };
+  const relayPid = await livingRelayPid(shim.node.relayPidFile, shim.socket, procRoot);
+  return { shimAlive: relayPid !== undefined, relayPid };
+}
+
 async function processUsage(
   ref: { pid: number; startTimeTicks: number } | null | undefined,
   procRoot: string,
@@ -158,7 +172,7 @@ export async function readShimPod(namespace: string, stateDir: string, roots: No
     namespace,
     stateDir,
     shim,
-    shimAlive: shim !== undefined && isServeOf(shim.pid, shim.sandboxId, procRoot),
+    ...(shim === undefined ? { shimAlive: false, relayPid: undefined } : await shimLiveness(shim, procRoot)),
     record,
     vm: await processUsage(record?.vmm, procRoot),
     virtiofsd: await processUsage(record?.virtiofsd, procRoot),
@@ -216,6 +230,7 @@ function emptyPod(source: PodState['source'], namespace: string, stateDir: strin
     stateDir,
     shim: undefined,
     shimAlive: false,
+    relayPid: undefined,
     record: undefined,
     vm: undefined,
     virtiofsd: undefined,
@@ -255,6 +270,7 @@ export async function readStandalonePods(stateDir: string, roots: NodeRoots = {}
       stateDir,
       shim: undefined,
       shimAlive: false,
+      relayPid: undefined,
       record,
       vm: await processUsage(record.vmm, procRoot),
       virtiofsd: await processUsage(record.virtiofsd, procRoot),

@@ -197,6 +197,48 @@ describe('kata-ts ps', () => {
     expect(formatPsTable((await readShimPods(path.join(root, 'none'))).map((s) => podView(s, 0)))).toMatch(/^NAMESPACE.*\n$/);
   });
 
+  it("node mode: the pod is alive while its relay runs, whatever the node server's pid does; a relay gone is shim-gone", async () => {
+    const root = tmp();
+    const stateRoot = path.join(root, 'shim');
+    const proc = path.join(root, 'proc');
+    const RELAY_PID = 4194200;
+    const nodeShimJson = (stateDir: string, socket: string) =>
+      JSON.stringify({
+        ...(JSON.parse(shimJson(SHIM_PID)) as object),
+        socket,
+        node: {
+          containerdAddress: '/run/containerd/containerd.sock',
+          upstream: path.join(stateDir, 'upstream.sock'),
+          relayPidFile: path.join(stateDir, 'relay.pid'),
+        },
+      });
+    const relayCmdline = (socket: string) =>
+      ['/opt/kata-ts/dist/native/kata-ts-shim-relay', '--listen', socket, '--upstream', 'u', '--', 'node-serve', ''].join('\0');
+    // The node server (shim.json's pid) is down (a relay is reviving it): its pid runs nothing; the relay runs.
+    const alive = path.join(stateRoot, 'k8s.io', 'a-alive');
+    await writePod(alive, { shimJson: nodeShimJson(alive, '/run/kata-ts/shim/s/a'), record: await runningRecord() });
+    await fsp.writeFile(path.join(alive, 'relay.pid'), `${RELAY_PID}\n`);
+    await writeProc(proc, RELAY_PID, { cmdline: relayCmdline('/run/kata-ts/shim/s/a') });
+    await writeProc(proc, QEMU_PID, { stat: statLine(QEMU_PID, 'qemu-system-x86', 'S', 1, 1, 123456) });
+    // The relay's pid file names a relay of another pod's socket, and another names a reused pid: gone.
+    const other = path.join(stateRoot, 'k8s.io', 'b-other-socket');
+    await writePod(other, { shimJson: nodeShimJson(other, '/run/kata-ts/shim/s/b'), record: await runningRecord() });
+    await fsp.writeFile(path.join(other, 'relay.pid'), `${RELAY_PID}\n`);
+    const reused = path.join(stateRoot, 'k8s.io', 'c-reused');
+    await writePod(reused, { shimJson: nodeShimJson(reused, '/run/kata-ts/shim/s/c'), record: await runningRecord() });
+    await fsp.writeFile(path.join(reused, 'relay.pid'), `${RELAY_PID + 1}\n`);
+    await writeProc(proc, RELAY_PID + 1, { cmdline: 'sleep\u00001000\u0000' });
+
+    const views = (await readShimPods(stateRoot, { procRoot: proc })).map((s) => podView(s, Date.now()));
+    const by = (name: string) => views.find((v) => v.stateDir.endsWith(name))!;
+    expect(by('a-alive')).toMatchObject({ status: 'running', shim: { pid: SHIM_PID, alive: true, mode: 'node', relayPid: RELAY_PID } });
+    expect(by('b-other-socket')).toMatchObject({ status: 'shim-gone', shim: { alive: false, mode: 'node', relayPid: null } });
+    expect(by('c-reused')).toMatchObject({ status: 'shim-gone', shim: { alive: false, mode: 'node', relayPid: null } });
+    const table = formatPsTable(views);
+    expect(table).toMatch(new RegExp(`running\\s+relay:${RELAY_PID}\\s+${QEMU_PID}\\s`));
+    expect(table).toMatch(/shim-gone\s+relay\(dead\)/);
+  });
+
   it("--standalone: the daemon's sandbox records, their containers counted by sandbox", async () => {
     const stateDir = tmp();
     await fsp.mkdir(path.join(stateDir, 'sandboxes'), { recursive: true });
