@@ -21,7 +21,8 @@
  * either run outside it runs itself again inside (`cleanup` only when the namespace exists: without
  * it nothing of a pod can be mounted anywhere).
  *
- * `-v` prints the version. The environment: TTRPC_ADDRESS (containerd's ttrpc socket, for events;
+ * `-v` prints the version; `-info` prints a containerd.types.RuntimeInfo (protobuf) for the
+ * runtime options on stdin (info.ts). The environment: TTRPC_ADDRESS (containerd's ttrpc socket, for events;
  * CRI-O sets it empty: no events are sent),
  * GRPC_ADDRESS and NAMESPACE (containerd 2.x; the flags win), MAX_SHIM_VERSION (2.x: the newest
  * bootstrap format it reads; the plain address we print is read by every version), SCHED_CORE
@@ -43,6 +44,7 @@ import type { LoadedConfig } from '../config/types.js';
 import { runningRelease, selfScript } from '../release/layout.js';
 import { boundNamespace, placeInNamespace, runInsideMountNamespace } from '../runtime/mount-namespace.js';
 import { EXIT_STATUS_KILLED, encodeDeleteResponse } from './delete-response.js';
+import { shimInfo } from './info.js';
 import type { RegisterServices } from './serve.js';
 import type { ShimCommand } from './start.js';
 
@@ -53,6 +55,7 @@ const USAGE = `Usage of ${SHIM_BINARY_NAME} (run by containerd or CRI-O; see doc
   ${SHIM_BINARY_NAME} -namespace NS -address ADDR -publish-binary BIN -id ID [-bundle DIR] [-debug] [-socket PATH] start|delete|serve
   ${SHIM_BINARY_NAME} -namespace NS -address ADDR -publish-binary BIN [-debug] node-serve
   ${SHIM_BINARY_NAME} -v
+  ${SHIM_BINARY_NAME} -info  (reads runtime options on stdin, prints a RuntimeInfo protobuf)
 `;
 
 /** A command-line mistake: exit code 2 and the one sentence. */
@@ -72,7 +75,7 @@ export interface ShimArgs {
   debugSocket: string;
   debug: boolean;
   version: boolean;
-  /** containerd 2.x's `-info` (runtime info as protobuf): not supported. */
+  /** containerd 2.x's `-info`: options on stdin, a RuntimeInfo on stdout (info.ts). */
   info: boolean;
   /** `-h` / `-help`: the usage, as Go's flag package prints it (stderr, exit 0). */
   help: boolean;
@@ -330,6 +333,17 @@ function defaultSelf(): ShimCommand {
   return { command: process.execPath, args: [...process.execArgv, script] };
 }
 
+/** `-info`: the RuntimeInfo for the options on stdin (info.ts); bad options exit 1 with one sentence. */
+async function runInfo(io: ShimIo): Promise<number> {
+  try {
+    await write(io.stdout, shimInfo(await drainStdin(io.stdin)));
+    return 0;
+  } catch (err) {
+    io.stderr.write(`${SHIM_BINARY_NAME} -info: ${errorMessage(err)}\n`);
+    return 1;
+  }
+}
+
 async function loadShimConfig(env: ShimEnv): Promise<LoadedConfig> {
   return loadConfig(env.configPath);
 }
@@ -349,10 +363,7 @@ export async function main(argv: readonly string[], options: ShimMainOptions = {
       await write(io.stdout, versionText());
       return 0;
     }
-    if (args.info) {
-      io.stderr.write(`${SHIM_BINARY_NAME}: -info is not supported\n`);
-      return 1;
-    }
+    if (args.info) return await runInfo(io);
     inv = shimInvocation(args, readShimEnv(processEnv), options.cwd ?? process.cwd());
   } catch (err) {
     if (!(err instanceof ShimUsageError)) throw err;

@@ -8,6 +8,8 @@ export type ShimReason =
   | 'SHIM_BUNDLE_INVALID'
   | 'SHIM_ID_INVALID'
   | 'SHIM_INFO_INVALID'
+  /** `-info` was given stdin that is not a google.protobuf.Any of runtime options. */
+  | 'SHIM_INFO_OPTIONS_INVALID'
   | 'SHIM_LOGGER_FAILED'
   | 'SHIM_NAMESPACE_INVALID'
   /** The node shim server refused or failed a control request (attach, detach), or could not be started. */
