@@ -29,6 +29,13 @@
 #                         non-static busybox package, unpacked into .cache/conformance)
 #   CONFORMANCE_UPDATE=1  add newly passing specs to test/conformance/expected.txt
 #   CONFORMANCE_STRICT=1  fail when a spec passes that expected.txt does not list
+#   CONFORMANCE_INTROSPECT=0  with --containerd and a 2.x release: write the kata-ts handler as
+#                         installs do (runtime_type io.containerd.kata-ts.v2) instead of runc-typed
+#                         with runtime_path naming the shim, the form in which containerd 2.1 asks
+#                         the shim's -info for its OCI features (recursive read-only mounts)
+#   CONFORMANCE_SHIM_TSX=1  with --containerd: the shim runs this checkout's sources through tsx
+#                         (dist/, which others' runs may be using, is neither built nor read;
+#                         combine with CONFORMANCE_BUILD=0); slower to start on a loaded machine
 #   CONFORMANCE_BUILD=0   with --containerd: use dist/ as it is instead of rebuilding it (a second
 #                         run started beside a running one must not rewrite the shim it runs)
 #   CONFORMANCE_IF_AVAILABLE=1  exit 0 with a notice when there is no critest (what .ci/run sets);

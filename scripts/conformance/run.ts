@@ -252,11 +252,18 @@ async function startContainerdTarget(registry: RegistryHandle, withShim: boolean
       path.join(shimDir, 'config.json'),
       shimTestConfig(shimDir, path.join(shimDir, 'state'), { logLevel: 'info', hypervisor: conformanceHypervisor(240_000) }),
       // conformance.sh built dist/ from this checkout: the shim starts as an installed one does.
-      true,
+      // CONFORMANCE_SHIM_TSX=1 runs the sources through tsx instead (dist/ left as it is).
+      env.CONFORMANCE_SHIM_TSX !== '1',
     );
   }
+  const shimPath = path.join(binDir, 'containerd-shim-kata-ts-v2');
+  // containerd 2.x asks a handler for its OCI features (`-info`; recursive read-only mounts) only
+  // when it is runc-typed (2.1.9): the kata-ts handler is written so, naming the same shim by path
+  // (docs/shim.md "Runtime info"). CONFORMANCE_INTROSPECT=0 writes it as installs do.
+  const introspect = withShim && release !== null && release.version.major >= 2 && env.CONFORMANCE_INTROSPECT !== '0';
   const containerd = await startContainerd({
     registry,
+    ...(introspect ? { kataShimPath: shimPath } : {}),
     // critest's own pause name: pulled through the mirror like every other stand-in.
     sandboxImage: 'registry.k8s.io/pause:3.10',
     shimBinDir: binDir,
@@ -268,7 +275,7 @@ async function startContainerdTarget(registry: RegistryHandle, withShim: boolean
   // cleanup.ts removes this tree too, should the driver be killed before stop().
   await fsp.writeFile(path.join(work, 'cgroup-name'), containerd.cgroups.name);
   say(
-    `containerd ${containerd.version.major}.${containerd.version.minor}.${containerd.version.patch}: pid ${containerd.pid}, socket ${containerd.criSocket}${withShim ? `, handler ${KATA_TS_HANDLER}` : ', runc'}`,
+    `containerd ${containerd.version.major}.${containerd.version.minor}.${containerd.version.patch}: pid ${containerd.pid}, socket ${containerd.criSocket}${withShim ? `, handler ${KATA_TS_HANDLER}${introspect ? ' (runc-typed, runtime_path: the shim, so containerd asks its -info)' : ''}` : ', runc'}`,
   );
   const logFile = path.join(outDir, 'containerd.log');
   return {

@@ -95,6 +95,8 @@ export interface ContainerdOptions {
   extraToml?: string;
   /** false: config.toml names no kata-ts handler (a test installs it, e.g. with `kata-ts install`). Default true. */
   kataHandler?: boolean;
+  /** containerd 2.x only: the kata-ts handler as an introspectable one (ContainerdConfigParams.kataShimPath). */
+  kataShimPath?: string;
   /**
    * Registry domains (e.g. `registry.k8s.io`) whose hosts.toml mirrors them to `registry` over
    * plain HTTP, so images keep their upstream names (critest's stand-ins). Default: none.
@@ -259,6 +261,13 @@ export interface ContainerdConfigParams {
   logLevel: string;
   extraToml?: string;
   kataHandler?: boolean;
+  /**
+   * containerd 2.x only: write the kata-ts handler with `runtime_type = "io.containerd.runc.v2"`
+   * and `runtime_path` = this shim binary, so that containerd 2.1 (which asks only runc-typed
+   * handlers for their features) runs the shim's `-info` and learns its OCI features (rro); the
+   * shim is the same binary either way. Unset: `io.containerd.kata-ts.v2`, as installs write it.
+   */
+  kataShimPath?: string;
   /** The release that reads it: 1.x gets version 2, 2.x version 3. Default: 1.6. */
   version?: ContainerdVersion;
   /** Top-level `imports` (written before any table, as TOML needs). */
@@ -449,7 +458,9 @@ function containerdConfigTomlV3(p: ContainerdConfigParams): string {
       ? []
       : [
           `    [${runtime}.containerd.runtimes.${KATA_TS_HANDLER}]`,
-          `      runtime_type = ${toml(KATA_TS_RUNTIME_TYPE)}`,
+          ...(p.kataShimPath === undefined
+            ? [`      runtime_type = ${toml(KATA_TS_RUNTIME_TYPE)}`]
+            : ['      runtime_type = "io.containerd.runc.v2"', `      runtime_path = ${toml(p.kataShimPath)}`]),
           '      sandboxer = "podsandbox"',
           `      pod_annotations = ${tomlList(KATA_TS_ANNOTATIONS)}`,
           `      container_annotations = ${tomlList(KATA_TS_ANNOTATIONS)}`,
@@ -646,6 +657,7 @@ class PrivateContainerd implements ContainerdHandle {
         ...(this.options.configSchema === undefined ? {} : { schema: this.options.configSchema }),
         ...(this.options.extraToml === undefined ? {} : { extraToml: this.options.extraToml }),
         ...(this.options.kataHandler === undefined ? {} : { kataHandler: this.options.kataHandler }),
+        ...(this.options.kataShimPath === undefined ? {} : { kataShimPath: this.options.kataShimPath }),
       }),
     );
 
