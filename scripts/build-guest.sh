@@ -120,7 +120,7 @@ done
 # The agent's static C helpers (no libraries in the guest for them): the reaper that parents
 # every container process (guest/agent/containers/native/reaper.c) and the pod's namespace
 # holder (guest/native/pause.c). -static -Os: one small file each, runnable before /usr is mounted.
-for helper in "kata-ts-reaper:$repo/guest/agent/containers/native/reaper.c" "kata-ts-pause:$guest_src/native/pause.c"; do
+for helper in "kata-ts-reaper:$repo/guest/agent/containers/native/reaper.c" "kata-ts-pause:$guest_src/native/pause.c" "kata-ts-reseed:$guest_src/native/reseed.c"; do
 	name=${helper%%:*}
 	src=${helper#*:}
 	[ -f "$src" ] || die "$src is missing"

@@ -25,6 +25,7 @@ import { guestTrimSteps, IDLE_TRIM_DELAY_MS, IDLE_TRIM_MIN_INTERVAL_MS, IdleTrim
 import { GuestNetwork } from './network.js';
 import { GUEST_POD_PATHS, GUEST_VIRTIO_DEVICES_DIR, PodService } from './pods.js';
 import { AGENT_PORT_NAME, findPort, VirtioPort } from './port.js';
+import { GuestReseed } from './reseed.js';
 import { SecretVolumes } from './secret-volumes.js';
 import { AgentService } from './server.js';
 import type { TpmTransport } from './tpm.js';
@@ -100,7 +101,7 @@ export async function runAgent(
     backend,
     agentVersion: AGENT_VERSION,
     logger,
-    ...(pods === undefined ? {} : { pods, network: new GuestNetwork(logger) }),
+    ...(pods === undefined ? {} : { pods, network: new GuestNetwork(logger), reseed: new GuestReseed(logger) }),
     // A development agent on a unix socket runs on a host: never trim the host's memory.
     ...(idleTrim === undefined || env.KATA_TS_AGENT_LISTEN ? {} : { idleTrim }),
     ...(openTpm === undefined ? {} : { openTpm }),

@@ -18,6 +18,7 @@ import type {
   StatSharedPathRequest,
   StatSharedPathResponse,
 } from '../../src/generated/agent/agent.js';
+import { findSharedDevice, type SharedDeviceKind, sharedMountArgs } from './share-9p.js';
 
 /** What the kubelet and containerd give a pod's /dev/shm when nothing says otherwise. */
 export const DEFAULT_SHM_SIZE_BYTES = 64 * 1024 * 1024;
@@ -42,13 +43,12 @@ export interface PodPaths {
   procRoot: string;
   /**
    * /sys/bus/virtio/devices: where a virtio-fs device hot-plugged after boot (a pooled VM's claim,
-   * docs/pool.md) shows up; absent: the share is never mounted by the agent.
+   * docs/pool.md), or a clone's 9p device (share-9p.ts), shows up; absent: the share is never
+   * mounted by the agent.
    */
   virtioDevicesDir?: string;
 }
 
-/** virtio device id of virtio-fs (/sys/bus/virtio/devices/N/device). */
-const VIRTIO_ID_FS = '0x001a';
 /** How long CreatePod waits for a just hot-plugged virtio-fs device to be probed. */
 const SHARED_DEVICE_WAIT_MS = 15_000;
 
@@ -211,15 +211,17 @@ export class PodService {
     const dir = this.paths.virtioDevicesDir;
     if (dir === undefined) return false;
     const until = Date.now() + SHARED_DEVICE_WAIT_MS;
-    while (!(await this.hasVirtioFs(dir))) {
+    let kind: SharedDeviceKind | undefined = await findSharedDevice(dir, SHARED_FS_TAG);
+    while (kind === undefined) {
       if (Date.now() > until) return false;
       await new Promise((r) => setTimeout(r, 50));
+      kind = await findSharedDevice(dir, SHARED_FS_TAG);
     }
     await fsp.mkdir(this.paths.sharedDir, { recursive: true });
     for (;;) {
       try {
-        await run(this.paths.mount, ['-t', 'virtiofs', SHARED_FS_TAG, this.paths.sharedDir]);
-        this.logger.info({ sharedDir: this.paths.sharedDir }, 'hot-plugged shared directory mounted');
+        await run(this.paths.mount, sharedMountArgs(kind, SHARED_FS_TAG, this.paths.sharedDir));
+        this.logger.info({ sharedDir: this.paths.sharedDir, kind }, 'hot-plugged shared directory mounted');
         return true;
       } catch (err) {
         // The device is listed before its driver has registered the tag.
@@ -230,15 +232,6 @@ export class PodService {
         await new Promise((r) => setTimeout(r, 100));
       }
     }
-  }
-
-  private async hasVirtioFs(dir: string): Promise<boolean> {
-    const names = await fsp.readdir(dir).catch(() => [] as string[]);
-    for (const name of names) {
-      const id = await fsp.readFile(path.join(dir, name, 'device'), 'utf8').catch(() => '');
-      if (id.trim() === VIRTIO_ID_FS) return true;
-    }
-    return false;
   }
 
   private async sharedDirMounted(): Promise<boolean> {

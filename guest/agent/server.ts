@@ -24,6 +24,7 @@ import type { GuestNetwork } from './network.js';
 import { OutputJournal } from './output-journal.js';
 import { spoolJournal } from './output-spool.js';
 import type { PodService } from './pods.js';
+import type { GuestReseed } from './reseed.js';
 import type { SecretVolumes } from './secret-volumes.js';
 import { TpmClient, type TpmTransport } from './tpm.js';
 
@@ -55,6 +56,8 @@ export interface AgentServiceOptions {
    * a container that asks for any is refused (AGENT_NO_SECRET_SERVICE).
    */
   secrets?: SecretVolumes;
+  /** ReseedGuest after a template restore (guest/agent/reseed.ts); absent: that call answers UNIMPLEMENTED. */
+  reseed?: GuestReseed;
 }
 
 interface ContainerIo {
@@ -147,6 +150,11 @@ export class AgentService {
         } finally {
           await tpm.close();
         }
+      },
+      ReseedGuest: (req) => {
+        const reseed = this.options.reseed;
+        if (reseed === undefined) throw unimplemented('AGENT_NO_RESEED_SERVICE', 'this agent build cannot reseed the guest.');
+        return reseed.reseed(req);
       },
       UpdateContainer: async (req) => {
         await backend.updateContainer(req.containerId, req.ociResourcesJson);

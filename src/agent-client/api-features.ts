@@ -32,6 +32,7 @@ export interface AgentApiFeature {
 /** Everything added since AGENT_API_MIN_VERSION (one entry per `// since API N` line of agent.proto). */
 export const AGENT_API_FEATURES: readonly AgentApiFeature[] = [
   { feature: 'secrets', since: 3, method: 'CreateContainer', field: 'secrets' },
+  { feature: 'reseed after a template restore', since: 3, method: 'ReseedGuest' },
 ];
 
 /**

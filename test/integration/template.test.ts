@@ -5,6 +5,10 @@
  *   read-only afterwards;
  * - each clone's agent answers without a boot (the guest's uptime runs on from the template's)
  *   and runs something (CreatePod starts the pod's pause process in the guest);
+ * - a clone is ready only once reseeded: the two clones' kernels then hand out different bytes
+ *   and each one's wall clock is the host's;
+ * - a clone's 9p share is mounted by its agent at the shared dir and a container runs from a
+ *   rootfs on it;
  * - the clones share the RAM file's pages (Pss < Rss of the file mapping in each QEMU) and keep
  *   their writes private (a marker written in one guest is in its memory only, not in the other
  *   clone's nor in the template's file);
@@ -28,6 +32,7 @@ import { startVm, type VmProcess, vmPaths } from '../../src/hypervisor/launcher.
 import { planClone9pDevice, type TemplateKey, type TemplateVmSpec, templatePaths } from '../../src/hypervisor/template.js';
 import { buildTemplate, computeTemplateKey, fileSha256, startClone } from '../../src/hypervisor/template-execute.js';
 import { startVirtiofsd, type VirtiofsdProcess } from '../../src/hypervisor/virtiofsd.js';
+import { type ReseedResult, reseedClone, startReadyClone } from '../../src/runtime/template/clone.js';
 import { QemuTracker } from '../helpers/hypervisor-guest.js';
 import { until } from '../helpers/poll.js';
 import { scaledMs } from '../helpers/time-scale.js';
@@ -86,6 +91,11 @@ async function guestMemoryHolds(vm: VmProcess, dumpFile: string, needle: string)
   } finally {
     await fsp.rm(dumpFile, { force: true });
   }
+}
+
+/** Another reseed of a ready clone: its urandom sample. */
+async function reseedSample(agent: AgentClient): Promise<Uint8Array> {
+  return (await reseedClone(agent, scaledMs(30_000))).answer.urandomSample;
 }
 
 function fileHolds(file: string, needle: string): boolean {
@@ -165,18 +175,49 @@ describe('VM templates: a template, two clones, a cold boot (QEMU 7.2, TCG)', ()
   it('two clones: each agent answers without a boot and runs the pod; they share the RAM file and keep their writes', async () => {
     const files = templatePaths(templateDir);
     const templateRamSha = await fileSha256(files.ramFile);
+    const reseeds: ReseedResult[] = [];
     for (const name of ['clone-a', 'clone-b']) {
       const workDir = tracker.workDir();
-      const started = Date.now();
-      const { vm, agentSocket, restoreMs } = await startClone({ qemuBinary: QEMU, spec, key, templateDir, workDir, name, logger });
+      // Restore, agent, reseed: the clone is ready only once its reseed answered and was checked.
+      const ready = await startReadyClone(
+        {
+          qemuBinary: QEMU,
+          spec,
+          key,
+          templateDir,
+          workDir,
+          name,
+          logger,
+          hostVersion: packageVersion(),
+          agentTimeoutMs: scaledMs(60_000),
+        },
+        logger,
+      );
+      const { vm, agent } = ready;
       tracker.track(vm);
-      const agent = await agentReady(agentSocket, scaledMs(60_000));
       clients.push(agent);
-      numbers[`${name}RestoreMs`] = restoreMs;
-      numbers[`${name}AgentReadyMs`] = Date.now() - started;
+      numbers[`${name}RestoreMs`] = ready.restoreMs;
+      numbers[`${name}ReadyMs`] = ready.readyMs;
+      numbers[`${name}ClockBehindMs`] = Math.round(ready.reseed.clockBehindMs);
       clones.push({ vm, agent });
+      reseeds.push(ready.reseed);
       instances.push(agent.connection.hello?.agentInstanceId ?? '');
     }
+    // Reseeded: the two clones' kernels hand out different bytes (same template, same CRNG key
+    // before the reseed), and each clone's wall clock is the host's: read after the set, it lies
+    // between the host's clock when the request left and when the answer came back.
+    const [ra, rb] = reseeds;
+    expect(ra!.answer.urandomSample.length).toBe(16);
+    expect(Buffer.from(ra!.answer.urandomSample).equals(Buffer.from(rb!.answer.urandomSample))).toBe(false);
+    for (const r of reseeds) {
+      const afterMs = r.answer.guestTimeAfter!.seconds * 1000 + r.answer.guestTimeAfter!.nanos / 1e6;
+      expect(afterMs).toBeGreaterThanOrEqual(Math.floor(r.sentMs));
+      // A guest clock running a little fast over the call: 1 s at most.
+      expect(afterMs).toBeLessThanOrEqual(r.receivedMs + 1000);
+    }
+    // The same clone asked again draws new bytes (its CRNG runs on, it does not replay).
+    const again = await reseedSample(clones[0]!.agent);
+    expect(Buffer.from(again).equals(Buffer.from(ra!.answer.urandomSample))).toBe(false);
     // The same agent process answers in both (its instance id was drawn in the template before
     // the save): everything the guest drew before the save is shared by every clone.
     expect(instances[0]).toMatch(/^[0-9a-f-]{36}$/);
@@ -311,22 +352,35 @@ describe('VM templates: a template, two clones, a cold boot (QEMU 7.2, TCG)', ()
     expect(read).not.toEqual({ content: 'from the host\n' });
   }, 180_000);
 
-  it('a clone with a 9p share: the fsdev from its start, the device hot-plugged, the guest driver starts it', async () => {
-    const source = path.join(shmDir, 'share9p');
-    await fsp.mkdir(source);
+  it('a clone with a 9p share: the device hot-plugged, the agent mounts it at the shared dir, a container runs from a rootfs on it', async () => {
     const workDir = tracker.workDir();
-    const { vm, agentSocket } = await startClone({
-      qemuBinary: QEMU,
-      spec,
-      key,
-      templateDir,
-      workDir,
-      name: 'clone-9p',
+    // On disk beside the clone's files, as a sandbox's shared dir is.
+    const source = path.join(workDir, 'shared');
+    await fsp.mkdir(source);
+    await fsp.writeFile(path.join(source, 'hello.txt'), 'from the host over 9p\n');
+    // A busybox root filesystem for a probe container, as the container layer shares one.
+    const rootfs = path.join(source, 'containers', 'probe', 'rootfs');
+    await fsp.mkdir(path.join(rootfs, 'bin'), { recursive: true });
+    for (const dir of ['proc', 'dev', 'sys', 'tmp']) await fsp.mkdir(path.join(rootfs, dir));
+    await fsp.copyFile('/bin/busybox', path.join(rootfs, 'bin', 'busybox'));
+    await fsp.chmod(path.join(rootfs, 'bin', 'busybox'), 0o755);
+    const { vm, agent } = await startReadyClone(
+      {
+        qemuBinary: QEMU,
+        spec,
+        key,
+        templateDir,
+        workDir,
+        name: 'clone-9p',
+        logger,
+        share: { hostDir: source, securityModel: 'mapped-xattr' },
+        hostVersion: packageVersion(),
+        agentTimeoutMs: scaledMs(60_000),
+      },
       logger,
-      share: { hostDir: source, securityModel: 'mapped-xattr' },
-    });
+    );
     tracker.track(vm);
-    clients.push(await agentReady(agentSocket, scaledMs(60_000)));
+    clients.push(agent);
     await vm.qmp.execute('device_add', planClone9pDevice('rp0'));
     // QEMU serves 9p itself through its own (private) mapping of the guest's RAM: the guest's
     // virtio driver accepts the device (DRIVER_OK) without any other process mapping that RAM.
@@ -334,17 +388,56 @@ describe('VM templates: a template, two clones, a cold boot (QEMU 7.2, TCG)', ()
       const devices = await vm.qmp.execute<Array<{ path: string; name: string }>>('x-query-virtio');
       return devices.find((d) => d.name === 'virtio-9p')?.path;
     });
-    const status = await until(
-      'the guest driver starts the 9p device',
-      async (note) => {
-        const s = await vm.qmp.execute<{ status: { statuses: string[] } }>('x-query-virtio-status', { path: qomPath });
-        note(s.status);
-        // 7.2 names each bit with its meaning: "VIRTIO_CONFIG_S_DRIVER_OK: Driver setup and ready".
-        return s.status.statuses.some((bit) => bit.startsWith('VIRTIO_CONFIG_S_DRIVER_OK')) ? s.status.statuses : undefined;
+    // CreatePod waits for the hot-plugged device and mounts it where virtio-fs would be.
+    const pod = await agent.createPod({ podId: 'ninep', hostname: 'ninep-pod' }, { timeoutMs: scaledMs(60_000) });
+    expect(pod.sharedDirMounted).toBe(true);
+    const status = await vm.qmp.execute<{ status: { statuses: string[] } }>('x-query-virtio-status', { path: qomPath });
+    // 7.2 names each bit with its meaning: "VIRTIO_CONFIG_S_DRIVER_OK: Driver setup and ready".
+    expect(status.status.statuses.some((bit) => bit.startsWith('VIRTIO_CONFIG_S_DRIVER_OK'))).toBe(true);
+    // A host file read through the guest's mount.
+    const hello = await agent.statSharedPath({ relativePath: 'hello.txt', readContent: true }, { timeoutMs: scaledMs(20_000) });
+    expect(Buffer.from(hello.content).toString()).toBe('from the host over 9p\n');
+    // crun in the clone runs a container whose rootfs comes through 9p, in the pod's UTS
+    // namespace; what it writes lands in the host's directory.
+    const spec9p = {
+      ociVersion: '1.0.2',
+      process: {
+        terminal: false,
+        user: { uid: 0, gid: 0 },
+        args: ['/bin/busybox', 'sh', '-c', '/bin/busybox hostname > /hostname.txt'],
+        env: ['PATH=/bin'],
+        cwd: '/',
+        noNewPrivileges: true,
       },
-      scaledMs(60_000),
+      root: { path: 'rootfs', readonly: false },
+      mounts: [
+        { destination: '/proc', type: 'proc', source: 'proc' },
+        { destination: '/dev', type: 'tmpfs', source: 'tmpfs', options: ['nosuid', 'mode=755', 'size=65536k'] },
+      ],
+      linux: {
+        namespaces: [
+          { type: 'pid', path: `/proc/${pod.pausePid}/ns/pid` },
+          { type: 'ipc', path: `/proc/${pod.pausePid}/ns/ipc` },
+          { type: 'uts', path: `/proc/${pod.pausePid}/ns/uts` },
+          { type: 'mount' },
+        ],
+        cgroupsPath: '/kata-ts/probe9p',
+      },
+    };
+    const ctr = await agent.createContainer(
+      {
+        containerId: 'probe9p',
+        ociConfigJson: JSON.stringify(spec9p),
+        rootfsPath: `${pod.sharedDir}/containers/probe/rootfs`,
+        stdio: 'STDIO_MODE_PIPES',
+      },
+      { timeoutMs: scaledMs(60_000) },
     );
-    expect(status.some((bit) => bit.startsWith('VIRTIO_CONFIG_S_DRIVER_OK'))).toBe(true);
+    expect(ctr.pid).toBeGreaterThan(0);
+    await agent.startContainer('probe9p', { timeoutMs: scaledMs(60_000) });
+    expect(await agent.waitContainer('probe9p', { timeoutMs: scaledMs(60_000) })).toMatchObject({ exitCode: 0 });
+    expect(await fsp.readFile(path.join(rootfs, 'hostname.txt'), 'utf8')).toBe('ninep-pod\n');
+    await agent.deleteContainer('probe9p', true, { timeoutMs: scaledMs(30_000) });
   }, 300_000);
 
   it('a cold boot of the same shape, for comparison (agent ready, PSS)', async () => {

@@ -84,6 +84,7 @@ const LAYERS: LayerTable = {
     'src/runtime/sandbox': 'sandbox',
     'src/runtime/resize': 'resize',
     'src/runtime/pool': 'pool',
+    'src/runtime/template': 'template',
     'src/runtime/container': 'container',
     'src/cri': 'cri',
     'src/cri/decode': 'cri',
@@ -140,6 +141,8 @@ const LAYERS: LayerTable = {
     sandbox: [...BELOW_CORE, ...CORE_BASE],
     resize: [...BELOW_CORE, ...CORE_BASE, 'sandbox'],
     pool: [...BELOW_CORE, ...CORE_BASE, 'sandbox', 'resize'],
+    // VM templates in the runtime: a clone made ready (restore, agent, reseed); later the claim of one.
+    template: [...BELOW_CORE, ...CORE_BASE, 'sandbox', 'resize', 'pool'],
     container: [...BELOW_CORE, ...CORE_BASE, 'sandbox', 'resize'],
     // The CRI face: the core and the pure or face-only parts below it, never a driver that
     // touches the host (cgroups, hypervisor, network, pcie): the daemon wires those in.

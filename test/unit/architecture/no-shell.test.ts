@@ -15,6 +15,7 @@ const AUDITED: Record<string, string> = {
   'guest/agent/containers/runtime.ts': 'crun argv: fixed verbs, file paths under the agent state dir, container ids',
   'guest/agent/network.ts': 'busybox ip: the NIC found by MAC, addresses and routes CNI returned, in argument arrays',
   'guest/agent/pods.ts': 'mount/umount of the pod shm (size a number), pause with the pod id and a validated hostname',
+  'guest/agent/reseed.ts': 'kata-ts-reseed with the host time as two validated integers; the entropy on stdin',
   'guest/agent/secret-volumes.ts':
     "mount/umount of a container's secret tmpfs: fixed options, a size in bytes, a directory named by a checked container id",
   'src/broker/state.ts': 'broker init: openssl req with fixed arguments and SANs checked by parseSans (DNS names, IP addresses)',
