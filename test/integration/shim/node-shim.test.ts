@@ -5,16 +5,18 @@
  *
  * 1. Two kata-ts pods with a container each: one node server process, two relays (each charged
  *    to its pod's VMM cgroup), two QEMUs.
+ *    Each container's output FIFOs are held by a `kata-ts-shim-relay --hold` of its own
+ *    (src/shim/node-output-holder.ts).
  * 2. `kill -9` of the node server: the relays revive it (a new pid), the QEMU pids are the same,
  *    containerd published no TaskExit (its event stream, read with the release's own `ctr
  *    events`), and ExecSync and StopContainer (the container's SIGTERM trap and exit code) work
- *    in each pod afterwards.
- * 3. Both pods stopped and removed: the relays and the node server exit (the server after its
- *    idle time), and no process, socket or pod state dir is left.
+ *    in each pod afterwards; the trap's output, written after the crash, reaches the CRI log
+ *    (containerd's copy did not stop at the dead server's end of the FIFOs).
+ * 3. Both pods stopped and removed: the relays, the holders and the node server exit (the server
+ *    after its idle time), and no process, socket or pod state dir is left.
  *
- * Node mode is opt-in and not finished (docs/shim.md "Shim modes"): this file has not passed whole
- * yet (on a quiet machine the StopContainer after the revive hung once; see the notes there), so
- * it runs only when asked, with KATA_TS_NODE_SHIM_TEST=1, and says so otherwise.
+ * Four QEMU boots at most (two pods); everything the test started is ended in afterAll, also
+ * when a step failed.
  */
 import { type ChildProcess, spawn } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
@@ -22,6 +24,7 @@ import { existsSync, promises as fsp, readFileSync } from 'node:fs';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { PodSandboxConfig } from '../../../src/generated/runtime/v1/PodSandboxConfig.js';
+import { HOLD_FLAG } from '../../../src/shim/node-output-holder.js';
 import { RELAY_BINARY_NAME } from '../../../src/shim/node-relay.js';
 import { pushBusyboxImage } from '../../helpers/busybox-image.js';
 import { containerdMissing, KATA_TS_HANDLER } from '../../helpers/containerd.js';
@@ -56,10 +59,7 @@ if (missing === null) {
   }
 }
 
-const optedIn = process.env.KATA_TS_NODE_SHIM_TEST === '1';
-if (!optedIn) console.warn('node-shim.test.ts skipped: node mode is unfinished; run it with KATA_TS_NODE_SHIM_TEST=1');
-
-describe.skipIf(!optedIn || missing !== null || !relayBuilt || release === null)('the node shim through containerd', () => {
+describe.skipIf(missing !== null || !relayBuilt || release === null)('the node shim through containerd', () => {
   const node = new ShimNode('/tmp/ktns-');
   let image = '';
   const uids = [randomUUID(), randomUUID()];
@@ -85,6 +85,12 @@ describe.skipIf(!optedIn || missing !== null || !relayBuilt || release === null)
       return argv.at(-1) === 'node-serve' && argv[0] === process.execPath;
     });
   const relays = () => liveProcessesMentioning(node.stateRoot).filter((p) => path.basename(cmdline(p)[0] ?? '') === RELAY_BINARY_NAME);
+  /** The output holders of this test's containers (`kata-ts-shim-relay --hold <container id>`). */
+  const holders = () =>
+    liveProcessesMentioning(HOLD_FLAG).filter((p) => {
+      const argv = cmdline(p);
+      return path.basename(argv[0] ?? '') === RELAY_BINARY_NAME && argv[1] === HOLD_FLAG && apps.includes(argv[2] ?? '');
+    });
   /** The TaskExit events of tasks (an exec's exit names its exec id as `id`: those are not a task's end). */
   const taskExits = (text: string): Array<{ container_id: string }> =>
     text
@@ -129,7 +135,7 @@ describe.skipIf(!optedIn || missing !== null || !relayBuilt || release === null)
       await node.cri.runtime.RemovePodSandbox({ pod_sandbox_id: id }).catch(() => undefined);
     }
     // A failed test's relays and node server (they name the state root or containerd's socket).
-    if (node.dir !== '') for (const pid of [...relays(), ...nodeServers()]) process.kill(pid, 'SIGKILL');
+    if (node.dir !== '') for (const pid of [...relays(), ...nodeServers(), ...holders()]) process.kill(pid, 'SIGKILL');
     await node.stop();
   }, scaledMs(900_000));
 
@@ -169,6 +175,7 @@ describe.skipIf(!optedIn || missing !== null || !relayBuilt || release === null)
     }
     expect(nodeServers()).toHaveLength(1);
     expect(relays()).toHaveLength(2);
+    expect(holders()).toHaveLength(2);
     for (let i = 0; i < 2; i++) {
       const qemu = qemuOf(i);
       expect(qemu).toHaveLength(1);
@@ -210,6 +217,8 @@ describe.skipIf(!optedIn || missing !== null || !relayBuilt || release === null)
     expect(revived).toHaveLength(1);
     expect(revived[0]).not.toBe(server);
     expect(relays()).toHaveLength(2);
+    // The holders outlived the server: containerd's copy of each container's output goes on.
+    expect(holders()).toHaveLength(2);
     for (let i = 0; i < 2; i++) expect(qemuOf(i)).toEqual([qemuPids[i]]);
     const status = await node.cri.runtime.ListPodSandbox({});
     expect(status.items.filter((p) => pods.includes(p.id)).map((p) => p.state)).toEqual(['SANDBOX_READY', 'SANDBOX_READY']);
@@ -233,6 +242,8 @@ describe.skipIf(!optedIn || missing !== null || !relayBuilt || release === null)
       return seen.length >= 2 ? seen : undefined;
     });
     expect(exits.map((e) => e.container_id).sort()).toEqual([...apps].sort());
+    // Released before each exit was told (containerd's Delete waits for its copy to end).
+    expect(holders()).toEqual([]);
     for (let i = 0; i < 2; i++) expect(qemuOf(i)).toEqual([qemuPids[i]]);
   });
 
