@@ -43,6 +43,9 @@ function runHelper(file: string, args: string[], stdin: Uint8Array): Promise<str
       if (err) reject(new Error(stderr.trim() || err.message));
       else resolve(stdout);
     });
+    // A helper that exits before reading all of stdin makes the write fail (EPIPE): its exit
+    // status and stderr say why; the stream's error must not end the agent.
+    child.stdin?.on('error', () => undefined);
     child.stdin?.end(Buffer.from(stdin));
   });
 }

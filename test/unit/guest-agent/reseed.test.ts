@@ -82,3 +82,22 @@ describe('GuestReseed', () => {
     expect(ran).toBe(1);
   });
 });
+
+describe('GuestReseed with a real helper process', () => {
+  let dir: string;
+  beforeEach(() => {
+    dir = mkdtempSync(path.join(os.tmpdir(), 'kata-ts-reseed-'));
+  });
+  afterEach(() => rmSync(dir, { recursive: true, force: true }));
+
+  it('survives a helper that exits without reading its stdin, reporting its stderr', async () => {
+    // A stand-in for the helper (the real one needs a guest kernel and root): fails at once.
+    const helper = path.join(dir, 'helper');
+    writeFileSync(helper, '#!/bin/sh\necho "kata-ts-reseed: RNDRESEEDCRNG: Invalid argument" >&2\nexit 1\n', { mode: 0o755 });
+    const reseed = new GuestReseed(silentLogger(), { helper, urandom: '/dev/urandom' });
+    await expect(reseed.reseed({ entropy: new Uint8Array(512), hostTime })).rejects.toMatchObject({
+      reason: 'RESEED_FAILED',
+      message: expect.stringContaining('RNDRESEEDCRNG: Invalid argument'),
+    });
+  });
+});
