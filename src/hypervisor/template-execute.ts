@@ -42,7 +42,7 @@ export async function fileSha256(file: string): Promise<string> {
 
 /** The key of a template for `spec` as the files are now (hashes the QEMU binary and the guest). */
 export async function computeTemplateKey(qemuBinary: string, spec: TemplateVmSpec): Promise<TemplateKey> {
-  const qemuPath = qemuBinary.includes('/') ? qemuBinary : await whichBinary(qemuBinary);
+  const qemuPath = await resolveQemuBinary(qemuBinary);
   const [qemuBinarySha256, kernelSha256, initrdSha256, guestImageSha256] = await Promise.all([
     fileSha256(qemuPath),
     fileSha256(spec.kernelPath),
@@ -50,6 +50,29 @@ export async function computeTemplateKey(qemuBinary: string, spec: TemplateVmSpe
     spec.guestImagePath === undefined ? Promise.resolve(null) : fileSha256(spec.guestImagePath),
   ]);
   return { qemuBinarySha256, kernelSha256, initrdSha256, guestImageSha256, argvSha256: templateArgvDigest(spec) };
+}
+
+/** The QEMU binary's path: as given when it has a slash, else looked up on PATH. */
+export async function resolveQemuBinary(qemuBinary: string): Promise<string> {
+  return qemuBinary.includes('/') ? qemuBinary : whichBinary(qemuBinary);
+}
+
+/**
+ * What identifies the key's input files as they are now without reading them: each file's device,
+ * inode, size, and modification and change times in nanoseconds (a file rewritten or replaced
+ * changes its ctime or inode; ctime cannot be set back from user space), and the argv digest.
+ * Equal fingerprints: computeTemplateKey would answer the same key.
+ */
+export async function templateInputFingerprint(qemuBinary: string, spec: TemplateVmSpec): Promise<string> {
+  const files = [await resolveQemuBinary(qemuBinary), spec.kernelPath, spec.initrdPath, spec.guestImagePath ?? null];
+  const ids = await Promise.all(
+    files.map(async (f) => {
+      if (f === null) return null;
+      const st = await fsp.stat(f, { bigint: true });
+      return [f, String(st.dev), String(st.ino), String(st.size), String(st.mtimeNs), String(st.ctimeNs)];
+    }),
+  );
+  return JSON.stringify([ids, templateArgvDigest(spec)]);
 }
 
 async function whichBinary(name: string): Promise<string> {

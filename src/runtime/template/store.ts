@@ -18,7 +18,7 @@ import { AgentClient } from '../../agent-client/index.js';
 import { errorMessage, isKataError } from '../../common/errors.js';
 import type { Logger } from '../../common/logger.js';
 import type { TemplateKey, TemplateRecord, TemplateVmSpec } from '../../hypervisor/template.js';
-import { buildTemplate, computeTemplateKey, loadVerifiedTemplate } from '../../hypervisor/template-execute.js';
+import { buildTemplate, computeTemplateKey, loadVerifiedTemplate, templateInputFingerprint } from '../../hypervisor/template-execute.js';
 import { type ReadyClone, type ReadyCloneOptions, startReadyClone } from './clone.js';
 
 /** Hex digits of each digest in a template directory's name. */
@@ -77,9 +77,27 @@ export class TemplateStore {
 
   constructor(private readonly options: TemplateStoreOptions) {}
 
+  /** The last key computed per input fingerprint: hashing the guest image (~100 MiB) at every clone costs ~0.4 s. */
+  private readonly keys = new Map<string, TemplateKey>();
+
+  /** The key of `spec`'s template: computed again only when an input file changed since (its fingerprint). */
+  async keyOf(spec: TemplateVmSpec): Promise<TemplateKey> {
+    const fingerprint = await templateInputFingerprint(this.options.qemuBinary, spec);
+    const known = this.keys.get(fingerprint);
+    if (known !== undefined) return known;
+    const key = await computeTemplateKey(this.options.qemuBinary, spec);
+    // Checked again after hashing: a file that changed meanwhile is not remembered under the old fingerprint.
+    if ((await templateInputFingerprint(this.options.qemuBinary, spec)) === fingerprint) {
+      // Old fingerprints (files since replaced) are never asked again: bound what they hold.
+      if (this.keys.size >= 64) this.keys.clear();
+      this.keys.set(fingerprint, key);
+    }
+    return key;
+  }
+
   /** The verified template for `spec`, built (or rebuilt) first when there is none fit for use. */
   async ensure(spec: TemplateVmSpec): Promise<ReadyTemplate> {
-    const key = await computeTemplateKey(this.options.qemuBinary, spec);
+    const key = await this.keyOf(spec);
     const names = templateDirName(key);
     const pending = this.inflight.get(names.name);
     if (pending !== undefined) return pending;

@@ -10,7 +10,7 @@ import path from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { silentLogger } from '../../../src/common/logger.js';
 import { TEMPLATE_RECORD_VERSION, type TemplateKey, type TemplateVmSpec, templatePaths } from '../../../src/hypervisor/template.js';
-import { buildTemplate, loadVerifiedTemplate } from '../../../src/hypervisor/template-execute.js';
+import { buildTemplate, loadVerifiedTemplate, templateInputFingerprint } from '../../../src/hypervisor/template-execute.js';
 
 const hex = (c: string) => c.repeat(64);
 const key: TemplateKey = {
@@ -116,5 +116,29 @@ describe('loadVerifiedTemplate', () => {
     // A record that is a symlink is not followed.
     await fsp.symlink(path.join(base, 'elsewhere.json'), files.recordFile);
     await expect(loadVerifiedTemplate(dir, key)).rejects.toMatchObject({ reason: 'TEMPLATE_RECORD_INVALID' });
+  });
+});
+
+describe('templateInputFingerprint', () => {
+  it('stays while the files stay, and changes when one is rewritten (even with the same bytes) or replaced', async () => {
+    const dir = await tmp(os.tmpdir());
+    const files = { qemu: path.join(dir, 'qemu'), kernel: path.join(dir, 'vmlinuz'), initrd: path.join(dir, 'initrd') };
+    for (const f of Object.values(files)) await fsp.writeFile(f, 'x');
+    const own = { ...spec, kernelPath: files.kernel, initrdPath: files.initrd };
+    const first = await templateInputFingerprint(files.qemu, own);
+    expect(await templateInputFingerprint(files.qemu, own)).toBe(first);
+    // Same content, written again: its change time moves.
+    await new Promise((r) => setTimeout(r, 5));
+    await fsp.writeFile(files.kernel, 'x');
+    const second = await templateInputFingerprint(files.qemu, own);
+    expect(second).not.toBe(first);
+    // Replaced by another file (a new inode) of the same size.
+    await fsp.writeFile(`${files.initrd}.new`, 'y');
+    await fsp.rename(`${files.initrd}.new`, files.initrd);
+    expect(await templateInputFingerprint(files.qemu, own)).not.toBe(second);
+    // Another shape: another argv digest.
+    expect(await templateInputFingerprint(files.qemu, { ...own, kernelParams: ['quiet'] })).not.toBe(
+      await templateInputFingerprint(files.qemu, own),
+    );
   });
 });
