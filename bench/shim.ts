@@ -19,10 +19,11 @@
  *    process (Node's own floor); and the peak RSS and wall time of the `start` and `delete`
  *    invocations (GNU time), read on the warm-up pod.
  *
- * 3. **shim memory per pod at 1, 5 and 10 idle pods** (`--pods 1,5,10`), in each mode: pods
- *    (no container) started one after another through containerd; at each count, PSS
- *    (smaps_rollup) summed over every shim process (pod mode: the pods' serve processes; node
- *    mode: the node server and the relays), divided by the pods (goal <= 10 MiB per pod at 10).
+ * 3. **shim memory per pod at 1, 5 and 10 pods** (`--pods 1,5,10`), in each mode: pods with one
+ *    running container each (what a real pod is; `--bare-pods` for pods without one) started one
+ *    after another through containerd; at each count, PSS (smaps_rollup) summed over every shim
+ *    process (pod mode: the pods' serve processes; node mode: the node server, the relays and the
+ *    containers' output holders), divided by the pods (goal <= 10 MiB per pod at 10).
  *
  * The same busybox image from one loopback registry everywhere. containerd is the private harness
  * of test/helpers/containerd.ts (its own namespaces, cgroups, CNI bridge); the daemon runs in
@@ -30,7 +31,8 @@
  * the same CNI ADD and TAP wiring, and both run the same handler profile and guest.
  *
  *   node --import tsx bench/shim.ts [--rounds N] [--containerd 2.1|1.6] [--modes pod,node] [--pods 1,5,10]
- *                                   [--skip-timing] [--skip-memory] [--parallel] [--shim-tsx | --shim-dist] [--json]
+ *                                   [--skip-timing] [--skip-memory] [--bare-pods] [--parallel]
+ *                                   [--shim-tsx | --shim-dist] [--json]
  */
 
 import { execFile, spawn } from 'node:child_process';
@@ -42,6 +44,7 @@ import { performance } from 'node:perf_hooks';
 import { parseArgs, promisify } from 'node:util';
 import { packageRoot } from '../src/common/paths.js';
 import { netnsNameFor } from '../src/network/wiring.js';
+import { HOLD_FLAG } from '../src/shim/node-output-holder.js';
 import { RELAY_BINARY_NAME } from '../src/shim/node-relay.js';
 import { allowLoopbackRegistries, pushBusyboxImage } from '../test/helpers/busybox-image.js';
 import {
@@ -140,16 +143,21 @@ export interface ShimBenchResult {
   logProblems: LogProblems;
 }
 
-/** One reading of the shim's memory with `pods` idle pods in `mode`. */
+/** The kinds of shim process the memory readings sum. */
+export type ShimProcessKind = 'serve' | 'node-serve' | 'relay' | 'holder';
+
+/** One reading of the shim's memory with `pods` pods in `mode`. */
 export interface PerPodMemory {
   mode: BenchShimMode;
   pods: number;
+  /** Whether each pod ran one container (a node-mode container has an output holder) or none (--bare-pods). */
+  withContainer: boolean;
   /** PSS (KiB) summed over every shim process. */
   pssSumKiB: number;
   /** pssSumKiB / pods, in MiB. */
   perPodMiB: number;
-  /** Each process read: what it is (`serve`, `node-serve`, `relay`), pid and PSS (KiB). */
-  processes: Array<{ kind: 'serve' | 'node-serve' | 'relay'; pid: number; pssKiB: number }>;
+  /** Each process read: what it is, pid and PSS (KiB). */
+  processes: Array<{ kind: ShimProcessKind; pid: number; pssKiB: number }>;
   loadavg1: number;
 }
 
@@ -235,6 +243,8 @@ export interface ShimBenchOptions {
   podCounts?: number[];
   skipTiming?: boolean;
   skipMemory?: boolean;
+  /** The memory readings' pods without a container (the readings before issue 33's last session were of such pods). */
+  barePods?: boolean;
   /** Start each batch of the memory readings' pods together. */
   parallel?: boolean;
 }
@@ -251,6 +261,16 @@ export function relayPids(stateRoot: string, sandboxId?: string): number[] {
   const podDir = sandboxId === undefined ? stateRoot : path.join(stateRoot, 'k8s.io', sandboxId.slice(0, 16));
   return processArgs()
     .filter(({ args }) => path.basename(args[0] ?? '') === RELAY_BINARY_NAME && args.some((a) => a.startsWith(podDir)))
+    .map(({ pid }) => pid);
+}
+
+/**
+ * Output holders (`kata-ts-shim-relay --hold <container id>`, node mode's, one per started
+ * container) of the containers `containerIds`: their command line names no pod dir, only the id.
+ */
+export function holderPids(containerIds: ReadonlySet<string>): number[] {
+  return processArgs()
+    .filter(({ args }) => path.basename(args[0] ?? '') === RELAY_BINARY_NAME && args[1] === HOLD_FLAG && containerIds.has(args[2] ?? ''))
     .map(({ pid }) => pid);
 }
 
@@ -349,14 +369,26 @@ export async function runShimBench(
   process.once('SIGTERM', onSignal);
 
   const shimBin = path.join(root, 'bin', 'containerd-shim-kata-ts-v2');
+  /** The containers of each shim pod (their output holders are found by container id). */
+  const podContainers = new Map<string, string[]>();
   /**
-   * `pid action` of every short-lived shim invocation and pod-mode serve running (any pod: one
-   * runs at a time); the node server (shared, leaves 30 s after its last pod) and the relays
-   * (whose revive command names the binary) are not counted here.
+   * `pid action` of every short-lived shim invocation and pod-mode serve of this bench's
+   * containerd running (any pod: one runs at a time); the node server (shared, leaves 30 s after
+   * its last pod) and the relays (whose revive command names the binary) are not counted here.
+   * Only this containerd's (its address is on every invocation's command line): other sessions'
+   * tests run the same shim binary behind their own containerd, and their processes held each
+   * removal here for its whole 120 s bound.
    */
   const shimProcesses = () =>
     processArgs()
-      .filter(({ args }) => args.includes(shimBin) && args.at(-1) !== 'node-serve' && path.basename(args[0] ?? '') !== RELAY_BINARY_NAME)
+      .filter(
+        ({ args }) =>
+          args.includes(shimBin) &&
+          ctrd !== undefined &&
+          args.includes(ctrd.grpcAddress) &&
+          args.at(-1) !== 'node-serve' &&
+          path.basename(args[0] ?? '') !== RELAY_BINARY_NAME,
+      )
       .map(({ pid, args }) => `${pid} ${args.at(-1)}`);
 
   /**
@@ -369,12 +401,14 @@ export async function runShimBench(
     door.live.delete(sid);
     if (door.mode === undefined) return;
     const podDir = path.join(stateRoot, 'k8s.io', sid.slice(0, 16));
-    const own = () => [...servePids(sid), ...relayPids(stateRoot, sid)];
+    const holders = new Set(podContainers.get(sid) ?? []);
+    podContainers.delete(sid);
+    const own = () => [...servePids(sid), ...relayPids(stateRoot, sid), ...holderPids(holders)];
     const deadline = Date.now() + 60_000;
     while ((own().length > 0 || existsSync(podDir)) && Date.now() < deadline) await sleep(100);
     const pids = own();
     if (pids.length > 0)
-      leftovers.push(`shim pod ${sid.slice(0, 12)}: serve or relay ${pids.join(', ')} still running 60 s after RemovePodSandbox`);
+      leftovers.push(`shim pod ${sid.slice(0, 12)}: serve, relay or holder ${pids.join(', ')} still running 60 s after RemovePodSandbox`);
     if (existsSync(podDir)) leftovers.push(`shim pod ${sid.slice(0, 12)}: state dir ${podDir} still there 60 s after RemovePodSandbox`);
     // containerd runs `<shim> delete` for each of the pod's tasks once the shim's connection
     // closed, in the background: those node processes must not overlap the next timed pod.
@@ -427,14 +461,48 @@ export async function runShimBench(
       d.live.add(sid);
       return sid;
     };
+    /**
+     * A pod and its first container, timed to the container's first output line; a shim pod's
+     * containers are recorded after the timing (their output holders are found by container id).
+     */
+    const podWithContainer = async (d: Door, name: string, afterPod?: (sid: string) => Promise<void>) => {
+      if (d.mode !== undefined) await writeShimConfig(d.mode);
+      const pod = await timedPodWithContainer({
+        cri: d.cri,
+        handler: d.runtimeHandler,
+        logRoot: d.logRoot,
+        namespace: POD_NAMESPACE,
+        name,
+        cgroupParent: (uid) => d.cgroupParent(uid),
+        image,
+        marker: MARKER,
+        rpcDeadlineMs: 300_000,
+        markerTimeoutMs: 120_000,
+        onPod: (sid) => d.live.add(sid),
+        ...(afterPod === undefined ? {} : { afterPod }),
+      });
+      if (d.mode !== undefined) {
+        const { containers } = await d.cri.runtime.ListContainers({ filter: { pod_sandbox_id: pod.sandboxId } });
+        podContainers.set(
+          pod.sandboxId,
+          containers.map((c) => c.id),
+        );
+      }
+      return { sid: pod.sandboxId, timing: { podMs: pod.podMs, startedMs: pod.startedMs, totalMs: pod.totalMs } };
+    };
+    /** A pod for the memory readings: with its one container (the default), or bare. */
+    const memoryPod = async (d: Door, name: string): Promise<string> =>
+      options.barePods === true ? idlePod(d, name) : (await podWithContainer(d, name)).sid;
     /** PSS of every shim process of the mode now running (serve per pod, or the node server and the relays). */
     const shimPss = async (mode: BenchShimMode, sids: readonly string[]): Promise<PerPodMemory['processes']> => {
-      const procs: Array<{ kind: PerPodMemory['processes'][number]['kind']; pid: number }> =
+      const containers = new Set(sids.flatMap((sid) => podContainers.get(sid) ?? []));
+      const procs: Array<{ kind: ShimProcessKind; pid: number }> =
         mode === 'pod'
           ? sids.flatMap((sid) => servePids(sid).map((pid) => ({ kind: 'serve' as const, pid })))
           : [
               ...nodeServerPids(ctrd!.grpcAddress).map((pid) => ({ kind: 'node-serve' as const, pid })),
               ...relayPids(stateRoot).map((pid) => ({ kind: 'relay' as const, pid })),
+              ...holderPids(containers).map((pid) => ({ kind: 'holder' as const, pid })),
             ];
       const out: PerPodMemory['processes'] = [];
       for (const p of procs) out.push({ ...p, pssKiB: (await sampledSmapsRollupKiB(p.pid)).pss });
@@ -453,8 +521,8 @@ export async function runShimBench(
           const t0 = performance.now();
           const names = Array.from({ length: count - sids.length }, (_, i) => `mem-${mode}-${sids.length + i}`);
           const started: Array<PromiseSettledResult<string>> = [];
-          if (options.parallel === true) started.push(...(await Promise.allSettled(names.map((name) => idlePod(d, name)))));
-          else for (const name of names) started.push(...(await Promise.allSettled([idlePod(d, name)])));
+          if (options.parallel === true) started.push(...(await Promise.allSettled(names.map((name) => memoryPod(d, name)))));
+          else for (const name of names) started.push(...(await Promise.allSettled([memoryPod(d, name)])));
           for (const r of started) if (r.status === 'fulfilled') sids.push(r.value);
           const failed = started.filter((r): r is PromiseRejectedResult => r.status === 'rejected');
           if (failed.length > 0)
@@ -463,11 +531,21 @@ export async function runShimBench(
           // Settled: the last boot's garbage collected, the agents' connections idle.
           await sleep(5_000);
           const processes = await shimPss(mode, sids);
-          const expected = mode === 'pod' ? count : count + 1;
+          const withContainer = options.barePods !== true;
+          // Pod mode: a serve per pod. Node mode: the server, a relay per pod, a holder per container.
+          const expected = mode === 'pod' ? count : 1 + count + (withContainer ? count : 0);
           if (processes.length !== expected)
             leftovers.push(`memory (${mode} mode, ${count} pods): ${processes.length} shim processes found, ${expected} expected`);
           const pssSumKiB = processes.reduce((a, p) => a + p.pssKiB, 0);
-          const reading = { mode, pods: count, pssSumKiB, perPodMiB: pssSumKiB / 1024 / count, processes, loadavg1: os.loadavg()[0]! };
+          const reading = {
+            mode,
+            pods: count,
+            withContainer,
+            pssSumKiB,
+            perPodMiB: pssSumKiB / 1024 / count,
+            processes,
+            loadavg1: os.loadavg()[0]!,
+          };
           perPodMemory.push(reading);
           progress(
             `memory (${mode} mode): ${count} pods, shim PSS ${(pssSumKiB / 1024).toFixed(1)} MiB, ${reading.perPodMiB.toFixed(1)} MiB per pod`,
@@ -527,26 +605,6 @@ export async function runShimBench(
         cgroupParent: (uid) => daemon.cgroupParent(uid),
         live: new Set(),
       });
-
-      /** A pod and its first container, timed to the container's first output line. */
-      const podWithContainer = async (d: Door, name: string, afterPod?: (sid: string) => Promise<void>) => {
-        if (d.mode !== undefined) await writeShimConfig(d.mode);
-        const pod = await timedPodWithContainer({
-          cri: d.cri,
-          handler: d.runtimeHandler,
-          logRoot: d.logRoot,
-          namespace: POD_NAMESPACE,
-          name,
-          cgroupParent: (uid) => d.cgroupParent(uid),
-          image,
-          marker: MARKER,
-          rpcDeadlineMs: 300_000,
-          markerTimeoutMs: 120_000,
-          onPod: (sid) => d.live.add(sid),
-          ...(afterPod === undefined ? {} : { afterPod }),
-        });
-        return { sid: pod.sandboxId, timing: { podMs: pod.podMs, startedMs: pod.startedMs, totalMs: pod.totalMs } };
-      };
 
       // Warm-up, not counted: code paths and guest files into the page cache. The pod-mode shim's
       // warm-up pod is where the pod-alone memory and the start and delete invocations are read.
@@ -650,7 +708,8 @@ export function formatShimReport(r: ShimBenchResult): string {
   const ms = (v: number | undefined) => (v === undefined ? '-' : `${v.toFixed(0)} ms`);
   const lines = [`containerd: ${r.containerd}; shim ran ${r.shimCodeWhy}`];
   if (r.perPodMemory.length > 0) {
-    lines.push('shim memory per idle pod: PSS (smaps_rollup) summed over every shim process / pods');
+    const what = r.perPodMemory.every((m) => m.withContainer) ? 'with one container each' : 'bare (no container)';
+    lines.push(`shim memory per pod, ${what}: PSS (smaps_rollup) summed over every shim process / pods`);
     for (const m of r.perPodMemory) {
       const kinds = new Map<string, number[]>();
       for (const p of m.processes) kinds.set(p.kind, [...(kinds.get(p.kind) ?? []), p.pssKiB]);
@@ -703,6 +762,7 @@ if (import.meta.url === `file://${process.argv[1]}`) {
       pods: { type: 'string', default: '1,5,10' },
       'skip-timing': { type: 'boolean', default: false },
       'skip-memory': { type: 'boolean', default: false },
+      'bare-pods': { type: 'boolean', default: false },
       parallel: { type: 'boolean', default: false },
       'shim-tsx': { type: 'boolean', default: false },
       'shim-dist': { type: 'boolean', default: false },
@@ -728,6 +788,7 @@ if (import.meta.url === `file://${process.argv[1]}`) {
       podCounts,
       skipTiming: values['skip-timing'],
       skipMemory: values['skip-memory'],
+      barePods: values['bare-pods'],
       parallel: values.parallel,
     });
     process.stdout.write(values.json ? `${JSON.stringify(result)}\n` : `${formatShimReport(result)}\n`);
