@@ -10,6 +10,7 @@
  */
 
 import { promises as fsp } from 'node:fs';
+import type { AgentClient } from '../../agent-client/index.js';
 import { vmmPidsMax } from '../../cgroups/index.js';
 import { errorMessage } from '../../common/errors.js';
 import type { Logger } from '../../common/logger.js';
@@ -21,6 +22,7 @@ import {
   setVirtioMemSize,
   startVirtiofsd,
   type VirtiofsdProcess,
+  type VmProcess,
   virtioMemPluggedMiB,
 } from '../../hypervisor/index.js';
 import { deleteNetns } from '../../network/index.js';
@@ -34,7 +36,7 @@ import { sandboxVmRoot } from '../sandbox/paths.js';
 import { planWithMac } from '../sandbox/prepare.js';
 import { prepareSharedDir, releaseSharedMounts, removeWorkDir } from '../sandbox/shared-dir.js';
 import type { RecordStore } from '../store.js';
-import { planClaim } from './plan.js';
+import { type ClaimPlan, planClaim } from './plan.js';
 import type { PooledVmRecord } from './record.js';
 import { type PooledVm, reniceProcess } from './vm.js';
 
@@ -204,25 +206,11 @@ export async function claimPooledVm(input: ClaimInput, log: Logger): Promise<Cre
     if (poolCgroup !== null) await deps.cgroups.remove(poolCgroup);
     reniceProcess(vm.pid, CLAIMED_NICE);
     checkBudget();
-    // 6. Grown to the planned shape.
-    if (claim.addVcpus > 0) await plugVcpus(vm.qmp, claim.addVcpus);
-    if (claim.virtioMemMiB > 0) await setVirtioMemSize(vm.qmp, claim.virtioMemMiB, claim.virtioMemMaxMiB);
-    const want = record.plan.sizing.vm;
-    const report = await vm.waitForGuestReport((r) => r.vcpus === want.vcpus, remainingMs());
-    while (claim.virtioMemMiB > 0 && (await virtioMemPluggedMiB(vm.qmp)) < claim.virtioMemMiB) {
-      checkBudget();
-      if (remainingMs() <= 1) throw new Error(`the guest did not plug ${claim.virtioMemMiB} MiB of virtio-mem in time`);
-      await new Promise((r) => setTimeout(r, 50));
-    }
-    record.guest = { vcpus: report.vcpus, memoryKiB: report.memoryKiB };
-    // 7. The pod in the guest (the agent mounts the hot-plugged share) and its network.
-    const pod = await agent.createPod(
-      { podId: req.id, hostname: req.spec.hostname, shmSizeBytes: POD_SHM_SIZE_BYTES },
-      { timeoutMs: remainingMs(), signal },
-    );
-    if (!pod.sharedDirMounted) throw new Error('the guest did not mount the hot-plugged shared directory');
-    record.guestPod = { pausePid: pod.pausePid, shmPath: pod.shmPath };
-    if (record.network !== null) await configureWithRetry(agent, record, prep, { remainingMs, signal, checkBudget }, log);
+    // 6. Grown to the planned shape; 7. the pod in the guest (the agent mounts the hot-plugged
+    // share) and its network.
+    const budgetView: ClaimBudget = { remainingMs, signal, checkBudget };
+    record.guest = await growToShape(vm, claim, record.plan.sizing.vm, budgetView);
+    await startGuestPod(agent, record, prep, budgetView, log);
     record.phase = 'running';
     record.state = 'SANDBOX_READY';
     await persist();
@@ -250,16 +238,72 @@ export async function claimPooledVm(input: ClaimInput, log: Logger): Promise<Cre
   }
 }
 
-/** The NIC was hot-plugged moments ago: the guest may not have probed it yet (the agent finds it by MAC). */
-async function configureWithRetry(
-  agent: CreatedSandbox['agent'],
+/**
+ * What a running VM's claim waits against: the time left, the abort of the request or budget, and
+ * the check made between steps (throws once either ran out).
+ */
+export interface ClaimBudget {
+  remainingMs: () => number;
+  signal: AbortSignal;
+  checkBudget: () => void;
+}
+
+/**
+ * Grows a running VM (a pooled one or a template's clone: both boot small with spare vCPUs and
+ * virtio-mem headroom) to the planned shape: vCPUs hot-plugged, virtio-mem's requested size set,
+ * then waits until the guest reports the vCPUs online and has plugged the memory. Answers the
+ * guest's report (what the sandbox record's `guest` holds).
+ */
+export async function growToShape(
+  vm: Pick<VmProcess, 'qmp' | 'waitForGuestReport'>,
+  claim: Pick<ClaimPlan, 'addVcpus' | 'virtioMemMiB' | 'virtioMemMaxMiB'>,
+  want: { vcpus: number },
+  budget: ClaimBudget,
+): Promise<{ vcpus: number; memoryKiB: number }> {
+  const { remainingMs, checkBudget } = budget;
+  if (claim.addVcpus > 0) await plugVcpus(vm.qmp, claim.addVcpus);
+  if (claim.virtioMemMiB > 0) await setVirtioMemSize(vm.qmp, claim.virtioMemMiB, claim.virtioMemMaxMiB);
+  const report = await vm.waitForGuestReport((r) => r.vcpus === want.vcpus, remainingMs());
+  while (claim.virtioMemMiB > 0 && (await virtioMemPluggedMiB(vm.qmp)) < claim.virtioMemMiB) {
+    checkBudget();
+    if (remainingMs() <= 1) throw new Error(`the guest did not plug ${claim.virtioMemMiB} MiB of virtio-mem in time`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  return { vcpus: report.vcpus, memoryKiB: report.memoryKiB };
+}
+
+/**
+ * The pod in a grown VM's guest: CreatePod (the agent mounts the shared directory hot-plugged
+ * before, virtio-fs or 9p), its pause process and shm recorded, then the pod network configured
+ * when the record has one (the NIC was hot-plugged before). The caller persists the record.
+ */
+export async function startGuestPod(
+  agent: AgentClient,
   record: SandboxPreparation['record'],
   prep: SandboxPreparation,
-  budget: { remainingMs: () => number; signal: AbortSignal; checkBudget: () => void },
+  budget: ClaimBudget,
+  log: Logger,
+): Promise<void> {
+  const { req } = prep;
+  const pod = await agent.createPod(
+    { podId: req.id, hostname: req.spec.hostname, shmSizeBytes: POD_SHM_SIZE_BYTES },
+    { timeoutMs: budget.remainingMs(), signal: budget.signal },
+  );
+  if (!pod.sharedDirMounted) throw new Error('the guest did not mount the hot-plugged shared directory');
+  record.guestPod = { pausePid: pod.pausePid, shmPath: pod.shmPath };
+  if (record.network !== null) await configureWithRetry(agent, record, prep, budget, log);
+}
+
+/** The NIC was hot-plugged moments ago: the guest may not have probed it yet (the agent finds it by MAC). */
+async function configureWithRetry(
+  agent: AgentClient,
+  record: SandboxPreparation['record'],
+  prep: SandboxPreparation,
+  budget: ClaimBudget,
   log: Logger,
 ): Promise<void> {
   const { remainingMs, signal } = budget;
-  if (agent === undefined || record.network === null) return;
+  if (record.network === null) return;
   for (let attempt = 1; ; attempt++) {
     try {
       await configureGuestNetwork(agent, record.network, prep.req.spec, { timeoutMs: remainingMs(), signal });
