@@ -306,6 +306,11 @@ export interface StartCloneOptions {
   logger: Logger;
   /** The pod's shared directory over 9p (its fsdev on the command line; the device is hot-plugged). */
   share?: CloneShare;
+  /**
+   * The pod's network namespace, which the clone's QEMU runs in (as a cold boot's does): QEMU
+   * opens a hot-plugged NIC's TAP by name in its own namespace. Absent: the daemon's.
+   */
+  netnsPath?: string;
   migrateTimeoutMs?: number;
 }
 
@@ -321,7 +326,13 @@ export async function startClone(options: StartCloneOptions): Promise<{ vm: VmPr
   const files = templatePaths(options.templateDir);
   const paths = socketPaths(options.workDir);
   const argv = planCloneArgv(options.spec, options.name, paths, files.ramFile, options.share);
-  const vm = await startVm({ qemuBinary: options.qemuBinary, argv, workDir: options.workDir, logger: options.logger });
+  const vm = await startVm({
+    qemuBinary: options.qemuBinary,
+    argv,
+    workDir: options.workDir,
+    logger: options.logger,
+    ...(options.netnsPath === undefined ? {} : { netnsPath: options.netnsPath }),
+  });
   const timeoutMs = options.migrateTimeoutMs ?? 60_000;
   try {
     const sock = migrationSocket(options.workDir);

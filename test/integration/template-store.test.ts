@@ -1,7 +1,8 @@
 /**
  * The runtime's template store on real QEMU 7.2 (TCG) with the real guest and agent
  * (src/runtime/template/store.ts): a template is built once and verified on each later use; two
- * clones from it are ready only once reseeded (their kernels' bytes differ); a clone that cannot
+ * clones from it are ready only once reseeded (their kernels' bytes differ); a clone started in a
+ * network namespace takes a NIC there and grows with the pool claim's steps; a clone that cannot
  * start is a miss that names its reason and leaves no QEMU (what the runtime falls back on); an
  * altered template is never used but rebuilt, and one of the same shape built from other inputs
  * is removed. Timings are printed (TEMPLATE_STORE_NUMBERS), never asserted.
@@ -15,10 +16,13 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { silentLogger } from '../../src/common/logger.js';
 import { packageVersion } from '../../src/common/paths.js';
 import { isSameLiveProcess, readProcStat } from '../../src/common/procfs.js';
+import { plugNic } from '../../src/hypervisor/claim-hotplug.js';
 import { type TemplateVmSpec, templatePaths } from '../../src/hypervisor/template.js';
+import { growToShape } from '../../src/runtime/pool/claim.js';
 import type { ReadyClone } from '../../src/runtime/template/clone.js';
 import { type CloneOutcome, TemplateStore, templateDirName } from '../../src/runtime/template/store.js';
 import { makeWorkDir, processesMentioning, QemuTracker } from '../helpers/hypervisor-guest.js';
+import { until } from '../helpers/poll.js';
 import { scaledMs } from '../helpers/time-scale.js';
 
 const repo = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
@@ -107,6 +111,73 @@ describe('the template store: build once, verify, clone, miss, rebuild (QEMU 7.2
       expect(pod.pausePid).toBeGreaterThan(1);
     }
   }, 900_000);
+
+  it("a clone started in a pod network namespace takes a NIC on its TAP there and grows to shape with the pool claim's steps", async () => {
+    const netns = `kts-tplnet-${randomBytes(4).toString('hex')}`;
+    const netnsPath = path.join('/run/netns', netns);
+    execFileSync('ip', ['netns', 'add', netns]);
+    let clone: ReadyClone | undefined;
+    try {
+      execFileSync('ip', ['-n', netns, 'tuntap', 'add', 'dev', 'tap0', 'mode', 'tap']);
+      execFileSync('ip', ['-n', netns, 'link', 'set', 'tap0', 'up']);
+      const outcome = await store.tryClone(spec, {
+        workDir: tracker.workDir(),
+        name: 'store-net',
+        agentTimeoutMs: scaledMs(60_000),
+        netnsPath,
+      });
+      clone = expectClone(outcome);
+      tracker.track(clone.vm);
+      const { vm, agent } = clone;
+      // QEMU itself runs in the pod's namespace (nsenter execs it in place: the pid is QEMU's).
+      expect((await fsp.stat(`/proc/${vm.pid}/ns/net`)).ino).toBe((await fsp.stat(netnsPath)).ino);
+      // The NIC on the template's spare port, on the TAP the test made in that namespace (checked
+      // above first: run elsewhere, QEMU as root would make a tap0 of its own there).
+      await plugNic(vm.qmp, { tapName: 'tap0', mac: '02:6b:74:73:00:01', vhost: false, bus: 'rp0' });
+      const qomPath = await until('the NIC listed as a virtio device', async () => {
+        const devices = await vm.qmp.execute<Array<{ path: string; name: string }>>('x-query-virtio');
+        return devices.find((d) => d.name === 'virtio-net')?.path;
+      });
+      await until(
+        "the guest's virtio-net driver started the NIC",
+        async () => {
+          const status = await vm.qmp.execute<{ status: { statuses: string[] } }>('x-query-virtio-status', { path: qomPath });
+          return status.status.statuses.some((bit) => bit.startsWith('VIRTIO_CONFIG_S_DRIVER_OK')) ? true : undefined;
+        },
+        scaledMs(60_000),
+      );
+      // The agent finds the NIC by its MAC and configures it (what a claim's ConfigureNetwork does).
+      const configured = await agent.configureNetwork(
+        { interfaces: [{ mac: '02:6b:74:73:00:01', mtu: 1500, addresses: ['10.213.0.2/24'] }] },
+        { timeoutMs: scaledMs(30_000) },
+      );
+      expect(configured.interfaceNames).toHaveLength(1);
+      // The pool claim's grow-to-shape steps on the clone: one vCPU and 128 MiB of virtio-mem.
+      const budgetMs = scaledMs(120_000);
+      const started = Date.now();
+      const guest = await growToShape(
+        vm,
+        { addVcpus: 1, virtioMemMiB: 128, virtioMemMaxMiB: 512 },
+        { vcpus: 2 },
+        {
+          remainingMs: () => Math.max(1, budgetMs - (Date.now() - started)),
+          signal: AbortSignal.timeout(budgetMs),
+          checkBudget: () => {
+            if (Date.now() - started >= budgetMs) throw new Error('grow budget spent');
+          },
+        },
+      );
+      numbers.cloneGrowMs = Date.now() - started;
+      expect(guest.vcpus).toBe(2);
+      const facts = await agent.guestFacts({ timeoutMs: scaledMs(30_000) });
+      expect(facts.onlineVcpus).toBe(2);
+      expect(Number(facts.onlineMemoryKib)).toBe((512 + 128) * 1024);
+    } finally {
+      clone?.agent.close();
+      await clone?.vm.kill().catch(() => undefined);
+      execFileSync('ip', ['netns', 'del', netns]);
+    }
+  }, 600_000);
 
   it('a clone whose agent does not answer in time is a miss naming its reason, and leaves no QEMU', async () => {
     const workDir = tracker.workDir();
