@@ -31,7 +31,7 @@
  * the same CNI ADD and TAP wiring, and both run the same handler profile and guest.
  *
  *   node --import tsx bench/shim.ts [--rounds N] [--containerd 2.1|1.6] [--modes pod,node] [--pods 1,5,10]
- *                                   [--skip-timing] [--skip-memory] [--bare-pods] [--parallel]
+ *                                   [--skip-timing] [--skip-memory] [--bare-pods] [--parallel] [--warm-node-server]
  *                                   [--shim-tsx | --shim-dist] [--json]
  */
 
@@ -106,6 +106,8 @@ export interface ShimBenchResult {
   containerd: string;
   /** The sides timed (the shim modes asked, standalone, runc); empty with --skip-timing. */
   sides: Side[];
+  /** Whether a bare node-mode pod kept the node server up through the timing (--warm-node-server). */
+  warmNodeServer: boolean;
   rounds: Array<{ order: Side[] } & Partial<Record<Side, PodTiming>>>;
   medianMs: Partial<Record<Side, number>>;
   /** Ratios of the medians (NaN for a side not timed). */
@@ -245,6 +247,12 @@ export interface ShimBenchOptions {
   skipMemory?: boolean;
   /** The memory readings' pods without a container (the readings before issue 33's last session were of such pods). */
   barePods?: boolean;
+  /**
+   * Keep one bare node-mode pod running through the timing (started before the warm-ups), so
+   * the node server is up when each timed node-mode pod starts, as on a node that runs pods;
+   * without it the server leaves 30 s after each timed pod and every node-mode pod starts it anew.
+   */
+  warmNodeServer?: boolean;
   /** Start each batch of the memory readings' pods together. */
   parallel?: boolean;
 }
@@ -566,6 +574,7 @@ export async function runShimBench(
       shimCodeWhy,
       containerd: release.versionText,
       sides,
+      warmNodeServer: options.warmNodeServer === true && modes.includes('node') && sides.length > 0,
       vmShape: { shim: '', standalone: '' },
       rounds: [],
       medianMs: {},
@@ -608,6 +617,10 @@ export async function runShimBench(
 
       // Warm-up, not counted: code paths and guest files into the page cache. The pod-mode shim's
       // warm-up pod is where the pod-alone memory and the start and delete invocations are read.
+      if (result.warmNodeServer) {
+        const keeper = await idlePod(door('node'), 'node-server-keeper');
+        progress(`node server kept up by the bare node-mode pod ${keeper.slice(0, 12)} through the timing`);
+      }
       progress('warm-up: one pod with a container through each door (not counted)');
       const timeInstalled = existsSync(GNU_TIME);
       let shimShape = '';
@@ -728,6 +741,7 @@ export function formatShimReport(r: ShimBenchResult): string {
   if (r.sides.length > 0) {
     lines.push(
       `pod + first container until its first output line in the CRI log (${r.rounds.length} rounds, order rotating; load ${r.loadavg1.map((l) => l.toFixed(1)).join(' -> ')})`,
+      `  node server: ${r.warmNodeServer ? 'kept up by a bare node-mode pod (--warm-node-server)' : 'started by each node-mode pod (it leaves 30 s after its last pod)'}`,
       `  VM shape: shim ${r.vmShape.shim}; standalone ${r.vmShape.standalone}${r.vmShape.shim === r.vmShape.standalone ? ' (same)' : ' (DIFFERENT)'}`,
       ...r.rounds.map(
         (s, i) => `  round ${i + 1} (${s.order.join(', ')}): ${s.order.map((side) => `${side} ${formatTiming(s[side]!)}`).join('; ')}`,
@@ -764,6 +778,7 @@ if (import.meta.url === `file://${process.argv[1]}`) {
       'skip-memory': { type: 'boolean', default: false },
       'bare-pods': { type: 'boolean', default: false },
       parallel: { type: 'boolean', default: false },
+      'warm-node-server': { type: 'boolean', default: false },
       'shim-tsx': { type: 'boolean', default: false },
       'shim-dist': { type: 'boolean', default: false },
       json: { type: 'boolean', default: false },
@@ -790,6 +805,7 @@ if (import.meta.url === `file://${process.argv[1]}`) {
       skipMemory: values['skip-memory'],
       barePods: values['bare-pods'],
       parallel: values.parallel,
+      warmNodeServer: values['warm-node-server'],
     });
     process.stdout.write(values.json ? `${JSON.stringify(result)}\n` : `${formatShimReport(result)}\n`);
   }
