@@ -385,19 +385,23 @@ export async function runShimBench(
    * its last pod) and the relays (whose revive command names the binary) are not counted here.
    * Only this containerd's (its address is on every invocation's command line): other sessions'
    * tests run the same shim binary behind their own containerd, and their processes held each
-   * removal here for its whole 120 s bound.
+   * removal here for its whole 120 s bound. Nor the serve processes of pods still running (the
+   * memory readings remove their pods one by one, each of the others' serve still up).
    */
-  const shimProcesses = () =>
-    processArgs()
+  const shimProcesses = () => {
+    const live = new Set([...doors.values()].flatMap((d) => [...d.live]));
+    return processArgs()
       .filter(
         ({ args }) =>
           args.includes(shimBin) &&
+          !(args.at(-1) === 'serve' && args.some((a, i) => a === '-id' && live.has(args[i + 1] ?? ''))) &&
           ctrd !== undefined &&
           args.includes(ctrd.grpcAddress) &&
           args.at(-1) !== 'node-serve' &&
           path.basename(args[0] ?? '') !== RELAY_BINARY_NAME,
       )
       .map(({ pid, args }) => `${pid} ${args.at(-1)}`);
+  };
 
   /**
    * StopPodSandbox + RemovePodSandbox; for a shim pod, then waits for its serve process (or its
