@@ -17,8 +17,9 @@ type Rule<K extends AgentUnaryMethod> = boolean | ((request: Init<AgentMethods[K
 
 /**
  * Whether a unary call may be sent again when the session it was in flight on ended before its
- * answer came (so the agent may or may not have acted on it). A call not named here is not sent
- * again (ReseedGuest, for one: the same entropy credited twice would count as fresh twice):
+ * answer came (so the agent may or may not have acted on it). Every unary call is named, so a new
+ * one does not compile until it is classified (ReseedGuest is not sent again: the same entropy
+ * credited twice would count as fresh twice):
  * - reads (facts, lists, stats, a path's stat, a TPM quote) change nothing;
  * - waits for an exit answer the same exit again (the agent keeps it until the delete);
  * - pause, resume, an update to absolute limits, an acknowledged output offset, a terminal's size,
@@ -29,7 +30,7 @@ type Rule<K extends AgentUnaryMethod> = boolean | ((request: Init<AgentMethods[K
  *   container answers NOT_FOUND, which would misreport a delete that worked) and DestroyPod are
  *   not: they fail with AGENT_SESSION_ENDED and the caller decides.
  */
-const RETRY_RULES: { readonly [K in AgentUnaryMethod]?: Rule<K> } = {
+const RETRY_RULES: { readonly [K in AgentUnaryMethod]: Rule<K> } = {
   Hello: false,
   GetGuestFacts: true,
   CreateContainer: false,
@@ -54,11 +55,11 @@ const RETRY_RULES: { readonly [K in AgentUnaryMethod]?: Rule<K> } = {
   StatSharedPath: true,
   ConfigureNetwork: true,
   GetTpmQuote: true,
+  ReseedGuest: false,
 };
 
 /** True when `method` with `request` may be sent once more on a new session (see RETRY_RULES). */
 export function retryableAfterSessionEnd<K extends AgentUnaryMethod>(method: K, request: Init<AgentMethods[K]['request']>): boolean {
-  const rule = RETRY_RULES[method] as Rule<K> | undefined;
-  if (rule === undefined) return false;
+  const rule = RETRY_RULES[method] as Rule<K>;
   return typeof rule === 'boolean' ? rule : rule(request);
 }
