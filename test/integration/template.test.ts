@@ -33,6 +33,7 @@ import { planClone9pDevice, type TemplateKey, type TemplateVmSpec, templatePaths
 import { buildTemplate, computeTemplateKey, fileSha256, startClone } from '../../src/hypervisor/template-execute.js';
 import { startVirtiofsd, type VirtiofsdProcess } from '../../src/hypervisor/virtiofsd.js';
 import { type ReseedResult, reseedClone, startReadyClone } from '../../src/runtime/template/clone.js';
+import { guestProbeSpec } from '../helpers/guest-oci-spec.js';
 import { QemuTracker } from '../helpers/hypervisor-guest.js';
 import { until } from '../helpers/poll.js';
 import { scaledMs } from '../helpers/time-scale.js';
@@ -399,31 +400,11 @@ describe('VM templates: a template, two clones, a cold boot (QEMU 7.2, TCG)', ()
     expect(Buffer.from(hello.content).toString()).toBe('from the host over 9p\n');
     // crun in the clone runs a container whose rootfs comes through 9p, in the pod's UTS
     // namespace; what it writes lands in the host's directory.
-    const spec9p = {
-      ociVersion: '1.0.2',
-      process: {
-        terminal: false,
-        user: { uid: 0, gid: 0 },
-        args: ['/bin/busybox', 'sh', '-c', '/bin/busybox hostname > /hostname.txt'],
-        env: ['PATH=/bin'],
-        cwd: '/',
-        noNewPrivileges: true,
-      },
-      root: { path: 'rootfs', readonly: false },
-      mounts: [
-        { destination: '/proc', type: 'proc', source: 'proc' },
-        { destination: '/dev', type: 'tmpfs', source: 'tmpfs', options: ['nosuid', 'mode=755', 'size=65536k'] },
-      ],
-      linux: {
-        namespaces: [
-          { type: 'pid', path: `/proc/${pod.pausePid}/ns/pid` },
-          { type: 'ipc', path: `/proc/${pod.pausePid}/ns/ipc` },
-          { type: 'uts', path: `/proc/${pod.pausePid}/ns/uts` },
-          { type: 'mount' },
-        ],
-        cgroupsPath: '/kata-ts/probe9p',
-      },
-    };
+    const spec9p = guestProbeSpec({
+      pausePid: pod.pausePid,
+      args: ['/bin/busybox', 'sh', '-c', '/bin/busybox hostname > /hostname.txt'],
+      cgroupsPath: '/kata-ts/probe9p',
+    });
     const ctr = await agent.createContainer(
       {
         containerId: 'probe9p',

@@ -16,7 +16,7 @@
  */
 import { gzipSync } from 'node:zlib';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { API_BASELINES } from '../../../src/agent-client/index.js';
+import { AGENT_API_FEATURES, API_BASELINES } from '../../../src/agent-client/index.js';
 import { AGENT_API_VERSION } from '../../../src/generated/agent/agent.js';
 import { allowLoopbackRegistries, pushBusyboxImage } from '../../helpers/busybox-image.js';
 import { type RegistryHandle, startRegistry } from '../../helpers/images-registry.js';
@@ -26,6 +26,8 @@ import { scaledMs } from '../../helpers/time-scale.js';
 
 const HANDLER = 'kata-ts-cvm';
 const OLDER = AGENT_API_VERSION - 1;
+/** What the older agent lacks, as the host's table lists it (secrets, and whatever came with them). */
+const MISSING = AGENT_API_FEATURES.filter((f) => f.since > OLDER).map((f) => f.feature);
 const BASELINE = API_BASELINES[OLDER] ?? '';
 const AVAILABLE = BASELINE !== '' && haveCommit(BASELINE);
 if (!AVAILABLE)
@@ -122,15 +124,16 @@ describe.skipIf(!AVAILABLE)(`a pod on an agent of the previous API (${OLDER}) un
   it('runs the session at the older API and says so in the verbose status and the log', async () => {
     const r = await rt.cri.runtime.PodSandboxStatus({ pod_sandbox_id: podId, verbose: true });
     const info = JSON.parse(r.info.info!) as { agent: Record<string, unknown> };
+    expect(MISSING).toContain('secrets');
     expect(info.agent).toMatchObject({
       connected: true,
       apiVersion: OLDER,
       hostApiVersion: AGENT_API_VERSION,
-      missingFeatures: ['secrets'],
+      missingFeatures: MISSING,
     });
     const lines = await rt.logLines();
     const started = lines.find((l) => typeof l.msg === 'string' && l.msg.startsWith(`agent session started at the previous API ${OLDER}`));
-    expect(started).toMatchObject({ apiVersion: OLDER, hostApiVersion: AGENT_API_VERSION, refusedFeatures: ['secrets'] });
+    expect(started).toMatchObject({ apiVersion: OLDER, hostApiVersion: AGENT_API_VERSION, refusedFeatures: MISSING });
   });
 
   it('creates, starts and execs a container as on a current agent', async () => {

@@ -17,6 +17,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { AgentClient } from '../../../src/agent-client/index.js';
 import { createLogger } from '../../../src/common/logger.js';
 import { connectQmp } from '../../../src/hypervisor/qmp/client.js';
+import { guestProbeSpec } from '../../helpers/guest-oci-spec.js';
 import { until } from '../../helpers/poll.js';
 import { createTestRuntime, guestDirConfig, leftovers, podConfig, type TestRuntime } from '../../helpers/runtime-daemon.js';
 
@@ -27,33 +28,8 @@ interface Info {
 }
 
 /** busybox `sleep` in the pod's PID, IPC and UTS namespaces, on a rootfs in the shared directory. */
-function sleeperSpec(pausePid: number): Record<string, unknown> {
-  return {
-    ociVersion: '1.0.2',
-    process: {
-      terminal: false,
-      user: { uid: 0, gid: 0 },
-      args: ['/bin/busybox', 'sleep', '1000'],
-      env: ['PATH=/bin'],
-      cwd: '/',
-      noNewPrivileges: true,
-    },
-    root: { path: 'rootfs', readonly: false },
-    mounts: [
-      { destination: '/proc', type: 'proc', source: 'proc' },
-      { destination: '/dev', type: 'tmpfs', source: 'tmpfs', options: ['nosuid', 'mode=755', 'size=65536k'] },
-    ],
-    linux: {
-      namespaces: [
-        { type: 'pid', path: `/proc/${pausePid}/ns/pid` },
-        { type: 'ipc', path: `/proc/${pausePid}/ns/ipc` },
-        { type: 'uts', path: `/proc/${pausePid}/ns/uts` },
-        { type: 'mount' },
-      ],
-      cgroupsPath: '/kata-ts/sleeper',
-    },
-  };
-}
+const sleeperSpec = (pausePid: number) =>
+  guestProbeSpec({ pausePid, args: ['/bin/busybox', 'sleep', '1000'], cgroupsPath: '/kata-ts/sleeper' });
 
 describe('an idempotent kill in flight when the agent session ends (real guest agent)', () => {
   let rt: TestRuntime;

@@ -18,6 +18,7 @@ import { silentLogger } from '../../../src/common/logger.js';
 import { AGENT_API_VERSION } from '../../../src/generated/agent/agent.js';
 import { readProcStat } from '../../../src/hypervisor/index.js';
 import { mountsUnder } from '../../../src/runtime/sandbox/shared-dir.js';
+import { guestProbeSpec } from '../../helpers/guest-oci-spec.js';
 import { untilMatches } from '../../helpers/poll.js';
 import { createTestRuntime, leftovers, podConfig, type TestRuntime } from '../../helpers/runtime-daemon.js';
 
@@ -55,33 +56,13 @@ function alive(pid: number): boolean {
 }
 
 /** A minimal OCI spec: write the UTS namespace's hostname into the root filesystem. */
-function probeSpec(pausePid: number, devTmpfs = true): Record<string, unknown> {
-  return {
-    ociVersion: '1.0.2',
-    process: {
-      terminal: false,
-      user: { uid: 0, gid: 0 },
-      args: ['/bin/busybox', 'sh', '-c', '/bin/busybox hostname > /hostname.txt'],
-      env: ['PATH=/bin'],
-      cwd: '/',
-      noNewPrivileges: true,
-    },
-    root: { path: 'rootfs', readonly: false },
-    mounts: [
-      { destination: '/proc', type: 'proc', source: 'proc' },
-      ...(devTmpfs ? [{ destination: '/dev', type: 'tmpfs', source: 'tmpfs', options: ['nosuid', 'mode=755', 'size=65536k'] }] : []),
-    ],
-    linux: {
-      namespaces: [
-        { type: 'pid', path: `/proc/${pausePid}/ns/pid` },
-        { type: 'ipc', path: `/proc/${pausePid}/ns/ipc` },
-        { type: 'uts', path: `/proc/${pausePid}/ns/uts` },
-        { type: 'mount' },
-      ],
-      cgroupsPath: '/kata-ts/probe',
-    },
-  };
-}
+const probeSpec = (pausePid: number, devTmpfs = true) =>
+  guestProbeSpec({
+    pausePid,
+    args: ['/bin/busybox', 'sh', '-c', '/bin/busybox hostname > /hostname.txt'],
+    cgroupsPath: '/kata-ts/probe',
+    devTmpfs,
+  });
 
 describe('a sandbox with its guest agent and virtio-fs', () => {
   let rt: TestRuntime;
