@@ -11,7 +11,6 @@ import { execFileSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { silentLogger } from '../../src/common/logger.js';
 import { packageVersion } from '../../src/common/paths.js';
@@ -21,24 +20,13 @@ import { type TemplateVmSpec, templatePaths } from '../../src/hypervisor/templat
 import { growToShape } from '../../src/runtime/pool/claim.js';
 import type { ReadyClone } from '../../src/runtime/template/clone.js';
 import { type CloneOutcome, TemplateStore, templateDirName } from '../../src/runtime/template/store.js';
+import { ensureAgentGuest } from '../helpers/agent-guest.js';
 import { makeWorkDir, processesMentioning, QemuTracker } from '../helpers/hypervisor-guest.js';
 import { until } from '../helpers/poll.js';
 import { scaledMs } from '../helpers/time-scale.js';
 
-const repo = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
 const logger = silentLogger();
 const QEMU = 'qemu-system-x86_64';
-
-/** The guest with the real agent, in the test cache (built by scripts/build-guest.sh when missing). */
-function agentGuest(): { kernelPath: string; initrdPath: string; guestImagePath: string } {
-  const dir = process.env.KATA_TS_AGENT_GUEST_DIR ?? path.join(repo, '.cache/guest-agent');
-  execFileSync('bash', [path.join(repo, 'scripts/build-guest.sh'), '--out', dir], { stdio: ['ignore', 'ignore', 'inherit'] });
-  return {
-    kernelPath: path.join(dir, 'vmlinuz'),
-    initrdPath: path.join(dir, 'initramfs.cpio.gz'),
-    guestImagePath: path.join(dir, 'guest.img'),
-  };
-}
 
 function expectClone(outcome: CloneOutcome): ReadyClone {
   if (outcome.kind !== 'clone') throw new Error(`expected a clone, got a miss: ${outcome.reason}: ${outcome.message}`);
@@ -55,7 +43,7 @@ describe('the template store: build once, verify, clone, miss, rebuild (QEMU 7.2
   let store: TemplateStore;
 
   beforeAll(() => {
-    const guest = agentGuest();
+    const guest = ensureAgentGuest();
     spec = {
       shape: { vcpus: 1, maxVcpus: 2, memoryMiB: 512, maxMemoryMiB: 1024, hugepages: [], kernelParams: [] },
       accel: 'tcg',

@@ -17,11 +17,9 @@
  *   template's RAM file (docs/templates.md, the virtio-fs decision).
  * Timings and PSS are printed (TEMPLATE_NUMBERS), never asserted: speed is the bench's.
  */
-import { execFileSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { promises as fsp, readFileSync } from 'node:fs';
 import path from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { AgentClient } from '../../src/agent-client/index.js';
 import { silentLogger } from '../../src/common/logger.js';
@@ -33,26 +31,15 @@ import { planClone9pDevice, type TemplateKey, type TemplateVmSpec, templatePaths
 import { buildTemplate, computeTemplateKey, fileSha256, startClone } from '../../src/hypervisor/template-execute.js';
 import { startVirtiofsd, type VirtiofsdProcess } from '../../src/hypervisor/virtiofsd.js';
 import { type ReseedResult, reseedClone, startReadyClone } from '../../src/runtime/template/clone.js';
+import { ensureAgentGuest } from '../helpers/agent-guest.js';
 import { guestProbeSpec } from '../helpers/guest-oci-spec.js';
 import { QemuTracker } from '../helpers/hypervisor-guest.js';
 import { until } from '../helpers/poll.js';
 import { scaledMs } from '../helpers/time-scale.js';
 
-const repo = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
 const logger = silentLogger();
 const QEMU = 'qemu-system-x86_64';
 const MEMORY_MIB = 512;
-
-/** The guest with the real agent, in the test cache (built by scripts/build-guest.sh when missing). */
-function agentGuest(): { kernelPath: string; initrdPath: string; guestImagePath: string } {
-  const dir = process.env.KATA_TS_AGENT_GUEST_DIR ?? path.join(repo, '.cache/guest-agent');
-  execFileSync('bash', [path.join(repo, 'scripts/build-guest.sh'), '--out', dir], { stdio: ['ignore', 'ignore', 'inherit'] });
-  return {
-    kernelPath: path.join(dir, 'vmlinuz'),
-    initrdPath: path.join(dir, 'initramfs.cpio.gz'),
-    guestImagePath: path.join(dir, 'guest.img'),
-  };
-}
 
 async function agentReady(socketPath: string, timeoutMs: number): Promise<AgentClient> {
   return AgentClient.connect({ socketPath, logger, hostVersion: packageVersion() }, timeoutMs);
@@ -118,7 +105,7 @@ describe('VM templates: a template, two clones, a cold boot (QEMU 7.2, TCG)', ()
   let savedAtMs = 0;
 
   beforeAll(async () => {
-    const guest = agentGuest();
+    const guest = ensureAgentGuest();
     await fsp.mkdir(shmDir, { mode: 0o700 });
     spec = {
       shape: { vcpus: 1, maxVcpus: 2, memoryMiB: MEMORY_MIB, maxMemoryMiB: 1024, hugepages: [], kernelParams: [] },

@@ -11,18 +11,16 @@
 import { execFileSync } from 'node:child_process';
 import { promises as fsp, readFileSync } from 'node:fs';
 import path from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { AgentClient } from '../../../src/agent-client/index.js';
 import { silentLogger } from '../../../src/common/logger.js';
 import { AGENT_API_VERSION } from '../../../src/generated/agent/agent.js';
 import { readProcStat } from '../../../src/hypervisor/index.js';
 import { mountsUnder } from '../../../src/runtime/sandbox/shared-dir.js';
+import { ensureAgentGuest } from '../../helpers/agent-guest.js';
 import { guestProbeSpec } from '../../helpers/guest-oci-spec.js';
 import { untilMatches } from '../../helpers/poll.js';
 import { createTestRuntime, leftovers, podConfig, type TestRuntime } from '../../helpers/runtime-daemon.js';
-
-const repo = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../..');
 
 interface Info {
   pid: number;
@@ -32,17 +30,6 @@ interface Info {
   agent: { connected: boolean; apiVersion: number | null; agentInstanceId: string | null } | null;
   virtiofsd: { pid: number; running: boolean } | null;
   guestPod: { pausePid: number; shmPath: string } | null;
-}
-
-/** The guest with the real agent, built into the test's own directory (never the installed one). */
-function ensureAgentGuest(): { kernelPath: string; initrdPath: string; guestImagePath: string } {
-  const dir = process.env.KATA_TS_AGENT_GUEST_DIR ?? path.join(repo, '.cache/guest-agent');
-  execFileSync('bash', [path.join(repo, 'scripts/build-guest.sh'), '--out', dir], { stdio: ['ignore', 'ignore', 'inherit'] });
-  return {
-    kernelPath: path.join(dir, 'vmlinuz'),
-    initrdPath: path.join(dir, 'initramfs.cpio.gz'),
-    guestImagePath: path.join(dir, 'guest.img'),
-  };
 }
 
 async function info(rt: TestRuntime, id: string): Promise<Info> {
