@@ -6,11 +6,13 @@
 # - kata-ts-portfwd (native/portfwd.c): containerd's port-forward into a pod's guest
 #   (src/shim/port-forward.ts), found by defaultPortForwardBinary();
 # - kata-ts-shim-relay (native/shim-relay.c): a pod's ttrpc relay in front of the node shim server
-#   (docs/shim.md#the-relay).
+#   (docs/shim.md#the-relay);
+# - kata-ts-shim-start (native/shim-start.c): `start`'s answer without Node when the pod is already served
+#   (docs/shim.md#the-start-fast-path).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p dist/native
-for pair in jailer:kata-ts-jailer portfwd:kata-ts-portfwd shim-relay:kata-ts-shim-relay; do
+for pair in jailer:kata-ts-jailer portfwd:kata-ts-portfwd shim-relay:kata-ts-shim-relay shim-start:kata-ts-shim-start; do
   src="native/${pair%%:*}.c"
   out="dist/native/${pair#*:}"
   if [ -x "$out" ] && [ "$out" -nt "$src" ]; then

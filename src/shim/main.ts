@@ -39,6 +39,7 @@ import { adoptCallerRoot } from '../common/caller-root.js';
 import { errorMessage } from '../common/errors.js';
 import { createLogger, type LogLevel } from '../common/logger.js';
 import { packageVersion } from '../common/paths.js';
+import { DEFAULT_CONFIG_PATH } from '../config/defaults.js';
 import { loadConfig } from '../config/load.js';
 import type { LoadedConfig } from '../config/types.js';
 import { runningRelease, selfScript } from '../release/layout.js';
@@ -47,6 +48,7 @@ import { EXIT_STATUS_KILLED, encodeDeleteResponse } from './delete-response.js';
 import { shimInfo } from './info.js';
 import type { RegisterServices } from './serve.js';
 import type { ShimCommand } from './start.js';
+import { configIdentity, recordStartStamp } from './start-stamp.js';
 
 /** The binary's name, as containerd derives it from the runtime type. */
 export const SHIM_BINARY_NAME = 'containerd-shim-kata-ts-v2';
@@ -371,6 +373,8 @@ export async function main(argv: readonly string[], options: ShimMainOptions = {
     return 2;
   }
   try {
+    // The config file as it was before it was read: a `start` stamps it for the native fast path (start-stamp.ts).
+    const configBefore = inv.action === 'start' ? configIdentity(inv.env.configPath ?? DEFAULT_CONFIG_PATH) : undefined;
     const loaded = await loadShimConfig(inv.env);
     const nsFile = loaded.config.mountNamespacePath;
     // `delete` itself stays outside: it only starts the detached cleanup, which enters.
@@ -410,6 +414,7 @@ export async function main(argv: readonly string[], options: ShimMainOptions = {
           env: processEnv,
         });
         await write(io.stdout, address);
+        await recordStartStamp(loaded.config.shim.stateRoot, loaded.path, configBefore);
         return 0;
       }
       case 'delete': {
