@@ -1,0 +1,46 @@
+import { readFileSync } from 'node:fs';
+import path from 'node:path';
+import { describe, expect, it } from 'vitest';
+import { packageRoot } from '../../../src/common/paths.js';
+import { DEFAULT_CONFIG_PATH, DEFAULT_SHIM_STATE_ROOT } from '../../../src/config/defaults.js';
+import { CRI_CONTAINER_TYPE, CRI_SANDBOX_ID, CRIO_CONTAINER_TYPE, CRIO_SANDBOX_ID } from '../../../src/shim/bundle.js';
+import { MAX_SOCKET_PATH_BYTES, SOCKET_DIR } from '../../../src/shim/paths.js';
+import { START_STAMP_FILE, START_STAMP_MAGIC, startStampText } from '../../../src/shim/start-stamp.js';
+
+const identity = { dev: 65024n, ino: 2155233n, size: 247n, mtimeNs: 1795958007_290676325n, ctimeNs: 1795958007_000000005n };
+
+describe('startStampText', () => {
+  it('names the config, its identity with nanoseconds in nine digits, and the state root', () => {
+    expect(startStampText('/etc/kata-ts/config.json', identity, '/run/kata-ts/shim')).toBe(
+      `${START_STAMP_MAGIC}\nconfig /etc/kata-ts/config.json\nidentity 65024 2155233 247 1795958007.290676325 1795958007.000000005\nstateRoot /run/kata-ts/shim\n`,
+    );
+  });
+
+  it('says "-" for no config file (the built-in defaults)', () => {
+    expect(startStampText(null, null, '/run/kata-ts/shim')).toBe(`${START_STAMP_MAGIC}\nconfig -\nstateRoot /run/kata-ts/shim\n`);
+  });
+
+  it('writes no stamp for a path with a newline (the stamp is line-based)', () => {
+    expect(startStampText('/etc/a\nb.json', identity, '/run/kata-ts/shim')).toBeNull();
+    expect(startStampText('/etc/a.json', identity, '/run/x\ny')).toBeNull();
+  });
+});
+
+describe('native/shim-start.c agrees with the TypeScript it stands in for', () => {
+  const c = readFileSync(path.join(packageRoot(), 'native', 'shim-start.c'), 'utf8');
+  const define = (name: string): string | undefined => new RegExp(`^#define ${name} (.+)$`, 'm').exec(c)?.[1];
+
+  it('the stamp, the defaults and the socket limit', () => {
+    expect(define('STAMP_MAGIC')).toBe(JSON.stringify(START_STAMP_MAGIC));
+    expect(define('STAMP_FILE')).toBe(JSON.stringify(START_STAMP_FILE));
+    expect(define('DEFAULT_CONFIG_PATH')).toBe(JSON.stringify(DEFAULT_CONFIG_PATH));
+    expect(define('DEFAULT_STATE_ROOT')).toBe(JSON.stringify(DEFAULT_SHIM_STATE_ROOT));
+    expect(define('MAX_SOCKET_PATH_BYTES')).toBe(String(MAX_SOCKET_PATH_BYTES));
+    expect(c).toContain(`"%s/${SOCKET_DIR}/%s", state_root, digest`);
+  });
+
+  it('the four annotations, in the order taskRole prefers them', () => {
+    const names = /annotation_names\[ANNOTATIONS\] = \{([^}]*)\}/.exec(c)?.[1]?.match(/"[^"]+"/g);
+    expect(names).toEqual([CRI_CONTAINER_TYPE, CRIO_CONTAINER_TYPE, CRI_SANDBOX_ID, CRIO_SANDBOX_ID].map((n) => JSON.stringify(n)));
+  });
+});
