@@ -32,7 +32,11 @@
  *
  *   node --import tsx bench/shim.ts [--rounds N] [--containerd 2.1|1.6] [--modes pod,node] [--pods 1,5,10]
  *                                   [--skip-timing] [--skip-memory] [--bare-pods] [--parallel] [--warm-node-server]
- *                                   [--shim-tsx | --shim-dist] [--json]
+ *                                   [--shim-tsx | --shim-dist] [--shim-front] [--json]
+ *
+ * `--shim-front`: containerd's `containerd-shim-kata-ts-v2` execs the native start front
+ * (native/shim-start.c), which answers a start whose pod already answers and execs the Node shim
+ * for everything else (docs/shim.md "The start fast path").
  */
 
 import { execFile, spawn } from 'node:child_process';
@@ -237,6 +241,8 @@ export interface ShimBenchOptions {
   forceTsx?: boolean;
   /** Run the compiled dist/ even when a src/ file is newer (the output names it): a rebuild under a running bench would swap code mid-run. */
   forceDist?: boolean;
+  /** containerd runs the shim through its native start front (dist/native/kata-ts-shim-start, docs/shim.md "The start fast path"). */
+  front?: boolean;
   /** The containerd release (test/helpers/containerd-releases.ts); default 2.1. */
   containerd?: '2.1' | '1.6';
   /** The shim modes to run; default both. */
@@ -301,7 +307,7 @@ export async function runShimBench(
         : stale === '--shim-tsx'
           ? 'the sources through tsx (--shim-tsx)'
           : `the sources through tsx: dist/ is not fresh (${stale}); run \`npm run build\` to bench the compiled shim`;
-  progress(`shim code: ${shimCodeWhy}`);
+  progress(`shim code: ${shimCodeWhy}${options.front === true ? ', through the native start front' : ''}`);
   const label = options.containerd ?? '2.1';
   const found = await containerdRelease(label);
   if (found.release === null) throw new Error(`containerd ${label} cannot run here: ${found.missing}`);
@@ -437,7 +443,7 @@ export async function runShimBench(
     // containerd + kata-ts's shim, beside runc.
     await writeShimConfig(modes[0] ?? 'pod');
     const binDir = path.join(dir, 'bin');
-    await writeShimWrapper({ binDir, root, configPath, code: shimCode, peakFlagFile, peakFile });
+    await writeShimWrapper({ binDir, root, configPath, code: shimCode, peakFlagFile, peakFile, front: options.front === true });
     ctrd = await startContainerd({ registry, shimBinDir: binDir, ...(release.label === '1.6' ? {} : { release }) });
     ctrdCri = criClient(ctrd.criSocket);
     await ctrdCri.image.PullImage({ image: { image } });
@@ -575,7 +581,7 @@ export async function runShimBench(
       commit: currentCommit(),
       loadavg1: [os.loadavg()[0]!, os.loadavg()[0]!],
       shimCode,
-      shimCodeWhy,
+      shimCodeWhy: `${shimCodeWhy}${options.front === true ? ', through the native start front' : ''}`,
       containerd: release.versionText,
       sides,
       warmNodeServer: options.warmNodeServer === true && modes.includes('node') && sides.length > 0,
@@ -785,6 +791,7 @@ if (import.meta.url === `file://${process.argv[1]}`) {
       'warm-node-server': { type: 'boolean', default: false },
       'shim-tsx': { type: 'boolean', default: false },
       'shim-dist': { type: 'boolean', default: false },
+      'shim-front': { type: 'boolean', default: false },
       json: { type: 'boolean', default: false },
     },
   });
@@ -802,6 +809,7 @@ if (import.meta.url === `file://${process.argv[1]}`) {
     const result = await runShimBench(Number(values.rounds), {
       forceTsx: values['shim-tsx'],
       forceDist: values['shim-dist'],
+      front: values['shim-front'],
       containerd,
       modes: modes as BenchShimMode[],
       podCounts,

@@ -57,12 +57,16 @@ export interface ShimWrapperOptions {
    */
   peakFlagFile: string;
   peakFile: string;
+  /** Through the native start front (dist/native/kata-ts-shim-start), which execs the Node shim when it does not answer itself. */
+  front?: boolean;
 }
 
 /** Writes the wrapper script; answers its path. */
 export async function writeShimWrapper(o: ShimWrapperOptions): Promise<string> {
   const node = sh(process.execPath);
   const bin = sh(path.join(o.root, 'bin', 'containerd-shim-kata-ts-v2'));
+  // The front takes the Node shim's command line, then `--` and containerd's arguments.
+  const shim = o.front === true ? `${sh(path.join(o.root, 'dist', 'native', 'kata-ts-shim-start'))} ${node} ${bin} --` : `${node} ${bin}`;
   const file = path.join(o.binDir, 'containerd-shim-kata-ts-v2');
   await fsp.mkdir(o.binDir, { recursive: true });
   await fsp.writeFile(
@@ -74,9 +78,9 @@ export async function writeShimWrapper(o: ShimWrapperOptions): Promise<string> {
       o.code === 'tsx' ? 'export KATA_TS_SHIM_TSX=1' : 'unset KATA_TS_SHIM_TSX',
       'for last in "$@"; do :; done',
       `if { [ "$last" = start ] || [ "$last" = delete ]; } && [ -e ${sh(o.peakFlagFile)} ] && [ -x ${GNU_TIME} ]; then`,
-      `  exec ${GNU_TIME} -a -o ${sh(o.peakFile)} -f '%M %e %C' ${node} ${bin} "$@"`,
+      `  exec ${GNU_TIME} -a -o ${sh(o.peakFile)} -f '%M %e %C' ${shim} "$@"`,
       'fi',
-      `exec ${node} ${bin} "$@"`,
+      `exec ${shim} "$@"`,
       '',
     ].join('\n'),
     { mode: 0o755 },
