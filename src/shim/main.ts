@@ -44,8 +44,6 @@ import { loadConfig } from '../config/load.js';
 import type { LoadedConfig } from '../config/types.js';
 import { runningRelease, selfScript } from '../release/layout.js';
 import { boundNamespace, placeInNamespace, runInsideMountNamespace } from '../runtime/mount-namespace.js';
-import { EXIT_STATUS_KILLED, encodeDeleteResponse } from './delete-response.js';
-import { shimInfo } from './info.js';
 import type { RegisterServices } from './serve.js';
 import type { ShimCommand } from './start.js';
 import { configIdentity, recordStartStamp } from './start-stamp.js';
@@ -338,6 +336,8 @@ function defaultSelf(): ShimCommand {
 /** `-info`: the RuntimeInfo for the options on stdin (info.ts); bad options exit 1 with one sentence. */
 async function runInfo(io: ShimIo): Promise<number> {
   try {
+    // Loaded here only: protobuf's code is a good part of what a `start` would load for nothing.
+    const { shimInfo } = await import('./info.js');
     await write(io.stdout, shimInfo(await drainStdin(io.stdin)));
     return 0;
   } catch (err) {
@@ -423,6 +423,7 @@ export async function main(argv: readonly string[], options: ShimMainOptions = {
         // delete answers once it is done or after DELETE_WAIT_MS, whichever comes first.
         const done = await runDetachedCleanup(options.self ?? defaultSelf(), argv, processEnv, DELETE_WAIT_MS);
         if (!done) io.stderr.write(`${SHIM_BINARY_NAME} delete: the cleanup of ${inv.id} goes on in the background\n`);
+        const { EXIT_STATUS_KILLED, encodeDeleteResponse } = await import('./delete-response.js');
         await write(io.stdout, encodeDeleteResponse({ pid: 0, exitStatus: EXIT_STATUS_KILLED, exitedAt: new Date() }));
         return 0;
       }
