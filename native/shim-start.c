@@ -7,6 +7,7 @@
  * by containerd), the answer is only its address, and this program gives it without Node:
  *
  *     kata-ts-shim-start FALLBACK-PROGRAM [ARG]... -- SHIM-ARGS...
+ *     containerd-shim-kata-ts-v2 SHIM-ARGS...      (a link to this binary under the shim's name)
  *
  * It reads SHIM-ARGS as src/shim/main.ts does, finds the pod's socket as src/shim/start.ts does
  * (the state root from the kata-ts config, the sandbox id from the bundle's config.json), and
@@ -14,7 +15,9 @@
  * `<bundle>/address` atomically and prints the address, exit 0. In every other case (another
  * action, a flag it does not take, anything unexpected in a file, no server, a config Node has not
  * accepted as it is now) it execs `FALLBACK-PROGRAM [ARG]... SHIM-ARGS...` (the Node shim) before
- * it has written or consumed anything, so containerd sees that program's answer instead.
+ * it has written or consumed anything, so containerd sees that program's answer instead. Run
+ * through a link under the shim's own name (what containerd execs), FALLBACK-PROGRAM is the Node
+ * shim of the tree this binary belongs to, `<root>/bin/<that name>`, whose first line runs Node.
  *
  * The config is the one thing it cannot judge: Node validates it against its schema. So the fast
  * path is taken only when `<stateRoot>/start-stamp`, written by a Node `start` that loaded the
@@ -53,6 +56,8 @@
 #define DEFAULT_STATE_ROOT "/run/kata-ts/shim"
 #define STAMP_FILE "start-stamp"
 #define STAMP_MAGIC "kata-ts shim start stamp 1"
+#define SELF_NAME "kata-ts-shim-start"
+#define SHIM_NAME "containerd-shim-kata-ts-v2"
 
 static char **fallback_argv;
 static const char *log_path;
@@ -579,19 +584,54 @@ static const char *parse_args(int argc, char **argv, struct args *a) {
   return NULL;
 }
 
-int main(int argc, char **argv) {
-  int sep = 1;
-  while (sep < argc && strcmp(argv[sep], "--") != 0) sep++;
-  if (sep == 1 || sep >= argc) {
-    fprintf(stderr, "usage: kata-ts-shim-start FALLBACK-PROGRAM [ARG]... -- SHIM-ARGS...\n");
-    return 2;
+/*
+ * Run under another name (a link named containerd-shim-kata-ts-v2 to this binary): the fallback is
+ * the Node shim of the same tree, `<root>/bin/<that name>` (else `<root>/bin/containerd-shim-kata-ts-v2`),
+ * where this binary is `<root>/dist/native/kata-ts-shim-start` (links resolved: the tree it belongs to).
+ */
+static char *own_shim(const char *name) {
+  static char exe[4096], path[4096 + 300];
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (n <= 0) return NULL;
+  exe[n] = 0;
+  static const char suffix[] = "/dist/native/" SELF_NAME;
+  size_t slen = strlen(suffix);
+  if ((size_t)n <= slen || strcmp(exe + n - slen, suffix) != 0) return NULL;
+  exe[n - slen] = 0;
+  if (strchr(name, '/') == NULL && strlen(name) < 256) {
+    snprintf(path, sizeof path, "%s/bin/%s", exe, name);
+    if (access(path, X_OK) == 0) return path;
   }
+  snprintf(path, sizeof path, "%s/bin/%s", exe, SHIM_NAME);
+  return path;
+}
+
+int main(int argc, char **argv) {
   log_path = getenv("KATA_TS_SHIM_START_LOG");
-  /* The fallback: FALLBACK-PROGRAM [ARG]... SHIM-ARGS... (over the "--", in place). */
-  fallback_argv = malloc(sizeof(char *) * (size_t)argc);
+  const char *self = argc > 0 ? strrchr(argv[0], '/') : NULL;
+  self = self ? self + 1 : argc > 0 ? argv[0] : "";
+  int sep;
+  fallback_argv = malloc(sizeof(char *) * ((size_t)argc + 1));
   if (fallback_argv == NULL) return 1;
   int n = 0;
-  for (int k = 1; k < sep; k++) fallback_argv[n++] = argv[k];
+  if (strcmp(self, SELF_NAME) == 0) {
+    sep = 1;
+    while (sep < argc && strcmp(argv[sep], "--") != 0) sep++;
+    if (sep == 1 || sep >= argc) {
+      fprintf(stderr, "usage: " SELF_NAME " FALLBACK-PROGRAM [ARG]... -- SHIM-ARGS...\n   or, as a link named " SHIM_NAME ": SHIM-ARGS...\n");
+      return 2;
+    }
+    /* The fallback: FALLBACK-PROGRAM [ARG]... SHIM-ARGS... (over the "--"). */
+    for (int k = 1; k < sep; k++) fallback_argv[n++] = argv[k];
+  } else {
+    sep = 0;
+    char *shim = own_shim(self);
+    if (shim == NULL) {
+      fprintf(stderr, "%s: cannot find the Node shim beside %s\n", self, SELF_NAME);
+      return 1;
+    }
+    fallback_argv[n++] = shim;
+  }
   for (int k = sep + 1; k < argc; k++) fallback_argv[n++] = argv[k];
   fallback_argv[n] = NULL;
 

@@ -2,8 +2,9 @@
  * The native front of `start` (native/shim-start.c, `dist/native/kata-ts-shim-start`; docs/shim.md
  * "The start fast path"): what containerd sees through it must be what the Node shim alone gives.
  *
- * 1. Without containerd or a VM, each case run twice, through the front and through the Node shim
- *    alone (the sources, through tsx), and the two answers compared (exit code, stdout, stderr,
+ * 1. Without containerd or a VM, each case run twice, through the front (also as a link named
+ *    containerd-shim-kata-ts-v2) and through the Node shim alone (the sources, through tsx), and
+ *    the two answers compared (exit code, stdout, stderr,
  *    the bundle's `address`): a container whose pod's socket answers (a listener of the test's
  *    stands for the pod's server) takes the fast path once a Node start has stamped the config,
  *    and every other case falls back to Node (no stamp yet, the config edited since, `-info`,
@@ -171,6 +172,20 @@ describe.skipIf(!frontBuilt)('the start front answers as the Node shim does (no 
     const b = path.join(dir, 'bundles', String(seq - 2));
     expect((await fsp.stat(path.join(b, 'address'))).mode & 0o777).toBe(0o644 & ~process.umask());
     expect((await fsp.readdir(b)).sort()).toEqual(['address', 'config.json']);
+
+    // As a link under the shim's own name (what containerd would exec): the same, and its fallback is
+    // this tree's bin/containerd-shim-kata-ts-v2.
+    const link = path.join(dir, 'containerd-shim-kata-ts-v2');
+    await fsp.symlink(FRONT, link);
+    const from = await logSize();
+    const b3 = await bundle(containerSpec());
+    const linked = await run([link, ...shimArgs('app-3', b3, 'start')], env());
+    expect(await decisions(from)).toEqual(['fast app-3']);
+    expect(linked).toEqual(fast.front);
+    expect([await run([link, '-v'], env()), await decisions(from)]).toEqual([
+      await viaNode(['-v']),
+      ['fast app-3', 'fallback : a flag the fast path leaves to Node'],
+    ]);
 
     // The sandbox's own start repeated while it is served (containerd retrying): fast too.
     const again = await compare(sandboxId, JSON.stringify({ annotations: { 'io.kubernetes.cri.container-type': 'sandbox' } }));
