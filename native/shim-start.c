@@ -14,7 +14,8 @@
  * when something accepts a connection there it drains stdin as Node would, writes
  * `<bundle>/address` atomically and prints the address, exit 0. In every other case (another
  * action, a flag it does not take, anything unexpected in a file, no server, a config Node has not
- * accepted as it is now) it execs `FALLBACK-PROGRAM [ARG]... SHIM-ARGS...` (the Node shim) before
+ * accepted as it is now) it execs `FALLBACK-PROGRAM [ARG]... SHIM-ARGS...` (the Node shim;
+ * FALLBACK-PROGRAM is a path, never looked up in PATH) before
  * it has written or consumed anything, so containerd sees that program's answer instead. Run
  * through a link under the shim's own name (what containerd execs), FALLBACK-PROGRAM is the Node
  * shim of the tree this binary belongs to, `<root>/bin/<that name>`, whose first line runs Node.
