@@ -56,6 +56,11 @@ export const DEFAULT_POOL_CGROUP_PARENT = { cgroupfs: '/kata-ts-pool', systemd: 
 /** The pool's CPU weight: the kernel's least cpu.shares (cgroup v2 cpu.weight 1); a pod gets 1024 per CPU requested. */
 export const DEFAULT_POOL_CPU_SHARES = 2;
 
+/**
+ * Where VM templates live (docs/templates.md): a directory on a memory file system (the guest RAM
+ * files clones map must not be paged through a disk); /dev/shm is tmpfs on every Linux node.
+ */
+export const DEFAULT_TEMPLATE_ROOT = '/dev/shm/kata-ts-templates';
 /** The pool's cgroup for a driver: the configured one, else that driver's default. */
 export function poolCgroupParent(pool: Pick<PoolConfig, 'cgroupParent'>, driver: CgroupDriverName): string {
   return pool.cgroupParent ?? DEFAULT_POOL_CGROUP_PARENT[driver];
@@ -169,5 +174,6 @@ export function defaultConfig(): KataConfig {
       [CONFIDENTIAL_HANDLER]: confidentialHandlerProfile(),
     },
     pool: { sizes: {}, cgroupParent: null, cpuShares: DEFAULT_POOL_CPU_SHARES, claimTimeoutMs: 30_000 },
+    templates: { handlers: [], root: DEFAULT_TEMPLATE_ROOT },
   };
 }

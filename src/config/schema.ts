@@ -205,5 +205,18 @@ export const configFileSchema = {
         claimTimeoutMs: { type: 'integer', minimum: 1000, maximum: 600_000 },
       },
     },
+    templates: {
+      type: 'object',
+      additionalProperties: false,
+      properties: {
+        handlers: {
+          type: 'array',
+          uniqueItems: true,
+          items: { type: 'string', pattern: '^[a-z0-9]([-a-z0-9]*[a-z0-9])?$', maxLength: 63 },
+        },
+        // Absolute, no comma (it goes into QEMU's -object argument), checked in validate.ts.
+        root: { type: 'string', minLength: 2, maxLength: 1024 },
+      },
+    },
   },
 } as const;

@@ -284,6 +284,19 @@ export interface KataConfig {
   defaultHandler: string;
   handlers: Record<string, HandlerProfile>;
   pool: PoolConfig;
+  templates: TemplatesConfig;
+}
+
+/**
+ * VM templates (docs/templates.md): the handlers whose pods start as clones of a template VM,
+ * opt-in because clones of one template share memory pages (a side channel between the pods of
+ * different tenants). A confidential handler never clones; a confined one cannot on QEMU 7.2.
+ */
+export interface TemplatesConfig {
+  /** Handler names whose pods are cloned from the handler's template when they fit. */
+  handlers: string[];
+  /** On a memory file system, owned by the daemon's user and closed to others: the templates' directories. */
+  root: string;
 }
 
 /**

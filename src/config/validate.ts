@@ -60,6 +60,7 @@ export function crossFieldProblems(config: KataConfig): string[] {
     if (h === undefined) problems.push(`/pool/sizes/${name} names no handler (${names.join(', ')})`);
     else if (h.confidential) problems.push(`/pool/sizes/${name} must be 0: a confidential handler's VM is never pooled`);
   }
+  problems.push(...templateProblems(config, names));
   const poolParent = config.pool.cgroupParent;
   if (poolParent !== null) {
     const problem = poolCgroupParentProblem(poolParent, config.cgroupDriver);
@@ -99,4 +100,31 @@ export function poolCgroupParentProblem(parent: string, driver: CgroupDriverSett
       return `has an unusable path component "${c}" (dot entries, blanks, control characters and cgroup interface file names are not allowed)`;
   }
   return null;
+}
+
+/**
+ * What is wrong with `templates` (one sentence each, naming the field): an unknown handler, a
+ * confidential one (a clone would share measured memory and secrets that were released to one
+ * launched VM), a confined one (QEMU 7.2 opens the RAM file every clone maps for writing, so a
+ * confined clone would need it writable by its identity: one compromised clone could write its
+ * siblings' memory), a root that is not an absolute path QEMU can take.
+ */
+function templateProblems(config: KataConfig, names: readonly string[]): string[] {
+  const problems: string[] = [];
+  for (const [i, name] of config.templates.handlers.entries()) {
+    const h = config.handlers[name];
+    const at = `/templates/handlers/${i}`;
+    if (h === undefined) problems.push(`${at} "${name}" names no handler (${names.join(', ')})`);
+    else if (h.confidential) problems.push(`${at} "${name}" is a confidential handler, whose VMs are never cloned`);
+    else if (h.vmmConfinement.unprivileged) {
+      problems.push(
+        `${at} "${name}" runs QEMU confined: clones need /handlers/${name}/vmmConfinement/unprivileged false (QEMU 7.2 opens the template's RAM file for writing)`,
+      );
+    }
+  }
+  const { root } = config.templates;
+  if (!root.startsWith('/') || root.includes(',') || root.split('/').includes('..')) {
+    problems.push(`/templates/root "${root}" must be an absolute path without a comma or a ".." component`);
+  }
+  return problems;
 }

@@ -37,6 +37,7 @@ import { type PauseOutcome, pausePod, resumePod } from '../runtime/sandbox/pause
 import { SANDBOX_RECORD_KIND, type SandboxRecord } from '../runtime/sandbox/record.js';
 import { acquireStateLock } from '../runtime/state-lock.js';
 import { RecordStore } from '../runtime/store.js';
+import { TemplateManager } from '../runtime/template/manager.js';
 
 export interface DaemonOptions {
   loaded: LoadedConfig;
@@ -113,6 +114,8 @@ async function composeDaemon(options: DaemonOptions, releaseLock: () => Promise<
   const pool = new PoolManager({ config, facts, cgroups, host, readPcieFacts, logger, ...(network === undefined ? {} : { network }) });
   await pool.recover();
   registerPoolMetrics(metrics.registry, pool);
+  // VM templates (docs/templates.md): built once the daemon answers, offered before the pool.
+  const templates = new TemplateManager({ config, facts, host, readPcieFacts, logger });
   const sandboxes = new SandboxManager({
     config,
     facts,
@@ -124,6 +127,7 @@ async function composeDaemon(options: DaemonOptions, releaseLock: () => Promise<
     readPcieFacts,
     ...(network === undefined ? {} : { network }),
     ...(pool.sizes().length > 0 ? { pool } : {}),
+    ...(templates.enabled ? { templates } : {}),
     cgroupDriverNamed: (name) => createCgroupDriver(name, driverOptions),
     // Containers are told when their sandbox stops or goes (containers is defined just below).
     listener: {
@@ -190,7 +194,12 @@ async function composeDaemon(options: DaemonOptions, releaseLock: () => Promise<
     Status: async (req: StatusRequest__Output) => {
       const response = statusResponse(config, facts, req, await networkReadiness(config.network));
       if (req.verbose) {
-        response.info = { ...response.info, streaming: JSON.stringify({ url: streaming.baseUrl }), pool: JSON.stringify(pool.status()) };
+        response.info = {
+          ...response.info,
+          streaming: JSON.stringify({ url: streaming.baseUrl }),
+          pool: JSON.stringify(pool.status()),
+          templates: JSON.stringify(templates.status()),
+        };
       }
       return response;
     },
@@ -234,6 +243,7 @@ async function composeDaemon(options: DaemonOptions, releaseLock: () => Promise<
   const started = server;
   // The pool fills once the daemon answers: its boots never delay the daemon's start.
   pool.start();
+  templates.start().catch((err: unknown) => logger.error({ err: errorMessage(err) }, 'templates could not start'));
   return {
     config,
     facts,
@@ -248,6 +258,7 @@ async function composeDaemon(options: DaemonOptions, releaseLock: () => Promise<
     },
     close: async () => {
       await pool.close();
+      await templates.close();
       await started.close();
       await streaming.close();
       await endpoint?.close();

@@ -311,6 +311,13 @@ export interface StartCloneOptions {
    * opens a hot-plugged NIC's TAP by name in its own namespace. Absent: the daemon's.
    */
   netnsPath?: string;
+  /**
+   * Puts the clone's QEMU in its cgroup while it is still stopped (before the restore), as a cold
+   * boot's is: no guest instruction runs outside the pod's budget. A failure ends the clone.
+   */
+  place?: (pid: number) => Promise<void>;
+  /** QMP's own answer bound (HypervisorConfig.qmpTimeoutMs). */
+  qmpTimeoutMs?: number;
   migrateTimeoutMs?: number;
 }
 
@@ -332,6 +339,8 @@ export async function startClone(options: StartCloneOptions): Promise<{ vm: VmPr
     workDir: options.workDir,
     logger: options.logger,
     ...(options.netnsPath === undefined ? {} : { netnsPath: options.netnsPath }),
+    ...(options.place === undefined ? {} : { place: options.place }),
+    ...(options.qmpTimeoutMs === undefined ? {} : { qmpTimeoutMs: options.qmpTimeoutMs }),
   });
   const timeoutMs = options.migrateTimeoutMs ?? 60_000;
   try {

@@ -46,6 +46,12 @@ const CANONICAL_PATHS: VmSocketPaths = {
 export type TemplateVmSpec = Omit<QemuArgvSpec, 'paths' | 'name' | 'nic'> & {
   /** The guest agent's channel is what tells that the template is ready: required. */
   withAgent: true;
+  /**
+   * Root ports outside the topology's slots that a clone's NIC and shared directory are
+   * hot-plugged onto (the pool's ports, src/runtime/pool/plan.ts poolPortArgs: a clone takes the
+   * pool claim's steps), appended to buildQemuArgv's argv as given. Part of the key.
+   */
+  hotplugPortArgs?: string[];
 };
 
 /**
@@ -104,6 +110,17 @@ export function validateTemplateSpec(spec: TemplateVmSpec): void {
   if (spec.withAgent !== true) {
     throw invalid('TEMPLATE_ARGV_UNSUPPORTED', 'spec.withAgent must be true: the agent answering is what makes a template ready.');
   }
+  // QEMU 7.2 discards a RAM range of a file-backed block by punching a hole in the FILE
+  // (ram_block_discard_range: fallocate whenever the block has an fd, private mapping or not).
+  // For a clone that file is the template's, mapped by every sibling: a balloon's discards (free
+  // page reporting, or an inflate, which the guest drives) would zero pages of other pods' memory.
+  // Seen: a clone with free page reporting crashed (guest-reset) and later clones hung.
+  if (spec.freePageReporting === true) {
+    throw invalid(
+      'TEMPLATE_ARGV_UNSUPPORTED',
+      "spec.freePageReporting must be off: QEMU 7.2 would punch the reported pages out of the template's RAM file, which every clone maps.",
+    );
+  }
 }
 
 /**
@@ -112,8 +129,13 @@ export function validateTemplateSpec(spec: TemplateVmSpec): void {
  */
 export function planTemplateArgv(spec: TemplateVmSpec, name: string, paths: VmSocketPaths, ramFile: string): string[] {
   validateTemplateSpec(spec);
-  const base = buildQemuArgv({ ...spec, name, paths: { ...paths, virtiofsSocket: undefined } });
-  return withFileRam(base, ramFile, true);
+  return withFileRam(baseArgv(spec, name, paths), ramFile, true);
+}
+
+/** buildQemuArgv's argv of the spec (no virtio-fs socket), then its hot-plug ports. */
+function baseArgv(spec: TemplateVmSpec, name: string, paths: VmSocketPaths): string[] {
+  const { withAgent: _agent, hotplugPortArgs = [], ...argvSpec } = spec;
+  return [...buildQemuArgv({ ...argvSpec, name, paths: { ...paths, virtiofsSocket: undefined } }), ...hotplugPortArgs];
 }
 
 /**
@@ -123,7 +145,7 @@ export function planTemplateArgv(spec: TemplateVmSpec, name: string, paths: VmSo
  */
 export function planCloneArgv(spec: TemplateVmSpec, name: string, paths: VmSocketPaths, ramFile: string, share?: CloneShare): string[] {
   validateTemplateSpec(spec);
-  const base = buildQemuArgv({ ...spec, name, paths: { ...paths, virtiofsSocket: undefined } });
+  const base = baseArgv(spec, name, paths);
   const fsdev = share === undefined ? [] : ['-fsdev', cloneFsdevArg(share)];
   return [...withFileRam(base, ramFile, false), ...fsdev, '-incoming', 'defer'];
 }

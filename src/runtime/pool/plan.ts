@@ -8,7 +8,7 @@ import { millicoresForShares, type PlacementRecord, type VmmLimits } from '../..
 import type { ResolvedHandler } from '../../config/handlers.js';
 import type { HypervisorConfig } from '../../config/types.js';
 import type { AccelerationChoice } from '../../hypervisor/index.js';
-import { buildQemuArgv, VIRTIO_MEM_BLOCK_MIB, type VmSocketPaths } from '../../hypervisor/index.js';
+import { buildQemuArgv, type QemuArgvSpec, VIRTIO_MEM_BLOCK_MIB, type VmSocketPaths } from '../../hypervisor/index.js';
 import type { PcieHostFacts } from '../../pcie/index.js';
 import { planPodPcie } from '../../pcie/index.js';
 import type { HostCapacity, VmShape } from '../../sizing/types.js';
@@ -91,12 +91,20 @@ export function poolPortArgs(): string[] {
   return ['-device', port(POOL_VFS_PORT_ID, 0x05, 1), '-device', port(POOL_NIC_PORT_ID, 0x06, 2)];
 }
 
-/** Pure: a pooled VM's key, shape and QEMU argv (no NIC, no virtio-fs; two root ports for them). */
-export function planPoolVm(input: PoolVmPlanInput): PoolVmPlan {
+/**
+ * Pure: what a pooled VM's QEMU argv is built from, apart from its name and paths (no NIC, no
+ * virtio-fs; the two root ports the claim plugs them onto are poolPortArgs, added after). A
+ * handler's template VM is the same VM (src/runtime/template/plan.ts), so that its clones take
+ * the claim's steps.
+ */
+export function planPoolVmSpec(input: Omit<PoolVmPlanInput, 'vmName' | 'paths'>): {
+  spec: Omit<QemuArgvSpec, 'name' | 'paths' | 'nic'>;
+  vmm: VmmConfinementPlan;
+  /** The PCIe topology's arguments: what the pod's plan is compared with. */
+  topologyArgs: string[];
+} {
   const { profile } = input.handler;
   const tcg = input.accel.accel === 'tcg';
-  const translationCacheMiB = tcg ? input.hypervisor.tcgTranslationCacheMiB : 0;
-  const shape = planPoolShape(input.handler, input.host);
   const pcie = planPodPcie({
     facts: input.pcieFacts,
     podResources: null,
@@ -105,23 +113,28 @@ export function planPoolVm(input: PoolVmPlanInput): PoolVmPlan {
     simulateVfioWith: input.simulateVfioWith,
   });
   const vmm = planVmmConfinement(input);
-  const { virtiofsSocket: _none, ...paths } = input.paths;
-  const argv = buildQemuArgv({
-    name: input.vmName,
-    shape,
+  const spec: Omit<QemuArgvSpec, 'name' | 'paths' | 'nic'> = {
+    shape: planPoolShape(input.handler, input.host),
     accel: input.accel.accel,
     kernelPath: input.hypervisor.kernelPath,
     initrdPath: input.hypervisor.initrdPath,
     kernelParams: input.hypervisor.kernelParams,
-    paths,
     pcieArgs: pcie.qemuArgs,
     confidential: false,
     // As a cold boot of this handler has it (src/runtime/plan.ts): a pooled pod is the same VM.
     ...(profile.vm.freePageReporting ? { freePageReporting: true } : {}),
-    ...(tcg ? { tcgTranslationCacheMiB: translationCacheMiB } : {}),
+    ...(tcg ? { tcgTranslationCacheMiB: input.hypervisor.tcgTranslationCacheMiB } : {}),
     ...(input.hypervisor.guestImagePath === null ? {} : { guestImagePath: input.hypervisor.guestImagePath }),
     ...(vmm.seccomp === null ? {} : { seccompSandbox: vmm.seccomp }),
-  });
+  };
+  return { spec, vmm, topologyArgs: pcie.qemuArgs };
+}
+
+/** Pure: a pooled VM's key, shape and QEMU argv (no NIC, no virtio-fs; two root ports for them). */
+export function planPoolVm(input: PoolVmPlanInput): PoolVmPlan {
+  const { spec, vmm, topologyArgs } = planPoolVmSpec(input);
+  const { virtiofsSocket: _none, ...paths } = input.paths;
+  const argv = buildQemuArgv({ ...spec, name: input.vmName, paths });
   argv.push(...poolPortArgs());
   const key: PoolKey = {
     handler: input.handler.name,
@@ -131,12 +144,12 @@ export function planPoolVm(input: PoolVmPlanInput): PoolVmPlan {
     initrdPath: input.hypervisor.initrdPath,
     guestImagePath: input.hypervisor.guestImagePath,
     kernelParams: input.hypervisor.kernelParams,
-    tcgTranslationCacheMiB: translationCacheMiB,
-    pcieArgs: pcie.qemuArgs,
+    tcgTranslationCacheMiB: spec.tcgTranslationCacheMiB ?? 0,
+    pcieArgs: topologyArgs,
     confined: vmm.unprivileged,
-    freePageReporting: profile.vm.freePageReporting,
+    freePageReporting: input.handler.profile.vm.freePageReporting,
   };
-  return { key, shape, vmm, qemu: { binary: input.hypervisor.qemuBinary, accel: input.accel, argv } };
+  return { key, shape: spec.shape, vmm, qemu: { binary: input.hypervisor.qemuBinary, accel: input.accel, argv } };
 }
 
 /** Why a pod boots cold instead of taking a pooled VM (shown in its status). */
@@ -174,12 +187,15 @@ export interface PoolFitInput {
   /** Pool size configured for the handler. */
   poolSize: number;
   withAgent: boolean;
+  /** How the messages name the VM ("the pooled VM" unless given: a template's fit says "the template VM"). */
+  vmNoun?: string;
 }
 
 /** Pure: null when the pod fits the pooled VM, otherwise the first reason it does not. */
 export function poolMiss(input: PoolFitInput): PoolMiss | null {
   const { plan, key } = input;
   const miss = (reason: PoolMissReason, message: string): PoolMiss => ({ reason, message });
+  const vm = input.vmNoun ?? 'the pooled VM';
   if (plan.confidential) return miss('POOL_CONFIDENTIAL', `handler "${plan.handler}" is confidential and is never pooled`);
   if (input.poolSize === 0) return miss('POOL_DISABLED', `pool.sizes has no pooled VMs for handler "${plan.handler}"`);
   if (!input.withAgent) return miss('POOL_NO_GUEST_AGENT', 'hypervisor.guestImagePath is null: a VM without the agent is never pooled');
@@ -187,7 +203,7 @@ export function poolMiss(input: PoolFitInput): PoolMiss | null {
   const cold = plan.pcie.topology.functions.length;
   if (cold > 0) return miss('POOL_COLD_PLUGGED_DEVICES', `the pod brings ${cold} PCIe functions attached at boot`);
   if (JSON.stringify(plan.pcie.qemuArgs) !== JSON.stringify(key.pcieArgs)) {
-    return miss('POOL_TOPOLOGY_DIFFERS', 'the pod reserves PCIe ports for announced devices beyond those of a pooled VM');
+    return miss('POOL_TOPOLOGY_DIFFERS', `the pod reserves PCIe ports for announced devices beyond those of ${vm}`);
   }
   const shape = plan.sizing.vm;
   if (shape.hugepages.length > 0 || shape.kernelParams.length > 0) {
@@ -197,17 +213,17 @@ export function poolMiss(input: PoolFitInput): PoolMiss | null {
   const { key: pk, shape: ps } = input.pooled;
   if (!samePoolKey(pk, key)) {
     const fields = (Object.keys(key) as (keyof PoolKey)[]).filter((k) => JSON.stringify(key[k]) !== JSON.stringify(pk[k]));
-    return miss('POOL_GUEST_DIFFERS', `the pooled VM was booted with other ${fields.join(', ')}`);
+    return miss('POOL_GUEST_DIFFERS', `${vm} was booted with other ${fields.join(', ')}`);
   }
-  if (shape.vcpus < ps.vcpus) return miss('POOL_VCPUS_BELOW_POOL', `the pod plans ${shape.vcpus} vCPUs, below the pooled VM's ${ps.vcpus}`);
+  if (shape.vcpus < ps.vcpus) return miss('POOL_VCPUS_BELOW_POOL', `the pod plans ${shape.vcpus} vCPUs, below ${vm}'s ${ps.vcpus}`);
   if (shape.maxVcpus > ps.maxVcpus) {
-    return miss('POOL_VCPUS_BEYOND_POOL', `the pod plans up to ${shape.maxVcpus} vCPUs, beyond the pooled VM's ${ps.maxVcpus}`);
+    return miss('POOL_VCPUS_BEYOND_POOL', `the pod plans up to ${shape.maxVcpus} vCPUs, beyond ${vm}'s ${ps.maxVcpus}`);
   }
   if (shape.memoryMiB < ps.memoryMiB || (shape.memoryMiB - ps.memoryMiB) % VIRTIO_MEM_BLOCK_MIB !== 0) {
-    return miss('POOL_MEMORY_BELOW_POOL', `the pod plans ${shape.memoryMiB} MiB, not reachable from the pooled VM's ${ps.memoryMiB} MiB`);
+    return miss('POOL_MEMORY_BELOW_POOL', `the pod plans ${shape.memoryMiB} MiB, not reachable from ${vm}'s ${ps.memoryMiB} MiB`);
   }
   if (shape.maxMemoryMiB > ps.maxMemoryMiB) {
-    return miss('POOL_MEMORY_BEYOND_POOL', `the pod plans up to ${shape.maxMemoryMiB} MiB, beyond the pooled VM's ${ps.maxMemoryMiB} MiB`);
+    return miss('POOL_MEMORY_BEYOND_POOL', `the pod plans up to ${shape.maxMemoryMiB} MiB, beyond ${vm}'s ${ps.maxMemoryMiB} MiB`);
   }
   return null;
 }

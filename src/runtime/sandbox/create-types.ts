@@ -39,7 +39,22 @@ export interface CreateDeps {
   network?: PodNetworks;
   /** Pre-booted VMs (src/runtime/pool, docs/pool.md); absent: every pod boots cold. */
   pool?: SandboxPool;
+  /** VM templates (src/runtime/template, docs/templates.md); absent: no pod is a clone. */
+  templates?: SandboxTemplates;
 }
+
+/**
+ * What RunPodSandbox asks first: a clone of the handler's template grown into `prep`'s plan, or
+ * why not (`miss` null: the handler does not clone at all). A failed clone has left nothing.
+ */
+export interface SandboxTemplates {
+  clone(deps: CreateDeps, prep: SandboxPreparation): Promise<TemplateAnswer>;
+}
+
+/** A clone made the pod's, or why there is none (null: templates are off for the handler). */
+export type TemplateAnswer =
+  | { kind: 'clone'; created: CreatedSandbox }
+  | { kind: 'miss'; miss: { reason: string; message: string } | null };
 
 /**
  * What RunPodSandbox asks of the pool after planning: a pooled VM grown into `prep`'s plan, or

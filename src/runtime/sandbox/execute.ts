@@ -77,7 +77,7 @@ export async function executeSandbox(deps: CreateDeps, prep: SandboxPreparation)
 }
 
 /** The work dir, 0700; one that exists already belongs to someone else and is left alone. */
-async function makeWorkDir(run: SandboxRun): Promise<void> {
+export async function makeWorkDir(run: SandboxRun): Promise<void> {
   const { workDir } = run.prep.layout;
   await fsp.mkdir(path.dirname(workDir), { recursive: true, mode: 0o700 });
   try {
@@ -164,7 +164,7 @@ async function makeJail(run: SandboxRun, identity: VmmIdentity): Promise<void> {
  * Namespace, CNI ADD, TAP (a joined namespace: the TAP only; made for the confined QEMU's
  * identity, which may then attach to it); then the plan again with the CNI interface's MAC.
  */
-async function attachNetwork(
+export async function attachNetwork(
   run: SandboxRun,
   networks: PodNetworks,
   net: PodNetworkRecord,
@@ -257,7 +257,7 @@ function vfioMemlock(run: SandboxRun): { memlockBytes?: number } {
 }
 
 /** The processes placed in the pod's cgroup with QEMU: virtiofsd and a vtpm pod's swtpm. */
-type Companions = [VirtiofsdProcess | undefined, SwtpmHandle | undefined];
+export type Companions = [VirtiofsdProcess | undefined, SwtpmHandle | undefined];
 
 /** Locked memory beyond the guest's RAM a VFIO VMM may pin (option ROMs, the IOMMU's own mappings). */
 const VFIO_MEMLOCK_SLACK_MIB = 64;
@@ -267,7 +267,7 @@ const VFIO_MEMLOCK_SLACK_MIB = 64;
  * guest instruction, and nothing a compromised QEMU could fork, runs outside the pod's budget and
  * pids.max, and virtiofsd (which serves the guest's file I/O), with its sandbox child, shares it.
  */
-async function placeVmm(run: SandboxRun, pid: number, companions: Companions, started: { vm?: VmProcess }): Promise<void> {
+export async function placeVmm(run: SandboxRun, pid: number, companions: Companions, started: { vm?: VmProcess }): Promise<void> {
   const { cgroups } = run.deps;
   const [virtiofsd, swtpm] = companions;
   const extraPids = [...(virtiofsd?.pids() ?? []), ...(swtpm?.pids() ?? [])];

@@ -178,8 +178,37 @@ export interface SandboxPausedRecord {
  * by, which later resizes add to), or booted cold, with the reason the pool could not serve it.
  */
 export type SandboxOrigin =
-  | { kind: 'pool'; poolVmId: string; pooledShape: { vcpus: number; memoryMiB: number; maxVcpus: number; maxMemoryMiB: number } }
-  | { kind: 'cold'; poolMiss: { reason: string; message: string } | null };
+  | {
+      kind: 'pool';
+      poolVmId: string;
+      pooledShape: BootShapeRecord;
+      /** Why no template served it (format 9; null or absent: templates are off for the handler). */
+      templateMiss?: OriginMiss | null;
+    }
+  | { kind: 'cold'; poolMiss: OriginMiss | null; templateMiss?: OriginMiss | null }
+  | {
+      kind: 'template';
+      /** The template's directory name (`<shape>-<key>`, docs/templates.md). */
+      templateName: string;
+      /** The shape the template VM booted with, which the clone was grown from. */
+      templateShape: BootShapeRecord;
+      /** From the clone's start to its guest reseeded. */
+      cloneReadyMs: number;
+    };
+
+/** Why a pod's VM did not come from the pool or a template: a reason code and one sentence. */
+export interface OriginMiss {
+  reason: string;
+  message: string;
+}
+
+/** The vCPUs and memory a pooled or template VM booted with (before the claim grew it). */
+export interface BootShapeRecord {
+  vcpus: number;
+  memoryMiB: number;
+  maxVcpus: number;
+  maxMemoryMiB: number;
+}
 
 /**
  * virtio-mem a resize must add to its own: what grew a pooled VM's boot RAM to the planned boot
@@ -187,14 +216,31 @@ export type SandboxOrigin =
  */
 export function virtioMemBasis(record: Pick<SandboxRecord, 'origin' | 'plan' | 'shape'>): { offsetMiB: number; maxMiB: number } {
   const boot = record.plan.sizing.vm.memoryMiB;
-  if (record.origin?.kind === 'pool') {
-    const p = record.origin.pooledShape;
+  if (record.origin?.kind === 'pool' || record.origin?.kind === 'template') {
+    const p = record.origin.kind === 'pool' ? record.origin.pooledShape : record.origin.templateShape;
     return { offsetMiB: boot - p.memoryMiB, maxMiB: p.maxMemoryMiB - p.memoryMiB };
   }
   return { offsetMiB: 0, maxMiB: record.shape.maxMemoryMiB - boot };
 }
 
 const stringMap = { type: 'object', additionalProperties: { type: 'string' } } as const;
+const BOOT_SHAPE_SCHEMA = {
+  type: 'object',
+  additionalProperties: false,
+  required: ['vcpus', 'memoryMiB', 'maxVcpus', 'maxMemoryMiB'],
+  properties: {
+    vcpus: { type: 'integer' },
+    memoryMiB: { type: 'integer' },
+    maxVcpus: { type: 'integer' },
+    maxMemoryMiB: { type: 'integer' },
+  },
+} as const;
+const ORIGIN_MISS_SCHEMA = {
+  type: 'object',
+  additionalProperties: false,
+  required: ['reason', 'message'],
+  properties: { reason: { type: 'string' }, message: { type: 'string' } },
+} as const;
 const anyObject = { type: 'object' } as const;
 const nullable = (schema: object): object => ({ anyOf: [{ type: 'null' }, schema] });
 
@@ -224,7 +270,9 @@ export const PLACEMENT_RECORD_SCHEMA = {
 } as const;
 
 /**
- * Format 8 (this one) adds `tpm` (a vtpm pod's swtpm: code of format 7 would neither stop it nor
+ * Format 9 (this one) adds the `template` origin (a clone of a VM template, docs/templates.md:
+ * code of format 8 would take it for a cold boot and resize it from the wrong virtio-mem basis)
+ * and `templateMiss` on the others. Format 8 added `tpm` (a vtpm pod's swtpm: code of format 7 would neither stop it nor
  * release its identity). Format 7 added `origin` (from the pool or cold, and why not from the pool; a pooled
  * VM's resizes add to the virtio-mem its claim plugged, which code of format 6 would not know).
  * Format 6 added `confinement` (QEMU's seccomp option, its uid/gid, jail and VMM dir)
@@ -236,7 +284,7 @@ export const PLACEMENT_RECORD_SCHEMA = {
  * migrateSandboxRecord). A format-5 record is left alone by format-4 code (a newer format), which
  * would otherwise take a joined namespace for its own and delete it.
  */
-export const SANDBOX_RECORD_VERSION = 8;
+export const SANDBOX_RECORD_VERSION = 9;
 
 /** What a sandbox of format 5 or older was: QEMU as root, no seccomp filter, no jail. */
 export const UNCONFINED_BEFORE_FORMAT_6 = { seccomp: null, unprivileged: false, identityRange: null, optOutReason: null } as const;
@@ -247,11 +295,12 @@ export const UNCONFINED_BEFORE_FORMAT_6 = { seccomp: null, unprivileged: false, 
  * 3 -> 4: a sandbox of format 3 had no network (null). 4 -> 5: every format-4 network was made
  * by kata-ts with CNI (`kind: 'cni'`). 5 -> 6: QEMU ran as root without seccomp (`confinement`
  * null, `plan.vmm` UNCONFINED_BEFORE_FORMAT_6). 6 -> 7: no `origin` (a cold boot from before the
- * pool; virtioMemBasis reads it as such). 7 -> 8: no `tpm` (no swtpm before TEE profiles). Pure;
+ * pool; virtioMemBasis reads it as such). 7 -> 8: no `tpm` (no swtpm before TEE profiles). 8 -> 9:
+ * nothing to change (no template origin before format 9). Pure;
  * throws when it cannot.
  */
 export function migrateSandboxRecord(fromVersion: number, record: unknown): unknown {
-  if (![1, 2, 3, 4, 5, 6, 7].includes(fromVersion)) throw new Error(`no migration from sandbox record format ${fromVersion}`);
+  if (![1, 2, 3, 4, 5, 6, 7, 8].includes(fromVersion)) throw new Error(`no migration from sandbox record format ${fromVersion}`);
   if (typeof record !== 'object' || record === null) throw new Error('the record is not an object');
   let out = record as Record<string, unknown>;
   if (fromVersion === 1) {
@@ -541,25 +590,14 @@ export const SANDBOX_RECORD_KIND: RecordKind = {
         type: 'object',
         required: ['kind'],
         properties: {
-          kind: { enum: ['pool', 'cold'] },
+          kind: { enum: ['pool', 'cold', 'template'] },
           poolVmId: { type: 'string' },
-          pooledShape: {
-            type: 'object',
-            additionalProperties: false,
-            required: ['vcpus', 'memoryMiB', 'maxVcpus', 'maxMemoryMiB'],
-            properties: {
-              vcpus: { type: 'integer' },
-              memoryMiB: { type: 'integer' },
-              maxVcpus: { type: 'integer' },
-              maxMemoryMiB: { type: 'integer' },
-            },
-          },
-          poolMiss: nullable({
-            type: 'object',
-            additionalProperties: false,
-            required: ['reason', 'message'],
-            properties: { reason: { type: 'string' }, message: { type: 'string' } },
-          }),
+          pooledShape: BOOT_SHAPE_SCHEMA,
+          poolMiss: nullable(ORIGIN_MISS_SCHEMA),
+          templateMiss: nullable(ORIGIN_MISS_SCHEMA),
+          templateName: { type: 'string', pattern: '^[0-9a-f]{16}-[0-9a-f]{16}$' },
+          templateShape: BOOT_SHAPE_SCHEMA,
+          cloneReadyMs: { type: 'integer', minimum: 0 },
         },
       },
       paused: nullable({

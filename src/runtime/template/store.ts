@@ -107,17 +107,31 @@ export class TemplateStore {
   }
 
   /**
-   * Restore a clone from `spec`'s template (built first if needed) and make it ready (reseeded).
-   * Never throws for a failed template or clone: the outcome names the reason (a KataError's
-   * code, else TEMPLATE_CLONE_FAILED) and message; the clone's QEMU is gone by then.
+   * The verified template for `spec` as it is now, without building: TEMPLATE_RAM_FILE_INVALID,
+   * TEMPLATE_STATE_CORRUPT, TEMPLATE_KEY_MISMATCH... when the one there is unfit (or ENOENT when
+   * there is none). What a pod's clone uses: a pod never waits for a build.
+   */
+  async verified(spec: TemplateVmSpec): Promise<ReadyTemplate> {
+    const key = await this.keyOf(spec);
+    const templateDir = path.join(this.options.root, templateDirName(key).name);
+    const { record } = await loadVerifiedTemplate(templateDir, key);
+    return { templateDir, key, record, built: false };
+  }
+
+  /**
+   * Restore a clone from `spec`'s template (built first if needed, unless `build` is false) and
+   * make it ready (reseeded). Never throws for a failed template or clone: the outcome names the
+   * reason (a KataError's code, else TEMPLATE_CLONE_FAILED) and message; the clone's QEMU is
+   * gone by then.
    */
   async tryClone(
     spec: TemplateVmSpec,
     clone: Omit<ReadyCloneOptions, 'qemuBinary' | 'spec' | 'key' | 'templateDir' | 'logger' | 'hostVersion'>,
+    { build = true }: { build?: boolean } = {},
   ): Promise<CloneOutcome> {
     const log = this.options.logger;
     try {
-      const template = await this.ensure(spec);
+      const template = build ? await this.ensure(spec) : await this.verified(spec);
       const ready = await startReadyClone(
         {
           ...clone,

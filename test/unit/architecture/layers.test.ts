@@ -45,7 +45,7 @@ const BELOW_CORE = [
 ];
 /** The core's lowest floor: its root files (context, deadline, locks, store, facts, metrics, plan, ...). */
 const CORE_BASE = ['core-root', 'spec', 'admission', 'logs'];
-const CORE = [...CORE_BASE, 'sandbox', 'resize', 'pool', 'container'];
+const CORE = [...CORE_BASE, 'sandbox', 'resize', 'pool', 'template', 'container'];
 
 const LAYERS: LayerTable = {
   folders: {
@@ -141,7 +141,8 @@ const LAYERS: LayerTable = {
     sandbox: [...BELOW_CORE, ...CORE_BASE],
     resize: [...BELOW_CORE, ...CORE_BASE, 'sandbox'],
     pool: [...BELOW_CORE, ...CORE_BASE, 'sandbox', 'resize'],
-    // VM templates in the runtime: a clone made ready (restore, agent, reseed); later the claim of one.
+    // VM templates in the runtime: the store, a clone made ready (restore, agent, reseed), its claim
+    // by a pod (the pool claim's steps) and the daemon's manager of them.
     template: [...BELOW_CORE, ...CORE_BASE, 'sandbox', 'resize', 'pool'],
     container: [...BELOW_CORE, ...CORE_BASE, 'sandbox', 'resize'],
     // The CRI face: the core and the pure or face-only parts below it, never a driver that

@@ -307,13 +307,14 @@ describe('format-4 records (written before joined network namespaces)', () => {
     expect((migrateSandboxRecord(4, { id: SANDBOX_ID, network: null }) as SandboxRecord).network).toBeNull();
     const joined = { kind: 'joined', netnsName: null, netnsPath: '/proc/1/ns/net' };
     expect((migrateSandboxRecord(4, { id: SANDBOX_ID, network: joined }) as SandboxRecord).network).toEqual(joined);
-    expect(() => migrateSandboxRecord(8, {})).toThrow(/format 8/);
+    expect(() => migrateSandboxRecord(9, {})).toThrow(/format 9/);
   });
 
   it('a format-6 sandbox (before the pool) migrates without an origin: a cold boot', () => {
     const migrated = migrateSandboxRecord(6, { id: SANDBOX_ID, network: null, confinement: null }) as SandboxRecord;
     expect(migrated.origin).toBeUndefined();
-    expect(SANDBOX_RECORD_KIND.version).toBe(8);
+    // Format 9 added the template origin (a clone of a VM template).
+    expect(SANDBOX_RECORD_KIND.version).toBe(9);
   });
 });
 
