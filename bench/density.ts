@@ -5,10 +5,10 @@
  * - **cold**: a standalone `kata-ts serve` with no pool: every pod boots its VM;
  * - **pool**: a fresh `kata-ts serve` whose pool is sized N and full before the burst: every pod
  *   claims a pre-booted VM (each pod's origin is read back from PodSandboxStatus and printed);
- * - **template**: not measured yet. VM templates are being built this round
- *   (src/hypervisor/template*.ts); when they land, give MODE_SETUPS.template a daemon config and a
- *   handler and this bench measures it like the other two. Until then its rows are absent and the
- *   output says so;
+ * - **template**: a fresh `kata-ts serve` whose handler clones its VM template
+ *   (docs/templates.md), the template built (or, after the first N, verified) before the burst:
+ *   every pod is a clone grown to its shape. The handler runs QEMU unconfined (templates need it
+ *   on QEMU 7.2), the cold and pool modes confined: the jail's cost is on their side;
  * - **runc**: the same N through the private containerd 1.6.20 of test/helpers/containerd.ts and
  *   runc (as bench/shim.ts does), when containerd is installed;
  * - **bare**: the runtime's own QEMU argv (from a cold warm-up pod, as bench/pool.ts takes it) with
@@ -109,9 +109,41 @@ export const MODE_SETUPS: Record<VmMode, VmModeSetup | { unavailable: string }> 
     prepare: (rt, n, progress) => poolFull(rt.cri, n, progress),
   },
   template: {
-    unavailable: 'VM templates are being built this round (src/hypervisor/template*.ts, not in this tree when this ran): no template rows',
+    daemonConfig: () => ({
+      ...baseConfig(),
+      handlers: {
+        [HANDLER]: {
+          ...defaultHandlerProfile(),
+          vmmConfinement: { seccomp: true, unprivileged: false, optOutReason: 'templates: clones need the RAM file writable on QEMU 7.2' },
+        },
+      },
+      templates: { handlers: [HANDLER], root: TEMPLATE_ROOT },
+    }),
+    handler: HANDLER,
+    prepare: (rt, _n, progress) => templateReady(rt.cri, progress),
   },
 };
+
+/** One template root for the run: built by the first template daemon, verified by the next (same inputs, same key). */
+const TEMPLATE_ROOT = path.join('/dev/shm', `kata-ts-bench-templates-${process.pid}`);
+
+/** Waits until HANDLER's template is ready (built or verified); a failed build is an error. */
+async function templateReady(cri: CriClient, progress: (l: string) => void): Promise<void> {
+  const started = Date.now();
+  for (;;) {
+    const { info } = await cri.runtime.Status({ verbose: true });
+    const s = (JSON.parse(info.templates ?? '[]') as Array<{ handler: string; phase: string; failure: unknown }>).find(
+      (x) => x.handler === HANDLER,
+    );
+    if (s?.phase === 'ready') {
+      progress(`  template ready after ${((Date.now() - started) / 1000).toFixed(1)} s`);
+      return;
+    }
+    if (s?.phase === 'failed') throw new Error(`the template failed: ${JSON.stringify(s.failure)}`);
+    if (Date.now() - started > POOL_STALL_MS) throw new Error(`the template was not ready within ${POOL_STALL_MS} ms`);
+    await sleep(500);
+  }
+}
 
 interface PoolStatus {
   handler: string;
@@ -580,6 +612,7 @@ export async function runDensityBench(
     }
   } finally {
     for (const rt of [...daemons]) await rt.cleanup();
+    await fsp.rm(TEMPLATE_ROOT, { recursive: true, force: true });
     await registry.stop();
     process.off('SIGINT', onSignal);
     process.off('SIGTERM', onSignal);

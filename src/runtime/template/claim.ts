@@ -14,7 +14,7 @@ import type { Logger } from '../../common/logger.js';
 import { plugNic } from '../../hypervisor/index.js';
 import { planClone9pDevice, type TemplateVmSpec } from '../../hypervisor/template.js';
 import { netnsPathOf } from '../../network/index.js';
-import { type ClaimBudget, growToShape, startGuestPod } from '../pool/claim.js';
+import { type ClaimBudget, growAndStartPod } from '../pool/claim.js';
 import { POOL_NIC_PORT_ID, POOL_VFS_PORT_ID, planClaim } from '../pool/plan.js';
 import { RollbackSteps } from '../rollback.js';
 import type { CreateDeps, CreatedSandbox, SandboxPreparation, SandboxRun } from '../sandbox/create-types.js';
@@ -58,6 +58,7 @@ export async function claimClone(input: CloneClaimInput, log: Logger): Promise<C
     run.undo.push('delete record', () => deps.store.delete(req.id));
     req.signal.throwIfAborted();
     if (prep.network !== null) await attachNetwork(run, prep.network.networks, prep.network.record, undefined);
+    const attachedMs = Date.now() - run.startedMs;
     run.undo.push('unmount the shared dir', () => run.launchers.releaseSharedMounts(layout.sharedDir, log));
     await run.launchers.prepareSharedDir(layout.sharedDir);
     const started: { vm?: CreatedSandbox['vm'] } = {};
@@ -82,6 +83,7 @@ export async function claimClone(input: CloneClaimInput, log: Logger): Promise<C
       req.signal.throwIfAborted();
       return { kind: 'miss', miss: { reason: outcome.reason, message: outcome.message } };
     }
+    const clonedMs = Date.now() - run.startedMs;
     const { clone, template } = outcome;
     const { vm, agent } = clone;
     started.vm = vm;
@@ -112,13 +114,12 @@ export async function claimClone(input: CloneClaimInput, log: Logger): Promise<C
     }
     await vm.qmp.execute('device_add', planClone9pDevice(POOL_VFS_PORT_ID));
     budget.checkBudget();
-    record.guest = await growToShape(vm, claim, record.plan.sizing.vm, budget);
-    await startGuestPod(agent, record, prep, budget, log);
+    const steps = await growAndStartPod({ vm, agent, claim, record, prep, budget }, log);
     record.phase = 'running';
     record.state = 'SANDBOX_READY';
     await run.persist();
     log.info(
-      { pid: vm.pid, guest: record.guest, readyMs: Date.now() - run.startedMs, cloneReadyMs: clone.readyMs },
+      { pid: vm.pid, guest: record.guest, readyMs: Date.now() - run.startedMs, attachedMs, clonedMs, cloneReadyMs: clone.readyMs, steps },
       'sandbox ready from a template',
     );
     return { kind: 'clone', created: { record, vm, agent } };
