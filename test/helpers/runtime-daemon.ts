@@ -329,3 +329,16 @@ export function podConfig(runtime: TestRuntime, name: string, extra: Record<stri
     ...extra,
   };
 }
+
+/**
+ * Pulls `image` while the daemon runs in the host's network namespace (the loopback registry
+ * listens there; no pod exists yet), then restarts the daemon inside the node namespace at
+ * `netnsPath` for good (test/helpers/network-node.ts): the pods' CNI runs there.
+ */
+export async function pullThenMoveIntoNode(runtime: TestRuntime, image: string, netnsPath: string): Promise<void> {
+  await runtime.start();
+  await runtime.cri.image.PullImage({ image: { image } });
+  await runtime.stop();
+  runtime.netnsPath = netnsPath;
+  await runtime.start();
+}

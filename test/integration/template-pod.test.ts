@@ -29,7 +29,7 @@ import { allowLoopbackRegistries, pushBusyboxImage } from '../helpers/busybox-im
 import { type RegistryHandle, startRegistry } from '../helpers/images-registry.js';
 import { createNetworkNode, type NetworkNode } from '../helpers/network-node.js';
 import { until } from '../helpers/poll.js';
-import { createTestRuntime, guestDirConfig, podConfig, type TestRuntime } from '../helpers/runtime-daemon.js';
+import { createTestRuntime, guestDirConfig, podConfig, pullThenMoveIntoNode, type TestRuntime } from '../helpers/runtime-daemon.js';
 import { scaledMs } from '../helpers/time-scale.js';
 
 const APPLETS = ['sleep', 'httpd', 'cat', 'echo', 'nproc'];
@@ -158,11 +158,7 @@ describe('pods from a VM template (RunPodSandbox clones; real QEMU, agent, crun,
       templates: { handlers: ['kata-ts'], root },
     });
     await allowLoopbackRegistries(rt);
-    await rt.start();
-    await rt.cri.image.PullImage({ image: { image } });
-    await rt.stop();
-    rt.netnsPath = node.netnsPath;
-    await rt.start();
+    await pullThenMoveIntoNode(rt, image, node.netnsPath);
   }, scaledMs(300_000));
 
   afterAll(async () => {

@@ -38,7 +38,7 @@ import { allowLoopbackRegistries, pushBusyboxImage } from '../../helpers/busybox
 import { type RegistryHandle, startRegistry } from '../../helpers/images-registry.js';
 import { createNetworkNode, type NetworkNode } from '../../helpers/network-node.js';
 import { kataTsCli, type NodeBroker, startNodeBroker } from '../../helpers/node-broker.js';
-import { createTestRuntime, podConfig, type TestRuntime } from '../../helpers/runtime-daemon.js';
+import { createTestRuntime, podConfig, pullThenMoveIntoNode, type TestRuntime } from '../../helpers/runtime-daemon.js';
 import { scaledMs } from '../../helpers/time-scale.js';
 
 const repo = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../..');
@@ -127,11 +127,7 @@ describe('pod secrets: released by the broker to the measured pod only (real QEM
       },
     });
     await allowLoopbackRegistries(rt);
-    await rt.start();
-    await rt.cri.image.PullImage({ image: { image } });
-    await rt.stop();
-    rt.netnsPath = node.netnsPath;
-    await rt.start();
+    await pullThenMoveIntoNode(rt, image, node.netnsPath);
 
     // The broker, on the gateway address the pods reach it on (made before any pod).
     broker = await startNodeBroker(node, { dir: path.join(rt.dir, 'broker'), tpmCaDir: path.join(rt.dir, 'tpm-ca'), logDir: rt.dir });

@@ -17,7 +17,7 @@ import { processesMentioning } from '../../helpers/hypervisor-guest.js';
 import { type RegistryHandle, startRegistry } from '../../helpers/images-registry.js';
 import { createNetworkNode, type NetworkNode } from '../../helpers/network-node.js';
 import { until as pollUntil } from '../../helpers/poll.js';
-import { createTestRuntime, ownNetnsNames, podConfig, type TestRuntime } from '../../helpers/runtime-daemon.js';
+import { createTestRuntime, ownNetnsNames, podConfig, pullThenMoveIntoNode, type TestRuntime } from '../../helpers/runtime-daemon.js';
 import { scaledMs } from '../../helpers/time-scale.js';
 
 const repo = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../..');
@@ -107,13 +107,7 @@ describe('pod networking through CNI (real plugins, real QEMU, a node namespace 
       },
     });
     await allowLoopbackRegistries(rt);
-    // The image is pulled while the daemon runs in the host namespace (the registry listens on the
-    // host's loopback; no pod exists yet), then the daemon moves into the node namespace for good.
-    await rt.start();
-    await rt.cri.image.PullImage({ image: { image } });
-    await rt.stop();
-    rt.netnsPath = node.netnsPath;
-    await rt.start();
+    await pullThenMoveIntoNode(rt, image, node.netnsPath);
   }, scaledMs(300_000));
 
   afterAll(async () => {

@@ -8,7 +8,7 @@ import { allowLoopbackRegistries, pushBusyboxImage } from '../../helpers/busybox
 import { type RegistryHandle, startRegistry } from '../../helpers/images-registry.js';
 import { createNetworkNode, type NetworkNode } from '../../helpers/network-node.js';
 import { until as pollUntil, untilProgress } from '../../helpers/poll.js';
-import { createTestRuntime, guestDirConfig, podConfig, type TestRuntime } from '../../helpers/runtime-daemon.js';
+import { createTestRuntime, guestDirConfig, podConfig, pullThenMoveIntoNode, type TestRuntime } from '../../helpers/runtime-daemon.js';
 import { scaledMs } from '../../helpers/time-scale.js';
 
 const APPLETS = ['sleep', 'httpd', 'mkdir', 'echo', 'cat', 'nproc'];
@@ -131,11 +131,7 @@ describe('the pool of pre-booted VMs (real QEMU, virtiofsd, CNI in a node namesp
       pool: { sizes: { 'kata-ts': 1 } },
     });
     await allowLoopbackRegistries(rt);
-    await rt.start();
-    await rt.cri.image.PullImage({ image: { image } });
-    await rt.stop();
-    rt.netnsPath = node.netnsPath;
-    await rt.start();
+    await pullThenMoveIntoNode(rt, image, node.netnsPath);
   }, scaledMs(300_000));
 
   afterAll(async () => {
