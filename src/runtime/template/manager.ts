@@ -34,10 +34,10 @@ export interface TemplateManagerDeps {
   logger: Logger;
 }
 
-/** One handler's template as the daemon knows it. */
-interface HandlerTemplate {
+/** A handler's template in the daemon's verbose Status (`templates`). */
+export interface TemplateHandlerStatus {
+  handler: string;
   phase: 'building' | 'ready' | 'failed';
-  key: TemplateKey | null;
   templateName: string | null;
   buildMs: number | null;
   failure: TemplateMiss | null;
@@ -46,17 +46,8 @@ interface HandlerTemplate {
   lastMiss: TemplateMiss | null;
 }
 
-/** A handler's template in the daemon's verbose Status (`templates`). */
-export interface TemplateHandlerStatus {
-  handler: string;
-  phase: HandlerTemplate['phase'];
-  templateName: string | null;
-  buildMs: number | null;
-  failure: TemplateMiss | null;
-  clones: number;
-  misses: number;
-  lastMiss: TemplateMiss | null;
-}
+/** One handler's template as the daemon knows it: its status and the key it was built for. */
+type HandlerTemplate = Omit<TemplateHandlerStatus, 'handler'> & { key: TemplateKey | null };
 
 /** The template VMs' build dirs (sockets, logs): under the state dir, removed after each build. */
 export function templateBuildRoot(stateDir: string): string {
@@ -249,16 +240,7 @@ export class TemplateManager implements SandboxTemplates {
   }
 
   status(): TemplateHandlerStatus[] {
-    return [...this.handlers].map(([handler, t]) => ({
-      handler,
-      phase: t.phase,
-      templateName: t.templateName,
-      buildMs: t.buildMs,
-      failure: t.failure,
-      clones: t.clones,
-      misses: t.misses,
-      lastMiss: t.lastMiss,
-    }));
+    return [...this.handlers].map(([handler, { key: _key, ...t }]) => ({ handler, ...t }));
   }
 
   /**
