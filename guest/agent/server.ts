@@ -20,6 +20,7 @@ import {
   type GuestEvent,
 } from '../../src/generated/agent/agent.js';
 import type { BackendEvent, ContainerBackend, ProcessStdio } from './backend.js';
+import type { TrimNotice } from './idle-trim.js';
 import type { GuestNetwork } from './network.js';
 import { OutputJournal } from './output-journal.js';
 import { spoolJournal } from './output-spool.js';
@@ -45,10 +46,11 @@ export interface AgentServiceOptions {
   /** How PortForward reaches a port; the guest's loopback by default. */
   connectPort?: (port: number) => net.Socket;
   /**
-   * Told after each piece of container work (a container started or deleted, an exec deleted, the
-   * pod destroyed): the guest's memory trim (guest/agent/idle-trim.ts) runs once it is quiet.
+   * Told when each piece of container work begins and ends (the pod created or destroyed, a
+   * container created, started or deleted, an exec started or deleted): the guest's memory trim
+   * (guest/agent/idle-trim.ts) runs once none is in flight and the guest has been quiet a while.
    */
-  idleTrim?: { note(): void };
+  idleTrim?: TrimNotice;
   /** Opens the guest's TPM for GetTpmQuote (guest/agent/tpm-device.ts); absent: the call answers TPM_UNAVAILABLE. */
   openTpm?: () => Promise<TpmTransport>;
   /**
@@ -104,23 +106,24 @@ export class AgentService {
         };
       },
       GetGuestFacts: () => backend.guestFacts(),
-      CreateContainer: async (req) => {
-        if (req.containerId === '') throw invalid('CONTAINER_ID_MISSING', 'container_id is empty.');
-        if (this.containers.has(req.containerId)) throw alreadyExists('CONTAINER_EXISTS', `container ${req.containerId} exists.`);
-        const created = await this.createWithSecrets(req);
-        const journal =
-          created.stdio.spool !== undefined
-            ? spoolJournal(created.stdio.spool, this.outputLimitBytes)
-            : new OutputJournal(
-                [
-                  { stream: 'OUTPUT_STREAM_STDOUT', readable: created.stdio.stdout },
-                  { stream: 'OUTPUT_STREAM_STDERR', readable: created.stdio.stderr },
-                ],
-                this.outputLimitBytes,
-              );
-        this.containers.set(req.containerId, { journal, stdin: created.stdio.stdin, stdinOnce: req.stdinOnce });
-        return { pid: created.pid };
-      },
+      CreateContainer: (req) =>
+        this.thenTrim(async () => {
+          if (req.containerId === '') throw invalid('CONTAINER_ID_MISSING', 'container_id is empty.');
+          if (this.containers.has(req.containerId)) throw alreadyExists('CONTAINER_EXISTS', `container ${req.containerId} exists.`);
+          const created = await this.createWithSecrets(req);
+          const journal =
+            created.stdio.spool !== undefined
+              ? spoolJournal(created.stdio.spool, this.outputLimitBytes)
+              : new OutputJournal(
+                  [
+                    { stream: 'OUTPUT_STREAM_STDOUT', readable: created.stdio.stdout },
+                    { stream: 'OUTPUT_STREAM_STDERR', readable: created.stdio.stderr },
+                  ],
+                  this.outputLimitBytes,
+                );
+          this.containers.set(req.containerId, { journal, stdin: created.stdio.stdin, stdinOnce: req.stdinOnce });
+          return { pid: created.pid };
+        }),
       StartContainer: (req) => this.thenTrim(async () => ({ startedAt: (await backend.startContainer(req.containerId)).startedAt })),
       SignalContainer: async (req) => {
         await backend.signalContainer(req.containerId, req.signal, req.all);
@@ -193,18 +196,19 @@ export class AgentService {
         this.io(req.containerId).journal.ack(req.offset);
         return {};
       },
-      ExecProcess: async (req) => {
-        if (req.execId === '') throw invalid('EXEC_ID_MISSING', 'exec_id is empty.');
-        // A container found again after an agent restart has no output journal yet: the
-        // backend, not the journal, decides whether it exists.
-        if (this.known(req.containerId) === undefined && (await backend.listContainers([req.containerId])).length === 0)
-          this.io(req.containerId);
-        const key = `${req.containerId}/${req.execId}`;
-        if (this.processes.has(key)) throw alreadyExists('EXEC_EXISTS', `exec ${req.execId} exists in container ${req.containerId}.`);
-        const started = await backend.execProcess(req);
-        this.processes.set(key, { stdio: started.stdio, reading: new Set() });
-        return { pid: started.pid };
-      },
+      ExecProcess: (req) =>
+        this.thenTrim(async () => {
+          if (req.execId === '') throw invalid('EXEC_ID_MISSING', 'exec_id is empty.');
+          // A container found again after an agent restart has no output journal yet: the
+          // backend, not the journal, decides whether it exists.
+          if (this.known(req.containerId) === undefined && (await backend.listContainers([req.containerId])).length === 0)
+            this.io(req.containerId);
+          const key = `${req.containerId}/${req.execId}`;
+          if (this.processes.has(key)) throw alreadyExists('EXEC_EXISTS', `exec ${req.execId} exists in container ${req.containerId}.`);
+          const started = await backend.execProcess(req);
+          this.processes.set(key, { stdio: started.stdio, reading: new Set() });
+          return { pid: started.pid };
+        }),
       WriteStdin: async (requests) => {
         let target: Writable | undefined;
         let closeAtEnd = true;
@@ -235,7 +239,7 @@ export class AgentService {
         }),
       PortForward: (requests, ctx) => this.portForward(requests, ctx.signal),
       GuestEvents: (_req, ctx) => this.events(ctx.signal),
-      CreatePod: (req) => this.pods().createPod(req),
+      CreatePod: (req) => this.thenTrim(() => this.pods().createPod(req)),
       DestroyPod: (req) =>
         this.thenTrim(async () => {
           await this.pods().destroyPod(req.podId);
@@ -285,12 +289,17 @@ export class AgentService {
     }
   }
 
-  /** Run container work, then tell the idle trim (also when the work failed: it may have left garbage). */
+  /**
+   * Run container work with the idle trim held off while it runs, then tell it (also when the
+   * work failed: it may have left garbage). A trim in the middle of a container's create, start
+   * or exec drops the page cache that call and the next ones read again.
+   */
   private async thenTrim<T>(work: () => Promise<T>): Promise<T> {
+    const end = this.options.idleTrim?.begin();
     try {
       return await work();
     } finally {
-      this.options.idleTrim?.note();
+      end?.();
     }
   }
 

@@ -80,25 +80,68 @@ describe('guest memory trim', () => {
     }
   });
 
-  it('is told by the agent after container work, also when the work failed, and not for reads', async () => {
-    let notes = 0;
+  it('holds no trim while container work is in flight: the quiet period starts when the last call ends', async () => {
+    const { steps, runs } = counting();
+    const trim = new IdleTrim({ delayMs: 100, steps, logger: silentLogger() });
+    try {
+      // The agent served (a note), then a create starts before the quiet period is over and runs
+      // well past it, with a second call overlapping it.
+      trim.note();
+      const endCreate = trim.begin();
+      const endExec = trim.begin();
+      await new Promise((r) => setTimeout(r, 400));
+      expect(runs).toEqual([]);
+      endCreate();
+      endCreate(); // ending twice counts once
+      await new Promise((r) => setTimeout(r, 300));
+      // One call still in flight: still no trim.
+      expect(runs).toEqual([]);
+      const endedAt = performance.now();
+      endExec();
+      await until('the trim after the last call ended', async () => (trim.trims === 1 ? true : undefined));
+      expect(performance.now() - endedAt).toBeGreaterThanOrEqual(90);
+      expect(runs).toEqual(['a', 'b']);
+    } finally {
+      trim.stop();
+    }
+  });
+
+  it('is held off by the agent during container work and told at its end, also when the work failed, and not for reads', async () => {
+    const calls: string[] = [];
+    let inFlight = 0;
     const service = new AgentService({
       backend: new FakeContainerBackend(),
       agentVersion: 't',
       logger: silentLogger(),
-      idleTrim: { note: () => void notes++ },
+      idleTrim: {
+        note: () => void calls.push('note'),
+        begin: () => {
+          inFlight++;
+          calls.push('begin');
+          return () => {
+            inFlight--;
+            calls.push('end');
+          };
+        },
+      },
     });
     const h = service.handlers();
     const ctx = { method: 'test', signal: new AbortController().signal };
     await h.CreateContainer({ containerId: 'c1' } as CreateContainerRequest, ctx);
-    expect(notes).toBe(0);
+    expect(calls).toEqual(['begin', 'end']);
     await h.StartContainer({ containerId: 'c1' }, ctx);
-    expect(notes).toBe(1);
+    expect(calls).toEqual(['begin', 'end', 'begin', 'end']);
     await h.ListContainers({ containerIds: [] }, ctx);
-    expect(notes).toBe(1);
+    await h.ContainerStats({ containerIds: [] }, ctx);
+    expect(calls.length).toBe(4);
+    await h
+      .ExecProcess({ containerId: 'c1', execId: 'e1', ociProcessJson: '{}', tty: false, stdin: false } as never, ctx)
+      .catch(() => undefined);
+    expect(calls.length).toBe(6);
     await h.DeleteContainer({ containerId: 'c1', force: false }, ctx);
-    expect(notes).toBe(2);
+    expect(calls.length).toBe(8);
     await expect(h.StartContainer({ containerId: 'gone' }, ctx)).rejects.toThrow();
-    expect(notes).toBe(3);
+    expect(calls.slice(8)).toEqual(['begin', 'end']);
+    expect(inFlight).toBe(0);
   });
 });
