@@ -206,6 +206,12 @@ export interface DensityResult {
   bursts: BurstResult[];
   /** Modes not measured, and why. */
   skipped: Array<{ mode: Mode; why: string }>;
+  /**
+   * Where each pool claim's or clone's time went, from the daemon's ready log lines (ms): the
+   * whole claim, the pod network attached and the clone ready (templates), and the overlapped
+   * growth / CreatePod / ConfigureNetwork (`steps`, from their common start).
+   */
+  claims?: Array<{ mode: Mode; n: number; totalMs: number; attachedMs?: number; clonedMs?: number; steps?: Record<string, number> }>;
   /** Bursts that failed (a pod did not start within the bounds), with the first error: a result too. */
   failed?: Array<{ mode: Mode | 'bare'; n: number; error: string; loadavg1: number }>;
 }
@@ -605,6 +611,10 @@ export async function runDensityBench(
           await setup.prepare(rt, n, progress);
           progress(`${mode}: ${n} pods at once`);
           await record(mode, n, () => burst(kataDoor(mode, rt, setup.handler), image, n, o.idleS, progress));
+          for (const c of await claimTimes(rt.logFile)) {
+            (result.claims ??= []).push({ mode, n, ...c });
+            progress(`  ${mode} N=${n} claim: ${JSON.stringify(c)}`);
+          }
         } finally {
           await done(rt);
         }
@@ -618,6 +628,35 @@ export async function runDensityBench(
     process.off('SIGTERM', onSignal);
   }
   return result;
+}
+
+/** The pool claims' and clones' ready log lines of a daemon's log (info level: one line each). */
+async function claimTimes(
+  logFile: string,
+): Promise<Array<{ totalMs: number; attachedMs?: number; clonedMs?: number; steps?: Record<string, number> }>> {
+  const out: Array<{ totalMs: number; attachedMs?: number; clonedMs?: number; steps?: Record<string, number> }> = [];
+  const text = await fsp.readFile(logFile, 'utf8').catch(() => '');
+  for (const line of text.split('\n')) {
+    if (!line.includes('sandbox ready from')) continue;
+    try {
+      const d = JSON.parse(line) as {
+        claimMs?: number;
+        readyMs?: number;
+        attachedMs?: number;
+        clonedMs?: number;
+        steps?: Record<string, number>;
+      };
+      out.push({
+        totalMs: d.claimMs ?? d.readyMs ?? -1,
+        ...(d.attachedMs === undefined ? {} : { attachedMs: d.attachedMs }),
+        ...(d.clonedMs === undefined ? {} : { clonedMs: d.clonedMs }),
+        ...(d.steps === undefined ? {} : { steps: d.steps }),
+      });
+    } catch {
+      // not a JSON line
+    }
+  }
+  return out;
 }
 
 function fmtBurst(b: BurstResult): string {
