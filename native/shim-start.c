@@ -22,8 +22,9 @@
  *
  * The config is the one thing it cannot judge: Node validates it against its schema. So the fast
  * path is taken only when `<stateRoot>/start-stamp`, written by a Node `start` that loaded the
- * config successfully, names this config file with the identity (device, inode, size, mtime,
- * ctime) it has now: any edit changes the ctime and sends the next start through Node again.
+ * config successfully, names this binary's own code tree (another release's schema may judge the
+ * config otherwise) and this config file with the identity (device, inode, size, mtime, ctime) it
+ * has now: any edit changes the ctime and sends the next start through Node again.
  *
  * Everything read (config, bundle, stamp) is untrusted: files are bounded, JSON is validated
  * whole (as JSON.parse would refuse it, or the fast path is not taken), strings needing escapes
@@ -56,7 +57,7 @@
 #define DEFAULT_CONFIG_PATH "/etc/kata-ts/config.json"
 #define DEFAULT_STATE_ROOT "/run/kata-ts/shim"
 #define STAMP_FILE "start-stamp"
-#define STAMP_MAGIC "kata-ts shim start stamp 1"
+#define STAMP_MAGIC "kata-ts shim start stamp 2"
 #define SELF_NAME "kata-ts-shim-start"
 #define SHIM_NAME "containerd-shim-kata-ts-v2"
 
@@ -442,18 +443,37 @@ static unsigned char *read_file(const char *path, size_t max, int nofollow, size
 
 /* ---- the stamp a Node start left: which config it accepted, as that file was then ---- */
 
+/* The tree this binary belongs to: `<root>` of `<root>/dist/native/kata-ts-shim-start`, links resolved; NULL when it is not there. */
+static const char *own_root(void) {
+  static char exe[4096];
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (n <= 0) return NULL;
+  exe[n] = 0;
+  static const char suffix[] = "/dist/native/" SELF_NAME;
+  size_t slen = strlen(suffix);
+  if ((size_t)n <= slen || strcmp(exe + n - slen, suffix) != 0) return NULL;
+  exe[n - slen] = 0;
+  return exe;
+}
+
+/*
+ * The stamp names the code tree whose Node shim accepted the config (another release's schema may
+ * not), the config file as it was then, and the state root it gave.
+ */
 static int stamp_matches(const char *state_root, const char *config_path, const struct stat *cst) {
-  char path[4096], want[8192];
+  char path[4096], want[12288];
+  const char *root = own_root();
+  if (root == NULL) return 0;
   if ((size_t)snprintf(path, sizeof path, "%s/%s", state_root, STAMP_FILE) >= sizeof path) return 0;
   size_t len;
   unsigned char *text = read_file(path, MAX_STAMP_BYTES, 1, &len, NULL);
   if (text == NULL) return 0;
   int n;
   if (config_path == NULL)
-    n = snprintf(want, sizeof want, "%s\nconfig -\nstateRoot %s\n", STAMP_MAGIC, state_root);
+    n = snprintf(want, sizeof want, "%s\ncode %s\nconfig -\nstateRoot %s\n", STAMP_MAGIC, root, state_root);
   else
-    n = snprintf(want, sizeof want, "%s\nconfig %s\nidentity %llu %llu %lld %lld.%09ld %lld.%09ld\nstateRoot %s\n", STAMP_MAGIC,
-                 config_path, (unsigned long long)cst->st_dev, (unsigned long long)cst->st_ino, (long long)cst->st_size,
+    n = snprintf(want, sizeof want, "%s\ncode %s\nconfig %s\nidentity %llu %llu %lld %lld.%09ld %lld.%09ld\nstateRoot %s\n", STAMP_MAGIC,
+                 root, config_path, (unsigned long long)cst->st_dev, (unsigned long long)cst->st_ino, (long long)cst->st_size,
                  (long long)cst->st_mtim.tv_sec, cst->st_mtim.tv_nsec, (long long)cst->st_ctim.tv_sec, cst->st_ctim.tv_nsec,
                  state_root);
   int same = n > 0 && (size_t)n < sizeof want && (size_t)n == len && memcmp(text, want, len) == 0;
@@ -591,19 +611,14 @@ static const char *parse_args(int argc, char **argv, struct args *a) {
  * where this binary is `<root>/dist/native/kata-ts-shim-start` (links resolved: the tree it belongs to).
  */
 static char *own_shim(const char *name) {
-  static char exe[4096], path[4096 + 300];
-  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-  if (n <= 0) return NULL;
-  exe[n] = 0;
-  static const char suffix[] = "/dist/native/" SELF_NAME;
-  size_t slen = strlen(suffix);
-  if ((size_t)n <= slen || strcmp(exe + n - slen, suffix) != 0) return NULL;
-  exe[n - slen] = 0;
+  static char path[4096 + 300];
+  const char *root = own_root();
+  if (root == NULL) return NULL;
   if (strchr(name, '/') == NULL && strlen(name) < 256) {
-    snprintf(path, sizeof path, "%s/bin/%s", exe, name);
+    snprintf(path, sizeof path, "%s/bin/%s", root, name);
     if (access(path, X_OK) == 0) return path;
   }
-  snprintf(path, sizeof path, "%s/bin/%s", exe, SHIM_NAME);
+  snprintf(path, sizeof path, "%s/bin/%s", root, SHIM_NAME);
   return path;
 }
 

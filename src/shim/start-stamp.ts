@@ -2,18 +2,20 @@
  * The start stamp: `<shim.stateRoot>/start-stamp`, what a Node `start` leaves for the native fast
  * path (native/shim-start.c, docs/shim.md "The start fast path"). The fast path cannot validate
  * the kata-ts config against its schema, so it answers only while the config file is the very
- * one a Node `start` loaded successfully: the stamp names that file and its identity (device,
- * inode, size, mtime and ctime in nanoseconds; any write changes the ctime) and the state root
- * it resolved to. The text is compared byte for byte by the C side, so its layout is fixed here.
+ * one a Node `start` loaded successfully: the stamp names the code tree that judged it (the
+ * package root, links resolved: another release's schema may judge otherwise; the front compares
+ * its own tree), that file and its identity (device, inode, size, mtime and ctime in nanoseconds;
+ * any write changes the ctime) and the state root it resolved to. The text is compared byte for byte by the C side, so its layout is fixed here.
  */
 import fs from 'node:fs';
 import path from 'node:path';
 import { writeFileAtomic } from '../common/fsutil.js';
+import { packageRoot } from '../common/paths.js';
 
 /** The stamp's file name, directly under the state root. */
 export const START_STAMP_FILE = 'start-stamp';
 /** The stamp's first line; native/shim-start.c's STAMP_MAGIC. */
-export const START_STAMP_MAGIC = 'kata-ts shim start stamp 1';
+export const START_STAMP_MAGIC = 'kata-ts shim start stamp 2';
 
 /** Which file a config came from, as (l)stat told it: what native/shim-start.c compares. */
 export interface ConfigIdentity {
@@ -32,15 +34,21 @@ function timespecText(ns: bigint): string {
 }
 
 /**
- * The stamp's text for a config loaded from `configPath` with `identity` (both null: no config
- * file, the built-in defaults) that resolved to `stateRoot` (pure). Null when a path holds a
+ * The stamp's text for a config loaded by the code at `codeRoot` from `configPath` with
+ * `identity` (both null: no config file, the built-in defaults) that resolved to `stateRoot` (pure). Null when a path holds a
  * newline (the stamp is line-based; such a config simply never takes the fast path).
  */
-export function startStampText(configPath: string | null, identity: ConfigIdentity | null, stateRoot: string): string | null {
-  if (stateRoot.includes('\n') || (configPath?.includes('\n') ?? false)) return null;
-  if (configPath === null || identity === null) return `${START_STAMP_MAGIC}\nconfig -\nstateRoot ${stateRoot}\n`;
+export function startStampText(
+  codeRoot: string,
+  configPath: string | null,
+  identity: ConfigIdentity | null,
+  stateRoot: string,
+): string | null {
+  if ([codeRoot, stateRoot, configPath ?? ''].some((p) => p.includes('\n'))) return null;
+  const head = `${START_STAMP_MAGIC}\ncode ${codeRoot}\n`;
+  if (configPath === null || identity === null) return `${head}config -\nstateRoot ${stateRoot}\n`;
   const { dev, ino, size, mtimeNs, ctimeNs } = identity;
-  return `${START_STAMP_MAGIC}\nconfig ${configPath}\nidentity ${dev} ${ino} ${size} ${timespecText(mtimeNs)} ${timespecText(ctimeNs)}\nstateRoot ${stateRoot}\n`;
+  return `${head}config ${configPath}\nidentity ${dev} ${ino} ${size} ${timespecText(mtimeNs)} ${timespecText(ctimeNs)}\nstateRoot ${stateRoot}\n`;
 }
 
 /** The config file's identity now (following symbolic links, as reading it does); undefined when it cannot be stat'ed. */
@@ -70,7 +78,13 @@ export async function recordStartStamp(stateRoot: string, configPath: string | n
     if (before === undefined || now === undefined || !sameIdentity(before, now)) return;
     identity = now;
   }
-  const text = startStampText(configPath, identity, stateRoot);
+  let codeRoot: string;
+  try {
+    codeRoot = fs.realpathSync(packageRoot());
+  } catch {
+    return;
+  }
+  const text = startStampText(codeRoot, configPath, identity, stateRoot);
   if (text === null) return;
   const file = path.join(stateRoot, START_STAMP_FILE);
   try {

@@ -9,7 +9,8 @@
  *    stands for the pod's server) takes the fast path once a Node start has stamped the config,
  *    and every other case falls back to Node (no stamp yet, the config edited since, `-info`,
  *    `-v`, a bad namespace, a socket nobody answers on, a bundle that is not JSON, an escaped
- *    annotation key), which the front's decision log (KATA_TS_SHIM_START_LOG) confirms.
+ *    annotation key, a stamp another code tree left), which the front's decision log
+ *    (KATA_TS_SHIM_START_LOG) confirms.
  * 2. Through a real containerd (sid's 2.1.9 when it can be fetched, else Debian's 1.6): the test
  *    shim's wrapper goes through the front; a pod and its container run, the sandbox's start
  *    went to Node (its server did not run yet) and the container's took the fast path, and the
@@ -17,7 +18,7 @@
  */
 import { execFile } from 'node:child_process';
 import { createHash, randomUUID } from 'node:crypto';
-import { existsSync, promises as fsp } from 'node:fs';
+import { existsSync, promises as fsp, realpathSync } from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -160,7 +161,8 @@ describe.skipIf(!frontBuilt)('the start front answers as the Node shim does (no 
     expect(first.front).toEqual(first.node);
     expect(first.front.code).toBe(0);
     expect(first.front.stdout).toMatch(/^unix:\/\/\/tmp\/ktsf-[^/]+\/st\/s\/[0-9a-f]{64}$/);
-    expect(await fsp.readFile(path.join(stateRoot, START_STAMP_FILE), 'utf8')).toContain(`config ${configPath}\n`);
+    const stamp = await fsp.readFile(path.join(stateRoot, START_STAMP_FILE), 'utf8');
+    expect(stamp).toContain(`\ncode ${realpathSync(packageRoot())}\nconfig ${configPath}\n`);
 
     // Runtime options on stdin (containerd 2.x writes them) are read and dropped on both ways.
     const fast = await compare('app-2', containerSpec(), ['start'], 'x'.repeat(200_000));
@@ -237,6 +239,16 @@ describe.skipIf(!frontBuilt)('the start front answers as the Node shim does (no 
     expect(edited.front).toEqual(edited.node);
     const restamped = await compare('app-restamped', containerSpec());
     expect(restamped.decision).toEqual(['fast app-restamped']);
+    // A stamp another code tree (another release) left: Node judges the config again.
+    const stampFile = path.join(stateRoot, START_STAMP_FILE);
+    await fsp.writeFile(
+      stampFile,
+      (await fsp.readFile(stampFile, 'utf8')).replace(/\ncode [^\n]*\n/, '\ncode /opt/kata-ts/releases/other\n'),
+    );
+    const otherTree = await compare('app-other-tree', containerSpec());
+    expect(otherTree.decision).toEqual(['fallback app-other-tree: no stamp of a Node start for the config as it is now']);
+    expect(otherTree.front).toEqual(otherTree.node);
+    expect(await fsp.readFile(stampFile, 'utf8')).toContain(`\ncode ${realpathSync(packageRoot())}\n`);
     // A config Node refuses is never served by the fast path: the stamp names the file as it was.
     await fsp.writeFile(configPath, JSON.stringify({ shim: { stateRoot }, logLevel: 'loud' }));
     const refused = await compare('app-refused', containerSpec());

@@ -10,19 +10,22 @@ import { START_STAMP_FILE, START_STAMP_MAGIC, startStampText } from '../../../sr
 const identity = { dev: 65024n, ino: 2155233n, size: 247n, mtimeNs: 1795958007_290676325n, ctimeNs: 1795958007_000000005n };
 
 describe('startStampText', () => {
-  it('names the config, its identity with nanoseconds in nine digits, and the state root', () => {
-    expect(startStampText('/etc/kata-ts/config.json', identity, '/run/kata-ts/shim')).toBe(
-      `${START_STAMP_MAGIC}\nconfig /etc/kata-ts/config.json\nidentity 65024 2155233 247 1795958007.290676325 1795958007.000000005\nstateRoot /run/kata-ts/shim\n`,
+  it('names the code tree, the config, its identity with nanoseconds in nine digits, and the state root', () => {
+    expect(startStampText('/opt/kata-ts/releases/r1', '/etc/kata-ts/config.json', identity, '/run/kata-ts/shim')).toBe(
+      `${START_STAMP_MAGIC}\ncode /opt/kata-ts/releases/r1\nconfig /etc/kata-ts/config.json\nidentity 65024 2155233 247 1795958007.290676325 1795958007.000000005\nstateRoot /run/kata-ts/shim\n`,
     );
   });
 
   it('says "-" for no config file (the built-in defaults)', () => {
-    expect(startStampText(null, null, '/run/kata-ts/shim')).toBe(`${START_STAMP_MAGIC}\nconfig -\nstateRoot /run/kata-ts/shim\n`);
+    expect(startStampText('/work/kata-ts', null, null, '/run/kata-ts/shim')).toBe(
+      `${START_STAMP_MAGIC}\ncode /work/kata-ts\nconfig -\nstateRoot /run/kata-ts/shim\n`,
+    );
   });
 
   it('writes no stamp for a path with a newline (the stamp is line-based)', () => {
-    expect(startStampText('/etc/a\nb.json', identity, '/run/kata-ts/shim')).toBeNull();
-    expect(startStampText('/etc/a.json', identity, '/run/x\ny')).toBeNull();
+    expect(startStampText('/r', '/etc/a\nb.json', identity, '/run/kata-ts/shim')).toBeNull();
+    expect(startStampText('/r', '/etc/a.json', identity, '/run/x\ny')).toBeNull();
+    expect(startStampText('/r\ns', '/etc/a.json', identity, '/run/x')).toBeNull();
   });
 });
 
