@@ -7,9 +7,10 @@
  * the container sees /etc there, the host does not; the host's own mount reaches the rslave
  * container and not the rprivate one. One VM (both containers in one pod).
  *
- * Through the standalone daemon with the real agent. How long the exec took, and how long the
- * mount(2) itself took inside it, are printed (critest gives the exec 30 s; it once took ~30-40 s
- * here); timings are never asserted.
+ * Through the standalone daemon with the real agent. How long each exec took, and how long
+ * mount(8) itself took inside it, are printed (critest gives the exec 30 s, and session E's full
+ * run through containerd once ran past it; test/conformance/README.md, session F, has what was
+ * measured since); timings are never asserted.
  */
 import { execFile } from 'node:child_process';
 import { promises as fsp } from 'node:fs';
