@@ -46,7 +46,7 @@ import { runningRelease, selfScript } from '../release/layout.js';
 import { boundNamespace, placeInNamespace, runInsideMountNamespace } from '../runtime/mount-namespace.js';
 import type { RegisterServices } from './serve.js';
 import type { ShimCommand } from './start.js';
-import { configIdentity, recordStartStamp } from './start-stamp.js';
+import { configIdentity, loadStampedConfig, recordStartStamp } from './start-stamp.js';
 
 /** The binary's name, as containerd derives it from the runtime type. */
 export const SHIM_BINARY_NAME = 'containerd-shim-kata-ts-v2';
@@ -346,8 +346,9 @@ async function runInfo(io: ShimIo): Promise<number> {
   }
 }
 
+/** The config: as this code tree's last accepting `start` stamped it when the file is unchanged (start-stamp.ts), else loaded and validated. */
 async function loadShimConfig(env: ShimEnv): Promise<LoadedConfig> {
-  return loadConfig(env.configPath);
+  return (await loadStampedConfig(env.configPath)) ?? loadConfig(env.configPath);
 }
 
 /** Run one invocation of the shim; resolves with the exit code (0 ok, 1 failure, 2 command-line mistake). */

@@ -7,10 +7,14 @@
  * its own tree), that file and its identity (device, inode, size, mtime and ctime in nanoseconds;
  * any write changes the ctime) and the state root it resolved to. The text is compared byte for byte by the C side, so its layout is fixed here.
  */
-import fs from 'node:fs';
+import fs, { promises as fsp } from 'node:fs';
 import path from 'node:path';
 import { writeFileAtomic } from '../common/fsutil.js';
 import { packageRoot } from '../common/paths.js';
+import { DEFAULT_CONFIG_PATH } from '../config/defaults.js';
+import { resolveConfig } from '../config/load.js';
+import type { LoadedConfig } from '../config/types.js';
+import { crossFieldProblems } from '../config/validate.js';
 
 /** The stamp's file name, directly under the state root. */
 export const START_STAMP_FILE = 'start-stamp';
@@ -61,6 +65,15 @@ export function configIdentity(configPath: string): ConfigIdentity | undefined {
   }
 }
 
+/** This code tree: the package root, links resolved; undefined when it cannot be resolved. */
+function codeRoot(): string | undefined {
+  try {
+    return fs.realpathSync(packageRoot());
+  } catch {
+    return undefined;
+  }
+}
+
 function sameIdentity(a: ConfigIdentity, b: ConfigIdentity): boolean {
   return a.dev === b.dev && a.ino === b.ino && a.size === b.size && a.mtimeNs === b.mtimeNs && a.ctimeNs === b.ctimeNs;
 }
@@ -78,13 +91,9 @@ export async function recordStartStamp(stateRoot: string, configPath: string | n
     if (before === undefined || now === undefined || !sameIdentity(before, now)) return;
     identity = now;
   }
-  let codeRoot: string;
-  try {
-    codeRoot = fs.realpathSync(packageRoot());
-  } catch {
-    return;
-  }
-  const text = startStampText(codeRoot, configPath, identity, stateRoot);
+  const root = codeRoot();
+  if (root === undefined) return;
+  const text = startStampText(root, configPath, identity, stateRoot);
   if (text === null) return;
   const file = path.join(stateRoot, START_STAMP_FILE);
   try {
@@ -96,5 +105,33 @@ export async function recordStartStamp(stateRoot: string, configPath: string | n
     await writeFileAtomic(file, text, 0o600);
   } catch {
     // The state root may not exist yet for a start that failed early; the next start writes it.
+  }
+}
+
+/**
+ * The config at `explicitPath` (else the default file) without the schema's validation, when this
+ * code tree's stamp names the file exactly as it is (identity before and after reading it): a Node
+ * `start` of this code accepted these very bytes, so loadConfig() would give the same config.
+ * Undefined in every other case (no file, no stamp, another tree's, the file changed, anything
+ * unexpected): the caller loads it the full way.
+ */
+export async function loadStampedConfig(explicitPath: string | undefined): Promise<LoadedConfig | undefined> {
+  const file = explicitPath ?? DEFAULT_CONFIG_PATH;
+  try {
+    const before = configIdentity(file);
+    const root = codeRoot();
+    if (before === undefined || root === undefined) return undefined;
+    const doc: unknown = JSON.parse(await fsp.readFile(file, 'utf8'));
+    if (typeof doc !== 'object' || doc === null || Array.isArray(doc)) return undefined;
+    const after = configIdentity(file);
+    if (after === undefined || !sameIdentity(before, after)) return undefined;
+    const config = resolveConfig(doc as Record<string, unknown>);
+    const want = startStampText(root, file, after, config.shim.stateRoot);
+    if (want === null || (await fsp.readFile(path.join(config.shim.stateRoot, START_STAMP_FILE), 'utf8')) !== want) return undefined;
+    // Never reached for a config loadConfig refused (it was stamped), but cheap to hold to.
+    if (crossFieldProblems(config).length > 0) return undefined;
+    return { config, path: file };
+  } catch {
+    return undefined;
   }
 }

@@ -1,11 +1,20 @@
-import { readFileSync } from 'node:fs';
+import { promises as fsp, readFileSync } from 'node:fs';
+import os from 'node:os';
 import path from 'node:path';
-import { describe, expect, it } from 'vitest';
+import { afterEach, describe, expect, it } from 'vitest';
 import { packageRoot } from '../../../src/common/paths.js';
 import { DEFAULT_CONFIG_PATH, DEFAULT_SHIM_STATE_ROOT } from '../../../src/config/defaults.js';
+import { loadConfig } from '../../../src/config/load.js';
 import { CRI_CONTAINER_TYPE, CRI_SANDBOX_ID, CRIO_CONTAINER_TYPE, CRIO_SANDBOX_ID } from '../../../src/shim/bundle.js';
 import { MAX_SOCKET_PATH_BYTES, SOCKET_DIR } from '../../../src/shim/paths.js';
-import { START_STAMP_FILE, START_STAMP_MAGIC, startStampText } from '../../../src/shim/start-stamp.js';
+import {
+  configIdentity,
+  loadStampedConfig,
+  recordStartStamp,
+  START_STAMP_FILE,
+  START_STAMP_MAGIC,
+  startStampText,
+} from '../../../src/shim/start-stamp.js';
 
 const identity = { dev: 65024n, ino: 2155233n, size: 247n, mtimeNs: 1795958007_290676325n, ctimeNs: 1795958007_000000005n };
 
@@ -45,5 +54,44 @@ describe('native/shim-start.c agrees with the TypeScript it stands in for', () =
   it('the four annotations, in the order taskRole prefers them', () => {
     const names = /annotation_names\[ANNOTATIONS\] = \{([^}]*)\}/.exec(c)?.[1]?.match(/"[^"]+"/g);
     expect(names).toEqual([CRI_CONTAINER_TYPE, CRIO_CONTAINER_TYPE, CRI_SANDBOX_ID, CRIO_SANDBOX_ID].map((n) => JSON.stringify(n)));
+  });
+});
+
+describe('loadStampedConfig: the config a start of this code stamped, unchanged, without the schema again', () => {
+  let dir = '';
+  afterEach(async () => {
+    if (dir !== '') await fsp.rm(dir, { recursive: true, force: true });
+  });
+
+  it('is the config loadConfig gives, only while the stamp names the file as it is and this code tree', async () => {
+    dir = await fsp.mkdtemp(path.join(os.tmpdir(), 'kata-ts-stamp-'));
+    const stateRoot = path.join(dir, 'state');
+    const file = path.join(dir, 'config.json');
+    await fsp.mkdir(stateRoot);
+    await fsp.writeFile(file, JSON.stringify({ logLevel: 'warn', shim: { stateRoot, mode: 'node' } }));
+    expect(await loadStampedConfig(file)).toBeUndefined(); // no stamp yet
+
+    await recordStartStamp(stateRoot, file, configIdentity(file));
+    const stamped = await loadStampedConfig(file);
+    expect(stamped).toEqual(await loadConfig(file));
+    expect(stamped?.config.shim.mode).toBe('node');
+
+    // Another tree's stamp: not trusted.
+    const stampFile = path.join(stateRoot, START_STAMP_FILE);
+    const text = await fsp.readFile(stampFile, 'utf8');
+    await fsp.writeFile(stampFile, text.replace(/\ncode [^\n]*\n/, '\ncode /elsewhere\n'));
+    expect(await loadStampedConfig(file)).toBeUndefined();
+    await fsp.writeFile(stampFile, text);
+    expect(await loadStampedConfig(file)).toBeDefined();
+
+    // The same bytes written again: the ctime moved, the file is judged again.
+    await fsp.writeFile(file, await fsp.readFile(file));
+    expect(await loadStampedConfig(file)).toBeUndefined();
+    // An identity taken before an edit stamps nothing.
+    const before = configIdentity(file);
+    await fsp.writeFile(file, JSON.stringify({ shim: { stateRoot } }));
+    await recordStartStamp(stateRoot, file, before);
+    expect(await loadStampedConfig(file)).toBeUndefined();
+    expect(await loadStampedConfig(path.join(dir, 'missing.json'))).toBeUndefined();
   });
 });
