@@ -80,11 +80,17 @@ node bin/kata-ts.js tpm-ca init # the node's CA for vtpm pods' EK certificates (
 
 # containerd (and CRI-O) find a shim by its binary name on PATH: the runtime type
 # io.containerd.kata-ts.v2 runs containerd-shim-kata-ts-v2 (docs/shim.md). A symlink to this clone's
-# script, which runs dist/shim/main.js, so a rebuild is picked up by the next pod.
+# native start front (native/shim-start.c: a container's `start` answered without Node when its pod
+# already answers; everything else it hands to bin/<the same name>, the script that runs
+# dist/shim/main.js), so a rebuild is picked up by the next pod. Without the front (not built): the
+# script itself.
 step "installing the containerd shim: /usr/local/bin/containerd-shim-kata-ts-v2 (and -kata-ts-cvm-v2)"
-ln -sfn "$PWD/bin/containerd-shim-kata-ts-v2" /usr/local/bin/containerd-shim-kata-ts-v2
-# The same binary under the confidential handler's name runs kata-ts-cvm pods (src/shim/register.ts).
-ln -sfn "$PWD/bin/containerd-shim-kata-ts-v2" /usr/local/bin/containerd-shim-kata-ts-cvm-v2
+shim_target="$PWD/bin/containerd-shim-kata-ts-v2"
+[[ -x "$PWD/dist/native/kata-ts-shim-start" ]] && shim_target="$PWD/dist/native/kata-ts-shim-start"
+ln -sfn "$shim_target" /usr/local/bin/containerd-shim-kata-ts-v2
+# The same binary under the confidential handler's name runs kata-ts-cvm pods (src/shim/register.ts;
+# the front falls back to bin/containerd-shim-kata-ts-cvm-v2 for that name).
+ln -sfn "$shim_target" /usr/local/bin/containerd-shim-kata-ts-cvm-v2
 
 step "building guest kernel, initramfs and image"
 bash scripts/build-guest.sh
