@@ -134,7 +134,7 @@ export function defaultConfig(): KataConfig {
       readyTimeoutMs: 90_000,
       stopTimeoutMs: 10_000,
       qmpTimeoutMs: 10_000,
-      agentKeepalive: { intervalMs: 10_000, misses: 1 },
+      agentKeepalive: { intervalMs: 10_000, misses: 3 },
       tcgTranslationCacheMiB: 64,
       vmmIdentities: {
         firstId: DEFAULT_VMM_FIRST_ID,

@@ -18,7 +18,7 @@ function problemsOf(doc: unknown): string[] {
 
 describe('hypervisor.agentKeepalive', () => {
   it("defaults to the connection's own keepalive (a PING every 10 s, one miss ends the session)", () => {
-    expect(defaultConfig().hypervisor.agentKeepalive).toEqual({ intervalMs: 10_000, misses: 1 });
+    expect(defaultConfig().hypervisor.agentKeepalive).toEqual({ intervalMs: 10_000, misses: 3 });
     expect(defaultConfig().hypervisor.agentKeepalive).toEqual(AGENT_KEEPALIVE_DEFAULTS);
   });
 
