@@ -275,7 +275,7 @@ interface PodInfo {
   pid: number;
   virtiofsd: { pid: number } | null;
   tpm?: { pid: number } | null;
-  origin: { kind: string } | null;
+  origin: { kind: string; poolMiss?: { reason: string } | null; templateMiss?: { reason: string } | null } | null;
   workDir: string;
   confinement: { vmmDir: string | null } | null;
   plan: { qemu: { binary: string; argv: string[] } };
@@ -296,8 +296,12 @@ function kataDoor(mode: Mode, rt: BenchDaemon, handler: string): Door {
     podCost: async (sid) => {
       const info = await podInfo(rt.cri, sid);
       const roots = [info.pid, info.virtiofsd?.pid, info.tpm?.pid].filter((p): p is number => p !== undefined);
-      // A pool claim always records its origin; a pod without one booted its own VM.
-      return { pids: withDescendants(roots), origin: info.origin?.kind ?? 'cold' };
+      // A pool claim always records its origin; a pod without one booted its own VM. A pod that
+      // missed the template or the pool says why: `cold(TEMPLATE_NOT_READY)`.
+      const o = info.origin;
+      const miss = mode === 'template' ? o?.templateMiss : mode === 'pool' ? o?.poolMiss : undefined;
+      const kind = o?.kind ?? 'cold';
+      return { pids: withDescendants(roots), origin: miss == null || kind === mode ? kind : `${kind}(${miss.reason})` };
     },
   };
 }
