@@ -49,7 +49,7 @@ export async function claimClone(input: CloneClaimInput, log: Logger): Promise<C
     persist: () => deps.store.put(record),
     startedMs: Date.now(),
   };
-  const budgetMs = Math.min(req.readyTimeoutMs, deps.config.pool.claimTimeoutMs);
+  const budgetMs = cloneBudgetMs(req.readyTimeoutMs, deps.config.pool.claimTimeoutMs);
   try {
     await makeWorkDir(run);
     const { vmm } = record.plan;
@@ -149,6 +149,18 @@ function restore(
   Object.assign(record, prepared, { network });
 }
 
+/**
+ * A clone's budget for each of its waits (the agent, the reseed, then growth and the pod): half of
+ * the pod's ready budget, at least pool.claimTimeoutMs (never more than the whole). More than a
+ * pooled VM gets: under contention a clone is slower, yet far quicker than the cold boot it would
+ * fall back to. Measured in the density bench (8 pods at once, 2 cores, TCG): with the claim's 30 s,
+ * 7 of 8 clones gave up on their agents and booted cold (medians 182 s); the one that waited was
+ * ready in 50 s. Pure.
+ */
+export function cloneBudgetMs(readyTimeoutMs: number, claimTimeoutMs: number): number {
+  return Math.min(readyTimeoutMs, Math.max(claimTimeoutMs, Math.floor(readyTimeoutMs / 2)));
+}
+
 function claimBudget(requestSignal: AbortSignal, budgetMs: number): ClaimBudget {
   const started = Date.now();
   const deadline = AbortSignal.timeout(budgetMs);
@@ -158,7 +170,7 @@ function claimBudget(requestSignal: AbortSignal, budgetMs: number): ClaimBudget 
     signal,
     checkBudget: () => {
       requestSignal.throwIfAborted();
-      if (deadline.aborted) throw new Error(`the clone's claim ran past its budget of ${budgetMs} ms (pool.claimTimeoutMs)`);
+      if (deadline.aborted) throw new Error(`the clone's claim ran past its budget of ${budgetMs} ms`);
     },
   };
 }

@@ -19,6 +19,7 @@ import { planTemplateArgv } from '../../../../src/hypervisor/template.js';
 import { planSandbox, type SandboxPlan } from '../../../../src/runtime/plan.js';
 import { POOL_NIC_PORT_ID, POOL_VFS_PORT_ID, planPoolVm } from '../../../../src/runtime/pool/plan.js';
 import { migrateSandboxRecord, virtioMemBasis } from '../../../../src/runtime/sandbox/record.js';
+import { cloneBudgetMs } from '../../../../src/runtime/template/claim.js';
 import { ensureTemplateRoot } from '../../../../src/runtime/template/manager.js';
 import { planTemplateVm, type TemplateVmPlan, templateMiss } from '../../../../src/runtime/template/plan.js';
 import { fixturePlanEnvironment } from '../../../helpers/plan-env.js';
@@ -221,5 +222,14 @@ describe('the sandbox record of a clone (format 9)', () => {
       shape: { maxMemoryMiB: 1536 } as never,
     });
     expect(basis).toEqual({ offsetMiB: 256, maxMiB: 1536 });
+  });
+});
+
+describe('cloneBudgetMs', () => {
+  it("is half the pod's ready budget, at least the claim's, never more than the whole", () => {
+    expect(cloneBudgetMs(90_000, 30_000)).toBe(45_000);
+    expect(cloneBudgetMs(40_000, 30_000)).toBe(30_000);
+    expect(cloneBudgetMs(20_000, 30_000)).toBe(20_000);
+    expect(cloneBudgetMs(1_200_000, 30_000)).toBe(600_000);
   });
 });
