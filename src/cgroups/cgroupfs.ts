@@ -18,6 +18,8 @@ import type { CgroupDriver, CgroupDriverOptions, CgroupFs, CgroupMode, Placement
 /** How often, and how far apart, rmdir is retried while a just-killed VMM finishes exiting. */
 const RMDIR_ATTEMPTS = 40;
 const RMDIR_RETRY_MS = 25;
+/** How long a parent's empty cpuset is read again before it is taken for empty (another process may be filling it). */
+const CPUSET_SETTLE_MS = 2000;
 
 const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
 
@@ -69,7 +71,22 @@ export class CgroupfsDriver implements CgroupDriver {
     }
   }
 
+  /** The placements of this driver, one at a time (see place). */
+  private placing: Promise<unknown> = Promise.resolve();
+
+  /**
+   * One at a time: two pods whose cgroup parents share a level neither has yet would race on it.
+   * The one that made the directory copies cpuset.cpus/mems into it from its parent; the other
+   * found it there and read it empty in between (CGROUP_CPUSET_EMPTY: seen with 4 clones placed in
+   * the same tens of ms). A placement is a few ms of file writes; the wait costs nothing.
+   */
   async place(req: PlaceRequest): Promise<PlacementRecord> {
+    const run = this.placing.then(() => this.placeNow(req));
+    this.placing = run.catch(() => undefined);
+    return run;
+  }
+
+  private async placeNow(req: PlaceRequest): Promise<PlacementRecord> {
     const plan = planLimits(req.limits);
     const parent = parseCgroupfsParent(req.cgroupParent);
     const leafName = vmmCgroupName(req.sandboxId);
@@ -198,7 +215,7 @@ export class CgroupfsDriver implements CgroupDriver {
   private async prepareNew(h: Hierarchy, parentDir: string, dir: string, mode: CgroupMode, leaf = false): Promise<void> {
     if (h.kind === 'v1' && h.controllers.includes('cpuset')) {
       for (const file of ['cpuset.cpus', 'cpuset.mems']) {
-        const value = await this.read(path.join(parentDir, file));
+        const value = await this.readCpuset(path.join(parentDir, file));
         if (value === '') {
           throw precondition('CGROUP_CPUSET_EMPTY', `cgroup ${parentDir} has an empty ${file}, so no process can join a cgroup below it.`, {
             details: { dir: parentDir, file },
@@ -211,6 +228,20 @@ export class CgroupfsDriver implements CgroupDriver {
       const available = (await this.read(path.join(dir, 'cgroup.controllers'))).split(/\s+/);
       const wanted = [...V2_REQUIRED, ...V2_OPTIONAL].filter((c) => available.includes(c));
       if (wanted.length > 0) await this.write(path.join(dir, 'cgroup.subtree_control'), wanted.map((c) => `+${c}`).join(' '));
+    }
+  }
+
+  /**
+   * A parent's cpuset file. Empty may mean another process (another shim, the kubelet) made the
+   * directory a moment ago and has not copied its cpuset in yet: read again for a while before
+   * taking it for a cpuset no process can join.
+   */
+  private async readCpuset(file: string): Promise<string> {
+    const deadline = Date.now() + CPUSET_SETTLE_MS;
+    for (;;) {
+      const value = await this.read(file);
+      if (value !== '' || Date.now() >= deadline) return value;
+      await sleep(50);
     }
   }
 

@@ -181,6 +181,28 @@ describe('cgroupfs driver on real cgroup v1 hybrid', () => {
     }
   });
 
+  it('places four VMMs at once whose parents share levels none had yet (one driver, and two drivers as two shims would)', async () => {
+    // Seen with 4 clones placed within tens of ms: one placement made `kubepods`, another found it
+    // and read its cpuset.cpus before the first had copied it in (CGROUP_CPUSET_EMPTY).
+    const drivers = [driver, driver, makeDriver(), makeDriver()];
+    const vmms = await Promise.all(drivers.map(() => sleeper()));
+    const records = await Promise.all(
+      drivers.map((d, i) =>
+        d.place({ sandboxId: String(i + 1).repeat(64), cgroupParent: `/kubepods/burstable/pod${i}`, pid: vmms[i]!.pid as number, limits }),
+      ),
+    );
+    const cpuset = hierarchy(pc, 'cpuset');
+    for (const [i, record] of records.entries()) {
+      const leaf = record.paths.cpuset!;
+      expect(await read(path.join(leaf, 'cpuset.cpus'))).toBe(await read(path.join(cpuset.dir, 'cpuset.cpus')));
+      expect((await procPaths(vmms[i]!.pid as number)).cpuset).toBe(
+        `${cpuset.procPath}/kubepods/burstable/pod${i}/kata-ts-${String(i + 1).repeat(64)}`,
+      );
+    }
+    for (const vmm of vmms) await killOwned(vmm);
+    for (const record of records) await driver.remove(record);
+  });
+
   it('placementFor finds a placement that was made but never recorded (crash recovery), without claiming the parents', async () => {
     await mkdirEverywhere(pc, podRel);
     const vmm = await sleeper();
