@@ -616,7 +616,7 @@ export async function runDensityBench(
           progress(`${mode}: ${n} pods at once`);
           await record(mode, n, () => burst(kataDoor(mode, rt, setup.handler), image, n, o.idleS, progress));
           for (const c of await claimTimes(rt.logFile)) {
-            (result.claims ??= []).push({ mode, n, ...c });
+            result.claims = [...(result.claims ?? []), { mode, n, ...c }];
             progress(`  ${mode} N=${n} claim: ${JSON.stringify(c)}`);
           }
         } finally {
