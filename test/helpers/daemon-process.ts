@@ -95,11 +95,23 @@ export async function spawnDaemon(
     throw new Error(`kata-ts did not start (config ${configPath}); log:\n${await fsp.readFile(logFile, 'utf8').catch(() => '')}`);
   }
   const pid = daemonPidOf(child.pid as number);
+  /** Set by stop() and kill(): the exit that follows is the test's doing. */
+  let endedHere = false;
   return {
     pid,
     child,
     async stop() {
-      if (child.exitCode !== null || child.signalCode !== null) return;
+      if (child.exitCode !== null || child.signalCode !== null) {
+        if (endedHere) return;
+        // Gone before anyone stopped it: a crash. Its log is removed with the test's dir, so the
+        // end of it is printed here, where a failing run's output keeps it.
+        const tail = (await fsp.readFile(logFile, 'utf8').catch(() => '')).split('\n').slice(-40).join('\n');
+        console.warn(
+          `kata-ts (pid ${pid}) had exited on its own (code ${child.exitCode}, signal ${child.signalCode}); its log ends:\n${tail}`,
+        );
+        return;
+      }
+      endedHere = true;
       child.kill('SIGTERM');
       const timer = setTimeout(() => child.kill('SIGKILL'), 15_000);
       await exited;
@@ -107,6 +119,7 @@ export async function spawnDaemon(
     },
     async kill() {
       if (child.exitCode !== null || child.signalCode !== null) return;
+      endedHere = true;
       try {
         process.kill(pid, 'SIGKILL');
       } catch {
