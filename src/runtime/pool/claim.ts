@@ -231,10 +231,23 @@ export async function claimPooledVm(input: ClaimInput, log: Logger): Promise<Cre
     }
     // Its namespace (idempotent: the pod network's teardown removed it if the claim got that far).
     if (pool.network !== null) await deleteNetns(pool.network.netnsName).catch(() => undefined);
-    for (const key of Object.keys(record)) delete (record as unknown as Record<string, unknown>)[key];
-    Object.assign(record, prepared, { network: preparedNetwork });
+    restorePrepared(record, prepared, preparedNetwork);
     throw err;
   }
+}
+
+/**
+ * A record put back as prepareSandbox made it (in place: the caller holds it), after a claim of a
+ * pooled VM or a clone failed, so the next way (the pool, a cold boot) starts from it; its network
+ * record is the prepared object itself, which the cold boot fills in.
+ */
+export function restorePrepared(
+  record: SandboxPreparation['record'],
+  prepared: SandboxPreparation['record'],
+  network: SandboxPreparation['record']['network'],
+): void {
+  for (const key of Object.keys(record)) delete (record as unknown as Record<string, unknown>)[key];
+  Object.assign(record, prepared, { network });
 }
 
 /**

@@ -14,7 +14,7 @@ import type { Logger } from '../../common/logger.js';
 import { plugNic } from '../../hypervisor/index.js';
 import { planClone9pDevice, type TemplateVmSpec } from '../../hypervisor/template.js';
 import { netnsPathOf } from '../../network/index.js';
-import { type ClaimBudget, growAndStartPod } from '../pool/claim.js';
+import { type ClaimBudget, growAndStartPod, restorePrepared } from '../pool/claim.js';
 import { POOL_NIC_PORT_ID, POOL_VFS_PORT_ID, planClaim } from '../pool/plan.js';
 import { RollbackSteps } from '../rollback.js';
 import type { CreateDeps, CreatedSandbox, SandboxPreparation, SandboxRun } from '../sandbox/create-types.js';
@@ -79,7 +79,7 @@ export async function claimClone(input: CloneClaimInput, log: Logger): Promise<C
     );
     if (outcome.kind === 'miss') {
       await run.undo.run();
-      restore(record, prepared, preparedNetwork);
+      restorePrepared(record, prepared, preparedNetwork);
       req.signal.throwIfAborted();
       return { kind: 'miss', miss: { reason: outcome.reason, message: outcome.message } };
     }
@@ -126,7 +126,7 @@ export async function claimClone(input: CloneClaimInput, log: Logger): Promise<C
   } catch (err) {
     log.warn({ err: errorMessage(err) }, 'starting the pod from a template failed; rolling the clone back');
     await run.undo.run();
-    restore(record, prepared, preparedNetwork);
+    restorePrepared(record, prepared, preparedNetwork);
     // The caller gave up (its deadline, a cancel): its own error, not a fallback to a cold boot.
     req.signal.throwIfAborted();
     return {
@@ -137,16 +137,6 @@ export async function claimClone(input: CloneClaimInput, log: Logger): Promise<C
       },
     };
   }
-}
-
-/** The record as prepared again (the cold boot or the pool starts from it), its network record the prepared one itself. */
-function restore(
-  record: SandboxPreparation['record'],
-  prepared: SandboxPreparation['record'],
-  network: SandboxPreparation['record']['network'],
-): void {
-  for (const key of Object.keys(record)) delete (record as unknown as Record<string, unknown>)[key];
-  Object.assign(record, prepared, { network });
 }
 
 /**

@@ -23,7 +23,10 @@ import { planTemplateVm, type TemplateMiss, type TemplateVmPlan, templateMiss } 
 import { TemplateStore } from './store.js';
 import './reasons.js';
 
-/** A clone's miss reasons that say the template itself is unfit for use (so it is rebuilt). */
+/**
+ * A clone's miss reasons that say the template itself is unfit for use (so it is rebuilt); a
+ * template removed from the root is TEMPLATE_RECORD_INVALID (its record cannot be read).
+ */
 const TEMPLATE_UNFIT = new Set(['TEMPLATE_KEY_MISMATCH', 'TEMPLATE_RECORD_INVALID', 'TEMPLATE_STATE_CORRUPT', 'TEMPLATE_RAM_FILE_INVALID']);
 
 export interface TemplateManagerDeps {
@@ -122,7 +125,11 @@ export class TemplateManager implements SandboxTemplates {
    */
   async start(): Promise<void> {
     const workRoot = templateBuildRoot(this.deps.config.stateDir);
-    for (const pid of await qemuPidsUsing(workRoot)) await killAndWait(pid);
+    // Each build's dir goes when it ends: one left means a build the last daemon did not finish
+    // (only then is /proc searched for its VM, not at every start).
+    if ((await fsp.readdir(workRoot).catch(() => [])).length > 0) {
+      for (const pid of await qemuPidsUsing(workRoot)) await killAndWait(pid);
+    }
     await fsp.rm(workRoot, { recursive: true, force: true });
     if (!this.enabled) return;
     try {
@@ -232,7 +239,7 @@ export class TemplateManager implements SandboxTemplates {
     );
     if (outcome.kind === 'miss') {
       // A template found unfit (altered, damaged, removed) is rebuilt in the background.
-      if (TEMPLATE_UNFIT.has(outcome.miss.reason) || outcome.miss.message.includes('ENOENT')) this.build(handlerName);
+      if (TEMPLATE_UNFIT.has(outcome.miss.reason)) this.build(handlerName);
       return missed(outcome.miss);
     }
     t.clones++;
@@ -249,6 +256,7 @@ export class TemplateManager implements SandboxTemplates {
    */
   async close(): Promise<void> {
     this.closed = true;
+    if (this.builds.size === 0) return;
     for (const pid of await qemuPidsUsing(templateBuildRoot(this.deps.config.stateDir)).catch(() => [])) {
       await killAndWait(pid).catch(() => undefined);
     }
