@@ -26,6 +26,7 @@ import { silentLogger } from '../src/common/logger.js';
 import { chooseAcceleration } from '../src/hypervisor/accel.js';
 import { buildQemuArgv } from '../src/hypervisor/argv.js';
 import { startVm, vmPaths } from '../src/hypervisor/launcher.js';
+import { type AgentServingEntry, agentServingEntry } from '../test/helpers/agent-guest.js';
 import { QemuTracker } from '../test/helpers/hypervisor-guest.js';
 import { median, readVmRssKiB, sleep } from './lib/proc.js';
 
@@ -50,26 +51,14 @@ interface Sample {
 }
 
 /** The agent's 'agent serving' log line in the console log (pino JSON), once it is there. */
-function servingLine(consoleLog: string): { launchedAtS: number; startedAtS?: number; readyAtS: number } | undefined {
+function servingLine(consoleLog: string): AgentServingEntry | undefined {
   let text: string;
   try {
     text = readFileSync(consoleLog, 'utf8');
   } catch {
     return undefined;
   }
-  for (const line of text.split('\n')) {
-    const start = line.indexOf('{');
-    if (start < 0 || !line.includes('"agent serving"')) continue;
-    const entry = JSON.parse(line.slice(start)) as { launchedAtS?: number; startedAtS?: number | null; readyAtS?: number };
-    if (typeof entry.launchedAtS !== 'number' || typeof entry.readyAtS !== 'number')
-      throw new Error(`the agent's serving line has no launchedAtS/readyAtS (an agent from before they were logged?): ${line}`);
-    return {
-      launchedAtS: entry.launchedAtS,
-      readyAtS: entry.readyAtS,
-      ...(typeof entry.startedAtS === 'number' ? { startedAtS: entry.startedAtS } : {}),
-    };
-  }
-  return undefined;
+  return agentServingEntry(text);
 }
 
 async function bootOnce(guest: Guest, tracker: QemuTracker): Promise<Sample> {

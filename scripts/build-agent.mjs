@@ -39,7 +39,21 @@ const NODE_TARGET = `node${process.versions.node.split('.')[0]}`;
  * semi-spaces instead of up to 16 MiB (scavenges are more frequent and cheap at the agent's
  * allocation rate). A snapshot is tied to the flags it was built with, so the same flags build it.
  */
-export const AGENT_NODE_FLAGS = ['--max-old-space-size=96', '--max-semi-space-size=1'];
+export const AGENT_NODE_FLAGS = ['--max-old-space-size=96', '--max-semi-space-size=1', ...cpuFeatureFlags()];
+
+/**
+ * V8 refuses a start-up snapshot whose version tag differs from its own, and the tag hashes the CPU
+ * features V8 found (`--v8-options` lists them: SSE3 ... POPCNT). A blob built on the host therefore
+ * did not load on a vCPU with fewer features (TCG's `-cpu max` against an AVX-512 host): the agent
+ * started twice on every boot, the second time from its bundle. Turning every optional feature off
+ * makes the tag the same on any x86-64 CPU, at the cost of baseline instructions in the agent's
+ * JIT code (it serves RPCs; it does no numeric work). Other architectures keep V8's defaults.
+ */
+function cpuFeatureFlags() {
+  if (process.arch !== 'x64') return [];
+  const features = ['sse3', 'ssse3', 'sse4-1', 'sse4-2', 'sahf', 'avx', 'avx2', 'fma3', 'bmi1', 'bmi2', 'lzcnt', 'popcnt'];
+  return features.map((feature) => `--no-enable-${feature}`);
+}
 
 /** The snapshot's deserialized main prints this and exits when KATA_TS_AGENT_SNAPSHOT_CHECK=1. */
 const SNAPSHOT_CHECK_LINE = 'kata-ts-agent snapshot ok';

@@ -14,6 +14,7 @@ import { readFileSync, realpathSync } from 'node:fs';
 import { access } from 'node:fs/promises';
 import net from 'node:net';
 import { fileURLToPath } from 'node:url';
+import { cachedDataVersionTag } from 'node:v8';
 import { ChannelServer, serveDuplex } from '../../src/channel/index.js';
 import { createLogger, type LogLevel } from '../../src/common/logger.js';
 import { type Attester, createAttester } from './attest/index.js';
@@ -21,7 +22,7 @@ import type { ContainerBackend } from './backend.js';
 import { GUEST_ROOTS } from './containers/guest-facts.js';
 import { Containers, CrunBackend, GUEST_PATHS } from './containers/index.js';
 import { rootIsInitramfs } from './containers/runtime.js';
-import { guestTrimSteps, IDLE_TRIM_DELAY_MS, IDLE_TRIM_MIN_INTERVAL_MS, IdleTrim } from './idle-trim.js';
+import { guestTrimSteps, hasReportingBalloon, IDLE_TRIM_DELAY_MS, IDLE_TRIM_MIN_INTERVAL_MS, IdleTrim } from './idle-trim.js';
 import { GuestNetwork } from './network.js';
 import { GUEST_POD_PATHS, GUEST_VIRTIO_DEVICES_DIR, PodService } from './pods.js';
 import { AGENT_PORT_NAME, findPort, VirtioPort } from './port.js';
@@ -46,21 +47,32 @@ export function guestUptimeS(): number {
 /** Uptime when startAgent began: node started and the agent's code loaded (or deserialized). */
 let startedAtS = Number.NaN;
 
+/** Where the agent's code came from: V8's start-up snapshot, or the bundle parsed at start. */
+export type AgentCodeSource = 'snapshot' | 'bundle';
+let codeSource: AgentCodeSource = 'bundle';
+
 /**
  * The agent's start on the guest's clock, logged with 'agent serving' (the console log on the
  * host; bench/agent-start.ts reads it): `launchedAtS` is the uptime when guest/init exec'd node
  * (KATA_TS_AGENT_LAUNCHED_AT), `startedAtS` when startAgent began (node and the agent's code are
- * up), `readyAtS` the uptime now, when the port is open and announced.
+ * up), `readyAtS` the uptime now, when the port is open and announced. `start` is init's count of
+ * agent starts in this boot (KATA_TS_AGENT_START) and `codeSource` says whether this one came from
+ * the start-up snapshot: a boot that logs start 2 from the bundle had its snapshot refused.
+ * `v8Tag` is the tag node compares with the snapshot's (V8's version, flags and CPU features).
  */
 export function agentStartTimes(env: NodeJS.ProcessEnv): {
   launchedAtS: number;
   startedAtS: number;
   readyAtS: number;
   agentStartMs: number;
+  start: number;
+  codeSource: AgentCodeSource;
+  v8Tag: number;
 } {
   const launchedAtS = Number(env.KATA_TS_AGENT_LAUNCHED_AT ?? Number.NaN);
   const readyAtS = guestUptimeS();
-  return { launchedAtS, startedAtS, readyAtS, agentStartMs: Math.round((readyAtS - launchedAtS) * 1000) };
+  const start = Number(env.KATA_TS_AGENT_START ?? Number.NaN);
+  return { launchedAtS, startedAtS, readyAtS, agentStartMs: Math.round((readyAtS - launchedAtS) * 1000), start, codeSource, v8Tag: cachedDataVersionTag() };
 }
 
 function agentLogger(env: NodeJS.ProcessEnv) {
@@ -131,13 +143,14 @@ export async function runAgent(
 }
 
 /** Serve crun containers and the pod service (what guest/init starts). */
-export function startAgent(env: NodeJS.ProcessEnv = process.env): void {
+export function startAgent(env: NodeJS.ProcessEnv = process.env, source: AgentCodeSource = 'bundle'): void {
   startedAtS = guestUptimeS();
+  codeSource = source;
   // Again here: a snapshot (guest/agent/snapshot.ts) ran the line at the top at build time.
   env.UV_THREADPOOL_SIZE ??= '8';
   const logger = agentLogger(env);
   // Only in the real guest: the trim writes to the kernel's /proc/sys/vm.
-  const idleTrim = new IdleTrim({ delayMs: IDLE_TRIM_DELAY_MS, minIntervalMs: IDLE_TRIM_MIN_INTERVAL_MS, steps: guestTrimSteps(), logger });
+  const idleTrim = new IdleTrim({ delayMs: IDLE_TRIM_DELAY_MS, minIntervalMs: IDLE_TRIM_MIN_INTERVAL_MS, steps: guestTrimSteps(), logger, worthwhile: () => hasReportingBalloon() });
   const openTpm = () => openTpmDevice();
   // The initdata document is measured (PCR 8) before anything else runs, so nothing the agent
   // starts can read it unmeasured. A failure leaves it unpublished and the agent serving.

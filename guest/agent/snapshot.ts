@@ -10,16 +10,16 @@
  * survive into it. Run without a snapshot (plain node) it starts the agent at once.
  */
 import { startupSnapshot } from 'node:v8';
-import { startAgent } from './main.js';
+import { type AgentCodeSource, startAgent } from './main.js';
 
 /** The build's check that the blob loads (scripts/build-agent.mjs): answer and exit. */
-function main(): void {
+function main(source: AgentCodeSource): void {
   if (process.env.KATA_TS_AGENT_SNAPSHOT_CHECK === '1') {
     process.stdout.write('kata-ts-agent snapshot ok\n');
     return;
   }
-  startAgent(process.env);
+  startAgent(process.env, source);
 }
 
-if (startupSnapshot.isBuildingSnapshot()) startupSnapshot.setDeserializeMainFunction(main);
-else main();
+if (startupSnapshot.isBuildingSnapshot()) startupSnapshot.setDeserializeMainFunction(() => main('snapshot'));
+else main('bundle');

@@ -17,3 +17,34 @@ export function ensureAgentGuest(): { kernelPath: string; initrdPath: string; gu
     guestImagePath: path.join(dir, 'guest.img'),
   };
 }
+
+/** What the real agent's 'agent serving' line says about its start (guest/agent/main.ts). */
+export interface AgentServingEntry {
+  launchedAtS: number;
+  startedAtS?: number;
+  readyAtS: number;
+  /** init's count of agent starts in this boot: 2 after a refused snapshot. */
+  start?: number;
+  codeSource?: 'snapshot' | 'bundle';
+}
+
+/** The first 'agent serving' line (pino JSON after the console's prefix) in a guest's console text. */
+export function agentServingEntry(consoleText: string): AgentServingEntry | undefined {
+  for (const line of consoleText.split('\n')) {
+    const start = line.indexOf('{');
+    if (start < 0 || !line.includes('"agent serving"')) continue;
+    const entry: unknown = JSON.parse(line.slice(start));
+    if (typeof entry !== 'object' || entry === null) throw new Error(`the agent's serving line is not an object: ${line}`);
+    const e = entry as Record<string, unknown>;
+    if (typeof e.launchedAtS !== 'number' || typeof e.readyAtS !== 'number')
+      throw new Error(`the agent's serving line has no launchedAtS/readyAtS (an agent from before they were logged?): ${line}`);
+    return {
+      launchedAtS: e.launchedAtS,
+      readyAtS: e.readyAtS,
+      ...(typeof e.startedAtS === 'number' ? { startedAtS: e.startedAtS } : {}),
+      ...(typeof e.start === 'number' ? { start: e.start } : {}),
+      ...(e.codeSource === 'snapshot' || e.codeSource === 'bundle' ? { codeSource: e.codeSource } : {}),
+    };
+  }
+  return undefined;
+}
