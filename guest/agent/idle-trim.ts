@@ -45,6 +45,14 @@ export interface IdleTrimOptions {
   minIntervalMs?: number;
   steps: readonly TrimStep[];
   logger: Logger;
+  /**
+   * Whether a trim can give anything back to the host, asked before each one (default: yes).
+   * Without free page reporting it cannot: freed pages stay with the VM, and in a clone of a VM
+   * template (no balloon, guest RAM a private copy-on-write map of the template's file) the trim
+   * would only write to pages the clone still shares: the GC and the compaction move memory, and
+   * every page they touch becomes the clone's own copy.
+   */
+  worthwhile?: () => Promise<boolean> | boolean;
 }
 
 /** What the agent tells the trim (guest/agent/server.ts); IdleTrim is one. */
@@ -63,6 +71,8 @@ export class IdleTrim implements TrimNotice {
   private inFlight = 0;
   /** Trims run so far (tests and the log read it). */
   trims = 0;
+  /** Trims skipped because none was worthwhile (logged once). */
+  skipped = 0;
 
   constructor(private readonly options: IdleTrimOptions) {}
 
@@ -105,11 +115,15 @@ export class IdleTrim implements TrimNotice {
     this.timer = undefined;
   }
 
-  /** Run every step now, in order; the names of those that failed. */
+  /** Run every step now, in order; the names of those that failed. Nothing when no trim is worthwhile. */
   async run(): Promise<string[]> {
     const failed: string[] = [];
     const started = performance.now();
     this.lastTrimAt = started;
+    if (this.options.worthwhile !== undefined && !(await this.options.worthwhile())) {
+      if (this.skipped++ === 0) this.options.logger.info('guest memory not trimmed: no free page reporting to give it back to the host');
+      return failed;
+    }
     for (const step of this.options.steps) {
       try {
         await step.run();
@@ -134,6 +148,19 @@ function fullGc(): () => void {
     }
     gc();
   };
+}
+
+/**
+ * True when a virtio balloon device is bound to its driver (`driverDir`: the guest's sysfs):
+ * the runtime gives a balloon only with free page reporting (src/hypervisor/argv.ts), so freed
+ * pages reach the host. A VM template's clones have none.
+ */
+export async function hasReportingBalloon(driverDir = '/sys/bus/virtio/drivers/virtio_balloon'): Promise<boolean> {
+  try {
+    return (await fsp.readdir(driverDir)).some((name) => /^virtio\d+$/.test(name));
+  } catch {
+    return false;
+  }
 }
 
 /** The guest's trim: the agent's heap, the clean page cache, compaction (under `procSysVmDir`). */

@@ -1,8 +1,8 @@
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
-import { guestTrimSteps, IdleTrim, type TrimStep } from '../../../guest/agent/idle-trim.js';
+import { guestTrimSteps, hasReportingBalloon, IdleTrim, type TrimStep } from '../../../guest/agent/idle-trim.js';
 import { AgentService } from '../../../guest/agent/server.js';
 import { silentLogger } from '../../../src/common/logger.js';
 import type { CreateContainerRequest } from '../../../src/generated/agent/agent.js';
@@ -33,6 +33,24 @@ describe('guest memory trim', () => {
     expect(failed).toEqual([]);
     expect(readFileSync(path.join(dir, 'drop_caches'), 'utf8')).toBe('1');
     expect(readFileSync(path.join(dir, 'compact_memory'), 'utf8')).toBe('1');
+  });
+
+  it('runs no step in a VM whose freed pages cannot reach the host (no balloon: a template clone), and does once one is bound', async () => {
+    // A stand-in for /sys/bus/virtio/drivers/virtio_balloon: the driver without a device, then with one.
+    const driver = path.join(dir, 'virtio_balloon');
+    mkdirSync(driver);
+    writeFileSync(path.join(driver, 'bind'), '');
+    const { steps, runs } = counting();
+    const trim = new IdleTrim({ delayMs: 0, steps, logger: silentLogger(), worthwhile: () => hasReportingBalloon(driver) });
+    expect(await trim.run()).toEqual([]);
+    expect(runs).toEqual([]);
+    expect({ trims: trim.trims, skipped: trim.skipped }).toEqual({ trims: 0, skipped: 1 });
+    // No driver at all (virtio_balloon not loaded) is the same.
+    expect(await hasReportingBalloon(path.join(dir, 'missing'))).toBe(false);
+    mkdirSync(path.join(driver, 'virtio3'));
+    expect(await trim.run()).toEqual([]);
+    expect(runs).toEqual(['a', 'b']);
+    expect(trim.trims).toBe(1);
   });
 
   it('logs a failing step and still runs the others', async () => {
