@@ -127,6 +127,14 @@ for helper in "kata-ts-reaper:$repo/guest/agent/containers/native/reaper.c" "kat
 	gcc -static -Os -Wall -o "$usr/lib/kata-ts/$name" "$src" || die "gcc -static $src failed (install gcc and libc6-dev)"
 	strip "$usr/lib/kata-ts/$name" || die "strip $name failed"
 done
+# The root of the warm-up container a pre-booted VM runs before it waits for a pod
+# (src/runtime/pool/warm.ts): the static busybox, and the mount points a read-only root needs.
+warm_root="$usr/lib/kata-ts/warm-rootfs"
+rm -rf "$warm_root"
+mkdir -p "$warm_root/bin" "$warm_root/proc" "$warm_root/dev" "$warm_root/sys" "$warm_root/tmp"
+cp "$busybox" "$warm_root/bin/busybox"
+ln -s busybox "$warm_root/bin/sh"
+ln -s busybox "$warm_root/bin/sleep"
 if [ -f "$agent_entry" ]; then
 	say "bundling the agent from ${agent_entry#"$repo"/}"
 	# agent.flags: the V8 flags init starts node with (the agent's heap bounds). The snapshot is

@@ -2,6 +2,7 @@
 export { buildOciSpec, DEFAULT_MASKED_PATHS, DEFAULT_READONLY_PATHS, type OciSpecPlan } from './build.js';
 export { ALL_CAPABILITIES, DEFAULT_CAPABILITIES } from './capabilities.js';
 export type { OciContainerFile } from './etc-files.js';
+export { type GuestPod, guestLayout } from './guest-layout.js';
 export type * from './input.js';
 export { runtimeDefaultProfile } from './seccomp-default.js';
 export { seccompLocalhostRef } from './security.js';

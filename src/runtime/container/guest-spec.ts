@@ -101,34 +101,6 @@ export async function readSeccompProfile(spec: ContainerSpec): Promise<string | 
   }
 }
 
-/** Where the pod's shared things are in the guest (from the sandbox's guest pod). */
-export interface GuestPod {
-  pausePid: number;
-  shmPath: string;
-}
-
-/** The guest layout of one container (pure). */
-export function guestLayout(opts: {
-  sandboxId: string;
-  containerId: string;
-  rootfsGuestPath: string;
-  guestDir: string;
-  mountSources: Record<string, string>;
-  mountSubmounts?: Record<string, string[]>;
-  pod: GuestPod;
-}): OciGuestLayout {
-  const ns = (type: string) => `/proc/${opts.pod.pausePid}/ns/${type}`;
-  return {
-    rootfsPath: opts.rootfsGuestPath,
-    cgroupsPath: `/kata-ts/${opts.sandboxId}/${opts.containerId}`,
-    mountSources: opts.mountSources,
-    ...(opts.mountSubmounts === undefined ? {} : { mountSubmounts: opts.mountSubmounts }),
-    namespaces: { network: ns('net'), ipc: ns('ipc'), uts: ns('uts'), pid: ns('pid') },
-    shmPath: opts.pod.shmPath,
-    etcDir: path.posix.join(opts.guestDir, 'etc'),
-  };
-}
-
 /** Everything buildOciSpec needs, from the records and the files read above (pure). */
 export function ociInput(opts: {
   container: ContainerSpec;

@@ -6,11 +6,11 @@
 import { lstat } from 'node:fs/promises';
 import path from 'node:path';
 import type { Logger } from '../../common/logger.js';
-import { buildOciSpec, type OciSpecInput } from '../../oci/index.js';
+import { buildOciSpec, type GuestPod, guestLayout, type OciSpecInput } from '../../oci/index.js';
 import type { PcieTopology } from '../../pcie/index.js';
 import type { ContainerSpec } from '../spec/container.js';
 import { type HostNodeType, planGuestDevices } from './guest-devices.js';
-import { type GuestPod, guestLayout, ociInput, readFileInRoot, readSeccompProfile } from './guest-spec.js';
+import { ociInput, readFileInRoot, readSeccompProfile } from './guest-spec.js';
 import { checkMountSources, makeMissingSources, removeMadeSources } from './mount-sources.js';
 import type { ContainerGuestPlan } from './record.js';
 import { containerDirs, type HostMountRequest, hostSubmounts, type RuntimeMountRoot, SharedDirMounts } from './shared-dir.js';

@@ -10,6 +10,7 @@ import type { KubernetesResources__Output } from '../../generated/runtime/v1/Kub
 import type { LinuxContainerResources__Output } from '../../generated/runtime/v1/LinuxContainerResources.js';
 import type { LinuxPodSandboxConfig__Output } from '../../generated/runtime/v1/LinuxPodSandboxConfig.js';
 import type { RootfsSource } from '../../images/rootfs.js';
+import type { GuestPod } from '../../oci/index.js';
 import type { PcieHostFacts } from '../../pcie/index.js';
 import type { HostCapacity } from '../../sizing/types.js';
 import type { ResizePlan } from '../resize/index.js';
@@ -17,7 +18,6 @@ import type { SandboxRecord } from '../sandbox/record.js';
 import type { SandboxAccess } from '../sandbox/types.js';
 import type { SandboxSpec } from '../spec/sandbox.js';
 import type { RecordStore } from '../store.js';
-import type { GuestPod } from './guest-spec.js';
 import type { ContainerRecord, ContainerState, ContainerStdio } from './record.js';
 
 /** What the container layer needs of the image store. */

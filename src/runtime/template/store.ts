@@ -19,6 +19,7 @@ import { errorMessage, isKataError } from '../../common/errors.js';
 import type { Logger } from '../../common/logger.js';
 import type { TemplateKey, TemplateRecord, TemplateVmSpec } from '../../hypervisor/template.js';
 import { buildTemplate, computeTemplateKey, loadVerifiedTemplate, templateInputFingerprint } from '../../hypervisor/template-execute.js';
+import { warmUpGuest } from '../pool/warm.js';
 import { type ReadyClone, type ReadyCloneOptions, startReadyClone } from './clone.js';
 
 /** Hex digits of each digest in a template directory's name. */
@@ -189,10 +190,17 @@ export class TemplateStore {
         workDir,
         logger,
         waitAgentReady: async (agentSocket) => {
-          // Hello answered: the agent is up. The connection is closed before the save, so that no
-          // half-open session is frozen into the state and each clone's first dial is its own.
+          // Hello answered: the agent is up. It runs the warm-up pod (src/runtime/pool/warm.ts), so
+          // that every clone starts with the container path compiled and crun in its page cache.
+          // The connection is closed before the save, so that no half-open session is frozen into
+          // the state and each clone's first dial is its own.
           const agent = await AgentClient.connect({ socketPath: agentSocket, logger, hostVersion }, bootTimeoutMs);
-          agent.close();
+          try {
+            const warm = await warmUpGuest(agent, bootTimeoutMs, logger);
+            logger.info({ warmUpMs: warm.ms, steps: warm.steps, failed: warm.failed }, 'template VM warmed up');
+          } finally {
+            agent.close();
+          }
         },
       });
       logger.info({ templateDir, buildMs: record.buildMs, stateBytes: record.stateBytes }, 'template built');

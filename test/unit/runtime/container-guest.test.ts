@@ -4,8 +4,9 @@ import os from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { criCpuUsage } from '../../../src/cri/views/stats.js';
+import { guestLayout } from '../../../src/oci/index.js';
 import { exitReason, signalNumber, timestampNs } from '../../../src/runtime/container/guest-ops.js';
-import { guestLayout, readFileInRoot } from '../../../src/runtime/container/guest-spec.js';
+import { readFileInRoot } from '../../../src/runtime/container/guest-spec.js';
 import { CpuRates, nanoCores } from '../../../src/runtime/container/stats.js';
 
 describe('exit reasons', () => {
