@@ -204,6 +204,19 @@ describe('pods from a VM template (RunPodSandbox clones; real QEMU, agent, crun,
       expect(await fsp.readdir(root)).toEqual([templateName]);
       expect((await fsp.readdir(path.join(root, templateName))).sort()).toEqual(['ram', 'state', 'template.json']);
       expect(await qemuPidsUsing(templateBuildRoot(rt.stateDir))).toEqual([]);
+      // The template VM ran the warm-up pod (src/runtime/pool/warm.ts) through every step before its save.
+      const warmed = (await rt.logLines()).find((l) => l.msg === 'template VM warmed up');
+      expect(warmed?.failed).toBeUndefined();
+      expect(Object.keys((warmed?.steps ?? {}) as object)).toEqual([
+        'createPod',
+        'createContainer',
+        'startContainer',
+        'output',
+        'exec',
+        'stop',
+        'deleteContainer',
+        'destroyPod',
+      ]);
       ramSha256 = await ramFileSha256();
     },
     scaledMs(540_000),
@@ -317,13 +330,18 @@ describe('pods from a VM template (RunPodSandbox clones; real QEMU, agent, crun,
         await handle.close();
       }
       const qemusBefore = new Set(await qemuPidsUsing(rt.stateDir));
+      // The rebuild's VM (in the build root) starts at the miss and runs beside the cold pod.
+      const pods = async () => {
+        const building = new Set(await qemuPidsUsing(templateBuildRoot(rt.stateDir)));
+        return (await qemuPidsUsing(rt.stateDir)).filter((p) => !building.has(p));
+      };
       const cold = await runPod('cold');
       numbers.coldPodMs = cold.ms;
       const info = await verbose(cold.id);
       expect(info.origin?.kind).toBe('cold');
       expect(info.origin?.templateMiss?.reason).toBe('TEMPLATE_STATE_CORRUPT');
       // The only new QEMU is the cold pod's (the failed clone's is gone), and it is no clone.
-      const qemusNow = (await qemuPidsUsing(rt.stateDir)).filter((p) => !qemusBefore.has(p));
+      const qemusNow = (await pods()).filter((p) => !qemusBefore.has(p));
       expect(qemusNow).toEqual([info.pid]);
       expect(cmdline(info.pid)).not.toContain('-incoming');
       const rebuilt = await waitTemplate('the template to be rebuilt', (t) => t.phase === 'ready' && t.misses >= 1);

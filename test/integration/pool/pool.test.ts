@@ -168,6 +168,10 @@ describe('the pool of pre-booted VMs (real QEMU, virtiofsd, CNI in a node namesp
       expect(path.dirname(cgroup)).toBe(rt.poolCgroupParent);
       expect(path.basename(cgroup)).toMatch(/^kata-ts-[0-9a-f]{64}$/);
       expect([await cpuFile(cgroup, 'cpu.shares'), await cpuFile(rt.poolCgroupParent, 'cpu.shares')]).toEqual(['2', '2']);
+      // Before it was ready it ran the warm-up pod (src/runtime/pool/warm.ts), and nothing failed.
+      const ready = (await rt.logLines()).find((l) => l.msg === 'pooled VM ready');
+      expect(ready?.warmUpMs).toEqual(expect.any(Number));
+      expect(ready?.warmUpFailed).toBeUndefined();
     },
     scaledMs(480_000),
   );
