@@ -3,7 +3,8 @@
 // into one ES module that the guest's node runs without node_modules, and optionally a V8
 // start-up snapshot of it:
 //
-//   node scripts/build-agent.mjs --out FILE [--entry FILE] [--snapshot-blob FILE --node BIN] [--flags-out FILE]
+//   node scripts/build-agent.mjs --out FILE [--entry FILE] [--snapshot-blob FILE --node BIN]
+//                                [--snapshot-script FILE] [--flags-out FILE]
 //
 //   --out FILE            where the bundle goes (written atomically: FILE.tmp, then rename)
 //   --entry FILE          the entry point (default guest/agent/main.ts); tests bundle a stub this way
@@ -13,6 +14,10 @@
 //                         and evaluating the bundle under emulation. Only for the real agent.
 //   --node BIN            the node that builds the snapshot: the guest's own binary (a snapshot
 //                         loads only into the node and V8 flags that made it); default this node
+//   --snapshot-script FILE  write the snapshot's entry script there instead (the CommonJS bundle
+//                         `node --build-snapshot` runs), for a build of the blob inside a guest:
+//                         scripts/build-guest.sh does that, because V8 refuses a blob made on a
+//                         CPU whose features differ from the vCPU's (CET, which no flag turns off)
 //   --flags-out FILE      write AGENT_NODE_FLAGS there (one line), for guest/init
 //
 // Deterministic bundle: the same sources give the same bytes (no timestamps, no absolute paths,
@@ -63,6 +68,7 @@ const { values } = parseArgs({
     out: { type: 'string' },
     entry: { type: 'string', default: path.join(repo, 'guest/agent/main.ts') },
     'snapshot-blob': { type: 'string' },
+    'snapshot-script': { type: 'string' },
     node: { type: 'string', default: process.execPath },
     'flags-out': { type: 'string' },
   },
@@ -105,14 +111,19 @@ async function bundleModule(entry, out) {
   }
 }
 
+/** The snapshot entry (guest/agent/snapshot.ts) bundled as one CommonJS script at `script`. */
+async function bundleSnapshotScript(script) {
+  // import.meta is empty in CommonJS: main.ts's "started directly" check reads it and stays off.
+  await build({ ...common, entryPoints: [path.join(repo, 'guest/agent/snapshot.ts')], outfile: script, format: 'cjs' });
+}
+
 /** Bundle the snapshot entry as one CommonJS script, build the blob with `node`, check it loads. */
 async function buildSnapshot(blob, node) {
   const scratch = mkdtempSync(path.join(os.tmpdir(), 'kata-ts-agent-snapshot.'));
   try {
     const script = path.join(scratch, 'agent-snapshot.cjs');
     const tmpBlob = path.join(scratch, 'agent.blob');
-    // import.meta is empty in CommonJS: main.ts's "started directly" check reads it and stays off.
-    await build({ ...common, entryPoints: [path.join(repo, 'guest/agent/snapshot.ts')], outfile: script, format: 'cjs' });
+    await bundleSnapshotScript(script);
     // --no-warnings is node's, not V8's: it does not change the snapshot's flag hash (the check
     // below runs without it). The builder warns about built-ins it has not verified for snapshots.
     execFileSync(node, [...AGENT_NODE_FLAGS, '--no-warnings', '--snapshot-blob', tmpBlob, '--build-snapshot', script], {
@@ -137,6 +148,7 @@ async function buildSnapshot(blob, node) {
 try {
   await bundleModule(values.entry, path.resolve(values.out));
   if (values['snapshot-blob'] !== undefined) await buildSnapshot(path.resolve(values['snapshot-blob']), values.node);
+  if (values['snapshot-script'] !== undefined) await bundleSnapshotScript(path.resolve(values['snapshot-script']));
   if (values['flags-out'] !== undefined) writeFileSync(values['flags-out'], `${AGENT_NODE_FLAGS.join(' ')}\n`);
 } catch (err) {
   console.error(`build-agent: bundling ${values.entry} failed: ${err instanceof Error ? err.message : String(err)}`);

@@ -15,8 +15,10 @@
 #   --agent-entry FILE  the agent's entry point (default guest/agent/main.ts), bundled by
 #                       scripts/build-agent.mjs; tests and benches pass a stub
 #   --agent-snapshot S  on (default for the real agent): a V8 start-up snapshot of the agent
-#                       (agent.blob, built by the guest's own node) that init starts from; off:
-#                       node runs agent.mjs. A stub entry never gets one
+#                       (agent.blob) that init starts from, built inside the new guest under QEMU's
+#                       TCG (a blob built on the host does not load on a vCPU whose features differ,
+#                       and V8 counts CET, which no flag turns off); off: node runs agent.mjs. A stub
+#                       entry never gets one; neither does the initramfs layout
 #   --layout L          image (default): /usr is the erofs image on a virtio-blk disk;
 #                       initramfs: the same files inside the initramfs, no image (what
 #                       bench/guest-boot.ts compares against)
@@ -139,10 +141,10 @@ if [ -f "$agent_entry" ]; then
 	say "bundling the agent from ${agent_entry#"$repo"/}"
 	# agent.flags: the V8 flags init starts node with (the agent's heap bounds). The snapshot is
 	# built by the guest's own node binary with those flags: it loads into nothing else.
+	# The snapshot's entry script goes into the image; the blob is built from it in the guest below.
 	snapshot_args=()
-	if [ "$agent_snapshot" = on ] && [ "$agent_entry" = "$repo/guest/agent/main.ts" ]; then
-		say "building the agent's start-up snapshot"
-		snapshot_args=(--snapshot-blob "$usr/lib/kata-ts/agent.blob" --node "$usr/bin/node")
+	if [ "$agent_snapshot" = on ] && [ "$agent_entry" = "$repo/guest/agent/main.ts" ] && [ "$layout" = image ]; then
+		snapshot_args=(--snapshot-script "$usr/lib/kata-ts/agent-snapshot.cjs")
 	fi
 	node "$repo/scripts/build-agent.mjs" --entry "$agent_entry" --out "$usr/lib/kata-ts/agent.mjs" \
 		--flags-out "$usr/lib/kata-ts/agent.flags" "${snapshot_args[@]}" ||
@@ -276,6 +278,47 @@ find "$stage" -exec touch -h -d @0 {} +
 	cpio --null --create --format=newc --owner=0:0 --reproducible --quiet) |
 	gzip -9n >"$out/.initramfs.cpio.gz.tmp" || die "cpio/gzip of the initramfs failed"
 cp "$root/boot/vmlinuz-$kver" "$out/.vmlinuz.tmp"
+
+# build_snapshot_in_guest: boots the new kernel, initramfs and (unverified) image once under TCG
+# with kata_ts.build_snapshot on the command line; guest/init builds agent.blob with the image's
+# node, checks it loads, writes it to a scratch disk and powers off. A TCG vCPU (QEMU's "max", as
+# the runtime gives) has no CET and V8 uses no other feature with the image's flags, so the blob
+# loads in any VM without CET: TCG's, and KVM's with QEMU 7.2. Without a blob (QEMU missing, the
+# boot failed) the agent starts from its bundle: slower, the same program.
+build_snapshot_in_guest() {
+	local qemu=qemu-system-x86_64 pre=$scratch/pre-snapshot.img disk=$scratch/snapshot.disk console=$scratch/snapshot-console.log bytes
+	command -v "$qemu" >/dev/null || {
+		say "WARNING: $qemu is not installed: no start-up snapshot for the agent"
+		return 0
+	}
+	find "$usr" -exec touch -h -d @0 {} +
+	mkfs.erofs --quiet -T0 --all-root -x-1 "$pre" "$usr" >&2 || die "mkfs.erofs of the snapshot build's image failed"
+	truncate -s 256M "$disk"
+	say "building the agent's start-up snapshot in the new guest (TCG, one boot)"
+	timeout 900 "$qemu" -machine q35 -accel tcg -cpu max -m 1024 -smp 1 -nodefaults -no-reboot \
+		-display none -monitor none -serial "file:$console" \
+		-kernel "$out/.vmlinuz.tmp" -initrd "$out/.initramfs.cpio.gz.tmp" \
+		-append "console=ttyS0 panic=-1 kata_ts.build_snapshot" \
+		-drive "if=none,id=img,file=$pre,format=raw,readonly=on" -device virtio-blk-pci,drive=img,serial=kata-ts-guest \
+		-drive "if=none,id=snap,file=$disk,format=raw" -device virtio-blk-pci,drive=snap,serial=kata-ts-snapshot \
+		>"$scratch/snapshot-qemu.log" 2>&1 || say "the snapshot build's QEMU ended with status $?"
+	bytes=$(sed -n 's/.*snapshot build: \([0-9][0-9]*\) bytes written.*/\1/p' "$console" | head -n1)
+	if [ -z "$bytes" ]; then
+		say "WARNING: the guest built no start-up snapshot; the agent will start from its bundle. Console:"
+		grep -a 'kata-ts-init\|snapshot' "$console" | tail -n 20 >&2 || true
+		cat "$scratch/snapshot-qemu.log" >&2
+		return 0
+	fi
+	head -c "$bytes" "$disk" >"$usr/lib/kata-ts/agent.blob"
+	say "agent.blob: $bytes bytes, built and checked in the guest"
+}
+rm -f "$usr/lib/kata-ts/agent.blob"
+if [ -f "$usr/lib/kata-ts/agent-snapshot.cjs" ]; then
+	build_snapshot_in_guest
+	# Only the build needs the entry script.
+	rm -f "$usr/lib/kata-ts/agent-snapshot.cjs"
+fi
+
 mv "$out/.vmlinuz.tmp" "$out/vmlinuz"
 mv "$out/.initramfs.cpio.gz.tmp" "$out/initramfs.cpio.gz"
 if [ "$layout" = image ]; then
