@@ -85,6 +85,11 @@ interface ContainerRecord {
   oom?: OomWatch;
   /** Paused (its cgroup frozen). */
   frozen?: boolean;
+  /**
+   * The init's exit once the record says `stopped` (`exited` has run): what WaitContainer answers,
+   * so that a DeleteContainer sent right after it finds the container stopped.
+   */
+  stopped?: Promise<ExitStatus>;
 }
 
 /** The reaper's spool of the init's output, in the bundle. */
@@ -153,7 +158,7 @@ export class Containers implements ContainerBackendCore {
       // The cgroup is new: every kill it counts is this container's.
       if (cgroup) record.oom = this.watchOom(id, cgroup, 0n);
       this.records.set(id, record);
-      void handle.exit.then((exit) => this.exited(record, exit));
+      this.watchExit(record, handle.exit);
       return { ...state };
     } catch (err) {
       await rm(bundle, { recursive: true, force: true });
@@ -222,8 +227,10 @@ export class Containers implements ContainerBackendCore {
     record.frozen = frozen;
   }
 
+  /** Resolves once the container has stopped: its record says so (a non-forced delete then passes). */
   wait(id: string): Promise<ExitStatus> {
-    return this.get(id).handle.exit;
+    const record = this.get(id);
+    return record.stopped ?? record.handle.exit;
   }
 
   /**
@@ -420,7 +427,7 @@ export class Containers implements ContainerBackendCore {
       // says the container had one.
       if (cgroup && status !== 'stopped') record.oom = this.watchOom(found.id, cgroup, await readOomKills(cgroup).catch(() => 0n));
       this.records.set(found.id, record);
-      void exit.then((e) => this.exited(record, e));
+      this.watchExit(record, exit);
       recovered.push(found.id);
     }
     return recovered;
@@ -431,6 +438,22 @@ export class Containers implements ContainerBackendCore {
   }
 
   /** The init is gone: a kill not yet told (the one that ended it) is told first, then the exit. */
+  /** Marks the record stopped when the init exits; `record.stopped` resolves after that. */
+  private watchExit(record: ContainerRecord, exit: Promise<ExitStatus>): void {
+    record.stopped = exit.then(async (e) => {
+      try {
+        await this.exited(record, e);
+      } catch {
+        // The OOM count could not be read: the container stopped all the same.
+        if (record.state.status !== 'stopped') {
+          record.state = { ...record.state, status: 'stopped', exit: e };
+          this.emit({ kind: 'exited', id: record.state.id, exit: e });
+        }
+      }
+      return e;
+    });
+  }
+
   private async exited(record: ContainerRecord, exit: ExitStatus): Promise<void> {
     if (record.oom !== undefined) {
       await record.oom.check();
