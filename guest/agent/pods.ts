@@ -100,7 +100,7 @@ export class PodService {
     if (!HOSTNAME.test(req.hostname))
       throw invalid('POD_HOSTNAME_INVALID', `hostname ${JSON.stringify(req.hostname)} is not a valid hostname.`);
     const dir = path.join(this.paths.podsDir, req.podId);
-    const shared = await this.ensureSharedDir();
+    const shared = req.withoutSharedDir ? await this.sharedDirMounted() : await this.ensureSharedDir();
     const existing = await this.readState(req.podId);
     if (existing !== undefined && this.pauseAlive(existing, req.podId)) {
       return { pausePid: existing.pausePid, shmPath: existing.shmPath, sharedDirMounted: shared, sharedDir: this.paths.sharedDir };

@@ -83,7 +83,7 @@ export async function warmUpGuest(agent: AgentClient, callTimeoutMs: number, log
   let podMade = false;
   let containerMade = false;
   try {
-    const pod = await step('createPod', () => agent.createPod({ podId: WARM_ID, hostname: WARM_ID, shmSizeBytes: 0 }, opts));
+    const pod = await step('createPod', () => agent.createPod({ podId: WARM_ID, hostname: WARM_ID, shmSizeBytes: 0, withoutSharedDir: true }, opts));
     podMade = true;
     await step('createContainer', () =>
       agent.createContainer(
