@@ -23,6 +23,7 @@ import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { isSameLiveProcess, readProcStat } from '../../src/common/procfs.js';
 import { netnsNameFor } from '../../src/network/index.js';
+import { WARM_UP_STEPS } from '../../src/runtime/pool/warm.js';
 import { qemuPidsUsing } from '../../src/runtime/sandbox/orphans.js';
 import { templateBuildRoot } from '../../src/runtime/template/manager.js';
 import { allowLoopbackRegistries, pushBusyboxImage } from '../helpers/busybox-image.js';
@@ -207,16 +208,7 @@ describe('pods from a VM template (RunPodSandbox clones; real QEMU, agent, crun,
       // The template VM ran the warm-up pod (src/runtime/pool/warm.ts) through every step before its save.
       const warmed = (await rt.logLines()).find((l) => l.msg === 'template VM warmed up');
       expect(warmed?.failed).toBeUndefined();
-      expect(Object.keys((warmed?.steps ?? {}) as object)).toEqual([
-        'createPod',
-        'createContainer',
-        'startContainer',
-        'output',
-        'exec',
-        'stop',
-        'deleteContainer',
-        'destroyPod',
-      ]);
+      expect(Object.keys((warmed?.steps ?? {}) as object)).toEqual([...WARM_UP_STEPS]);
       ramSha256 = await ramFileSha256();
     },
     scaledMs(540_000),

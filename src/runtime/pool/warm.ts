@@ -54,11 +54,24 @@ export function warmSpec(pod: { pausePid: number; shmPath: string }): Record<str
   return { ...spec, mounts };
 }
 
+/** The warm-up's steps, in the order they run. */
+export const WARM_UP_STEPS = [
+  'createPod',
+  'createContainer',
+  'startContainer',
+  'output',
+  'exec',
+  'stop',
+  'deleteContainer',
+  'destroyPod',
+] as const;
+export type WarmUpStep = (typeof WARM_UP_STEPS)[number];
+
 export interface WarmUpResult {
   /** The whole warm-up, in the host's time. */
   ms: number;
   /** Each step's time, in order (up to the one that failed). */
-  steps: Record<string, number>;
+  steps: Partial<Record<WarmUpStep, number>>;
   /** Why a step failed (a guest image without the warm root, say); the guest is clean again. */
   failed?: string;
 }
@@ -70,10 +83,10 @@ export interface WarmUpResult {
  */
 export async function warmUpGuest(agent: AgentClient, callTimeoutMs: number, logger: Logger): Promise<WarmUpResult> {
   const opts = { timeoutMs: callTimeoutMs };
-  const steps: Record<string, number> = {};
+  const steps: Partial<Record<WarmUpStep, number>> = {};
   const started = Date.now();
   let at = started;
-  const step = async <T>(name: string, work: () => Promise<T>): Promise<T> => {
+  const step = async <T>(name: WarmUpStep, work: () => Promise<T>): Promise<T> => {
     const value = await work();
     const now = Date.now();
     steps[name] = now - at;
