@@ -33,6 +33,7 @@ export interface AgentApiFeature {
 export const AGENT_API_FEATURES: readonly AgentApiFeature[] = [
   { feature: 'secrets', since: 3, method: 'CreateContainer', field: 'secrets' },
   { feature: 'reseed after a template restore', since: 3, method: 'ReseedGuest' },
+  { feature: 'a pod without a shared directory', since: 3, method: 'CreatePod', field: 'withoutSharedDir' },
 ];
 
 /**
