@@ -72,7 +72,15 @@ export function agentStartTimes(env: NodeJS.ProcessEnv): {
   const launchedAtS = Number(env.KATA_TS_AGENT_LAUNCHED_AT ?? Number.NaN);
   const readyAtS = guestUptimeS();
   const start = Number(env.KATA_TS_AGENT_START ?? Number.NaN);
-  return { launchedAtS, startedAtS, readyAtS, agentStartMs: Math.round((readyAtS - launchedAtS) * 1000), start, codeSource, v8Tag: cachedDataVersionTag() };
+  return {
+    launchedAtS,
+    startedAtS,
+    readyAtS,
+    agentStartMs: Math.round((readyAtS - launchedAtS) * 1000),
+    start,
+    codeSource,
+    v8Tag: cachedDataVersionTag(),
+  };
 }
 
 function agentLogger(env: NodeJS.ProcessEnv) {
@@ -150,7 +158,13 @@ export function startAgent(env: NodeJS.ProcessEnv = process.env, source: AgentCo
   env.UV_THREADPOOL_SIZE ??= '8';
   const logger = agentLogger(env);
   // Only in the real guest: the trim writes to the kernel's /proc/sys/vm.
-  const idleTrim = new IdleTrim({ delayMs: IDLE_TRIM_DELAY_MS, minIntervalMs: IDLE_TRIM_MIN_INTERVAL_MS, steps: guestTrimSteps(), logger, worthwhile: () => hasReportingBalloon() });
+  const idleTrim = new IdleTrim({
+    delayMs: IDLE_TRIM_DELAY_MS,
+    minIntervalMs: IDLE_TRIM_MIN_INTERVAL_MS,
+    steps: guestTrimSteps(),
+    logger,
+    worthwhile: () => hasReportingBalloon(),
+  });
   const openTpm = () => openTpmDevice();
   // The initdata document is measured (PCR 8) before anything else runs, so nothing the agent
   // starts can read it unmeasured. A failure leaves it unpublished and the agent serving.

@@ -96,7 +96,9 @@ export async function warmUpGuest(agent: AgentClient, callTimeoutMs: number, log
   let podMade = false;
   let containerMade = false;
   try {
-    const pod = await step('createPod', () => agent.createPod({ podId: WARM_ID, hostname: WARM_ID, shmSizeBytes: 0, withoutSharedDir: true }, opts));
+    const pod = await step('createPod', () =>
+      agent.createPod({ podId: WARM_ID, hostname: WARM_ID, shmSizeBytes: 0, withoutSharedDir: true }, opts),
+    );
     podMade = true;
     await step('createContainer', () =>
       agent.createContainer(

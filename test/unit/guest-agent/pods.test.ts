@@ -38,7 +38,9 @@ describe('StatSharedPath', () => {
 
 describe('CreatePod input', () => {
   it('refuses a bad pod id or hostname before touching anything', async () => {
-    await expect(pods.createPod({ podId: '../x', hostname: 'a', shmSizeBytes: 0, withoutSharedDir: false })).rejects.toMatchObject({ reason: 'POD_ID_INVALID' });
+    await expect(pods.createPod({ podId: '../x', hostname: 'a', shmSizeBytes: 0, withoutSharedDir: false })).rejects.toMatchObject({
+      reason: 'POD_ID_INVALID',
+    });
     await expect(pods.createPod({ podId: 'p1', hostname: 'bad host', shmSizeBytes: 0, withoutSharedDir: false })).rejects.toMatchObject({
       reason: 'POD_HOSTNAME_INVALID',
     });
