@@ -1,4 +1,5 @@
-import { readFileSync } from 'node:fs';
+import { readdirSync, readFileSync } from 'node:fs';
+import os from 'node:os';
 import path from 'node:path';
 import { errnoCode } from './errors.js';
 import { type ProcStatFields, readProcStatFields } from './proc-stat.js';
@@ -29,4 +30,21 @@ export function readCmdline(pid: number, procRoot = '/proc'): string[] {
 export function isSameLiveProcess(pid: number, startTimeTicks: number, procRoot = '/proc'): boolean {
   const stat = readProcStat(pid, procRoot);
   return stat !== undefined && stat.startTimeTicks === startTimeTicks && stat.state !== 'Z' && stat.state !== 'X';
+}
+
+/** Every thread of `pid` set to `nice` (the vCPU threads exist once QEMU answers QMP). */
+export function reniceProcess(pid: number, nice: number, procRoot = '/proc'): void {
+  let tids: string[];
+  try {
+    tids = readdirSync(path.join(procRoot, String(pid), 'task'));
+  } catch {
+    return;
+  }
+  for (const tid of tids) {
+    try {
+      os.setPriority(Number(tid), nice);
+    } catch {
+      // a thread that ended meanwhile
+    }
+  }
 }

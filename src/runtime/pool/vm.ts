@@ -1,11 +1,11 @@
 /** A pooled VM as the daemon holds it, and the host-side helpers the pool and the claim share. */
-import { readdirSync, readFileSync } from 'node:fs';
-import os from 'node:os';
+import { readFileSync } from 'node:fs';
 import path from 'node:path';
 import type { AgentClient } from '../../agent-client/index.js';
 import type { VmProcess } from '../../hypervisor/index.js';
 import type { PooledVmRecord } from './record.js';
 
+export { reniceProcess } from '../../common/procfs.js';
 export { poolVmRoot } from '../sandbox/paths.js';
 
 /** A pooled VM the daemon holds: its record, its QEMU and its agent. */
@@ -17,23 +17,6 @@ export interface PooledVm {
 
 /** nice value of a pooled VM's threads until it is claimed (then 0, and its pod's cgroup). */
 export const POOL_NICE = 19;
-
-/** Every thread of `pid` set to `nice` (the vCPU threads exist once QEMU answers QMP). */
-export function reniceProcess(pid: number, nice: number, procRoot = '/proc'): void {
-  let tids: string[];
-  try {
-    tids = readdirSync(path.join(procRoot, String(pid), 'task'));
-  } catch {
-    return;
-  }
-  for (const tid of tids) {
-    try {
-      os.setPriority(Number(tid), nice);
-    } catch {
-      // a thread that ended meanwhile
-    }
-  }
-}
 
 /** A process's user + system CPU time so far (fields 14 and 15 of /proc/<pid>/stat at 100 Hz), in ms. */
 export function cpuMsOf(pid: number, procRoot = '/proc'): number | null {

@@ -19,6 +19,7 @@ import { errorMessage, isKataError } from '../../common/errors.js';
 import type { Logger } from '../../common/logger.js';
 import type { TemplateKey, TemplateRecord, TemplateVmSpec } from '../../hypervisor/template.js';
 import { buildTemplate, computeTemplateKey, loadVerifiedTemplate, templateInputFingerprint } from '../../hypervisor/template-execute.js';
+import { POOL_NICE } from '../pool/vm.js';
 import { warmUpGuest } from '../pool/warm.js';
 import { type ReadyClone, type ReadyCloneOptions, startReadyClone } from './clone.js';
 
@@ -189,6 +190,7 @@ export class TemplateStore {
         templateDir,
         workDir,
         logger,
+        nice: POOL_NICE,
         waitAgentReady: async (agentSocket) => {
           // Hello answered: the agent is up. It runs the warm-up pod (src/runtime/pool/warm.ts), so
           // that every clone starts with the container path compiled and crun in its page cache.
