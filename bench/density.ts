@@ -179,6 +179,8 @@ export interface PodSample {
   ownPssKiB: number;
   /** Where its VM came from (kata-ts: PodSandboxStatus origin.kind; runc: 'runc'). */
   origin: string;
+  /** Why it missed the template or the pool: the miss's own sentence (origin.*Miss.message). */
+  miss?: string;
 }
 
 export interface BurstResult {
@@ -268,14 +270,18 @@ interface Door {
   /** The daemon process (kata-ts serve, or containerd). */
   daemonPid(): number;
   /** The pids an idle pod costs on the host (without the daemon), and where its VM came from. */
-  podCost(sid: string, uid: string): Promise<{ pids: number[]; origin: string }>;
+  podCost(sid: string, uid: string): Promise<{ pids: number[]; origin: string; miss?: string }>;
 }
 
 interface PodInfo {
   pid: number;
   virtiofsd: { pid: number } | null;
   tpm?: { pid: number } | null;
-  origin: { kind: string; poolMiss?: { reason: string } | null; templateMiss?: { reason: string } | null } | null;
+  origin: {
+    kind: string;
+    poolMiss?: { reason: string; message: string } | null;
+    templateMiss?: { reason: string; message: string } | null;
+  } | null;
   workDir: string;
   confinement: { vmmDir: string | null } | null;
   plan: { qemu: { binary: string; argv: string[] } };
@@ -301,7 +307,8 @@ function kataDoor(mode: Mode, rt: BenchDaemon, handler: string): Door {
       const o = info.origin;
       const miss = mode === 'template' ? o?.templateMiss : mode === 'pool' ? o?.poolMiss : undefined;
       const kind = o?.kind ?? 'cold';
-      return { pids: withDescendants(roots), origin: miss == null || kind === mode ? kind : `${kind}(${miss.reason})` };
+      if (miss == null || kind === mode) return { pids: withDescendants(roots), origin: kind };
+      return { pids: withDescendants(roots), origin: `${kind}(${miss.reason})`, miss: miss.message };
     },
   };
 }
@@ -373,7 +380,15 @@ async function burst(door: Door, image: string, n: number, idleS: number, progre
     const pods: PodSample[] = [];
     for (const p of started) {
       const cost = await door.podCost(p.sid, p.uid);
-      pods.push({ podMs: p.podMs, startedMs: p.startedMs, totalMs: p.totalMs, ownPssKiB: pssSumKiB(cost.pids), origin: cost.origin });
+      pods.push({
+        podMs: p.podMs,
+        startedMs: p.startedMs,
+        totalMs: p.totalMs,
+        ownPssKiB: pssSumKiB(cost.pids),
+        origin: cost.origin,
+        ...(cost.miss === undefined ? {} : { miss: cost.miss }),
+      });
+      if (cost.miss !== undefined) progress(`  ${door.mode} N=${n}: a pod missed: ${cost.miss}`);
     }
     const daemonPssKiB = readSmapsRollupKiB(daemonPid)?.pss ?? Number.NaN;
     const daemonCpuMs = cpuMs(daemonPid) - cpu0;
