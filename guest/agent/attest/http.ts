@@ -101,8 +101,10 @@ export function httpsTransport(o: HttpsTransportOptions): BrokerTransport {
   let agent: import('node:https').Agent | undefined;
   return async (req) => {
     // Loaded on first use, not at import: the agent's start-up snapshot cannot hold node:https
-    // (V8's snapshot builder aborts on the handles its TLS setup keeps).
-    const https = await import('node:https');
+    // (V8's snapshot builder aborts on the handles its TLS setup keeps). Not by import(): code
+    // deserialized from a start-up snapshot has no dynamic import ("A dynamic import callback was
+    // not specified"), which went unseen while the snapshot never loaded on a TCG vCPU.
+    const https = process.getBuiltinModule('node:https');
     agent ??= new https.Agent({ keepAlive: true, maxSockets: 1, timeout: IDLE_CONNECTION_MS });
     return new Promise<BrokerHttpResponse>((resolve, reject) => {
       const body = req.body === undefined ? undefined : Buffer.from(JSON.stringify(req.body), 'utf8');

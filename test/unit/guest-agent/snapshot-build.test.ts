@@ -56,4 +56,20 @@ describe('build-agent.mjs --snapshot-blob', () => {
     expect(other.status).not.toBe(0);
     expect(other.stderr).toMatch(/different V8 configurations|startup snapshot/);
   }, 120_000);
+
+  it('writes the entry script a guest builds the blob from, with no dynamic import() (code from a snapshot has none)', () => {
+    const script = path.join(dir, 'agent-snapshot.cjs');
+    execFileSync(
+      process.execPath,
+      [path.join(repo, 'scripts/build-agent.mjs'), '--out', path.join(dir, 'b.mjs'), '--snapshot-script', script],
+      {
+        stdio: ['ignore', 'ignore', 'inherit'],
+      },
+    );
+    const text = readFileSync(script, 'utf8');
+    expect(text).toContain('setDeserializeMainFunction');
+    // node answers an import() in deserialized code with "A dynamic import callback was not
+    // specified": the attester's lazy node:https once failed so, in every pod with secrets.
+    expect(text.match(/(?<![\w$.])import\(/g) ?? []).toEqual([]);
+  }, 120_000);
 });
