@@ -437,23 +437,15 @@ export class Containers implements ContainerBackendCore {
     return watchOomKills(cgroup, baseline, (count) => this.emit({ kind: 'oom', id, atMs: this.now(), count }));
   }
 
-  /** The init is gone: a kill not yet told (the one that ended it) is told first, then the exit. */
   /** Marks the record stopped when the init exits; `record.stopped` resolves after that. */
   private watchExit(record: ContainerRecord, exit: Promise<ExitStatus>): void {
     record.stopped = exit.then(async (e) => {
-      try {
-        await this.exited(record, e);
-      } catch {
-        // The OOM count could not be read: the container stopped all the same.
-        if (record.state.status !== 'stopped') {
-          record.state = { ...record.state, status: 'stopped', exit: e };
-          this.emit({ kind: 'exited', id: record.state.id, exit: e });
-        }
-      }
+      await this.exited(record, e);
       return e;
     });
   }
 
+  /** The init is gone: a kill not yet told (the one that ended it) is told first, then the exit. */
   private async exited(record: ContainerRecord, exit: ExitStatus): Promise<void> {
     if (record.oom !== undefined) {
       await record.oom.check();

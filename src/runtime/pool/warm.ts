@@ -14,8 +14,9 @@
  * The container's root is the guest image's own `/usr/lib/kata-ts/warm-rootfs` (a static busybox,
  * scripts/build-guest.sh): a pre-booted VM has no shared directory to take an image from. Its spec
  * is made by `buildOciSpec` like any container's, minus the pod's etc files (they come over the
- * shared directory). Nothing of the warm pod is left: a claim sees a guest with no pod and no
- * container, as before.
+ * shared directory). No pod, container or process of it is left; only the empty cgroup
+ * directory crun made for the pod (`/kata-ts/kata-ts-warm-up` in the guest's cgroup2), as every
+ * pod leaves one (the agent removes a container's cgroup, not its pod's).
  */
 import type { AgentClient } from '../../agent-client/index.js';
 import { errorMessage } from '../../common/errors.js';
