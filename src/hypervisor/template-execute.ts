@@ -33,6 +33,8 @@ const TMPFS_MAGIC = 0x01021994;
 /** The device state of a small VM is a few hundred KiB; anything near this is not ours. */
 export const TEMPLATE_STATE_MAX_BYTES = 64 * 1024 * 1024;
 const MIGRATION_POLL_MS = 50;
+/** The build VM's last report is already held when its agent answered; this only bounds a guest that never sent one. */
+const GUEST_REPORT_WAIT_MS = 10_000;
 
 /** sha256 of a file, streamed. */
 export async function fileSha256(file: string): Promise<string> {
@@ -136,6 +138,8 @@ export async function buildTemplate(options: BuildTemplateOptions): Promise<Temp
     await vm.resume();
     await options.waitAgentReady(paths.agentSocket!, vm);
     const { sha256, bytes } = await saveDeviceState(vm, options.workDir, files, options.migrateTimeoutMs ?? 60_000);
+    // Stopped: the guest sends nothing more. Its ready report came before its agent answered.
+    const report = await vm.waitForGuestReport(() => true, GUEST_REPORT_WAIT_MS);
     await vm.kill();
     vm = undefined;
     const ram = await fsp.stat(files.ramFile);
@@ -148,6 +152,7 @@ export async function buildTemplate(options: BuildTemplateOptions): Promise<Temp
       stateSha256: sha256,
       stateBytes: bytes,
       ramBytes: ram.size,
+      guest: { vcpus: report.vcpus, memoryKiB: report.memoryKiB, onlineMemoryKiB: report.onlineMemoryKiB },
       builtAt: new Date().toISOString(),
       buildMs: Date.now() - started,
     };

@@ -30,8 +30,11 @@ declare module '../common/errors.js' {
   }
 }
 
-/** The record's format; a record of another version is refused (rebuild). */
-export const TEMPLATE_RECORD_VERSION = 1;
+/**
+ * The record's format; a record of another version is refused (rebuild). 2: the guest's last
+ * report (`guest`).
+ */
+export const TEMPLATE_RECORD_VERSION = 2;
 /** The boot RAM backend's id in buildQemuArgv's argv (the one whose file clones share). */
 const BOOT_RAM_BACKEND_ID = 'ram0';
 /** Per-VM paths in the argv are replaced by these when the argv is hashed for the key. */
@@ -79,8 +82,20 @@ export interface TemplateRecord {
   stateBytes: number;
   /** The RAM file's size (the shape's boot RAM). */
   ramBytes: number;
+  /**
+   * The guest's last size report before the save (its vCPUs and memory, as guest/init sends it on
+   * the ready port). A clone's guest is that guest: it sends a report only when its size changes,
+   * so a clone that is not grown learns its size from here.
+   */
+  guest: TemplateGuestReport;
   builtAt: string;
   buildMs: number;
+}
+
+export interface TemplateGuestReport {
+  vcpus: number;
+  memoryKiB: number;
+  onlineMemoryKiB: number;
 }
 
 /** The files of one template directory. */
@@ -270,8 +285,16 @@ function isRecord(value: unknown): value is TemplateRecord {
     Number.isSafeInteger(r.stateBytes) &&
     (r.stateBytes ?? 0) > 0 &&
     Number.isSafeInteger(r.ramBytes) &&
-    (r.ramBytes ?? 0) > 0
+    (r.ramBytes ?? 0) > 0 &&
+    isGuestReport(r.guest)
   );
+}
+
+function isGuestReport(value: unknown): value is TemplateGuestReport {
+  if (typeof value !== 'object' || value === null) return false;
+  const g = value as Partial<TemplateGuestReport>;
+  const count = (v: unknown): boolean => Number.isSafeInteger(v) && (v as number) > 0;
+  return count(g.vcpus) && count(g.memoryKiB) && count(g.onlineMemoryKiB);
 }
 
 /** Replace the boot RAM's memfd backend by a file backend; refuse an argv the template cannot hold. */

@@ -103,17 +103,21 @@ describe('pods from a VM template (RunPodSandbox clones; real QEMU, agent, crun,
     const r = await rt.cri.runtime.PodSandboxStatus({ pod_sandbox_id: id, verbose: true });
     return JSON.parse(r.info.info!) as SandboxInfo;
   };
-  /** 1.5 CPUs and 300 MiB: the clone is grown by a vCPU and virtio-mem, as a pool claim grows a pooled VM. */
-  const runPod = async (name: string): Promise<{ id: string; config: Record<string, unknown>; ms: number }> => {
+  /**
+   * 1.5 CPUs and 300 MiB: the clone is grown by a vCPU and virtio-mem, as a pool claim grows a
+   * pooled VM. `small`: half a CPU and 64 MiB, which plan the template's own shape (1 vCPU, 256
+   * MiB): nothing to grow.
+   */
+  const runPod = async (
+    name: string,
+    size: 'grown' | 'small' = 'grown',
+  ): Promise<{ id: string; config: Record<string, unknown>; ms: number }> => {
     const base = podConfig(rt, name);
-    const config = {
-      ...base,
-      hostname: name,
-      linux: {
-        ...(base.linux as Record<string, unknown>),
-        resources: { cpu_period: '100000', cpu_quota: '150000', memory_limit_in_bytes: String(300 * MiB) },
-      },
-    };
+    const resources =
+      size === 'grown'
+        ? { cpu_period: '100000', cpu_quota: '150000', memory_limit_in_bytes: String(300 * MiB) }
+        : { cpu_period: '100000', cpu_quota: '50000', memory_limit_in_bytes: String(64 * MiB) };
+    const config = { ...base, hostname: name, linux: { ...(base.linux as Record<string, unknown>), resources } };
     const started = Date.now();
     const { pod_sandbox_id: id } = await rt.cri.runtime.RunPodSandbox({ config }, { deadline: Date.now() + scaledMs(300_000) });
     sandboxes.push(id);
@@ -263,12 +267,22 @@ describe('pods from a VM template (RunPodSandbox clones; real QEMU, agent, crun,
   it(
     "a second clone shares the template's pages with the first",
     async () => {
-      cloneB = await runPod('clone-b');
+      // B plans the template's own shape. Its guest sends no size report (nothing changes), so the
+      // claim takes the template's: before, it waited for one for half the ready budget and B
+      // booted cold (GUEST_REPORT_TIMEOUT).
+      cloneB = await runPod('clone-b', 'small');
       numbers.clonePodBMs = cloneB.ms;
       const b = await verbose(cloneB.id);
       expect(b.origin).toMatchObject({ kind: 'template', templateName });
+      const built = JSON.parse(await fsp.readFile(path.join(root, templateName, 'template.json'), 'utf8')) as {
+        guest: { vcpus: number; memoryKiB: number };
+      };
+      expect(b.guest).toEqual({ vcpus: built.guest.vcpus, memoryKiB: built.guest.memoryKiB });
       await runContainer(cloneB, 'idle', ['sleep', '3600']);
       const a = await verbose(cloneA.id);
+      // A was grown (300 MiB + the guest's overhead): its record holds the report after the growth.
+      expect(a.guest.vcpus).toBe(2);
+      expect(a.guest.memoryKiB).toBeGreaterThan(built.guest.memoryKiB + 128 * 1024);
       const ram = path.join(root, templateName, 'ram');
       for (const [name, pid] of [
         ['A', a.pid],

@@ -16,6 +16,7 @@ import { errorMessage } from '../../common/errors.js';
 import type { Logger } from '../../common/logger.js';
 import { chownSocketNoFollow } from '../../common/nofollow.js';
 import {
+  type GuestReport,
   plugNic,
   plugSharedFs,
   plugVcpus,
@@ -260,22 +261,35 @@ export interface ClaimBudget {
   checkBudget: () => void;
 }
 
+/** A guest's size as guest/init reports it. */
+export type GuestSize = Pick<GuestReport, 'vcpus' | 'memoryKiB' | 'onlineMemoryKiB'>;
+
 /**
  * Grows a running VM (a pooled one or a template's clone: both boot small with spare vCPUs and
  * virtio-mem headroom) to the planned shape: vCPUs hot-plugged, virtio-mem's requested size set,
  * then waits until the guest reports the vCPUs online and has plugged the memory. Answers the
- * guest's report (what the sandbox record's `guest` holds).
+ * guest's report (what the sandbox record's `guest` holds). A clone that needs no growth answers
+ * `before` at once: its guest reports nothing until its size changes.
  */
 export async function growToShape(
   vm: Pick<VmProcess, 'qmp' | 'waitForGuestReport'>,
   claim: Pick<ClaimPlan, 'addVcpus' | 'virtioMemMiB' | 'virtioMemMaxMiB'>,
   want: { vcpus: number },
   budget: ClaimBudget,
+  before?: GuestSize,
 ): Promise<{ vcpus: number; memoryKiB: number }> {
   const { remainingMs, checkBudget } = budget;
+  if (before !== undefined && claim.addVcpus === 0 && claim.virtioMemMiB === 0 && before.vcpus === want.vcpus) {
+    // Nothing to grow, and the guest reports only a size that changed: its size is the one known.
+    return { vcpus: before.vcpus, memoryKiB: before.memoryKiB };
+  }
   if (claim.addVcpus > 0) await plugVcpus(vm.qmp, claim.addVcpus);
   if (claim.virtioMemMiB > 0) await setVirtioMemSize(vm.qmp, claim.virtioMemMiB, claim.virtioMemMaxMiB);
-  const report = await vm.waitForGuestReport((r) => r.vcpus === want.vcpus, remainingMs());
+  // With the size before known, wait for the report that shows the plugged memory online too (a
+  // report sent midway shows part of it); without, the first one with the planned vCPUs.
+  const grown = (r: GuestReport): boolean =>
+    r.vcpus === want.vcpus && (before === undefined || r.onlineMemoryKiB >= before.onlineMemoryKiB + claim.virtioMemMiB * 1024);
+  const report = await vm.waitForGuestReport(grown, remainingMs());
   while (claim.virtioMemMiB > 0 && (await virtioMemPluggedMiB(vm.qmp)) < claim.virtioMemMiB) {
     checkBudget();
     if (remainingMs() <= 1) throw new Error(`the guest did not plug ${claim.virtioMemMiB} MiB of virtio-mem in time`);
@@ -311,13 +325,15 @@ export async function growAndStartPod(
     record: SandboxPreparation['record'];
     prep: SandboxPreparation;
     budget: ClaimBudget;
+    /** The guest's size before the claim when known apart from its reports (a clone's: its template's). */
+    guestBefore?: GuestSize;
   },
   log: Logger,
 ): Promise<GrowAndStartTimes> {
   const { vm, agent, claim, record, prep, budget } = input;
   const started = Date.now();
   const times: GrowAndStartTimes = { grownMs: 0, podMs: 0, networkMs: 0, networkAttempts: 0 };
-  const grow = growToShape(vm, claim, record.plan.sizing.vm, budget).then((guest) => {
+  const grow = growToShape(vm, claim, record.plan.sizing.vm, budget, input.guestBefore).then((guest) => {
     times.grownMs = Date.now() - started;
     return guest;
   });

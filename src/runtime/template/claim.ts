@@ -114,7 +114,7 @@ export async function claimClone(input: CloneClaimInput, log: Logger): Promise<C
     }
     await vm.qmp.execute('device_add', planClone9pDevice(POOL_VFS_PORT_ID));
     budget.checkBudget();
-    const steps = await growAndStartPod({ vm, agent, claim, record, prep, budget }, log);
+    const steps = await growAndStartPod({ vm, agent, claim, record, prep, budget, guestBefore: template.record.guest }, log);
     record.phase = 'running';
     record.state = 'SANDBOX_READY';
     await run.persist();

@@ -52,6 +52,7 @@ async function fakeTemplate(dir: string, state: Buffer): Promise<void> {
     stateSha256: createHash('sha256').update(state).digest('hex'),
     stateBytes: state.length,
     ramBytes: 4096,
+    guest: { vcpus: 1, memoryKiB: 200_000, onlineMemoryKiB: 262_144 },
     builtAt: new Date().toISOString(),
     buildMs: 1,
   };

@@ -45,6 +45,7 @@ const record: TemplateRecord = {
   stateSha256: hex('a'),
   stateBytes: 1000,
   ramBytes: 512 << 20,
+  guest: { vcpus: 1, memoryKiB: 466436, onlineMemoryKiB: 524288 },
   builtAt: '2026-11-29T00:00:00Z',
   buildMs: 1,
 };
@@ -121,7 +122,19 @@ describe('template planners', () => {
     expect(() => verifyTemplateRecord(record, { ...key, kernelSha256: hex('9'), argvSha256: hex('8') })).toThrow(
       expect.objectContaining({ reason: 'TEMPLATE_KEY_MISMATCH', message: expect.stringContaining('kernelSha256, argvSha256') }),
     );
-    for (const bad of [null, {}, { ...record, version: 2 }, { ...record, stateSha256: 'x' }, { ...record, stateBytes: 0 }]) {
+    const { guest: _guest, ...withoutGuest } = record;
+    for (const bad of [
+      null,
+      {},
+      { ...record, version: 1 },
+      { ...record, stateSha256: 'x' },
+      { ...record, stateBytes: 0 },
+      // A version-1 record: no guest report, so a clone that is not grown would wait for one.
+      { ...withoutGuest, version: 1 },
+      withoutGuest,
+      { ...record, guest: { ...record.guest, vcpus: 0 } },
+      { ...record, guest: { ...record.guest, onlineMemoryKiB: '524288' } },
+    ]) {
       expect(() => verifyTemplateRecord(bad, key)).toThrow(expect.objectContaining({ reason: 'TEMPLATE_RECORD_INVALID' }));
     }
   });

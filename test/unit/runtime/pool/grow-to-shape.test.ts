@@ -5,7 +5,7 @@ import { type ClaimBudget, growToShape } from '../../../../src/runtime/pool/clai
 const MiB = 1024 * 1024;
 
 /** A QMP double that records what growToShape sent and plugs virtio-mem after `plugAfterPolls` reads. */
-function fakeVm(opts: { freeSlots: number; plugAfterPolls: number; reportVcpus: number }) {
+function fakeVm(opts: { freeSlots: number; plugAfterPolls: number; reportVcpus: number; reports?: GuestReport[] }) {
   const sent: string[] = [];
   let requestedMiB = 0;
   let polls = 0;
@@ -32,9 +32,11 @@ function fakeVm(opts: { freeSlots: number; plugAfterPolls: number; reportVcpus: 
   };
   const vm = {
     qmp,
+    /** The first of the reports the guest sends (in order) that the predicate takes. */
     async waitForGuestReport(predicate: (r: GuestReport) => boolean) {
-      const report = { vcpus: opts.reportVcpus, memoryKiB: 1024 * 1024 } as GuestReport;
-      if (!predicate(report)) throw new Error('GUEST_REPORT_TIMEOUT');
+      const reports = opts.reports ?? [{ vcpus: opts.reportVcpus, memoryKiB: 1024 * 1024 } as GuestReport];
+      const report = reports.find(predicate);
+      if (report === undefined) throw new Error('GUEST_REPORT_TIMEOUT');
       return report;
     },
   };
@@ -68,6 +70,32 @@ describe('growToShape (shared by the pool claim and a clone)', () => {
     const { vm, sent } = fakeVm({ freeSlots: 1, plugAfterPolls: 0, reportVcpus: 1 });
     await growToShape(vm, { addVcpus: 0, virtioMemMiB: 0, virtioMemMaxMiB: 512 }, { vcpus: 1 }, budget(10_000));
     expect(sent).toEqual([]);
+  });
+
+  it("answers a clone's known size at once when it needs no growth: its guest sends no report then", async () => {
+    // A clone's guest reports only a size that changed; the fake has no report at all to give.
+    const { vm, sent } = fakeVm({ freeSlots: 1, plugAfterPolls: 0, reportVcpus: 1, reports: [] });
+    const before = { vcpus: 1, memoryKiB: 204_292, onlineMemoryKiB: 262_144 };
+    const guest = await growToShape(vm, { addVcpus: 0, virtioMemMiB: 0, virtioMemMaxMiB: 512 }, { vcpus: 1 }, budget(10_000), before);
+    expect(guest).toEqual({ vcpus: 1, memoryKiB: 204_292 });
+    expect(sent).toEqual([]);
+    // Without the size known, the same VM waits for a report (and here finds none).
+    await expect(growToShape(vm, { addVcpus: 0, virtioMemMiB: 0, virtioMemMaxMiB: 512 }, { vcpus: 1 }, budget(10_000))).rejects.toThrow(
+      'GUEST_REPORT_TIMEOUT',
+    );
+  });
+
+  it('with the size before known, takes the report that shows all the plugged memory online, not one sent midway', async () => {
+    const report = (onlineMiB: number): GuestReport => ({
+      kind: 'update',
+      vcpus: 1,
+      memoryKiB: onlineMiB * 900,
+      onlineMemoryKiB: onlineMiB * 1024,
+    });
+    const { vm } = fakeVm({ freeSlots: 1, plugAfterPolls: 0, reportVcpus: 1, reports: [report(384), report(512)] });
+    const before = { vcpus: 1, memoryKiB: 256 * 900, onlineMemoryKiB: 256 * 1024 };
+    const guest = await growToShape(vm, { addVcpus: 0, virtioMemMiB: 256, virtioMemMaxMiB: 512 }, { vcpus: 1 }, budget(10_000), before);
+    expect(guest).toEqual({ vcpus: 1, memoryKiB: 512 * 900 });
   });
 
   it('fails when the guest does not plug the memory within the budget', async () => {
