@@ -11,7 +11,8 @@
  * - user: uid, gid and additional gids as `run_as_user`, `run_as_group`, `supplemental_groups`
  *   with the `Strict` policy (containerd already merged the image's /etc/group memberships in);
  * - capabilities: drop ALL, then add the bounding set (the ceiling every exec'd program is held
- *   to); a privileged container (containerd's allow-all device rule) is `privileged`;
+ *   to); a privileged container (`isPrivilegedSpec`: containerd's allow-all device rule, or
+ *   WithPrivileged's marks where privileged_without_host_devices left the rule out) is `privileged`;
  * - seccomp: the filter as given (written to a file by the caller, a Localhost profile), or
  *   without that file any filter -> RuntimeDefault; none -> Unconfined;
  *   masked and readonly paths, no_new_privs, a read-only root as given; AppArmor and SELinux
@@ -137,7 +138,7 @@ export function criMountsOf(spec: OciRuntimeSpec, sandboxId: string): Mount__Out
     const source = m.source ?? '';
     if (source === '') throw invalid('SHIM_SPEC_INVALID', `mounts[${i}].source must name the host path of a bind mount`);
     if (isSandboxFile(m.destination, source, sandboxId)) return [];
-    const lastAccess = [...options].reverse().find((o) => o === 'ro' || o === 'rw' || o === 'rro');
+    const lastAccess = lastAccessOption(options);
     const recursiveReadOnly = options.includes('rro');
     return [
       {
@@ -155,6 +156,34 @@ export function criMountsOf(spec: OciRuntimeSpec, sandboxId: string): Mount__Out
       },
     ];
   });
+}
+
+/**
+ * Whether the manager made this spec for a privileged container. containerd's WithPrivileged (and
+ * CRI-O's privileged spec) grant every capability, mask and protect no path, and leave sysfs and
+ * the cgroup filesystem writable; containerd adds its allow-all device rule only without
+ * `privileged_without_host_devices`, which `kata-ts install` writes (the host's devices never go
+ * into a VM), so the rule alone misses the privileged containers of such a node. Any one of these
+ * marks missing (sysfs read-only, a masked path, no CAP_SYS_ADMIN) is a container that is not.
+ */
+export function isPrivilegedSpec(spec: OciRuntimeSpec, process: OciRuntimeProcess | undefined = spec.process): boolean {
+  if (allowsAllDevices(spec)) return true;
+  const mounts = spec.mounts ?? [];
+  const sysfs = mounts.filter((m) => m.type === 'sysfs');
+  const writable = (m: (typeof mounts)[number]): boolean => lastAccessOption(m.options ?? []) !== 'ro';
+  return (
+    sysfs.length > 0 &&
+    sysfs.every(writable) &&
+    mounts.filter((m) => m.type === 'cgroup' || m.type === 'cgroup2').every(writable) &&
+    (spec.linux?.maskedPaths ?? []).length === 0 &&
+    (spec.linux?.readonlyPaths ?? []).length === 0 &&
+    (process?.capabilities?.bounding ?? []).includes('CAP_SYS_ADMIN')
+  );
+}
+
+/** The last of ro, rw and rro in mount options (mount(8) applies them in order); undefined: none. */
+function lastAccessOption(options: readonly string[]): string | undefined {
+  return [...options].reverse().find((o) => o === 'ro' || o === 'rw' || o === 'rro');
 }
 
 /** containerd's WithAllDevicesAllowed (privileged containers only): one rule allowing every device. */
@@ -224,7 +253,7 @@ function securityContextOf(
   seccompProfilePath: string | undefined,
   modes: NamespaceModes | undefined,
 ): LinuxContainerSecurityContext__Output {
-  const privileged = allowsAllDevices(spec);
+  const privileged = isPrivilegedSpec(spec, process);
   const caps = process.capabilities;
   const unconfined = { profile_type: 'Unconfined' as const, localhost_ref: '' };
   return {

@@ -12,7 +12,7 @@
  * | `hostname` | `hostname` |
  * | `linux.resources` | the container's `linux.resources`: CPU period, quota, shares, memory limit, hugepage limits; so the sizing planner sizes the VM from them as from a kubelet's pod resources |
  * | `linux.cgroup_parent` | `linux.cgroupsPath` as for a pod (ctr: `/<namespace>/<id>` -> `/<namespace>`) |
- * | `privileged` | containerd's allow-all device rule (`ctr run --privileged`) |
+ * | `privileged` | `isPrivilegedSpec`: containerd's allow-all device rule (`ctr run --privileged`) or WithPrivileged's marks |
  * | network | `linux.namespaces[type=network].path` when it names one (joined); else the VM has no NIC |
  *
  * The container shares the guest pod's network and IPC namespaces (it is the pod) and has a PID
@@ -26,7 +26,7 @@ import { refuseNames, sandboxNameProblems } from '../../runtime/spec/names.js';
 import { decodeSandboxSpec, type SandboxSpec } from '../../runtime/spec/sandbox.js';
 import { CGROUP_NUMBER_MIN, parseCgroupNumber } from '../../sizing/linux-resources.js';
 import { CONTAINERD_ANNOTATIONS, CRIO_ANNOTATIONS, renameProblems } from './annotations.js';
-import { allowsAllDevices, assembleContainerSpec, type TaskContainerDecodeOptions } from './container.js';
+import { assembleContainerSpec, isPrivilegedSpec, type TaskContainerDecodeOptions } from './container.js';
 import { namespaceOf, namespaceOptions } from './namespaces.js';
 import { type CgroupPlacement, cgroupPlacementOf } from './pod.js';
 import './reasons.js';
@@ -158,7 +158,7 @@ export function decodeSoloTask(oci: unknown, options: SoloDecodeOptions): SoloTa
     );
   }
   const cgroup = cgroupPlacementOf(spec.linux?.cgroupsPath);
-  const privileged = allowsAllDevices(spec);
+  const privileged = isPrivilegedSpec(spec);
   const config: PodSandboxConfig__Output = {
     metadata: { name, uid: options.id, namespace, attempt: 0 },
     hostname: spec.hostname ?? '',

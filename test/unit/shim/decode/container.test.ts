@@ -6,6 +6,7 @@ import { type EditableJson, edited, loadConfig } from './fixtures.js';
 
 const CONTAINER = 'containerd/1.6.20/container.config.synthetic.json';
 const DEVICE = 'containerd/1.6.20/container-device.config.synthetic.json';
+const PRIVILEGED = 'containerd/1.6.20/container-privileged.config.synthetic.json';
 const CRIO_CONTAINER = 'cri-o/1.28/container.config.synthetic.json';
 const SB = '4f3c1a9e8b7d6c5f4e3d2c1b0a9f8e7d6c5b4a39281706f5e4d3c2b1a0f9e8d7';
 const CRIO_SB = '7e6d5c4b3a29180f7e6d5c4b3a29180f7e6d5c4b3a29180f7e6d5c4b3a29180f';
@@ -144,6 +145,46 @@ describe('decodeTaskContainerSpec: where each value comes from', () => {
       SB,
     );
     expect(spec.linux?.resources).toBeNull();
+  });
+
+  it('a privileged container behind privileged_without_host_devices (no allow-all device rule) is still privileged', () => {
+    // What containerd writes for a privileged container when the runtime sets
+    // privileged_without_host_devices (as `kata-ts install` does): WithPrivileged, no device rule.
+    const withoutRule = (o: EditableJson) => {
+      o.linux.resources.devices = [{ allow: false, access: 'rwm' }];
+      o.linux.devices = [];
+    };
+    const privileged = (edit: (o: EditableJson) => void) =>
+      decodeTaskContainerSpec(edited(PRIVILEGED, edit), SB).linux?.security_context?.privileged;
+    expect(privileged(() => undefined)).toBe(true);
+    expect(privileged(withoutRule)).toBe(true);
+    // Each of WithPrivileged's marks is needed: sysfs or cgroupfs read-only, a masked or read-only
+    // path, no CAP_SYS_ADMIN, or no sysfs at all is a container that is not privileged.
+    const sysfs = (o: EditableJson) => o.mounts.find((m: { type: string }) => m.type === 'sysfs');
+    for (const [what, edit] of [
+      ['sysfs ro', (o: EditableJson) => sysfs(o).options.push('ro')],
+      ['cgroupfs ro', (o: EditableJson) => o.mounts.find((m: { type: string }) => m.type === 'cgroup').options.push('ro')],
+      ['a masked path', (o: EditableJson) => (o.linux.maskedPaths = ['/proc/kcore'])],
+      ['a read-only path', (o: EditableJson) => (o.linux.readonlyPaths = ['/proc/sys'])],
+      [
+        'no CAP_SYS_ADMIN',
+        (o: EditableJson) =>
+          (o.process.capabilities.bounding = o.process.capabilities.bounding.filter((c: string) => c !== 'CAP_SYS_ADMIN')),
+      ],
+      ['no sysfs', (o: EditableJson) => (o.mounts = o.mounts.filter((m: { type: string }) => m.type !== 'sysfs'))],
+    ] as const) {
+      expect([what, privileged((o) => (withoutRule(o), edit(o)))]).toEqual([what, false]);
+    }
+    // An ordinary container with every capability added is not privileged either (sysfs is ro).
+    const allCaps = decodeTaskContainerSpec(
+      edited(CONTAINER, (o) => {
+        o.process.capabilities.bounding = (edited(PRIVILEGED, () => undefined).process as EditableJson).capabilities.bounding;
+        o.linux.maskedPaths = [];
+        o.linux.readonlyPaths = [];
+      }),
+      SB,
+    );
+    expect(allCaps.linux?.security_context?.privileged).toBe(false);
   });
 
   it('names CRI-O containers from the kubelet label when Metadata is absent', () => {
