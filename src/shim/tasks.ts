@@ -354,6 +354,8 @@ export class ShimTasks {
           id: req.id,
           rootfs,
           stdio: { kind: 'fifo', ...output.io },
+          // containerd and CRI-O refuse a privileged container in a pod that is not privileged.
+          podPrivilegeCheckedByCaller: true,
         });
       } catch (err) {
         // Everything made for the task goes: the VM booted for it, the rootfs, the output's FIFOs and logger.

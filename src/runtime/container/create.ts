@@ -72,7 +72,11 @@ export async function createContainer(
   const release = options.id === undefined ? () => {} : host.claimId(id);
   try {
     return await deps.sandboxes.withSandbox(sandboxIdOrPrefix, (sandbox) =>
-      createInSandbox(host, sandbox, id, spec, ctx, { rootfs: options.rootfs, stdio }),
+      createInSandbox(host, sandbox, id, spec, ctx, {
+        rootfs: options.rootfs,
+        stdio,
+        podPrivilegeCheckedByCaller: options.podPrivilegeCheckedByCaller === true,
+      }),
     );
   } finally {
     release();
@@ -85,7 +89,7 @@ async function createInSandbox(
   id: string,
   spec: ContainerSpec,
   ctx: RequestContext,
-  options: { rootfs: string | undefined; stdio: ContainerStdio },
+  options: { rootfs: string | undefined; stdio: ContainerStdio; podPrivilegeCheckedByCaller: boolean },
 ): Promise<string> {
   const { deps } = host;
   const sandboxId = sandbox.record.id;
@@ -153,7 +157,17 @@ async function createInSandbox(
       undo.push('remove root filesystem', () => (overlay === null ? removeContainerSnapshot(dir) : removeContainerRootfs(overlay, log)));
     }
     const imageConfig = rootfsOwner === 'runtime' ? await deps.images.imageConfig(image.id) : null;
-    const { plan: guest, madeSources } = await prepareContainerGuest(deps, sandbox, id, spec, imageConfig, rootfs, log, devices);
+    const { plan: guest, madeSources } = await prepareContainerGuest(
+      deps,
+      sandbox,
+      id,
+      spec,
+      imageConfig,
+      rootfs,
+      log,
+      devices,
+      options.podPrivilegeCheckedByCaller,
+    );
     undo.push('remove the mount sources made', () => removeMadeSources(madeSources, log));
     if (guest !== null) undo.push('unmount the shared directory', () => unmountAndRemove(guest.hostDir, guest.bindMounts, log));
     let attached: AttachedDevice[] = [];
@@ -313,6 +327,7 @@ async function prepareContainerGuest(
   rootfs: string,
   logger: Logger,
   devices: GuestDeviceFacts,
+  podPrivilegeCheckedByCaller: boolean,
 ): Promise<{ plan: ContainerRecord['guest']; madeSources: string[] }> {
   const sandboxId = sandbox.record.id;
   const pod = deps.guests.guestPodOf(sandboxId);
@@ -320,7 +335,7 @@ async function prepareContainerGuest(
     sandboxId,
     containerId,
     spec,
-    sandboxSpec: sandbox.record.spec as OciSpecInput['sandbox'],
+    sandboxSpec: sandboxSpecFor(sandbox.record.spec as OciSpecInput['sandbox'], spec, podPrivilegeCheckedByCaller),
     imageConfig,
     rootfs,
     sharedHostDir: deps.guests.sharedDirOf(sandboxId),
@@ -349,4 +364,19 @@ function requireVm(sandbox: SandboxHandle): VmProcess {
 function logPathOf(sandbox: SandboxSpec, container: ContainerSpec): string {
   if (container.log_path === '' || sandbox.log_directory === '') return '';
   return path.join(sandbox.log_directory, container.log_path);
+}
+
+/**
+ * The pod's spec as this container's OCI spec is built from it: as recorded, except that a
+ * privileged container the caller's manager admitted (ContainerCreateOptions) finds its pod
+ * privileged. Pure.
+ */
+export function sandboxSpecFor(
+  recorded: OciSpecInput['sandbox'],
+  container: ContainerSpec,
+  podPrivilegeCheckedByCaller: boolean,
+): OciSpecInput['sandbox'] {
+  if (!podPrivilegeCheckedByCaller || container.linux?.security_context?.privileged !== true) return recorded;
+  const linux = recorded.linux ?? null;
+  return { ...recorded, linux: { ...linux, security_context: { ...linux?.security_context, privileged: true } } };
 }

@@ -110,4 +110,11 @@ export interface ContainerCreateOptions {
   rootfs?: string;
   /** Default: the CRI log. */
   stdio?: ContainerStdio;
+  /**
+   * The caller's container manager (containerd, CRI-O) already admitted this privileged container,
+   * which it does only in a privileged pod, while the pod's spec could not say so (containerd's
+   * pause config does not): the pod counts as privileged for this container. Default false: the
+   * core checks the pod's own flag (the standalone CRI door, where the core is the manager).
+   */
+  podPrivilegeCheckedByCaller?: boolean;
 }
