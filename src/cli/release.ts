@@ -36,8 +36,9 @@ import { type CliIo, parseCommandArgs, UsageError } from './args.js';
 const HELP = `Usage: kata-ts release <command> [options]
 
 kata-ts installed on a node as releases side by side: <prefix>/releases/<id>/ (complete or
-absent), <prefix>/current (the release new processes run) and links in the bin dir to
-<prefix>/current/bin/. Pods keep the release their shim started with until they end.
+absent), <prefix>/current (the release new processes run) and links in the bin dir into
+<prefix>/current (kata-ts to bin/kata-ts.js, the shim names to the native start front
+dist/native/kata-ts-shim-start). Pods keep the release their shim started with until they end.
 
   install [--prefix DIR] [--bin-dir DIR] [--from DIR] [--dry-run]
             copy a built kata-ts (default: the one running this command) into a new release,

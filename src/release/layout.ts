@@ -4,8 +4,12 @@
  *     <prefix>/releases/<id>/     one complete kata-ts: package.json, bin/, dist/, proto/, the
  *                                 production node_modules, RELEASE.json; present only complete
  *     <prefix>/current            a relative symlink to releases/<id>: the release new processes run
- *     <binDir>/kata-ts, containerd-shim-kata-ts-v2, containerd-shim-kata-ts-cvm-v2
- *                                 relative symlinks to <prefix>/current/bin/<the same script>
+ *     <binDir>/kata-ts            a relative symlink to <prefix>/current/bin/kata-ts.js
+ *     <binDir>/containerd-shim-kata-ts-v2, containerd-shim-kata-ts-cvm-v2
+ *                                 relative symlinks to <prefix>/current/dist/native/kata-ts-shim-start,
+ *                                 the native start front (docs/shim.md, "The start fast path"),
+ *                                 which hands what it does not answer to bin/<the link's name> of
+ *                                 the release it resolves to
  *
  * A process started through a link runs the release `current` named at that moment: node
  * resolves its main script's symlinks, so every module it loads later (a lazy `import()`) comes
@@ -29,11 +33,14 @@ export const RELEASE_INFO_FILE = 'RELEASE.json';
 /** A release being copied: `releases/.incoming-<id>-<pid>`, renamed to `releases/<id>` once complete. */
 export const INCOMING_PREFIX = '.incoming-';
 
-/** The programs linked into the bin dir: link name -> the script in the release's bin/. */
-export const BIN_LINKS: ReadonlyArray<{ name: string; script: string }> = [
-  { name: 'kata-ts', script: 'kata-ts.js' },
-  { name: 'containerd-shim-kata-ts-v2', script: 'containerd-shim-kata-ts-v2' },
-  { name: 'containerd-shim-kata-ts-cvm-v2', script: 'containerd-shim-kata-ts-cvm-v2' },
+/** The native start front both shim names link to (scripts/build-native.sh builds it into dist/native). */
+export const SHIM_START_FRONT = 'dist/native/kata-ts-shim-start';
+
+/** The programs linked into the bin dir: link name -> the file it runs, relative to the release's root. */
+export const BIN_LINKS: ReadonlyArray<{ name: string; target: string }> = [
+  { name: 'kata-ts', target: 'bin/kata-ts.js' },
+  { name: 'containerd-shim-kata-ts-v2', target: SHIM_START_FRONT },
+  { name: 'containerd-shim-kata-ts-cvm-v2', target: SHIM_START_FRONT },
 ];
 
 const ID = /^[A-Za-z0-9][A-Za-z0-9._+-]*$/;
@@ -97,8 +104,8 @@ export function releaseOfCurrentTarget(target: string): string | undefined {
 }
 
 /** A bin link's target: relative from the bin dir to `<prefix>/current/bin/<script>` (valid under any common root). */
-export function binLinkTarget(paths: ReleasePaths, script: string): string {
-  return path.relative(paths.binDir, path.join(paths.current, 'bin', script));
+export function binLinkTarget(paths: ReleasePaths, target: string): string {
+  return path.relative(paths.binDir, path.join(paths.current, target));
 }
 
 /** Which release a kata-ts tree is: its id when it is `<...>/releases/<id>`, else null (a checkout). */

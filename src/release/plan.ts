@@ -54,8 +54,8 @@ export function planInstall(paths: ReleasePaths, state: LayoutState, id: string,
   if (state.current.kind !== 'link' || state.current.target !== target) {
     steps.push({ kind: 'current', id, target, previous: state.current.kind === 'link' ? state.current.target : null });
   }
-  for (const { name, script } of BIN_LINKS) {
-    const want = binLinkTarget(paths, script);
+  for (const { name, target: file } of BIN_LINKS) {
+    const want = binLinkTarget(paths, file);
     const have = state.bins[name] ?? { kind: 'missing' };
     if (have.kind === 'link' && have.target === want) continue;
     steps.push({ kind: 'link', name, path: `${paths.binDir}/${name}`, target: want, previous: have.kind === 'link' ? have.target : null });

@@ -26,6 +26,8 @@ export const REQUIRED_FILES = [
   'dist/native/kata-ts-portfwd',
   // A pod's ttrpc relay in front of the node shim server (docs/shim.md#the-relay; scripts/build-native.sh).
   'dist/native/kata-ts-shim-relay',
+  // What containerd execs as the shim (layout.ts BIN_LINKS; docs/shim.md, "The start fast path").
+  'dist/native/kata-ts-shim-start',
 ];
 
 export interface TreeEntry {

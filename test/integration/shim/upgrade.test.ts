@@ -212,8 +212,9 @@ describe.skipIf(MISSING !== null)('an upgrade under running pods: two kata-ts re
     releaseA = (await fsp.readdir(path.join(prefix, 'releases')))[0] ?? '';
     expect(releaseA).toMatch(/^0\.0\.0-upgrade\.a-[0-9a-f]{12}$/);
     expect(out.join('')).toContain(`release ${releaseA} is current`);
+    // containerd execs the native start front of A, which hands what it does not answer to A's Node shim.
     expect(await fsp.realpath(path.join(binDir, 'containerd-shim-kata-ts-v2'))).toBe(
-      path.join(prefix, 'releases', releaseA!, 'bin', 'containerd-shim-kata-ts-v2'),
+      path.join(prefix, 'releases', releaseA!, 'dist', 'native', 'kata-ts-shim-start'),
     );
   });
 

@@ -24,6 +24,7 @@ async function writeTree(root: string, version: string): Promise<void> {
     'dist/native/kata-ts-jailer': '\x7fELF',
     'dist/native/kata-ts-portfwd': '\x7fELF',
     'dist/native/kata-ts-shim-relay': '\x7fELF',
+    'dist/native/kata-ts-shim-start': '\x7fELF',
     'proto/api.proto': 'syntax = "proto3";\n',
     'node_modules/dep/package.json': '{"name":"dep"}',
     'node_modules/dep/index.js': '',
@@ -73,17 +74,21 @@ describe('kata-ts release', () => {
     expect(r.code).toBe(0);
     const [id] = await fsp.readdir(path.join(prefix, 'releases'));
     expect(id).toMatch(/^1\.0\.0-[0-9a-f]{12}$/);
-    expect(r.out).toContain('copied 11/11 files');
+    expect(r.out).toContain('copied 12/12 files');
     expect(r.out).toContain(`release ${id} is current`);
     const rel = path.join(prefix, 'releases', id!);
     expect((await fsp.readdir(rel)).sort()).toEqual(['RELEASE.json', 'bin', 'dist', 'node_modules', 'package.json', 'proto']);
     expect(await fsp.readdir(path.join(rel, 'node_modules'))).toEqual(['dep']);
     expect((await fsp.stat(path.join(rel, 'bin', 'kata-ts.js'))).mode & 0o777).toBe(0o755);
     expect(await fsp.readlink(path.join(prefix, 'current'))).toBe(`releases/${id}`);
+    // Both shim names run the native start front, which falls back to bin/<its name> of its release.
     expect(await fsp.readlink(path.join(binDir, 'containerd-shim-kata-ts-cvm-v2'))).toBe(
-      '../opt/kata-ts/current/bin/containerd-shim-kata-ts-cvm-v2',
+      '../opt/kata-ts/current/dist/native/kata-ts-shim-start',
     );
-    expect(await fsp.realpath(path.join(binDir, 'containerd-shim-kata-ts-v2'))).toBe(path.join(rel, 'bin', 'containerd-shim-kata-ts-v2'));
+    expect(await fsp.realpath(path.join(binDir, 'containerd-shim-kata-ts-v2'))).toBe(
+      path.join(rel, 'dist', 'native', 'kata-ts-shim-start'),
+    );
+    expect(await fsp.readlink(path.join(binDir, 'kata-ts'))).toBe('../opt/kata-ts/current/bin/kata-ts.js');
 
     const again = await run('install', ...layoutArgs(), '--from', path.join(dir, 'a'));
     expect(again.out).toContain(`release ${id} is installed, current and linked in ${binDir} already: nothing changed`);

@@ -24,7 +24,7 @@ const paths = releasePaths('/opt/kata-ts', '/usr/local/bin');
 
 function linked(id: string): LayoutState {
   const bins: LayoutState['bins'] = {};
-  for (const { name, script } of BIN_LINKS) bins[name] = { kind: 'link', target: binLinkTarget(paths, script) };
+  for (const { name, target } of BIN_LINKS) bins[name] = { kind: 'link', target: binLinkTarget(paths, target) };
   return { releases: [id], current: { kind: 'link', target: currentTarget(id) }, bins };
 }
 const empty = (): LayoutState => ({ releases: [], current: { kind: 'missing' }, bins: {} });
@@ -51,8 +51,8 @@ describe('release ids and the layout', () => {
 
   it('links are relative, so the same layout works seen under /host in a DaemonSet and on the node', () => {
     const host = releasePaths('/host/opt/kata-ts', '/host/usr/local/bin');
-    expect(binLinkTarget(host, 'containerd-shim-kata-ts-v2')).toBe('../../../opt/kata-ts/current/bin/containerd-shim-kata-ts-v2');
-    expect(binLinkTarget(paths, 'kata-ts.js')).toBe('../../../opt/kata-ts/current/bin/kata-ts.js');
+    expect(binLinkTarget(host, 'dist/native/kata-ts-shim-start')).toBe('../../../opt/kata-ts/current/dist/native/kata-ts-shim-start');
+    expect(binLinkTarget(paths, 'bin/kata-ts.js')).toBe('../../../opt/kata-ts/current/bin/kata-ts.js');
     expect(currentTarget('r1')).toBe('releases/r1');
     expect(releaseOfCurrentTarget('releases/r1')).toBe('r1');
     expect(releaseOfCurrentTarget('/opt/kata-ts/releases/r1/')).toBe('r1');
