@@ -103,7 +103,7 @@ export function releaseOfCurrentTarget(target: string): string | undefined {
   return parts[at + 1];
 }
 
-/** A bin link's target: relative from the bin dir to `<prefix>/current/bin/<script>` (valid under any common root). */
+/** A bin link's target: relative from the bin dir to `<prefix>/current/<target>` (valid under any common root). */
 export function binLinkTarget(paths: ReleasePaths, target: string): string {
   return path.relative(paths.binDir, path.join(paths.current, target));
 }
