@@ -170,7 +170,10 @@ export function isPrivilegedSpec(spec: OciRuntimeSpec, process: OciRuntimeProces
   if (allowsAllDevices(spec)) return true;
   const mounts = spec.mounts ?? [];
   const sysfs = mounts.filter((m) => m.type === 'sysfs');
-  const writable = (m: (typeof mounts)[number]): boolean => lastAccessOption(m.options ?? []) !== 'ro';
+  const writable = (m: (typeof mounts)[number]): boolean => {
+    const access = lastAccessOption(m.options ?? []);
+    return access !== 'ro' && access !== 'rro';
+  };
   return (
     sysfs.length > 0 &&
     sysfs.every(writable) &&

@@ -163,6 +163,7 @@ describe('decodeTaskContainerSpec: where each value comes from', () => {
     const sysfs = (o: EditableJson) => o.mounts.find((m: { type: string }) => m.type === 'sysfs');
     for (const [what, edit] of [
       ['sysfs ro', (o: EditableJson) => sysfs(o).options.push('ro')],
+      ['sysfs rro', (o: EditableJson) => sysfs(o).options.push('rro')],
       ['cgroupfs ro', (o: EditableJson) => o.mounts.find((m: { type: string }) => m.type === 'cgroup').options.push('ro')],
       ['a masked path', (o: EditableJson) => (o.linux.maskedPaths = ['/proc/kcore'])],
       ['a read-only path', (o: EditableJson) => (o.linux.readonlyPaths = ['/proc/sys'])],
@@ -173,7 +174,13 @@ describe('decodeTaskContainerSpec: where each value comes from', () => {
       ],
       ['no sysfs', (o: EditableJson) => (o.mounts = o.mounts.filter((m: { type: string }) => m.type !== 'sysfs'))],
     ] as const) {
-      expect([what, privileged((o) => (withoutRule(o), edit(o)))]).toEqual([what, false]);
+      expect([
+        what,
+        privileged((o) => {
+          withoutRule(o);
+          edit(o);
+        }),
+      ]).toEqual([what, false]);
     }
     // An ordinary container with every capability added is not privileged either (sysfs is ro).
     const allCaps = decodeTaskContainerSpec(
