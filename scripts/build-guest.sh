@@ -66,6 +66,11 @@ case "$agent_snapshot" in on | off) ;; *) die "--agent-snapshot must be on or of
 mkdir -p "$out" "$cache" || die "cannot create $out or $cache"
 out=$(cd "$out" && pwd)
 cache=$(cd "$cache" && pwd)
+# One build at a time per cache: integration test files run in parallel and may ask for the same
+# guest at once; the outputs' temporary names and the cached packages are shared, so a second
+# build waits here, then finds the guest up to date.
+exec 9>"$cache/.build.lock"
+flock 9 || die "cannot lock $cache/.build.lock"
 agent_entry=$(realpath -m "$agent_entry")
 for tool in apt-get apt-cache dpkg-deb depmod modprobe cpio gzip sha256sum mkfs.erofs strip ldd node crun gcc; do
 	command -v "$tool" >/dev/null || die "$tool is not installed"
