@@ -872,7 +872,9 @@ class PrivateContainerd implements ContainerdHandle {
     for (const [pid, cgroup] of await this.treeProcesses()) {
       if (pid === this.nodePid || pid === this.daemon?.pid) continue;
       const comm = (await fsp.readFile(`/proc/${pid}/comm`, 'utf8').catch(() => '?')).trim();
-      out.push(`${pid} ${comm} ${cgroup}`);
+      // The command line too: a stray `node` says nothing until one knows which shim action it runs.
+      const argv = (await fsp.readFile(`/proc/${pid}/cmdline`, 'utf8').catch(() => '')).split('\0').join(' ').trim().slice(0, 300);
+      out.push(`${pid} ${comm} ${cgroup}${argv === '' ? '' : `: ${argv}`}`);
     }
     return out;
   }
