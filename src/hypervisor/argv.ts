@@ -250,8 +250,15 @@ export const BALLOON_DEVICE_MIB = 1;
  */
 export const SWIOTLB_SLABS = 2048;
 
-/** Kernel parameters every guest gets; the shape's and the config's come after them. */
-export const BASE_KERNEL_PARAMS = ['console=ttyS0', 'panic=-1', 'quiet'] as const;
+/**
+ * Kernel parameters every guest gets; the shape's and the config's come after them.
+ * `cryptomgr.notests=1`: the kernel's boot-time self-tests of its crypto algorithms are skipped.
+ * They were half the instructions a Debian 6.1 guest ran before init (0.97 G against 1.85 G,
+ * counted with QEMU's `-icount`), a second or more of every boot under TCG, and test
+ * implementations no pod chose; minimal guest kernels (Kata's among them) build without them. A
+ * config that wants them puts `cryptomgr.notests=0` in hypervisor.kernelParams (the later wins).
+ */
+export const BASE_KERNEL_PARAMS = ['console=ttyS0', 'panic=-1', 'quiet', 'cryptomgr.notests=1'] as const;
 
 const NAME_PATTERN = /^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$/;
 
