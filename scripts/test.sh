@@ -17,4 +17,4 @@ shellcheck "${shell_files[@]}"
 printf '\n==> unit tests\n'
 npx vitest run --project unit
 printf '\n==> integration tests\n'
-npx vitest run --project integration
+npx vitest run --project integration --project integration-serial

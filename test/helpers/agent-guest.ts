@@ -9,13 +9,22 @@ import { packageRoot } from '../../src/common/paths.js';
  */
 export function ensureAgentGuest(): { kernelPath: string; initrdPath: string; guestImagePath: string } {
   const repo = packageRoot();
-  const dir = process.env.KATA_TS_AGENT_GUEST_DIR ?? path.join(repo, '.cache/guest-agent');
+  const dir = agentGuestDir();
   execFileSync('bash', [path.join(repo, 'scripts/build-guest.sh'), '--out', dir], { stdio: ['ignore', 'ignore', 'inherit'] });
   return {
     kernelPath: path.join(dir, 'vmlinuz'),
     initrdPath: path.join(dir, 'initramfs.cpio.gz'),
     guestImagePath: path.join(dir, 'guest.img'),
   };
+}
+
+/**
+ * Where ensureAgentGuest builds: one directory for every test that boots this tree's agent with
+ * build-guest.sh's defaults, so the suite builds that guest (and boots it once for the agent's
+ * start-up snapshot) once, not once per test file.
+ */
+export function agentGuestDir(): string {
+  return process.env.KATA_TS_AGENT_GUEST_DIR ?? path.join(packageRoot(), '.cache/guest-agent');
 }
 
 /** What the real agent's 'agent serving' line says about its start (guest/agent/main.ts). */

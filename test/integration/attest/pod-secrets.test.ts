@@ -34,6 +34,7 @@ import { fileURLToPath } from 'node:url';
 import { gzipSync } from 'node:zlib';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { netnsNameFor } from '../../../src/network/index.js';
+import { agentGuestDir } from '../../helpers/agent-guest.js';
 import { allowLoopbackRegistries, pushBusyboxImage } from '../../helpers/busybox-image.js';
 import { type RegistryHandle, startRegistry } from '../../helpers/images-registry.js';
 import { createNetworkNode, type NetworkNode } from '../../helpers/network-node.js';
@@ -47,11 +48,11 @@ const RESOURCE = 'default/db/password';
 const SECRET_PATH = '/run/secrets/db-password';
 const APPLETS = ['sleep', 'sha256sum', 'stat', 'cat', 'sh', 'echo'];
 
-/** The guest this tree's agent (with its attester) runs in: KATA_TS_GUEST_DIR, else built privately. */
+/** The guest this tree's agent (with its attester) runs in: KATA_TS_GUEST_DIR, else the tests' agent guest. */
 function guestDir(): string {
   const given = process.env.KATA_TS_GUEST_DIR;
   if (given !== undefined) return given;
-  const dir = path.join(repo, '.cache/pod-secrets/guest');
+  const dir = agentGuestDir();
   execFileSync('bash', [path.join(repo, 'scripts/build-guest.sh'), '--out', dir], { stdio: ['ignore', 'ignore', 'inherit'] });
   return dir;
 }

@@ -2,7 +2,7 @@
  * The guest image is measured on a TEE pod, proved by attack. kata-ts's guest (kernel, initramfs
  * with guest/init, the kata-ts-verity helper and the dm-verity modules, guest.img with the real
  * agent and its dm-verity tree) is built by scripts/build-guest.sh into this test's own cache
- * (KATA_TS_VERITY_GUEST_DIR, default <repo>/.cache/guest-verity), never the installed guest, and a
+ * (KATA_TS_VERITY_GUEST_DIR, default the tests' agent guest: test/helpers/agent-guest.ts), never the installed guest, and a
  * real `kata-ts serve` boots `kata-ts-cvm` pods (vtpm here: OVMF, swtpm, TCG) from it:
  *
  * 1. the pod boots and a container runs; its measured command line (-append) carries
@@ -27,6 +27,7 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { readGuestImageVerity, verityKernelParam } from '../../../src/hypervisor/guest-verity.js';
+import { agentGuestDir } from '../../helpers/agent-guest.js';
 import { processesMentioning } from '../../helpers/hypervisor-guest.js';
 import { buildImage, busyboxBaseEntries, RegistryPusher } from '../../helpers/images-builder.js';
 import { type RegistryHandle, startRegistry } from '../../helpers/images-registry.js';
@@ -34,7 +35,7 @@ import { createTestRuntime, leftovers, podConfig, type TestRuntime } from '../..
 import { scaledMs } from '../../helpers/time-scale.js';
 
 const repo = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../..');
-const GUEST_DIR = process.env.KATA_TS_VERITY_GUEST_DIR ?? path.join(repo, '.cache/guest-verity');
+const GUEST_DIR = process.env.KATA_TS_VERITY_GUEST_DIR ?? agentGuestDir();
 const HANDLER = 'kata-ts-cvm';
 const NOTHING = { processes: [], workDirs: [], records: [], cgroups: [] };
 

@@ -1,7 +1,7 @@
 /**
  * The initdata binding in a real guest: kata-ts's guest (kernel, initramfs with guest/init and the
- * qemu_fw_cfg module, guest.img with the real agent, built by scripts/build-guest.sh into this
- * test's own cache, never the installed guest) boots under QEMU 7.2 (TCG, q35) with Debian's OVMF,
+ * qemu_fw_cfg module, guest.img with the real agent, built by scripts/build-guest.sh into the
+ * tests' agent-guest cache, never the installed guest) boots under QEMU 7.2 (TCG, q35) with Debian's OVMF,
  * a fresh swtpm behind tpm-crb and an initdata document as the fw_cfg file
  * opt/org.kata-ts/initdata, as src/hypervisor/argv.ts hands it over. The host then asks the agent,
  * over its virtio-serial channel, for GetTpmQuote with a fresh nonce: the quote verifies
@@ -27,7 +27,7 @@ import { INITDATA_FW_CFG_NAME } from '../../../src/hypervisor/argv.js';
 import { KATA_INITDATA_ANNOTATION, parseInitdataAnnotation, vtpmPcr8 } from '../../../src/measure/initdata.js';
 import { plannedVtpmReferenceValues } from '../../../src/measure/launch.js';
 import { appraiseQuote, verifyQuote } from '../../../src/measure/quote.js';
-import { agentServingEntry } from '../../helpers/agent-guest.js';
+import { agentGuestDir, agentServingEntry } from '../../helpers/agent-guest.js';
 import { until, untilProgress } from '../../helpers/poll.js';
 
 const repo = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../..');
@@ -36,7 +36,7 @@ const SWTPM = '/usr/bin/swtpm';
 const OVMF_CODE = '/usr/share/OVMF/OVMF_CODE_4M.fd';
 const OVMF_VARS = '/usr/share/OVMF/OVMF_VARS_4M.fd';
 const missing = [QEMU, SWTPM, OVMF_CODE, OVMF_VARS].filter((p) => !existsSync(p));
-const GUEST_DIR = process.env.KATA_TS_INITDATA_GUEST_DIR ?? path.join(repo, '.cache/initdata-evidence/guest');
+const GUEST_DIR = process.env.KATA_TS_INITDATA_GUEST_DIR ?? agentGuestDir();
 
 /** A Kata-style document, as a pod would carry it in Kata's annotation. */
 const DOC = `version = "0.1.0"

@@ -12,6 +12,7 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { netnsNameFor } from '../../../src/network/index.js';
+import { agentGuestDir } from '../../helpers/agent-guest.js';
 import { allowLoopbackRegistries, pushBusyboxImage } from '../../helpers/busybox-image.js';
 import { processesMentioning } from '../../helpers/hypervisor-guest.js';
 import { type RegistryHandle, startRegistry } from '../../helpers/images-registry.js';
@@ -26,11 +27,11 @@ const APPLETS = ['sleep', 'httpd', 'nc', 'cat', 'mkdir', 'echo', 'printf'];
 const HTTP_PORT = 8080;
 const HOST_PORT = 18080;
 
-/** The guest this branch's agent needs (ConfigureNetwork): KATA_TS_GUEST_DIR, else built privately. */
+/** The guest this branch's agent needs (ConfigureNetwork): KATA_TS_GUEST_DIR, else the tests' agent guest. */
 function networkGuestDir(): string {
   const given = process.env.KATA_TS_GUEST_DIR;
   if (given !== undefined) return given;
-  const dir = path.join(repo, '.cache/guest-net');
+  const dir = agentGuestDir();
   execFileSync('bash', [path.join(repo, 'scripts/build-guest.sh'), '--out', dir], { stdio: ['ignore', 'ignore', 'inherit'] });
   return dir;
 }
