@@ -16,6 +16,14 @@ import type { ContainerRecord } from './record.js';
 /** A unary call that may wait for a container (WaitContainer): long, but bounded. */
 const WAIT_CALL_MS = 24 * 3600 * 1000;
 const CALL_MS = 30_000;
+/**
+ * The bound on creating and starting a container in the guest, cut to the caller's deadline when
+ * it sets a shorter one: the kubelet's own default for a CRI call (--runtime-request-timeout,
+ * 2 min). crun's create in the guest, the root filesystem over virtio-fs and a secret fetched from
+ * the broker all run inside it; on a loaded two-core node under TCG they took more than the fixed
+ * 30 s this bound replaces, and the container failed where the kubelet would still have waited.
+ */
+export const START_CALL_MS = 120_000;
 /** The kubelet's own bound on ExecSync output per stream. */
 export const EXEC_SYNC_MAX_BYTES = 16 * 1024 * 1024;
 const TRUNCATED_NOTE = '\n[kata-ts: output truncated at 16 MiB]\n';
@@ -62,7 +70,7 @@ export function guestStdin(record: Pick<ContainerRecord, 'spec' | 'stdio'>): { s
 export async function createAndStart(
   agent: AgentClient,
   record: ContainerRecord,
-  timeoutMs = CALL_MS,
+  timeoutMs = START_CALL_MS,
 ): Promise<{ startedAtNs: string; pid: number }> {
   const guest = record.guest!;
   // create() made sure a FIFO's terminal and the spec's tty agree.

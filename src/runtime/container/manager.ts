@@ -7,6 +7,7 @@ import type { Logger } from '../../common/logger.js';
 import { resolveHandler } from '../../config/handlers.js';
 import { ensureOverlayMounted, orphanRootfsDirs, removeContainerRootfs, removeContainerSnapshot } from '../../images/rootfs.js';
 import type { RequestContext } from '../context.js';
+import { boundedTimeoutMs } from '../deadline.js';
 import { openLogNoFollow } from '../logs/open-nofollow.js';
 import { planGrowth, type ResizePlan } from '../resize/index.js';
 import { resumePod } from '../sandbox/pause.js';
@@ -17,7 +18,16 @@ import { createContainer, UNPLUG_TIMEOUT_MS } from './create.js';
 import { detachDevices } from './devices.js';
 import { ContainerEvents } from './events.js';
 import { containerMatches } from './filter.js';
-import { createAndStart, type ExecSyncResult, execSync, exitReason, signalInGuest, stopInGuest, timestampNs } from './guest-ops.js';
+import {
+  createAndStart,
+  type ExecSyncResult,
+  execSync,
+  exitReason,
+  START_CALL_MS,
+  signalInGuest,
+  stopInGuest,
+  timestampNs,
+} from './guest-ops.js';
 import type { ContainerRecord } from './record.js';
 import { containerRootfsRoot, unmountAndRemove } from './shared-dir.js';
 import { ContainerTasks } from './tasks.js';
@@ -271,7 +281,7 @@ export class ContainerManager implements SandboxListener, ContainerLookup {
         await (await openLogNoFollow(record.logPath, { createDirs: true })).close();
       }
       try {
-        const started = await createAndStart(agent, record);
+        const started = await createAndStart(agent, record, boundedTimeoutMs(START_CALL_MS, ctx));
         record.startedAtNs = started.startedAtNs;
         record.pid = started.pid;
       } catch (err) {
