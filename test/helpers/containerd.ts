@@ -181,7 +181,7 @@ export interface ContainerdHandle {
   nodeExec(argv: string[], timeoutMs?: number): Promise<string>;
   /** Mount points in the node's mount namespace at or below `prefix` (default: the directory). */
   mountsUnder(prefix?: string): Promise<string[]>;
-  /** `pid comm cgroup` of every process in the private tree other than the holder and containerd. */
+  /** `pid comm cgroup (command line)` of every process in the private tree other than the holder and containerd. */
   strayProcesses(): Promise<string[]>;
   /** Cgroup directories in the private tree (paths as containerd sees them) other than the holder's and containerd's. */
   podCgroups(): Promise<string[]>;
@@ -872,9 +872,10 @@ class PrivateContainerd implements ContainerdHandle {
     for (const [pid, cgroup] of await this.treeProcesses()) {
       if (pid === this.nodePid || pid === this.daemon?.pid) continue;
       const comm = (await fsp.readFile(`/proc/${pid}/comm`, 'utf8').catch(() => '?')).trim();
-      // The command line too: a stray `node` says nothing until one knows which shim action it runs.
+      // The command line too, after the three space-separated fields callers split on: a stray
+      // `node` says nothing until one knows which shim action it runs.
       const argv = (await fsp.readFile(`/proc/${pid}/cmdline`, 'utf8').catch(() => '')).split('\0').join(' ').trim().slice(0, 300);
-      out.push(`${pid} ${comm} ${cgroup}${argv === '' ? '' : `: ${argv}`}`);
+      out.push(`${pid} ${comm} ${cgroup}${argv === '' ? '' : ` (${argv})`}`);
     }
     return out;
   }
