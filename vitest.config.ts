@@ -64,7 +64,7 @@ export default defineConfig({
         },
       },
       {
-        // vitest runs a singleFork project's files one at a time after the parallel ones.
+        // One file at a time, in a run of its own after `integration` (scripts/test.sh).
         test: {
           name: 'integration-serial',
           include: SERIAL_INTEGRATION,
